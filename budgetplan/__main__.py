@@ -1,0 +1,3 @@
+from budgetplan.cli import main
+
+main()

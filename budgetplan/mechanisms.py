@@ -1,0 +1,189 @@
+"""Frozen descriptions of the releases budgetplan accounts. No math lives here.
+
+A mechanism says what is released and with which noise; how much privacy that costs is a
+question for ``budgetplan.accounting``, asked together with an adjacency and a privacy
+unit. Constructors validate every number (finite, in range, integer where it must be), so
+no back-end ever sees NaN or infinity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Union
+
+from budgetplan import _validate
+from budgetplan.errors import InvalidParameterError
+
+__all__ = [
+    "RandomizedResponse",
+    "GaussianRelease",
+    "PoissonDPSGD",
+    "TruncatedPoissonDPSGD",
+    "Composition",
+    "Mechanism",
+    "mechanism_to_dict",
+    "mechanism_from_dict",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RandomizedResponse:
+    """Binary randomized response applied once to each example's label.
+
+    The label is kept with probability e^eps / (1 + e^eps) and flipped otherwise (Warner
+    1965). Training any number of epochs on the same noisy labels is post-processing;
+    drawing fresh noisy labels is a new release and composes.
+
+    Attributes:
+        epsilon: the per-example budget (per impression).
+    """
+
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", _validate.positive("epsilon", self.epsilon))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GaussianRelease:
+    """One release of a vector sum plus N(0, noise_std^2 I), e.g. WALR's noisy dot product.
+
+    Attributes:
+        noise_std: standard deviation of the noise on each coordinate.
+        sensitivity: the L2 distance by which one example can move the released sum under
+            the adjacency it is accounted with. For a WALR label change that is
+            max_i ||w_i x_i|| (not twice that): state it for the relation you mean.
+    """
+
+    noise_std: float
+    sensitivity: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_std", _validate.positive("noise_std", self.noise_std))
+        object.__setattr__(self, "sensitivity", _validate.positive("sensitivity", self.sensitivity))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoissonDPSGD:
+    """DP-SGD with Poisson sampling: each example joins each batch independently w.p. q.
+
+    Per-example gradients are clipped to norm C, summed, and N(0, (noise_multiplier C)^2 I)
+    is added; the guarantee holds only if batches really are Poisson samples (shuffled or
+    fixed-size batches void it).
+
+    Attributes:
+        noise_multiplier: sigma, the noise std in units of the clipping norm C.
+        sampling_rate: q = expected batch size / dataset size.
+        steps: the number of noisy updates T.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
+        )
+        object.__setattr__(
+            self,
+            "sampling_rate",
+            _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
+        )
+        object.__setattr__(self, "steps", _validate.positive_int("steps", self.steps))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TruncatedPoissonDPSGD:
+    """DP-SGD whose Poisson batches are cut to a fixed maximum size by a random subset.
+
+    Accounted as dp_accounting's TruncatedSubsampledGaussianDpEvent (arXiv:2508.15089).
+
+    Attributes:
+        noise_multiplier: sigma in units of the clipping norm.
+        sampling_rate: q, the Poisson inclusion probability before truncation.
+        steps: the number of noisy updates.
+        dataset_size: N.
+        max_batch_size: batches larger than this are truncated to it.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+    dataset_size: int
+    max_batch_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
+        )
+        object.__setattr__(
+            self,
+            "sampling_rate",
+            _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
+        )
+        object.__setattr__(self, "steps", _validate.positive_int("steps", self.steps))
+        object.__setattr__(self, "dataset_size", _validate.positive_int("dataset_size", self.dataset_size))
+        object.__setattr__(
+            self, "max_batch_size", _validate.positive_int("max_batch_size", self.max_batch_size)
+        )
+        if self.max_batch_size > self.dataset_size:
+            raise InvalidParameterError(
+                f"max_batch_size must be <= dataset_size ({self.dataset_size}), got {self.max_batch_size}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Composition:
+    """Phases run one after another on the same data, e.g. Hybrid's RR phase then DP-SGD.
+
+    Later phases may depend on the outputs of earlier ones (adaptive composition).
+    """
+
+    phases: tuple
+
+    def __post_init__(self) -> None:
+        phases = tuple(self.phases)
+        if not phases:
+            raise InvalidParameterError("phases must contain at least one mechanism, got ()")
+        for i, phase in enumerate(phases):
+            if not isinstance(phase, _LEAVES + (Composition,)):
+                raise InvalidParameterError(f"phases[{i}] must be a mechanism, got {phase!r}")
+        object.__setattr__(self, "phases", phases)
+
+    def leaves(self) -> tuple:
+        """The phases with nested compositions flattened, in order."""
+        out: list = []
+        for phase in self.phases:
+            out.extend(phase.leaves() if isinstance(phase, Composition) else (phase,))
+        return tuple(out)
+
+
+_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD)
+Mechanism = Union[RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, Composition]
+_BY_NAME = {cls.__name__: cls for cls in _LEAVES}
+
+
+def mechanism_to_dict(mechanism: Mechanism) -> dict:
+    """A JSON-ready dict with a ``type`` tag; the inverse of :func:`mechanism_from_dict`."""
+    if isinstance(mechanism, Composition):
+        return {"type": "Composition", "phases": [mechanism_to_dict(p) for p in mechanism.phases]}
+    out = {"type": type(mechanism).__name__}
+    out.update({f.name: getattr(mechanism, f.name) for f in fields(mechanism)})
+    return out
+
+
+def mechanism_from_dict(data: dict) -> Mechanism:
+    """Rebuild a mechanism from :func:`mechanism_to_dict` output, validating every field."""
+    kind = data.get("type")
+    if kind == "Composition":
+        return Composition(phases=tuple(mechanism_from_dict(p) for p in data["phases"]))
+    if kind not in _BY_NAME:
+        raise InvalidParameterError(f"mechanism type must be one of {', '.join(_BY_NAME)}, got {kind!r}")
+    cls = _BY_NAME[kind]
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names - {"type"}
+    if unknown:
+        raise InvalidParameterError(f"unknown field for {kind}: {sorted(unknown)[0]!r}")
+    return cls(**{k: v for k, v in data.items() if k != "type"})
+

@@ -69,7 +69,7 @@ def composed_epsilon(epsilon: float, count: int, delta: float) -> float:
     divergence is A_k - e^eps B_k with A_k = P[L >= L_k] and B_k = E[e^-L; L >= L_k].
     """
     if delta <= 0:
-        return count * epsilon
+        return float(count * epsilon)
     delta *= 1.0 - 1e-10  # aim a hair inside the target: re-accounting rounds differently
     losses, log_p = _loss_log_probs(epsilon, count)  # losses descending
     log_a = np.logaddexp.accumulate(log_p)
@@ -81,7 +81,7 @@ def composed_epsilon(epsilon: float, count: int, delta: float) -> float:
             continue  # even eps = L_{k+1} leaves at most delta: the answer lies further down
         eps = math.log(a[k] - delta) - log_b[k]
         if eps >= lower:
-            return max(0.0, min(eps, losses[k]))
+            return float(max(0.0, min(eps, losses[k])))
     return 0.0
 
 

@@ -1,6 +1,5 @@
 """The analytic Gaussian mechanism and the classical formula."""
 
-import math
 
 import pytest
 from hypothesis import given, settings, strategies as st

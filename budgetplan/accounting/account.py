@@ -1,0 +1,404 @@
+"""``account(mechanism, ...) -> Guarantee``: one entry point, every path explicit.
+
+Which methods apply to which mechanism (anything else raises UnsupportedError naming the
+part that is unsupported; nothing falls back silently to a looser method):
+
+=====================  ==============================  ==================================
+mechanism              methods (default first)         unit capped at K > 1, "tight"
+=====================  ==============================  ==================================
+RandomizedResponse     exact, pld, rdp                 K-fold composition (exact binomial)
+GaussianRelease        exact, pld, rdp, classical      sensitivity K * Delta
+PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove)
+TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
+Composition            pld, basic                      each phase's tight unit accounting
+=====================  ==============================  ==================================
+
+``unit_accounting="group"`` instead applies the generic group-privacy formula to the
+example-level guarantee of the chosen method (see ``group.py``), for every mechanism.
+
+Randomized response protects labels and is accounted under replace-one only. DP-SGD under
+replace-one (sensitivity 2C per example) is accounted by PLD only: dp_accounting's RDP and
+prv_accountant support Poisson sampling under add-remove alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from budgetplan import _validate
+from budgetplan.accounting import backends, gaussian, group, rr
+from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.mechanisms import (
+    Composition,
+    GaussianRelease,
+    PoissonDPSGD,
+    RandomizedResponse,
+    TruncatedPoissonDPSGD,
+)
+from budgetplan.units import Adjacency, PrivacyUnit
+
+__all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION", "pld_of"]
+
+DEFAULT_DISCRETIZATION = 1e-4
+METHODS = ("exact", "pld", "rdp", "prv", "classical", "basic")
+UNIT_ACCOUNTING = ("tight", "group")
+
+_DEFAULT_METHOD = {
+    RandomizedResponse: "exact",
+    GaussianRelease: "exact",
+    PoissonDPSGD: "pld",
+    TruncatedPoissonDPSGD: "pld",
+    Composition: "pld",
+}
+_SUPPORTED = {
+    RandomizedResponse: ("exact", "pld", "rdp"),
+    GaussianRelease: ("exact", "pld", "rdp", "classical"),
+    PoissonDPSGD: ("pld", "rdp", "prv"),
+    TruncatedPoissonDPSGD: ("pld",),
+    Composition: ("pld", "basic"),
+}
+_POISSON_NOTE = (
+    "valid only if every example joins each batch independently with probability q; "
+    "shuffled or fixed-size batches void it"
+)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """epsilon as a function of delta, with how it was obtained."""
+
+    epsilon: Callable[[float], float]
+    method: str
+    bound: str = "upper"
+    discretization: float | None = None
+    conversion: str | None = None
+    notes: tuple[str, ...] = ()
+    band: Callable[[float], tuple[float, float, float]] | None = None
+
+
+def account(
+    mechanism,
+    *,
+    delta: float,
+    adjacency: Adjacency | str,
+    unit: PrivacyUnit | None = None,
+    method: str | None = None,
+    unit_accounting: str = "tight",
+    discretization: float = DEFAULT_DISCRETIZATION,
+    prv_eps_error: float = 0.05,
+) -> Guarantee:
+    """The (epsilon, delta) guarantee of ``mechanism`` for ``unit`` under ``adjacency``.
+
+    Args:
+        mechanism: a value from ``budgetplan.mechanisms``.
+        delta: the delta to report epsilon at; 0 is allowed where the method gives pure DP.
+        adjacency: ``"add-remove"`` or ``"replace-one"``.
+        unit: the privacy unit (default: one example).
+        method: see the module table; ``None`` picks the mechanism's default.
+        unit_accounting: ``"tight"`` or ``"group"`` for a unit capped at K > 1.
+        discretization: PLD grid spacing (pessimistic: a coarser grid gives a larger epsilon).
+        prv_eps_error: the epsilon error band requested from prv_accountant.
+
+    Raises:
+        InvalidParameterError: a number out of range, an unknown method.
+        UnsupportedError: a combination that cannot be accounted soundly here.
+        AccountingError: a back-end failed.
+    """
+    adjacency = Adjacency.parse(adjacency)
+    unit = PrivacyUnit.example() if unit is None else unit
+    delta = _validate.probability("delta", delta, allow_zero=True)
+    discretization = _validate.positive("discretization", discretization)
+    prv_eps_error = _validate.positive("prv_eps_error", prv_eps_error)
+    if unit_accounting not in UNIT_ACCOUNTING:
+        raise InvalidParameterError(
+            f"unit_accounting must be one of {', '.join(UNIT_ACCOUNTING)}, got {unit_accounting!r}"
+        )
+    method = _check_method(mechanism, method)
+    if method == "basic":
+        return _basic(mechanism, delta=delta, adjacency=adjacency, unit=unit,
+                      unit_accounting=unit_accounting, discretization=discretization,
+                      prv_eps_error=prv_eps_error)[0]
+    if unit.cap > 1 and unit_accounting == "group":
+        example = _curve(mechanism, adjacency, PrivacyUnit.example(), method, discretization, prv_eps_error, delta)
+        eps, delta_e = group.group_from_curve(example.epsilon, group_size=unit.cap, delta=delta)
+        return Guarantee(
+            epsilon=eps, delta=delta, method=f"group({example.method})", adjacency=adjacency, unit=unit,
+            bound="upper", discretization=example.discretization, conversion=example.conversion,
+            notes=example.notes + (
+                f"group privacy over K={unit.cap} examples from the example-level guarantee at "
+                f"delta={delta_e:.3g} (Vadhan 2017, Lemma 2.2)",
+            ),
+        )
+    curve = _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta)
+    eps_range = None
+    if curve.band is not None:
+        low, _, up = curve.band(delta)
+        eps, eps_range = up, (low, up)
+    else:
+        eps = curve.epsilon(delta)
+    bound, notes = curve.bound, curve.notes
+    if curve.method == "classical":
+        valid = eps < gaussian.CLASSICAL_VALID_BELOW
+        bound = "upper" if valid else "invalid"
+        notes += (
+            "classical Gaussian formula (Dwork and Roth 2014, Thm A.1), shown for comparison: "
+            + ("valid here (eps < 1) but over-noised" if valid else
+               "proved only for eps < 1, so this is NOT a guarantee"),
+        )
+    return Guarantee(
+        epsilon=eps, delta=delta, method=curve.method, adjacency=adjacency, unit=unit,
+        bound=bound, epsilon_range=eps_range, discretization=curve.discretization,
+        conversion=curve.conversion, notes=notes,
+    )
+
+
+def account_phases(
+    composition: Composition,
+    *,
+    delta: float,
+    adjacency: Adjacency | str,
+    unit: PrivacyUnit | None = None,
+    unit_accounting: str = "tight",
+    discretization: float = DEFAULT_DISCRETIZATION,
+    prv_eps_error: float = 0.05,
+) -> list[Guarantee]:
+    """Each phase's guarantee, with ``delta`` shared out as basic composition does."""
+    adjacency = Adjacency.parse(adjacency)
+    unit = PrivacyUnit.example() if unit is None else unit
+    delta = _validate.probability("delta", delta, allow_zero=True)
+    return _basic(composition, delta=delta, adjacency=adjacency, unit=unit,
+                  unit_accounting=unit_accounting, discretization=discretization,
+                  prv_eps_error=prv_eps_error)[1]
+
+
+def _check_method(mechanism, method: str | None) -> str:
+    kind = type(mechanism)
+    if kind not in _SUPPORTED:
+        raise InvalidParameterError(f"mechanism must be a budgetplan mechanism, got {mechanism!r}")
+    if method is None:
+        return _DEFAULT_METHOD[kind]
+    if method not in METHODS:
+        raise InvalidParameterError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in _SUPPORTED[kind]:
+        raise UnsupportedError(
+            f"method {method!r} does not apply to {kind.__name__}; use one of {', '.join(_SUPPORTED[kind])}"
+        )
+    return method
+
+
+def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretization, prv_eps_error):
+    """Basic composition: sum the phases' epsilons and deltas (adaptive composition).
+
+    Phases that are pure DP under their default method (RR accounted exactly) take no
+    delta; the others share ``delta`` equally.
+    """
+    if not isinstance(composition, Composition):
+        raise UnsupportedError("method 'basic' composes the phases of a Composition; this is a single mechanism")
+    leaves = composition.leaves()
+    pure = [isinstance(leaf, RandomizedResponse) and unit_accounting == "tight" for leaf in leaves]
+    impure = len(leaves) - sum(pure)
+    if impure and delta == 0:
+        raise InvalidParameterError("delta must be > 0 when a phase is not pure DP, got 0.0")
+    share = delta / impure if impure else 0.0
+    phases = [
+        account(leaf, delta=0.0 if is_pure else share, adjacency=adjacency, unit=unit,
+                unit_accounting=unit_accounting, discretization=discretization, prv_eps_error=prv_eps_error)
+        for leaf, is_pure in zip(leaves, pure)
+    ]
+    total = Guarantee(
+        epsilon=math.fsum(g.epsilon for g in phases),
+        delta=math.fsum(g.delta for g in phases),
+        method="basic-composition",
+        adjacency=adjacency,
+        unit=unit,
+        bound="upper",
+        notes=(f"sum of {len(phases)} phase guarantees ({', '.join(g.method for g in phases)})",),
+    )
+    return total, phases
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta) -> _Curve:
+    if isinstance(mechanism, RandomizedResponse):
+        return _rr_curve(mechanism, adjacency, unit, method, discretization)
+    if isinstance(mechanism, GaussianRelease):
+        return _gaussian_curve(mechanism, adjacency, unit, method, discretization)
+    if isinstance(mechanism, PoissonDPSGD):
+        return _dpsgd_curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta)
+    if isinstance(mechanism, TruncatedPoissonDPSGD):
+        return _truncated_curve(mechanism, adjacency, unit, discretization)
+    return _pld_curve(pld_of(mechanism, adjacency=adjacency, unit=unit, discretization=discretization),
+                      "pld", discretization, ("PLD composition of all phases under one adjacency",),
+                      pure=_pure_epsilon(mechanism, unit, discretization))
+
+
+def _pld_curve(pld, method, discretization, notes=(), pure: float = math.inf) -> _Curve:
+    """A fast-engine PLD as a curve; at delta = 0 it answers ``pure`` (inf unless pure DP)."""
+    from budgetplan.accounting import fastpld
+
+    return _Curve(
+        epsilon=lambda d: fastpld.epsilon_for_delta(pld, d) if d > 0 else pure,
+        method=method, bound="upper", discretization=discretization,
+        notes=("pessimistic PLD (connect-the-dots, arXiv:2207.04380)",) + tuple(notes),
+    )
+
+
+def _pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
+    """epsilon at delta = 0 on the PLD grid: the sum of each RR copy's rounded-up loss.
+
+    Read from the single-step pmfs: after FFT composition every grid entry carries
+    rounding noise, so the largest loss with mass is no longer visible there.
+    """
+    from budgetplan.accounting import fastpld
+
+    if isinstance(mechanism, Composition):
+        return math.fsum(_pure_epsilon(p, unit, discretization) for p in mechanism.leaves())
+    if isinstance(mechanism, RandomizedResponse):
+        pmf = fastpld.randomized_response(epsilon=mechanism.epsilon, discretization=discretization).pmfs[0]
+        return unit.cap * (pmf.lower_index + pmf.probs.size - 1) * discretization
+    return math.inf
+
+
+def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization) -> _Curve:
+    if adjacency is not Adjacency.REPLACE_ONE:
+        raise UnsupportedError(
+            "randomized response protects labels under replace-one adjacency; add-remove would "
+            "reveal an example's presence through its released features"
+        )
+    k, e = unit.cap, mech.epsilon
+    if method == "exact":
+        return _Curve(epsilon=lambda d: rr.composed_epsilon(e, k, d), method="exact", bound="exact",
+                      notes=(f"{k} x RR(eps={e:.6g}) per unit, exact binomial privacy loss",) if k > 1 else ())
+    if method == "rdp":
+        return _Curve(epsilon=backends.rdp_rr_curve(epsilon=e, count=k), method="rdp",
+                      conversion=backends.RDP_CONVERSION)
+    return _pld_curve(pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization),
+                      "pld", discretization, pure=_pure_epsilon(mech, unit, discretization))
+
+
+def _gaussian_curve(mech: GaussianRelease, adjacency, unit, method, discretization) -> _Curve:
+    sens = mech.sensitivity * unit.cap  # a unit of K examples moves the sum by at most K * Delta
+    sigma = mech.noise_std
+    notes = (f"unit sensitivity {unit.cap} x {mech.sensitivity:.6g}",) if unit.cap > 1 else ()
+    if method == "exact":
+        return _Curve(epsilon=lambda d: gaussian.analytic_epsilon(sigma=sigma, delta=d, sensitivity=sens)
+                      if d > 0 else math.inf, method="exact", bound="exact",
+                      notes=("analytic Gaussian mechanism (Balle and Wang 2018, arXiv:1805.06530)",) + notes)
+    if method == "classical":
+        return _Curve(epsilon=lambda d: gaussian.classical_epsilon(sigma=sigma, delta=d, sensitivity=sens)
+                      if d > 0 else math.inf, method="classical", bound="upper", notes=notes)
+    if method == "rdp":
+        return _Curve(epsilon=backends.rdp_gaussian_curve(noise_multiplier=sigma / sens), method="rdp",
+                      conversion=backends.RDP_CONVERSION, notes=notes)
+    return _pld_curve(pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization),
+                      "pld", discretization, notes)
+
+
+def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, prv_eps_error, delta) -> _Curve:
+    user_level = unit.cap > 1
+    if method in ("rdp", "prv"):
+        if adjacency is not Adjacency.ADD_REMOVE:
+            raise UnsupportedError(
+                f"{method} accounts Poisson DP-SGD under add-remove only; use method 'pld' for replace-one"
+            )
+        if user_level:
+            raise UnsupportedError(
+                f"{method} cannot account K={unit.cap} examples per unit as a mixture of Gaussians; "
+                "use method 'pld', or unit_accounting 'group'"
+            )
+    notes = (_POISSON_NOTE,)
+    if method == "rdp":
+        return _Curve(epsilon=backends.rdp_dpsgd_curve(noise_multiplier=mech.noise_multiplier,
+                                                       sampling_rate=mech.sampling_rate, steps=mech.steps),
+                      method="rdp", conversion=backends.RDP_CONVERSION, notes=notes)
+    if method == "prv":
+        band = backends.prv_dpsgd_curve(noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
+                                        steps=mech.steps, delta_error=max(delta, 1e-300) / 1000,
+                                        eps_error=prv_eps_error)
+        return _Curve(epsilon=lambda d: band(d)[2], method="prv", bound="upper", band=band,
+                      discretization=None, notes=notes + (
+                          f"PRV accountant (Gopi, Lee and Wutschitz 2021, arXiv:2106.02848), requested "
+                          f"eps error {prv_eps_error:g}; reported epsilon is the upper end of its band",))
+    if user_level and adjacency is not Adjacency.ADD_REMOVE:
+        raise UnsupportedError(
+            "the mixture-of-Gaussians accounting for K examples per unit is defined under add-remove; "
+            "use unit_accounting 'group' for replace-one"
+        )
+    pld = pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization)
+    if user_level:
+        return _pld_curve(pld, "mixture-of-gaussians(pld)", discretization, notes + (
+            f"each of a unit's K={unit.cap} examples sampled independently: sensitivity "
+            f"Binomial({unit.cap}, q) (MixtureOfGaussians, arXiv:2310.15526)",))
+    return _pld_curve(pld, "pld", discretization, notes)
+
+
+def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretization) -> _Curve:
+    if unit.cap > 1:
+        raise UnsupportedError(
+            f"no tight accounting of truncated Poisson batches for K={unit.cap} examples per unit; "
+            "use unit_accounting 'group'"
+        )
+    pld = backends.reference_pld_truncated(
+        noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate, steps=mech.steps,
+        dataset_size=mech.dataset_size, max_batch_size=mech.max_batch_size, adjacency=adjacency,
+        discretization=discretization)
+    return _Curve(epsilon=lambda d: float(pld.get_epsilon_for_delta(d)), method="pld", bound="upper",
+                  discretization=discretization, notes=(
+                      "pessimistic PLD of truncated Poisson batches (dp_accounting, arXiv:2508.15089)",
+                      "valid only if batches are Poisson samples truncated to the declared maximum by a "
+                      "uniformly random subset"))
+
+
+# ----------------------------------------------------------------------------- PLDs
+
+
+def pld_of(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float):
+    """The fast-engine PLD of a mechanism at the unit level (tight unit accounting)."""
+    from budgetplan.accounting import fastpld
+
+    if isinstance(mechanism, Composition):
+        plds = [pld_of(p, adjacency=adjacency, unit=unit, discretization=discretization) for p in mechanism.leaves()]
+        out = plds[0]
+        for other in plds[1:]:
+            out = fastpld.compose(out, other)
+        return out
+    rel = adjacency.value
+    if isinstance(mechanism, RandomizedResponse):
+        if adjacency is not Adjacency.REPLACE_ONE:
+            raise UnsupportedError("randomized response protects labels under replace-one adjacency only")
+        single = fastpld.randomized_response(epsilon=mechanism.epsilon, discretization=discretization)
+        return single if unit.cap == 1 else fastpld.self_compose(single, unit.cap)
+    if isinstance(mechanism, GaussianRelease):
+        ratio = mechanism.noise_std / (mechanism.sensitivity * unit.cap)
+        # The stated sensitivity is the full shift between neighbours. The engine's replace-one
+        # Gaussian shifts by 2 (+1 and -1), so the same shift needs twice the multiplier there.
+        nm = ratio if adjacency is Adjacency.ADD_REMOVE else 2.0 * ratio
+        return fastpld.gaussian(noise_multiplier=nm, relation=rel, discretization=discretization)
+    if isinstance(mechanism, PoissonDPSGD):
+        if unit.cap == 1:
+            single = fastpld.gaussian(noise_multiplier=mechanism.noise_multiplier,
+                                      sampling_rate=mechanism.sampling_rate, relation=rel,
+                                      discretization=discretization)
+        else:
+            if adjacency is not Adjacency.ADD_REMOVE:
+                raise UnsupportedError("the mixture-of-Gaussians accounting is defined under add-remove only")
+            k = unit.cap
+            from scipy import stats
+
+            probs = stats.binom.pmf(np.arange(k + 1), k, mechanism.sampling_rate)
+            single = fastpld.mixture_of_gaussians(
+                standard_deviation=mechanism.noise_multiplier,
+                sensitivities=tuple(float(s) for s in range(k + 1)),
+                probabilities=tuple(float(p) for p in probs),
+                discretization=discretization)
+        return fastpld.self_compose(single, mechanism.steps)
+    raise UnsupportedError(
+        f"{type(mechanism).__name__} has no fast PLD here; account it on its own with method 'pld'"
+    )

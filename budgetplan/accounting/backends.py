@@ -1,0 +1,181 @@
+"""Thin, guarded calls into dp_accounting (RDP, reference PLD) and prv_accountant (PRV).
+
+Every call here receives inputs already validated as finite and in range (dp_accounting's
+RdpAccountant silently reports eps = 0 for a NaN noise multiplier or delta), names the
+neighbouring relation explicitly, and turns a back-end exception into a one-line
+``AccountingError``. The back-ends are imported lazily: ``budgetplan --help`` must not pay
+for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from typing import Callable
+
+from budgetplan.errors import AccountingError
+from budgetplan.units import Adjacency
+
+__all__ = [
+    "RDP_CONVERSION",
+    "rdp_dpsgd_curve",
+    "rdp_gaussian_curve",
+    "rdp_rr_curve",
+    "reference_pld_dpsgd",
+    "reference_pld_truncated",
+    "prv_dpsgd_curve",
+]
+
+RDP_CONVERSION = (
+    "RDP to (eps, delta) by Canonne, Kamath and Steinke 2020 (arXiv:2004.00010, Prop. 12), "
+    "as in dp_accounting's RdpAccountant, minimised over its default orders"
+)
+
+
+def _quiet_absl() -> None:
+    # dp_accounting logs a warning per excluded Renyi order; the result already accounts for it.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def _relation(adjacency: Adjacency):
+    from dp_accounting import privacy_accountant
+
+    rel = privacy_accountant.NeighboringRelation
+    return rel.ADD_OR_REMOVE_ONE if adjacency is Adjacency.ADD_REMOVE else rel.REPLACE_ONE
+
+
+def _rdp_curve(event, relation) -> Callable[[float], float]:
+    """eps(delta) of ``event`` under RDP; the RDP vector is computed once."""
+    _quiet_absl()
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    accountant = rdp.RdpAccountant(neighboring_relation=relation)
+    try:
+        accountant.compose(event)
+    except Exception as exc:  # dp_accounting raises on unsupported events
+        raise AccountingError(f"dp_accounting RDP failed: {exc}") from None
+
+    def epsilon(delta: float) -> float:
+        eps = accountant.get_epsilon(delta)
+        if math.isnan(eps) or eps < 0:
+            raise AccountingError(f"dp_accounting RDP returned epsilon={eps!r} at delta={delta!r}")
+        return float(eps)
+
+    return epsilon
+
+
+def rdp_dpsgd_curve(*, noise_multiplier: float, sampling_rate: float, steps: int) -> Callable[[float], float]:
+    """eps(delta) of Poisson DP-SGD under add-remove, by RDP."""
+    import dp_accounting as dpa
+
+    event = dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(sampling_rate, dpa.GaussianDpEvent(noise_multiplier)), steps
+    )
+    return _rdp_curve(event, _relation(Adjacency.ADD_REMOVE))
+
+
+def rdp_gaussian_curve(*, noise_multiplier: float) -> Callable[[float], float]:
+    """eps(delta) of one Gaussian release of noise std / sensitivity ``noise_multiplier``.
+
+    Accounted under ADD_OR_REMOVE_ONE on purpose: that relation shifts the mean by exactly
+    the stated sensitivity, which is what ``noise_multiplier`` is relative to. Under
+    dp_accounting's REPLACE_ONE a GaussianDpEvent is treated as sensitivity 2.
+    """
+    import dp_accounting as dpa
+
+    return _rdp_curve(dpa.GaussianDpEvent(noise_multiplier), _relation(Adjacency.ADD_REMOVE))
+
+
+def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
+    """eps(delta) of ``count`` binary RR releases under REPLACE_ONE, by RDP."""
+    import dp_accounting as dpa
+
+    noise_parameter = 2.0 / (math.exp(epsilon) + 1.0)
+    event = dpa.SelfComposedDpEvent(dpa.RandomizedResponseDpEvent(noise_parameter, 2), count)
+    return _rdp_curve(event, _relation(Adjacency.REPLACE_ONE))
+
+
+def reference_pld_dpsgd(
+    *, noise_multiplier: float, sampling_rate: float, steps: int, adjacency: Adjacency, discretization: float
+):
+    """dp_accounting's own PLD of Poisson DP-SGD: the slow reference the fast engine is checked against."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    return pld.from_gaussian_mechanism(
+        noise_multiplier,
+        sampling_prob=sampling_rate,
+        value_discretization_interval=discretization,
+        neighboring_relation=_relation(adjacency),
+    ).self_compose(steps)
+
+
+def reference_pld_truncated(
+    *,
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    dataset_size: int,
+    max_batch_size: int,
+    adjacency: Adjacency,
+    discretization: float,
+):
+    """dp_accounting's PLD of truncated Poisson DP-SGD (arXiv:2508.15089)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    try:
+        single = pld.from_truncated_subsampled_gaussian_mechanism(
+            dataset_size=dataset_size,
+            sampling_probability=sampling_rate,
+            truncated_batch_size=max_batch_size,
+            noise_multiplier=noise_multiplier,
+            value_discretization_interval=discretization,
+            neighboring_relation=_relation(adjacency),
+        )
+    except Exception as exc:
+        raise AccountingError(f"dp_accounting truncated-Poisson PLD failed: {exc}") from None
+    return single.self_compose(steps)
+
+
+def prv_dpsgd_curve(
+    *, noise_multiplier: float, sampling_rate: float, steps: int, delta_error: float, eps_error: float
+) -> Callable[[float], tuple[float, float, float]]:
+    """delta -> (lower, estimate, upper) epsilon of Poisson DP-SGD under add-remove, by PRV.
+
+    The composition is computed once. prv_accountant raises at some settings (a "discrete
+    mean differs" RuntimeError at large per-step loss, a ValueError below delta ~ 1e-13);
+    both become an AccountingError here, and its band is reported, not trusted: callers
+    cross-check it against PLD.
+    """
+    from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+
+    def fail(exc: Exception) -> AccountingError:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return AccountingError(f"prv_accountant failed at these settings: {first}")
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prv = PoissonSubsampledGaussianMechanism(
+                noise_multiplier=noise_multiplier, sampling_probability=sampling_rate
+            )
+            accountant = PRVAccountant(
+                prvs=prv, max_self_compositions=steps, eps_error=eps_error, delta_error=delta_error
+            )
+            composed = accountant.compute_composition(steps)
+    except Exception as exc:
+        raise fail(exc) from None
+
+    def band(delta: float) -> tuple[float, float, float]:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                low, est, up = composed.compute_epsilon(delta, delta_error, eps_error)
+        except Exception as exc:
+            raise fail(exc) from None
+        low, est, up = float(low), float(est), float(up)
+        if not all(math.isfinite(v) for v in (low, est, up)) or not low <= est <= up:
+            raise AccountingError(f"prv_accountant returned an invalid band ({low}, {est}, {up})")
+        return max(0.0, low), max(0.0, est), max(0.0, up)
+
+    return band

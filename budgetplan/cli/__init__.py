@@ -1,0 +1,33 @@
+"""The ``budgetplan`` command line: a thin shell over the Python API.
+
+Commands import their heavy dependencies lazily, so ``budgetplan --help`` stays fast and
+never imports torch or pyarrow.
+"""
+
+from __future__ import annotations
+
+import click
+
+from budgetplan import __version__
+from budgetplan.cli._shell import Group
+from budgetplan.cli.dpsgd_cmd import dpsgd
+from budgetplan.cli.release_cmds import gaussian, group, rr
+
+__all__ = ["cli", "main"]
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="budgetplan")
+def cli():
+    """Plan, execute and audit differential-privacy budgets for ads models."""
+
+
+cli.add_command(rr)
+cli.add_command(gaussian)
+cli.add_command(dpsgd)
+cli.add_command(group)
+
+
+def main(argv=None):
+    """Console-script entry point."""
+    return cli.main(args=argv, prog_name="budgetplan")

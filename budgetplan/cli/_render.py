@@ -1,0 +1,43 @@
+"""Rich tables for the accounting commands; the same content the JSON carries."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["fmt", "params_table", "results_table"]
+
+
+def fmt(x, digits: int = 6) -> str:
+    """A number as a user wants to read it: inf spelled out, small values in e-notation."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if not math.isfinite(x):
+        return "inf" if x > 0 else "nan"
+    return f"{x:.{digits}g}"
+
+
+def params_table(title: str, rows: list[tuple[str, object]]):
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in rows:
+        table.add_row(name, value if isinstance(value, str) else fmt(value))
+    return table
+
+
+def results_table(title: str, columns: list[str], rows: list[list[object]]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="right" if i and col not in ("notes", "bound") else "left",
+                         overflow="fold")
+    for row in rows:
+        table.add_row(*[v if isinstance(v, str) else fmt(v) for v in row])
+    return table

@@ -1,0 +1,111 @@
+"""The CLI's one error boundary, its number types, and its two output channels.
+
+Exit codes: 0 ok, 1 a domain failure (infeasible budget, back-end failure, plan mismatch),
+2 a usage error (bad number, unknown option, unsupported combination). A user never sees a
+traceback for bad input: every error is one line on stderr.
+
+Output: ``--json`` prints one JSON object alone on stdout; otherwise rich tables go to
+stdout and warnings to stderr. rich honours NO_COLOR.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import click
+
+from budgetplan import _validate
+from budgetplan.errors import BudgetplanError, InvalidParameterError
+
+__all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "emit_json", "warn", "console"]
+
+
+class Group(click.Group):
+    """A click group whose ``main`` maps every expected error to one line and an exit code."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except click.exceptions.Abort:
+            click.echo("error: aborted", err=True)
+            code = 1
+        except click.ClickException as exc:
+            click.echo(f"error: {_one_line(exc.format_message())}", err=True)
+            code = exc.exit_code
+        except BudgetplanError as exc:
+            click.echo(f"error: {_one_line(str(exc))}", err=True)
+            code = exc.exit_code
+        except BrokenPipeError:
+            code = 0
+        else:
+            code = rv if isinstance(rv, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+class _Checked(click.ParamType):
+    """A float or int option checked by a ``_validate`` function, named as the option."""
+
+    def __init__(self, name: str, check, base=float):
+        self.name = name
+        self._check = check
+        self._base = base
+
+    def convert(self, value: Any, param, ctx):
+        label = f"--{param.name.replace('_', '-')}" if param is not None else "value"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raw = value
+        else:
+            try:
+                raw = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{label} must be a number, got {value!r}", param, ctx)
+        try:
+            return self._check(label, raw)
+        except InvalidParameterError as exc:
+            self.fail(str(exc), param, ctx)
+
+    def fail(self, message, param=None, ctx=None):
+        raise click.UsageError(message, ctx)
+
+
+POSITIVE = _Checked("positive", _validate.positive)
+PROBABILITY = _Checked("probability", lambda n, v: _validate.probability(n, v, allow_zero=True))
+OPEN_UNIT = _Checked("open_unit", _validate.open_unit)
+POSITIVE_INT = _Checked("positive_int", _validate.positive_int)
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def emit_json(payload: dict) -> None:
+    """One JSON object, alone on stdout; non-finite floats become null."""
+    click.echo(json.dumps(_clean(payload), indent=2, allow_nan=False))
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def console():
+    from rich.console import Console
+
+    return Console(highlight=False)

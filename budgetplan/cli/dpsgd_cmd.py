@@ -1,0 +1,249 @@
+"""``budgetplan dpsgd``: account, calibrate, or solve for epochs or rows.
+
+Exactly one unknown is solved for:
+- ``--noise-multiplier`` given, no ``--epsilon``: the epsilon it costs;
+- ``--epsilon`` given, no ``--noise-multiplier``: the smallest noise multiplier;
+- both given, no ``--epochs``/``--steps``: the most epochs (and steps) that fit;
+- both given, no ``--dataset-size``: the fewest rows for which the epochs fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from budgetplan.cli._render import fmt, params_table, results_table
+from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
+from budgetplan.cli.release_cmds import _guarantee_table, _head, _result, _row, _unit
+from budgetplan.errors import BudgetplanError
+
+__all__ = ["dpsgd"]
+
+_ACCOUNTANTS = ("pld", "rdp", "prv")
+
+
+@click.command()
+@click.option("--noise-multiplier", type=POSITIVE, help="sigma: noise std in units of the clipping norm.")
+@click.option("--epsilon", type=POSITIVE, help="Target epsilon.")
+@click.option("--delta", type=OPEN_UNIT, required=True)
+@click.option("--dataset-size", type=POSITIVE_INT, help="N: rows (after capping).")
+@click.option("--batch-size", type=POSITIVE_INT, required=True, help="B: expected batch size; q = B / N.")
+@click.option("--epochs", type=POSITIVE, help="Passes over the data; steps = ceil(epochs N / B).")
+@click.option("--steps", type=POSITIVE_INT, help="Noisy steps T (instead of --epochs).")
+@click.option("--max-batch-size", type=POSITIVE_INT, default=None,
+              help="Truncated Poisson: batches above this size are cut to it (accounted as such).")
+@click.option("--unit-cap", type=POSITIVE_INT, default=None, help="K: most examples per unit (user).")
+@click.option("--unit-accounting", type=click.Choice(["tight", "group"]), default="tight", show_default=True,
+              help="For --unit-cap: mixture of Gaussians (tight) or generic group privacy.")
+@click.option("--adjacency", type=click.Choice(["add-remove", "replace-one"]), default="add-remove",
+              show_default=True)
+@click.option("--accountant", type=click.Choice(list(_ACCOUNTANTS) + ["all"]), default="pld", show_default=True)
+@click.option("--discretization", type=POSITIVE, default=1e-4, show_default=True, help="PLD grid spacing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps, max_batch_size,
+          unit_cap, unit_accounting, adjacency, accountant, discretization, as_json):
+    """DP-SGD with Poisson sampling: epsilon, noise multiplier, most epochs or fewest rows."""
+    if epochs is not None and steps is not None:
+        raise click.UsageError("give at most one of --epochs or --steps")
+    if noise_multiplier is None and epsilon is None:
+        raise click.UsageError("give --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)")
+    have_length = epochs is not None or steps is not None
+    if dataset_size is None and (noise_multiplier is None or epsilon is None or not have_length):
+        raise click.UsageError("--dataset-size is required unless solving for it (give --noise-multiplier, "
+                               "--epsilon and --epochs)")
+    if dataset_size is not None and batch_size > dataset_size:
+        raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
+    if max_batch_size is not None and (unit_cap or 1) > 1 and unit_accounting == "tight":
+        raise click.UsageError("truncated Poisson batches with --unit-cap need --unit-accounting group")
+    if not have_length and not (noise_multiplier is not None and epsilon is not None):
+        raise click.UsageError("give --epochs or --steps")
+    if dataset_size is not None and delta >= 1.0 / dataset_size:
+        warn(f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: even a mechanism that publishes "
+             "one random row in full meets such a delta; prefer delta << 1/N")
+    unit = _unit(unit_cap)
+    ctx = dict(delta=delta, batch_size=batch_size, unit=unit, unit_accounting=unit_accounting,
+               adjacency=adjacency, discretization=discretization, max_batch_size=max_batch_size)
+    chosen = list(_ACCOUNTANTS) if accountant == "all" else [accountant]
+    if noise_multiplier is not None and epsilon is not None:
+        if have_length and dataset_size is not None:
+            raise click.UsageError("everything is given: drop --epsilon to get it, or drop --epochs/--steps or "
+                                   "--dataset-size to solve for it")
+        if not have_length:
+            _solve_epochs(noise_multiplier, epsilon, dataset_size, chosen, ctx, as_json)
+        else:
+            _solve_rows(noise_multiplier, epsilon, epochs, steps, chosen, ctx, as_json)
+        return
+    steps = steps if steps is not None else _steps(epochs, dataset_size, batch_size)
+    q = batch_size / dataset_size
+    if epsilon is not None:
+        _calibrate(epsilon, q, steps, dataset_size, epochs, chosen, ctx, as_json)
+    else:
+        _forward(noise_multiplier, q, steps, dataset_size, epochs, chosen, ctx, as_json)
+
+
+def _steps(epochs, n, b):
+    from budgetplan.calibrate import steps_for_epochs
+
+    return steps_for_epochs(epochs=epochs, dataset_size=n, batch_size=b)
+
+
+def _mechanism(sigma, q, steps, n, max_batch_size):
+    from budgetplan.mechanisms import PoissonDPSGD, TruncatedPoissonDPSGD
+
+    if max_batch_size is not None:
+        return TruncatedPoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps, dataset_size=n,
+                                     max_batch_size=max_batch_size)
+    return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps)
+
+
+def _account(sigma, q, steps, n, method, ctx, unit_accounting=None):
+    from budgetplan.accounting import account
+
+    return account(_mechanism(sigma, q, steps, n, ctx["max_batch_size"]), delta=ctx["delta"],
+                   adjacency=ctx["adjacency"], unit=ctx["unit"], method=method,
+                   unit_accounting=unit_accounting or ctx["unit_accounting"], discretization=ctx["discretization"])
+
+
+def _user_level_rows(sigma, q, steps, n, ctx):
+    """What each way of bounding a unit's K examples costs, side by side."""
+    rows = []
+    if ctx["max_batch_size"] is None and ctx["adjacency"] == "add-remove":
+        rows.append(_row("mixture-of-gaussians", lambda: _account(sigma, q, steps, n, "pld", ctx, "tight")))
+    rows.append(_row("group(pld)", lambda: _account(sigma, q, steps, n, "pld", ctx, "group")))
+    if ctx["max_batch_size"] is None and ctx["adjacency"] == "add-remove":
+        rows.append(_row("group(rdp)", lambda: _account(sigma, q, steps, n, "rdp", ctx, "group")))
+    return rows
+
+
+def _shape(q, steps, n, epochs, ctx):
+    return {"sampling_rate": q, "steps": steps, "dataset_size": n, "batch_size": ctx["batch_size"],
+            "epochs": epochs, "max_batch_size": ctx["max_batch_size"], "unit": ctx["unit"].to_dict(),
+            "unit_accounting": ctx["unit_accounting"], "discretization": ctx["discretization"]}
+
+
+def _forward(sigma, q, steps, n, epochs, chosen, ctx, as_json):
+    results = [_row(m, lambda m=m: _account(sigma, q, steps, n, m, ctx)) for m in chosen]
+    head = _head(results)
+    payload = {"epsilon": head.epsilon, "delta": ctx["delta"], "accountant": chosen[0],
+               "adjacency": ctx["adjacency"], "noise_multiplier": sigma, **_shape(q, steps, n, epochs, ctx),
+               "guarantee": head.to_dict()}
+    if len(chosen) > 1:
+        payload["results"] = [_result(m, g, e) for m, g, e in results]
+    user_rows = _user_level_rows(sigma, q, steps, n, ctx) if ctx["unit"].cap > 1 else []
+    if user_rows:
+        payload["unit_accounting_options"] = [_result(m, g, e) for m, g, e in user_rows]
+    if as_json:
+        emit_json(payload)
+        return
+    out = console()
+    out.print(_params(sigma, q, steps, n, epochs, ctx))
+    if user_rows and len(chosen) == 1:
+        out.print(_guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples "
+                                              f"(first: {results[0][1].method if results[0][1] else chosen[0]})"))
+        return
+    out.print(_guarantee_table(results))
+    if user_rows:
+        out.print(_guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples"))
+
+
+def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
+    from budgetplan.calibrate import dpsgd_noise_multiplier
+
+    if ctx["max_batch_size"] is not None:
+        raise click.UsageError("calibration for truncated Poisson batches is not supported; "
+                               "give --noise-multiplier to account it")
+    cals = []
+    for m in chosen:
+        try:
+            cal = dpsgd_noise_multiplier(epsilon=epsilon, delta=ctx["delta"], sampling_rate=q, steps=steps,
+                                         adjacency=ctx["adjacency"], unit=ctx["unit"], method=m,
+                                         unit_accounting=ctx["unit_accounting"],
+                                         discretization=ctx["discretization"])
+            cals.append((m, cal, None))
+        except BudgetplanError as exc:
+            if len(chosen) == 1:
+                raise
+            cals.append((m, None, exc))
+    head = next((c for _, c, _ in cals if c is not None), None)
+    if head is None:
+        raise cals[0][2]
+    payload = {"epsilon": head.guarantee.epsilon, "target_epsilon": epsilon, "delta": ctx["delta"],
+               "accountant": chosen[0], "adjacency": ctx["adjacency"], "noise_multiplier": head.value,
+               "verified_epsilon": head.verified_epsilon, **_shape(q, steps, n, epochs, ctx),
+               "guarantee": head.guarantee.to_dict()}
+    if len(chosen) > 1:
+        payload["results"] = [
+            {"accountant": m, "noise_multiplier": c.value, **_result(m, c.guarantee, None)} if c else
+            {"accountant": m, "noise_multiplier": None, "error": str(e)} for m, c, e in cals]
+    if as_json:
+        emit_json(payload)
+        return
+    out = console()
+    out.print(_params(head.value, q, steps, n, epochs, ctx, target=epsilon))
+    rows = [[m, c.value, c.guarantee.epsilon, c.verified_epsilon, c.evaluations] if c else
+            [m, "-", "-", "-", f"n/a: {e}"] for m, c, e in cals]
+    out.print(results_table(f"Smallest noise multiplier for epsilon <= {fmt(epsilon)}",
+                            ["accountant", "noise multiplier", "epsilon", "epsilon at half the grid", "evaluations"],
+                            rows))
+
+
+def _solve_epochs(sigma, epsilon, n, chosen, ctx, as_json):
+    from budgetplan.calibrate import dpsgd_max_steps
+
+    q = ctx["batch_size"] / n
+    m = chosen[0]
+    cal = dpsgd_max_steps(noise_multiplier=sigma, sampling_rate=q, epsilon=epsilon, delta=ctx["delta"],
+                          adjacency=ctx["adjacency"], unit=ctx["unit"], method=m,
+                          unit_accounting=ctx["unit_accounting"], discretization=ctx["discretization"])
+    steps = int(cal.value)
+    epochs = steps * ctx["batch_size"] / n
+    payload = {"epsilon": cal.guarantee.epsilon, "target_epsilon": epsilon, "delta": ctx["delta"],
+               "accountant": m, "adjacency": ctx["adjacency"], "noise_multiplier": sigma,
+               "max_steps": steps, "max_epochs": epochs, "max_whole_epochs": math.floor(epochs + 1e-12),
+               **_shape(q, steps, n, epochs, ctx), "guarantee": cal.guarantee.to_dict()}
+    if as_json:
+        emit_json(payload)
+        return
+    out = console()
+    out.print(_params(sigma, q, steps, n, epochs, ctx, target=epsilon))
+    out.print(f"at most {fmt(steps)} steps = {fmt(epochs, 5)} epochs "
+              f"({math.floor(epochs + 1e-12)} whole) fit epsilon <= {fmt(epsilon)}; at that length epsilon = "
+              f"{fmt(cal.guarantee.epsilon)} ({cal.guarantee.method})")
+
+
+def _solve_rows(sigma, epsilon, epochs, steps, chosen, ctx, as_json):
+    from budgetplan.calibrate import dpsgd_min_dataset_size
+
+    if epochs is None:
+        raise click.UsageError("solving for --dataset-size needs --epochs (steps grow with the data)")
+    m = chosen[0]
+    cal = dpsgd_min_dataset_size(noise_multiplier=sigma, batch_size=ctx["batch_size"], epochs=epochs,
+                                 epsilon=epsilon, delta=ctx["delta"], adjacency=ctx["adjacency"],
+                                 unit=ctx["unit"], method=m, unit_accounting=ctx["unit_accounting"],
+                                 discretization=ctx["discretization"])
+    n = int(cal.value)
+    q, t = ctx["batch_size"] / n, _steps(epochs, n, ctx["batch_size"])
+    payload = {"epsilon": cal.guarantee.epsilon, "target_epsilon": epsilon, "delta": ctx["delta"],
+               "accountant": m, "adjacency": ctx["adjacency"], "noise_multiplier": sigma,
+               "min_dataset_size": n, **_shape(q, t, n, epochs, ctx), "guarantee": cal.guarantee.to_dict()}
+    if as_json:
+        emit_json(payload)
+        return
+    out = console()
+    out.print(_params(sigma, q, t, n, epochs, ctx, target=epsilon))
+    out.print(f"at least {fmt(n)} rows are needed for {fmt(epochs)} epochs within epsilon <= {fmt(epsilon)}; "
+              f"there epsilon = {fmt(cal.guarantee.epsilon)} ({cal.guarantee.method})")
+
+
+def _params(sigma, q, steps, n, epochs, ctx, target=None):
+    rows = [("unit", ctx["unit"].describe()), ("adjacency", ctx["adjacency"]), ("noise multiplier", sigma),
+            ("sampling rate q", q), ("steps", steps), ("dataset size", n), ("batch size", ctx["batch_size"])]
+    if epochs is not None:
+        rows.append(("epochs", epochs))
+    if ctx["max_batch_size"] is not None:
+        rows.append(("max batch size (truncated)", ctx["max_batch_size"]))
+    rows.append(("delta", ctx["delta"]))
+    if target is not None:
+        rows.append(("target epsilon", target))
+    return params_table("DP-SGD, Poisson sampling", rows)

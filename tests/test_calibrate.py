@@ -1,0 +1,144 @@
+"""Calibration and inverse queries: tight, and never overshooting when re-accounted finer."""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from budgetplan import (
+    InfeasibleError,
+    PoissonDPSGD,
+    PrivacyUnit,
+    account,
+    dpsgd_max_steps,
+    dpsgd_min_dataset_size,
+    dpsgd_noise_multiplier,
+    gaussian_noise_std,
+    rr_per_example_epsilon,
+    steps_for_epochs,
+)
+
+Q = 16384 / 32e6
+
+
+def dp_accounting_eps(sigma, q, steps, delta, discretization, relation="add"):
+    import dp_accounting as dpa
+    from dp_accounting.pld import pld_privacy_accountant as pa
+
+    rel = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE if relation == "add" else dpa.NeighboringRelation.REPLACE_ONE
+    acc = pa.PLDAccountant(neighboring_relation=rel, value_discretization_interval=discretization)
+    acc.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps))
+    return acc.get_epsilon(delta)
+
+
+def test_steps_for_epochs_rounds_up():
+    assert steps_for_epochs(epochs=64, dataset_size=32_000_000, batch_size=16384) == 125_000
+    assert steps_for_epochs(epochs=3, dataset_size=32_000_000, batch_size=16384) == 5860
+    assert steps_for_epochs(epochs=1, dataset_size=10, batch_size=10) == 1
+
+
+def test_paper_setting_matches_dp_accounting():
+    # DOMAIN.md section 3: dp_accounting's calibrate_dp_mechanism over PLD gives sigma 0.7751.
+    cal = dpsgd_noise_multiplier(epsilon=2.0, delta=1 / 32e6, sampling_rate=Q, steps=125_000)
+    assert cal.value == pytest.approx(0.7751, abs=2e-4)
+    assert cal.guarantee.epsilon <= 2.0 and cal.verified_epsilon <= 2.0
+    assert cal.guarantee.epsilon > 1.999  # tight
+
+
+def test_rdp_calibration_reference():
+    # DOMAIN.md section 3: over RDP, sigma 0.8647 for the same setting.
+    cal = dpsgd_noise_multiplier(epsilon=2.0, delta=1 / 32e6, sampling_rate=Q, steps=125_000, method="rdp")
+    assert cal.value == pytest.approx(0.8647, abs=2e-4)
+    assert cal.guarantee.method == "rdp" and cal.guarantee.epsilon <= 2.0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    log_q=st.floats(-3.5, -1.0),
+    steps=st.integers(1, 200),
+    eps=st.floats(0.3, 8.0),
+    log_delta=st.floats(-9, -4),
+    relation=st.sampled_from(["add", "replace"]),
+)
+def test_never_overshoots_when_reaccounted_finer(log_q, steps, eps, log_delta, relation):
+    q, delta = 10**log_q, 10**log_delta
+    adjacency = "add-remove" if relation == "add" else "replace-one"
+    cal = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps, adjacency=adjacency)
+    assert cal.guarantee.epsilon <= eps
+    # independent re-accounting: dp_accounting itself, at a 10x finer grid
+    assert dp_accounting_eps(cal.value, q, steps, delta, 1e-5, relation) <= eps
+    # and tight: 0.1% less noise no longer meets the target
+    assert account(PoissonDPSGD(noise_multiplier=cal.value * 0.999, sampling_rate=q, steps=steps),
+                   delta=delta, adjacency=adjacency).epsilon > eps
+
+
+def test_user_level_calibration_k8():
+    unit = PrivacyUnit.capped(8)
+    cal = dpsgd_noise_multiplier(epsilon=2.0, delta=1e-7, sampling_rate=Q, steps=5860, unit=unit)
+    assert cal.guarantee.method == "mixture-of-gaussians(pld)"
+    assert cal.guarantee.epsilon <= 2.0 < account(
+        PoissonDPSGD(noise_multiplier=cal.value * 0.999, sampling_rate=Q, steps=5860),
+        delta=1e-7, adjacency="add-remove", unit=unit).epsilon
+
+
+def test_group_calibration_needs_more_noise_than_mixture():
+    unit = PrivacyUnit.capped(4)
+    mog = dpsgd_noise_multiplier(epsilon=2.0, delta=1e-6, sampling_rate=0.01, steps=200, unit=unit)
+    grp = dpsgd_noise_multiplier(epsilon=2.0, delta=1e-6, sampling_rate=0.01, steps=200, unit=unit,
+                                 unit_accounting="group")
+    assert grp.value > mog.value
+    assert grp.guarantee.epsilon <= 2.0
+
+
+def test_max_steps_is_the_largest():
+    cal = dpsgd_max_steps(noise_multiplier=1.0, sampling_rate=0.01, epsilon=1.0, delta=1e-6)
+    t = int(cal.value)
+    assert cal.guarantee.epsilon <= 1.0
+    over = account(PoissonDPSGD(noise_multiplier=1.0, sampling_rate=0.01, steps=t + 1), delta=1e-6,
+                   adjacency="add-remove")
+    assert over.epsilon > 1.0
+
+
+def test_max_steps_infeasible_names_the_knob():
+    with pytest.raises(InfeasibleError) as err:
+        dpsgd_max_steps(noise_multiplier=0.2, sampling_rate=0.5, epsilon=0.1, delta=1e-8)
+    assert err.value.knob == "noise_multiplier" and err.value.suggestion > 0.2
+    assert "one step needs noise_multiplier >=" in str(err.value)
+    # the suggested noise does allow one step
+    g = account(PoissonDPSGD(noise_multiplier=err.value.suggestion, sampling_rate=0.5, steps=1), delta=1e-8,
+                adjacency="add-remove")
+    assert g.epsilon <= 0.1
+
+
+def test_min_dataset_size_is_the_smallest():
+    cal = dpsgd_min_dataset_size(noise_multiplier=1.0, batch_size=256, epochs=10, epsilon=2.0, delta=1e-6)
+    n = int(cal.value)
+
+    def eps(rows):
+        return account(PoissonDPSGD(noise_multiplier=1.0, sampling_rate=256 / rows,
+                                    steps=steps_for_epochs(epochs=10, dataset_size=rows, batch_size=256)),
+                       delta=1e-6, adjacency="add-remove").epsilon
+
+    assert eps(n) <= 2.0 < eps(n - 1)
+
+
+def test_gaussian_and_rr_calibration():
+    cal = gaussian_noise_std(epsilon=1.0, delta=1e-5, sensitivity=2.0, cap=3)
+    assert cal.value == pytest.approx(6 * 3.7306, rel=1e-4)
+    assert cal.guarantee.epsilon <= 1.0
+    splits = rr_per_example_epsilon(epsilon=1.0, cap=50, delta=1e-7)
+    assert splits["eps/K"] == 0.02 and round(splits["tight"], 3) == 0.031
+
+
+def test_calibration_bad_input():
+    from budgetplan import InvalidParameterError
+
+    for kwargs, match in [
+        (dict(epsilon=math.nan), "epsilon must be a finite number > 0, got nan"),
+        (dict(epsilon=-1.0), "epsilon must be a finite number > 0"),
+        (dict(epsilon=1.0, delta=1.0), "delta must be in"),
+        (dict(epsilon=1.0, steps=0), "steps must be an integer >= 1, got 0"),
+    ]:
+        args = dict(epsilon=1.0, delta=1e-6, sampling_rate=0.01, steps=10) | kwargs
+        with pytest.raises(InvalidParameterError, match=match):
+            dpsgd_noise_multiplier(**args)

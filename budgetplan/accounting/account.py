@@ -42,7 +42,7 @@ from budgetplan.mechanisms import (
 )
 from budgetplan.units import Adjacency, PrivacyUnit
 
-__all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION", "pld_of"]
+__all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION", "pld_of", "tail_mass_for"]
 
 DEFAULT_DISCRETIZATION = 1e-4
 METHODS = ("exact", "pld", "rdp", "prv", "classical", "basic")
@@ -124,7 +124,9 @@ def account(
                       unit_accounting=unit_accounting, discretization=discretization,
                       prv_eps_error=prv_eps_error)[0]
     if unit.cap > 1 and unit_accounting == "group":
-        example = _curve(mechanism, adjacency, PrivacyUnit.example(), method, discretization, prv_eps_error, delta)
+        # the example-level curve is queried far below delta (delta_e ~ delta / e^{K eps})
+        example = _curve(mechanism, adjacency, PrivacyUnit.example(), method, discretization, prv_eps_error,
+                         delta * 1e-6)
         eps, delta_e = group.group_from_curve(example.epsilon, group_size=unit.cap, delta=delta)
         return Guarantee(
             epsilon=eps, delta=delta, method=f"group({example.method})", adjacency=adjacency, unit=unit,
@@ -226,15 +228,17 @@ def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretizati
 
 
 def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta) -> _Curve:
+    tail = tail_mass_for(delta)
     if isinstance(mechanism, RandomizedResponse):
-        return _rr_curve(mechanism, adjacency, unit, method, discretization)
+        return _rr_curve(mechanism, adjacency, unit, method, discretization, tail)
     if isinstance(mechanism, GaussianRelease):
         return _gaussian_curve(mechanism, adjacency, unit, method, discretization)
     if isinstance(mechanism, PoissonDPSGD):
         return _dpsgd_curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta)
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
-    return _pld_curve(pld_of(mechanism, adjacency=adjacency, unit=unit, discretization=discretization),
+    return _pld_curve(pld_of(mechanism, adjacency=adjacency, unit=unit, discretization=discretization,
+                             tail_mass=tail),
                       "pld", discretization, ("PLD composition of all phases under one adjacency",),
                       pure=_pure_epsilon(mechanism, unit, discretization))
 
@@ -266,7 +270,7 @@ def _pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
     return math.inf
 
 
-def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization) -> _Curve:
+def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization, tail) -> _Curve:
     if adjacency is not Adjacency.REPLACE_ONE:
         raise UnsupportedError(
             "randomized response protects labels under replace-one adjacency; add-remove would "
@@ -279,7 +283,7 @@ def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization)
     if method == "rdp":
         return _Curve(epsilon=backends.rdp_rr_curve(epsilon=e, count=k), method="rdp",
                       conversion=backends.RDP_CONVERSION)
-    return _pld_curve(pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization),
+    return _pld_curve(pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, tail_mass=tail),
                       "pld", discretization, pure=_pure_epsilon(mech, unit, discretization))
 
 
@@ -331,7 +335,8 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, pr
             "the mixture-of-Gaussians accounting for K examples per unit is defined under add-remove; "
             "use unit_accounting 'group' for replace-one"
         )
-    pld = pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization)
+    pld = pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization,
+                 tail_mass=tail_mass_for(delta))
     if user_level:
         return _pld_curve(pld, "mixture-of-gaussians(pld)", discretization, notes + (
             f"each of a unit's K={unit.cap} examples sampled independently: sensitivity "
@@ -359,22 +364,33 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
 # ----------------------------------------------------------------------------- PLDs
 
 
-def pld_of(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float):
+def tail_mass_for(delta: float) -> float:
+    """PLD tail mass that composition may move to infinity: dp_accounting's 1e-15, or less.
+
+    The truncated mass counts fully against delta, so at deltas near 1e-15 the default
+    alone would make every epsilon infinite; it is kept three orders below the target.
+    """
+    return 1e-15 if delta <= 0 else min(1e-15, delta * 1e-3)
+
+
+def pld_of(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
+           tail_mass: float = 1e-15):
     """The fast-engine PLD of a mechanism at the unit level (tight unit accounting)."""
     from budgetplan.accounting import fastpld
 
     if isinstance(mechanism, Composition):
-        plds = [pld_of(p, adjacency=adjacency, unit=unit, discretization=discretization) for p in mechanism.leaves()]
+        plds = [pld_of(p, adjacency=adjacency, unit=unit, discretization=discretization, tail_mass=tail_mass)
+                for p in mechanism.leaves()]
         out = plds[0]
         for other in plds[1:]:
-            out = fastpld.compose(out, other)
+            out = fastpld.compose(out, other, tail_mass_truncation=tail_mass)
         return out
     rel = adjacency.value
     if isinstance(mechanism, RandomizedResponse):
         if adjacency is not Adjacency.REPLACE_ONE:
             raise UnsupportedError("randomized response protects labels under replace-one adjacency only")
         single = fastpld.randomized_response(epsilon=mechanism.epsilon, discretization=discretization)
-        return single if unit.cap == 1 else fastpld.self_compose(single, unit.cap)
+        return single if unit.cap == 1 else fastpld.self_compose(single, unit.cap, tail_mass_truncation=tail_mass)
     if isinstance(mechanism, GaussianRelease):
         ratio = mechanism.noise_std / (mechanism.sensitivity * unit.cap)
         # The stated sensitivity is the full shift between neighbours. The engine's replace-one
@@ -398,7 +414,7 @@ def pld_of(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization
                 sensitivities=tuple(float(s) for s in range(k + 1)),
                 probabilities=tuple(float(p) for p in probs),
                 discretization=discretization)
-        return fastpld.self_compose(single, mechanism.steps)
+        return fastpld.self_compose(single, mechanism.steps, tail_mass_truncation=tail_mass)
     raise UnsupportedError(
         f"{type(mechanism).__name__} has no fast PLD here; account it on its own with method 'pld'"
     )

@@ -221,11 +221,18 @@ def dpsgd_noise_multiplier(
     evals = 0
     if fast:
         coarse = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, discretization * _COARSE_FACTOR)
-        x0, _, n = _solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
-                                     hi_limit=SIGMA_RANGE[1], rel_tol=1e-3)
-        evals += n
         eps_of = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, discretization)
-        step = 0.01
+        x0, e_coarse, n = _solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
+                                            hi_limit=SIGMA_RANGE[1], rel_tol=1e-3)
+        # The coarse grid's epsilon sits a nearly constant bias above the fine one near the
+        # answer: measure it once at x0, then solve the shifted target on the cheap curve.
+        e_fine = eps_of(x0)
+        evals += n + 1
+        if math.isfinite(e_fine) and math.isfinite(e_coarse) and 0 < e_fine < e_coarse:
+            x0, _, n = _solve_decreasing(coarse, aim + (e_coarse - e_fine), x0, step=2e-3,
+                                         lo_limit=SIGMA_RANGE[0], hi_limit=SIGMA_RANGE[1], rel_tol=2e-5)
+            evals += n
+        step = 2 * _REL_TOL
     else:
         def eps_of(sigma: float) -> float:
             mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)

@@ -7,7 +7,8 @@ place (``budgetplan.cli._errors``) and prints one line, never a traceback.
     ├── InvalidParameterError            exit 2: a value is not finite, out of range, not an integer
     ├── UnsupportedError                 exit 2: a combination no method here can account soundly
     ├── InfeasibleError                  exit 1: valid inputs, but no parameter meets the budget
-    └── AccountingError                  exit 1: a back-end failed or disagreed beyond its error band
+    ├── AccountingError                  exit 1: a back-end failed or disagreed beyond its error band
+    └── PlanMismatchError                exit 1: a plan file whose hash, schema or numbers do not hold
 
 ``InvalidParameterError`` is also a ``ValueError`` so that callers that already catch
 ``ValueError`` keep working.
@@ -21,6 +22,7 @@ __all__ = [
     "UnsupportedError",
     "InfeasibleError",
     "AccountingError",
+    "PlanMismatchError",
 ]
 
 
@@ -69,3 +71,16 @@ class AccountingError(BudgetplanError):
     """An accounting back-end failed, or two independent methods disagreed beyond their bounds."""
 
     exit_code = 1
+
+
+class PlanMismatchError(BudgetplanError):
+    """A plan file failed verification: its hash, schema, form or recomputed numbers differ.
+
+    ``problems`` lists every difference found, each naming what differs.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [message])

@@ -23,6 +23,8 @@ __all__ = ["self_compose", "compose", "epsilon_for_delta", "delta_for_epsilon"]
 _DELTA_CHUNK = 1 << 20
 # Below this many multiply-adds a direct convolution is faster than an FFT (and exact).
 _DIRECT_CONVOLVE_MAX = 1 << 16
+# First chunk of the top-down epsilon scan (it doubles after each chunk without a crossing).
+_EPS_SCAN_CHUNK = 1 << 13
 
 
 # ----------------------------------------------------------------------- composition
@@ -211,26 +213,37 @@ def _epsilon_for_delta_pmf(pmf: PLDPmf, delta: float) -> float:
     p = pmf.probs[::-1]
     n = p.size
     top = pmf.lower_index + n - 1
-    losses = (top - np.arange(n)) * pmf.discretization  # descending
-    with np.errstate(over="ignore", invalid="ignore"):
-        weight = np.exp(-losses)
-        # upper[m], lower[m]: masses at losses[0..m] (plain, e^{-loss}-weighted).
-        upper = np.cumsum(p)
-        upper += pmf.infinity_mass
-        lower = np.cumsum(weight * p)
-        # Stop before adding entry m + 1 (masses strictly above it are upper[m], lower[m]).
-        slack = upper[:-1] - delta
-        stop = (slack > 0) & (lower[:-1] > 0) & (slack * weight[1:] >= lower[:-1])
-        # e^{-loss} underflowing to 0 (losses above ~745) ends the scan at that loss.
-        underflow = (upper >= delta) & (lower == 0)
-    first_stop = int(np.argmax(stop)) + 1 if stop.any() else n
-    first_underflow = int(np.argmax(underflow)) if underflow.any() else n
-    if first_underflow < first_stop:
-        return max(0.0, float(losses[first_underflow]))
-    if first_stop < n:
-        u, w = upper[first_stop - 1], lower[first_stop - 1]
+    # The crossing is almost always in the upper tail: scan from the top in chunks that
+    # double in size, carrying the suffix sums, instead of touching the whole grid.
+    carry_u, carry_w = pmf.infinity_mass, 0.0
+    start, size = 0, _EPS_SCAN_CHUNK
+    while start < n:
+        end = min(n, start + size)
+        losses = (top - np.arange(start, min(n, end + 1))) * pmf.discretization  # one look-ahead loss
+        with np.errstate(over="ignore", invalid="ignore"):
+            weight = np.exp(-losses)
+            chunk = p[start:end]
+            # upper[m], lower[m]: masses at losses[0..m] (plain, e^{-loss}-weighted).
+            upper = carry_u + np.cumsum(chunk)
+            lower = carry_w + np.cumsum(weight[: end - start] * chunk)
+            # Stop before adding entry m + 1 (masses strictly above it are upper[m], lower[m]);
+            # the last grid entry is never a stop.
+            m = end - start if end < n else end - start - 1
+            slack = upper[:m] - delta
+            stop = (slack > 0) & (lower[:m] > 0) & (slack * weight[1 : m + 1] >= lower[:m])
+            # e^{-loss} underflowing to 0 (losses above ~745) ends the scan at that loss.
+            underflow = (upper >= delta) & (lower == 0)
+        first_stop = int(np.argmax(stop)) + 1 if stop.any() else None
+        first_underflow = int(np.argmax(underflow)) if underflow.any() else None
+        if first_underflow is not None and (first_stop is None or first_underflow < first_stop):
+            return max(0.0, float(losses[first_underflow]))
+        if first_stop is not None:
+            u, w = upper[first_stop - 1], lower[first_stop - 1]
+            break
+        carry_u, carry_w = upper[-1], lower[-1]
+        start, size = end, size * 2
     else:
-        u, w = upper[-1], lower[-1]
+        u, w = carry_u, carry_w
     if u <= w + delta:
         return 0.0
     return math.log((u - delta) / w)

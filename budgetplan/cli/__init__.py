@@ -11,7 +11,9 @@ import click
 from budgetplan import __version__
 from budgetplan.cli._shell import Group
 from budgetplan.cli.dpsgd_cmd import dpsgd
+from budgetplan.cli.plan_cmds import examples, plan, show, statement, verify
 from budgetplan.cli.release_cmds import gaussian, group, rr
+from budgetplan.cli.split_cmd import split
 
 __all__ = ["cli", "main"]
 
@@ -26,6 +28,12 @@ cli.add_command(rr)
 cli.add_command(gaussian)
 cli.add_command(dpsgd)
 cli.add_command(group)
+cli.add_command(split)
+cli.add_command(plan)
+cli.add_command(show)
+cli.add_command(verify)
+cli.add_command(statement)
+cli.add_command(examples)
 
 
 def main(argv=None):

@@ -1,0 +1,56 @@
+"""The Hybrid split grid of issue #3: 7 total epsilons x 5 alphas, timed end to end.
+
+`budgetplan split --rule grid` over the paper's epsilons (1, 3, 5, 10, 20, 30, 50) and
+alphas (0, .25, .5, .75, 1) on the Criteo pCTR shape (N = 32M, batch 16,384, 3 epochs,
+delta = 1e-8, replace-one), run through the CLI in-process as a user would. The target is
+under 15 s on a 2-core machine. Writes ``benchmarks/results/split_grid.json`` and ``.md``.
+Not a test: run it with ``python benchmarks/split_grid.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+ARGS = ["split", "--rule", "grid", "--delta", "1e-8", "--dataset-size", "32000000", "--batch-size", "16384",
+        "--epochs", "3", "--json"]
+
+
+def main() -> None:
+    from click.testing import CliRunner
+
+    from budgetplan.accounting import fastpld
+    from budgetplan.cli import cli
+
+    for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):
+        getattr(fastpld, name).cache_clear()
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(cli, ARGS)
+    seconds = time.perf_counter() - t0
+    if result.exit_code != 0:
+        raise SystemExit(result.output)
+    grid = json.loads(result.stdout)
+    out = {"command": "budgetplan " + " ".join(ARGS), "seconds": seconds, "target_seconds": 15.0,
+           "cells": len(grid["results"]), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+           "results": grid["results"]}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "split_grid.json").write_text(json.dumps(out, indent=2) + "\n")
+    alphas = sorted({c["rule"] for c in grid["results"]}, key=lambda r: float(r.split("=")[1]))
+    lines = ["# Split grid benchmark", "", f"`{out['command']}`: {seconds:.1f} s for {out['cells']} cells "
+             f"(target < 15 s), {out['machine']['cpus']} CPUs.", "", "Noise multiplier of the DP-SGD phase "
+             "(rows: total epsilon; columns: alpha = eps1 / eps; - : no DP-SGD phase):", "",
+             "| epsilon | " + " | ".join(alphas) + " |", "|---" * (len(alphas) + 1) + "|"]
+    by = {(c["epsilon"], c["rule"]): c["noise_multiplier"] for c in grid["results"]}
+    for eps in sorted({c["epsilon"] for c in grid["results"]}):
+        cells = [f"{by[(eps, a)]:.4f}" if by[(eps, a)] is not None else "-" for a in alphas]
+        lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
+    (RESULTS / "split_grid.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

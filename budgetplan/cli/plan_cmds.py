@@ -1,0 +1,178 @@
+"""``budgetplan plan | show | verify | statement | examples``: plan files end to end."""
+
+from __future__ import annotations
+
+import click
+
+from budgetplan.cli._render import fmt, params_table, results_table
+from budgetplan.cli._shell import console, emit_json, warn
+
+__all__ = ["plan", "show", "verify", "statement", "examples"]
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+def _scenario(source: str):
+    from budgetplan import examples as ex
+    from budgetplan.scenario import load_scenario, parse_scenario
+
+    if source.startswith(ex.PREFIX):
+        name = source[len(ex.PREFIX):]
+        return parse_scenario(ex.text(name), default_name=name)
+    return load_scenario(source)
+
+
+def _summary(p) -> dict:
+    g = p.guarantee
+    return {
+        "epsilon": g.epsilon, "delta": g.delta, "accountant": g.method, "adjacency": p.adjacency.value,
+        "sha256": p.sha256, "schema_version": p.schema_version, "algorithm": p.scenario.algorithm,
+        "unit": p.unit.to_dict(), "dataset_size": p.dataset_size,
+        "budget": {"epsilon": p.epsilon, "delta": p.delta},
+        "phases": [{"name": ph.name, "target_epsilon": ph.target_epsilon, "target_delta": ph.target_delta,
+                    "epsilon": ph.guarantee.epsilon, "delta": ph.guarantee.delta, "method": ph.guarantee.method,
+                    "parameters": ph.parameters} for ph in p.phases],
+        "total": {"basic": p.total.to_dict(), "pld": p.total_pld.to_dict() if p.total_pld else None},
+        "tuning": p.tuning, "unit_alternatives": list(p.unit_alternatives), "warnings": list(p.warnings),
+    }
+
+
+_SHOWN = {
+    "rr": ("per_impression_epsilon", "flip_probability", "per_impression_rule", "epochs", "batch_size"),
+    "dpsgd": ("noise_multiplier", "noise_std", "clipping_norm", "sampling_rate", "steps", "epochs", "batch_size",
+              "max_batch_size"),
+    "walr": ("noise_std", "sensitivity", "unit_sensitivity", "features", "row_norm_bound", "weights_bound"),
+}
+
+
+def _render(p, out) -> None:
+    g = p.guarantee
+    out.print(params_table(f"Plan {p.scenario.name}", [
+        ("algorithm", p.scenario.algorithm), ("unit", p.unit.describe()), ("adjacency", p.adjacency.value),
+        ("dataset size N", p.dataset_size), ("budget", f"({fmt(p.epsilon)}, {fmt(p.delta)})"),
+        ("guarantee", f"({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}"), ("sha256", p.sha256)]))
+    for i, ph in enumerate(p.phases, 1):
+        rows = [("target", f"({fmt(ph.target_epsilon)}, {fmt(ph.target_delta, 4)})"),
+                ("guarantee", f"({fmt(ph.guarantee.epsilon)}, {fmt(ph.guarantee.delta, 4)}) by {ph.guarantee.method}")]
+        rows += [(k.replace("_", " "), ph.parameters[k]) for k in _SHOWN[ph.name] if ph.parameters.get(k) is not None]
+        out.print(params_table(f"Phase {i}: {ph.name}", rows))
+    totals = [["basic composition" if len(p.phases) > 1 else "the one phase", p.total.epsilon, p.total.delta]]
+    if p.total_pld is not None:
+        totals.append(["PLD composition", p.total_pld.epsilon, p.total_pld.delta])
+    if p.tuning is not None:
+        t = p.tuning
+        totals.append([f"tuning: {t['configurations']} configs, {t['selection']}", g.epsilon, g.delta])
+    out.print(results_table("Totals", ["composition", "epsilon", "delta"], totals))
+    if p.unit_alternatives:
+        alt = []
+        for a in p.unit_alternatives:
+            knob = next((k for k in ("per_impression_epsilon", "noise_multiplier", "noise_std") if k in a), None)
+            cost = f"{knob.replace('_', ' ')} {fmt(a[knob])}" if knob else f"n/a: {a.get('note', '')}"
+            alt.append([a["phase"], a["bounding"], cost, a.get("unit_epsilon", "-"), a.get("unit_delta", "-")])
+        out.print(results_table(f"Ways to bound a unit of {p.unit.cap} examples (the plan uses "
+                                f"{p.scenario.unit_accounting}, per-impression rule "
+                                f"{p.scenario.rr.per_impression if p.scenario.rr else '-'})",
+                                ["phase", "bounding", "cost", "unit eps", "unit delta"], alt))
+
+
+@click.command()
+@click.argument("scenario", metavar="SCENARIO.toml")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write the plan here (atomically); without it the plan JSON goes to stdout.")
+@_JSON
+def plan(scenario, output, as_json):
+    """Plan SCENARIO.toml (or example:NAME): split, calibrate, account, write a hashed plan."""
+    from budgetplan.plan import write_atomic
+    from budgetplan.planner import build_plan
+
+    sc = _scenario(scenario)
+    for w in sc.warnings:
+        warn(w)
+    p = build_plan(sc)
+    text = p.to_json()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    write_atomic(output, text)
+    if as_json:
+        emit_json({**_summary(p), "output": output})
+        return
+    out = console()
+    _render(p, out)
+    out.print(f"wrote {output}")
+
+
+@click.command()
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@_JSON
+def show(plan_file, as_json):
+    """Render a plan (its integrity is checked; `verify` recomputes the numbers)."""
+    from budgetplan.plan import load_plan
+
+    p = load_plan(plan_file)
+    if as_json:
+        emit_json(_summary(p))
+        return
+    _render(p, console())
+
+
+@click.command()
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--no-replan", is_flag=True, help="Skip re-planning the embedded scenario.")
+@_JSON
+def verify(plan_file, no_replan, as_json):
+    """Recompute every guarantee of a plan; exit 1 naming each difference."""
+    from budgetplan.verify import verify_file
+
+    report = verify_file(plan_file, replan=not no_replan)
+    if as_json:
+        emit_json({**report.to_dict(), "file": plan_file})
+    else:
+        for note in report.notes:
+            warn(note)
+        if report.ok:
+            g = report.plan.guarantee
+            click.echo(f"{plan_file}: verified ({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}, "
+                       f"sha256 {report.plan.sha256}")
+        else:
+            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s)):", err=True)
+            for problem in report.problems:
+                click.echo(f"  - {problem}", err=True)
+    click.get_current_context().exit(0 if report.ok else 1)
+
+
+@click.command()
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write it here (atomically).")
+def statement(plan_file, output):
+    """The plain-language privacy statement of a plan, for an auditor to file."""
+    from budgetplan.plan import load_plan, write_atomic
+    from budgetplan.statement import render_statement
+
+    text = render_statement(load_plan(plan_file))
+    if output:
+        write_atomic(output, text)
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command()
+@click.argument("name", required=False)
+@_JSON
+def examples(name, as_json):
+    """List the shipped example scenarios, or print one (use it as example:NAME)."""
+    from budgetplan import examples as ex
+
+    if name:
+        text = ex.text(name)
+        if as_json:
+            emit_json({"name": name, "toml": text})
+        else:
+            click.echo(text, nl=False)
+        return
+    rows = [{"name": n, "use": f"{ex.PREFIX}{n}", "description": ex.describe(n)} for n in ex.names()]
+    if as_json:
+        emit_json({"examples": rows})
+        return
+    console().print(results_table("Example scenarios (budgetplan plan example:NAME -o plan.json)",
+                                  ["name", "description"], [[r["name"], r["description"]] for r in rows]))

@@ -1,0 +1,100 @@
+"""``budgetplan split``: Hybrid's budget split, one rule or the paper's alpha grid."""
+
+from __future__ import annotations
+
+import click
+
+from budgetplan.cli._render import fmt, results_table
+from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
+
+__all__ = ["split"]
+
+
+def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
+    from budgetplan import _validate
+    from budgetplan.errors import InvalidParameterError
+
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise click.UsageError(f"{option} must be comma-separated numbers, got {text!r}") from None
+    try:
+        return tuple(_validate.positive(option, x) if option == "--epsilons" else
+                     _validate.probability(option, x, allow_zero=True, allow_one=True) for x in out)
+    except InvalidParameterError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@click.command()
+@click.option("--epsilon", type=POSITIVE, help="Total epsilon (one rule).")
+@click.option("--epsilons", help="Comma-separated total epsilons for --rule grid (default 1,3,5,10,20,30,50).")
+@click.option("--alphas", help="Comma-separated alphas for --rule grid (default 0,0.25,0.5,0.75,1).")
+@click.option("--delta", type=OPEN_UNIT, required=True)
+@click.option("--dataset-size", type=POSITIVE_INT, required=True)
+@click.option("--batch-size", type=POSITIVE_INT, required=True, help="DP-SGD expected batch size.")
+@click.option("--epochs", type=POSITIVE, help="DP-SGD epochs.")
+@click.option("--steps", type=POSITIVE_INT, help="DP-SGD steps (instead of --epochs).")
+@click.option("--rule", default="paper-v1", show_default=True,
+              help='"paper-v1" (eps1 = min(0.6 eps, 3)), "alpha=<a>", "eps1=<e>", or "grid".')
+@click.option("--adjacency", type=click.Choice(["replace-one", "add-remove"]), default="replace-one",
+              show_default=True, help="Hybrid's semi-sensitive DP is replace-one.")
+@click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, steps, rule, adjacency, accountant,
+          as_json):
+    """Split a total budget between Hybrid's RR phase (eps1, 0) and DP-SGD phase (eps2, delta)."""
+    from budgetplan.calibrate import steps_for_epochs
+    from budgetplan.split import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
+    from budgetplan.sweep import sweep
+
+    if (epochs is None) == (steps is None):
+        raise click.UsageError("give exactly one of --epochs or --steps")
+    if batch_size > dataset_size:
+        raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
+    if adjacency != "replace-one":
+        raise click.UsageError("--adjacency add-remove cannot account Hybrid's RR phase: randomized response "
+                               "protects labels, a replace-one relation")
+    if delta >= 1.0 / dataset_size:
+        warn(f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: prefer delta << 1/N")
+    if steps is None:
+        steps = steps_for_epochs(epochs=epochs, dataset_size=dataset_size, batch_size=batch_size)
+    if rule == "grid":
+        eps_list = _floats("--epsilons", epsilons) or ((epsilon,) if epsilon else PAPER_EPSILONS)
+        rules = [f"alpha={a:g}" for a in (_floats("--alphas", alphas) or PAPER_ALPHAS)]
+    else:
+        if epsilons or alphas:
+            raise click.UsageError("--epsilons and --alphas go with --rule grid")
+        if epsilon is None:
+            raise click.UsageError("give --epsilon (or --rule grid)")
+        parse_rule(rule, "--rule")
+        eps_list, rules = (epsilon,), [rule]
+    cells = sweep(eps_list, rules, delta=delta, sampling_rate=batch_size / dataset_size, steps=steps,
+                  adjacency=adjacency, method=accountant, progress=not as_json and len(eps_list) * len(rules) > 1)
+    shape = {"delta": delta, "dataset_size": dataset_size, "batch_size": batch_size, "steps": steps,
+             "epochs": epochs, "sampling_rate": batch_size / dataset_size, "adjacency": adjacency,
+             "accountant": accountant}
+    if as_json:
+        if rule == "grid":
+            emit_json({"epsilon": None, **shape, "rule": "grid", "results": cells})
+        else:
+            emit_json({**cells[0], **shape})
+        return
+    out = console()
+    rows = [[c["epsilon"], c["rule"], c["epsilon1"], c["flip_probability"], c["epsilon2"], c["noise_multiplier"],
+             c["dpsgd_epsilon"]] for c in cells]
+    out.print(results_table(
+        f"Hybrid split, delta={fmt(delta)}, N={fmt(dataset_size)}, batch {fmt(batch_size)}, {fmt(steps)} steps "
+        f"({adjacency}, {accountant})",
+        ["epsilon", "rule", "eps1 (RR)", "flip prob", "eps2 (DP-SGD)", "noise multiplier", "DP-SGD eps"], rows))
+    if rule == "grid":
+        table = {}
+        for c in cells:
+            table.setdefault(c["epsilon"], {})[c["rule"]] = c["noise_multiplier"]
+        out.print(results_table("Noise multiplier by total epsilon (rows) and alpha (columns); - : no DP-SGD phase",
+                                ["epsilon"] + rules,
+                                [[e] + [fmt(table[e][r]) if table[e][r] is not None else "-" for r in rules]
+                                 for e in table]))

@@ -1,0 +1,256 @@
+"""Plans: the frozen, versioned, hashed result a privacy engineer signs off and a trainer runs.
+
+A plan file is JSON in one canonical form (sorted keys, two-space indent, shortest
+round-trip floats) with a ``sha256`` over the canonical compact JSON of everything else.
+Loading checks the schema version, the hash, and that the file is byte for byte the
+canonical form of its content, so one flipped byte anywhere (whitespace included) is
+detected. ``budgetplan.verify`` goes further and recomputes every number.
+
+Schema history (``schema_version``): 1, the first. A later version gets a new number and
+a loader for this one in ``_LOADERS``; a field's meaning never changes within a version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from budgetplan.accounting.guarantee import Guarantee, library_versions
+from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.mechanisms import mechanism_from_dict, mechanism_to_dict
+from budgetplan.scenario import Scenario
+from budgetplan.units import Adjacency, PrivacyUnit
+
+__all__ = ["SCHEMA_VERSION", "Phase", "Plan", "load_plan", "write_atomic", "canonical_json"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """One phase of a plan: a mechanism, its target, and what it was accounted to.
+
+    Attributes:
+        name: ``"rr"``, ``"dpsgd"`` or ``"walr"``.
+        mechanism: the accounted mechanism (per-example parameters).
+        target_epsilon, target_delta: the share of the run budget this phase was planned to.
+        method: the accountant of the phase guarantee.
+        unit_accounting: ``"tight"`` or ``"group"`` for units capped at K > 1.
+        parameters: every value a trainer needs that touches privacy (flip probability,
+            per-impression epsilon, noise multiplier and std, C, q, steps, N, batch sizes).
+        guarantee: the phase's guarantee at the plan's unit and adjacency.
+    """
+
+    name: str
+    mechanism: object
+    target_epsilon: float
+    target_delta: float
+    method: str
+    unit_accounting: str
+    parameters: dict
+    guarantee: Guarantee
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "mechanism": mechanism_to_dict(self.mechanism),
+            "target_epsilon": self.target_epsilon, "target_delta": self.target_delta, "method": self.method,
+            "unit_accounting": self.unit_accounting, "parameters": self.parameters,
+            "guarantee": self.guarantee.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Phase":
+        return cls(name=d["name"], mechanism=mechanism_from_dict(d["mechanism"]),
+                   target_epsilon=d["target_epsilon"], target_delta=d["target_delta"], method=d["method"],
+                   unit_accounting=d["unit_accounting"], parameters=d["parameters"],
+                   guarantee=Guarantee.from_dict(d["guarantee"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A complete plan. Build one with ``budgetplan.planner.build_plan``.
+
+    Attributes:
+        scenario: the validated scenario it was planned from.
+        epsilon, delta: the total budget (delta resolved from its policy).
+        adjacency, unit, dataset_size: what the guarantees protect, and N.
+        run_epsilon, run_delta: the budget of one training run (the total, unless tuning
+            over several configurations is declared).
+        phases: the phases in order.
+        total: basic composition of the phases (one run).
+        total_pld: PLD composition of the phases where their adjacencies agree, else None.
+        total_pld_note: why there is no PLD total, when there is none.
+        tuning: the accounting of the declared hyperparameter selection, or None.
+        unit_alternatives: for units capped at K > 1, what each way of bounding a unit costs.
+        warnings: doubtful but legal settings.
+        versions: budgetplan and its back-ends, as planned.
+    """
+
+    scenario: Scenario
+    epsilon: float
+    delta: float
+    adjacency: Adjacency
+    unit: PrivacyUnit
+    dataset_size: int
+    run_epsilon: float
+    run_delta: float
+    phases: tuple[Phase, ...]
+    total: Guarantee
+    total_pld: Guarantee | None
+    total_pld_note: str | None
+    tuning: dict | None
+    unit_alternatives: tuple[dict, ...]
+    warnings: tuple[str, ...]
+    versions: dict
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def guarantee(self) -> Guarantee:
+        """The headline guarantee: with tuning included when tuning is declared."""
+        if self.tuning is not None:
+            return Guarantee.from_dict(self.tuning["guarantee"])
+        return self.total
+
+    def phase(self, name: str) -> Phase | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def content(self) -> dict:
+        """Everything the hash covers."""
+        return {
+            "schema_version": self.schema_version,
+            "versions": self.versions,
+            "scenario": self.scenario.to_dict(),
+            "budget": {"epsilon": self.epsilon, "delta": self.delta},
+            "privacy": {"adjacency": self.adjacency.value, "unit": self.unit.to_dict(),
+                        "dataset_size": self.dataset_size},
+            "run_budget": {"epsilon": self.run_epsilon, "delta": self.run_delta},
+            "phases": [p.to_dict() for p in self.phases],
+            "total": {"basic": self.total.to_dict(),
+                      "pld": self.total_pld.to_dict() if self.total_pld else None,
+                      "pld_note": self.total_pld_note},
+            "tuning": self.tuning,
+            "unit_alternatives": list(self.unit_alternatives),
+            "warnings": list(self.warnings),
+        }
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(canonical_json(self.content()).encode("ascii")).hexdigest()
+
+    def to_json(self) -> str:
+        """The canonical plan file text."""
+        return _pretty({**self.content(), "sha256": self.sha256})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Plan":
+        version = data.get("schema_version")
+        loader = _LOADERS.get(version)
+        if loader is None:
+            raise PlanMismatchError(
+                f"schema_version {version!r} is not one this budgetplan reads ({', '.join(map(str, _LOADERS))})")
+        return loader(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Parse and check integrity (schema, hash, canonical form); numbers are not recomputed."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanMismatchError(f"plan is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise PlanMismatchError("plan must be a JSON object")
+        stored = data.get("sha256")
+        try:
+            plan = cls.from_dict(data)
+        except PlanMismatchError:
+            raise
+        except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
+            raise PlanMismatchError(f"plan does not match schema {data.get('schema_version')!r}: {exc!r}") from None
+        if stored != plan.sha256:
+            raise PlanMismatchError(f"sha256 mismatch: the file says {stored!r}, its content hashes to {plan.sha256}")
+        if plan.to_json() != text:
+            raise PlanMismatchError("plan file is not in canonical form: it was edited after it was written")
+        return plan
+
+
+def _load_v1(d: dict) -> Plan:
+    total = d["total"]
+    return Plan(
+        scenario=Scenario.from_dict(d["scenario"]),
+        epsilon=d["budget"]["epsilon"], delta=d["budget"]["delta"],
+        adjacency=Adjacency.parse(d["privacy"]["adjacency"]), unit=PrivacyUnit.from_dict(d["privacy"]["unit"]),
+        dataset_size=d["privacy"]["dataset_size"],
+        run_epsilon=d["run_budget"]["epsilon"], run_delta=d["run_budget"]["delta"],
+        phases=tuple(Phase.from_dict(p) for p in d["phases"]),
+        total=Guarantee.from_dict(total["basic"]),
+        total_pld=Guarantee.from_dict(total["pld"]) if total["pld"] else None,
+        total_pld_note=total["pld_note"], tuning=d["tuning"],
+        unit_alternatives=tuple(d["unit_alternatives"]), warnings=tuple(d["warnings"]),
+        versions=d["versions"], schema_version=1,
+    )
+
+
+_LOADERS = {1: _load_v1}
+
+
+def current_versions() -> dict:
+    return dict(library_versions())
+
+
+def canonical_json(obj) -> str:
+    """Compact, sorted, ASCII JSON; NaN and infinity are refused (they are not JSON)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _pretty(obj) -> str:
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan file, checking its schema, hash and canonical form."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        raise InvalidParameterError(f"plan file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise PlanMismatchError(f"{path.name}: plan file is not ASCII JSON: it was edited after it was written") \
+            from None
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read plan {path}: {exc.strerror}") from None
+    try:
+        return Plan.from_json(text)
+    except PlanMismatchError as exc:
+        raise PlanMismatchError(f"{path.name}: {exc}", exc.problems) from None
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that the file is either the old one or the whole new one."""
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidParameterError(f"output path is a directory: {path}")
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise InvalidParameterError(f"output directory does not exist: {directory}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None

@@ -1,0 +1,447 @@
+"""Scenario -> Plan: split the budget, calibrate each phase, account the whole.
+
+Each phase is planned to its share of the run budget at the plan's unit and adjacency;
+the phases' guarantees are then composed (basic, and PLD where the adjacencies agree),
+tuning is accounted if declared, and for units capped at K > 1 the alternatives to the
+chosen way of bounding a unit are costed side by side. ``phase_guarantee`` recomputes a
+phase's guarantee from its stored parameters alone; ``budgetplan.verify`` uses it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from budgetplan import calibrate
+from budgetplan.accounting import account
+from budgetplan.accounting import gaussian as gauss
+from budgetplan.accounting import rr as rr_math
+from budgetplan.accounting.group import group_privacy
+from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.errors import BudgetplanError, InfeasibleError, InvalidParameterError, UnsupportedError
+from budgetplan.mechanisms import (
+    Composition,
+    GaussianRelease,
+    PoissonDPSGD,
+    RandomizedResponse,
+    TruncatedPoissonDPSGD,
+)
+from budgetplan.plan import Phase, Plan, current_versions
+from budgetplan.scenario import Scenario
+from budgetplan.split import split_budget
+from budgetplan.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
+from budgetplan.units import PrivacyUnit
+
+__all__ = ["build_plan", "phase_guarantee", "unit_of"]
+
+_EPS_SLACK = 1e-9  # relative: a guarantee within this of its target meets it (float rounding)
+
+
+def unit_of(s: Scenario) -> PrivacyUnit:
+    return PrivacyUnit(name=s.unit_name, cap=s.cap, capping=s.capping if s.cap > 1 else None)
+
+
+def build_plan(scenario: Scenario) -> Plan:
+    """Plan ``scenario``; raises InfeasibleError naming the knob when nothing meets the budget."""
+    s = scenario
+    delta = s.resolved_delta
+    unit = unit_of(s)
+    if s.tuning is not None and s.tuning.selection == "naive":
+        n = s.tuning.configurations
+        run_eps, run_delta = s.epsilon / n, delta / n
+        phases = _plan_phases(s, unit, run_eps, run_delta, delta)
+    elif s.tuning is not None:
+        phases = _repeat_and_select_run(s, unit, delta)
+        run_eps, run_delta = phases[0].target_epsilon, phases[0].target_delta
+    else:
+        run_eps, run_delta = s.epsilon, delta
+        phases = _plan_phases(s, unit, run_eps, run_delta, delta)
+    total = _basic_total(phases, s, unit)
+    total_pld, pld_note = _pld_total(phases, s, unit, total.delta)
+    tuning = _tuning(s, unit, phases, total, delta)
+    alternatives = _unit_alternatives(s, unit, phases)
+    return Plan(
+        scenario=s, epsilon=s.epsilon, delta=delta, adjacency=s.adjacency, unit=unit, dataset_size=s.dataset_size,
+        run_epsilon=run_eps, run_delta=run_delta, phases=tuple(phases), total=total, total_pld=total_pld,
+        total_pld_note=pld_note, tuning=tuning, unit_alternatives=tuple(alternatives), warnings=s.warnings,
+        versions=current_versions(),
+    )
+
+
+# ----------------------------------------------------------------------- phases
+
+
+def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
+    if s.algorithm == "rr":
+        return [_rr_phase(s, unit, run_eps, run_delta, model="non-sensitive features only (RR protects labels, not features)")]
+    if s.algorithm == "walr":
+        return [_walr_phase(s, unit, run_eps, run_delta, delta)]
+    if s.algorithm == "dpsgd":
+        return [_dpsgd_phase(s, unit, run_eps, run_delta, delta)]
+    eps1, eps2 = split_budget(run_eps, s.split)
+    if eps2 > 0 and run_delta == 0:
+        raise InvalidParameterError(f"[budget].delta must be > 0: split {s.split!r} gives the DP-SGD phase "
+                                    f"epsilon {eps2:g}, and DP-SGD is not pure DP")
+    phases = []
+    if eps1 > 0:
+        phases.append(_rr_phase(s, unit, eps1, 0.0, model="the truncated model (non-sensitive tower, sensitive input zeroed)"))
+    if eps2 > 0:
+        phases.append(_dpsgd_phase(s, unit, eps2, run_delta, delta, warm_start=bool(phases)))
+    return phases
+
+
+def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
+    """The run, planned to the largest budget whose repeat-and-select total meets the budget."""
+    if s.algorithm == "hybrid":
+        raise UnsupportedError("repeat-and-select accounting covers single-phase runs; use [tuning].selection = "
+                               "\"naive\" for hybrid")
+    if s.algorithm == "dpsgd" and s.dpsgd.noise_multiplier is not None:
+        raise UnsupportedError("repeat-and-select tuning calibrates the noise: drop [dpsgd].noise_multiplier")
+    t = s.tuning
+    runs: dict[float, list[Phase]] = {}
+
+    def total_at(inverse_budget: float) -> float:
+        budget = 1.0 / inverse_budget
+        runs[inverse_budget] = phases = _plan_phases(s, unit, budget, delta, delta)
+        return repeat_and_select_epsilon(phases[0].mechanism, adjacency=s.adjacency, unit=unit, delta=delta,
+                                         mean=t.configurations, distribution=t.distribution)
+
+    # the tuned total grows with the run budget: search 1/budget, smallest that meets it
+    try:
+        best, _, _ = calibrate._solve_decreasing(total_at, s.epsilon, t.configurations / s.epsilon, step=0.5,
+                                                 lo_limit=1.0 / s.epsilon, hi_limit=1e6 / s.epsilon, rel_tol=1e-3)
+    except InfeasibleError:
+        raise InfeasibleError(
+            f"no run budget down to epsilon {s.epsilon * 1e-6:g} keeps {t.configurations} repeat-and-select "
+            f"runs within epsilon {s.epsilon:g}: lower [tuning].configurations", knob="configurations") from None
+    return runs[best] if best in runs else _plan_phases(s, unit, 1.0 / best, delta, delta)
+
+
+def _round_down_share(total: float, k: int) -> float:
+    """total / k, stepped down until k copies never exceed total in floating point."""
+    e = total / k
+    while k * e > total:
+        e = math.nextafter(e, 0.0)
+    return e
+
+
+def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
+    k, rule = unit.cap, s.rr.per_impression
+    if rule == "tight" and delta == 0:
+        rule_used = "eps/K"  # a pure phase has no delta to trade: tight is the even split
+    else:
+        rule_used = rule
+    if rule_used == "tight":
+        per = calibrate.rr_per_example_epsilon(epsilon=eps, cap=k, delta=delta)["tight"]
+    else:
+        per = _round_down_share(eps, k)
+    params = {
+        "per_impression_rule": rule_used, "unit_epsilon": eps, "per_impression_epsilon": per,
+        "flip_probability": rr_math.flip_probability(per), "cap": k, "capping": unit.capping,
+        "epochs": s.rr.epochs, "batch_size": s.rr.batch_size, "dataset_size": s.dataset_size,
+        "labels_randomised": "once per example, before training; all epochs reuse them",
+        "model": model,
+    }
+    if rule_used == "eps/K_i":
+        shares = [_round_down_share(eps, i) for i in range(1, k + 1)]
+        params["per_impression_epsilon_by_count"] = shares
+        params["flip_probability_by_count"] = [rr_math.flip_probability(e) for e in shares]
+    phase = Phase(name="rr", mechanism=RandomizedResponse(epsilon=per), target_epsilon=eps, target_delta=delta,
+                  method="exact", unit_accounting="tight", parameters=params, guarantee=_placeholder(s, unit))
+    return _with_guarantee(phase, s, unit)
+
+
+def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
+    w = s.walr
+    sens = w.weights_bound * w.row_norm_bound
+    if s.unit_accounting == "group" and unit.cap > 1:
+        sigma = _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
+                                               adjacency=s.adjacency, unit=unit, method="exact",
+                                               unit_accounting="group").epsilon,
+                             eps, gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap))
+    else:
+        sigma = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
+    classical = gauss.classical_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
+    params = {
+        "noise_std": sigma, "sensitivity": sens, "unit_sensitivity": sens * unit.cap, "features": w.features,
+        "row_norm_bound": w.row_norm_bound, "weights_bound": w.weights_bound, "dataset_size": s.dataset_size,
+        "cap": unit.cap, "capping": unit.capping,
+        "release": "sum_i y_i w_i x_i once, every row (intercept included) clipped to row_norm_bound, "
+                   "weights clipped to weights_bound; gradient steps after it are free (post-processing)",
+        "classical_noise_std": classical, "classical_valid": eps < gauss.CLASSICAL_VALID_BELOW,
+    }
+    phase = Phase(name="walr", mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
+                  target_delta=delta, method="exact", unit_accounting=s.unit_accounting if unit.cap > 1 else "tight",
+                  parameters=params, guarantee=_placeholder(s, unit))
+    return _with_guarantee(phase, s, unit)
+
+
+def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool = False) -> Phase:
+    d = s.dpsgd
+    n = s.dataset_size
+    q = d.batch_size / n
+    steps = d.steps if d.steps is not None else calibrate.steps_for_epochs(epochs=d.epochs, dataset_size=n,
+                                                                            batch_size=d.batch_size)
+    unit_accounting = s.unit_accounting if unit.cap > 1 else "tight"
+    method = s.method
+
+    def mech(sigma: float, t: int = steps):
+        if d.sampling == "truncated-poisson":
+            return TruncatedPoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t, dataset_size=n,
+                                         max_batch_size=d.max_batch_size)
+        return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t)
+
+    def eps_of(sigma: float, t: int = steps) -> float:
+        return account(mech(sigma, t), delta=delta, adjacency=s.adjacency, unit=unit, method=method,
+                       unit_accounting=unit_accounting, discretization=s.discretization).epsilon
+
+    if d.noise_multiplier is not None:
+        sigma = d.noise_multiplier
+        have = eps_of(sigma)
+        if have > eps * (1 + _EPS_SLACK):
+            raise _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method)
+    else:
+        sigma = _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accounting, method)
+        if d.max_noise_multiplier is not None and sigma > d.max_noise_multiplier:
+            raise _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method)
+    sens = d.clipping_norm * (2 if s.adjacency.value == "replace-one" else 1)
+    params = {
+        "noise_multiplier": sigma, "noise_std": sigma * d.clipping_norm, "clipping_norm": d.clipping_norm,
+        "sensitivity": sens, "sampling_rate": q, "steps": steps, "batch_size": d.batch_size,
+        "epochs": d.epochs if d.epochs is not None else steps * d.batch_size / n, "dataset_size": n,
+        "sampling": d.sampling, "max_batch_size": d.max_batch_size, "cap": unit.cap, "capping": unit.capping,
+        "normalise_by": "expected batch size q*N, never the realised one",
+        "model": "full (all features)",
+    }
+    if s.algorithm == "hybrid":
+        params["warm_start"] = "rr phase (truncated model)" if warm_start else "none"
+        params["nonsensitive_tower"] = s.tower
+    phase = Phase(name="dpsgd", mechanism=mech(sigma), target_epsilon=eps, target_delta=delta, method=method,
+                  unit_accounting=unit_accounting, parameters=params, guarantee=_placeholder(s, unit))
+    return _with_guarantee(phase, s, unit)
+
+
+def _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accounting, method) -> float:
+    cal = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
+                                           adjacency=s.adjacency, unit=unit, method=method,
+                                           unit_accounting=unit_accounting, discretization=s.discretization)
+    if s.dpsgd.sampling == "poisson":
+        return cal.value
+    # truncated batches: start from the Poisson answer, refine on the truncated accounting
+    return _solve_noise(eps_of, eps, cal.value, step=0.02)
+
+
+def _solve_noise(eps_of, target: float, guess: float, step: float = 0.25) -> float:
+    try:
+        sigma, _, _ = calibrate._solve_decreasing(eps_of, target, guess, step=step,
+                                                  lo_limit=calibrate.SIGMA_RANGE[0],
+                                                  hi_limit=calibrate.SIGMA_RANGE[1])
+    except InfeasibleError:
+        raise InfeasibleError(f"no noise up to {calibrate.SIGMA_RANGE[1]:g} meets epsilon {target:g}",
+                              knob="epsilon") from None
+    return sigma
+
+
+def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method):
+    try:
+        cal = calibrate.dpsgd_max_steps(noise_multiplier=sigma, sampling_rate=q, epsilon=eps, delta=delta,
+                                        adjacency=s.adjacency, unit=unit, method=method,
+                                        unit_accounting=unit_accounting, discretization=s.discretization)
+    except InfeasibleError:
+        return 0, 0.0
+    t = int(cal.value)
+    return t, t * s.dpsgd.batch_size / s.dataset_size
+
+
+def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method):
+    need = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
+                                            adjacency=s.adjacency, unit=unit, method=method,
+                                            unit_accounting=unit_accounting,
+                                            discretization=s.discretization, verify=False).value
+    t, epochs = _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method)
+    fix = f"at most {epochs:.4g} epochs ({t} steps) fit at that noise" if t else "no single step fits at that noise"
+    return InfeasibleError(
+        f"[dpsgd].noise_multiplier = {sigma:g} gives epsilon {have:.4g} > the phase budget {eps:.4g}: "
+        f"use noise_multiplier >= {need:.4g}, or {fix}", knob="noise_multiplier", suggestion=need)
+
+
+def _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method):
+    cap = s.dpsgd.max_noise_multiplier
+    t, epochs = _most_epochs(s, cap, eps, delta, q, unit, unit_accounting, method)
+    at_cap = account(PoissonDPSGD(noise_multiplier=cap, sampling_rate=q, steps=steps), delta=delta,
+                     adjacency=s.adjacency, unit=unit, method=method, unit_accounting=unit_accounting,
+                     discretization=s.discretization).epsilon
+    fix = f"at most {epochs:.4g} epochs ({t} steps) fit" if t else "not one step fits"
+    return InfeasibleError(
+        f"the DP-SGD phase needs noise_multiplier {sigma:.4g} > [dpsgd].max_noise_multiplier = {cap:g}: at "
+        f"{cap:g}, {fix}; or raise the phase budget to epsilon >= {at_cap:.4g}", knob="epochs", suggestion=epochs)
+
+
+# -------------------------------------------------------------- guarantees
+
+
+def _placeholder(s, unit) -> Guarantee:
+    return Guarantee(epsilon=math.inf, delta=0.0, method="pending", adjacency=s.adjacency, unit=unit)
+
+
+def _with_guarantee(phase: Phase, s: Scenario, unit) -> Phase:
+    from dataclasses import replace
+
+    return replace(phase, guarantee=phase_guarantee(phase, adjacency=s.adjacency, unit=unit,
+                                                   discretization=s.discretization))
+
+
+def phase_guarantee(phase: Phase, *, adjacency, unit, discretization: float) -> Guarantee:
+    """A phase's guarantee, recomputed from its mechanism and parameters alone."""
+    if phase.name == "rr" and phase.parameters.get("per_impression_rule") == "eps/K_i":
+        shares = phase.parameters["per_impression_epsilon_by_count"]
+        worst = max((account(RandomizedResponse(epsilon=e), delta=phase.target_delta, adjacency=adjacency,
+                             unit=PrivacyUnit(name=unit.name, cap=i, capping=unit.capping if i > 1 else None),
+                             method="exact") for i, e in enumerate(shares, 1)), key=lambda g: g.epsilon)
+        from dataclasses import replace
+
+        return replace(worst, unit=unit).with_notes(
+            f"eps/K_i: a unit with K_i <= {unit.cap} examples spends {phase.target_epsilon:g}/K_i per example")
+    return account(phase.mechanism, delta=phase.target_delta, adjacency=adjacency, unit=unit,
+                   method=phase.method, unit_accounting=phase.unit_accounting, discretization=discretization)
+
+
+def _basic_total(phases, s, unit) -> Guarantee:
+    if len(phases) == 1:
+        return phases[0].guarantee
+    return Guarantee(
+        epsilon=math.fsum(p.guarantee.epsilon for p in phases),
+        delta=math.fsum(p.guarantee.delta for p in phases), method="basic-composition",
+        adjacency=s.adjacency, unit=unit,
+        notes=(f"sum of {len(phases)} phase guarantee(s): " + ", ".join(
+            f"{p.name} ({p.guarantee.epsilon:.6g}, {p.guarantee.delta:.3g})" for p in phases),))
+
+
+def _pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
+    if len(phases) < 2:
+        return None, "one phase: the total is that phase's guarantee"
+    if any(isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases):
+        return None, "truncated-Poisson phases are composed by basic composition only"
+    if any(p.unit_accounting == "group" for p in phases):
+        return None, "group-privacy phases are composed by basic composition only"
+    if any(p.parameters.get("per_impression_rule") == "eps/K_i" for p in phases):
+        return None, "eps/K_i phases are composed by basic composition only"
+    try:
+        g = account(Composition(phases=tuple(p.mechanism for p in phases)), delta=delta, adjacency=s.adjacency,
+                    unit=unit, method="pld", discretization=s.discretization)
+    except UnsupportedError as exc:
+        return None, f"no PLD composition: {exc}"
+    return g, None
+
+
+def _tuning(s: Scenario, unit, phases, total: Guarantee, delta: float) -> dict | None:
+    t = s.tuning
+    if t is None:
+        return None
+    n = t.configurations
+    if t.selection == "naive":
+        g = Guarantee(epsilon=n * total.epsilon, delta=min(1.0, n * total.delta), method="naive-composition",
+                      adjacency=s.adjacency, unit=unit,
+                      notes=(f"{n} runs of ({total.epsilon:.6g}, {total.delta:.3g}) composed by basic composition",))
+        out = {"configurations": n, "selection": "naive", "distribution": None, "guarantee": g.to_dict(),
+               "pld_guarantee": None}
+        if all(p.unit_accounting == "tight" and not isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases) \
+                and not any(p.parameters.get("per_impression_rule") == "eps/K_i" for p in phases):
+            run = Composition(phases=tuple(p.mechanism for p in phases) * n)
+            try:
+                pld = account(run, delta=delta, adjacency=s.adjacency, unit=unit, method="pld",
+                              discretization=s.discretization)
+                out["pld_guarantee"] = pld.with_notes(f"{n}-fold PLD composition of the run").to_dict()
+            except BudgetplanError:
+                pass
+        return out
+    if len(phases) != 1:
+        raise UnsupportedError("repeat-and-select accounting covers single-phase runs; use [tuning].selection = "
+                               "\"naive\" for hybrid")
+    eps = repeat_and_select_epsilon(phases[0].mechanism, adjacency=s.adjacency, unit=unit, delta=delta, mean=n,
+                                    distribution=t.distribution)
+    g = Guarantee(epsilon=eps, delta=delta, method="repeat-and-select(rdp)", adjacency=s.adjacency, unit=unit,
+                  notes=(f"the number of runs is drawn from a {t.distribution} distribution with mean {n}; only "
+                         "the best run's output is released", REPEAT_AND_SELECT_REFERENCE))
+    return {"configurations": n, "selection": "repeat-and-select", "distribution": t.distribution,
+            "guarantee": g.to_dict(), "pld_guarantee": None}
+
+
+# ------------------------------------------------------- unit alternatives
+
+
+def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
+    """What each way of bounding a unit of K examples costs, per phase, at the phase's target."""
+    if unit.cap == 1:
+        return []
+    rows: list[dict] = []
+    k = unit.cap
+    for p in phases:
+        eps, delta = p.target_epsilon, p.target_delta
+        if p.name == "rr":
+            tight = rr_math.max_per_example_epsilon(eps, k, delta) if delta > 0 else eps / k
+            rows += [
+                _alt(p, "eps/K", "per_impression_epsilon", eps / k, eps, 0.0,
+                     "every impression spends eps/K: exactly eps per unit (pure composition)"),
+                _alt(p, "eps/K_i", "per_impression_epsilon", eps, eps, 0.0,
+                     "a unit with K_i impressions spends eps/K_i each (shown: K_i = 1); still eps per unit"),
+                _alt(p, "tight composition", "per_impression_epsilon", tight,
+                     rr_math.composed_epsilon(tight, k, delta), delta,
+                     "largest per-impression eps whose exact K-fold composition meets (eps, delta)"
+                     if delta > 0 else "with delta = 0 the tight composition is the even split"),
+                _alt(p, "group privacy", "per_impression_epsilon", eps / k,
+                     *group_privacy(epsilon=eps / k, delta=0.0, group_size=k),
+                     "(K eps_i, delta_i (e^{K eps_i}-1)/(e^{eps_i}-1)); for pure RR it equals eps/K"),
+            ]
+        elif p.name == "dpsgd" and isinstance(p.mechanism, PoissonDPSGD):
+            q, steps = p.mechanism.sampling_rate, p.mechanism.steps
+            for label, adj_ok, kwargs in (
+                ("mixture of Gaussians", s.adjacency.value == "add-remove", dict(unit_accounting="tight")),
+                ("group privacy (pld)", True, dict(unit_accounting="group")),
+                ("group privacy (rdp)", s.adjacency.value == "add-remove", dict(unit_accounting="group",
+                                                                               method="rdp")),
+            ):
+                if not adj_ok:
+                    rows.append({"phase": p.name, "bounding": label, "applies": False,
+                                 "note": "defined under add-remove only; this plan is replace-one"})
+                    continue
+                try:
+                    cal = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
+                                                           adjacency=s.adjacency, unit=unit,
+                                                           discretization=s.discretization, verify=False, **kwargs)
+                    rows.append(_alt(p, label, "noise_multiplier", cal.value, cal.guarantee.epsilon,
+                                     cal.guarantee.delta, cal.guarantee.method))
+                except BudgetplanError as exc:
+                    rows.append({"phase": p.name, "bounding": label, "applies": False, "note": str(exc)})
+        elif p.name == "walr":
+            sens = p.parameters["sensitivity"]
+            exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * k)
+            group_sigma = _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
+                                                         adjacency=s.adjacency, unit=unit, method="exact",
+                                                         unit_accounting="group").epsilon, eps, exact)
+            rows += [_alt(p, "sensitivity K x Delta", "noise_std", exact, eps, delta, "exact for one release"),
+                     _alt(p, "group privacy", "noise_std", group_sigma, eps, delta, "generic formula")]
+    return rows
+
+
+def _alt(phase, bounding, knob, value, epsilon, delta, note) -> dict:
+    out = {"phase": phase.name, "bounding": bounding, "applies": True, knob: value, "unit_epsilon": epsilon,
+           "unit_delta": delta, "note": note}
+    if knob == "per_impression_epsilon":
+        out["flip_probability"] = rr_math.flip_probability(value)
+    return out
+
+
+def check_within_budget(plan: Plan) -> list[str]:
+    """Problems if any phase or the headline guarantee exceeds what it was planned to."""
+    problems = []
+    for p in plan.phases:
+        if p.guarantee.epsilon > p.target_epsilon * (1 + _EPS_SLACK) or p.guarantee.delta > p.target_delta * (
+                1 + _EPS_SLACK):
+            problems.append(f"phase {p.name}: guarantee ({p.guarantee.epsilon:.6g}, {p.guarantee.delta:.3g}) "
+                            f"exceeds its target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
+    g = plan.guarantee
+    if g.epsilon > plan.epsilon * (1 + _EPS_SLACK) or g.delta > plan.delta * (1 + _EPS_SLACK):
+        problems.append(f"total guarantee ({g.epsilon:.6g}, {g.delta:.3g}) exceeds the budget "
+                        f"({plan.epsilon:.6g}, {plan.delta:.3g})")
+    return problems
+

@@ -1,0 +1,77 @@
+"""How Hybrid splits a total (eps, delta) between its RR phase (eps1, 0) and DP-SGD (eps2, delta).
+
+Published rules (Chua et al., "Training Differentially Private Ad Prediction Models with
+Semi-Sensitive Features", arXiv:2401.15246):
+
+- ``paper-v1``: eps1 = min(0.6 eps, 3) (v1 of the paper: RR utility collapses below
+  eps1 ~ 3, and above eps1 = 4 the rest is better spent on DP-SGD);
+- ``alpha=<a>``: eps1 = a eps for a in [0, 1] (v2; a is tuned per eps from
+  {0, .25, .5, .75, 1}); a = 0 is plain DP-SGD, a = 1 plain RR on the truncated model;
+- ``eps1=<e>``: an explicit eps1 in [0, eps].
+
+By basic composition the two phases are (eps1 + eps2, delta)-DP; RR is pure, so all of
+delta goes to DP-SGD.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from budgetplan import _validate
+from budgetplan.errors import InvalidParameterError
+
+__all__ = ["SplitRule", "parse_rule", "split_budget", "PAPER_ALPHAS", "PAPER_EPSILONS"]
+
+PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
+_RULE = re.compile(r"^\s*(alpha|eps1)\s*=\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRule:
+    """A parsed split rule: ``kind`` is "paper-v1", "alpha" or "eps1"; ``value`` its number."""
+
+    kind: str
+    value: float | None = None
+
+    def __str__(self) -> str:
+        return "paper-v1" if self.kind == "paper-v1" else f"{self.kind}={self.value:g}"
+
+
+def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
+    """Read ``"paper-v1"``, ``"alpha=<a>"`` or ``"eps1=<e>"``."""
+    if isinstance(rule, SplitRule):
+        return rule
+    if not isinstance(rule, str):
+        raise InvalidParameterError(f'{name} must be "paper-v1", "alpha=<a>" or "eps1=<e>", got {rule!r}')
+    if rule.strip() == "paper-v1":
+        return SplitRule("paper-v1")
+    m = _RULE.match(rule)
+    if not m:
+        raise InvalidParameterError(f'{name} must be "paper-v1", "alpha=<a>" or "eps1=<e>", got {rule!r}')
+    try:
+        value = float(m.group(2))
+    except ValueError:
+        raise InvalidParameterError(f"{name} needs a number after '=', got {rule!r}") from None
+    if m.group(1) == "alpha":
+        return SplitRule("alpha", _validate.probability(f"{name} alpha", value, allow_zero=True, allow_one=True))
+    return SplitRule("eps1", _validate.non_negative(f"{name} eps1", value))
+
+
+def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
+    """(eps1, eps2) with eps1 + eps2 = epsilon exactly (eps2 is computed as the remainder)."""
+    epsilon = _validate.positive("epsilon", epsilon)
+    r = parse_rule(rule)
+    if r.kind == "paper-v1":
+        eps1 = min(0.6 * epsilon, 3.0)
+    elif r.kind == "alpha":
+        eps1 = r.value * epsilon
+    else:
+        if r.value > epsilon:
+            raise InvalidParameterError(f"split eps1 must be <= the total epsilon {epsilon:g}, got {r.value:g}")
+        eps1 = r.value
+    eps2 = epsilon - eps1
+    if eps2 < 1e-12 * epsilon:  # alpha = 1 or eps1 = eps: no DP-SGD phase at all
+        return epsilon, 0.0
+    return eps1, eps2

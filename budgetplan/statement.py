@@ -1,0 +1,244 @@
+"""The plain-language privacy statement of a plan: what an auditor files.
+
+Deterministic text (the same plan gives the same bytes; golden tests pin one per shipped
+example), wrapped at 88 columns, in this order: the guarantee in one sentence; what is
+protected (unit, adjacency); each mechanism with its parameters; how the phases compose;
+the accountants, their versions and that the bounds are pessimistic; the assumptions the
+guarantee rests on (sampling, capping, clipping, checkpoints); what it does not cover;
+numerical caveats; the plan hash.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.plan import Plan
+
+__all__ = ["render_statement"]
+
+_WIDTH = 88
+
+
+def _num(x: float, digits: int = 6) -> str:
+    if x is None:
+        return "none"
+    if isinstance(x, float) and math.isinf(x):
+        return "unbounded"
+    return f"{x:.{digits}g}"
+
+
+def _pair(g: Guarantee) -> str:
+    return f"({_num(g.epsilon)}, {_num(g.delta, 4)})"
+
+
+def _para(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, width=_WIDTH, initial_indent=indent, subsequent_indent=indent or "",
+                         break_on_hyphens=False)
+
+
+def _item(text: str) -> str:
+    return textwrap.fill(text, width=_WIDTH, initial_indent="  - ", subsequent_indent="    ",
+                         break_on_hyphens=False)
+
+
+def _adjacency_words(plan: Plan) -> str:
+    unit = plan.unit
+    who = "one impression" if unit.cap == 1 else f"one {unit.name} (all of its at most {unit.cap} examples)"
+    if plan.adjacency.value == "replace-one":
+        if plan.scenario.algorithm in ("rr", "walr"):
+            return (f"two datasets that differ in the labels of {who} (label DP, replace-one adjacency); "
+                    "features are treated as known to an adversary")
+        if plan.scenario.algorithm == "hybrid":
+            return (f"two datasets that differ in the sensitive features and/or labels of {who}, the "
+                    "non-sensitive features held fixed (semi-sensitive DP, replace-one adjacency)")
+        return f"two datasets in which the data of {who} is replaced (replace-one adjacency)"
+    return f"two datasets that differ by the presence of {who} (add-remove adjacency)"
+
+
+def _mechanism_lines(plan: Plan) -> list[str]:
+    out = []
+    for i, p in enumerate(plan.phases, 1):
+        par = p.parameters
+        if p.name == "rr":
+            rule = par["per_impression_rule"]
+            text = (f"Phase {i}, randomized response on the binary label: each example's label is kept with "
+                    f"probability {_num(1 - par['flip_probability'])} and flipped with probability "
+                    f"{_num(par['flip_probability'])} (per-impression epsilon {_num(par['per_impression_epsilon'])}"
+                    f", rule {rule}), {par['labels_randomised']}. The model trained on them: "
+                    f"{par['model']}.")
+            if rule == "eps/K_i":
+                text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
+                         f"{_num(par['unit_epsilon'])}/K_i per example.")
+        elif p.name == "dpsgd":
+            text = (f"Phase {i}, DP-SGD: {par['steps']} noisy steps ({_num(par['epochs'])} epochs) over N = "
+                    f"{par['dataset_size']} rows; each step samples every example independently with "
+                    f"probability q = {_num(par['sampling_rate'])} (expected batch {par['batch_size']}")
+            if par.get("max_batch_size"):
+                text += f", truncated to at most {par['max_batch_size']} by a uniformly random subset"
+            text += (f"), clips each example's gradient to L2 norm C = {_num(par['clipping_norm'])}, adds "
+                     f"Gaussian noise of standard deviation {_num(par['noise_std'])} (noise multiplier "
+                     f"{_num(par['noise_multiplier'])}) to the clipped sum once per step, and divides by the "
+                     f"expected batch size q N.")
+            if "warm_start" in par:
+                text += (f" It trains the full model warm-started from {par['warm_start']}, the non-sensitive "
+                         f"tower {par['nonsensitive_tower']}.")
+        else:
+            text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
+                    f"({par['features']} features, intercept included) clipped to L2 norm "
+                    f"{_num(par['row_norm_bound'])} and each weight to {_num(par['weights_bound'])}, so one "
+                    f"label moves it by at most {_num(par['sensitivity'])}; Gaussian noise of standard "
+                    f"deviation {_num(par['noise_std'])} is added once. Gradient descent on the released "
+                    "vector is post-processing and free.")
+            if not par["classical_valid"]:
+                text += (f" (The classical formula would give {_num(par['classical_noise_std'])}; it is not "
+                         "valid at this epsilon and was not used.)")
+        out.append(_item(text + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
+                                f"{p.guarantee.method}."))
+    return out
+
+
+def _pair_target(p) -> str:
+    return f"({_num(p.target_epsilon)}, {_num(p.target_delta, 4)})"
+
+
+def _composition_lines(plan: Plan) -> list[str]:
+    lines = []
+    if len(plan.phases) > 1:
+        lines.append(_item(
+            f"The phases run one after another on the same data (later phases may use earlier outputs) and "
+            f"compose: by basic composition (epsilons and deltas add) the run is {_pair(plan.total)}."))
+        if plan.total_pld is not None:
+            lines.append(_item(f"Composing their privacy loss distributions under the shared adjacency gives "
+                               f"the tighter {_pair(plan.total_pld)} for the same run; the basic figure is the "
+                               "one planned to."))
+        elif plan.total_pld_note:
+            lines.append(_item(f"No PLD composition: {plan.total_pld_note}."))
+    else:
+        lines.append(_item(f"One phase: the run is {_pair(plan.total)}."))
+    if plan.tuning is not None:
+        t = plan.tuning
+        g = Guarantee.from_dict(t["guarantee"])
+        if t["selection"] == "naive":
+            text = (f"Hyperparameter tuning is declared: {t['configurations']} configurations are trained, each "
+                    f"within ({_num(plan.run_epsilon)}, {_num(plan.run_delta, 4)}), and the best is kept; their "
+                    f"composition (naive, basic) is {_pair(g)}.")
+            if t.get("pld_guarantee"):
+                text += f" PLD composition of the runs gives {_pair(Guarantee.from_dict(t['pld_guarantee']))}."
+        else:
+            text = (f"Hyperparameter tuning is declared: the number of runs is drawn from a {t['distribution']} "
+                    f"distribution with mean {t['configurations']} and only the best run's output is released; "
+                    f"by repeat-and-select accounting (Papernot and Steinke 2022) this is {_pair(g)}.")
+        lines.append(_item(text))
+    return lines
+
+
+def _assumptions(plan: Plan) -> list[str]:
+    out = []
+    names = {p.name for p in plan.phases}
+    if "dpsgd" in names:
+        par = plan.phase("dpsgd").parameters
+        trunc = par.get("max_batch_size")
+        out.append(_item(
+            "Poisson sampling: every example joins each batch independently with probability q, at every step"
+            + (", and batches above the maximum are cut by a uniformly random subset" if trunc else "")
+            + ". Shuffled or fixed-size batches are not Poisson samples and would void this guarantee."))
+        out.append(_item("No more than the planned number of noisy steps is taken; an empty batch still counts as "
+                         "a step and still gets its noise."))
+    if plan.unit.cap > 1:
+        out.append(_item(f"Every {plan.unit.name} contributes at most {plan.unit.cap} examples after capping "
+                         f"({plan.unit.capping} {plan.unit.cap} kept), and N = {plan.dataset_size} is the row "
+                         "count after capping; the data carries the unit ids capping needs."))
+    else:
+        out.append(_item(f"The dataset has N = {plan.dataset_size} rows, as planned; a trainer refuses other "
+                         "sizes."))
+    if "rr" in names:
+        out.append(_item("Labels are randomised once, by a cryptographically secure generator; training any number "
+                         "of epochs on them is post-processing. Drawing new noisy labels would be a new release."))
+    if "walr" in names:
+        out.append(_item("The released sum is formed once, from rows clipped as stated; the bound on every row is "
+                         "enforced by the trainer, not assumed of the data."))
+    out.append(_item("All intermediate checkpoints and logged quantities computed from these outputs are covered: "
+                     "the guarantee holds for everything released along the way, not only the final model."))
+    return out
+
+
+def _not_covered(plan: Plan) -> list[str]:
+    out = []
+    if plan.tuning is None:
+        out.append(_item("Hyperparameter tuning: none is declared. Trying several configurations on this data and "
+                         "keeping the best spends more privacy; declare it in [tuning] to have it accounted."))
+    out.append(_item("Data-dependent preprocessing (vocabularies or frequency thresholds counted on sensitive data, "
+                     "normalisation by data statistics, the choice of the cap from the data) unless it is done on "
+                     "public or non-sensitive information."))
+    out.append(_item("Anything released outside this plan from the same data, including evaluation metrics computed "
+                     "on private labels, and other analyses of the same units: they compose with it."))
+    return out
+
+
+def _caveats(plan: Plan) -> list[str]:
+    return [
+        _item("Floating point: noise is drawn and added in floating point; the guarantee is for the ideal "
+              "real-valued mechanism (Mironov 2012 showed that naive floating-point Laplace sampling can leak). "
+              "Noise comes from the operating system's CSPRNG; a seeded, reproducible run is for debugging only."),
+        _item("The epsilons above are upper bounds: PLD accounting is pessimistic at its grid; closed forms are exact; "
+              "calibrated values are rounded to the safe side."),
+    ]
+
+
+def _accountants(plan: Plan) -> list[str]:
+    methods = sorted({p.guarantee.method for p in plan.phases})
+    grids = sorted({p.guarantee.discretization for p in plan.phases if p.guarantee.discretization})
+    v = plan.versions
+    text = (f"Accounting: {', '.join(methods)}"
+            + (f" (privacy loss distributions on a grid of {', '.join(_num(d) for d in grids)}, pessimistic: "
+               "connect-the-dots rounding only ever increases epsilon)" if grids else "")
+            + f". budgetplan {v.get('budgetplan')}, dp-accounting {v.get('dp-accounting')}, "
+            f"prv-accountant {v.get('prv-accountant')}, numpy {v.get('numpy')}, scipy {v.get('scipy')}.")
+    return [_item(text)]
+
+
+def render_statement(plan: Plan) -> str:
+    """The privacy statement of ``plan`` as plain text."""
+    g = plan.guarantee
+    head = plan.scenario.name
+    lines = [f"PRIVACY STATEMENT - {head}", "=" * min(_WIDTH, len(head) + 20), ""]
+    summary = (f"This training plan is ({_num(g.epsilon)}, {_num(g.delta, 4)})-differentially private for "
+               f"{_adjacency_words(plan)}.")
+    if plan.scenario.description:
+        summary += f" Scenario: {plan.scenario.description}"
+    lines += [_para(summary), ""]
+    sections = [
+        ("What is protected", [_item(f"Privacy unit: {plan.unit.describe()}."),
+                               _item(f"Adjacency: {plan.adjacency.value}."),
+                               _item(f"Budget: epsilon {_num(plan.epsilon)}, delta {_num(plan.delta, 4)}"
+                                     + (f" ({plan.scenario.delta})" if isinstance(plan.scenario.delta, str) else "")
+                                     + ".")]),
+        ("Mechanisms", _mechanism_lines(plan)),
+        ("Composition", _composition_lines(plan)),
+        ("Accounting", _accountants(plan)),
+        ("The guarantee assumes", _assumptions(plan)),
+        ("Not covered", _not_covered(plan)),
+        ("Caveats", _caveats(plan)),
+    ]
+    if plan.unit_alternatives:
+        sections.append(("Other ways to bound a unit (not used; for comparison)", [
+            _item(_alternative(a)) for a in plan.unit_alternatives]))
+    if plan.warnings:
+        sections.append(("Warnings", [_item(w) for w in plan.warnings]))
+    for title, items in sections:
+        lines += [title + ":", *items, ""]
+    lines += [f"Plan sha256: {plan.sha256}", f"Plan schema version: {plan.schema_version}"]
+    return "\n".join(lines) + "\n"
+
+
+def _alternative(a: dict) -> str:
+    if not a.get("applies", True):
+        return f"{a['phase']}, {a['bounding']}: does not apply ({a['note']})."
+    for knob, words in (("per_impression_epsilon", "per-impression epsilon"), ("noise_multiplier", "noise multiplier"),
+                        ("noise_std", "noise std")):
+        if knob in a:
+            return (f"{a['phase']}, {a['bounding']}: {words} {_num(a[knob])}, unit guarantee "
+                    f"({_num(a['unit_epsilon'])}, {_num(a['unit_delta'], 4)}); {a['note']}.")
+    return f"{a['phase']}, {a['bounding']}."

@@ -1,0 +1,176 @@
+"""Verify a plan file: integrity, then every number recomputed from its parameters.
+
+Checks, in order (each failure names what differs):
+1. integrity: valid JSON, a schema version this budgetplan reads, the sha256 over the
+   content, and the canonical form byte for byte (so whitespace edits are caught too);
+2. parameters: derived values agree with the ones they derive from (flip probability
+   from the per-impression epsilon, noise std = sigma C, q = B/N, steps from epochs, the
+   mechanism's fields = the trainer parameters, N and the cap everywhere the same);
+3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
+   basic and PLD totals and the tuning accounting recomputed, all within tolerance of
+   what the plan states and within the plan's budget;
+4. the scenario: re-planning the embedded scenario gives the same parameters.
+
+Numbers are compared to a relative 1e-9 when the library versions match the plan's, and
+1e-6 otherwise (a newer back-end may round differently; the version change is reported).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.accounting.rr import flip_probability
+from budgetplan.calibrate import steps_for_epochs
+from budgetplan.errors import BudgetplanError, PlanMismatchError
+from budgetplan.mechanisms import PoissonDPSGD, TruncatedPoissonDPSGD
+from budgetplan.plan import Plan, current_versions, load_plan
+
+__all__ = ["verify_plan", "verify_file", "VerifyReport"]
+
+
+class VerifyReport:
+    """Problems found (empty when the plan verifies) and notes that do not fail it."""
+
+    def __init__(self, plan: Plan | None, problems: list[str], notes: list[str]):
+        self.plan, self.problems, self.notes = plan, problems, notes
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "sha256": self.plan.sha256 if self.plan else None, "problems": self.problems,
+                "notes": self.notes}
+
+
+def verify_file(path: str | Path, *, replan: bool = True) -> VerifyReport:
+    try:
+        plan = load_plan(path)
+    except PlanMismatchError as exc:
+        return VerifyReport(None, exc.problems, [])
+    return verify_plan(plan, replan=replan)
+
+
+def verify_plan(plan: Plan, *, replan: bool = True) -> VerifyReport:
+    from budgetplan.planner import check_within_budget
+
+    problems: list[str] = []
+    notes: list[str] = []
+    same_versions = plan.versions == current_versions()
+    tol = 1e-9 if same_versions else 1e-6
+    if not same_versions:
+        diff = {k: (v, current_versions().get(k)) for k, v in plan.versions.items() if current_versions().get(k) != v}
+        notes.append(f"library versions differ from the plan's {diff}: numbers compared to 1e-6")
+
+    def close(where: str, stored, recomputed) -> None:
+        if stored is None or recomputed is None:
+            if stored != recomputed:
+                problems.append(f"{where}: stored {stored!r}, recomputed {recomputed!r}")
+            return
+        if isinstance(stored, (int, float)) and isinstance(recomputed, (int, float)):
+            if math.isinf(stored) or math.isinf(recomputed):
+                ok = stored == recomputed
+            else:
+                ok = math.isclose(stored, recomputed, rel_tol=tol, abs_tol=1e-300)
+        else:
+            ok = stored == recomputed
+        if not ok:
+            problems.append(f"{where}: stored {stored!r}, recomputed {recomputed!r}")
+
+    _check_parameters(plan, close, problems)
+    try:
+        _check_guarantees(plan, close, problems)
+    except BudgetplanError as exc:
+        problems.append(f"recomputing the guarantees failed: {exc}")
+    problems += check_within_budget(plan)
+    if replan and not problems:
+        _check_replan(plan, close, problems)
+    return VerifyReport(plan, problems, notes)
+
+
+def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
+    n = plan.dataset_size
+    close("privacy.dataset_size vs scenario", n, plan.scenario.dataset_size)
+    close("budget.delta vs scenario", plan.delta, plan.scenario.resolved_delta)
+    close("budget.epsilon vs scenario", plan.epsilon, plan.scenario.epsilon)
+    for i, p in enumerate(plan.phases):
+        where = f"phases[{i}] ({p.name})"
+        par, m = p.parameters, p.mechanism
+        close(f"{where}.parameters.dataset_size", par.get("dataset_size"), n)
+        close(f"{where}.parameters.cap", par.get("cap"), plan.unit.cap)
+        if p.name == "rr":
+            close(f"{where}.mechanism.epsilon", m.epsilon, par["per_impression_epsilon"])
+            close(f"{where}.parameters.flip_probability", par["flip_probability"], flip_probability(m.epsilon))
+            if "flip_probability_by_count" in par:
+                for k, (e, rho) in enumerate(zip(par["per_impression_epsilon_by_count"],
+                                                 par["flip_probability_by_count"]), 1):
+                    close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
+                    if k * e > par["unit_epsilon"] * (1 + 1e-12):
+                        problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par['unit_epsilon']!r}")
+        elif p.name == "dpsgd":
+            close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par["noise_multiplier"])
+            close(f"{where}.parameters.noise_std", par["noise_std"], par["noise_multiplier"] * par["clipping_norm"])
+            close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par["sampling_rate"])
+            close(f"{where}.parameters.sampling_rate", par["sampling_rate"], par["batch_size"] / n)
+            close(f"{where}.mechanism.steps", m.steps, par["steps"])
+            shape = plan.scenario.dpsgd
+            if shape.steps is not None:
+                close(f"{where}.parameters.steps vs scenario", par["steps"], shape.steps)
+            else:
+                close(f"{where}.parameters.steps vs epochs", par["steps"],
+                      steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par["batch_size"]))
+            if isinstance(m, TruncatedPoissonDPSGD):
+                close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par["max_batch_size"])
+                close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
+            elif not isinstance(m, PoissonDPSGD):
+                problems.append(f"{where}.mechanism: expected a DP-SGD mechanism, got {type(m).__name__}")
+        elif p.name == "walr":
+            close(f"{where}.mechanism.noise_std", m.noise_std, par["noise_std"])
+            close(f"{where}.mechanism.sensitivity", m.sensitivity, par["sensitivity"])
+            close(f"{where}.parameters.sensitivity", par["sensitivity"],
+                  par["weights_bound"] * par["row_norm_bound"])
+            close(f"{where}.parameters.unit_sensitivity", par["unit_sensitivity"], par["sensitivity"] * plan.unit.cap)
+
+
+def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
+    from budgetplan.planner import _EPS_SLACK, _basic_total, _pld_total, _tuning, phase_guarantee
+
+    for i, p in enumerate(plan.phases):
+        g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit, discretization=plan.scenario.discretization)
+        if g.epsilon > p.target_epsilon * (1 + _EPS_SLACK) or g.delta > p.target_delta * (1 + _EPS_SLACK):
+            problems.append(f"phases[{i}] ({p.name}): the recomputed guarantee ({g.epsilon:.6g}, {g.delta:.3g}) "
+                            f"exceeds its target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
+        close(f"phases[{i}] ({p.name}).guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
+        close(f"phases[{i}] ({p.name}).guarantee.delta", p.guarantee.delta, g.delta)
+        close(f"phases[{i}] ({p.name}).guarantee.method", p.guarantee.method, g.method)
+    basic = _basic_total(plan.phases, plan.scenario, plan.unit)
+    close("total.basic.epsilon", plan.total.epsilon, basic.epsilon)
+    close("total.basic.delta", plan.total.delta, basic.delta)
+    pld, _ = _pld_total(plan.phases, plan.scenario, plan.unit, basic.delta)
+    close("total.pld.epsilon", plan.total_pld.epsilon if plan.total_pld else None, pld.epsilon if pld else None)
+    tuning = _tuning(plan.scenario, plan.unit, plan.phases, basic, plan.delta)
+    if (tuning is None) != (plan.tuning is None):
+        close("tuning", plan.tuning, tuning)
+    elif tuning is not None:
+        close("tuning.guarantee.epsilon", Guarantee.from_dict(plan.tuning["guarantee"]).epsilon,
+              Guarantee.from_dict(tuning["guarantee"]).epsilon)
+
+
+def _check_replan(plan: Plan, close, problems: list[str]) -> None:
+    from budgetplan.planner import build_plan
+
+    try:
+        fresh = build_plan(plan.scenario)
+    except BudgetplanError as exc:
+        problems.append(f"re-planning the scenario failed: {exc}")
+        return
+    if len(fresh.phases) != len(plan.phases):
+        problems.append(f"phases: the plan has {len(plan.phases)}, its scenario plans {len(fresh.phases)}")
+        return
+    for i, (a, b) in enumerate(zip(plan.phases, fresh.phases)):
+        for key in sorted(set(a.parameters) | set(b.parameters)):
+            close(f"phases[{i}] ({a.name}).parameters.{key} vs its scenario", a.parameters.get(key),
+                  b.parameters.get(key))
+

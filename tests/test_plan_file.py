@@ -1,0 +1,122 @@
+"""Plan files: canonical, hashed, versioned; any edit is caught, nothing is half-written."""
+
+import json
+
+import pytest
+
+from budgetplan import examples
+from budgetplan.errors import PlanMismatchError
+from budgetplan.plan import Plan, canonical_json, load_plan, write_atomic
+from budgetplan.planner import build_plan
+from budgetplan.scenario import load_scenario
+from budgetplan.verify import verify_file, verify_plan
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    return build_plan(load_scenario(examples.path("rr-impression")))
+
+
+@pytest.fixture(scope="module")
+def hybrid_plan():
+    return build_plan(load_scenario(examples.path("criteo-pctr-hybrid")))
+
+
+def test_hash_is_sha256_of_canonical_content(small_plan):
+    import hashlib
+
+    data = json.loads(small_plan.to_json())
+    stored = data.pop("sha256")
+    assert stored == hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    assert data["schema_version"] == 1
+    assert data["versions"]["dp-accounting"] == "0.6.0"
+
+
+def test_every_single_byte_flip_is_detected(small_plan):
+    text = small_plan.to_json()
+    raw = text.encode("ascii")
+    for i in range(len(raw)):
+        flipped = bytearray(raw)
+        flipped[i] ^= 0x01
+        try:
+            edited = flipped.decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        with pytest.raises(PlanMismatchError):
+            Plan.from_json(edited)
+
+
+def test_whitespace_and_key_order_edits_are_detected(small_plan):
+    data = json.loads(small_plan.to_json())
+    with pytest.raises(PlanMismatchError, match="not in canonical form"):
+        Plan.from_json(json.dumps(data, indent=4, sort_keys=True) + "\n")
+    with pytest.raises(PlanMismatchError, match="not in canonical form"):
+        Plan.from_json(small_plan.to_json().replace("\n", "\r\n"))
+
+
+def test_edited_numbers_with_a_recomputed_hash_fail_verify(hybrid_plan, tmp_path):
+    import hashlib
+
+    data = json.loads(hybrid_plan.to_json())
+    data.pop("sha256")
+    data["phases"][1]["parameters"]["noise_multiplier"] *= 0.9          # less noise than planned
+    data["phases"][1]["mechanism"]["noise_multiplier"] *= 0.9
+    data["phases"][1]["parameters"]["noise_std"] *= 0.9
+    data["sha256"] = hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    path = tmp_path / "forged.json"
+    path.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n")
+    load_plan(path)  # integrity holds: the forger recomputed the hash
+    report = verify_file(path)
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "phases[1] (dpsgd).guarantee.epsilon" in text  # recomputed epsilon differs from the stated one
+    assert "exceeds its target" in text or "vs its scenario" in text
+
+
+def test_inconsistent_parameters_are_named(small_plan):
+    import dataclasses
+
+    p = small_plan
+    rr = p.phases[0]
+    bad = dataclasses.replace(rr, parameters={**rr.parameters, "flip_probability": 0.3})
+    report = verify_plan(dataclasses.replace(p, phases=(bad,)))
+    assert any("parameters.flip_probability" in x for x in report.problems)
+
+
+def test_unknown_schema_is_refused(small_plan):
+    data = json.loads(small_plan.to_json())
+    data["schema_version"] = 99
+    with pytest.raises(PlanMismatchError, match="schema_version 99 is not one this budgetplan reads"):
+        Plan.from_json(json.dumps(data))
+
+
+def test_not_json(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    with pytest.raises(PlanMismatchError, match="p.json: plan is not valid JSON"):
+        load_plan(path)
+
+
+def test_write_atomic_never_leaves_a_half_file(tmp_path, monkeypatch):
+    target = tmp_path / "plan.json"
+    target.write_text("old")
+    import os
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        write_atomic(target, "new content")
+    monkeypatch.undo()
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left behind
+    write_atomic(target, "new content")
+    assert target.read_text() == "new content"
+
+
+def test_round_trip_every_kind(small_plan, hybrid_plan):
+    for p in (small_plan, hybrid_plan, build_plan(load_scenario(examples.path("walr"))),
+              build_plan(load_scenario(examples.path("criteo-attribution-user-k10")))):
+        assert Plan.from_json(p.to_json()) == p
+        assert Plan.from_json(p.to_json()).to_json() == p.to_json()

@@ -1,0 +1,118 @@
+"""Scenario files: strict parsing, every bad input named by its key."""
+
+import pytest
+
+from budgetplan import examples
+from budgetplan.errors import InvalidParameterError
+from budgetplan.scenario import load_scenario, parse_scenario
+
+BASE = """
+[budget]
+epsilon = 8.0
+delta = 1e-9
+
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+
+[data]
+dataset_size = 1000000
+
+[algorithm]
+name = "hybrid"
+
+[rr]
+epochs = 2
+
+[dpsgd]
+batch_size = 1000
+epochs = 1
+clipping_norm = 1.0
+"""
+
+
+def edit(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+def test_every_example_parses():
+    for name in examples.names():
+        sc = load_scenario(examples.path(name))
+        assert sc.name == name
+    assert len(examples.names()) >= 8
+
+
+def test_defaults_and_policy():
+    sc = parse_scenario(edit(BASE, "delta = 1e-9", 'delta = "0.1/N"'))
+    assert sc.split == "paper-v1" and sc.tower == "frozen" and sc.cap == 1
+    assert sc.resolved_delta == pytest.approx(1e-7)
+    assert sc.warnings == ()
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("[budget]", "[budget", "malformed TOML"),
+    ("epsilon = 8.0", "epsilon = 8.0\nepsilonn = 1", "unknown key [budget].epsilonn"),
+    ("[data]", "colour = 1\n[data]", "unknown key [privacy].colour"),
+    ("[data]\ndataset_size = 1000000", "[data]\ndataset_size = 1000000\n[extra]\nx = 1", "unknown key extra"),
+    ("epsilon = 8.0", "", "missing required key [budget].epsilon"),
+    ('adjacency = "replace-one"', "", "missing required key [privacy].adjacency"),
+    ("dataset_size = 1000000", "", "missing required key [data].dataset_size"),
+    ('name = "hybrid"', "", "missing required key [algorithm].name"),
+    ("clipping_norm = 1.0", "", "missing required key [dpsgd].clipping_norm"),
+    ("epsilon = 8.0", "epsilon = nan", "[budget].epsilon must be a finite number > 0, got nan"),
+    ("epsilon = 8.0", "epsilon = inf", "[budget].epsilon must be a finite number > 0, got inf"),
+    ("epsilon = 8.0", "epsilon = -1.0", "[budget].epsilon must be a finite number > 0, got -1.0"),
+    ("delta = 1e-9", "delta = 1.5", "[budget].delta must be in [0, 1), got 1.5"),
+    ("delta = 1e-9", 'delta = "N/2"', '[budget].delta must be a number in [0, 1) or "<c>/N"'),
+    ("delta = 1e-9", 'delta = "1/N"\ndelta_policy = "strict"', 'which delta_policy = "strict" refuses'),
+    ("delta = 1e-9", "delta = 0.0", "[budget].delta must be > 0"),
+    ('unit = "impression"', 'unit = "user x time"', "needs [privacy].cap"),
+    ('unit = "impression"', 'unit = "impression"\ncap = 4', "contradicts [privacy].unit"),
+    ('unit = "impression"', 'unit = "user"\ncap = 0', "[privacy].cap must be an integer >= 1, got 0"),
+    ('unit = "impression"', 'unit = "user"\ncap = 2.5', "[privacy].cap must be an integer >= 1, got 2.5"),
+    ('adjacency = "replace-one"', 'adjacency = "add-remove"', "must be replace-one for algorithm 'hybrid'"),
+    ('adjacency = "replace-one"', 'adjacency = "swap"', "[privacy].adjacency must be one of"),
+    ('name = "hybrid"', 'name = "hybrid"\nsplit = "alpha=2"', "alpha must be in [0, 1], got 2.0"),
+    ("epochs = 1", "epochs = 1\nsteps = 5", "[dpsgd] needs exactly one of epochs or steps"),
+    ("epochs = 1", "epochs = 0", "[dpsgd].epochs must be a finite number > 0, got 0"),
+    ("batch_size = 1000", "batch_size = 2000000", "must not exceed [data].dataset_size"),
+    ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "truncated-poisson"', "max_batch_size"),
+    ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "shuffle"', "[dpsgd].sampling must be one of"),
+    ("[rr]", "[walr]\nfeatures = 3\n[rr]", "[walr] does not apply to algorithm 'hybrid'"),
+])
+def test_bad_scenarios_name_the_key(old, new, message):
+    with pytest.raises(InvalidParameterError) as err:
+        sc = parse_scenario(edit(BASE, old, new))
+        from budgetplan.planner import build_plan
+
+        build_plan(sc)  # split rules and delta > 0 for DP-SGD are checked when planning
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_split_only_for_hybrid():
+    text = edit(edit(BASE, 'name = "hybrid"', 'name = "dpsgd"\nsplit = "paper-v1"'), "[rr]\nepochs = 2\n", "")
+    with pytest.raises(InvalidParameterError, match=r"\[algorithm\].split applies to hybrid only"):
+        parse_scenario(text)
+
+
+def test_delta_at_one_over_n_warns():
+    sc = parse_scenario(edit(BASE, "delta = 1e-9", 'delta = "1/N"'))
+    assert sc.warnings and "not below 1/N" in sc.warnings[0]
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(InvalidParameterError, match="scenario file not found"):
+        load_scenario(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[budget]\nepsilon = \n")
+    with pytest.raises(InvalidParameterError, match="bad.toml: malformed TOML"):
+        load_scenario(bad)
+
+
+def test_round_trip_dict():
+    from budgetplan.scenario import Scenario
+
+    sc = parse_scenario(BASE)
+    assert Scenario.from_dict(sc.to_dict()) == sc

@@ -47,6 +47,14 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     row_norm_bound = 4.47                     # every row clipped to this L2 norm
     weights_bound = 1.0                       # per-example weights bounded by this
 
+    [features]                                # needed to train: the columns and who may see them
+    label = "conversion"
+    unit_id = "uid"                           # required for a unit capped at K > 1
+    nonsensitive_categorical = ["campaign"]   # known to an adversary
+    nonsensitive_numeric = ["cost"]
+    sensitive_categorical = ["cat1"]          # protected (semi-sensitive DP); hashed, never
+    sensitive_numeric = []                    # given a data-dependent vocabulary
+
     [tuning]                                  # optional
     configurations = 8
     selection = "naive"                       # or "repeat-and-select"
@@ -165,6 +173,37 @@ class WALRShape:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FeatureSpec:
+    """Which columns are the label, the unit id, and the (non-)sensitive features.
+
+    Non-sensitive features are known to an adversary; sensitive features and the label are
+    protected. Randomized response protects only the label, so a model trained on RR
+    labels may use non-sensitive features only.
+    """
+
+    label: str
+    unit_id: str | None = None
+    nonsensitive_categorical: tuple[str, ...] = ()
+    nonsensitive_numeric: tuple[str, ...] = ()
+    sensitive_categorical: tuple[str, ...] = ()
+    sensitive_numeric: tuple[str, ...] = ()
+
+    @property
+    def nonsensitive(self) -> tuple[str, ...]:
+        return self.nonsensitive_categorical + self.nonsensitive_numeric
+
+    @property
+    def sensitive(self) -> tuple[str, ...]:
+        return self.sensitive_categorical + self.sensitive_numeric
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column the trainer reads, label and unit id included, without repeats."""
+        out = [self.label] + ([self.unit_id] if self.unit_id else []) + list(self.nonsensitive + self.sensitive)
+        return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
     configurations: int
     selection: str = "naive"
@@ -193,6 +232,7 @@ class Scenario:
     dpsgd: DPSGDShape | None = None
     walr: WALRShape | None = None
     tuning: Tuning | None = None
+    features: FeatureSpec | None = None
     method: str = "pld"
     discretization: float = 1e-4
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -214,9 +254,15 @@ class Scenario:
     def from_dict(cls, data: dict) -> "Scenario":
         data = dict(data)
         data["adjacency"] = Adjacency.parse(data["adjacency"])
-        for key, kind in (("rr", RRShape), ("dpsgd", DPSGDShape), ("walr", WALRShape), ("tuning", Tuning)):
+        for key, kind in (("rr", RRShape), ("dpsgd", DPSGDShape), ("walr", WALRShape), ("tuning", Tuning),
+                          ("features", FeatureSpec)):
             if data.get(key) is not None:
                 data[key] = kind(**data[key])
+        if data.get("features") is not None:
+            f = data["features"]
+            data["features"] = FeatureSpec(label=f.label, unit_id=f.unit_id, **{
+                k: tuple(getattr(f, k)) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
+                                                  "sensitive_categorical", "sensitive_numeric")})
         return cls(**data)
 
 
@@ -279,6 +325,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
                 raise InvalidParameterError(f"[{table}] does not apply to algorithm {algorithm!r}")
     tuning = _tuning(top) if "tuning" in raw else None
     top.used.add("tuning")
+    features = _features(top, cap or 1) if "features" in raw else None
+    top.used.add("features")
     method, disc = "pld", 1e-4
     if "accounting" in raw:
         acc = _Table(top.get("accounting", lambda n, v: v), "accounting")
@@ -299,7 +347,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         name=name, description=description, epsilon=epsilon, delta=delta, delta_policy=policy,
         adjacency=adjacency, unit_name=unit_name, cap=cap, capping=capping, unit_accounting=unit_accounting,
         dataset_size=n, algorithm=algorithm, split=split, tower=tower, rr=rr, dpsgd=dpsgd, walr=walr,
-        tuning=tuning, method=method, discretization=disc, warnings=warnings)
+        tuning=tuning, features=features, method=method, discretization=disc, warnings=warnings)
 
 
 def _rr(top: _Table) -> RRShape:
@@ -351,6 +399,39 @@ def _walr(top: _Table) -> WALRShape:
     )
     t.finish()
     return shape
+
+
+def _columns(name: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise InvalidParameterError(f"{name} must be a list of column names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise InvalidParameterError(f"{name} names a column twice: {value!r}")
+    return tuple(value)
+
+
+def _features(top: _Table, cap: int) -> FeatureSpec:
+    t = _Table(top.get("features", lambda n, v: v), "features")
+    spec = FeatureSpec(
+        label=t.get("label", _string, required=True),
+        unit_id=t.get("unit_id", _string, default=None),
+        **{key: t.get(key, _columns, default=()) for key in (
+            "nonsensitive_categorical", "nonsensitive_numeric", "sensitive_categorical", "sensitive_numeric")},
+    )
+    t.finish()
+    feats = spec.nonsensitive + spec.sensitive
+    if not feats:
+        raise InvalidParameterError("[features] lists no feature columns")
+    seen: set[str] = set()
+    for col in feats:
+        if col in seen:
+            raise InvalidParameterError(f"[features] lists column {col!r} in two groups")
+        seen.add(col)
+    if spec.label in seen:
+        raise InvalidParameterError(f"[features].label {spec.label!r} is also listed as a feature")
+    if cap > 1 and spec.unit_id is None:
+        raise InvalidParameterError("[features].unit_id is required: the unit is capped at "
+                                    f"{cap} examples, and capping needs unit ids")
+    return spec
 
 
 def _tuning(top: _Table) -> Tuning:

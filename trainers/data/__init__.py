@@ -1,0 +1,1 @@
+"""Data: feature specs applied to Parquet/CSV/Criteo files, encoding, capping, synthesis."""

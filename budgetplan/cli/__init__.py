@@ -10,10 +10,12 @@ import click
 
 from budgetplan import __version__
 from budgetplan.cli._shell import Group
+from budgetplan.cli.data_cmd import data
 from budgetplan.cli.dpsgd_cmd import dpsgd
 from budgetplan.cli.plan_cmds import examples, plan, show, statement, verify
 from budgetplan.cli.release_cmds import gaussian, group, rr
 from budgetplan.cli.split_cmd import split
+from budgetplan.cli.train_cmds import demo, train
 
 __all__ = ["cli", "main"]
 
@@ -34,6 +36,9 @@ cli.add_command(show)
 cli.add_command(verify)
 cli.add_command(statement)
 cli.add_command(examples)
+cli.add_command(data)
+cli.add_command(train)
+cli.add_command(demo)
 
 
 def main(argv=None):

@@ -4,8 +4,8 @@ Categorical features of each group share one embedding table (as in Chua et al.,
 arXiv:2401.15246, appendix A: each value is prefixed with its feature name, then hashed or
 looked up in a vocabulary), so ``ns_cat[i, j]`` is a row index into the non-sensitive
 table of size ``ns_vocab`` and ``s_cat[i, j]`` into the sensitive table of size
-``s_vocab``. Numeric features are already transformed (log1p of non-negative counts) and
-standardised with statistics of non-sensitive origin only.
+``s_vocab``. Numeric features are already transformed by the fixed map sign(x) log1p(|x|),
+with no data-dependent statistics (those would be a release of the sensitive columns).
 """
 
 from __future__ import annotations

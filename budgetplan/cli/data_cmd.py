@@ -1,0 +1,81 @@
+"""``budgetplan data``: data utilities for the trainers (today: the synthetic ads data set)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from budgetplan.cli._shell import POSITIVE_INT, console, emit_json
+
+__all__ = ["data"]
+
+
+@click.group()
+def data():
+    """Data for the trainers: synthetic semi-sensitive ads data."""
+
+
+def _format_for(out: Path, given: str | None) -> str:
+    if given is not None:
+        return given
+    return "csv" if out.name.lower().endswith(".csv") else "parquet"
+
+
+@data.command()
+@click.option("--rows", type=POSITIVE_INT, required=True, help="Impressions to generate.")
+@click.option("--users", type=POSITIVE_INT, required=True, help="Users (privacy units); at most --rows.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Output file; written atomically.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the data (the true model is fixed).")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]),
+              help="Output format (default: csv for a .csv name, else parquet).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def synth(rows, users, out, seed, fmt, as_json):
+    """Write the built-in synthetic ads data (user_id, label, non-sensitive and sensitive features).
+
+    Conversions follow a known logistic model in which both feature groups and their
+    interactions carry signal; see trainers.data.synth.
+    """
+    if users > rows:
+        raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
+    directory = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise click.UsageError(f"--out is a directory: {out}")
+    if not directory.is_dir():
+        raise click.UsageError(f"--out directory does not exist: {directory}")
+    fmt = _format_for(out, fmt)
+
+    from rich.console import Console
+
+    from trainers.data.synth import SYNTH_FEATURES, write_synthetic
+
+    status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users") if not as_json else None
+    if status is not None:
+        status.start()
+    try:
+        summary = write_synthetic(out, rows, users, seed, format=fmt)
+    finally:
+        if status is not None:
+            status.stop()
+    summary["features"] = {
+        "label": SYNTH_FEATURES.label, "unit_id": SYNTH_FEATURES.unit_id,
+        "nonsensitive_categorical": list(SYNTH_FEATURES.nonsensitive_categorical),
+        "nonsensitive_numeric": list(SYNTH_FEATURES.nonsensitive_numeric),
+        "sensitive_categorical": list(SYNTH_FEATURES.sensitive_categorical),
+        "sensitive_numeric": list(SYNTH_FEATURES.sensitive_numeric),
+    }
+    if as_json:
+        emit_json(summary)
+        return
+    from budgetplan.cli._render import params_table
+
+    console().print(params_table(f"Synthetic data written to {summary['path']}", [
+        ("format", summary["format"]), ("rows", summary["rows"]), ("users", summary["users"]),
+        ("seed", str(summary["seed"])), ("conversion rate", f"{summary['conversion_rate']:.4f}"),
+        ("size", f"{summary['bytes'] / 1e6:.1f} MB"), ("seconds", f"{summary['seconds']:.1f}"),
+        ("label", SYNTH_FEATURES.label), ("unit id", SYNTH_FEATURES.unit_id),
+        ("non-sensitive", ", ".join(SYNTH_FEATURES.nonsensitive)),
+        ("sensitive", ", ".join(SYNTH_FEATURES.sensitive)),
+    ]))

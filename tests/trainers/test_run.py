@@ -1,0 +1,176 @@
+"""Executing plans: the RR phase end to end, the run record, and every refusal."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from budgetplan.demo import demo_scenario
+from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
+from budgetplan.planner import build_plan
+from budgetplan.records import RunRecord, load_record
+from budgetplan.scenario import parse_scenario
+from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.run import TrainSettings, execute_plan, run_baseline
+
+FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), baseline_epochs=1, batch_size=512)
+ROWS, USERS = 6000, 1500
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    table = synthesize(ROWS, USERS, 5)
+    pq.write_table(table.slice(0, 5000), root / "train.parquet")
+    pq.write_table(table.slice(5000), root / "eval.parquet")
+    return root, table.slice(0, 5000)
+
+
+def rr_plan(n, *, eps=2.0, extra_privacy="", rr_extra=""):
+    text = demo_scenario(epsilon=eps, dataset_size=n, spec=SYNTH_FEATURES, epochs=1)
+    if extra_privacy:
+        text = text.replace('unit = "impression"', extra_privacy)
+    if rr_extra:
+        text = text.replace("batch_size = 1024", f"batch_size = 1024\n{rr_extra}")
+    return build_plan(parse_scenario(text))
+
+
+def test_rr_run_writes_a_complete_record(data, tmp_path):
+    root, _ = data
+    plan = rr_plan(5000)
+    base = run_baseline(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST)
+    rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", out_dir=tmp_path / "run",
+                       settings=FAST, baseline_auc=base.metrics["eval"]["auc"])
+    assert (tmp_path / "run" / "run.json").exists() and (tmp_path / "run" / "model.pt").exists()
+    again = load_record(tmp_path / "run")
+    assert again == rec and again.sha256 == rec.sha256
+    assert rec.plan_sha256 == plan.sha256 and rec.private
+    assert rec.data["rows_used"] == 5000 and len(rec.data["sha256"]) == 64
+    phase = rec.phases[0]
+    assert phase["labels"] == 5000 and 0 < phase["labels_flipped"] < 5000
+    assert phase["flip_probability"] == plan.phases[0].parameters["flip_probability"]
+    assert rec.seeds["policy"] == "csprng"
+    ev = rec.metrics["eval"]
+    assert 0 <= ev["auc"] <= 1 and "relative_auc_loss" in ev
+    assert rec.versions["torch"].startswith("2.13")
+
+
+def test_seeded_runs_are_reproducible(data):
+    root, _ = data
+    plan = rr_plan(5000)
+    a = execute_plan(plan, root / "train.parquet", settings=FAST, seed=123)
+    b = execute_plan(plan, root / "train.parquet", settings=FAST, seed=123)
+    assert a.seeds == {"policy": "seeded", "seed": 123, "note": a.seeds["note"]}
+    assert a.phases[0]["labels_flipped"] == b.phases[0]["labels_flipped"]
+    assert a.phases[0]["epoch_loss"] == b.phases[0]["epoch_loss"]
+
+
+def test_user_level_capping_and_eps_over_k_i(data):
+    root, table = data
+    units = table.column("user_id").to_numpy()
+    counts = np.unique(units, return_counts=True)[1]
+    n_capped = int(np.minimum(counts, 2).sum())
+    plan = rr_plan(n_capped, extra_privacy='unit = "user x time"\ncap = 2', rr_extra='per_impression = "eps/K_i"')
+    rec = execute_plan(plan, root / "train.parquet", settings=FAST)
+    assert rec.data["rows_in"] == 5000 and rec.data["rows_used"] == n_capped
+    assert rec.data["capping"]["rows_dropped"] == 5000 - n_capped
+    phase = rec.phases[0]
+    assert phase["per_impression_rule"] == "eps/K_i" and phase["flip_probability"] is None
+    rho = plan.phases[0].parameters["flip_probability_by_count"]
+    assert rho[0] < phase["flip_probability_mean"] < rho[1]  # units of one row flip less
+
+
+def test_refuses_a_different_row_count_and_writes_nothing(data, tmp_path):
+    root, _ = data
+    with pytest.raises(InvalidParameterError, match="the data has 5000 rows; the plan accounts N = 5001"):
+        execute_plan(rr_plan(5001), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+    assert not (tmp_path / "run").exists()
+
+
+def test_refuses_labels_outside_0_1(data, tmp_path):
+    root, table = data
+    labels = table.column("label").to_numpy().copy()
+    labels[17] = 2
+    bad = table.set_column(table.column_names.index("label"), "label", pa.array(labels))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(InvalidParameterError, match="label"):
+        execute_plan(rr_plan(5000), tmp_path / "bad.parquet", out_dir=tmp_path / "run", settings=FAST)
+    assert not (tmp_path / "run").exists()
+
+
+def test_refuses_user_level_plan_without_unit_ids(data, tmp_path):
+    root, table = data
+    pq.write_table(table.drop(["user_id"]), tmp_path / "nouser.parquet")
+    plan = rr_plan(5000, extra_privacy='unit = "user"\ncap = 3')
+    with pytest.raises(InvalidParameterError):
+        execute_plan(plan, tmp_path / "nouser.parquet", settings=FAST)
+
+
+def test_refuses_a_plan_that_does_not_verify(data):
+    import dataclasses
+
+    root, _ = data
+    plan = rr_plan(5000)
+    phase = plan.phases[0]
+    tampered = dataclasses.replace(plan, phases=(dataclasses.replace(
+        phase, parameters={**phase.parameters, "flip_probability": 0.01}),))
+    with pytest.raises(PlanMismatchError, match="does not verify"):
+        execute_plan(tampered, root / "train.parquet", settings=FAST)
+
+
+def test_refuses_an_existing_record_and_unsupported_plans(data, tmp_path):
+    root, _ = data
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    with pytest.raises(InvalidParameterError, match="already holds a run record"):
+        execute_plan(rr_plan(5000), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+    text = demo_scenario(epsilon=2.0, dataset_size=5000, spec=SYNTH_FEATURES).replace(
+        'name = "rr"', 'name = "hybrid"\nsplit = "alpha=0.5"').replace("delta = 0.0", "delta = 1e-6") + (
+        "\n[dpsgd]\nbatch_size = 100\nepochs = 1\nclipping_norm = 1.0\n")
+    with pytest.raises(UnsupportedError, match="DP-SGD"):
+        execute_plan(build_plan(parse_scenario(text)), root / "train.parquet", settings=FAST)
+
+
+def test_record_tamper_is_detected(data, tmp_path):
+    root, _ = data
+    rec = execute_plan(rr_plan(5000), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+    path = tmp_path / "run" / "run.json"
+    path.write_text(path.read_text().replace(f'"labels_flipped": {rec.phases[0]["labels_flipped"]}',
+                                             '"labels_flipped": 1'))
+    with pytest.raises(PlanMismatchError, match="sha256 mismatch"):
+        load_record(path)
+    assert RunRecord.from_json(rec.to_json()) == rec
+
+
+def test_cli_train_and_baseline(data, tmp_path, runner):
+    from budgetplan.cli import cli
+
+    root, _ = data
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(rr_plan(5000).to_json())
+    common = ["--data", str(root / "train.parquet"), "--eval", str(root / "eval.parquet"), "--embedding-dim", "4"]
+    base = runner.invoke(cli, ["train", str(plan_path), *common, "--out", str(tmp_path / "base"), "--non-private"])
+    assert base.exit_code == 0, base.output
+    out = runner.invoke(cli, ["train", str(plan_path), *common, "--out", str(tmp_path / "rr"), "--baseline",
+                              str(tmp_path / "base" / "run.json"), "--json"])
+    assert out.exit_code == 0, out.output
+    rec = json.loads(out.stdout)
+    assert rec["plan_sha256"] and "relative_auc_loss" in rec["metrics"]["eval"]
+    bad = runner.invoke(cli, ["train", str(plan_path), "--data", str(root / "eval.parquet"), "--out",
+                              str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "the plan accounts N = 5000" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and not (tmp_path / "x").exists()
+
+
+def test_cli_demo_small(runner, tmp_path):
+    from budgetplan.cli import cli
+
+    out = runner.invoke(cli, ["demo", "--rows", "4000", "--users", "800", "--epsilon", "2", "--out",
+                              str(tmp_path / "demo"), "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    names = [r["name"] for r in result["runs"]]
+    assert names[0] == "non-private" and len(names) == 3
+    assert (tmp_path / "demo" / "statement-eps2.txt").exists()

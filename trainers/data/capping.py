@@ -1,0 +1,95 @@
+"""Cap every privacy unit at K examples: the bound that user-level accounting relies on.
+
+A user-level plan accounts for at most K examples per unit (group privacy, per-impression
+eps/K, a mixture of Gaussians for Poisson DP-SGD); the trainer makes that true by dropping the
+rest before training. Two rules, as in ``budgetplan.units.CAPPING_RULES``:
+
+- ``first``: the first K rows of the unit in data order (e.g. the earliest impressions of a
+  time-sorted log);
+- ``random``: K of the unit's rows chosen uniformly at random without replacement.
+
+Which rows are kept depends on the data only through the unit ids and row order, never on
+labels or features, so capping costs no privacy; under ``random`` the choice must still be
+unpredictable to an adversary who knows the data, so callers pass a generator seeded from the
+operating system's CSPRNG (:func:`secure_rng`, the default when ``rng`` is None). A seeded
+generator is for tests and reproductions only.
+
+Vectorised: one stable argsort groups the rows of each unit, a rank within the group is the
+position minus the group's start, and rows of rank < K are kept. No Python loop over units.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from budgetplan.errors import InvalidParameterError
+
+__all__ = ["cap_units", "secure_rng", "RULES"]
+
+RULES = ("first", "random")
+
+
+def secure_rng() -> np.random.Generator:
+    """A numpy Generator seeded with 128 bits from the OS CSPRNG (``secrets``)."""
+    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+
+
+def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Generator | None = None):
+    """Rows to keep so that no unit has more than ``cap`` of them.
+
+    Args:
+        unit_ids: 1-D array of unit ids, one per row (e.g. ``EncodedData.unit`` as numpy).
+            Any sortable dtype; dense int64 ids are fastest.
+        cap: K, the most rows a unit may keep (an integer >= 1).
+        rule: ``"first"`` keeps each unit's first K rows in data order; ``"random"`` keeps K
+            uniformly random rows of each unit with more than K.
+        rng: the generator for ``"random"``. None draws a fresh one from the OS CSPRNG
+            (:func:`secure_rng`), which is what production runs should do. Ignored by
+            ``"first"``.
+
+    Returns:
+        ``(kept_rows, info)``: ``kept_rows`` is a sorted int64 array of row numbers (data
+        order preserved), ``info`` a dict with ``rows_in``, ``rows_kept``, ``rows_dropped``,
+        ``units``, ``units_capped`` (units that had more than ``cap`` rows), ``cap``, ``rule``.
+
+    Raises:
+        InvalidParameterError: a bad cap or rule, or unit ids that are not one-dimensional.
+    """
+    from budgetplan import _validate
+
+    cap = _validate.positive_int("cap", cap)
+    if rule not in RULES:
+        raise InvalidParameterError(f"capping rule must be one of {', '.join(RULES)}, got {rule!r}")
+    ids = np.asarray(unit_ids)
+    if ids.ndim != 1:
+        raise InvalidParameterError(f"unit ids must be one-dimensional, got shape {ids.shape}")
+    n = ids.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), {"rows_in": 0, "rows_kept": 0, "rows_dropped": 0, "units": 0,
+                                             "units_capped": 0, "cap": cap, "rule": rule}
+    if rule == "random":
+        rng = secure_rng() if rng is None else rng
+        # Shuffle first, then a stable sort by unit: within a unit the shuffled order survives,
+        # so its first K rows are a uniformly random K-subset.
+        order = rng.permutation(n)
+        order = order[np.argsort(ids[order], kind="stable")]
+    else:
+        order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    sizes = np.diff(np.append(starts, n))
+    group_start = np.repeat(starts, sizes)
+    rank = np.arange(n) - group_start
+    kept = np.sort(order[rank < cap]).astype(np.int64, copy=False)
+    info = {
+        "rows_in": int(n),
+        "rows_kept": int(kept.shape[0]),
+        "rows_dropped": int(n - kept.shape[0]),
+        "units": int(starts.shape[0]),
+        "units_capped": int(np.count_nonzero(sizes > cap)),
+        "cap": cap,
+        "rule": rule,
+    }
+    return kept, info

@@ -1,0 +1,207 @@
+"""Read a training table from Parquet, CSV/TSV, or one of the three public Criteo layouts.
+
+``read_table(path, format=..., columns=...)`` returns a ``pyarrow.Table`` holding only the
+requested columns, in the requested order. Every failure a user can cause (a missing file, an
+unknown format, a column the file lacks, a file that does not parse) is one
+``InvalidParameterError`` naming the path and the problem.
+
+Formats:
+
+- ``parquet``; ``csv`` and ``tsv`` with a header row (``.gz`` and other compressions are
+  detected from the file name). ``auto`` picks one of these three from the extension.
+- ``criteo-attribution``: the Criteo Attribution Modeling for Bidding dataset
+  (``criteo_attribution_dataset.tsv.gz``; Diemert, Meynet et al., AdKDD 2017). Tab-separated
+  with a header row. The columns, as documented in the dataset's README (Hugging Face
+  ``criteo/criteo-attribution-dataset``), are :data:`CRITEO_ATTRIBUTION_COLUMNS`; the header
+  must contain them all.
+- ``criteo-display``: the Criteo Display Advertising Challenge (Kaggle, 2014) ``train.txt``:
+  tab-separated, no header, ``<label> <13 integer features> <26 categorical features>``,
+  categorical values are 32-bit hashes written as hex strings, a missing value is an empty
+  field (the dataset's readme.txt by O. Chapelle). Named ``label, I1..I13, C1..C26`` as is
+  customary (:data:`CRITEO_DISPLAY_COLUMNS`).
+- ``criteo-search``: the Criteo Sponsored Search Conversion Log (``CriteoSearchData``; Tallis
+  and Yadav, arXiv:1806.08211): tab-separated, no header, 23 columns, ``-1`` for a missing or
+  not-applicable value. Column order from the dataset description on
+  ailab.criteo.com/criteo-sponsored-search-conversion-log-dataset, as also used by
+  columbia/cookiemonster (``data/criteo/creators/base_creator.py``); the seven
+  ``product_category(1-7)`` columns are named ``product_category1..7``
+  (:data:`CRITEO_SEARCH_COLUMNS`). ``-1`` is read as null in every column, so a
+  missing feature reaches the encoder as missing (``Sale`` is 0 or 1 and never -1).
+
+Only the requested columns are parsed (Parquet column projection, CSV ``include_columns``).
+This module imports pyarrow, never torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from budgetplan.errors import InvalidParameterError
+
+__all__ = [
+    "read_table",
+    "FORMATS",
+    "CRITEO_ATTRIBUTION_COLUMNS",
+    "CRITEO_DISPLAY_COLUMNS",
+    "CRITEO_SEARCH_COLUMNS",
+]
+
+FORMATS = ("auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display", "criteo-search")
+
+CRITEO_ATTRIBUTION_COLUMNS = (
+    "timestamp", "uid", "campaign", "conversion", "conversion_timestamp", "conversion_id",
+    "attribution", "click", "click_pos", "click_nb", "cost", "cpo", "time_since_last_click",
+    *(f"cat{i}" for i in range(1, 10)),
+)
+CRITEO_DISPLAY_COLUMNS = (
+    "label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)),
+)
+CRITEO_SEARCH_COLUMNS = (
+    "Sale", "SalesAmountInEuro", "time_delay_for_conversion", "click_timestamp", "nb_clicks_1week",
+    "product_price", "product_age_group", "device_type", "audience_id", "product_gender",
+    "product_brand", *(f"product_category{i}" for i in range(1, 8)), "product_country",
+    "product_id", "product_title", "partner_id", "user_id",
+)
+
+# Compression suffixes pyarrow's CSV reader detects from the file name.
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
+_BLOCK_SIZE = 16 << 20  # larger blocks: fewer, larger chunks and steadier type inference
+
+
+def _types(fmt: str) -> dict:
+    """Column types fixed by a Criteo layout; inference would guess differently per block."""
+    import pyarrow as pa
+
+    if fmt == "criteo-display":
+        return {"label": pa.int64(), **{f"I{i}": pa.int64() for i in range(1, 14)},
+                **{f"C{i}": pa.string() for i in range(1, 27)}}
+    if fmt == "criteo-search":
+        numeric = {"Sale": pa.int64(), "SalesAmountInEuro": pa.float64(),
+                   "time_delay_for_conversion": pa.int64(), "click_timestamp": pa.int64(),
+                   "nb_clicks_1week": pa.int64(), "product_price": pa.float64()}
+        return {c: numeric.get(c, pa.string()) for c in CRITEO_SEARCH_COLUMNS}
+    if fmt == "criteo-attribution":
+        # The cat columns are hashed category ids: categorical, never arithmetic.
+        return {f"cat{i}": pa.string() for i in range(1, 10)}
+    return {}
+
+
+def _detect(path: Path) -> str:
+    name = path.name.lower()
+    for suffix in _COMPRESSED:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    if name.endswith(".csv"):
+        return "csv"
+    if name.endswith((".tsv", ".tab")):
+        return "tsv"
+    raise InvalidParameterError(
+        f"{path}: cannot tell the format from the file name; give format= one of "
+        f"{', '.join(FORMATS[1:])}")
+
+
+def _wanted(path: Path, columns, available) -> list[str]:
+    """The requested columns without repeats, each checked against the file's columns."""
+    if columns is None:
+        return list(available)
+    if isinstance(columns, str):
+        columns = [columns]
+    wanted = list(dict.fromkeys(columns))
+    present = set(available)
+    for name in wanted:
+        if name not in present:
+            raise InvalidParameterError(f"{path}: no column {name!r} (the file has {len(present)} columns)")
+    return wanted
+
+
+def _header(path: Path, parse) -> list[str]:
+    """The column names in the header row, parsed (quotes, compression) as the reader will."""
+    import pyarrow.csv as pacsv
+
+    # A small first block: only the header is needed, the rest is read again below.
+    with pacsv.open_csv(str(path), read_options=pacsv.ReadOptions(block_size=1 << 20),
+                        parse_options=parse,
+                        convert_options=pacsv.ConvertOptions(strings_can_be_null=True)) as reader:
+        return list(reader.schema.names)
+
+
+def _read_parquet(path: Path, columns):
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(str(path))
+    wanted = _wanted(path, columns, schema.names)
+    return pq.read_table(str(path), columns=wanted)
+
+
+def _read_delimited(path: Path, fmt: str, columns):
+    import pyarrow.csv as pacsv
+
+    delimiter = "," if fmt == "csv" else "\t"
+    # The Criteo dumps never quote; turning quoting off keeps a stray quote from
+    # swallowing a line.
+    parse = pacsv.ParseOptions(delimiter=delimiter, quote_char=False if fmt.startswith("criteo") else '"')
+    headerless = fmt in ("criteo-display", "criteo-search")
+    if headerless:
+        names = list(CRITEO_DISPLAY_COLUMNS if fmt == "criteo-display" else CRITEO_SEARCH_COLUMNS)
+    else:
+        names = _header(path, parse)
+        if fmt == "criteo-attribution":
+            missing = [c for c in CRITEO_ATTRIBUTION_COLUMNS if c not in names]
+            if missing:
+                raise InvalidParameterError(
+                    f"{path}: not the criteo-attribution layout, its header lacks {missing[0]!r}")
+    wanted = _wanted(path, columns, names)
+    types = {c: t for c, t in _types(fmt).items() if c in wanted}
+    read = pacsv.ReadOptions(column_names=names if headerless else None, block_size=_BLOCK_SIZE)
+    if fmt == "criteo-search":
+        nulls = ["-1", ""]
+    elif fmt == "criteo-display":
+        nulls = [""]
+    else:
+        nulls = ["", "NULL", "null", "NaN", "nan", "NA", "N/A"]
+    convert = pacsv.ConvertOptions(include_columns=wanted, column_types=types, null_values=nulls,
+                                   strings_can_be_null=True, quoted_strings_can_be_null=True)
+    table = pacsv.read_csv(str(path), read_options=read, parse_options=parse, convert_options=convert)
+    return table.select(wanted) if table.column_names != wanted else table
+
+
+def read_table(path: str | os.PathLike, *, format: str = "auto", columns=None):
+    """Read ``columns`` of the file at ``path`` into a ``pyarrow.Table``.
+
+    Args:
+        path: the file. Text formats may be compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``).
+        format: one of :data:`FORMATS`. ``auto`` picks parquet, csv or tsv from the
+            extension; the Criteo layouts are never guessed.
+        columns: the column names to read, in the order wanted (repeats dropped); ``None``
+            reads every column.
+
+    Returns:
+        A table with exactly the requested columns in the requested order.
+
+    Raises:
+        InvalidParameterError: the file is missing or unreadable, the format is unknown or
+            cannot be guessed, or a requested column is not in the file.
+    """
+    import pyarrow as pa
+
+    path = Path(path)
+    if format not in FORMATS:
+        raise InvalidParameterError(f"{path}: unknown format {format!r}; expected one of {', '.join(FORMATS)}")
+    if not path.exists():
+        raise InvalidParameterError(f"{path}: no such file")
+    if path.is_dir():
+        raise InvalidParameterError(f"{path}: is a directory, expected a file")
+    fmt = _detect(path) if format == "auto" else format
+    try:
+        if fmt == "parquet":
+            return _read_parquet(path, columns)
+        return _read_delimited(path, fmt, columns)
+    except InvalidParameterError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, UnicodeError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise InvalidParameterError(f"{path}: cannot read as {fmt}: {message[:300]}") from None

@@ -1,0 +1,107 @@
+"""Minibatch training where no privacy is spent per step: the RR phase and the baseline.
+
+Training on randomized-response labels is post-processing (the labels were randomised
+once), and the non-private baseline spends nothing by definition, so any batching works
+here: shuffled minibatches drawn from a seeded torch generator. DP-SGD, whose sampling is
+part of its guarantee, has its own engine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+__all__ = ["FitSettings", "fit", "predict"]
+
+
+class FitSettings:
+    """Optimisation settings (never privacy): epochs, batch size, optimiser, learning rate."""
+
+    def __init__(self, *, epochs: int, batch_size: int, lr: float = 1e-3, optimizer: str = "adam",
+                 weight_decay: float = 0.0):
+        if optimizer not in ("adam", "sgd", "adagrad"):
+            raise ValueError(f"optimizer must be adam, sgd or adagrad, got {optimizer!r}")
+        self.epochs, self.batch_size, self.lr = int(epochs), int(batch_size), float(lr)
+        self.optimizer, self.weight_decay = optimizer, float(weight_decay)
+
+    def to_dict(self) -> dict:
+        return {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "optimizer": self.optimizer,
+                "weight_decay": self.weight_decay}
+
+
+def _optimizer(params, s: FitSettings):
+    if s.optimizer == "adam":
+        return torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay)
+    if s.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=s.lr, weight_decay=s.weight_decay)
+    return torch.optim.SGD(params, lr=s.lr, momentum=0.9, weight_decay=s.weight_decay)
+
+
+def _logits(model, data, idx, truncated: bool):
+    if truncated:
+        return model.forward_truncated(data.ns_cat[idx], data.ns_num[idx])
+    return model(data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx])
+
+
+def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, truncated: bool,
+        generator: torch.Generator, progress: str | None = None) -> dict:
+    """Train ``model`` on (data, targets) with ``loss_fn(logits, targets)``; returns a history.
+
+    Args:
+        truncated: train the truncated model (non-sensitive features only).
+        progress: a label to show a rich progress bar on stderr, or None.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = _optimizer(params, settings)
+    n = len(data)
+    batches = math.ceil(n / settings.batch_size)
+    history = {"epoch_loss": [], "seconds": 0.0, "batches": 0}
+    bar = _bar(progress, settings.epochs * batches)
+    t0 = time.perf_counter()
+    model.train()
+    try:
+        for _ in range(settings.epochs):
+            order = torch.randperm(n, generator=generator, device="cpu").to(data.label.device)
+            total = 0.0
+            for b in range(batches):
+                idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
+                loss = loss_fn(_logits(model, data, idx, truncated), targets[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * idx.numel()
+                if bar is not None:
+                    bar[0].advance(bar[1])
+            history["epoch_loss"].append(total / n)
+            history["batches"] += batches
+    finally:
+        if bar is not None:
+            bar[0].stop()
+    history["seconds"] = time.perf_counter() - t0
+    return history
+
+
+@torch.no_grad()
+def predict(model, data, *, truncated: bool, batch_size: int = 65536) -> np.ndarray:
+    """Predicted probabilities for every row."""
+    model.eval()
+    out = []
+    for start in range(0, len(data), batch_size):
+        idx = torch.arange(start, min(len(data), start + batch_size), device=data.label.device)
+        out.append(torch.sigmoid(_logits(model, data, idx, truncated)).float().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _bar(label: str | None, total: int):
+    if label is None:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=Console(stderr=True), transient=True)
+    progress.start()
+    return progress, progress.add_task(label, total=total)

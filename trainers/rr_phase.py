@@ -1,0 +1,49 @@
+"""The randomized-response phase: randomise each label once, then train on the noisy labels.
+
+Labels are flipped exactly once, before training, with the plan's flip probability per
+example (the same for every row, or, under the eps/K_i rule, the one for the row's unit
+size K_i after capping); every epoch reuses them, which is post-processing. The model
+trained here sees non-sensitive features only (``forward_truncated``): RR protects the
+label, not the features. The loss corrects for the flips (the Hybrid paper's unbiased
+loss, or the forward-corrected loss).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from budgetplan.errors import InvalidParameterError
+
+__all__ = ["flip_probabilities", "randomize_labels"]
+
+
+def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np.ndarray:
+    """Per-row flip probability from the plan's RR phase parameters.
+
+    Args:
+        plan_phase: the plan's ``rr`` Phase.
+        unit_counts: for each row, how many rows its unit keeps after capping (K_i), or None.
+        n: the number of rows.
+    """
+    par = plan_phase.parameters
+    if par["per_impression_rule"] != "eps/K_i":
+        return np.full(n, par["flip_probability"], dtype=np.float64)
+    if unit_counts is None:
+        raise InvalidParameterError("the eps/K_i rule needs unit ids to count each unit's examples")
+    table = np.asarray(par["flip_probability_by_count"], dtype=np.float64)
+    if unit_counts.min() < 1 or unit_counts.max() > table.size:
+        raise InvalidParameterError(f"a unit keeps {int(unit_counts.max())} examples, more than the plan's cap "
+                                    f"{table.size}")
+    return table[unit_counts - 1]
+
+
+def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomness) -> tuple[np.ndarray, int]:
+    """(noisy labels, number flipped): each label flipped once, independently.
+
+    The flip decisions do not depend on the labels, so the count of flips reveals nothing
+    about them and can go into the run record.
+    """
+    labels = np.asarray(labels)
+    flips = randomness.bernoulli(flip_probability, labels.size)
+    noisy = np.where(flips, 1 - labels, labels).astype(labels.dtype, copy=False)
+    return noisy, int(flips.sum())

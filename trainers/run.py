@@ -1,0 +1,293 @@
+"""Execute a plan, or a non-private baseline, and return its run record.
+
+``execute_plan`` refuses, before anything is written: a plan that does not verify; a
+plan without a feature spec; data whose row count after capping differs from the plan's
+N; labels outside {0, 1}; a user-level plan on data without unit ids; a run directory
+that already holds a record. Every privacy-relevant number (flip probabilities, cap, N)
+is read from the plan; ``TrainSettings`` holds only what cannot change a guarantee.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
+from budgetplan.records import RunRecord
+
+__all__ = ["TrainSettings", "execute_plan", "run_baseline"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """Model and optimisation settings: nothing here can change a privacy guarantee."""
+
+    model: str = "mlp"
+    embedding_dim: int | str = 8
+    tower_hidden: int = 128
+    common_hidden: tuple = (128, 64)
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    loss: str = "unbiased"
+    batch_size: int = 1024
+    baseline_epochs: int = 3
+    hash_bins_nonsensitive: int = 2**16
+    hash_bins_sensitive: int = 2**16
+    device: str = "auto"
+    data_format: str = "auto"
+
+    def __post_init__(self):
+        if self.model not in ("mlp", "fm"):
+            raise InvalidParameterError(f"model must be mlp or fm, got {self.model!r}")
+        if self.loss not in ("unbiased", "forward"):
+            raise InvalidParameterError(f"loss must be unbiased or forward, got {self.loss!r}")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["common_hidden"] = list(self.common_hidden)
+        return out
+
+
+@dataclass
+class _Prepared:
+    data: object
+    table_info: dict
+    encoding: dict
+    unit_counts: np.ndarray | None
+    timings: dict = field(default_factory=dict)
+
+
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidParameterError(f"device {name!r} requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def _device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return "cpu"
+
+
+def _versions() -> dict:
+    out = {}
+    for name in ("budgetplan", "dp-accounting", "torch", "numpy", "pyarrow"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
+             randomness) -> _Prepared:
+    from trainers.data.capping import cap_units
+    from trainers.data.encode import encode
+    from trainers.data.fingerprint import fingerprint
+    from trainers.data.loaders import read_table
+
+    t0 = time.perf_counter()
+    table = read_table(path, format=settings.data_format, columns=list(spec.columns))
+    rows_in = table.num_rows
+    info = {"path": str(path), "format": settings.data_format, "rows_in": rows_in}
+    unit_counts = None
+    if cap > 1:
+        if spec.unit_id is None or spec.unit_id not in table.column_names:
+            raise InvalidParameterError(f"the plan caps each unit at {cap} examples but the data has no unit id "
+                                        f"column {spec.unit_id!r}")
+        units = table.column(spec.unit_id).to_numpy(zero_copy_only=False)
+        if np.issubdtype(np.asarray(units).dtype, np.floating) and np.isnan(units).any():
+            raise InvalidParameterError(f"unit id column {spec.unit_id!r} has missing values")
+        kept, cap_info = cap_units(np.asarray(units), cap, rule=capping, rng=randomness.generator())
+        table = table.take(kept)
+        info["capping"] = cap_info
+        _, inverse, counts = np.unique(np.asarray(units)[kept], return_inverse=True, return_counts=True)
+        unit_counts = counts[inverse]
+    info["rows_used"] = table.num_rows
+    if expected_rows is not None and table.num_rows != expected_rows:
+        dropped = rows_in - table.num_rows
+        raise InvalidParameterError(
+            f"the data has {table.num_rows} rows" + (f" after capping ({rows_in} before, {dropped} dropped)"
+                                                     if cap > 1 else "")
+            + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
+    info.update(fingerprint(table, list(spec.columns)))
+    t1 = time.perf_counter()
+    data, encoding = encode(table, spec, hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
+                            hash_bins_sensitive=settings.hash_bins_sensitive, device=device)
+    t2 = time.perf_counter()
+    return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1})
+
+
+def _eval(model, path, spec, settings, device, *, truncated: bool) -> tuple[dict, float]:
+    from trainers.fit import predict
+    from trainers.metrics import evaluate
+
+    t0 = time.perf_counter()
+    prep = _prepare(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None)
+    p = predict(model, prep.data, truncated=truncated)
+    y = prep.data.label.cpu().numpy()
+    metrics = evaluate(y, p)
+    metrics["rows"] = int(y.size)
+    metrics["path"] = str(path)
+    return metrics, time.perf_counter() - t0
+
+
+def _model(prep, settings: TrainSettings, seed: int):
+    import torch
+
+    from trainers.models import build_model
+
+    torch.manual_seed(seed)
+    d = prep.data
+    shape = dict(ns_vocab=d.ns_vocab, n_ns_cat=d.ns_cat.shape[1], n_ns_num=d.ns_num.shape[1], s_vocab=d.s_vocab,
+                 n_s_cat=d.s_cat.shape[1], n_s_num=d.s_num.shape[1], embedding_dim=settings.embedding_dim)
+    if settings.model == "mlp":
+        shape.update(tower_hidden=settings.tower_hidden, common_hidden=tuple(settings.common_hidden))
+    return build_model(settings.model, **shape)
+
+
+def _check_out(out_dir) -> Path | None:
+    if out_dir is None:
+        return None
+    out = Path(out_dir)
+    if (out / "run.json").exists():
+        raise InvalidParameterError(f"{out} already holds a run record; choose a new --out")
+    if out.exists() and not out.is_dir():
+        raise InvalidParameterError(f"--out {out} exists and is not a directory")
+    return out
+
+
+def _finish(record: RunRecord, model, out: Path | None) -> RunRecord:
+    if out is not None:
+        import torch
+
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), out / "model.pt")
+        record.write(out / "run.json")
+    return record
+
+
+def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
+                 seed: int | None = None, baseline_auc: float | None = None, progress: bool = False) -> RunRecord:
+    """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``)."""
+    import torch
+
+    from budgetplan.verify import verify_plan
+    from trainers import losses
+    from trainers.fit import FitSettings, fit
+    from trainers.metrics import relative_auc_loss
+    from trainers.randomness import Randomness
+    from trainers.rr_phase import flip_probabilities, randomize_labels
+
+    settings = settings or TrainSettings()
+    out = _check_out(out_dir)
+    report = verify_plan(plan)
+    if not report.ok:
+        raise PlanMismatchError(f"the plan does not verify: {report.problems[0]}", report.problems)
+    spec = plan.scenario.features
+    if spec is None:
+        raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
+                                    "id and feature columns")
+    names = [p.name for p in plan.phases]
+    if names != ["rr"]:
+        raise UnsupportedError(f"this trainer executes randomized-response plans; phases {names} need the DP-SGD "
+                               "and WALR engines")
+    rnd = Randomness(seed)
+    device = _device(settings.device)
+    t0 = time.perf_counter()
+    prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
+                    expected_rows=plan.dataset_size, randomness=rnd)
+    phase = plan.phases[0]
+    labels = prep.data.label.cpu().numpy().astype(np.int8)
+    rho = flip_probabilities(phase, prep.unit_counts, labels.size)
+    noisy, flipped = randomize_labels(labels, rho, rnd)
+    noisy_t = torch.as_tensor(noisy, dtype=torch.float32, device=device)
+    rho_t = torch.as_tensor(rho, dtype=torch.float32, device=device)
+    loss_fn = losses.rr_unbiased_loss if settings.loss == "unbiased" else losses.rr_forward_loss
+    model = _model(prep, settings, rnd.torch_seed()).to(device)
+    gen = torch.Generator().manual_seed(rnd.torch_seed())
+    batch = phase.parameters.get("batch_size") or settings.batch_size
+    fit_settings = FitSettings(epochs=phase.parameters["epochs"], batch_size=batch, lr=settings.lr,
+                               optimizer=settings.optimizer)
+    history = fit(model, prep.data, torch.stack([noisy_t, rho_t], 1),
+                  lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), fit_settings, truncated=True,
+                  generator=gen, progress="RR phase" if progress else None)
+    metrics, timings = {}, dict(prep.timings)
+    if eval_path is not None:
+        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device, truncated=True)
+        if baseline_auc is not None:
+            metrics["eval"]["baseline_auc"] = baseline_auc
+            metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
+    timings["rr_phase_seconds"] = history["seconds"]
+    timings["total_seconds"] = time.perf_counter() - t0
+    record = RunRecord(
+        plan_sha256=plan.sha256, private=True, algorithm=plan.scenario.algorithm, data=prep.table_info,
+        seeds=rnd.record(), phases=[{
+            "name": "rr", "labels": int(labels.size), "labels_flipped": flipped,
+            "flip_probability": float(rho[0]) if np.all(rho == rho[0]) else None,
+            "flip_probability_mean": float(rho.mean()), "per_impression_rule": phase.parameters["per_impression_rule"],
+            "epochs": fit_settings.epochs, "batch_size": fit_settings.batch_size, "batches": history["batches"],
+            "loss": settings.loss, "epoch_loss": history["epoch_loss"], "model": "truncated",
+        }],
+        metrics=metrics, model={"kind": settings.model, "config": model.config()}, training={
+            **settings.to_dict(), "fit": fit_settings.to_dict(), "encoding": prep.encoding},
+        timings=timings, device=_device_name(device), versions=_versions(),
+    )
+    return _finish(record, model, out)
+
+
+def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
+                 seed: int | None = None, truncated: bool = False, progress: bool = False) -> RunRecord:
+    """The non-private baseline on the plan's feature spec: clean labels, all rows.
+
+    With ``truncated=True`` it trains the truncated model (non-sensitive features only):
+    the ceiling an RR-only model can reach, since RR may not use sensitive features.
+    """
+    import torch
+
+    from trainers import losses
+    from trainers.fit import FitSettings, fit
+    from trainers.randomness import Randomness
+
+    settings = settings or TrainSettings()
+    out = _check_out(out_dir)
+    spec = plan.scenario.features
+    if spec is None:
+        raise InvalidParameterError("the plan's scenario has no [features] table")
+    rnd = Randomness(seed)
+    device = _device(settings.device)
+    t0 = time.perf_counter()
+    prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd)
+    model = _model(prep, settings, rnd.torch_seed()).to(device)
+    gen = torch.Generator().manual_seed(rnd.torch_seed())
+    fit_settings = FitSettings(epochs=settings.baseline_epochs, batch_size=settings.batch_size, lr=settings.lr,
+                               optimizer=settings.optimizer)
+    history = fit(model, prep.data, prep.data.label, losses.bce, fit_settings, truncated=truncated, generator=gen,
+                  progress="baseline" if progress else None)
+    metrics, timings = {}, dict(prep.timings)
+    if eval_path is not None:
+        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
+                                                         truncated=truncated)
+    timings["train_seconds"] = history["seconds"]
+    timings["total_seconds"] = time.perf_counter() - t0
+    record = RunRecord(
+        plan_sha256=None, private=False, algorithm="non-private", data=prep.table_info, seeds=rnd.record(),
+        phases=[{"name": "non-private", "epochs": fit_settings.epochs, "batch_size": fit_settings.batch_size,
+                 "batches": history["batches"], "epoch_loss": history["epoch_loss"],
+                 "model": "truncated" if truncated else "full"}],
+        metrics=metrics, model={"kind": settings.model, "config": model.config()},
+        training={**settings.to_dict(), "fit": fit_settings.to_dict(), "encoding": prep.encoding},
+        timings=timings, device=_device_name(device), versions=_versions(),
+        notes=["non-private: no privacy guarantee applies to this run"],
+    )
+    return _finish(record, model, out)

@@ -214,7 +214,8 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
     }
     if s.algorithm == "hybrid":
         params["warm_start"] = "rr phase (truncated model)" if warm_start else "none"
-        params["nonsensitive_tower"] = s.tower
+        # without an RR phase there is nothing to freeze the tower at: DP-SGD trains it
+        params["nonsensitive_tower"] = s.tower if warm_start else "trained"
     phase = Phase(name="dpsgd", mechanism=mech(sigma), target_epsilon=eps, target_delta=delta, method=method,
                   unit_accounting=unit_accounting, parameters=params, guarantee=_placeholder(s, unit))
     return _with_guarantee(phase, s, unit)

@@ -50,6 +50,7 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     [features]                                # needed to train: the columns and who may see them
     label = "conversion"
     unit_id = "uid"                           # required for a unit capped at K > 1
+    weight = "w"                              # WALR only, optional: per-example weights
     nonsensitive_categorical = ["campaign"]   # known to an adversary
     nonsensitive_numeric = ["cost"]
     sensitive_categorical = ["cat1"]          # protected (semi-sensitive DP); hashed, never
@@ -183,6 +184,7 @@ class FeatureSpec:
 
     label: str
     unit_id: str | None = None
+    weight: str | None = None
     nonsensitive_categorical: tuple[str, ...] = ()
     nonsensitive_numeric: tuple[str, ...] = ()
     sensitive_categorical: tuple[str, ...] = ()
@@ -199,7 +201,8 @@ class FeatureSpec:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the trainer reads, label and unit id included, without repeats."""
-        out = [self.label] + ([self.unit_id] if self.unit_id else []) + list(self.nonsensitive + self.sensitive)
+        out = [self.label] + ([self.unit_id] if self.unit_id else []) + ([self.weight] if self.weight else []) \
+            + list(self.nonsensitive + self.sensitive)
         return tuple(dict.fromkeys(out))
 
 
@@ -260,7 +263,7 @@ class Scenario:
                 data[key] = kind(**data[key])
         if data.get("features") is not None:
             f = data["features"]
-            data["features"] = FeatureSpec(label=f.label, unit_id=f.unit_id, **{
+            data["features"] = FeatureSpec(label=f.label, unit_id=f.unit_id, weight=f.weight, **{
                 k: tuple(getattr(f, k)) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
                                                   "sensitive_categorical", "sensitive_numeric")})
         return cls(**data)
@@ -327,6 +330,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     top.used.add("tuning")
     features = _features(top, cap or 1) if "features" in raw else None
     top.used.add("features")
+    if features is not None and features.weight is not None and algorithm != "walr":
+        raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
     method, disc = "pld", 1e-4
     if "accounting" in raw:
         acc = _Table(top.get("accounting", lambda n, v: v), "accounting")
@@ -414,6 +419,7 @@ def _features(top: _Table, cap: int) -> FeatureSpec:
     spec = FeatureSpec(
         label=t.get("label", _string, required=True),
         unit_id=t.get("unit_id", _string, default=None),
+        weight=t.get("weight", _string, default=None),
         **{key: t.get(key, _columns, default=()) for key in (
             "nonsensitive_categorical", "nonsensitive_numeric", "sensitive_categorical", "sensitive_numeric")},
     )

@@ -14,6 +14,8 @@ import time
 import numpy as np
 import torch
 
+from trainers.progress import bar
+
 __all__ = ["FitSettings", "fit", "predict"]
 
 
@@ -59,7 +61,7 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
     n = len(data)
     batches = math.ceil(n / settings.batch_size)
     history = {"epoch_loss": [], "seconds": 0.0, "batches": 0}
-    bar = _bar(progress, settings.epochs * batches)
+    pbar = bar(progress, settings.epochs * batches)
     t0 = time.perf_counter()
     model.train()
     try:
@@ -73,13 +75,13 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
                 loss.backward()
                 opt.step()
                 total += float(loss.detach()) * idx.numel()
-                if bar is not None:
-                    bar[0].advance(bar[1])
+                if pbar is not None:
+                    pbar[0].advance(pbar[1])
             history["epoch_loss"].append(total / n)
             history["batches"] += batches
     finally:
-        if bar is not None:
-            bar[0].stop()
+        if pbar is not None:
+            pbar[0].stop()
     history["seconds"] = time.perf_counter() - t0
     return history
 
@@ -95,13 +97,3 @@ def predict(model, data, *, truncated: bool, batch_size: int = 65536) -> np.ndar
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def _bar(label: str | None, total: int):
-    if label is None:
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=Console(stderr=True), transient=True)
-    progress.start()
-    return progress, progress.add_task(label, total=total)

@@ -14,7 +14,7 @@ import numpy as np
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["flip_probabilities", "randomize_labels"]
+__all__ = ["flip_probabilities", "randomize_labels", "run_rr_phase"]
 
 
 def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np.ndarray:
@@ -47,3 +47,33 @@ def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomnes
     flips = randomness.bernoulli(flip_probability, labels.size)
     noisy = np.where(flips, 1 - labels, labels).astype(labels.dtype, copy=False)
     return noisy, int(flips.sum())
+
+
+def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
+                 randomness, progress: str | None = None) -> dict:
+    """Randomise the labels once and train the truncated model on them; returns the phase record."""
+    import torch
+
+    from trainers import losses
+    from trainers.fit import FitSettings, fit
+
+    device = data.label.device
+    labels = data.label.cpu().numpy().astype(np.int8)
+    rho = flip_probabilities(phase, unit_counts, labels.size)
+    noisy, flipped = randomize_labels(labels, rho, randomness)
+    targets = torch.stack([torch.as_tensor(noisy, dtype=torch.float32, device=device),
+                           torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
+    loss_fn = losses.rr_unbiased_loss if loss == "unbiased" else losses.rr_forward_loss
+    gen = torch.Generator().manual_seed(randomness.torch_seed())
+    settings = FitSettings(epochs=phase.parameters["epochs"], batch_size=phase.parameters.get("batch_size") or batch_size,
+                           lr=lr, optimizer=optimizer)
+    history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
+                  truncated=True, generator=gen, progress=progress)
+    uniform = bool(np.all(rho == rho[0]))
+    return {
+        "name": "rr", "labels": int(labels.size), "labels_flipped": flipped,
+        "flip_probability": float(rho[0]) if uniform else None, "flip_probability_mean": float(rho.mean()),
+        "per_impression_rule": phase.parameters["per_impression_rule"], "epochs": settings.epochs,
+        "batch_size": settings.batch_size, "batches": history["batches"], "loss": loss,
+        "epoch_loss": history["epoch_loss"], "model": "truncated", "seconds": history["seconds"],
+    }

@@ -19,7 +19,7 @@ import numpy as np
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.records import RunRecord
 
-__all__ = ["TrainSettings", "execute_plan", "run_baseline"]
+__all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +52,18 @@ class TrainSettings:
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class WALRSettings:
+    """WALR's gradient descent after the release: post-processing, so nothing here costs privacy."""
+
+    steps: int = 2000
+    minibatch: int = 4096
+    lr: float = 0.5
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class _Prepared:
     data: object
@@ -59,6 +71,7 @@ class _Prepared:
     encoding: dict
     unit_counts: np.ndarray | None
     timings: dict = field(default_factory=dict)
+    table: object = None
 
 
 def _device(name: str):
@@ -125,7 +138,7 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
     data, encoding = encode(table, spec, hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
                             hash_bins_sensitive=settings.hash_bins_sensitive, device=device)
     t2 = time.perf_counter()
-    return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1})
+    return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table)
 
 
 def _eval(model, path, spec, settings, device, *, truncated: bool) -> tuple[dict, float]:
@@ -177,17 +190,33 @@ def _finish(record: RunRecord, model, out: Path | None) -> RunRecord:
     return record
 
 
-def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
-                 seed: int | None = None, baseline_auc: float | None = None, progress: bool = False) -> RunRecord:
-    """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``)."""
-    import torch
+def _trainable(model, plan, phase_index: int) -> list:
+    """What DP-SGD updates: everything, or (Hybrid, tower frozen) all but the non-sensitive tower."""
+    phase = plan.phases[phase_index]
+    frozen = phase.parameters.get("nonsensitive_tower") == "frozen" and phase_index > 0
+    out = []
+    for name, p in model.named_parameters():
+        keep = not (frozen and model.tower_of(name) == "nonsensitive")
+        p.requires_grad_(keep)
+        if keep:
+            out.append(p)
+    return out
 
+
+def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
+                 dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
+                 progress: bool = False) -> RunRecord:
+    """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
+
+    Phases run in the plan's order: RR (labels randomised once, the truncated model trained
+    on them), then DP-SGD on the full model warm-started from it (Hybrid), or either alone;
+    a WALR plan releases its noisy aggregate once and fits on it.
+    """
     from budgetplan.verify import verify_plan
-    from trainers import losses
-    from trainers.fit import FitSettings, fit
+    from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.metrics import relative_auc_loss
     from trainers.randomness import Randomness
-    from trainers.rr_phase import flip_probabilities, randomize_labels
+    from trainers.rr_phase import run_rr_phase
 
     settings = settings or TrainSettings()
     out = _check_out(out_dir)
@@ -199,51 +228,88 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
                                     "id and feature columns")
     names = [p.name for p in plan.phases]
-    if names != ["rr"]:
-        raise UnsupportedError(f"this trainer executes randomized-response plans; phases {names} need the DP-SGD "
-                               "and WALR engines")
+    if names not in (["rr"], ["dpsgd"], ["rr", "dpsgd"], ["walr"]):
+        raise UnsupportedError(f"no executor for the phases {names}")
     rnd = Randomness(seed)
     device = _device(settings.device)
     t0 = time.perf_counter()
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                     expected_rows=plan.dataset_size, randomness=rnd)
-    phase = plan.phases[0]
-    labels = prep.data.label.cpu().numpy().astype(np.int8)
-    rho = flip_probabilities(phase, prep.unit_counts, labels.size)
-    noisy, flipped = randomize_labels(labels, rho, rnd)
-    noisy_t = torch.as_tensor(noisy, dtype=torch.float32, device=device)
-    rho_t = torch.as_tensor(rho, dtype=torch.float32, device=device)
-    loss_fn = losses.rr_unbiased_loss if settings.loss == "unbiased" else losses.rr_forward_loss
+    if names == ["walr"]:
+        return _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, out, t0)
     model = _model(prep, settings, rnd.torch_seed()).to(device)
-    gen = torch.Generator().manual_seed(rnd.torch_seed())
-    batch = phase.parameters.get("batch_size") or settings.batch_size
-    fit_settings = FitSettings(epochs=phase.parameters["epochs"], batch_size=batch, lr=settings.lr,
-                               optimizer=settings.optimizer)
-    history = fit(model, prep.data, torch.stack([noisy_t, rho_t], 1),
-                  lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), fit_settings, truncated=True,
-                  generator=gen, progress="RR phase" if progress else None)
-    metrics, timings = {}, dict(prep.timings)
+    records, timings = [], dict(prep.timings)
+    for i, phase in enumerate(plan.phases):
+        if phase.name == "rr":
+            rec = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
+                               lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
+                               randomness=rnd, progress="RR phase" if progress else None)
+        else:
+            rec = run_dpsgd(model, prep.data, phase.parameters, trainable=_trainable(model, plan, i), randomness=rnd,
+                            settings=dpsgd_settings or DPSGDSettings(),
+                            progress="DP-SGD phase" if progress else None)
+            rec["nonsensitive_tower"] = phase.parameters.get("nonsensitive_tower")
+        timings[f"{phase.name}_phase_seconds"] = rec["seconds"]
+        records.append(rec)
+    truncated = names == ["rr"]
+    metrics = {}
     if eval_path is not None:
-        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device, truncated=True)
+        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device, truncated=truncated)
         if baseline_auc is not None:
             metrics["eval"]["baseline_auc"] = baseline_auc
             metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
-    timings["rr_phase_seconds"] = history["seconds"]
     timings["total_seconds"] = time.perf_counter() - t0
     record = RunRecord(
         plan_sha256=plan.sha256, private=True, algorithm=plan.scenario.algorithm, data=prep.table_info,
-        seeds=rnd.record(), phases=[{
-            "name": "rr", "labels": int(labels.size), "labels_flipped": flipped,
-            "flip_probability": float(rho[0]) if np.all(rho == rho[0]) else None,
-            "flip_probability_mean": float(rho.mean()), "per_impression_rule": phase.parameters["per_impression_rule"],
-            "epochs": fit_settings.epochs, "batch_size": fit_settings.batch_size, "batches": history["batches"],
-            "loss": settings.loss, "epoch_loss": history["epoch_loss"], "model": "truncated",
-        }],
-        metrics=metrics, model={"kind": settings.model, "config": model.config()}, training={
-            **settings.to_dict(), "fit": fit_settings.to_dict(), "encoding": prep.encoding},
+        seeds=rnd.record(), phases=records, metrics=metrics,
+        model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
+        training={**settings.to_dict(), "encoding": prep.encoding,
+                  "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if "dpsgd" in names else None},
         timings=timings, device=_device_name(device), versions=_versions(),
     )
     return _finish(record, model, out)
+
+
+def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, out, t0) -> RunRecord:
+    import torch
+
+    from trainers.metrics import evaluate
+    from trainers.walr import predict, prepare_rows, run_walr
+
+    ws = walr_settings or WALRSettings()
+    par = plan.phases[0].parameters
+    if spec.nonsensitive_categorical or spec.sensitive_categorical:
+        raise InvalidParameterError("WALR is a logistic regression on numeric features: drop the categorical "
+                                    "columns from [features]")
+    d = prep.data
+    x = torch.cat([d.ns_num, d.s_num], 1).double()
+    weights = None
+    if spec.weight is not None:
+        weights = torch.as_tensor(prep.table.column(spec.weight).to_numpy(zero_copy_only=False),
+                                  dtype=torch.float64, device=device)
+    theta, rec = run_walr(x, d.label.double(), weights, par, rnd, steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr)
+    timings = dict(prep.timings, walr_release_seconds=rec["release_seconds"], walr_fit_seconds=rec["fit_seconds"])
+    metrics = {}
+    if eval_path is not None:
+        t1 = time.perf_counter()
+        ev = _prepare(eval_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None)
+        xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
+                                row_norm_bound=par["row_norm_bound"], expected_features=par["features"])
+        metrics["eval"] = evaluate(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
+        metrics["eval"]["rows"] = len(ev.data)
+        timings["eval_seconds"] = time.perf_counter() - t1
+    timings["total_seconds"] = time.perf_counter() - t0
+    record = RunRecord(
+        plan_sha256=plan.sha256, private=True, algorithm="walr", data=prep.table_info, seeds=rnd.record(),
+        phases=[{"name": "walr", **rec}], metrics=metrics,
+        model={"kind": "logistic-regression", "config": {"features": par["features"]}, "final": "walr"},
+        training={"walr": ws.to_dict(), "encoding": prep.encoding}, timings=timings, device=_device_name(device),
+        versions=_versions())
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"theta": theta.cpu()}, out / "model.pt")
+        record.write(out / "run.json")
+    return record
 
 
 def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,

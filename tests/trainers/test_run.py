@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from budgetplan.demo import demo_scenario
-from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
+from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.planner import build_plan
 from budgetplan.records import RunRecord, load_record
 from budgetplan.scenario import parse_scenario
@@ -120,17 +120,83 @@ def test_refuses_a_plan_that_does_not_verify(data):
         execute_plan(tampered, root / "train.parquet", settings=FAST)
 
 
-def test_refuses_an_existing_record_and_unsupported_plans(data, tmp_path):
+def test_refuses_an_existing_record(data, tmp_path):
     root, _ = data
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run.json").write_text("{}")
     with pytest.raises(InvalidParameterError, match="already holds a run record"):
         execute_plan(rr_plan(5000), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
-    text = demo_scenario(epsilon=2.0, dataset_size=5000, spec=SYNTH_FEATURES).replace(
-        'name = "rr"', 'name = "hybrid"\nsplit = "alpha=0.5"').replace("delta = 0.0", "delta = 1e-6") + (
-        "\n[dpsgd]\nbatch_size = 100\nepochs = 1\nclipping_norm = 1.0\n")
-    with pytest.raises(UnsupportedError, match="DP-SGD"):
-        execute_plan(build_plan(parse_scenario(text)), root / "train.parquet", settings=FAST)
+
+
+def hybrid_plan(n, split, *, tower="frozen", extra_privacy=""):
+    text = demo_scenario(epsilon=4.0, dataset_size=n, spec=SYNTH_FEATURES, epochs=1).replace(
+        'name = "rr"', f'name = "hybrid"\nsplit = "{split}"\ntower = "{tower}"').replace("delta = 0.0", "delta = 1e-6")
+    if extra_privacy:
+        text = text.replace('unit = "impression"', extra_privacy)
+    return build_plan(parse_scenario(text + "\n[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n"))
+
+
+@pytest.mark.parametrize("split, phases", [("alpha=0.5", ["rr", "dpsgd"]), ("alpha=0", ["dpsgd"]),
+                                           ("alpha=1", ["rr"])])
+def test_hybrid_family_runs_through_one_code_path(data, split, phases):
+    root, _ = data
+    plan = hybrid_plan(5000, split)
+    rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST)
+    assert [p["name"] for p in rec.phases] == phases
+    if "dpsgd" in phases:
+        dp = rec.phases[-1]
+        planned = plan.phase("dpsgd").parameters
+        assert dp["steps_executed"] == planned["steps"] == 20
+        assert dp["noise_std"] == pytest.approx(planned["noise_multiplier"] * planned["clipping_norm"])
+        assert dp["model"] == "full"
+        assert dp["nonsensitive_tower"] == ("frozen" if split == "alpha=0.5" else "trained")
+    assert rec.model["final"] == ("truncated" if phases == ["rr"] else "full")
+    assert 0 <= rec.metrics["eval"]["auc"] <= 1
+
+
+def test_user_level_dpsgd_mixture_plan(data):
+    root, table = data
+    counts = np.unique(table.column("user_id").to_numpy(), return_counts=True)[1]
+    n = int(np.minimum(counts, 3).sum())
+    text = demo_scenario(epsilon=4.0, dataset_size=n, spec=SYNTH_FEATURES).replace(
+        'name = "rr"', 'name = "dpsgd"').replace("delta = 0.0", "delta = 1e-6").replace(
+        'adjacency = "replace-one"\nunit = "impression"', 'adjacency = "add-remove"\nunit = "user x time"\ncap = 3')
+    text = text.replace("[rr]\nepochs = 3\nbatch_size = 1024\n", "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
+    plan = build_plan(parse_scenario(text))
+    assert plan.phases[0].guarantee.method == "mixture-of-gaussians(pld)"
+    rec = execute_plan(plan, root / "train.parquet", settings=FAST)
+    assert rec.data["rows_used"] == n and rec.phases[0]["steps_executed"] == plan.phases[0].parameters["steps"]
+
+
+def test_walr_plan_runs(data):
+    root, _ = data
+    text = """
+[budget]
+epsilon = 1.0
+delta = 1e-6
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+[data]
+dataset_size = 5000
+[algorithm]
+name = "walr"
+[walr]
+features = 5
+row_norm_bound = 8.0
+weights_bound = 1.0
+[features]
+label = "label"
+nonsensitive_numeric = ["bid_floor", "slot_position"]
+sensitive_numeric = ["days_since_visit", "visits_7d"]
+"""
+    plan = build_plan(parse_scenario(text))
+    rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet")
+    ph = rec.phases[0]
+    assert ph["name"] == "walr" and ph["noise_draws"] == 5 and ph["rows"] == 5000
+    assert ph["noise_std"] == plan.phases[0].parameters["noise_std"]
+    assert ph["max_contribution"] <= plan.phases[0].parameters["sensitivity"]
+    assert 0 <= rec.metrics["eval"]["auc"] <= 1
 
 
 def test_record_tamper_is_detected(data, tmp_path):

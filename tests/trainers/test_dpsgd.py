@@ -1,0 +1,127 @@
+"""The DP-SGD phase: noise as planned, empty batches, step counting, the frozen tower."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from budgetplan.errors import InvalidParameterError
+from trainers.data.encoded import EncodedData
+from trainers.dpsgd import DPSGDSettings, noisy_gradient, run_dpsgd
+from trainers.losses import bce
+from trainers.models import build_model
+from trainers.randomness import Randomness
+from trainers.sampling import Batch
+
+
+def tiny_data(n=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return EncodedData(
+        ns_cat=torch.randint(0, 50, (n, 3), generator=g), ns_num=torch.randn(n, 2, generator=g),
+        s_cat=torch.randint(0, 40, (n, 2), generator=g), s_num=torch.randn(n, 1, generator=g),
+        label=(torch.rand(n, generator=g) < 0.3).float(), unit=None, ns_vocab=50, s_vocab=40)
+
+
+def tiny_model(kind="mlp"):
+    torch.manual_seed(0)
+    extra = dict(tower_hidden=8, common_hidden=(8,)) if kind == "mlp" else {}
+    return build_model(kind, ns_vocab=50, n_ns_cat=3, n_ns_num=2, s_vocab=40, n_s_cat=2, n_s_num=1,
+                       embedding_dim=4, **extra)
+
+
+def params(n, **kw):
+    out = dict(dataset_size=n, sampling_rate=0.05, steps=20, clipping_norm=1.0, noise_multiplier=1.5,
+               sampling="poisson", max_batch_size=None)
+    out.update(kw)
+    return out
+
+
+def empty_batch(p=8):
+    return Batch(chunks=[(torch.zeros(p, dtype=torch.int64), torch.zeros(p))], size=0, drawn=0, truncated=False)
+
+
+def test_empty_batch_adds_exactly_the_planned_noise():
+    data, model = tiny_data(), tiny_model()
+    trainable = list(model.parameters())
+    gen = torch.Generator().manual_seed(3)
+    sigma_c, expected = 2.0, 10.0
+    noisy_gradient(model, data, empty_batch(), trainable, clipping_norm=1.0, noise_std=sigma_c,
+                   expected_batch=expected, noise_generator=gen, loss_fn=functools.partial(bce, reduction="none"))
+    g = torch.cat([p.grad.flatten() for p in trainable]).numpy() * expected  # undo the division
+    assert g.size > 500 and np.all(g != 0)
+    # the empirical noise std equals sigma C: chi-square test on the sum of squares, false alarm 1e-6
+    lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], g.size)
+    assert lo < float((g ** 2).sum()) / sigma_c ** 2 < hi
+    assert abs(g.mean()) < 6 * sigma_c / np.sqrt(g.size)
+
+
+def test_noise_is_added_to_the_clipped_sum_once():
+    from trainers.clipping import clipped_gradient_sum
+
+    data, model = tiny_data(), tiny_model()
+    trainable = list(model.parameters())
+    idx = torch.arange(16)
+    batch = Batch(chunks=[(idx[:8], torch.ones(8)), (idx[8:], torch.ones(8))], size=16, drawn=16, truncated=False)
+    loss_fn = functools.partial(bce, reduction="none")
+    noisy_gradient(model, data, batch, trainable, clipping_norm=0.5, noise_std=0.0, expected_batch=4.0,
+                   noise_generator=torch.Generator(), loss_fn=loss_fn)
+    two_chunks = [p.grad.clone() for p in trainable]
+    clipped_gradient_sum(model, loss_fn, (data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx]),
+                         data.label[idx], mask=torch.ones(16), clipping_norm=0.5, parameters=trainable)
+    for a, p in zip(two_chunks, trainable):
+        torch.testing.assert_close(a, p.grad / 4.0, rtol=1e-5, atol=1e-7)
+
+
+def test_run_counts_steps_and_records_batch_statistics():
+    data, model = tiny_data(), tiny_model("fm")
+    rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1))
+    assert rec["steps_executed"] == rec["steps_planned"] == 20 and rec["steps_this_session"] == 20
+    assert rec["batch_size_expected"] == 10.0 and rec["batch_size_min"] <= rec["batch_size_mean"]
+    assert rec["batch_size_sum"] == pytest.approx(rec["batch_size_mean"] * 20)
+    assert rec["noise_draws"] == 20 * sum(p.numel() for p in model.parameters())
+    assert rec["noise_std"] == 1.5 and 0 <= rec["clipped_fraction"] <= 1
+    assert rec["peak_memory"]["bytes"] > 0
+
+
+def test_resume_runs_only_the_remaining_steps_and_never_more():
+    data, model = tiny_data(), tiny_model()
+    calls = []
+
+    class Ledger:
+        def intend(self, step):
+            calls.append(step)
+
+    rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1),
+                    start_step=15, ledger=Ledger())
+    assert calls == [15, 16, 17, 18, 19] and rec["steps_executed"] == 20
+    with pytest.raises(InvalidParameterError, match="start_step"):
+        run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1),
+                  start_step=21)
+
+
+def test_refuses_data_of_another_size():
+    data, model = tiny_data(), tiny_model()
+    with pytest.raises(InvalidParameterError, match="plan accounts N = 201"):
+        run_dpsgd(model, data, params(201), trainable=list(model.parameters()), randomness=Randomness(1))
+
+
+def test_frozen_tower_is_untouched():
+    data, model = tiny_data(), tiny_model()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if model.tower_of(n) == "nonsensitive"}
+    for n, p in model.named_parameters():
+        p.requires_grad_(model.tower_of(n) != "nonsensitive")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    run_dpsgd(model, data, params(200), trainable=trainable, randomness=Randomness(2),
+              settings=DPSGDSettings(optimizer="adam", lr=0.01))
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, frozen[n]), n
+
+
+def test_truncated_poisson_batches_never_exceed_the_maximum():
+    data, model = tiny_data(), tiny_model()
+    rec = run_dpsgd(model, data, params(200, sampling_rate=0.5, sampling="truncated-poisson", max_batch_size=60),
+                    trainable=list(model.parameters()), randomness=Randomness(4))
+    assert rec["batch_size_max"] <= 60 and rec["truncated"] and rec["batches_truncated"] > 0

@@ -1,0 +1,350 @@
+"""WALR: clipping enforces the planned sensitivity, one unbiased Gaussian release, label-free descent.
+
+Statistical assertions state their false-alarm rate; every one is at most 1e-6 per run and
+the data are seeded, so a failure means a bug, not bad luck.
+"""
+
+import inspect
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from budgetplan.errors import PlanMismatchError
+from trainers.randomness import Randomness
+from trainers.walr import fit, predict, prepare_rows, release, release_throughput, run_walr
+
+ALARM = 1e-6
+
+
+def _norms(Xc):
+    return torch.linalg.vector_norm(Xc.to(torch.float64), dim=1)
+
+
+def _exact(Xc, y, wc):
+    """sum_i y_i w_i x_i by an independent path: math.fsum per coordinate."""
+    x = Xc.to(torch.float64).numpy()
+    c = np.asarray(y, dtype=np.float64) * wc.numpy()
+    return np.array([math.fsum(x[:, j] * c) for j in range(x.shape[1])])
+
+
+# ---- prepare_rows: clipping -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_clipping_bounds_every_row_and_keeps_the_rest(dtype):
+    g = torch.Generator().manual_seed(0)
+    X = (torch.randn(5000, 6, generator=g) * torch.rand(5000, 1, generator=g) * 3).to(dtype)
+    before = X.clone()
+    R = 2.5
+    Xc, wc, info = prepare_rows(X, row_norm_bound=R)
+    assert torch.equal(X, before)  # the input is not modified
+    assert Xc.shape == (5000, 7) and Xc.dtype == dtype and info["k"] == 7
+    full = torch.cat([X, torch.ones(5000, 1, dtype=dtype)], dim=1)
+    outside = _norms(full) > R
+    assert info["rows_clipped"] == int(outside.sum()) and 0 < info["rows_clipped"] < 5000
+    assert bool((_norms(Xc) <= R).all())  # intercept included
+    assert torch.equal(Xc[~outside], full[~outside])  # bit for bit
+    # clipped rows keep their direction and land on the bound (up to the dtype's rounding)
+    clipped, orig = Xc[outside].double(), full[outside].double()
+    tol = 2 * torch.finfo(dtype).eps
+    assert torch.allclose(_norms(clipped), torch.full((len(clipped),), R, dtype=torch.float64), rtol=tol, atol=0)
+    assert torch.allclose(clipped / _norms(clipped)[:, None], orig / _norms(orig)[:, None], rtol=0, atol=tol * 4)
+    assert torch.equal(wc, torch.ones(5000, dtype=torch.float64)) and info["weights_clipped"] == 0
+
+
+def test_the_intercept_is_clipped_with_its_row():
+    Xc, _, info = prepare_rows(torch.tensor([[3.0, 4.0], [0.0, 0.0]]), row_norm_bound=1.0)
+    assert info["rows_clipped"] == 1
+    assert torch.equal(Xc[1], torch.tensor([0.0, 0.0, 1.0]))
+    assert _norms(Xc)[0] <= 1.0 and Xc[0, 2] < 0.2  # the intercept shrank with the row
+
+
+def test_weights_are_clipped_and_counted():
+    X = torch.zeros(4, 2)
+    _, wc, info = prepare_rows(X, row_norm_bound=1.0, weights=torch.tensor([0.0, 0.5, 2.0, 7.0]), weights_bound=1.5)
+    assert wc.tolist() == [0.0, 0.5, 1.5, 1.5] and info["weights_clipped"] == 2
+    _, wc, info = prepare_rows(X, row_norm_bound=1.0, weights_bound=0.25)  # default weights 1, bound below 1
+    assert wc.tolist() == [0.25] * 4 and info["weights_clipped"] == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"X": torch.tensor([[1.0], [float("nan")]])}, "X must hold finite features: row 1 has nan"),
+    ({"X": torch.tensor([[float("inf")]])}, "row 0 has inf"),
+    ({"X": torch.tensor([[1.0], [1e200]], dtype=torch.float64)}, "X row 1 is too large to clip"),
+    ({"row_norm_bound": 0.9}, "row_norm_bound must be a finite number >= 1, got 0.9"),
+    ({"row_norm_bound": float("nan")}, "row_norm_bound must be a finite number >= 1, got nan"),
+    ({"expected_features": 5}, "features: the plan declares 5 features"),
+    ({"weights": torch.tensor([1.0, -0.5, -2.0]), "weights_bound": 1.0}, "weights[1] = -0.5"),
+    ({"weights": torch.tensor([1.0, 1.0, float("nan")]), "weights_bound": 1.0}, "weights[2] = nan"),
+    ({"weights": torch.ones(3)}, "weights_bound is required"),
+    ({"weights": torch.ones(3), "weights_bound": 0.0}, "weights_bound must be a finite number > 0"),
+    ({"weights": torch.ones(2), "weights_bound": 1.0}, "weights must have shape (3,)"),
+    ({"X": torch.zeros(3)}, "X must be a 2-D torch tensor"),
+])
+def test_prepare_refusals(kwargs, message):
+    args = {"X": torch.zeros(3, 2), "row_norm_bound": 2.0} | kwargs
+    with pytest.raises(ValueError) as err:
+        prepare_rows(args.pop("X"), **args)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# ---- release: unbiased, the right spread, one draw of k -------------------------------
+
+
+@pytest.fixture(scope="module")
+def small():
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(300, 3, generator=g)
+    w = torch.rand(300, generator=g, dtype=torch.float64) * 2
+    Xc, wc, _ = prepare_rows(X, row_norm_bound=2.0, weights=w, weights_bound=1.5)
+    y = (torch.rand(300, generator=g) < 0.4).to(torch.int64)
+    return Xc, y, wc
+
+
+def test_release_is_unbiased_with_the_planned_spread(small):
+    Xc, y, wc = small
+    sigma, reps = 0.7, 4000
+    exact = _exact(Xc, y, wc)
+    d = np.stack([release(Xc, y, wc, noise_std=sigma, randomness=Randomness(s))[0].numpy() - exact
+                  for s in range(reps)]) / sigma
+    k = d.shape[1]
+    # mean: sum over coordinates of z^2 with z = sqrt(reps) mean ~ chi2(k); one-sided, false alarm 1e-6
+    assert stats.chi2.sf(float((reps * d.mean(0) ** 2).sum()), k) > ALARM
+    # spread per coordinate: sum d^2 ~ chi2(reps) when the std is sigma; two-sided, false alarm 1e-6 each
+    for j in range(k):
+        q = float((d[:, j] ** 2).sum())
+        assert ALARM / 2 < stats.chi2.cdf(q, reps) < 1 - ALARM / 2
+    # shape: Gaussian (KS, false alarm 1e-6), and coordinates uncorrelated (|r| < 0.09: z > 5.7)
+    assert stats.kstest(d.ravel(), "norm").pvalue > ALARM
+    r = np.corrcoef(d.T)
+    assert np.abs(r[np.triu_indices(k, 1)]).max() < 0.09
+
+
+class _Counting(Randomness):
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.calls = []
+
+    def uniform_u64(self, n):
+        self.calls.append(("uniform_u64", n))
+        return super().uniform_u64(n)
+
+    def generator(self):
+        self.calls.append(("generator",))
+        return super().generator()
+
+    def torch_seed(self):
+        self.calls.append(("torch_seed",))
+        return super().torch_seed()
+
+
+def test_noise_is_drawn_once_per_release(small):
+    Xc, y, wc = small
+    rnd = _Counting(3)
+    noisy, info = release(Xc, y, wc, noise_std=1.0, randomness=rnd)
+    assert rnd.calls == [("uniform_u64", 2)]  # one 128-bit seed, one generator, k normal draws
+    assert info["noise_draws"] == Xc.shape[1] == noisy.shape[0] and noisy.dtype == torch.float64
+    assert set(info) == {"noise_draws", "max_contribution", "noise_std", "seconds"}  # nothing label-dependent
+    assert not np.allclose(noisy.numpy(), _exact(Xc, y, wc))
+
+
+def test_release_sums_in_float64():
+    # 2^20 rows whose float32 running sum would lose the small parts; compared with math.fsum
+    n = 1 << 20
+    g = torch.Generator().manual_seed(2)
+    X = torch.cat([torch.rand(n, 1, generator=g) * 1e-3 + 0.5, torch.rand(n, 1, generator=g)], dim=1)
+    Xc, wc, _ = prepare_rows(X, row_norm_bound=2.0)
+    y = (torch.rand(n, generator=g) < 0.5).to(torch.uint8)
+    zero = torch.zeros(n, dtype=torch.uint8)
+    # same seed, same noise: the difference from the all-zero labels is the exact sum
+    a, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(9))
+    b, _ = release(Xc, zero, wc, noise_std=1.0, randomness=Randomness(9))
+    c, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(9), chunk_rows=4099)
+    exact = _exact(Xc, y, wc)
+    assert np.allclose((a - b).numpy(), exact, rtol=1e-13, atol=0)
+    assert np.allclose(c.numpy(), a.numpy(), rtol=1e-13, atol=0)
+
+
+def test_release_refusals(small):
+    Xc, y, wc = small
+    kw = {"noise_std": 1.0, "randomness": Randomness(0)}
+    for bad, shown in ((2, "y[5] = 2"), (-1, "y[5] = -1")):
+        y2 = y.clone()
+        y2[5] = bad
+        with pytest.raises(ValueError, match=rf"labels must be 0 or 1, got {re.escape(shown)}"):
+            release(Xc, y2, wc, **kw)
+    with pytest.raises(ValueError, match="labels must be 0 or 1"):
+        release(Xc, torch.full((300,), 0.5), wc, **kw)
+    with pytest.raises(ValueError, match=r"y must have shape \(300,\)"):
+        release(Xc, y[:10], wc, **kw)
+    for sigma in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="noise_std must be a finite number > 0"):
+            release(Xc, y, wc, noise_std=sigma, randomness=Randomness(0))
+    # rows that were never clipped to the plan: refused, nothing released
+    with pytest.raises(PlanMismatchError, match="more than the planned sensitivity 1"):
+        release(Xc, y, wc, sensitivity=1.0, **kw)
+    assert release(Xc, y, wc, sensitivity=1.5 * 2.0, **kw)[1]["max_contribution"] <= 3.0
+    # a negative weight slipped past prepare_rows still counts by its size
+    with pytest.raises(PlanMismatchError, match="more than the planned sensitivity"):
+        release(Xc, y, torch.where(torch.arange(300) == 7, -10.0, 1.0).double(), sensitivity=3.0, **kw)
+
+
+# ---- the sensitivity claim ------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 30), d=st.integers(0, 5), scale=st.floats(1e-3, 1e3), R=st.floats(1.0, 10.0),
+       W=st.floats(0.05, 5.0), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_one_label_moves_the_sum_by_w_i_x_i_within_the_bound(n, d, scale, R, W, seed, data):
+    rng = np.random.default_rng(seed)
+    X = torch.as_tensor(rng.standard_normal((n, d)) * scale, dtype=torch.float32)
+    w = torch.as_tensor(rng.exponential(W, n))
+    Xc, wc, _ = prepare_rows(X, row_norm_bound=R, weights=w, weights_bound=W)
+    assert bool((_norms(Xc) <= R).all()) and bool((wc <= W).all())
+    i = data.draw(st.integers(0, n - 1))
+    y = torch.as_tensor(rng.integers(0, 2, n))
+    y2 = y.clone()
+    y2[i] = 1 - y2[i]
+    before, after = _exact(Xc, y, wc), _exact(Xc, y2, wc)
+    exact_change = after - before  # each sum correctly rounded: the difference is good to a few ulps of the sums
+    ulps = 4 * np.finfo(np.float64).eps * np.abs(np.concatenate([before, after])).max()
+    step = wc[i].item() * Xc[i].double().numpy() * (1 if y2[i] == 1 else -1)
+    assert np.allclose(exact_change, step, rtol=1e-13, atol=ulps + 1e-300)  # w_i x_i, not 2 w_i x_i
+    assert np.linalg.norm(step) <= W * R * (1 + 1e-15)
+    # through the release itself: the same seed adds the same noise to both
+    a, info = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(seed), sensitivity=W * R)
+    b, _ = release(Xc, y2, wc, noise_std=1.0, randomness=Randomness(seed), sensitivity=W * R)
+    assert np.allclose((b - a).numpy(), exact_change, rtol=1e-9, atol=1e-9 * (1 + np.abs(a.numpy()).max()))
+    assert info["max_contribution"] <= W * R
+
+
+# ---- fit: label-free hybrid minibatch descent -----------------------------------------
+
+
+def test_fit_takes_no_labels():
+    params = set(inspect.signature(fit).parameters)
+    assert params == {"Xc", "noisy_sum", "n_rows", "steps", "minibatch", "lr", "generator"}
+
+
+def _logistic_data(n=20000, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 3, generator=g)
+    true = torch.tensor([1.5, -2.0, 0.5, -0.3], dtype=torch.float64)
+    Xc, wc, _ = prepare_rows(X, row_norm_bound=3.0)
+    p = torch.sigmoid(Xc.double() @ true)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < p).to(torch.int64)
+    return Xc, y, wc
+
+
+def _newton_mle(Xc, y, iters=30):
+    x, t = Xc.double().numpy(), y.numpy().astype(np.float64)
+    theta = np.zeros(x.shape[1])
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-x @ theta))
+        theta -= np.linalg.solve((x * (p * (1 - p))[:, None]).T @ x, x.T @ (p - t))
+    return theta
+
+
+def _log_loss(theta, Xc, y):
+    p = predict(torch.as_tensor(theta), Xc.double()).numpy()
+    t = y.numpy()
+    return float(-np.mean(t * np.log(p) + (1 - t) * np.log1p(-p)))
+
+
+def test_fit_on_the_clean_sum_approaches_logistic_regression():
+    Xc, y, wc = _logistic_data()
+    n = Xc.shape[0]
+    clean = torch.as_tensor(_exact(Xc, y, wc))  # zero noise: the test computes the sum itself
+    theta = fit(Xc, clean, n_rows=n, steps=3000, minibatch=2048, lr=2.0, generator=torch.Generator().manual_seed(0))
+    mle = _newton_mle(Xc, y)
+    assert _log_loss(theta, Xc, y) - _log_loss(mle, Xc, y) < 2e-3
+    p_fit = predict(theta, Xc).numpy()
+    p_mle = predict(torch.as_tensor(mle), Xc).numpy()
+    assert np.abs(p_fit - p_mle).max() < 0.05 and np.abs(p_fit - p_mle).mean() < 0.01
+    # full batch (m = N) on the clean sum is ordinary gradient descent: it reaches the MLE
+    full = fit(Xc, clean, n_rows=n, steps=400, minibatch=n, lr=4.0, generator=torch.Generator().manual_seed(0))
+    assert np.abs(full.numpy() - mle).max() < 0.05
+
+
+def test_fit_validates():
+    Xc, _, _ = prepare_rows(torch.zeros(10, 2), row_norm_bound=1.0)
+    g = torch.Generator().manual_seed(0)
+    base = {"n_rows": 10, "steps": 5, "minibatch": 4, "lr": 0.1, "generator": g}
+    assert torch.equal(fit(Xc, torch.zeros(3), **base | {"steps": 0}), torch.zeros(3, dtype=torch.float64))
+    for change, message in (({"n_rows": 11}, "n_rows is 11 but Xc has 10 rows"), ({"lr": 0.0}, "lr must be"),
+                            ({"minibatch": 0}, "minibatch must be an integer >= 1"),
+                            ({"steps": 1.5}, "steps must be an integer")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            fit(Xc, torch.zeros(3), **base | change)
+    with pytest.raises(ValueError, match="noisy_sum must be 3 finite numbers"):
+        fit(Xc, torch.zeros(4), **base)
+
+
+# ---- run_walr: the phase as planned ---------------------------------------------------
+
+
+def _plan_parameters(n):
+    from budgetplan import examples
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+
+    text = examples.text("walr").replace("dataset_size = 1000000", f"dataset_size = {n}")
+    return build_plan(parse_scenario(text)).phases[0].parameters
+
+
+@pytest.fixture(scope="module")
+def planned():
+    n = 4000
+    par = _plan_parameters(n)
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(n, par["features"] - 1, generator=g)
+    X[:10] *= 3  # some rows outside sqrt(20)
+    y = (torch.rand(n, generator=g) < 0.3).to(torch.int64)
+    return X, y, par
+
+
+def test_run_walr_record(planned):
+    X, y, par = planned
+    theta, rec = run_walr(X, y, None, par, Randomness(1), steps=50, minibatch=256, lr=0.5)
+    assert theta.shape == (par["features"],)
+    assert {"rows", "rows_clipped", "weights_clipped", "noise_std", "noise_draws", "release_seconds", "fit_steps",
+            "fit_seconds"} <= set(rec)
+    assert rec["rows"] == 4000 and rec["rows_clipped"] == 10 and rec["weights_clipped"] == 0
+    assert rec["noise_std"] == par["noise_std"] and rec["noise_draws"] == 20 and rec["fit_steps"] == 50
+    assert rec["max_contribution"] <= par["sensitivity"]
+
+
+def test_seeded_runs_reproduce_and_csprng_runs_do_not(planned):
+    X, y, par = planned
+    a, ra = run_walr(X, y, None, par, Randomness(7), steps=20, minibatch=64, lr=0.5)
+    b, rb = run_walr(X, y, None, par, Randomness(7), steps=20, minibatch=64, lr=0.5)
+    assert torch.equal(a, b)
+    timing = {"release_seconds", "fit_seconds"}
+    assert {k: v for k, v in ra.items() if k not in timing} == {k: v for k, v in rb.items() if k not in timing}
+    c, _ = run_walr(X, y, None, par, Randomness(), steps=20, minibatch=64, lr=0.5)
+    d, _ = run_walr(X, y, None, par, Randomness(), steps=20, minibatch=64, lr=0.5)
+    assert not torch.equal(c, d) and not torch.equal(a, c)
+
+
+def test_run_walr_refuses_data_off_plan(planned):
+    X, y, par = planned
+    kw = {"steps": 1, "minibatch": 8, "lr": 0.1}
+    with pytest.raises(ValueError, match="the data has 3999 rows; the plan accounts N = 4000"):
+        run_walr(X[:-1], y[:-1], None, par, Randomness(0), **kw)
+    with pytest.raises(ValueError, match="features: the plan declares 20 features"):
+        run_walr(X[:, :-1], y, None, par, Randomness(0), **kw)
+    with pytest.raises(PlanMismatchError, match="below weights_bound"):
+        run_walr(X, y, None, dict(par) | {"sensitivity": 1.0}, Randomness(0), **kw)
+    with pytest.raises(PlanMismatchError, match="lack noise_std"):
+        run_walr(X, y, None, {k: v for k, v in par.items() if k != "noise_std"}, Randomness(0), **kw)
+
+
+def test_release_throughput_runs():
+    r = release_throughput(10_000, 5, "cpu")
+    assert r["rows"] == 10_000 and r["k"] == 5 and r["rows_per_s"] > 0 and r["bytes_per_s"] > r["rows_per_s"]

@@ -1,0 +1,409 @@
+"""DP-SGD's clipped gradient sum in one forward and one backward, without per-example gradients.
+
+DP-SGD (Abadi et al., arXiv:1607.00133) needs ``sum_i c_i g_i`` with ``c_i = min(1, C / ||g_i||)``
+for the per-example gradients ``g_i``. Materialising ``g_i`` costs a copy of the model per
+example; the embedding tables alone make that impossible at useful batch sizes. Instead:
+
+- *Ghost norms* (Goodfellow, arXiv:1510.01799; Li et al., arXiv:2110.05679): a Linear layer's
+  per-example weight gradient is ``G_i^T a_i`` (output gradient times input activation), whose
+  squared Frobenius norm is ``||G_i||^2 ||a_i||^2`` for one row per example and
+  ``<a_i a_i^T, G_i G_i^T>`` (two T x T Gram matrices) for T rows per example. An Embedding's
+  per-example gradient adds the output-gradient rows of each distinct id the example looked
+  up, so its squared norm is ``sum_{l,l'} [id_l = id_l'] <G_il, G_il'>``: an L x L mask times a
+  Gram matrix, which deduplicates ids shared by several columns of one table.
+- *Book-keeping* (Bu, Mao, Xu, arXiv:2210.00038): the same stored activations and output
+  gradients give the clipped sum directly, ``(c G)^T a`` for a weight, ``sum_i c_i G_i`` for a
+  bias, an ``index_add`` of ``c_i G_il`` for a table. There is no second backward pass, and the
+  one backward asks autograd for the layer *outputs'* gradients only, so it skips the
+  weight-gradient matmuls that the book-keeping step then does once, already clipped.
+
+Parameters of any other module (a LayerNorm, a bare ``nn.Parameter``, a Linear whose weight
+is read directly rather than by calling the layer, a parameter shared by two layers) take
+the fallback: per-example gradients from ``torch.func`` (``vmap`` of ``grad`` of a
+``functional_call``), for those parameters only, folded into the same norms and sum. The
+fallback does materialise one gradient per example for those parameters, and re-runs the
+model's forward under ``vmap``; the two-tower models of ``trainers.models`` never need it.
+
+Assumptions, all true of ``trainers.models``: dimension 0 of every layer input is the example;
+example i's loss depends on the batch only through row i of the logits; a hooked layer's input
+and output are not modified in place (checked); an Embedding does not scale gradients by
+batch frequency (refused: that couples examples, so clipping would not bound sensitivity).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from budgetplan._validate import positive
+from budgetplan.errors import InvalidParameterError, UnsupportedError
+
+__all__ = ["clipped_gradient_sum"]
+
+
+class _Layer:
+    """A trainable Linear or Embedding: which of its parameters are trained, and its forward calls.
+
+    ``calls`` holds ``(input, output, input version, output version)`` per call of the module
+    during the one forward; a module called twice is one layer whose example rows are the
+    rows of both calls (its per-example gradient is the sum over calls, cross terms included).
+    """
+
+    __slots__ = ("bias", "calls", "module", "name", "weight")
+
+    def __init__(self, name: str, module: nn.Module):
+        self.name, self.module = name, module
+        self.weight: nn.Parameter | None = None
+        self.bias: nn.Parameter | None = None
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in (self.weight, self.bias) if p is not None]
+
+    @property
+    def label(self) -> str:
+        return self.name or type(self.module).__name__
+
+    def qualified(self, attr: str) -> str:
+        """The ``named_parameters()`` name of this layer's ``attr``."""
+        return f"{self.name}.{attr}" if self.name else attr
+
+    def record(self, module, args, kwargs, output):
+        x = args[0] if args else kwargs["input"]
+        self.calls.append((x, output, x._version, output._version))
+
+    def check_unmodified(self) -> None:
+        # Autograd returns the gradient of a tensor's *current* value: after an in-place op
+        # (ReLU(inplace=True)) that is no longer the layer's output, and the norms would be
+        # silently wrong.
+        for x, out, vx, vo in self.calls:
+            if x._version != vx or out._version != vo:
+                raise UnsupportedError(
+                    f"the input or output of layer {self.label!r} was modified in place after the layer ran; "
+                    "per-example norms need the layer's own output (use out-of-place ops, e.g. ReLU(inplace=False))")
+
+
+def _hookable(module: nn.Module) -> bool:
+    """A Linear or Embedding that computes exactly what the formulas above assume."""
+    if isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward:
+        if module.scale_grad_by_freq:
+            raise UnsupportedError("an nn.Embedding with scale_grad_by_freq=True scales each example's gradient by "
+                                   "id counts over the whole batch, so clipping would not bound one example's effect")
+        return True
+    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+
+
+def _select(model: nn.Module, parameters) -> tuple[list[_Layer], list[tuple[str, nn.Parameter]]]:
+    """(hooked layers, fallback (name, parameter) pairs) of the trainable parameters."""
+    names: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
+    if parameters is None:
+        chosen = [p for p in model.parameters() if p.requires_grad]
+    else:
+        chosen = list({id(p): p for p in parameters}.values())
+        for p in chosen:
+            if id(p) not in names:
+                raise InvalidParameterError(f"parameters holds a tensor of shape {list(p.shape)} that is not a "
+                                            f"parameter of the {type(model).__name__}")
+            if not p.requires_grad:
+                raise InvalidParameterError(f"parameter {names[id(p)]!r} is listed as trainable but has "
+                                            "requires_grad=False")
+    if not chosen:
+        raise InvalidParameterError(f"the {type(model).__name__} has no trainable parameters, got 0")
+
+    owners = defaultdict(list)
+    for mname, module in model.named_modules():
+        for attr, p in module.named_parameters(recurse=False):
+            owners[id(p)].append((mname, module, attr))
+    layers: dict[int, _Layer] = {}
+    fallback = []
+    for p in chosen:
+        own = owners[id(p)]
+        # A parameter owned by two modules (tied weights) has cross terms between them that
+        # no single layer sees: the fallback handles it.
+        if len(own) == 1 and own[0][2] in ("weight", "bias") and _hookable(own[0][1]):
+            mname, module, attr = own[0]
+            layer = layers.setdefault(id(module), _Layer(mname, module))
+            setattr(layer, attr, p)
+        else:
+            fallback.append((names[id(p)], p))
+    return list(layers.values()), fallback
+
+
+class _Entry(nn.Module):
+    """``model.forward`` or ``model.forward_truncated`` as a module's forward, for ``functional_call``."""
+
+    def __init__(self, model: nn.Module, truncated: bool):
+        super().__init__()
+        self.model, self.truncated = model, truncated
+
+    def forward(self, *xs):
+        return self.model.forward_truncated(*xs) if self.truncated else self.model(*xs)
+
+
+def _fallback_gradients(model, named: list[tuple[str, nn.Parameter]], xs: tuple, dlogits: torch.Tensor,
+                        truncated: bool) -> list[torch.Tensor]:
+    """Per-example gradients [P, *shape] of the ``named`` parameters (materialised: fallback only).
+
+    Example i's gradient is the vector-Jacobian product of its logits with ``dlogits[i]``, the
+    loss gradient the main backward already computed, so ``loss_fn`` is never run under vmap
+    (it may close over per-batch tensors that vmap would misalign).
+    """
+    from torch.func import functional_call, grad, vmap
+
+    entry = _Entry(model, truncated)
+    theta = {"model." + name: p.detach() for name, p in named}
+
+    def weighted_logits(params, u, *x):
+        out = functional_call(entry, params, tuple(t.unsqueeze(0) for t in x))
+        return (out * u.unsqueeze(0)).sum()
+
+    # Outside autograd: vmap(grad) differentiates only theta, and the outer graph would only
+    # hold on to memory.
+    with torch.no_grad():
+        per = vmap(grad(weighted_logits), in_dims=(None, 0) + (0,) * len(xs))(theta, dlogits, *xs)
+    return [per["model." + name] for name, _ in named]
+
+
+def _rows(t: torch.Tensor, batch: int, trailing: int, layer: _Layer) -> torch.Tensor:
+    """``t`` as [P, T, *trailing dims]: the rows each example fed through the layer."""
+    if t.dim() < 1 + trailing or t.shape[0] != batch:
+        raise UnsupportedError(f"layer {layer.label!r} ran on a tensor of shape {list(t.shape)}; per-example "
+                               f"gradients need dimension 0 to be the example (batch of {batch})")
+    return t.reshape(batch, -1, *t.shape[t.dim() - trailing:]) if trailing else t.reshape(batch, -1)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The rows of all calls of a layer side by side; no copy for the usual single call."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class _LinearPieces:
+    """A Linear layer's activations a [P, T, d_in] and output gradients G [P, T, d_out]."""
+
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+        self.layer = layer
+        xs = [x for x, *_ in layer.calls]
+        if len(xs) == 1 and xs[0].dim() == 2 and xs[0].shape[0] == batch:
+            self.a, self.g = xs[0].to(dtype), grads[0].to(dtype)
+        else:
+            self.a = _cat([_rows(x, batch, 1, layer) for x in xs]).to(dtype)
+            self.g = _cat([_rows(g, batch, 1, layer) for g in grads]).to(dtype)
+
+    def squared_norms(self) -> torch.Tensor:
+        a, g, layer = self.a, self.g, self.layer
+        if a.dim() == 2:
+            # vector_norm reduces without a [P, d] temporary, which at P = 16384 costs more
+            # than the reduction itself.
+            gg = torch.linalg.vector_norm(g, dim=1).square()
+            sq = gg * torch.linalg.vector_norm(a, dim=1).square() if layer.weight is not None else 0
+            return sq + gg if layer.bias is not None else sq
+        sq = 0
+        if layer.weight is not None:
+            t, d_in, d_out = a.shape[1], a.shape[2], g.shape[2]
+            if t * t <= d_in * d_out:
+                # Ghost norm: ||G^T a||_F^2 = <a a^T, G G^T>, O(T^2 (d_in + d_out)) per example.
+                sq = (a @ a.mT).mul_(g @ g.mT).sum((1, 2))
+            else:
+                # Long sequences through a narrow layer: the gradient itself is the smaller object.
+                sq = torch.linalg.vector_norm(g.mT @ a, dim=(1, 2)).square()
+        if layer.bias is not None:
+            sq = sq + torch.linalg.vector_norm(g.sum(1), dim=1).square()
+        return sq
+
+    def set_grads(self, c: torch.Tensor) -> None:
+        a, g, layer = self.a, self.g, self.layer
+        if a.dim() == 3:
+            c3 = c[:, None, None]
+            if layer.weight is not None:
+                # Scale whichever side is narrower: one pass over P T min(d_in, d_out) numbers.
+                if a.shape[2] < g.shape[2]:
+                    w = g.reshape(-1, g.shape[2]).mT @ (a * c3).reshape(-1, a.shape[2])
+                else:
+                    w = (g * c3).reshape(-1, g.shape[2]).mT @ a.reshape(-1, a.shape[2])
+                layer.weight.grad = w.reshape(layer.weight.shape)
+            if layer.bias is not None:
+                layer.bias.grad = c @ g.sum(1)
+            return
+        if layer.weight is not None:
+            if a.shape[1] < g.shape[1]:
+                w = g.mT @ (a * c[:, None])
+            else:
+                w = (g * c[:, None]).mT @ a
+            layer.weight.grad = w
+        if layer.bias is not None:
+            layer.bias.grad = c @ g
+
+
+class _EmbeddingPieces:
+    """An Embedding's looked-up ids [P, L] and output gradients G [P, L, dim]."""
+
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+        self.layer = layer
+        self.ids = _cat([_rows(x, batch, 0, layer) for x, *_ in layer.calls])
+        g = _cat([_rows(g, batch, 1, layer) for g in grads]).to(dtype)
+        pad = layer.module.padding_idx
+        if pad is not None:
+            # The padding row gets no gradient in torch's own embedding backward either.
+            g = torch.where((self.ids == pad).unsqueeze(-1), 0, g)
+        self.g = g
+
+    def squared_norms(self) -> torch.Tensor:
+        g, ids = self.g, self.ids
+        if ids.shape[1] == 1:
+            return torch.linalg.vector_norm(g, dim=(1, 2)).square()
+        # Rows that looked up the same id add up before the norm is taken: keep the cross
+        # terms of equal ids only. [P, L, L], never [P, vocabulary, dim]; the Gram matrix is
+        # ours, so it is masked in place.
+        return (g @ g.mT).mul_(ids.unsqueeze(2) == ids.unsqueeze(1)).sum((1, 2))
+
+    def set_grads(self, c: torch.Tensor) -> None:
+        weight = self.layer.weight
+        dim = weight.shape[1]
+        rows = (self.g * c[:, None, None]).reshape(-1, dim)
+        weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format).index_add_(
+            0, self.ids.reshape(-1), rows)
+
+
+def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, mask: torch.Tensor,
+                         clipping_norm: float, parameters=None, truncated: bool = False) -> dict:
+    """Set each trainable parameter's ``.grad`` to the clipped sum ``sum_i c_i g_i`` of one padded batch.
+
+    ``g_i`` is example i's gradient of its own loss with respect to the trainable parameters
+    only, and ``c_i = mask_i min(1, C / ||g_i||_2)``; rows with ``mask_i = 0`` contribute
+    exactly 0.0. Costs one forward and one backward (through layer outputs only) plus
+    the weight-gradient matmuls, done once and already clipped (Bu et al., arXiv:2210.00038);
+    only parameters outside nn.Linear / nn.Embedding get materialised per-example gradients
+    (``torch.func``). A trainable parameter the forward never reached gets a zero gradient.
+    Every ``.grad`` is replaced, not accumulated into, and dense (also for sparse Embeddings).
+
+    Args:
+        model: a module whose forward takes ``inputs`` (e.g. ``TwoTowerMLP``,
+            ``FactorizationMachine``), under the assumptions in the module docstring.
+        loss_fn: ``loss_fn(logits, targets)`` -> per-example losses [P], e.g.
+            ``functools.partial(losses.bce, reduction="none")``.
+        inputs: ``(ns_cat, ns_num, s_cat, s_num)``, each with P rows; ``truncated`` uses the
+            first two.
+        targets: passed to ``loss_fn`` unchanged.
+        mask: [P] float, 1 for a real row and 0 for padding (a nonzero value other than 1
+            weights the clipped gradient of that row).
+        clipping_norm: C, a finite number > 0.
+        parameters: the trainable parameters (default: every parameter with
+            ``requires_grad``). Others are frozen: no ``.grad`` is written for them and they
+            do not count in the norms.
+        truncated: run ``model.forward_truncated(ns_cat, ns_num)`` instead of ``model(*inputs)``.
+
+    Returns:
+        ``{"norms": [P] per-example gradient norms (0.0 for padding), "clipped": int64 tensor,
+        the number of real rows with norm > C, "loss_sum": the loss summed over real rows}``,
+        all detached tensors on the model's device (no host sync here).
+
+    Raises:
+        InvalidParameterError: bad ``clipping_norm``, ``mask``, ``parameters`` or loss shape.
+        UnsupportedError: a hooked layer whose input or output was modified in place, whose
+            dimension 0 is not the example, an Embedding with ``scale_grad_by_freq``, or a
+            call with autograd disabled.
+    """
+    bound = positive("clipping_norm", clipping_norm)
+    if not torch.is_grad_enabled():
+        # Every output would come back without a gradient, and the sum would be silently zero.
+        raise UnsupportedError("clipped_gradient_sum needs autograd; it was called under torch.no_grad() "
+                               "or torch.inference_mode()")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 1:
+        raise InvalidParameterError(f"mask must be a 1-D tensor, one entry per row, got {mask!r:.80}")
+    batch = mask.shape[0]
+    layers, fallback = _select(model, parameters)
+    xs = tuple(inputs[:2]) if truncated else tuple(inputs)
+
+    handles = []
+    try:
+        for layer in layers:
+            # prepend: capture the layer's own output, before any user hook could replace it.
+            handles.append(layer.module.register_forward_hook(layer.record, with_kwargs=True, prepend=True))
+        logits = model.forward_truncated(*xs) if truncated else model(*xs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    pieces: list[_LinearPieces | _EmbeddingPieces] = []
+    try:
+        losses = loss_fn(logits, targets)
+        if not isinstance(losses, torch.Tensor) or losses.shape != (batch,):
+            shape = list(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+            raise InvalidParameterError(f"loss_fn must return one loss per row, shape [{batch}], got {shape}")
+        real = mask != 0
+        # where, not a product with the mask: a padded row's loss (even inf or nan) then sends
+        # an exact 0 into the backward.
+        objective = torch.where(real, losses, 0).sum()
+        dlogits, layer_grads, unreached = _backward(objective, logits, layers)
+
+        # Everything below is book-keeping on stored tensors: no graph to record.
+        with torch.no_grad():
+            dtype = torch.promote_types(losses.dtype, torch.float32)
+            sq = torch.zeros(batch, dtype=dtype, device=mask.device)
+            for layer, grads in zip(layers, layer_grads):
+                if layer.calls:
+                    kind = _EmbeddingPieces if isinstance(layer.module, nn.Embedding) else _LinearPieces
+                    pieces.append(kind(layer, grads, batch, layer.parameters()[0].dtype))
+                    sq = sq + pieces[-1].squared_norms()
+
+            # A hooked layer the forward never called is either unused (its gradient is zero)
+            # or read directly (e.g. F.linear(x, layer.weight)): only the second needs the fallback.
+            fallback = fallback + [(name, p) for name, p, g in unreached if g is not None]
+            per_example = []
+            if fallback:
+                if dlogits is None:
+                    per_example = [p.new_zeros(batch, *p.shape) for _, p in fallback]
+                else:
+                    per_example = _fallback_gradients(model, fallback, xs, dlogits, truncated)
+                for g in per_example:
+                    sq = sq + torch.linalg.vector_norm(g.reshape(batch, -1), dim=1).square()
+
+            # Gram-matrix norms can round a true 0 to a tiny negative number.
+            norms = torch.where(real, sq.clamp_min(0).sqrt(), 0)
+            # C / 0 = inf: a zero gradient keeps factor 1 with no epsilon in the denominator.
+            c = torch.where(real, mask.to(dtype) * (bound / norms).clamp(max=1.0), 0)
+            for piece in pieces:
+                piece.set_grads(c.to(piece.g.dtype))
+            for (_, p), g in zip(fallback, per_example):
+                p.grad = (c.to(g.dtype) @ g.reshape(batch, -1)).reshape(p.shape).to(p.dtype)
+            for _, p, g in unreached:
+                if g is None:
+                    p.grad = torch.zeros_like(p)
+            return {"norms": norms, "clipped": (real & (norms > bound)).sum(), "loss_sum": objective.detach()}
+    finally:
+        # The activations must not outlive the call, not even through a traceback.
+        for layer in layers:
+            layer.calls.clear()
+        pieces.clear()
+
+
+def _backward(objective: torch.Tensor, logits: torch.Tensor, layers: list[_Layer]):
+    """The one backward pass, to the logits and the hooked layers' outputs only.
+
+    Returns ``(dlogits, per-layer lists of output gradients, [(name, parameter, gradient or
+    None)] for hooked parameters whose layer was never called)``. Asking for outputs rather
+    than weights is what lets autograd skip the weight-gradient matmuls.
+    """
+    for layer in layers:
+        layer.check_unmodified()
+    outputs = [out for layer in layers for _, out, *_ in layer.calls]
+    unreached = [(layer.qualified(attr), p) for layer in layers if not layer.calls
+                 for attr, p in (("weight", layer.weight), ("bias", layer.bias)) if p is not None]
+    wrt = [logits, *outputs, *(p for _, p in unreached)]
+    if objective.requires_grad and logits.requires_grad:
+        grads = list(torch.autograd.grad(objective, wrt, allow_unused=True))
+    else:  # nothing trainable on the loss's path
+        grads = [None] * len(wrt)
+    dlogits, rest = grads[0], grads[1:]
+    layer_grads, k = [], 0
+    for layer in layers:
+        n = len(layer.calls)
+        # None: a layer output the loss does not depend on.
+        layer_grads.append([torch.zeros_like(out) if g is None else g
+                            for (_, out, *_), g in zip(layer.calls, rest[k:k + n])])
+        k += n
+    return dlogits, layer_grads, [(name, p, g) for (name, p), g in zip(unreached, rest[k:])]

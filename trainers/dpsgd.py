@@ -1,0 +1,171 @@
+"""The DP-SGD phase, exactly as the plan accounted it.
+
+For each of the plan's T steps: a Poisson sample at rate q (``sampling.py``), each real
+row's gradient clipped to the plan's C and summed without per-example gradients
+(``clipping.py``), Gaussian noise of std sigma C added once to the sum, the result divided
+by the expected batch size q N (never the realised one), then an optimiser step, which
+is post-processing. Steps are counted as noisy updates, not chunks: a batch spread over
+several chunks is still one step. The engine refuses to run more steps than the plan
+holds, and a ledger (when given) is told before each step so that an interrupted run can
+never under-count.
+
+Everything privacy-relevant (q, T, C, sigma, N, truncation) comes from the plan's phase
+parameters; ``DPSGDSettings`` holds only what cannot change the guarantee.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from budgetplan.errors import InvalidParameterError
+from trainers.progress import bar
+
+__all__ = ["DPSGDSettings", "noisy_gradient", "run_dpsgd", "peak_memory"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPSGDSettings:
+    """Optimisation settings of the DP-SGD phase; none of them touches privacy."""
+
+    optimizer: str = "sgd"          # "sgd" (momentum 0.9, as the Hybrid paper) or "adam"
+    lr: float = 0.1
+    cosine_decay: bool = True
+    padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _optimizer(params, s: DPSGDSettings):
+    if s.optimizer == "adam":
+        return torch.optim.Adam(params, lr=s.lr)
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=s.lr, momentum=0.9)
+    raise InvalidParameterError(f"optimizer must be sgd or adam, got {s.optimizer!r}")
+
+
+def peak_memory(device) -> dict:
+    """Peak memory of the process on ``device`` so far (CUDA allocator, or the process RSS on CPU)."""
+    if torch.device(device).type == "cuda":
+        return {"kind": "cuda max_memory_allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
+    import resource
+
+    return {"kind": "process max RSS", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float, noise_std: float,
+                   expected_batch: float, noise_generator, loss_fn, truncated: bool = False) -> int:
+    """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
+
+    The batch's chunks are clipped and summed separately and added up before the noise,
+    which is drawn once per parameter element: one noisy update however many chunks. An
+    empty batch gets the noise alone. Returns how many real rows were clipped.
+    """
+    from trainers.clipping import clipped_gradient_sum
+
+    acc = [torch.zeros_like(p) for p in trainable]
+    clipped = 0
+    for idx, mask in batch.chunks:
+        inputs = (data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx])
+        out = clipped_gradient_sum(model, loss_fn, inputs, data.label[idx], mask=mask, clipping_norm=clipping_norm,
+                                   parameters=trainable, truncated=truncated)
+        for a, p in zip(acc, trainable):
+            a.add_(p.grad)
+        clipped += int(out["clipped"])
+    for a, p in zip(acc, trainable):
+        noise = torch.randn(a.shape, generator=noise_generator, device=a.device, dtype=a.dtype)
+        p.grad = (a + noise_std * noise) / expected_batch
+    return clipped
+
+
+def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
+              truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0) -> dict:
+    """Run the plan's DP-SGD phase on ``model`` in place; returns what ran, for the run record.
+
+    Args:
+        data: EncodedData with exactly the plan's N rows, on the model's device.
+        params: the plan phase's parameters (noise_multiplier, clipping_norm, sampling_rate,
+            steps, dataset_size, sampling, max_batch_size).
+        trainable: the parameters DP-SGD updates (a frozen tower is left out).
+        randomness: the run's Randomness (sampling and noise generators are seeded from it).
+        ledger: optional object with ``intend(step)`` called before each noisy step.
+        start_step: steps already taken (a resumed run); only the rest are run.
+    """
+    from trainers.losses import bce
+    from trainers.sampling import PoissonSampler
+
+    settings = settings or DPSGDSettings()
+    n, q, steps = int(params["dataset_size"]), float(params["sampling_rate"]), int(params["steps"])
+    c, sigma = float(params["clipping_norm"]), float(params["noise_multiplier"])
+    if len(data) != n:
+        raise InvalidParameterError(f"the DP-SGD phase has {len(data)} rows; the plan accounts N = {n}")
+    if not 0 <= start_step <= steps:
+        raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
+    device = data.label.device
+    trunc = params.get("max_batch_size") if params.get("sampling") == "truncated-poisson" else None
+    sampler = PoissonSampler(n, q, padded_size=settings.padded_size, max_batch_size=trunc,
+                             seed=randomness.torch_seed(), device=device)
+    noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
+    opt = _optimizer(trainable, settings)
+    schedule = None
+    if settings.cosine_decay:
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, steps))
+    loss_fn = functools.partial(bce, reduction="none")
+    expected = q * n
+    noise_std = sigma * c
+    sizes, clipped, chunks_run, noise_draws, truncated_count = [], 0, 0, 0, 0
+    model.train()
+    pbar = bar(progress, steps - start_step)
+    t0 = time.perf_counter()
+    try:
+        for step in range(start_step, steps):
+            if ledger is not None:
+                ledger.intend(step)
+            batch = sampler.sample()
+            clipped += noisy_gradient(model, data, batch, trainable, clipping_norm=c, noise_std=noise_std,
+                                      expected_batch=expected, noise_generator=noise_gen, loss_fn=loss_fn,
+                                      truncated=truncated)
+            chunks_run += len(batch.chunks)
+            noise_draws += sum(p.numel() for p in trainable)
+            opt.step()
+            if schedule is not None:
+                schedule.step()
+            sizes.append(batch.size)
+            truncated_count += batch.truncated
+            if pbar is not None:
+                pbar[0].advance(pbar[1])
+    finally:
+        if pbar is not None:
+            pbar[0].stop()
+        for p in trainable:
+            p.grad = None
+    seconds = time.perf_counter() - t0
+    taken = len(sizes)
+    real = sum(sizes)
+    return {
+        "name": "dpsgd", "steps_planned": steps, "steps_executed": start_step + taken, "steps_this_session": taken,
+        "chunks": chunks_run, "padded_size": sampler.padded_size,
+        # Sufficient statistics for the auditor's tests of Poisson sampling (the sum is
+        # Binomial(N T, q); the spread tells Poisson batches from fixed-size ones).
+        "batch_size_expected": expected,
+        "batch_size_mean": real / taken if taken else None,
+        "batch_size_min": min(sizes) if sizes else None, "batch_size_max": max(sizes) if sizes else None,
+        "batch_size_sum": real, "batch_size_sumsq": sum(s * s for s in sizes),
+        "batches_truncated": truncated_count,
+        "noise_std": noise_std, "noise_draws": noise_draws,
+        "clipped_fraction": clipped / real if real else 0.0, "clipping_norm": c, "noise_multiplier": sigma,
+        "sampling_rate": q, "truncated": bool(trunc), "model": "truncated" if truncated else "full",
+        "trainable_parameters": int(sum(p.numel() for p in trainable)),
+        "settings": settings.to_dict(), "seconds": seconds, "peak_memory": peak_memory(device),
+    }
+
+
+
+def expected_chunks(n: int, q: float, padded_size: int) -> float:
+    """Average chunks per step (for benchmarks): 1 unless batches overflow the padding."""
+    return max(1.0, math.ceil(n * q / padded_size))

@@ -1,0 +1,105 @@
+"""Poisson sampling as accounted, with static shapes.
+
+Every step includes each of the N rows independently with probability q (the plan's
+sampling rate). The batch size B ~ Binomial(N, q) is drawn first and then a uniformly
+random B-subset: the same distribution as N coin flips, at the cost of B rather than N
+random numbers per step (a 40M-row dataset would otherwise need 40M draws per step).
+
+Static shapes: each batch is laid out in chunks of a fixed ``padded_size`` with a mask, so
+a compiled step sees one shape. A batch larger than one chunk is processed in several
+chunks whose clipped sums add up before the noise (one noisy update, however many
+chunks); under truncated Poisson sampling (declared in the plan and accounted as such)
+a batch above the maximum is cut to a uniformly random subset of that size instead. An
+empty batch is still a step: it gets its noise.
+
+The randomness comes from a torch generator seeded from the run's policy (the OS CSPRNG by
+default): the sampling must be unpredictable to an adversary for the amplification the
+accounting relies on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PoissonSampler", "Batch", "default_padded_size"]
+
+
+def default_padded_size(expected: float) -> int:
+    """A chunk that holds a Poisson batch with overwhelming probability: E + 6 sqrt(E), rounded up to 8."""
+    size = int(math.ceil(expected + 6.0 * math.sqrt(max(expected, 1.0)) + 8))
+    return max(8, (size + 7) // 8 * 8)
+
+
+@dataclass
+class Batch:
+    """One step's sample: the row indices in fixed-size chunks, and how many rows are real."""
+
+    chunks: list          # list of (indices [P] int64, mask [P] float) on the device
+    size: int             # realised batch size after any truncation
+    drawn: int            # the Poisson draw before truncation
+    truncated: bool
+
+
+class PoissonSampler:
+    """Draws Poisson batches over ``n`` rows at rate ``q``.
+
+    Args:
+        n: rows (or units, when units are sampled).
+        q: the plan's sampling rate.
+        padded_size: the fixed chunk size (default: E + 6 sqrt(E)).
+        max_batch_size: truncated Poisson: cut larger batches to this size (the plan's).
+        seed: the generator's seed (from the run's randomness policy).
+        device: where indices live.
+    """
+
+    def __init__(self, n: int, q: float, *, padded_size: int | None = None, max_batch_size: int | None = None,
+                 seed: int, device="cpu"):
+        if not 0 < q <= 1:
+            raise ValueError(f"sampling rate must be in (0, 1], got {q!r}")
+        self.n, self.q = int(n), float(q)
+        self.max_batch_size = max_batch_size
+        expected = self.n * self.q
+        self.padded_size = int(padded_size or default_padded_size(expected))
+        if max_batch_size is not None:
+            self.padded_size = min(self.padded_size, int(max_batch_size))
+        self.device = torch.device(device)
+        self._gen = torch.Generator(device="cpu").manual_seed(int(seed))
+        self._count = torch.tensor(float(self.n))
+        self._rate = torch.tensor(self.q, dtype=torch.float64)
+
+    def _batch_size(self) -> int:
+        return int(torch.binomial(self._count.double(), self._rate, generator=self._gen).item())
+
+    def _subset(self, size: int) -> torch.Tensor:
+        """A uniformly random ``size``-subset of range(n), as a tensor in random order."""
+        if size == 0:
+            return torch.empty(0, dtype=torch.int64)
+        if size * 4 > self.n:
+            return torch.randperm(self.n, generator=self._gen)[:size]
+        # Draw with replacement until enough distinct values, then a random subset of them:
+        # exchangeability makes the result a uniform size-subset.
+        found = torch.empty(0, dtype=torch.int64)
+        while found.numel() < size:
+            extra = torch.randint(self.n, (int((size - found.numel()) * 1.05) + 16,), generator=self._gen)
+            found = torch.unique(torch.cat([found, extra]))
+        return found[torch.randperm(found.numel(), generator=self._gen)[:size]]
+
+    def sample(self) -> Batch:
+        drawn = self._batch_size()
+        size, truncated = drawn, False
+        if self.max_batch_size is not None and drawn > self.max_batch_size:
+            size, truncated = self.max_batch_size, True  # a uniformly random subset, as accounted
+        rows = self._subset(size)
+        chunks = []
+        p = self.padded_size
+        for start in range(0, max(size, 1), p):
+            part = rows[start:start + p]
+            idx = torch.zeros(p, dtype=torch.int64)
+            mask = torch.zeros(p, dtype=torch.float32)
+            idx[:part.numel()] = part
+            mask[:part.numel()] = 1.0
+            chunks.append((idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)))
+        return Batch(chunks=chunks, size=size, drawn=drawn, truncated=truncated)

@@ -16,7 +16,7 @@ import textwrap
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.plan import Plan
 
-__all__ = ["render_statement"]
+__all__ = ["render_statement", "render_run_statement"]
 
 _WIDTH = 88
 
@@ -242,3 +242,43 @@ def _alternative(a: dict) -> str:
             return (f"{a['phase']}, {a['bounding']}: {words} {_num(a[knob])}, unit guarantee "
                     f"({_num(a['unit_epsilon'])}, {_num(a['unit_delta'], 4)}); {a['note']}.")
     return f"{a['phase']}, {a['bounding']}."
+
+
+def render_run_statement(plan: Plan, record) -> str:
+    """The statement of what actually ran: the plan's statement and the run's own facts."""
+    lines = [f"RUN STATEMENT - {plan.scenario.name}", "=" * min(_WIDTH, len(plan.scenario.name) + 16), ""]
+    items = [_item(f"Executed plan {plan.sha256} on {record.data.get('rows_used')} rows (data sha256 "
+                   f"{record.data.get('sha256')}), on {record.device}.")]
+    cap = record.data.get("capping")
+    if cap:
+        items.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
+                           f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
+    seeds = record.seeds
+    items.append(_item("Randomness: the operating system's CSPRNG." if seeds.get("policy") == "csprng" else
+                       f"Randomness: SEEDED with {seeds.get('seed')} for a reproducible debugging run: anyone who "
+                       "knows the seed can remove the noise, so this run's outputs are not private."))
+    for ph in record.phases:
+        name = ph.get("name")
+        if name == "rr":
+            items.append(_item(f"Randomized response flipped {ph['labels_flipped']} of {ph['labels']} labels once "
+                               f"(planned flip probability {_num(ph.get('flip_probability') or ph.get('flip_probability_mean'))}); "
+                               f"{ph['epochs']} epochs trained on them."))
+        elif name == "dpsgd":
+            text = (f"DP-SGD took {ph['steps_executed']} of {ph['steps_planned']} planned noisy steps"
+                    + (f" over {ph['sessions']} sessions ({ph['steps_lost_to_interruptions']} counted but lost to "
+                       "interruptions)" if ph.get("sessions", 1) > 1 else "")
+                    + f"; realised batch sizes mean {_num(ph['batch_size_mean'])} (expected "
+                    f"{_num(ph['batch_size_expected'])}), min {ph['batch_size_min']}, max {ph['batch_size_max']}; "
+                    f"{_num(100 * ph['clipped_fraction'], 4)}% of examples clipped; noise std "
+                    f"{_num(ph['noise_std'])} with {ph['noise_draws']} draws.")
+            items.append(_item(text))
+        elif name == "walr":
+            items.append(_item(f"WALR released its noisy aggregate once ({ph['noise_draws']} noise draws of std "
+                               f"{_num(ph['noise_std'])}); {ph['rows_clipped']} rows and {ph['weights_clipped']} "
+                               "weights were clipped to the declared bounds."))
+    if record.metrics.get("eval"):
+        ev = record.metrics["eval"]
+        items.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
+                           f"{_num(ev['log_loss'])}. Metrics on private labels are a release outside the plan."))
+    lines += ["What ran:", *items, "", f"Run record sha256: {record.sha256}", "", render_statement(plan)]
+    return "\n".join(lines)

@@ -84,7 +84,8 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
 
 
 def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
-              truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0) -> dict:
+              truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0,
+              checkpoint=None, checkpoint_every: int = 0, optimizer_state: dict | None = None) -> dict:
     """Run the plan's DP-SGD phase on ``model`` in place; returns what ran, for the run record.
 
     Args:
@@ -95,6 +96,9 @@ def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, setting
         randomness: the run's Randomness (sampling and noise generators are seeded from it).
         ledger: optional object with ``intend(step)`` called before each noisy step.
         start_step: steps already taken (a resumed run); only the rest are run.
+        checkpoint: optional ``checkpoint(step_done, optimizer_state)`` called every
+            ``checkpoint_every`` steps (after the update).
+        optimizer_state: optimiser and schedule state from a checkpoint, to resume with.
     """
     from trainers.losses import bce
     from trainers.sampling import PoissonSampler
@@ -115,6 +119,10 @@ def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, setting
     schedule = None
     if settings.cosine_decay:
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, steps))
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state["optimizer"])
+        if schedule is not None and optimizer_state.get("schedule") is not None:
+            schedule.load_state_dict(optimizer_state["schedule"])
     loss_fn = functools.partial(bce, reduction="none")
     expected = q * n
     noise_std = sigma * c
@@ -137,6 +145,9 @@ def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, setting
                 schedule.step()
             sizes.append(batch.size)
             truncated_count += batch.truncated
+            if checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+                checkpoint(step + 1, {"optimizer": opt.state_dict(),
+                                      "schedule": schedule.state_dict() if schedule is not None else None})
             if pbar is not None:
                 pbar[0].advance(pbar[1])
     finally:

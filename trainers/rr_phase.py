@@ -50,17 +50,31 @@ def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomnes
 
 
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
-                 randomness, progress: str | None = None) -> dict:
-    """Randomise the labels once and train the truncated model on them; returns the phase record."""
+                 randomness, session=None, progress: str | None = None) -> dict:
+    """Randomise the labels once and train the truncated model on them; returns the phase record.
+
+    With a ``session`` the noisy labels are a logged, persisted release: a resumed run
+    reloads them instead of drawing new ones.
+    """
     import torch
 
     from trainers import losses
     from trainers.fit import FitSettings, fit
+    from trainers.session import NullSession
 
+    session = session or NullSession()
     device = data.label.device
     labels = data.label.cpu().numpy().astype(np.int8)
     rho = flip_probabilities(phase, unit_counts, labels.size)
-    noisy, flipped = randomize_labels(labels, rho, randomness)
+
+    def draw():
+        noisy, flipped = randomize_labels(labels, rho, randomness)
+        return noisy.astype(np.int8), {"labels_flipped": flipped, "labels": int(labels.size)}
+
+    noisy, note = session.rr_labels(draw)
+    if noisy.shape != labels.shape:
+        raise InvalidParameterError(f"the run's saved RR labels have {noisy.size} rows, the data {labels.size}")
+    flipped = int(note["labels_flipped"])
     targets = torch.stack([torch.as_tensor(noisy, dtype=torch.float32, device=device),
                            torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
     loss_fn = losses.rr_unbiased_loss if loss == "unbiased" else losses.rr_forward_loss

@@ -180,12 +180,13 @@ def _check_out(out_dir) -> Path | None:
     return out
 
 
-def _finish(record: RunRecord, model, out: Path | None) -> RunRecord:
+def _finish(record: RunRecord, state: dict, out: Path | None) -> RunRecord:
+    """Write the model then the record (last, atomically): a directory with run.json is complete."""
     if out is not None:
         import torch
 
         out.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), out / "model.pt")
+        torch.save(state, out / "model.pt")
         record.write(out / "run.json")
     return record
 
@@ -205,18 +206,21 @@ def _trainable(model, plan, phase_index: int) -> list:
 
 def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
                  dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
-                 progress: bool = False) -> RunRecord:
+                 progress: bool = False, resume: bool = False, checkpoint_every: int = 200) -> RunRecord:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
 
     Phases run in the plan's order: RR (labels randomised once, the truncated model trained
     on them), then DP-SGD on the full model warm-started from it (Hybrid), or either alone;
-    a WALR plan releases its noisy aggregate once and fits on it.
+    a WALR plan releases its noisy aggregate once and fits on it. With ``out_dir`` the run
+    keeps a write-ahead ledger and checkpoints there; ``resume=True`` continues an
+    interrupted run with the ledger's step count and fresh randomness.
     """
     from budgetplan.verify import verify_plan
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.metrics import relative_auc_loss
     from trainers.randomness import Randomness
     from trainers.rr_phase import run_rr_phase
+    from trainers.session import NullSession, Session
 
     settings = settings or TrainSettings()
     out = _check_out(out_dir)
@@ -230,51 +234,81 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     names = [p.name for p in plan.phases]
     if names not in (["rr"], ["dpsgd"], ["rr", "dpsgd"], ["walr"]):
         raise UnsupportedError(f"no executor for the phases {names}")
+    if resume and out is None:
+        raise InvalidParameterError("resume needs the run directory (--out) of the interrupted run")
     rnd = Randomness(seed)
     device = _device(settings.device)
     t0 = time.perf_counter()
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                     expected_rows=plan.dataset_size, randomness=rnd)
-    if names == ["walr"]:
-        return _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, out, t0)
-    model = _model(prep, settings, rnd.torch_seed()).to(device)
-    records, timings = [], dict(prep.timings)
-    for i, phase in enumerate(plan.phases):
-        if phase.name == "rr":
-            rec = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
-                               lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
-                               randomness=rnd, progress="RR phase" if progress else None)
-        else:
-            rec = run_dpsgd(model, prep.data, phase.parameters, trainable=_trainable(model, plan, i), randomness=rnd,
-                            settings=dpsgd_settings or DPSGDSettings(),
-                            progress="DP-SGD phase" if progress else None)
-            rec["nonsensitive_tower"] = phase.parameters.get("nonsensitive_tower")
-        timings[f"{phase.name}_phase_seconds"] = rec["seconds"]
-        records.append(rec)
-    truncated = names == ["rr"]
-    metrics = {}
-    if eval_path is not None:
-        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device, truncated=truncated)
-        if baseline_auc is not None:
-            metrics["eval"]["baseline_auc"] = baseline_auc
-            metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
-    timings["total_seconds"] = time.perf_counter() - t0
-    record = RunRecord(
-        plan_sha256=plan.sha256, private=True, algorithm=plan.scenario.algorithm, data=prep.table_info,
-        seeds=rnd.record(), phases=records, metrics=metrics,
-        model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
-        training={**settings.to_dict(), "encoding": prep.encoding,
-                  "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if "dpsgd" in names else None},
-        timings=timings, device=_device_name(device), versions=_versions(),
-    )
-    return _finish(record, model, out)
+    # Every refusal is behind us: only now does the run directory come into being.
+    session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every) if out else NullSession()
+    try:
+        if names == ["walr"]:
+            record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0,
+                                          session)
+            return _finish(record, state, out)
+        model = _model(prep, settings, rnd.torch_seed()).to(device)
+        ckpt = session.load_checkpoint()
+        if ckpt is not None:
+            model.load_state_dict(ckpt["model"])
+        records, timings = [], dict(prep.timings)
+        for i, phase in enumerate(plan.phases):
+            if phase.name == "rr":
+                if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
+                    records.append(ckpt["rr_record"])  # trained in an earlier session
+                    continue
+                rec = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
+                                   lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
+                                   randomness=rnd, session=session, progress="RR phase" if progress else None)
+                if len(plan.phases) > 1:
+                    session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_record": rec})
+            else:
+                taken = session.dpsgd_steps_taken()
+                resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
+                rr_record = records[0] if records else None
+
+                def save(step_done, opt_state, rr_record=rr_record):
+                    session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),
+                                             "optimizer": opt_state, "rr_record": rr_record})
+
+                rec = run_dpsgd(model, prep.data, phase.parameters, trainable=_trainable(model, plan, i),
+                                randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
+                                progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
+                                checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
+                                optimizer_state=ckpt.get("optimizer") if resumed_from else None)
+                rec["nonsensitive_tower"] = phase.parameters.get("nonsensitive_tower")
+                rec["steps_lost_to_interruptions"] = taken - resumed_from
+                rec["sessions"] = getattr(getattr(session, "ledger", None), "sessions", 1)
+            timings[f"{phase.name}_phase_seconds"] = rec["seconds"]
+            records.append(rec)
+        truncated = names == ["rr"]
+        metrics = {}
+        if eval_path is not None:
+            metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
+                                                             truncated=truncated)
+            if baseline_auc is not None:
+                metrics["eval"]["baseline_auc"] = baseline_auc
+                metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
+        timings["total_seconds"] = time.perf_counter() - t0
+        record = RunRecord(
+            plan_sha256=plan.sha256, private=True, algorithm=plan.scenario.algorithm, data=prep.table_info,
+            seeds=rnd.record(), phases=records, metrics=metrics,
+            model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
+            training={**settings.to_dict(), "encoding": prep.encoding,
+                      "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if "dpsgd" in names else None},
+            timings=timings, device=_device_name(device), versions=_versions(),
+        )
+        return _finish(record, model.state_dict(), out)
+    finally:
+        session.close()
 
 
-def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, out, t0) -> RunRecord:
+def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0, session):
     import torch
 
     from trainers.metrics import evaluate
-    from trainers.walr import predict, prepare_rows, run_walr
+    from trainers.walr import fit, predict, prepare_rows, release
 
     ws = walr_settings or WALRSettings()
     par = plan.phases[0].parameters
@@ -282,34 +316,47 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
         raise InvalidParameterError("WALR is a logistic regression on numeric features: drop the categorical "
                                     "columns from [features]")
     d = prep.data
-    x = torch.cat([d.ns_num, d.s_num], 1).double()
     weights = None
     if spec.weight is not None:
         weights = torch.as_tensor(prep.table.column(spec.weight).to_numpy(zero_copy_only=False),
                                   dtype=torch.float64, device=device)
-    theta, rec = run_walr(x, d.label.double(), weights, par, rnd, steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr)
-    timings = dict(prep.timings, walr_release_seconds=rec["release_seconds"], walr_fit_seconds=rec["fit_seconds"])
+    xc, wc, clip_info = prepare_rows(torch.cat([d.ns_num, d.s_num], 1).double(), row_norm_bound=par["row_norm_bound"],
+                                     weights=weights, weights_bound=par["weights_bound"] if weights is not None else None,
+                                     expected_features=par["features"])
+
+    def draw():
+        noisy, info = release(xc, d.label.double(), wc, noise_std=par["noise_std"], randomness=rnd,
+                              sensitivity=par["sensitivity"])
+        return noisy.cpu().numpy(), {k: v for k, v in info.items() if k != "seconds"} | {"seconds": info["seconds"]}
+
+    noisy, note = session.walr_sum(draw)
+    t1 = time.perf_counter()
+    gen = torch.Generator(device="cpu").manual_seed(rnd.torch_seed())
+    theta = fit(xc, torch.as_tensor(noisy, dtype=torch.float64, device=device), n_rows=len(d), steps=ws.steps,
+                minibatch=ws.minibatch, lr=ws.lr, generator=gen)
+    rec = {"name": "walr", "rows": len(d), "rows_clipped": clip_info["rows_clipped"],
+           "weights_clipped": clip_info["weights_clipped"], "noise_std": par["noise_std"],
+           "noise_draws": int(note.get("noise_draws", par["features"])), "max_contribution": note.get("max_contribution"),
+           "sensitivity": par["sensitivity"], "release_seconds": note.get("seconds"), "fit_steps": ws.steps,
+           "fit_seconds": time.perf_counter() - t1, "releases": 1}
+    timings = dict(prep.timings, walr_fit_seconds=rec["fit_seconds"])
     metrics = {}
     if eval_path is not None:
-        t1 = time.perf_counter()
+        t2 = time.perf_counter()
         ev = _prepare(eval_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None)
         xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
                                 row_norm_bound=par["row_norm_bound"], expected_features=par["features"])
         metrics["eval"] = evaluate(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
         metrics["eval"]["rows"] = len(ev.data)
-        timings["eval_seconds"] = time.perf_counter() - t1
+        timings["eval_seconds"] = time.perf_counter() - t2
     timings["total_seconds"] = time.perf_counter() - t0
     record = RunRecord(
         plan_sha256=plan.sha256, private=True, algorithm="walr", data=prep.table_info, seeds=rnd.record(),
-        phases=[{"name": "walr", **rec}], metrics=metrics,
+        phases=[rec], metrics=metrics,
         model={"kind": "logistic-regression", "config": {"features": par["features"]}, "final": "walr"},
         training={"walr": ws.to_dict(), "encoding": prep.encoding}, timings=timings, device=_device_name(device),
         versions=_versions())
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save({"theta": theta.cpu()}, out / "model.pt")
-        record.write(out / "run.json")
-    return record
+    return record, {"theta": theta.cpu()}
 
 
 def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
@@ -356,4 +403,4 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         timings=timings, device=_device_name(device), versions=_versions(),
         notes=["non-private: no privacy guarantee applies to this run"],
     )
-    return _finish(record, model, out)
+    return _finish(record, model.state_dict(), out)

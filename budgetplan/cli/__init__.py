@@ -12,7 +12,7 @@ from budgetplan import __version__
 from budgetplan.cli._shell import Group
 from budgetplan.cli.data_cmd import data
 from budgetplan.cli.dpsgd_cmd import dpsgd
-from budgetplan.cli.plan_cmds import examples, plan, show, statement, verify
+from budgetplan.cli.plan_cmds import audit, examples, plan, show, statement, verify
 from budgetplan.cli.release_cmds import gaussian, group, rr
 from budgetplan.cli.split_cmd import split
 from budgetplan.cli.train_cmds import demo, train
@@ -39,6 +39,7 @@ cli.add_command(examples)
 cli.add_command(data)
 cli.add_command(train)
 cli.add_command(demo)
+cli.add_command(audit)
 
 
 def main(argv=None):

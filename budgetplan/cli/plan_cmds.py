@@ -7,7 +7,7 @@ import click
 from budgetplan.cli._render import fmt, params_table, results_table
 from budgetplan.cli._shell import console, emit_json, warn
 
-__all__ = ["plan", "show", "verify", "statement", "examples"]
+__all__ = ["plan", "show", "verify", "statement", "examples", "audit"]
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
@@ -142,14 +142,33 @@ def verify(plan_file, no_replan, as_json):
 
 
 @click.command()
-@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.argument("plan_file", metavar="PLAN.json|run.json", type=click.Path())
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="For a run record: its plan "
+              "(default: plan.json beside it).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write it here (atomically).")
-def statement(plan_file, output):
-    """The plain-language privacy statement of a plan, for an auditor to file."""
-    from budgetplan.plan import load_plan, write_atomic
-    from budgetplan.statement import render_statement
+def statement(plan_file, plan_path, output):
+    """The plain-language privacy statement of a plan, or of what a run actually did."""
+    import json
+    from pathlib import Path
 
-    text = render_statement(load_plan(plan_file))
+    from budgetplan.plan import load_plan, write_atomic
+    from budgetplan.statement import render_run_statement, render_statement
+
+    path = Path(plan_file)
+    is_run = path.is_dir()
+    if not is_run:
+        try:
+            is_run = "plan_sha256" in json.loads(path.read_text(encoding="ascii", errors="replace"))
+        except (OSError, ValueError):
+            is_run = False
+    if is_run:
+        from budgetplan.audit import _find_plan
+        from budgetplan.records import load_record
+
+        record = load_record(path)
+        text = render_run_statement(_find_plan(path, plan_path), record)
+    else:
+        text = render_statement(load_plan(plan_file))
     if output:
         write_atomic(output, text)
     else:
@@ -176,3 +195,29 @@ def examples(name, as_json):
         return
     console().print(results_table("Example scenarios (budgetplan plan example:NAME -o plan.json)",
                                   ["name", "description"], [[r["name"], r["description"]] for r in rows]))
+
+
+@click.command()
+@click.argument("run", metavar="runs/NAME[/run.json]", type=click.Path())
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="The plan (default: plan.json beside it).")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False), help="Recompute the data fingerprint from here.")
+@click.option("--format", "data_format", default="auto", show_default=True)
+@click.option("--empirical", is_flag=True, help="Also run the empirical lower bounds on epsilon (needs torch).")
+@_JSON
+def audit(run, plan_path, data_path, data_format, empirical, as_json):
+    """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
+    from budgetplan.audit import audit_run
+
+    report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, empirical=empirical)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        rows = [[c.name, "pass" if c.passed else "FAIL", c.detail] for c in report.checks]
+        rows += [[e["name"], "pass" if e["passed"] else "FAIL",
+                  f"lower bound {fmt(e['epsilon_lower_bound'])} vs planned {fmt(e['planned_epsilon'])}"]
+                 for e in report.empirical]
+        console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}...)",
+                                      ["check", "result", "detail"], rows))
+        if not report.passed:
+            click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)
+    click.get_current_context().exit(0 if report.passed else 1)

@@ -39,9 +39,12 @@ def _settings(**kw):
 @click.option("--non-private", is_flag=True, help="Train the non-private baseline on the plan's features instead.")
 @click.option("--baseline", "baseline_run", type=click.Path(dir_okay=False),
               help="A baseline run.json: its eval AUC gives the relative AUC loss.")
+@click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (ledger count, fresh noise).")
+@click.option("--checkpoint-every", type=POSITIVE_INT, default=200, show_default=True,
+              help="DP-SGD steps between checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, loss, batch_size,
-          device, seed, non_private, baseline_run, as_json):
+          device, seed, non_private, baseline_run, resume, checkpoint_every, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
     from budgetplan.plan import load_plan
     from budgetplan.records import load_record
@@ -62,7 +65,8 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
             if base_auc is None:
                 raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
         record = execute_plan(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
-                              baseline_auc=base_auc, progress=not as_json)
+                              baseline_auc=base_auc, progress=not as_json, resume=resume,
+                              checkpoint_every=checkpoint_every)
     if as_json:
         emit_json(record.content() | {"sha256": record.sha256})
         return

@@ -1,0 +1,175 @@
+"""The write-ahead ledger, the run lock, and resuming a killed run without under-counting."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from budgetplan.demo import demo_scenario
+from budgetplan.planner import build_plan
+from budgetplan.records import load_record
+from budgetplan.scenario import parse_scenario
+from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.ledger import Ledger, LedgerError, LockedError, RunLock
+from trainers.run import TrainSettings, execute_plan
+
+PLAN = "a" * 64
+
+
+def test_chain_counts_and_reopen(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    led = Ledger(path, plan_sha256=PLAN)
+    for step in range(5):
+        led.intend(step)
+    led.intend(0, phase="rr")
+    led.close()
+    again = Ledger(path, plan_sha256=PLAN)
+    assert again.count("dpsgd") == 5 and again.count("rr") == 1 and again.sessions == 1
+    again.close()
+
+
+def test_torn_tail_counts_as_one_more_intent(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    led = Ledger(path, plan_sha256=PLAN)
+    led.intend(0)
+    led.close()
+    with open(path, "a") as fh:
+        fh.write('{"event":"intent","pha')  # the process died mid-write
+    again = Ledger(path, plan_sha256=PLAN)
+    assert again.torn and again.count("dpsgd") == 2
+    again.intend(2)  # later lines stay valid after the torn one is sealed
+    again.close()
+    third = Ledger(path, plan_sha256=PLAN)
+    assert third.count("dpsgd") == 3
+    third.close()
+
+
+@pytest.mark.parametrize("edit", ["delete", "swap", "change"])
+def test_edited_ledger_fails_closed(tmp_path, edit):
+    path = tmp_path / "ledger.jsonl"
+    led = Ledger(path, plan_sha256=PLAN)
+    for step in range(4):
+        led.intend(step)
+    led.close()
+    lines = path.read_text().splitlines(keepends=True)
+    if edit == "delete":
+        del lines[2]
+    elif edit == "swap":
+        lines[2], lines[3] = lines[3], lines[2]
+    else:
+        entry = json.loads(lines[2])
+        entry["step"] = 99
+        lines[2] = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
+    path.write_text("".join(lines))
+    with pytest.raises(LedgerError, match="hash chain"):
+        Ledger(path, plan_sha256=PLAN)
+
+
+def test_ledger_of_another_plan_is_refused(tmp_path):
+    Ledger(tmp_path / "l.jsonl", plan_sha256=PLAN).close()
+    with pytest.raises(LedgerError, match="belongs to plan"):
+        Ledger(tmp_path / "l.jsonl", plan_sha256="b" * 64)
+
+
+def test_second_writer_is_refused(tmp_path):
+    first = RunLock(tmp_path)
+    with pytest.raises(LockedError, match="another process"):
+        RunLock(tmp_path)
+    first.release()
+    RunLock(tmp_path).release()
+
+
+# ----------------------------------------------------------- kill and resume
+
+N_ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def dp_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    pq.write_table(synthesize(N_ROWS, 600, 2), root / "train.parquet")
+    text = demo_scenario(epsilon=3.0, dataset_size=N_ROWS, spec=SYNTH_FEATURES, epochs=1).replace(
+        'name = "rr"', 'name = "hybrid"\nsplit = "alpha=0.5"').replace("delta = 0.0", "delta = 1e-6")
+    text += "\n[dpsgd]\nbatch_size = 30\nsteps = 400\nclipping_norm = 1.0\n"
+    plan = build_plan(parse_scenario(text))
+    (root / "plan.json").write_text(plan.to_json())
+    return root, plan
+
+
+def _intents(path):
+    try:
+        return sum('"event":"intent"' in line and '"phase":"dpsgd"' in line for line in open(path))
+    except FileNotFoundError:
+        return 0
+
+
+def test_killed_run_resumes_with_the_ledger_count(dp_setup, tmp_path):
+    root, plan = dp_setup
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "budgetplan", "train", str(root / "plan.json"), "--data",
+           str(root / "train.parquet"), "--out", str(out), "--embedding-dim", "4", "--checkpoint-every", "10",
+           "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.time() + 120
+    while _intents(out / "ledger.jsonl") < 37 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _intents(out / "ledger.jsonl")
+    assert 0 < before < 400 and not (out / "run.json").exists()
+    counted = Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)  # a torn last line counts too
+    taken = counted.count("dpsgd")
+    counted.close()
+    assert taken >= before
+    rec = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
+                       resume=True)
+    dp = rec.phases[-1]
+    led = Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
+    assert led.count("dpsgd") == dp["steps_executed"] == 400  # never more than planned, never fewer counted
+    assert dp["steps_this_session"] == 400 - taken  # fresh steps only for what the ledger had not counted
+    assert dp["sessions"] == 2 and dp["steps_lost_to_interruptions"] >= 0
+    assert rec.phases[0]["name"] == "rr"  # the RR labels were not drawn again
+    assert len(led.events("released", "rr")) == 1
+    led.close()
+    assert load_record(out).sha256 == rec.sha256
+
+
+def test_concurrent_writer_is_refused(dp_setup, tmp_path):
+    root, plan = dp_setup
+    out = tmp_path / "run"
+    out.mkdir()
+    held = RunLock(out)
+    try:
+        with pytest.raises(LockedError):
+            execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4))
+    finally:
+        held.release()
+
+
+def test_interrupted_release_fails_closed(dp_setup, tmp_path):
+    root, plan = dp_setup
+    out = tmp_path / "run"
+    out.mkdir()
+    led = Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
+    led.intend(0, phase="rr")  # intent logged, then the process died before saving the labels
+    led.close()
+    with pytest.raises(LedgerError, match="second release"):
+        execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
+                     resume=True)
+
+
+def test_fresh_run_refuses_an_interrupted_directory(dp_setup, tmp_path):
+    from budgetplan.errors import InvalidParameterError
+
+    root, plan = dp_setup
+    out = tmp_path / "run"
+    out.mkdir()
+    Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256).close()
+    with pytest.raises(InvalidParameterError, match="interrupted run"):
+        execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4))

@@ -1,0 +1,175 @@
+"""A run directory while a run writes it: lock, ledger, persisted releases, checkpoints.
+
+Layout of ``runs/NAME/``:
+    .lock            held by the one process writing the run
+    plan.json        the executed plan, copied at the start
+    ledger.jsonl     the write-ahead intent log (``ledger.py``)
+    rr_labels.npy    the randomised labels: a release, kept so a resume never re-draws them
+    walr_sum.npy     the WALR noisy aggregate, likewise
+    checkpoint.pt    model and optimiser state, written after an fsync of the ledger
+    model.pt, run.json   written last
+
+A one-shot release whose intent is in the ledger but whose result was never persisted
+(the process died in between) cannot be resumed: drawing it again would be a second
+release the plan does not account, so the session refuses (fails closed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from budgetplan.errors import InvalidParameterError
+from trainers.ledger import Ledger, LedgerError, RunLock
+
+__all__ = ["Session", "NullSession"]
+
+
+def _sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+class Session:
+    """The durable side of one run directory.
+
+    Args:
+        directory: the run directory.
+        plan: the executed plan.
+        resume: continue an interrupted run (its ledger must exist and name the plan).
+        checkpoint_every: DP-SGD steps between checkpoints.
+    """
+
+    def __init__(self, directory: str | Path, plan, *, resume: bool = False, checkpoint_every: int = 200,
+                 ledger_sync_every: int = 1):
+        self.dir = Path(directory)
+        ledger_path = self.dir / "ledger.jsonl"
+        if resume and not ledger_path.exists():
+            raise InvalidParameterError(f"nothing to resume in {self.dir}: it has no ledger")
+        if not resume and ledger_path.exists():
+            raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.dir)
+        try:
+            self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
+        except BaseException:
+            self.lock.release()
+            raise
+        self.resumed = resume
+        if resume:
+            self.ledger.note("resume")
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        from budgetplan.plan import write_atomic
+
+        write_atomic(self.dir / "plan.json", plan.to_json())
+
+    # ------------------------------------------------------------- releases
+
+    def _release(self, phase: str, name: str, make):
+        """Load a persisted one-shot release, or intend it, draw it with ``make()`` and persist it."""
+        path = self.dir / name
+        released = self.ledger.events("released", phase)
+        if released:
+            data = np.load(path)
+            if _sha256(data) != released[-1]["sha256"]:
+                raise LedgerError(f"{path} does not match the digest the ledger recorded for it")
+            return data, released[-1]
+        if self.ledger.count(phase):
+            raise LedgerError(f"the {phase} release was interrupted after its intent was logged and before it "
+                              "was saved: drawing it again would be a second release; start a new run")
+        self.ledger.intend(0, phase=phase)
+        data, info = make()
+        _save_atomic(path, data)
+        note = {"phase": phase, "sha256": _sha256(data), **info}
+        self.ledger.note("released", **note)
+        self.ledger.sync()
+        return data, note
+
+    def rr_labels(self, make):
+        """(noisy labels, ledger note): drawn once per run, reloaded on resume."""
+        return self._release("rr", "rr_labels.npy", make)
+
+    def walr_sum(self, make):
+        return self._release("walr", "walr_sum.npy", make)
+
+    # ---------------------------------------------------------- DP-SGD steps
+
+    def dpsgd_steps_taken(self) -> int:
+        """Noisy DP-SGD steps the ledger counts, including any lost to an interruption."""
+        return self.ledger.count("dpsgd")
+
+    def intend(self, step: int) -> None:
+        self.ledger.intend(step, phase="dpsgd")
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, state: dict) -> None:
+        import torch
+
+        self.ledger.sync()  # every step the checkpoint reflects is on disk first
+        fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", dir=self.dir)
+        os.close(fd)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, self.dir / "checkpoint.pt")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self.ledger.note("checkpoint", phase=state.get("phase"), step=state.get("step"))
+
+    def load_checkpoint(self) -> dict | None:
+        import torch
+
+        path = self.dir / "checkpoint.pt"
+        return torch.load(path, weights_only=False) if path.exists() else None
+
+    def close(self) -> None:
+        self.ledger.close()
+        self.lock.release()
+
+
+class NullSession:
+    """No run directory (the Python API without ``out_dir``): nothing durable, nothing to resume."""
+
+    resumed = False
+    checkpoint_every = 0
+
+    def __init__(self):
+        self._dpsgd = 0
+
+    def rr_labels(self, make):
+        data, info = make()
+        return data, {"phase": "rr", **info}
+
+    walr_sum = rr_labels
+
+    def dpsgd_steps_taken(self) -> int:
+        return 0
+
+    def intend(self, step: int) -> None:
+        self._dpsgd += 1
+
+    def save_checkpoint(self, state: dict) -> None:
+        pass
+
+    def load_checkpoint(self):
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _save_atomic(path: Path, array: np.ndarray) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npy", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, array)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

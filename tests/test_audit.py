@@ -1,6 +1,5 @@
 """The auditor: every check passes on an honest run and names itself when it fails."""
 
-import dataclasses
 import json
 
 import pyarrow.parquet as pq
@@ -127,3 +126,15 @@ def test_cli_audit_and_run_statement(runs, runner):
     stmt = runner.invoke(cli, ["statement", str(root / "run" / "run.json")])
     assert stmt.exit_code == 0 and stmt.stdout.startswith("RUN STATEMENT")
     assert "DP-SGD took 60 of 60 planned noisy steps" in stmt.stdout
+
+
+def test_empirical_audit_runs_the_real_mechanisms(runs):
+    root, plan = runs
+    report = audit_run(root / "run", empirical=True)
+    by = {e["name"]: e for e in report.empirical}
+    assert set(by) == {"empirical rr", "empirical dpsgd"}
+    rr = by["empirical rr"]
+    assert rr["passed"] and rr["tight"] and rr["epsilon_lower_bound"] <= rr["planned_epsilon"]
+    dp = by["empirical dpsgd"]
+    assert dp["passed"] and 0 <= dp["epsilon_lower_bound"] <= dp["planned_epsilon"]
+    assert report.passed

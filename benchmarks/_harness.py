@@ -1,0 +1,287 @@
+"""Shared pieces of the trainer benchmarks (``dpsgd_step.py``, ``epoch_throughput.py``).
+
+- the model shapes (Criteo pCTR and Criteo attribution, as in the Hybrid paper, and reduced
+  variants that fit Opacus's per-sample gradients in memory);
+- synthetic inputs of those shapes (ids uniform over each table, Bernoulli(0.25) labels);
+- a child-process runner: every measurement runs in a fresh interpreter, which reports JSON
+  events on stdout (``ready``, one per ``step``, ``done`` or ``error``) and is killed when
+  it goes quiet for longer than the step time limit, so that one mode's peak memory never
+  includes another's and an infeasible mode becomes a recorded failure, not a crash;
+- memory probes: the process RSS (current and peak) on CPU, the CUDA allocator on CUDA, and
+  torch's own CPU allocator view (profiler memory events) for one step.
+
+Not a benchmark by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import queue
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+# TwoTowerMLP keyword arguments per shape.
+SHAPES = {
+    # Criteo pCTR as in arXiv:2401.15246: 13 numeric + 26 categorical features, split into
+    # 20 non-sensitive (7 numeric + 13 categorical) and 19 sensitive (6 + 13) columns,
+    # embedding 32, tower 598, common (598, 598), hashed vocabularies 100k / 50k.
+    "pctr": dict(ns_vocab=100_000, n_ns_cat=13, n_ns_num=7, s_vocab=50_000, n_s_cat=13, n_s_num=6,
+                 embedding_dim=32, tower_hidden=598, common_hidden=(598, 598)),
+    # Criteo attribution: embedding 8, tower 128, common (128, 64); vocabularies chosen so the
+    # model has about 0.5M parameters (464k in the tables, 35k in the Linear layers).
+    "attribution": dict(ns_vocab=40_000, n_ns_cat=6, n_ns_num=2, s_vocab=18_000, n_s_cat=4, n_s_num=0,
+                        embedding_dim=8, tower_hidden=128, common_hidden=(128, 64)),
+}
+# Reduced shapes: the same layers with 5k-row tables, so that Opacus's default mode (which
+# materialises batch x vocabulary x dim per-sample gradients) fits in memory.
+SHAPES["pctr-reduced"] = {**SHAPES["pctr"], "ns_vocab": 5_000, "s_vocab": 5_000}
+SHAPES["attribution-reduced"] = {**SHAPES["attribution"], "ns_vocab": 5_000, "s_vocab": 5_000}
+
+
+def versions() -> dict:
+    import numpy
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
+    try:
+        from importlib.metadata import version
+
+        out["opacus"] = version("opacus")
+    except Exception:  # noqa: BLE001 - not installed: the Opacus rows say so
+        out["opacus"] = None
+    return out
+
+
+def describe_device(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return f"CUDA {torch.cuda.get_device_name(torch.device(device))}"
+    model = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {model}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def machine() -> dict:
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "memory_bytes": mem}
+
+
+def mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def current_rss() -> int:
+    """The process's resident set size now, in bytes (Linux)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def peak_rss() -> int:
+    """The process's maximum RSS so far, in bytes (ru_maxrss is KiB on Linux)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def limit_address_space(fraction: float = 0.85) -> int | None:
+    """Cap this (child) process's address space at its current size + ``fraction`` of free memory.
+
+    An allocation beyond it then raises a clean out-of-memory error inside torch instead of
+    the kernel's OOM killer picking a victim. CPU only (CUDA reserves large virtual ranges).
+    """
+    free = mem_available()
+    if free is None:
+        return None
+    try:
+        vm = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
+    cap = vm + int(fraction * free)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    return cap
+
+
+def synthetic_inputs(cfg: dict, rows: int, device, seed: int = 0):
+    """(ns_cat, ns_num, s_cat, s_num, label) of ``rows`` synthetic rows for a TwoTowerMLP config."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ns_cat = torch.randint(cfg["ns_vocab"], (rows, cfg["n_ns_cat"]), generator=g)
+    ns_num = torch.randn(rows, cfg["n_ns_num"], generator=g)
+    s_cat = torch.randint(cfg["s_vocab"], (rows, cfg["n_s_cat"]), generator=g)
+    s_num = torch.randn(rows, cfg["n_s_num"], generator=g)
+    label = (torch.rand(rows, generator=g) < 0.25).float()
+    return tuple(t.to(device) for t in (ns_cat, ns_num, s_cat, s_num, label))
+
+
+def sync(device) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
+class Memory:
+    """Peak memory of a child run above its level before the model was built."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device.startswith("cuda")
+        self.device = device
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(torch.device(device))
+            self.base = torch.cuda.memory_allocated(torch.device(device))
+        else:
+            self.base = current_rss()
+
+    def report(self) -> dict:
+        import torch
+
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(torch.device(self.device))
+            return {"kind": "cuda max_memory_allocated minus allocated before the model",
+                    "bytes": int(peak - self.base), "baseline_bytes": int(self.base)}
+        peak = peak_rss()
+        return {"kind": "process max RSS (getrusage) minus RSS before the model", "bytes": int(peak - self.base),
+                "baseline_bytes": int(self.base), "max_rss_bytes": int(peak)}
+
+
+def torch_cpu_step_peak(step) -> int | None:
+    """Torch's own view on CPU: peak bytes its allocator held during one ``step()``, above the start.
+
+    From the profiler's memory events (every allocation and free, in time order); tensors alive
+    before the step (parameters, optimizer state, inputs) are not counted. None if unavailable.
+    """
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                        if e.name() == "[memory]")
+    except Exception:  # noqa: BLE001 - a profiler that cannot do it: report nothing
+        return None
+    cur = peak = 0
+    for _, nbytes in events:
+        cur += nbytes
+        peak = max(peak, cur)
+    return int(peak)
+
+
+def emit(event: str, **fields) -> None:
+    """One event line from a child to its parent."""
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def run_child(script: str, spec: dict, *, step_limit: float, build_limit: float = 300.0) -> dict:
+    """Run ``python script --child SPEC`` and collect its events.
+
+    Returns ``{"status": "ok", **done fields}`` or ``{"status": "infeasible", "reason": ...}``:
+    the child is killed if it takes more than ``build_limit`` s to report ``ready`` or more than
+    ``step_limit`` s between two later events (one step), or it reports an error, or it dies.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, script, "--child", json.dumps(spec)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+
+    def pump_out():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def pump_err():
+        for line in proc.stderr:
+            err.append(line)
+            del err[:-40]
+
+    threading.Thread(target=pump_out, daemon=True).start()
+    threading.Thread(target=pump_err, daemon=True).start()
+    steps: list[dict] = []
+    ready = None
+    result: dict | None = None
+    while True:
+        limit = step_limit if ready is not None else build_limit
+        try:
+            line = lines.get(timeout=limit)
+        except queue.Empty:
+            proc.kill()
+            proc.wait()
+            what = "one step" if ready is not None else "building the model and inputs"
+            result = {"status": "infeasible", "reason": f"time limit: {what} took more than {limit:.0f} s "
+                      f"(after {len(steps)} completed steps); killed"}
+            break
+        if line is None:
+            break
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if ev.get("event") == "ready":
+            ready = ev
+        elif ev.get("event") == "step":
+            steps.append(ev)
+        elif ev.get("event") == "done":
+            result = {"status": "ok", **{k: v for k, v in ev.items() if k != "event"}}
+        elif ev.get("event") == "error":
+            result = {"status": "infeasible", "reason": ev.get("reason"), "error": ev.get("message")}
+    rc = proc.wait()
+    if result is None:
+        if rc < 0:
+            why = f"killed by signal {-rc}" + (" (SIGKILL: most likely the out-of-memory killer)" if rc == -9 else "")
+        else:
+            why = f"exited with status {rc} without a result"
+        tail = "".join(err[-5:]).strip()
+        result = {"status": "infeasible", "reason": why, "error": tail[-600:] or None}
+    result["wall_seconds"] = time.perf_counter() - t0
+    result["steps_seen"] = len(steps)
+    if ready is not None:
+        result.setdefault("ready", {k: v for k, v in ready.items() if k != "event"})
+    return result
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short classification of an exception raised by a measured step."""
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    if isinstance(exc, MemoryError) or "out of memory" in low or "can't allocate memory" in low \
+            or "not enough memory" in low or "cannot allocate memory" in low or "outofmemory" in low:
+        return "out of memory"
+    return "error"
+
+
+def mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f}"

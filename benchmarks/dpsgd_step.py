@@ -1,0 +1,415 @@
+"""One training step, side by side: non-private, our DP-SGD, Opacus 1.6 default and Opacus ghost clipping.
+
+What is measured, per (shape, batch, mode), each in a FRESH subprocess so that peak memory
+belongs to that mode alone:
+
+- ``non-private``: ``zero_grad``, forward, ``bce(...).mean().backward()``, SGD step;
+- ``ours``: ``trainers.dpsgd.noisy_gradient`` on one full chunk (mask of ones: every row
+  real, one chunk of ``batch`` rows), i.e. per-example clipping by book-keeping with one
+  backward (``trainers.clipping``) plus the Gaussian noise and the division by the batch,
+  then the SGD step;
+- ``opacus``: Opacus's ``PrivacyEngine.make_private`` in its default mode
+  (``grad_sample_mode="hooks"``: a ``GradSampleModule`` materialising per-sample gradients,
+  ``DPOptimizer`` clipping, noise, SGD step);
+- ``opacus-ghost``: ``make_private(grad_sample_mode="ghost")``: fast gradient / ghost
+  clipping (``GradSampleModuleFastGradientClipping``, ``DPOptimizerFastGradientClipping``
+  and the ``DPLossFastGradientClipping`` criterion wrapper, two backward passes).
+
+Every mode uses SGD(lr 0.1, momentum 0.9) as the engine does; both DP modes clip at C = 1
+with noise multiplier 1, over the SAME parameters (every parameter of the TwoTowerMLP: both
+tables, the non-sensitive tower, the common tower and the head). Opacus's hooks need a
+module whose forward takes one tensor: ``Packed`` (benchmark-only) splits one float tensor
+[B, n_ns_cat + n_ns_num + n_s_cat + n_s_num] back into the four groups (ids are exact in
+float32 below 2^24) and calls ``TwoTowerMLP.forward``; the child checks that the parameters
+Opacus hooks are exactly the model's and, after the first backward, that each one got
+per-sample gradients (default mode) or per-sample norms (ghost mode).
+
+Shapes (``_harness.SHAPES``; synthetic tensors, no data files): ``pctr`` (Criteo pCTR of
+the Hybrid paper, batch 16,384), ``attribution`` (Criteo attribution, about 0.5M
+parameters, batches 16,384 and 4,096), and the reduced ``pctr-reduced`` /
+``attribution-reduced`` (5k-row tables, smaller batch) where Opacus's default mode fits,
+so that a ratio against it exists; reduced rows are labelled as such.
+
+Timing: ``--warmup`` steps, then the median of ``--steps`` timed steps (fewer when a step
+is slow, at least one), with device synchronisation on CUDA. Memory: on CPU the process
+max RSS (``getrusage``) minus the RSS just before building the model and inputs (so it
+counts parameters, inputs, optimizer state and the step's working set), and torch's own
+view: the peak bytes its CPU allocator held during one extra profiled step above the level
+at its start (profiler memory events); on CUDA ``max_memory_allocated`` minus what was
+allocated before the model. Time box: a mode that does not finish a step within
+``--step-limit`` (120 s) is killed, and an allocation failure (the child caps its address
+space at its free memory so that this is a clean error, not the OOM killer) is recorded as
+infeasible with its reason, never a crash.
+
+Ratios: ours / non-private (time and memory; target <= 1.3 each) and opacus / ours,
+opacus-ghost / ours (target >= 3 each), on the same shape and batch.
+
+Writes ``benchmarks/results/dpsgd_step.json`` and ``dpsgd_step.md``. Not a test: run it with
+``python benchmarks/dpsgd_step.py [--device cuda] [--quick]``. ``--quick`` runs batch 4,096
+for every shape with 1 warm-up and 2 timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import _harness as h
+
+MODES = ("non-private", "ours", "opacus", "opacus-ghost")
+STEP_LIMIT = 120.0
+TIMED_BUDGET = 60.0  # seconds of timed steps per mode at most (at least one step)
+FAST_BUDGET, MAX_STEPS = 10.0, 50  # fast steps: time up to MAX_STEPS of them within about FAST_BUDGET s
+CLIP, SIGMA, LR = 1.0, 1.0, 0.1
+
+
+def cases(quick: bool) -> list[tuple[str, int, bool]]:
+    """(shape, batch, reduced) in run order."""
+    if quick:
+        return [("pctr", 4096, False), ("pctr-reduced", 1024, True), ("attribution", 4096, False),
+                ("attribution-reduced", 4096, True)]
+    return [("pctr", 16384, False), ("pctr-reduced", 1024, True), ("attribution", 16384, False),
+            ("attribution", 4096, False), ("attribution-reduced", 4096, True)]
+
+
+# ---------------------------------------------------------------------------------------- child
+
+
+def _packed_module(model, cfg):
+    import torch
+    from torch import nn
+
+    sizes = (cfg["n_ns_cat"], cfg["n_ns_num"], cfg["n_s_cat"], cfg["n_s_num"])
+
+    class Packed(nn.Module):
+        """One input tensor for Opacus: split into (ns_cat, ns_num, s_cat, s_num), call the model."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            ns_cat, ns_num, s_cat, s_num = torch.split(x, sizes, dim=1)
+            return self.inner(ns_cat.long(), ns_num, s_cat.long(), s_num)
+
+    return Packed(model)
+
+
+def child(spec: dict) -> None:
+    import functools
+
+    import torch
+
+    device, mode, batch = spec["device"], spec["mode"], int(spec["batch"])
+    cfg = h.SHAPES[spec["shape"]]
+    if not device.startswith("cuda"):
+        h.limit_address_space()
+    try:  # every mode imports it before the baseline, so its pages count for none of them
+        import opacus  # noqa: F401
+    except ImportError:
+        pass
+
+    from trainers.dpsgd import noisy_gradient
+    from trainers.losses import bce
+    from trainers.models import build_model
+
+    # Page in torch's common code paths (shared-library pages count in RSS) before the baseline.
+    tiny_cfg = dict(cfg, ns_vocab=16, s_vocab=16, tower_hidden=8, common_hidden=(8,))
+    tiny = build_model("mlp", tiny_cfg).to(device)
+    tiny_opt = torch.optim.SGD(tiny.parameters(), lr=LR, momentum=0.9)
+    for _ in range(2):
+        tiny_opt.zero_grad()
+        bce(tiny(*h.synthetic_inputs(tiny_cfg, 64, device)[:4]), h.synthetic_inputs(tiny_cfg, 64, device)[4]).backward()
+        tiny_opt.step()
+    del tiny, tiny_opt
+    h.sync(device)
+
+    mem = h.Memory(device)
+    torch.manual_seed(0)
+    model = build_model("mlp", cfg).to(device)
+    ns_cat, ns_num, s_cat, s_num, label = h.synthetic_inputs(cfg, batch, device)
+    params = list(model.parameters())
+    n_params = sum(p.numel() for p in params)
+    checked = {"parameters": n_params}
+
+    if mode == "non-private":
+        opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+
+        def step(check=False):
+            opt.zero_grad(set_to_none=True)
+            bce(model(ns_cat, ns_num, s_cat, s_num), label).backward()
+            opt.step()
+
+    elif mode == "ours":
+        from trainers.data.encoded import EncodedData
+        from trainers.sampling import Batch
+
+        data = EncodedData(ns_cat, ns_num, s_cat, s_num, label, None, cfg["ns_vocab"], cfg["s_vocab"])
+        full = Batch(chunks=[(torch.arange(batch, device=device), torch.ones(batch, device=device))],
+                     size=batch, drawn=batch, truncated=False)
+        gen = torch.Generator(device=device).manual_seed(1)
+        opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+        loss_fn = functools.partial(bce, reduction="none")
+
+        def step(check=False):
+            noisy_gradient(model, data, full, params, clipping_norm=CLIP, noise_std=SIGMA * CLIP,
+                           expected_batch=float(batch), noise_generator=gen, loss_fn=loss_fn)
+            opt.step()
+            if check:
+                checked["parameters_with_grad"] = sum(p.numel() for p in params if p.grad is not None)
+
+    else:
+        from opacus import PrivacyEngine
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        wrapper = _packed_module(model, cfg)
+        packed = torch.cat([ns_cat.float(), ns_num, s_cat.float(), s_num], dim=1)
+        loader = DataLoader(TensorDataset(packed, label), batch_size=batch)  # one batch: expected size = batch
+        engine = PrivacyEngine()
+        base_opt = torch.optim.SGD(wrapper.parameters(), lr=LR, momentum=0.9)
+        if mode == "opacus":
+            module, opt, _ = engine.make_private(module=wrapper, optimizer=base_opt, data_loader=loader,
+                                                 noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False)
+            criterion = nn.BCEWithLogitsLoss()
+        else:
+            module, opt, criterion, _ = engine.make_private(
+                module=wrapper, optimizer=base_opt, data_loader=loader, criterion=nn.BCEWithLogitsLoss(),
+                noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False, grad_sample_mode="ghost")
+        hooked = [p for p in module.parameters() if p.requires_grad]
+        if {id(p) for p in hooked} != {id(p) for p in params}:
+            h.emit("error", reason="error", message="Opacus hooks a different parameter set than ours")
+            return
+        checked["opacus_parameters"] = sum(p.numel() for p in hooked)
+        checked["expected_batch_size"] = opt.expected_batch_size
+
+        def step(check=False):
+            opt.zero_grad(set_to_none=True)
+            loss = criterion(module(packed), label)
+            loss.backward()
+            if check:
+                if mode == "opacus":
+                    got = [p for p in params if getattr(p, "grad_sample", None) is not None]
+                    checked["per_sample_gradients_of"] = sum(p.numel() for p in got)
+                else:
+                    got = [p for p in params if getattr(p, "_norm_sample", None) is not None]
+                    checked["per_sample_norms_of"] = sum(p.numel() for p in got)
+            opt.step()
+
+    h.sync(device)
+    h.emit("ready", parameters=n_params, build_memory=mem.report())
+
+    cpu_times = []
+
+    def timed(check=False) -> float:
+        h.sync(device)
+        t0, c0 = time.perf_counter(), time.process_time()
+        step(check)
+        h.sync(device)
+        cpu_times.append(time.process_time() - c0)
+        return time.perf_counter() - t0
+
+    try:
+        warm = []
+        for i in range(spec["warmup"]):
+            warm.append(timed(check=i == 0))
+            h.emit("step", phase="warmup", seconds=warm[-1])
+        cpu_times.clear()
+        times = []
+        n_timed = spec["steps"]
+        if warm and warm[-1] > 0:
+            # fast steps get more samples (a steadier median on a shared machine), slow ones fewer
+            n_timed = max(n_timed, min(MAX_STEPS, int(FAST_BUDGET / warm[-1])))
+            n_timed = max(1, min(n_timed, int(TIMED_BUDGET / warm[-1])))
+        for _ in range(n_timed):
+            times.append(timed(check=not warm and not times))
+            h.emit("step", phase="timed", seconds=times[-1])
+        memory = mem.report()
+        torch_view = None
+        if device.startswith("cuda"):
+            torch_view = memory["bytes"]
+        elif statistics.median(times) < 30:
+            torch_view = h.torch_cpu_step_peak(step)
+            h.emit("step", phase="profiled")
+    except Exception as exc:  # noqa: BLE001 - recorded as infeasible, with the reason
+        h.emit("error", reason=h.failure_reason(exc), message=f"{type(exc).__name__}: {str(exc)[:500]}")
+        return
+    h.emit("done", step_seconds_median=statistics.median(times), step_seconds_min=min(times), step_seconds=times,
+           step_cpu_seconds_median=statistics.median(cpu_times), warmup_seconds=warm,
+           memory=memory, torch_step_peak_bytes=torch_view, checked=checked)
+
+
+# --------------------------------------------------------------------------------------- parent
+
+
+def _estimate_opacus_bytes(cfg: dict, batch: int) -> int:
+    """Opacus default mode holds one float32 gradient per example for every parameter: B x P x 4 bytes."""
+    import torch
+
+    from trainers.models import build_model
+
+    with torch.device("meta"):
+        p = sum(t.numel() for t in build_model("mlp", cfg).parameters())
+    return batch * p * 4
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="batch 4,096 everywhere, 1 warm-up + 2 timed steps")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--step-limit", type=float, default=STEP_LIMIT)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--shapes", default=None, help="comma-separated subset of the shapes")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        child(json.loads(args.child))
+        return
+
+    import torch
+
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    steps = args.steps if args.steps is not None else (2 if args.quick else 5)
+    modes = [m for m in args.modes.split(",") if m]
+    todo = cases(args.quick)
+    if args.shapes:
+        keep = set(args.shapes.split(","))
+        todo = [c for c in todo if c[0] in keep]
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+
+    runs = []
+    for shape, batch, reduced in todo:
+        for mode in modes:
+            spec = {"shape": shape, "batch": batch, "mode": mode, "device": args.device, "warmup": warmup,
+                    "steps": steps}
+            print(f"[dpsgd_step] {shape} batch {batch} {mode} ...", file=sys.stderr, flush=True)
+            load_before = os.getloadavg()[0]
+            res = h.run_child(__file__, spec, step_limit=args.step_limit)
+            row = {"shape": shape, "reduced": reduced, "batch": batch, "mode": mode, **res,
+                   "load_average_1min": [load_before, os.getloadavg()[0]]}
+            if mode == "opacus":
+                row["opacus_per_sample_gradient_bytes_estimate"] = _estimate_opacus_bytes(h.SHAPES[shape], batch)
+            print(f"    -> {res['status']}: "
+                  + (f"{res['step_seconds_median']:.3f} s, {h.mib(res['memory']['bytes'])} MiB"
+                     if res["status"] == "ok" else str(res.get("reason"))), file=sys.stderr, flush=True)
+            runs.append(row)
+
+    ratios = []
+    for shape, batch, reduced in todo:
+        by = {r["mode"]: r for r in runs if r["shape"] == shape and r["batch"] == batch and r["status"] == "ok"}
+
+        def t(m, key="step_seconds_median"):
+            return by[m][key] if m in by else None
+
+        def m_(m):
+            return by[m]["memory"]["bytes"] if m in by else None
+
+        q = {"shape": shape, "batch": batch, "reduced": reduced}
+        for name, a, b in (("ours_over_nonprivate", "ours", "non-private"), ("opacus_over_ours", "opacus", "ours"),
+                           ("ghost_over_ours", "opacus-ghost", "ours")):
+            q[name + "_time"] = _ratio(t(a), t(b))
+            q[name + "_time_of_minimums"] = _ratio(t(a, "step_seconds_min"), t(b, "step_seconds_min"))
+            q[name + "_memory"] = _ratio(m_(a), m_(b))
+        ratios.append(q)
+
+    result = {"device": h.describe_device(args.device), "device_arg": args.device, "machine": h.machine(),
+              "versions": h.versions(), "quick": args.quick,
+              "settings": {"warmup": warmup, "steps": steps, "timed_budget_seconds": TIMED_BUDGET,
+                           "step_limit_seconds": args.step_limit, "clipping_norm": CLIP,
+                           "noise_multiplier": SIGMA, "optimizer": "SGD lr 0.1 momentum 0.9"},
+              "shapes": {s: dict(h.SHAPES[s], common_hidden=list(h.SHAPES[s]["common_hidden"]))
+                         for s in {c[0] for c in todo}},
+              "targets": {"ours_over_nonprivate_time": "<= 1.3", "ours_over_nonprivate_memory": "<= 1.3",
+                          "opacus_over_ours": ">= 3 (time and memory, both Opacus modes)"},
+              "runs": runs, "ratios": ratios}
+    h.RESULTS.mkdir(exist_ok=True)
+    (h.RESULTS / "dpsgd_step.json").write_text(json.dumps(result, indent=2) + "\n")
+    (h.RESULTS / "dpsgd_step.md").write_text(_markdown(result))
+    print(_markdown(result))
+
+
+def _fmt(x, spec=".2f", unit=""):
+    return "-" if x is None else f"{x:{spec}}{unit}"
+
+
+def _mark(x, ok) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}x {'(met)' if ok(x) else '(missed)'}"
+
+
+def _markdown(r: dict) -> str:
+    v = r["versions"]
+    lines = [
+        "# DP-SGD step benchmark",
+        "",
+        f"Device: **{r['device']}** ({r['machine']['cpus']} CPUs, "
+        f"{_fmt(r['machine']['memory_bytes'] and r['machine']['memory_bytes'] / 2**30, '.0f')} GiB RAM). "
+        f"torch {v['torch']}, opacus {v['opacus']}, Python {v['python']}."
+        + (" **Quick run.**" if r["quick"] else ""),
+        "",
+        f"One training step per (shape, batch, mode), each mode in a fresh process; median of up to "
+        f"{r['settings']['steps']} timed steps after {r['settings']['warmup']} warm-up. Memory: "
+        + ("CUDA max_memory_allocated above the pre-model level." if r["device_arg"].startswith("cuda") else
+           "process peak RSS minus the RSS before the model and inputs were built; 'torch peak' is the "
+           "CPU allocator's peak during one step above its level at the step's start (profiler memory "
+           "events; parameters, inputs and optimizer state excluded).")
+        + f" A mode that needs more than {r['settings']['step_limit_seconds']:.0f} s for a step or runs out of "
+        "memory is listed as infeasible with the reason. Rows marked *reduced* use 5k-row tables so that "
+        "Opacus's default mode fits; they are not the paper's shapes.",
+        "",
+        "",
+        "The machine is shared (other jobs ran on its cores during the run; the 1-minute load average "
+        "before/after each mode is in the table), so wall times are noisy: the median is the headline "
+        "and the minimum is shown next to it.",
+        "",
+        "| shape | batch | mode | step median (s) | step min (s) | peak memory (MiB) | torch peak (MiB) | load | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["runs"]:
+        label = row["shape"]
+        load = "/".join(f"{x:.1f}" for x in row.get("load_average_1min", []))
+        if row["status"] == "ok":
+            torch_peak = row.get("torch_step_peak_bytes")
+            lines.append(f"| {label} | {row['batch']:,} | {row['mode']} | {row['step_seconds_median']:.3f} | "
+                         f"{row['step_seconds_min']:.3f} | {h.mib(row['memory']['bytes'])} | {h.mib(torch_peak)} | "
+                         f"{load} | ok ({len(row['step_seconds'])} timed steps) |")
+        else:
+            why = str(row.get("reason"))
+            if row.get("error"):
+                why += f" ({row['error'][:160]})"
+            if row.get("opacus_per_sample_gradient_bytes_estimate"):
+                why += f"; per-sample gradients alone: ~{row['opacus_per_sample_gradient_bytes_estimate'] / 2**30:,.0f} GiB"
+            lines.append(f"| {label} | {row['batch']:,} | {row['mode']} | - | - | - | - | {load} | infeasible: "
+                         f"{why.replace('|', '/').replace(chr(10), ' ')} |")
+    lines += ["", "Ratios (same shape and batch; targets: ours / non-private <= 1.3, Opacus / ours >= 3); time "
+              "ratios of the medians, with the ratio of the minimums in brackets:", "",
+              "| shape | batch | ours/non-private time | ours/non-private memory | opacus/ours time | "
+              "opacus/ours memory | ghost/ours time | ghost/ours memory |",
+              "|---|---|---|---|---|---|---|---|"]
+    low, high = (lambda x: x <= 1.3), (lambda x: x >= 3.0)
+    for q in r["ratios"]:
+        cells = []
+        for name, ok in (("ours_over_nonprivate", low), ("opacus_over_ours", high), ("ghost_over_ours", high)):
+            tm = _mark(q[name + "_time"], ok)
+            if q[name + "_time_of_minimums"] is not None:
+                tm += f" [{q[name + '_time_of_minimums']:.2f}x]"
+            cells += [tm, _mark(q[name + "_memory"], ok)]
+        lines.append(f"| {q['shape']} | {q['batch']:,} | " + " | ".join(cells) + " |")
+    lines += ["", "n/a: one side of the ratio was infeasible (see the first table)."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

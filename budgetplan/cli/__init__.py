@@ -13,6 +13,7 @@ from budgetplan.cli._shell import Group
 from budgetplan.cli.data_cmd import data
 from budgetplan.cli.dpsgd_cmd import dpsgd
 from budgetplan.cli.plan_cmds import audit, examples, plan, show, statement, verify
+from budgetplan.cli.plot_cmds import plot
 from budgetplan.cli.release_cmds import gaussian, group, rr
 from budgetplan.cli.split_cmd import split
 from budgetplan.cli.train_cmds import demo, train
@@ -40,6 +41,7 @@ cli.add_command(data)
 cli.add_command(train)
 cli.add_command(demo)
 cli.add_command(audit)
+cli.add_command(plot)
 
 
 def main(argv=None):

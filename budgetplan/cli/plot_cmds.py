@@ -1,0 +1,72 @@
+"""``budgetplan plot curve | frontier``: PNG figures (and their data with --json)."""
+
+from __future__ import annotations
+
+import click
+
+from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json
+
+__all__ = ["plot"]
+
+
+@click.group()
+def plot():
+    """Figures: epsilon against epochs, utility against epsilon."""
+
+
+@plot.command()
+@click.option("--noise-multiplier", "sigmas", type=POSITIVE, multiple=True, required=True,
+              help="One curve per value (repeat the option).")
+@click.option("--dataset-size", type=POSITIVE_INT, required=True)
+@click.option("--batch-size", type=POSITIVE_INT, required=True)
+@click.option("--max-epochs", type=POSITIVE, required=True)
+@click.option("--points", type=POSITIVE_INT, default=12, show_default=True, help="Epoch values along the curve.")
+@click.option("--delta", type=OPEN_UNIT, required=True)
+@click.option("--accountant", "accountants", type=click.Choice(["pld", "rdp", "prv"]), multiple=True,
+              help="Default: all three.")
+@click.option("--adjacency", type=click.Choice(["add-remove", "replace-one"]), default="add-remove",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the curve's data as JSON.")
+def curve(sigmas, dataset_size, batch_size, max_epochs, points, delta, accountants, adjacency, output, as_json):
+    """Epsilon against epochs for several noise multipliers, per accountant."""
+    from budgetplan.plots import epsilon_curve, plot_epsilon_curve
+
+    if batch_size > dataset_size:
+        raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
+    epochs = [max_epochs * (i + 1) / points for i in range(points)]
+    rows = epsilon_curve(noise_multipliers=sigmas, sampling_rate=batch_size / dataset_size,
+                         steps_per_epoch=max(1, round(dataset_size / batch_size)), epochs=epochs, delta=delta,
+                         accountants=accountants or ("pld", "rdp", "prv"), adjacency=adjacency)
+    plot_epsilon_curve(rows, output, title=f"epsilon at delta={delta:g}, q={batch_size / dataset_size:.3g}")
+    if as_json:
+        emit_json({"output": output, "delta": delta, "adjacency": adjacency, "rows": rows})
+    else:
+        console().print(f"wrote {output}")
+
+
+@plot.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--baseline", "baseline_run", type=click.Path(dir_okay=False),
+              help="A non-private run.json whose eval AUC the relative loss is measured against.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the points as JSON.")
+def frontier(runs, baseline_run, output, as_json):
+    """Relative AUC loss against epsilon per algorithm (RR, DP-SGD, Hybrid) from run records."""
+    from budgetplan.plots import frontier as frontier_rows
+    from budgetplan.plots import plot_frontier
+    from budgetplan.records import load_record
+
+    base = None
+    if baseline_run:
+        base = (load_record(baseline_run).metrics.get("eval") or {}).get("auc")
+        if base is None:
+            raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
+    rows = frontier_rows(runs, baseline_auc=base)
+    if not rows:
+        raise click.UsageError("no private runs among the given records")
+    plot_frontier(rows, output)
+    if as_json:
+        emit_json({"output": output, "rows": rows})
+    else:
+        console().print(f"wrote {output} ({len(rows)} runs)")

@@ -1,0 +1,191 @@
+"""Figures people would rather look at than read: epsilon curves and utility frontiers.
+
+Data and drawing are separate: ``epsilon_curve`` and ``frontier`` return plain rows (also
+what ``--json`` prints); ``plot_epsilon_curve`` and ``plot_frontier`` draw them to a PNG
+with matplotlib (imported lazily, Agg backend: no display needed).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from budgetplan import _validate
+from budgetplan.errors import BudgetplanError, InvalidParameterError
+
+__all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of"]
+
+_STYLE = {"pld": "-", "rdp": "--", "prv": ":"}
+
+
+def epsilon_curve(*, noise_multipliers, sampling_rate: float, steps_per_epoch: int, epochs, delta: float,
+                  accountants=("pld", "rdp", "prv"), adjacency: str = "add-remove",
+                  prv_points: int = 6) -> list[dict]:
+    """Epsilon after each number of epochs, per noise multiplier and accountant.
+
+    PLD reuses one single-step distribution per noise multiplier and only re-composes, so a
+    long curve costs little; RDP is cheap anyway; PRV (slow, an estimate with an error
+    band) is evaluated at ``prv_points`` epochs spread over the range.
+
+    Returns:
+        rows of {"accountant", "noise_multiplier", "epochs", "steps", "epsilon",
+        "epsilon_low", "epsilon_high"} (the last two for PRV's band, else equal).
+    """
+    from budgetplan.accounting import account
+    from budgetplan.mechanisms import PoissonDPSGD
+
+    q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    per_epoch = _validate.positive_int("steps_per_epoch", steps_per_epoch)
+    delta = _validate.open_unit("delta", delta)
+    epochs = [_validate.positive("epochs", e) for e in epochs]
+    sigmas = [_validate.positive("noise_multiplier", s) for s in noise_multipliers]
+    unknown = set(accountants) - set(_STYLE)
+    if unknown:
+        raise InvalidParameterError(f"accountants must be among pld, rdp, prv, got {sorted(unknown)}")
+    rows = []
+    for sigma in sigmas:
+        for acc in accountants:
+            points = epochs
+            if acc == "prv" and len(epochs) > prv_points:
+                idx = sorted({round(i * (len(epochs) - 1) / (prv_points - 1)) for i in range(prv_points)})
+                points = [epochs[i] for i in idx]
+            for e in points:
+                steps = max(1, math.ceil(e * per_epoch - 1e-9))
+                mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps)
+                try:
+                    g = account(mech, delta=delta, adjacency=adjacency, method=acc)
+                except BudgetplanError as exc:
+                    rows.append({"accountant": acc, "noise_multiplier": sigma, "epochs": e, "steps": steps,
+                                 "epsilon": None, "error": str(exc)})
+                    continue
+                low, high = g.epsilon_range if g.epsilon_range else (g.epsilon, g.epsilon)
+                rows.append({"accountant": acc, "noise_multiplier": sigma, "epochs": e, "steps": steps,
+                             "epsilon": g.epsilon, "epsilon_low": low, "epsilon_high": high})
+    return rows
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> Path:
+    """Epsilon against epochs: one colour per noise multiplier, one line style per accountant."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    sigmas = sorted({r["noise_multiplier"] for r in rows})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, sigma in enumerate(sigmas):
+        for acc in ("pld", "rdp", "prv"):
+            pts = [r for r in rows if r["noise_multiplier"] == sigma and r["accountant"] == acc and r["epsilon"]]
+            if not pts:
+                continue
+            xs, ys = [p["epochs"] for p in pts], [p["epsilon"] for p in pts]
+            ax.plot(xs, ys, _STYLE[acc], color=colours[i % len(colours)], marker="o" if acc == "prv" else None,
+                    label=f"sigma={sigma:g}, {acc}")
+            if acc == "prv":
+                ax.fill_between(xs, [p["epsilon_low"] for p in pts], [p["epsilon_high"] for p in pts],
+                                color=colours[i % len(colours)], alpha=0.15)
+    ax.set_xlabel("epochs")
+    ax.set_ylabel("epsilon")
+    ax.set_title(title or "epsilon against epochs (PLD solid, RDP dashed, PRV dotted with its band)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def arm_of(plan) -> tuple[str, float | None]:
+    """The paper's arm of a plan: ("RR" | "DP-SGD" | "Hybrid" | algorithm, alpha or None)."""
+    names = [p.name for p in plan.phases]
+    if plan.scenario.algorithm == "hybrid":
+        eps1 = next((p.target_epsilon for p in plan.phases if p.name == "rr"), 0.0)
+        alpha = eps1 / plan.run_epsilon if plan.run_epsilon else None
+    else:
+        alpha = None
+    if names == ["rr"]:
+        return "RR", alpha
+    if names == ["dpsgd"]:
+        return "DP-SGD", alpha
+    if names == ["rr", "dpsgd"]:
+        return "Hybrid", alpha
+    return plan.scenario.algorithm.upper(), alpha
+
+
+def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
+    """One row per run: its arm, the plan's total epsilon, AUC and relative AUC loss.
+
+    Each run directory must hold its ``plan.json`` (trainers copy it there). The relative
+    AUC loss is the one in the record, or computed against ``baseline_auc``.
+    """
+    from budgetplan.audit import _find_plan
+    from budgetplan.records import load_record
+
+    rows = []
+    for raw in run_paths:
+        path = Path(raw)
+        record = load_record(path)
+        if not record.private:
+            continue
+        plan = _find_plan(path, None)
+        ev = record.metrics.get("eval") or {}
+        if "auc" not in ev:
+            raise InvalidParameterError(f"{path}: the run has no eval metrics (train it with --eval)")
+        rel = ev.get("relative_auc_loss")
+        if baseline_auc is not None:
+            rel = 100.0 * ((1 - ev["auc"]) - (1 - baseline_auc)) / (1 - baseline_auc)
+        if rel is None:
+            raise InvalidParameterError(f"{path}: no relative AUC loss (train it with --baseline, or pass one)")
+        arm, alpha = arm_of(plan)
+        rows.append({"run": str(path), "arm": arm, "alpha": alpha, "epsilon": plan.epsilon, "delta": plan.delta,
+                     "auc": ev["auc"], "relative_auc_loss": rel, "plan_sha256": plan.sha256})
+    return sorted(rows, key=lambda r: (r["arm"], r["epsilon"]))
+
+
+def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
+    """Relative AUC loss against epsilon per arm (mean and spread over runs at the same epsilon)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for arm in sorted({r["arm"] for r in rows}):
+        by_eps: dict[float, list[float]] = {}
+        for r in rows:
+            if r["arm"] == arm:
+                by_eps.setdefault(r["epsilon"], []).append(r["relative_auc_loss"])
+        xs = sorted(by_eps)
+        means = [sum(by_eps[x]) / len(by_eps[x]) for x in xs]
+        spread = [(max(by_eps[x]) - min(by_eps[x])) / 2 for x in xs]
+        ax.errorbar(xs, means, yerr=spread, marker="o", capsize=3, label=arm)
+    ax.set_xscale("log")
+    ax.set_xlabel("total epsilon")
+    ax.set_ylabel("relative AUC loss (%)")
+    ax.set_title(title or "utility against privacy (lower is better)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    import os
+    import tempfile
+
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise InvalidParameterError(f"plots are written as PNG: the output must end in .png, got {path.name}")
+    if not path.parent.is_dir():
+        raise InvalidParameterError(f"output directory does not exist: {path.parent}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.tight_layout()
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    return path

@@ -63,7 +63,8 @@ class _Checked(click.ParamType):
         self._base = base
 
     def convert(self, value: Any, param, ctx):
-        label = f"--{param.name.replace('_', '-')}" if param is not None else "value"
+        long = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+        label = long[0] if long else (f"--{param.name.replace('_', '-')}" if param is not None else "value")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raw = value
         else:

@@ -37,6 +37,8 @@ class TrainSettings:
     baseline_epochs: int = 3
     hash_bins_nonsensitive: int = 2**16
     hash_bins_sensitive: int = 2**16
+    nonsensitive_encoding: str = "hash"   # or "vocab": values seen >= vocab_threshold times (non-sensitive only)
+    vocab_threshold: int = 16
     device: str = "auto"
     data_format: str = "auto"
 
@@ -72,6 +74,7 @@ class _Prepared:
     unit_counts: np.ndarray | None
     timings: dict = field(default_factory=dict)
     table: object = None
+    vocabulary: dict | None = None
 
 
 def _device(name: str):
@@ -103,7 +106,7 @@ def _versions() -> dict:
 
 
 def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
-             randomness) -> _Prepared:
+             randomness, vocabulary: dict | None = None) -> _Prepared:
     from trainers.data.capping import cap_units
     from trainers.data.encode import encode
     from trainers.data.fingerprint import fingerprint
@@ -135,18 +138,23 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
     info.update(fingerprint(table, list(spec.columns)))
     t1 = time.perf_counter()
-    data, encoding = encode(table, spec, hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
-                            hash_bins_sensitive=settings.hash_bins_sensitive, device=device)
+    data, encoding = encode(table, spec, nonsensitive_encoding=settings.nonsensitive_encoding,
+                            hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
+                            hash_bins_sensitive=settings.hash_bins_sensitive, vocab_threshold=settings.vocab_threshold,
+                            vocabulary=vocabulary, device=device)
     t2 = time.perf_counter()
-    return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table)
+    vocab = encoding.pop("vocabulary", None)  # kept beside the model, not in the record
+    return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table,
+                     vocab)
 
 
-def _eval(model, path, spec, settings, device, *, truncated: bool) -> tuple[dict, float]:
+def _eval(model, path, spec, settings, device, *, truncated: bool, vocabulary=None) -> tuple[dict, float]:
     from trainers.fit import predict
     from trainers.metrics import evaluate
 
     t0 = time.perf_counter()
-    prep = _prepare(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None)
+    prep = _prepare(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None,
+                    vocabulary=vocabulary)
     p = predict(model, prep.data, truncated=truncated)
     y = prep.data.label.cpu().numpy()
     metrics = evaluate(y, p)
@@ -180,13 +188,19 @@ def _check_out(out_dir) -> Path | None:
     return out
 
 
-def _finish(record: RunRecord, state: dict, out: Path | None) -> RunRecord:
+def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict | None = None) -> RunRecord:
     """Write the model then the record (last, atomically): a directory with run.json is complete."""
     if out is not None:
+        import json
+
         import torch
+
+        from budgetplan.plan import write_atomic
 
         out.mkdir(parents=True, exist_ok=True)
         torch.save(state, out / "model.pt")
+        if vocabulary is not None:  # non-sensitive values only: needed to encode new data alike
+            write_atomic(out / "vocabulary.json", json.dumps(vocabulary, sort_keys=True) + "\n")
         record.write(out / "run.json")
     return record
 
@@ -286,7 +300,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         metrics = {}
         if eval_path is not None:
             metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
-                                                             truncated=truncated)
+                                                             truncated=truncated, vocabulary=prep.vocabulary)
             if baseline_auc is not None:
                 metrics["eval"]["baseline_auc"] = baseline_auc
                 metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
@@ -299,7 +313,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                       "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if "dpsgd" in names else None},
             timings=timings, device=_device_name(device), versions=_versions(),
         )
-        return _finish(record, model.state_dict(), out)
+        return _finish(record, model.state_dict(), out, prep.vocabulary)
     finally:
         session.close()
 
@@ -390,7 +404,7 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     metrics, timings = {}, dict(prep.timings)
     if eval_path is not None:
         metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
-                                                         truncated=truncated)
+                                                         truncated=truncated, vocabulary=prep.vocabulary)
     timings["train_seconds"] = history["seconds"]
     timings["total_seconds"] = time.perf_counter() - t0
     record = RunRecord(

@@ -33,6 +33,10 @@ def _settings(**kw):
 @click.option("--loss", type=click.Choice(["unbiased", "forward"]), default="unbiased", show_default=True,
               help="RR debiasing: the Hybrid paper's unbiased loss or the forward-corrected loss.")
 @click.option("--batch-size", type=POSITIVE_INT, default=None, help="When the plan does not fix one.")
+@click.option("--encoding", "nonsensitive_encoding", type=click.Choice(["hash", "vocab"]), default="hash",
+              show_default=True, help="Non-sensitive categoricals: hashed, or a vocabulary of values seen at least "
+              "--vocab-threshold times (sensitive ones are always hashed: their counts are private).")
+@click.option("--vocab-threshold", type=POSITIVE_INT, default=16, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Reproducible run (debugging only): privacy noise derived from this seed, recorded as such.")
@@ -44,7 +48,8 @@ def _settings(**kw):
               help="DP-SGD steps between checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, loss, batch_size,
-          device, seed, non_private, baseline_run, resume, checkpoint_every, as_json):
+          nonsensitive_encoding, vocab_threshold, device, seed, non_private, baseline_run, resume, checkpoint_every,
+          as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
     from budgetplan.plan import load_plan
     from budgetplan.records import load_record
@@ -52,7 +57,8 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
-                         data_format=data_format)
+                         data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
+                         vocab_threshold=vocab_threshold)
     plan = load_plan(plan_file)
     if non_private:
         record = run_baseline(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,

@@ -179,3 +179,22 @@ def test_encoded_data_moves_and_takes():
     sub = data.take(torch.tensor([0, 2]))
     assert len(sub) == 2 and sub.unit.tolist() == [0, 0]
     assert data.to("cpu").ns_cat.device.type == "cpu"
+
+
+def test_vocabulary_is_reused_on_held_out_data():
+    import pyarrow as pa
+
+    from budgetplan.scenario import FeatureSpec
+    from trainers.data.encode import encode
+
+    spec = FeatureSpec(label="y", nonsensitive_categorical=("c",))
+    train = pa.table({"y": [0, 1] * 6, "c": ["a"] * 5 + ["b"] * 5 + ["rare", None]})
+    held = pa.table({"y": [0, 1, 0, 1], "c": ["b", "a", "unseen", "rare"]})
+    data, info = encode(train, spec, nonsensitive_encoding="vocab", vocab_threshold=2)
+    vocab = info["vocabulary"]
+    again, info2 = encode(held, spec, nonsensitive_encoding="vocab", vocab_threshold=2, vocabulary=vocab)
+    ids = {v: int(data.ns_cat[i, 0]) for i, v in enumerate(train.column("c").to_pylist())}
+    held_ids = again.ns_cat[:, 0].tolist()
+    assert held_ids[0] == ids["b"] and held_ids[1] == ids["a"]
+    assert held_ids[2] == held_ids[3] == vocab["c"]["oov"] == ids["rare"]  # unseen and rare share the OOV row
+    assert again.ns_vocab == data.ns_vocab

@@ -240,3 +240,17 @@ def test_cli_demo_small(runner, tmp_path):
     names = [r["name"] for r in result["runs"]]
     assert names[0] == "non-private" and len(names) == 3
     assert (tmp_path / "demo" / "statement-eps2.txt").exists()
+
+
+def test_vocabulary_encoding_trains_and_is_kept(data, tmp_path):
+    import dataclasses
+
+    root, _ = data
+    settings = dataclasses.replace(FAST, nonsensitive_encoding="vocab", vocab_threshold=3)
+    rec = execute_plan(rr_plan(5000), root / "train.parquet", eval_path=root / "eval.parquet",
+                       out_dir=tmp_path / "run", settings=settings)
+    assert rec.training["encoding"]["nonsensitive"]["encoding"] == "vocab"
+    assert "vocabulary" not in rec.training["encoding"]
+    vocab = json.loads((tmp_path / "run" / "vocabulary.json").read_text())
+    assert set(vocab) == set(SYNTH_FEATURES.nonsensitive_categorical)
+    assert 0 <= rec.metrics["eval"]["auc"] <= 1

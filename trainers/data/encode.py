@@ -106,27 +106,41 @@ def _hashed(table, names, bins: int):
     return out, columns
 
 
-def _vocabulary(table, names, threshold: int):
-    """Vocabulary ids [N, len(names)]: per column an OOV row, then its frequent values."""
+def _vocabulary(table, names, threshold: int, given: dict | None = None):
+    """Vocabulary ids [N, len(names)]: per column an OOV row, then its frequent values.
+
+    With ``given`` (a vocabulary returned by an earlier call, e.g. on the training data) the
+    same ids are applied and nothing is counted: held-out data must encode as training did.
+    Returns (ids, per-column info, table size, the vocabulary).
+    """
     out = np.empty((table.num_rows, len(names)), dtype=np.int64)
-    columns, offset = {}, 0
+    columns, offset, vocab = {}, 0, {}
     for j, name in enumerate(names):
         dictionary, index = _dictionary(_column(table, name, "categorical"), name)
-        values = _strings(dictionary, name)
-        counts = np.bincount(index + 1, minlength=len(values) + 1)  # slot 0: missing
-        tokens = [None] + values
-        kept = [k for k in range(len(tokens)) if counts[k] >= threshold]
-        # Ids ordered by value, not by first appearance, so shuffled data encodes alike.
-        kept.sort(key=lambda k: (tokens[k] is not None, tokens[k] or ""))
-        lookup = np.full(len(tokens), offset, dtype=np.int64)  # default: this column's OOV row
-        lookup[kept] = offset + 1 + np.arange(len(kept), dtype=np.int64)
+        tokens = [None] + _strings(dictionary, name)
+        if given is None:
+            counts = np.bincount(index + 1, minlength=len(tokens))  # slot 0: missing
+            kept = [k for k in range(len(tokens)) if counts[k] >= threshold]
+            # Ids ordered by value, not by first appearance, so shuffled data encodes alike.
+            kept.sort(key=lambda k: (tokens[k] is not None, tokens[k] or ""))
+            mapping = {tokens[k]: offset + 1 + i for i, k in enumerate(kept)}
+            vocab[name] = {"oov": offset, "values": [[tokens[k], mapping[tokens[k]]] for k in kept]}
+            distinct = int(np.count_nonzero(counts))
+        else:
+            if name not in given:
+                raise InvalidParameterError(f"the given vocabulary has no column {name!r}")
+            offset = given[name]["oov"]
+            mapping = {v: i for v, i in given[name]["values"]}
+            vocab[name] = given[name]
+            distinct = None
+        lookup = np.array([mapping.get(t, offset) for t in tokens], dtype=np.int64)
         ids = lookup[index + 1]
         out[:, j] = ids
-        oov_rows = int(np.count_nonzero(ids == offset))
-        columns[name] = {"encoding": "vocab", "distinct": int(np.count_nonzero(counts)),
-                         "kept": len(kept), "oov_id": offset, "oov_rows": oov_rows}
-        offset += 1 + len(kept)
-    return out, columns, max(offset, 1)
+        columns[name] = {"encoding": "vocab", "distinct": distinct, "kept": len(mapping), "oov_id": offset,
+                         "oov_rows": int(np.count_nonzero(ids == offset))}
+        offset = max(offset + 1 + len(mapping), max(mapping.values(), default=offset) + 1)
+    size = max([offset] + [v["oov"] + 1 + len(v["values"]) for v in vocab.values()] + [1])
+    return out, columns, size, vocab
 
 
 def _numeric(table, names, role: str):
@@ -185,7 +199,7 @@ def _units(table, name: str):
 
 def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encoding: str = "hash",
            hash_bins_nonsensitive: int = HASH_BINS_NONSENSITIVE, hash_bins_sensitive: int = HASH_BINS_SENSITIVE,
-           vocab_threshold: int = VOCAB_THRESHOLD, device="cpu"):
+           vocab_threshold: int = VOCAB_THRESHOLD, vocabulary: dict | None = None, device="cpu"):
     """Encode ``table`` as ``spec`` says into tensors on ``device``.
 
     Args:
@@ -196,6 +210,8 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
             private counts fails loudly instead of being ignored.
         hash_bins_nonsensitive, hash_bins_sensitive: sizes of the hashed tables.
         vocab_threshold: a non-sensitive value seen fewer times goes to its column's OOV row.
+        vocabulary: the ``info["vocabulary"]`` of an earlier call, to encode held-out data with
+            the training data's ids (only with ``nonsensitive_encoding="vocab"``).
         device: where the tensors go.
 
     Returns:
@@ -228,7 +244,7 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
         ns_cat, ns_columns = _hashed(table, ns_names, bins_ns)
         ns_vocab = bins_ns
     else:
-        ns_cat, ns_columns, ns_vocab = _vocabulary(table, ns_names, threshold)
+        ns_cat, ns_columns, ns_vocab, built = _vocabulary(table, ns_names, threshold, vocabulary)
     s_cat, s_columns = _hashed(table, s_names, bins_s)
     ns_num = _numeric(table, spec.nonsensitive_numeric, "non-sensitive")
     s_num = _numeric(table, spec.sensitive_numeric, "sensitive")
@@ -254,4 +270,6 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
                     "nonsensitive": list(spec.nonsensitive_numeric), "sensitive": list(spec.sensitive_numeric)},
         "hash": "blake2b-64 of 'column=value' mod table size",
     }
+    if nonsensitive_encoding == "vocab":
+        info["vocabulary"] = built  # non-sensitive values only; needed to encode held-out data alike
     return data, info

@@ -322,7 +322,7 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     import torch
 
     from trainers.metrics import evaluate
-    from trainers.walr import fit, predict, prepare_rows, release
+    from trainers.walr import predict, prepare_rows, run_walr
 
     ws = walr_settings or WALRSettings()
     par = plan.phases[0].parameters
@@ -334,25 +334,16 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     if spec.weight is not None:
         weights = torch.as_tensor(prep.table.column(spec.weight).to_numpy(zero_copy_only=False),
                                   dtype=torch.float64, device=device)
-    xc, wc, clip_info = prepare_rows(torch.cat([d.ns_num, d.s_num], 1).double(), row_norm_bound=par["row_norm_bound"],
-                                     weights=weights, weights_bound=par["weights_bound"] if weights is not None else None,
-                                     expected_features=par["features"])
 
-    def draw():
-        noisy, info = release(xc, d.label.double(), wc, noise_std=par["noise_std"], randomness=rnd,
-                              sensitivity=par["sensitivity"])
-        return noisy.cpu().numpy(), {k: v for k, v in info.items() if k != "seconds"} | {"seconds": info["seconds"]}
+    def persist(draw):
+        def as_array():
+            noisy, info = draw()
+            return noisy.cpu().numpy(), info
+        return session.walr_sum(as_array)
 
-    noisy, note = session.walr_sum(draw)
-    t1 = time.perf_counter()
-    gen = torch.Generator(device="cpu").manual_seed(rnd.torch_seed())
-    theta = fit(xc, torch.as_tensor(noisy, dtype=torch.float64, device=device), n_rows=len(d), steps=ws.steps,
-                minibatch=ws.minibatch, lr=ws.lr, generator=gen)
-    rec = {"name": "walr", "rows": len(d), "rows_clipped": clip_info["rows_clipped"],
-           "weights_clipped": clip_info["weights_clipped"], "noise_std": par["noise_std"],
-           "noise_draws": int(note.get("noise_draws", par["features"])), "max_contribution": note.get("max_contribution"),
-           "sensitivity": par["sensitivity"], "release_seconds": note.get("seconds"), "fit_steps": ws.steps,
-           "fit_seconds": time.perf_counter() - t1, "releases": 1}
+    theta, rec = run_walr(torch.cat([d.ns_num, d.s_num], 1).double(), d.label.double(), weights, par, rnd,
+                          steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr, persist=persist)
+    rec = {"name": "walr", **rec, "releases": 1}
     timings = dict(prep.timings, walr_fit_seconds=rec["fit_seconds"])
     metrics = {}
     if eval_path is not None:

@@ -272,7 +272,7 @@ def predict(theta: torch.Tensor, Xc: torch.Tensor) -> torch.Tensor:
 
 
 def run_walr(X: torch.Tensor, y, weights, plan_parameters: Mapping, randomness, *, steps: int, minibatch: int,
-             lr: float):
+             lr: float, persist=None):
     """Execute a WALR phase as planned: prepare, release once, fit.
 
     Args:
@@ -283,6 +283,9 @@ def run_walr(X: torch.Tensor, y, weights, plan_parameters: Mapping, randomness, 
             row_norm_bound, weights_bound, dataset_size).
         randomness: the run's ``Randomness``: the release noise first, then the fit's seed.
         steps, minibatch, lr: optimisation settings (free: post-processing).
+        persist: optional ``persist(draw) -> (noisy_sum, info)`` through which the release goes
+            (the trainer's run session logs its intent, saves it, and on a resumed run returns
+            the saved release instead of drawing a second one).
 
     Returns:
         (theta [k], record) where record has rows, rows_clipped, weights_clipped, noise_std,
@@ -304,7 +307,11 @@ def run_walr(X: torch.Tensor, y, weights, plan_parameters: Mapping, randomness, 
                                     "with this N or supply the planned data")
     Xc, wc, prep = prepare_rows(X, row_norm_bound=R, weights=weights, weights_bound=W,
                                 expected_features=par["features"])
-    noisy, rel = release(Xc, y, wc, noise_std=par["noise_std"], randomness=randomness, sensitivity=sens)
+    def draw():
+        return release(Xc, y, wc, noise_std=par["noise_std"], randomness=randomness, sensitivity=sens)
+
+    noisy, rel = draw() if persist is None else persist(draw)
+    noisy = torch.as_tensor(noisy, dtype=torch.float64, device=Xc.device)
     t0 = time.perf_counter()
     gen = torch.Generator(device=Xc.device).manual_seed(randomness.torch_seed())
     theta = fit(Xc, noisy, n_rows=n, steps=steps, minibatch=minibatch, lr=lr, generator=gen)

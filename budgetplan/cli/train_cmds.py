@@ -30,6 +30,11 @@ def _settings(**kw):
 @click.option("--model", type=click.Choice(["mlp", "fm"]), default="mlp", show_default=True)
 @click.option("--embedding-dim", default="8", show_default=True, help='An integer, or "auto" (int(2 V^0.25)).')
 @click.option("--lr", type=POSITIVE, default=1e-3, show_default=True)
+@click.option("--dpsgd-optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
+              help="DP-SGD phase optimiser (sgd: momentum 0.9). Post-processing: no privacy cost.")
+@click.option("--dpsgd-lr", type=POSITIVE, default=0.01, show_default=True, help="DP-SGD phase learning rate.")
+@click.option("--dpsgd-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
+              help="DP-SGD learning-rate schedule over the plan's steps.")
 @click.option("--loss", type=click.Choice(["unbiased", "forward"]), default="unbiased", show_default=True,
               help="RR debiasing: the Hybrid paper's unbiased loss or the forward-corrected loss.")
 @click.option("--batch-size", type=POSITIVE_INT, default=None, help="When the plan does not fix one.")
@@ -47,12 +52,14 @@ def _settings(**kw):
 @click.option("--checkpoint-every", type=POSITIVE_INT, default=200, show_default=True,
               help="DP-SGD steps between checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record on stdout.")
-def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, loss, batch_size,
+def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
+          dpsgd_schedule, loss, batch_size,
           nonsensitive_encoding, vocab_threshold, device, seed, non_private, baseline_run, resume, checkpoint_every,
           as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
     from budgetplan.plan import load_plan
     from budgetplan.records import load_record
+    from trainers.dpsgd import DPSGDSettings
     from trainers.run import execute_plan, run_baseline
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim)
@@ -72,6 +79,8 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                 raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
         record = execute_plan(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
                               baseline_auc=base_auc, progress=not as_json, resume=resume,
+                              dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
+                                                           cosine_decay=dpsgd_schedule == "cosine"),
                               checkpoint_every=checkpoint_every)
     if as_json:
         emit_json(record.content() | {"sha256": record.sha256})

@@ -230,6 +230,23 @@ def test_cli_train_and_baseline(data, tmp_path, runner):
     assert bad.stderr.strip().count("\n") == 0 and not (tmp_path / "x").exists()
 
 
+def test_cli_dpsgd_options_reach_the_dpsgd_phase(data, tmp_path, runner):
+    from budgetplan.cli import cli
+
+    root, _ = data
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(hybrid_plan(5000, "alpha=0").to_json())
+    out = runner.invoke(cli, ["train", str(plan_path), "--data", str(root / "train.parquet"), "--embedding-dim", "4",
+                              "--out", str(tmp_path / "run"), "--dpsgd-optimizer", "sgd", "--dpsgd-lr", "0.05",
+                              "--dpsgd-schedule", "cosine", "--json"])
+    assert out.exit_code == 0, out.output
+    settings = json.loads(out.stdout)["phases"][0]["settings"]
+    assert (settings["optimizer"], settings["lr"], settings["cosine_decay"]) == ("sgd", 0.05, True)
+    bad = runner.invoke(cli, ["train", str(plan_path), "--data", str(root / "train.parquet"), "--out",
+                              str(tmp_path / "x"), "--dpsgd-lr", "nan"])
+    assert bad.exit_code == 2 and "--dpsgd-lr" in bad.stderr and not (tmp_path / "x").exists()
+
+
 def test_cli_demo_small(runner, tmp_path):
     from budgetplan.cli import cli
 

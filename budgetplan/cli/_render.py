@@ -36,8 +36,9 @@ def results_table(title: str, columns: list[str], rows: list[list[object]]):
 
     table = Table(title=title, title_justify="left")
     for i, col in enumerate(columns):
-        table.add_column(col, justify="right" if i and col not in ("notes", "bound", "description") else "left",
-                         overflow="fold")
+        # numbers align right; text (descriptions, details, pass/fail) reads better left
+        numeric = all(not isinstance(row[i], str) for row in rows) if rows else True
+        table.add_column(col, justify="right" if i and numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*[v if isinstance(v, str) else fmt(v) for v in row])
     return table

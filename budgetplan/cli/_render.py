@@ -31,13 +31,27 @@ def params_table(title: str, rows: list[tuple[str, object]]):
     return table
 
 
+def _numberish(value) -> bool:
+    """A number, or text that reads as one (a formatted number, "-" for none, "12.3%")."""
+    if not isinstance(value, str):
+        return True
+    text = value.strip().rstrip("%x").replace(",", "")
+    if text in ("", "-", "n/a"):
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def results_table(title: str, columns: list[str], rows: list[list[object]]):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
     for i, col in enumerate(columns):
         # numbers align right; text (descriptions, details, pass/fail) reads better left
-        numeric = all(not isinstance(row[i], str) for row in rows) if rows else True
+        numeric = all(_numberish(row[i]) for row in rows)
         table.add_column(col, justify="right" if i and numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*[v if isinstance(v, str) else fmt(v) for v in row])

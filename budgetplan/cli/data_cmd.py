@@ -1,4 +1,4 @@
-"""``budgetplan data``: data utilities for the trainers (today: the synthetic ads data set)."""
+"""``budgetplan data``: data utilities for the trainers (the synthetic ads data, counts under a cap)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ __all__ = ["data"]
 
 @click.group()
 def data():
-    """Data for the trainers: synthetic semi-sensitive ads data."""
+    """Data for the trainers: synthetic semi-sensitive ads data, row counts under a cap."""
 
 
 def _format_for(out: Path, given: str | None) -> str:
@@ -79,3 +79,45 @@ def synth(rows, users, out, seed, fmt, as_json):
         ("non-sensitive", ", ".join(SYNTH_FEATURES.nonsensitive)),
         ("sensitive", ", ".join(SYNTH_FEATURES.sensitive)),
     ]))
+
+
+@data.command()
+@click.argument("data_path", metavar="DATA", type=click.Path(dir_okay=False))
+@click.option("--unit-id", required=True, help="The unit (user) id column.")
+@click.option("--unit-cap", "caps", type=POSITIVE_INT, multiple=True, required=True,
+              help="K, the most examples a unit keeps (repeat the option to compare caps).")
+@click.option("--format", "data_format", default="auto", show_default=True,
+              type=click.Choice(["auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display",
+                                 "criteo-search"]))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def count(data_path, unit_id, caps, data_format, as_json):
+    """Rows left after capping each unit at K: the N a user-level scenario must state.
+
+    The count is the same under the `first` and `random` capping rules. It is a statistic
+    of the data: N is public under replace-one adjacency, and choosing K by looking at
+    these counts is data-dependent preprocessing that no plan accounts for.
+    """
+    import numpy as np
+
+    from budgetplan.errors import InvalidParameterError
+    from trainers.data.capping import capped_rows
+    from trainers.data.loaders import read_table
+
+    column = read_table(data_path, format=data_format, columns=[unit_id]).column(unit_id)
+    if column.null_count:
+        raise InvalidParameterError(f"unit id column {unit_id!r} has {column.null_count} missing values")
+    ids = column.to_numpy(zero_copy_only=False)
+    if np.issubdtype(ids.dtype, np.floating) and np.isnan(ids).any():
+        raise InvalidParameterError(f"unit id column {unit_id!r} has missing values")
+    result = {"path": str(data_path), "unit_id": unit_id} | capped_rows(ids, sorted(set(caps)))
+    if as_json:
+        emit_json(result)
+        return
+    from budgetplan.cli._render import results_table
+
+    console().print(results_table(
+        f"{data_path}: {result['rows']:,} rows, {result['units']:,} units (at most {result['max_per_unit']:,} rows "
+        "each)", ["cap K", "rows after capping (N)", "rows dropped", "units over K"],
+        [[c["cap"], c["rows"], c["rows_dropped"], c["units_capped"]] for c in result["caps"]]))
+    console().print("State N as \\[data] dataset_size; choosing K from these counts is data-dependent "
+                    "preprocessing (not covered by a plan).")

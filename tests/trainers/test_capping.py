@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from budgetplan.errors import InvalidParameterError
-from trainers.data.capping import cap_units, secure_rng
+from trainers.data.capping import cap_units, capped_rows, secure_rng
 
 
 def test_first_keeps_the_first_k_rows_of_each_unit_in_data_order():
@@ -95,3 +95,18 @@ def test_cap_invariants(units, cap, rule, seed):
     if rule == "first":
         for u in set(units.tolist()):
             assert kept[units[kept] == u].tolist() == np.flatnonzero(units == u)[:cap].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(units=st.lists(st.integers(0, 8), max_size=60), caps=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       seed=st.integers(0, 2**32))
+def test_capped_rows_counts_what_cap_units_keeps(units, caps, seed):
+    units = np.array(units, dtype=np.int64)
+    out = capped_rows(units, caps)
+    assert out["rows"] == units.size and out["units"] == np.unique(units).size
+    for k, row in zip(caps, out["caps"]):
+        for rule in ("first", "random"):
+            kept, info = cap_units(units, k, rule=rule, rng=np.random.default_rng(seed))
+            assert row["rows"] == kept.size == info["rows_kept"]
+            assert row["units_capped"] == info["units_capped"]
+        assert row["rows"] + row["rows_dropped"] == units.size

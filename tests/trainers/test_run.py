@@ -100,6 +100,26 @@ def test_refuses_labels_outside_0_1(data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_data_count_gives_the_n_a_user_level_plan_trains_on(data, tmp_path, runner):
+    from budgetplan.cli import cli
+
+    root, table = data
+    out = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "user_id",
+                              "--unit-cap", "3", "--unit-cap", "1", "--json"])
+    assert out.exit_code == 0, out.output
+    counted = json.loads(out.stdout)
+    assert counted["rows"] == 5000 and [c["cap"] for c in counted["caps"]] == [1, 3]
+    n3 = counted["caps"][1]["rows"]
+    assert counted["caps"][0]["rows"] == counted["units"] == len(set(table.column("user_id").to_pylist()))
+    assert counted["units"] < n3 < 5000
+    rec = execute_plan(rr_plan(n3, extra_privacy='unit = "user"\ncap = 3'), root / "train.parquet", settings=FAST)
+    assert rec.data["rows_used"] == n3
+    human = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "user_id", "--unit-cap", "3"])
+    assert human.exit_code == 0 and f"{n3:,}" in human.stdout and "[data] dataset_size" in human.stdout
+    bad = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "uid", "--unit-cap", "3"])
+    assert bad.exit_code == 2 and "no column 'uid'" in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
 def test_refuses_user_level_plan_without_unit_ids(data, tmp_path):
     root, table = data
     pq.write_table(table.drop(["user_id"]), tmp_path / "nouser.parquet")

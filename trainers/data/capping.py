@@ -26,7 +26,7 @@ import numpy as np
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["cap_units", "secure_rng", "RULES"]
+__all__ = ["cap_units", "capped_rows", "secure_rng", "RULES"]
 
 RULES = ("first", "random")
 
@@ -34,6 +34,29 @@ RULES = ("first", "random")
 def secure_rng() -> np.random.Generator:
     """A numpy Generator seeded with 128 bits from the OS CSPRNG (``secrets``)."""
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+
+
+def capped_rows(unit_ids, caps) -> dict:
+    """Rows left after capping each unit at each K in ``caps``: sum over units of min(n_u, K).
+
+    The same count under both rules (they differ in which rows, not how many), so a plan's N
+    for a user-level scenario can be read off before training. Returns ``{"rows", "units",
+    "max_per_unit", "caps": [{"cap", "rows", "rows_dropped", "units_capped"}]}``.
+    """
+    from budgetplan import _validate
+
+    ids = np.asarray(unit_ids)
+    if ids.ndim != 1:
+        raise InvalidParameterError(f"unit ids must be one-dimensional, got shape {ids.shape}")
+    ks = [_validate.positive_int("cap", k) for k in caps]
+    counts = np.unique(ids, return_counts=True)[1] if ids.size else np.zeros(0, dtype=np.int64)
+    out = []
+    for k in ks:
+        kept = int(np.minimum(counts, k).sum())
+        out.append({"cap": k, "rows": kept, "rows_dropped": int(ids.size) - kept,
+                    "units_capped": int((counts > k).sum())})
+    return {"rows": int(ids.size), "units": int(counts.size),
+            "max_per_unit": int(counts.max()) if counts.size else 0, "caps": out}
 
 
 def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Generator | None = None):

@@ -31,9 +31,6 @@ ARMS = (("RR", "alpha=1"), ("DP-SGD", "alpha=0"), ("Hybrid", "paper-v1"))
 
 
 def scenario(*, epsilon: float, split: str, n: int, spec, dpsgd_batch: int, dpsgd_epochs: int, rr_epochs: int) -> str:
-    def names(cols):
-        return "[" + ", ".join(f'"{c}"' for c in cols) + "]"
-
     return f"""name = "frontier-{split}-eps{epsilon:g}"
 [budget]
 epsilon = {epsilon!r}
@@ -54,14 +51,7 @@ batch_size = 1024
 batch_size = {dpsgd_batch}
 epochs = {dpsgd_epochs}
 clipping_norm = 1.0
-[features]
-label = "{spec.label}"
-unit_id = "{spec.unit_id}"
-nonsensitive_categorical = {names(spec.nonsensitive_categorical)}
-nonsensitive_numeric = {names(spec.nonsensitive_numeric)}
-sensitive_categorical = {names(spec.sensitive_categorical)}
-sensitive_numeric = {names(spec.sensitive_numeric)}
-"""
+{spec.to_toml()}"""
 
 
 def main() -> None:

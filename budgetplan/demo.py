@@ -18,9 +18,6 @@ __all__ = ["run_demo", "demo_scenario"]
 
 def demo_scenario(*, epsilon: float, dataset_size: int, spec, epochs: int = 3) -> str:
     """The TOML of the demo's RR scenario for the synthetic feature spec."""
-    def names(cols):
-        return "[" + ", ".join(f'"{c}"' for c in cols) + "]"
-
     return f"""name = "demo-rr-eps{epsilon:g}"
 description = "budgetplan demo: randomized response per impression on synthetic semi-sensitive ads data."
 
@@ -42,14 +39,7 @@ name = "rr"
 epochs = {epochs}
 batch_size = 1024
 
-[features]
-label = "{spec.label}"
-unit_id = "{spec.unit_id}"
-nonsensitive_categorical = {names(spec.nonsensitive_categorical)}
-nonsensitive_numeric = {names(spec.nonsensitive_numeric)}
-sensitive_categorical = {names(spec.sensitive_categorical)}
-sensitive_numeric = {names(spec.sensitive_numeric)}
-"""
+{spec.to_toml()}"""
 
 
 def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), out_dir=None, seed: int = 0,

@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.mechanisms import mechanism_from_dict, mechanism_to_dict
@@ -227,29 +226,6 @@ def load_plan(path: str | Path) -> Plan:
         return Plan.from_json(text)
     except PlanMismatchError as exc:
         raise PlanMismatchError(f"{path.name}: {exc}", exc.problems) from None
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that the file is either the old one or the whole new one."""
-    path = Path(path)
-    if path.is_dir():
-        raise InvalidParameterError(f"output path is a directory: {path}")
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise InvalidParameterError(f"output directory does not exist: {directory}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def finite_or_none(x: float) -> float | None:

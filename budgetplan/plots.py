@@ -168,23 +168,16 @@ def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
 
 
 def _save(fig, path) -> Path:
-    import os
-    import tempfile
+    from budgetplan._files import atomic_output
 
     path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise InvalidParameterError(f"plots are written as PNG: the output must end in .png, got {path.name}")
-    if not path.parent.is_dir():
-        raise InvalidParameterError(f"output directory does not exist: {path.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.tight_layout()
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        if path.suffix.lower() != ".png":
+            raise InvalidParameterError(f"plots are written as PNG: the output must end in .png, got {path.name}")
+        with atomic_output(path) as tmp:
+            fig.tight_layout()
+            fig.savefig(tmp, format="png")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         import matplotlib.pyplot as plt
 
         plt.close(fig)

@@ -68,6 +68,7 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -204,6 +205,17 @@ class FeatureSpec:
         out = [self.label] + ([self.unit_id] if self.unit_id else []) + ([self.weight] if self.weight else []) \
             + list(self.nonsensitive + self.sensitive)
         return tuple(dict.fromkeys(out))
+
+    def to_toml(self) -> str:
+        """The scenario's ``[features]`` table that parses back to this spec."""
+        def value(v) -> str:
+            return json.dumps(v) if isinstance(v, str) else "[" + ", ".join(json.dumps(c) for c in v) + "]"
+
+        lines = ["[features]", f"label = {value(self.label)}"]
+        lines += [f"{k} = {value(getattr(self, k))}" for k in ("unit_id", "weight") if getattr(self, k) is not None]
+        lines += [f"{k} = {value(getattr(self, k))}" for k in ("nonsensitive_categorical", "nonsensitive_numeric",
+                                                              "sensitive_categorical", "sensitive_numeric")]
+        return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

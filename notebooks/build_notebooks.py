@@ -385,12 +385,8 @@ print("sensitive:    ", ", ".join(SYNTH_FEATURES.sensitive))'''),
 One TOML scenario per (epsilon, alpha): the budget, replace-one adjacency per impression, N, the
 Hybrid algorithm with its split, the training shape that touches privacy (`[rr]`, `[dpsgd]`), and the
 `[features]` table (which columns are the label, the user id, and the non-sensitive and sensitive
-features: the synthetic data's spec).'''),
-    ("code", r'''def names(cols):
-    return "[" + ", ".join(f'"{c}"' for c in cols) + "]"
-
-
-def scenario_toml(epsilon, alpha):
+features), written here by `FeatureSpec.to_toml()` from the synthetic data's spec.'''),
+    ("code", r'''def scenario_toml(epsilon, alpha):
     spec = SYNTH_FEATURES
     return f"""name = "hybrid-eps{epsilon:g}-alpha{alpha:g}"
 description = "Semi-sensitive DP per impression on synthetic ads data: RR share alpha = {alpha:g}."
@@ -420,14 +416,7 @@ batch_size = {DPSGD_BATCH}
 epochs = {DPSGD_EPOCHS}
 clipping_norm = {CLIPPING_NORM!r}
 
-[features]
-label = "{spec.label}"
-unit_id = "{spec.unit_id}"
-nonsensitive_categorical = {names(spec.nonsensitive_categorical)}
-nonsensitive_numeric = {names(spec.nonsensitive_numeric)}
-sensitive_categorical = {names(spec.sensitive_categorical)}
-sensitive_numeric = {names(spec.sensitive_numeric)}
-"""
+{spec.to_toml()}"""
 
 
 print(scenario_toml(EPSILONS[0], 0.5))'''),
@@ -593,10 +582,6 @@ DATA = WORK / "train.parquet"
 pq.write_table(synthesize(ROWS, USERS, SEED), DATA)
 
 
-def names(cols):
-    return "[" + ", ".join(f'"{c}"' for c in cols) + "]"
-
-
 spec = SYNTH_FEATURES
 scenario = f"""name = "audit-hybrid-eps{EPSILON:g}"
 description = "A small Hybrid run (RR then DP-SGD) on synthetic ads data, to audit."
@@ -625,14 +610,7 @@ batch_size = {DPSGD_BATCH}
 epochs = {DPSGD_EPOCHS}
 clipping_norm = 1.0
 
-[features]
-label = "{spec.label}"
-unit_id = "{spec.unit_id}"
-nonsensitive_categorical = {names(spec.nonsensitive_categorical)}
-nonsensitive_numeric = {names(spec.nonsensitive_numeric)}
-sensitive_categorical = {names(spec.sensitive_categorical)}
-sensitive_numeric = {names(spec.sensitive_numeric)}
-"""
+{spec.to_toml()}"""
 plan = build_plan(parse_scenario(scenario))
 for phase in plan.phases:
     keys = ("flip_probability", "noise_multiplier", "steps", "sampling_rate")

@@ -115,6 +115,17 @@ def test_write_atomic_never_leaves_a_half_file(tmp_path, monkeypatch):
     assert target.read_text() == "new content"
 
 
+def test_atomic_output_writer_failure_leaves_the_old_file(tmp_path):
+    from budgetplan._files import atomic_output
+
+    target = tmp_path / "data.parquet"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_output(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("writer died")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["data.parquet"]
+
+
 def test_round_trip_every_kind(small_plan, hybrid_plan):
     for p in (small_plan, hybrid_plan, build_plan(load_scenario(examples.path("walr"))),
               build_plan(load_scenario(examples.path("criteo-attribution-user-k10")))):

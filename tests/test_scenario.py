@@ -116,3 +116,34 @@ def test_round_trip_dict():
 
     sc = parse_scenario(BASE)
     assert Scenario.from_dict(sc.to_dict()) == sc
+
+
+def test_feature_spec_toml_round_trips():
+    from budgetplan.scenario import FeatureSpec
+
+    specs = [FeatureSpec(label="y", unit_id="user", nonsensitive_categorical=("a", "b"), sensitive_numeric=("s",)),
+             FeatureSpec(label="conv", sensitive_categorical=('odd "name"', "caf\u00e9"))]
+    for spec in specs:
+        assert parse_scenario_text_with_features(spec.to_toml()) == spec
+    assert 'weight = "w"' in FeatureSpec(label="y", weight="w").to_toml().splitlines()
+
+
+def parse_scenario_text_with_features(features_toml: str):
+    from budgetplan.scenario import parse_scenario
+
+    base = """name = "t"
+[budget]
+epsilon = 1.0
+delta = 0.0
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+[data]
+dataset_size = 1000
+[algorithm]
+name = "rr"
+[rr]
+epochs = 1
+batch_size = 10
+"""
+    return parse_scenario(base + features_toml).features

@@ -17,12 +17,11 @@ release the plan does not account, so the session refuses (fails closed).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from budgetplan._files import atomic_output
 from budgetplan.errors import InvalidParameterError
 from trainers.ledger import Ledger, LedgerError, RunLock
 
@@ -110,14 +109,8 @@ class Session:
         import torch
 
         self.ledger.sync()  # every step the checkpoint reflects is on disk first
-        fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", dir=self.dir)
-        os.close(fd)
-        try:
+        with atomic_output(self.dir / "checkpoint.pt") as tmp:
             torch.save(state, tmp)
-            os.replace(tmp, self.dir / "checkpoint.pt")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         self.ledger.note("checkpoint", phase=state.get("phase"), step=state.get("step"))
 
     def load_checkpoint(self) -> dict | None:
@@ -163,13 +156,5 @@ class NullSession:
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npy", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_output(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, array)

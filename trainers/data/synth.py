@@ -48,14 +48,13 @@ torch.
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from budgetplan._files import atomic_output
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario import FeatureSpec
 
@@ -277,29 +276,14 @@ def write_synthetic(path, rows: int, users: int, seed: int = 0, format: str = "p
     if format not in ("parquet", "csv"):
         raise InvalidParameterError(f"format must be parquet or csv, got {format!r}")
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise InvalidParameterError(f"output path is a directory: {path}")
-    if not directory.is_dir():
-        raise InvalidParameterError(f"output directory does not exist: {directory}")
-    table = synthesize(rows, users, seed)
-    # A fresh name beside the target (same file system, so os.replace is atomic), created by
-    # the writer itself so that the file gets the usual permissions, not mkstemp's 0600.
-    tmp = directory / f".{path.name}.{secrets.token_hex(8)}.tmp"
-    try:
+    with atomic_output(path) as tmp:
+        table = synthesize(rows, users, seed)
         if format == "parquet":
             pq.write_table(table, str(tmp))
         else:
             plain = pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
                               for c in table.columns], names=table.column_names)
             pacsv.write_csv(plain, str(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     label = table.column("label").to_numpy()
     return {"path": str(path), "format": format, "rows": rows, "users": users, "seed": seed,
             "conversion_rate": float(label.mean()), "bytes": path.stat().st_size,

@@ -131,8 +131,12 @@ def _dpsgd(model, tensors, cfg, batch, steps, warmup, device) -> dict:
     trainable = list(model.parameters())
 
     def params(n_steps):
-        return {"noise_multiplier": SIGMA, "clipping_norm": CLIP, "sampling_rate": batch / rows, "steps": n_steps,
-                "dataset_size": rows, "sampling": "poisson"}
+        from budgetplan.phases import DPSGDParams
+
+        return DPSGDParams(noise_multiplier=SIGMA, noise_std=SIGMA * CLIP, clipping_norm=CLIP, sensitivity=CLIP,
+                           sampling_rate=batch / rows, steps=n_steps, batch_size=batch,
+                           epochs=n_steps * batch / rows, dataset_size=rows, sampling="poisson",
+                           max_batch_size=None, cap=1, capping=None, normalise_by="q*N", model="full")
 
     settings = DPSGDSettings(optimizer="sgd", lr=LR, cosine_decay=True)
     if warmup:

@@ -32,7 +32,8 @@ from pathlib import Path
 from scipy import stats
 
 from budgetplan.errors import BudgetplanError
-from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse, TruncatedPoissonDPSGD
+from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse
+from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, load_plan
 from budgetplan.records import RunRecord, load_record
 
@@ -136,7 +137,7 @@ def _names_plan(record: RunRecord, plan: Plan, data_path, data_format) -> Check:
 
 
 def _dpsgd_phase(plan: Plan):
-    return next((p for p in plan.phases if p.name == "dpsgd"), None)
+    return plan.dpsgd
 
 
 def _record_phase(record: RunRecord, name: str):
@@ -151,7 +152,7 @@ def _steps(record: RunRecord, plan: Plan, record_path: Path) -> Check:
         return Check("steps within plan", ok, "no DP-SGD phase planned" + ("" if ok else ", but one ran"))
     if ran is None:
         return Check("steps within plan", False, "the plan has a DP-SGD phase the record does not show")
-    executed, steps = ran["steps_executed"], planned.parameters["steps"]
+    executed, steps = ran["steps_executed"], planned.params.steps
     problems = []
     if executed > steps:
         problems.append(f"{executed} noisy steps executed, more than the {steps} planned")
@@ -181,7 +182,7 @@ def _sampling(record: RunRecord, plan: Plan, alpha: float) -> list[Check]:
     planned, ran = _dpsgd_phase(plan), _record_phase(record, "dpsgd")
     if planned is None or ran is None or not ran.get("steps_this_session"):
         return []
-    n, q = planned.parameters["dataset_size"], planned.parameters["sampling_rate"]
+    n, q = planned.params.dataset_size, planned.params.sampling_rate
     t = ran["steps_this_session"]
     total, sumsq = ran["batch_size_sum"], ran["batch_size_sumsq"]
     if ran.get("batches_truncated"):
@@ -205,13 +206,13 @@ def _sampling(record: RunRecord, plan: Plan, alpha: float) -> list[Check]:
 
 
 def _flips(record: RunRecord, plan: Plan, alpha: float) -> list[Check]:
-    planned = next((p for p in plan.phases if p.name == "rr"), None)
+    planned = plan.rr
     ran = _record_phase(record, "rr")
     if planned is None or ran is None:
         return []
     n, flipped = ran["labels"], ran["labels_flipped"]
     if ran.get("flip_probability") is not None:
-        rho = planned.parameters["flip_probability"]
+        rho = planned.params.flip_probability
         if abs(ran["flip_probability"] - rho) > 1e-15:
             return [Check("RR flips", False, f"the run flipped with probability {ran['flip_probability']!r}, the "
                                              f"plan says {rho!r}")]
@@ -235,7 +236,7 @@ def _reaccount(record: RunRecord, plan: Plan) -> Check:
     for phase in plan.phases:
         g = phase.guarantee
         try:
-            if phase.name == "dpsgd" and isinstance(phase.mechanism, PoissonDPSGD):
+            if isinstance(phase, DPSGDPhase) and isinstance(phase.mechanism, PoissonDPSGD):
                 m = phase.mechanism
                 ran = _record_phase(record, "dpsgd")
                 executed = ran["steps_executed"] if ran else m.steps
@@ -256,18 +257,18 @@ def _reaccount(record: RunRecord, plan: Plan) -> Check:
                     problems.append(f"dpsgd: the {executed} executed steps cost {other:.6g} > the phase budget "
                                     f"{phase.target_epsilon:.6g}")
                 notes.append(f"dpsgd {other:.6g} by {how} (plan {g.epsilon:.6g})")
-            elif phase.name == "dpsgd" and isinstance(phase.mechanism, TruncatedPoissonDPSGD):
+            elif isinstance(phase, DPSGDPhase):
                 notes.append("dpsgd (truncated Poisson): no second accountant exists; the plan's dp_accounting "
                              "figure stands")
-            elif phase.name == "rr":
-                per, k = phase.parameters["per_impression_epsilon"], plan.unit.cap
+            elif isinstance(phase, RRPhase):
+                per, k = phase.params.per_impression_epsilon, plan.unit.cap
                 other = account(RandomizedResponse(epsilon=per), delta=g.delta, adjacency="replace-one",
                                 unit=plan.unit, method="pld").epsilon
                 tol = k * 1e-4 * 1.01 + 1e-9  # the PLD rounds each of K losses up by at most one grid step
-                if phase.parameters["per_impression_rule"] != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
+                if phase.params.per_impression_rule != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
                     problems.append(f"rr: PLD gives {other:.6g}, the exact closed form {g.epsilon:.6g}")
                 notes.append(f"rr {other:.6g} by PLD (exact {g.epsilon:.6g})")
-            elif phase.name == "walr":
+            elif isinstance(phase, WALRPhase):
                 m = phase.mechanism
                 other = analytic_epsilon(sigma=m.noise_std, delta=g.delta, sensitivity=m.sensitivity * plan.unit.cap)
                 if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
@@ -296,18 +297,16 @@ def run_empirical(plan: Plan) -> list[dict]:
 
     out = []
     for phase in plan.phases:
-        par = phase.parameters
-        if phase.name == "rr":
-            res = empirical.rr_lower_bound(epsilon=par["per_impression_epsilon"])
-        elif phase.name == "walr":
-            res = empirical.gaussian_lower_bound(noise_std=par["noise_std"], sensitivity=par["sensitivity"],
-                                                 delta=phase.target_delta)
-        elif phase.name == "dpsgd" and par.get("sampling") == "poisson":
-            res = empirical.dpsgd_lower_bound(noise_multiplier=par["noise_multiplier"],
-                                              sampling_rate=par["sampling_rate"],
-                                              steps=min(par["steps"], EMPIRICAL_DPSGD_STEPS),
-                                              clipping_norm=min(par["clipping_norm"], 0.5),
-                                              delta=phase.target_delta)
+        if isinstance(phase, RRPhase):
+            res = empirical.rr_lower_bound(epsilon=phase.params.per_impression_epsilon)
+        elif isinstance(phase, WALRPhase):
+            res = empirical.gaussian_lower_bound(noise_std=phase.params.noise_std,
+                                                 sensitivity=phase.params.sensitivity, delta=phase.target_delta)
+        elif isinstance(phase, DPSGDPhase) and phase.params.sampling == "poisson":
+            par = phase.params
+            res = empirical.dpsgd_lower_bound(noise_multiplier=par.noise_multiplier, sampling_rate=par.sampling_rate,
+                                              steps=min(par.steps, EMPIRICAL_DPSGD_STEPS),
+                                              clipping_norm=min(par.clipping_norm, 0.5), delta=phase.target_delta)
         else:
             continue
         row = asdict(res)

@@ -21,53 +21,13 @@ from pathlib import Path
 from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.mechanisms import mechanism_from_dict, mechanism_to_dict
+from budgetplan.phases import DPSGDPhase, Phase, RRPhase, WALRPhase, phase_from_dict, phase_to_dict
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
 
 __all__ = ["SCHEMA_VERSION", "Phase", "Plan", "load_plan", "write_atomic", "canonical_json"]
 
 SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Phase:
-    """One phase of a plan: a mechanism, its target, and what it was accounted to.
-
-    Attributes:
-        name: ``"rr"``, ``"dpsgd"`` or ``"walr"``.
-        mechanism: the accounted mechanism (per-example parameters).
-        target_epsilon, target_delta: the share of the run budget this phase was planned to.
-        method: the accountant of the phase guarantee.
-        unit_accounting: ``"tight"`` or ``"group"`` for units capped at K > 1.
-        parameters: every value a trainer needs that touches privacy (flip probability,
-            per-impression epsilon, noise multiplier and std, C, q, steps, N, batch sizes).
-        guarantee: the phase's guarantee at the plan's unit and adjacency.
-    """
-
-    name: str
-    mechanism: object
-    target_epsilon: float
-    target_delta: float
-    method: str
-    unit_accounting: str
-    parameters: dict
-    guarantee: Guarantee
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name, "mechanism": mechanism_to_dict(self.mechanism),
-            "target_epsilon": self.target_epsilon, "target_delta": self.target_delta, "method": self.method,
-            "unit_accounting": self.unit_accounting, "parameters": self.parameters,
-            "guarantee": self.guarantee.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Phase":
-        return cls(name=d["name"], mechanism=mechanism_from_dict(d["mechanism"]),
-                   target_epsilon=d["target_epsilon"], target_delta=d["target_delta"], method=d["method"],
-                   unit_accounting=d["unit_accounting"], parameters=d["parameters"],
-                   guarantee=Guarantee.from_dict(d["guarantee"]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,8 +75,20 @@ class Plan:
             return Guarantee.from_dict(self.tuning["guarantee"])
         return self.total
 
-    def phase(self, name: str) -> Phase | None:
-        return next((p for p in self.phases if p.name == name), None)
+    @property
+    def rr(self) -> RRPhase | None:
+        """The randomized-response phase, if the plan has one."""
+        return next((p for p in self.phases if isinstance(p, RRPhase)), None)
+
+    @property
+    def dpsgd(self) -> DPSGDPhase | None:
+        """The DP-SGD phase, if the plan has one."""
+        return next((p for p in self.phases if isinstance(p, DPSGDPhase)), None)
+
+    @property
+    def walr(self) -> WALRPhase | None:
+        """The WALR release, if the plan has one."""
+        return next((p for p in self.phases if isinstance(p, WALRPhase)), None)
 
     def content(self) -> dict:
         """Everything the hash covers."""
@@ -128,7 +100,7 @@ class Plan:
             "privacy": {"adjacency": self.adjacency.value, "unit": self.unit.to_dict(),
                         "dataset_size": self.dataset_size},
             "run_budget": {"epsilon": self.run_epsilon, "delta": self.run_delta},
-            "phases": [p.to_dict() for p in self.phases],
+            "phases": [phase_to_dict(p) for p in self.phases],
             "total": {"basic": self.total.to_dict(),
                       "pld": self.total_pld.to_dict() if self.total_pld else None,
                       "pld_note": self.total_pld_note},
@@ -168,7 +140,9 @@ class Plan:
             plan = cls.from_dict(data)
         except PlanMismatchError:
             raise
-        except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
+        except InvalidParameterError as exc:
+            raise PlanMismatchError(f"plan does not match schema {data.get('schema_version')!r}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanMismatchError(f"plan does not match schema {data.get('schema_version')!r}: {exc!r}") from None
         if stored != plan.sha256:
             raise PlanMismatchError(f"sha256 mismatch: the file says {stored!r}, its content hashes to {plan.sha256}")
@@ -185,7 +159,7 @@ def _load_v1(d: dict) -> Plan:
         adjacency=Adjacency.parse(d["privacy"]["adjacency"]), unit=PrivacyUnit.from_dict(d["privacy"]["unit"]),
         dataset_size=d["privacy"]["dataset_size"],
         run_epsilon=d["run_budget"]["epsilon"], run_delta=d["run_budget"]["delta"],
-        phases=tuple(Phase.from_dict(p) for p in d["phases"]),
+        phases=tuple(phase_from_dict(p, f"phases[{i}]") for i, p in enumerate(d["phases"])),
         total=Guarantee.from_dict(total["basic"]),
         total_pld=Guarantee.from_dict(total["pld"]) if total["pld"] else None,
         total_pld_note=total["pld_note"], tuning=d["tuning"],

@@ -25,7 +25,8 @@ from budgetplan.mechanisms import (
     RandomizedResponse,
     TruncatedPoissonDPSGD,
 )
-from budgetplan.plan import Phase, Plan, current_versions
+from budgetplan.phases import DPSGDParams, DPSGDPhase, Phase, RRParams, RRPhase, WALRParams, WALRPhase
+from budgetplan.plan import Plan, current_versions
 from budgetplan.scenario import Scenario
 from budgetplan.split import split_budget
 from budgetplan.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
@@ -134,19 +135,16 @@ def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
         per = calibrate.rr_per_example_epsilon(epsilon=eps, cap=k, delta=delta)["tight"]
     else:
         per = _round_down_share(eps, k)
-    params = {
-        "per_impression_rule": rule_used, "unit_epsilon": eps, "per_impression_epsilon": per,
-        "flip_probability": rr_math.flip_probability(per), "cap": k, "capping": unit.capping,
-        "epochs": s.rr.epochs, "batch_size": s.rr.batch_size, "dataset_size": s.dataset_size,
-        "labels_randomised": "once per example, before training; all epochs reuse them",
-        "model": model,
-    }
-    if rule_used == "eps/K_i":
-        shares = [_round_down_share(eps, i) for i in range(1, k + 1)]
-        params["per_impression_epsilon_by_count"] = shares
-        params["flip_probability_by_count"] = [rr_math.flip_probability(e) for e in shares]
-    phase = Phase(name="rr", mechanism=RandomizedResponse(epsilon=per), target_epsilon=eps, target_delta=delta,
-                  method="exact", unit_accounting="tight", parameters=params, guarantee=_placeholder(s, unit))
+    shares = tuple(_round_down_share(eps, i) for i in range(1, k + 1)) if rule_used == "eps/K_i" else None
+    params = RRParams(
+        per_impression_rule=rule_used, unit_epsilon=eps, per_impression_epsilon=per,
+        flip_probability=rr_math.flip_probability(per), cap=k, capping=unit.capping,
+        epochs=s.rr.epochs, batch_size=s.rr.batch_size, dataset_size=s.dataset_size,
+        labels_randomised="once per example, before training; all epochs reuse them", model=model,
+        per_impression_epsilon_by_count=shares,
+        flip_probability_by_count=tuple(rr_math.flip_probability(e) for e in shares) if shares else None)
+    phase = RRPhase(mechanism=RandomizedResponse(epsilon=per), target_epsilon=eps, target_delta=delta,
+                    method="exact", unit_accounting="tight", params=params, guarantee=_placeholder(s, unit))
     return _with_guarantee(phase, s, unit)
 
 
@@ -161,17 +159,17 @@ def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
     else:
         sigma = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
     classical = gauss.classical_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
-    params = {
-        "noise_std": sigma, "sensitivity": sens, "unit_sensitivity": sens * unit.cap, "features": w.features,
-        "row_norm_bound": w.row_norm_bound, "weights_bound": w.weights_bound, "dataset_size": s.dataset_size,
-        "cap": unit.cap, "capping": unit.capping,
-        "release": "sum_i y_i w_i x_i once, every row (intercept included) clipped to row_norm_bound, "
-                   "weights clipped to weights_bound; gradient steps after it are free (post-processing)",
-        "classical_noise_std": classical, "classical_valid": eps < gauss.CLASSICAL_VALID_BELOW,
-    }
-    phase = Phase(name="walr", mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
-                  target_delta=delta, method="exact", unit_accounting=s.unit_accounting if unit.cap > 1 else "tight",
-                  parameters=params, guarantee=_placeholder(s, unit))
+    params = WALRParams(
+        noise_std=sigma, sensitivity=sens, unit_sensitivity=sens * unit.cap, features=w.features,
+        row_norm_bound=w.row_norm_bound, weights_bound=w.weights_bound, dataset_size=s.dataset_size,
+        cap=unit.cap, capping=unit.capping,
+        release="sum_i y_i w_i x_i once, every row (intercept included) clipped to row_norm_bound, "
+                "weights clipped to weights_bound; gradient steps after it are free (post-processing)",
+        classical_noise_std=classical, classical_valid=eps < gauss.CLASSICAL_VALID_BELOW)
+    phase = WALRPhase(mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
+                      target_delta=delta, method="exact",
+                      unit_accounting=s.unit_accounting if unit.cap > 1 else "tight",
+                      params=params, guarantee=_placeholder(s, unit))
     return _with_guarantee(phase, s, unit)
 
 
@@ -204,20 +202,18 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
         if d.max_noise_multiplier is not None and sigma > d.max_noise_multiplier:
             raise _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method)
     sens = d.clipping_norm * (2 if s.adjacency.value == "replace-one" else 1)
-    params = {
-        "noise_multiplier": sigma, "noise_std": sigma * d.clipping_norm, "clipping_norm": d.clipping_norm,
-        "sensitivity": sens, "sampling_rate": q, "steps": steps, "batch_size": d.batch_size,
-        "epochs": d.epochs if d.epochs is not None else steps * d.batch_size / n, "dataset_size": n,
-        "sampling": d.sampling, "max_batch_size": d.max_batch_size, "cap": unit.cap, "capping": unit.capping,
-        "normalise_by": "expected batch size q*N, never the realised one",
-        "model": "full (all features)",
-    }
-    if s.algorithm == "hybrid":
-        params["warm_start"] = "rr phase (truncated model)" if warm_start else "none"
+    hybrid = s.algorithm == "hybrid"
+    params = DPSGDParams(
+        noise_multiplier=sigma, noise_std=sigma * d.clipping_norm, clipping_norm=d.clipping_norm,
+        sensitivity=sens, sampling_rate=q, steps=steps, batch_size=d.batch_size,
+        epochs=d.epochs if d.epochs is not None else steps * d.batch_size / n, dataset_size=n,
+        sampling=d.sampling, max_batch_size=d.max_batch_size, cap=unit.cap, capping=unit.capping,
+        normalise_by="expected batch size q*N, never the realised one", model="full (all features)",
+        warm_start=("rr phase (truncated model)" if warm_start else "none") if hybrid else None,
         # without an RR phase there is nothing to freeze the tower at: DP-SGD trains it
-        params["nonsensitive_tower"] = s.tower if warm_start else "trained"
-    phase = Phase(name="dpsgd", mechanism=mech(sigma), target_epsilon=eps, target_delta=delta, method=method,
-                  unit_accounting=unit_accounting, parameters=params, guarantee=_placeholder(s, unit))
+        nonsensitive_tower=(s.tower if warm_start else "trained") if hybrid else None)
+    phase = DPSGDPhase(mechanism=mech(sigma), target_epsilon=eps, target_delta=delta, method=method,
+                       unit_accounting=unit_accounting, params=params, guarantee=_placeholder(s, unit))
     return _with_guarantee(phase, s, unit)
 
 
@@ -293,8 +289,8 @@ def _with_guarantee(phase: Phase, s: Scenario, unit) -> Phase:
 
 def phase_guarantee(phase: Phase, *, adjacency, unit, discretization: float) -> Guarantee:
     """A phase's guarantee, recomputed from its mechanism and parameters alone."""
-    if phase.name == "rr" and phase.parameters.get("per_impression_rule") == "eps/K_i":
-        shares = phase.parameters["per_impression_epsilon_by_count"]
+    if isinstance(phase, RRPhase) and phase.params.per_impression_epsilon_by_count is not None:
+        shares = phase.params.per_impression_epsilon_by_count
         worst = max((account(RandomizedResponse(epsilon=e), delta=phase.target_delta, adjacency=adjacency,
                              unit=PrivacyUnit(name=unit.name, cap=i, capping=unit.capping if i > 1 else None),
                              method="exact") for i, e in enumerate(shares, 1)), key=lambda g: g.epsilon)
@@ -304,6 +300,11 @@ def phase_guarantee(phase: Phase, *, adjacency, unit, discretization: float) -> 
             f"eps/K_i: a unit with K_i <= {unit.cap} examples spends {phase.target_epsilon:g}/K_i per example")
     return account(phase.mechanism, delta=phase.target_delta, adjacency=adjacency, unit=unit,
                    method=phase.method, unit_accounting=phase.unit_accounting, discretization=discretization)
+
+
+def _per_count(phase: Phase) -> bool:
+    """Whether a phase spends eps/K_i per example (its guarantee is a maximum over K_i)."""
+    return isinstance(phase, RRPhase) and phase.params.per_impression_rule == "eps/K_i"
 
 
 def _basic_total(phases, s, unit) -> Guarantee:
@@ -324,7 +325,7 @@ def _pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
         return None, "truncated-Poisson phases are composed by basic composition only"
     if any(p.unit_accounting == "group" for p in phases):
         return None, "group-privacy phases are composed by basic composition only"
-    if any(p.parameters.get("per_impression_rule") == "eps/K_i" for p in phases):
+    if any(_per_count(p) for p in phases):
         return None, "eps/K_i phases are composed by basic composition only"
     try:
         g = account(Composition(phases=tuple(p.mechanism for p in phases)), delta=delta, adjacency=s.adjacency,
@@ -346,7 +347,7 @@ def _tuning(s: Scenario, unit, phases, total: Guarantee, delta: float) -> dict |
         out = {"configurations": n, "selection": "naive", "distribution": None, "guarantee": g.to_dict(),
                "pld_guarantee": None}
         if all(p.unit_accounting == "tight" and not isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases) \
-                and not any(p.parameters.get("per_impression_rule") == "eps/K_i" for p in phases):
+                and not any(_per_count(p) for p in phases):
             run = Composition(phases=tuple(p.mechanism for p in phases) * n)
             try:
                 pld = account(run, delta=delta, adjacency=s.adjacency, unit=unit, method="pld",
@@ -378,7 +379,7 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
     k = unit.cap
     for p in phases:
         eps, delta = p.target_epsilon, p.target_delta
-        if p.name == "rr":
+        if isinstance(p, RRPhase):
             tight = rr_math.max_per_example_epsilon(eps, k, delta) if delta > 0 else eps / k
             rows += [
                 _alt(p, "eps/K", "per_impression_epsilon", eps / k, eps, 0.0,
@@ -393,7 +394,7 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
                      *group_privacy(epsilon=eps / k, delta=0.0, group_size=k),
                      "(K eps_i, delta_i (e^{K eps_i}-1)/(e^{eps_i}-1)); for pure RR it equals eps/K"),
             ]
-        elif p.name == "dpsgd" and isinstance(p.mechanism, PoissonDPSGD):
+        elif isinstance(p, DPSGDPhase) and isinstance(p.mechanism, PoissonDPSGD):
             q, steps = p.mechanism.sampling_rate, p.mechanism.steps
             for label, adj_ok, kwargs in (
                 ("mixture of Gaussians", s.adjacency.value == "add-remove", dict(unit_accounting="tight")),
@@ -413,8 +414,8 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
                                      cal.guarantee.delta, cal.guarantee.method))
                 except BudgetplanError as exc:
                     rows.append({"phase": p.name, "bounding": label, "applies": False, "note": str(exc)})
-        elif p.name == "walr":
-            sens = p.parameters["sensitivity"]
+        elif isinstance(p, WALRPhase):
+            sens = p.params.sensitivity
             exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * k)
             group_sigma = _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
                                                          adjacency=s.adjacency, unit=unit, method="exact",

@@ -102,7 +102,7 @@ def arm_of(plan) -> tuple[str, float | None]:
     """The paper's arm of a plan: ("RR" | "DP-SGD" | "Hybrid" | algorithm, alpha or None)."""
     names = [p.name for p in plan.phases]
     if plan.scenario.algorithm == "hybrid":
-        eps1 = next((p.target_epsilon for p in plan.phases if p.name == "rr"), 0.0)
+        eps1 = plan.rr.target_epsilon if plan.rr is not None else 0.0
         alpha = eps1 / plan.run_epsilon if plan.run_epsilon else None
     else:
         alpha = None

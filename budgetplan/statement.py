@@ -14,6 +14,7 @@ import math
 import textwrap
 
 from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
 
 __all__ = ["render_statement", "render_run_statement"]
@@ -60,40 +61,39 @@ def _adjacency_words(plan: Plan) -> str:
 def _mechanism_lines(plan: Plan) -> list[str]:
     out = []
     for i, p in enumerate(plan.phases, 1):
-        par = p.parameters
-        if p.name == "rr":
-            rule = par["per_impression_rule"]
-            text = (f"Phase {i}, randomized response on the binary label: each example's label is kept with "
-                    f"probability {_num(1 - par['flip_probability'])} and flipped with probability "
-                    f"{_num(par['flip_probability'])} (per-impression epsilon {_num(par['per_impression_epsilon'])}"
-                    f", rule {rule}), {par['labels_randomised']}. The model trained on them: "
-                    f"{par['model']}.")
-            if rule == "eps/K_i":
-                text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
-                         f"{_num(par['unit_epsilon'])}/K_i per example.")
-        elif p.name == "dpsgd":
-            text = (f"Phase {i}, DP-SGD: {par['steps']} noisy steps ({_num(par['epochs'])} epochs) over N = "
-                    f"{par['dataset_size']} rows; each step samples every example independently with "
-                    f"probability q = {_num(par['sampling_rate'])} (expected batch {par['batch_size']}")
-            if par.get("max_batch_size"):
-                text += f", truncated to at most {par['max_batch_size']} by a uniformly random subset"
-            text += (f"), clips each example's gradient to L2 norm C = {_num(par['clipping_norm'])}, adds "
-                     f"Gaussian noise of standard deviation {_num(par['noise_std'])} (noise multiplier "
-                     f"{_num(par['noise_multiplier'])}) to the clipped sum once per step, and divides by the "
-                     f"expected batch size q N.")
-            if "warm_start" in par:
-                text += (f" It trains the full model warm-started from {par['warm_start']}, the non-sensitive "
-                         f"tower {par['nonsensitive_tower']}.")
-        else:
-            text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
-                    f"({par['features']} features, intercept included) clipped to L2 norm "
-                    f"{_num(par['row_norm_bound'])} and each weight to {_num(par['weights_bound'])}, so one "
-                    f"label moves it by at most {_num(par['sensitivity'])}; Gaussian noise of standard "
-                    f"deviation {_num(par['noise_std'])} is added once. Gradient descent on the released "
-                    "vector is post-processing and free.")
-            if not par["classical_valid"]:
-                text += (f" (The classical formula would give {_num(par['classical_noise_std'])}; it is not "
-                         "valid at this epsilon and was not used.)")
+        match p:
+            case RRPhase(params=rr):
+                text = (f"Phase {i}, randomized response on the binary label: each example's label is kept with "
+                        f"probability {_num(1 - rr.flip_probability)} and flipped with probability "
+                        f"{_num(rr.flip_probability)} (per-impression epsilon {_num(rr.per_impression_epsilon)}"
+                        f", rule {rr.per_impression_rule}), {rr.labels_randomised}. The model trained on them: "
+                        f"{rr.model}.")
+                if rr.per_impression_rule == "eps/K_i":
+                    text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
+                             f"{_num(rr.unit_epsilon)}/K_i per example.")
+            case DPSGDPhase(params=sgd):
+                text = (f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over N = "
+                        f"{sgd.dataset_size} rows; each step samples every example independently with "
+                        f"probability q = {_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
+                if sgd.max_batch_size:
+                    text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
+                text += (f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}, adds "
+                         f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
+                         f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by the "
+                         f"expected batch size q N.")
+                if sgd.warm_start is not None:
+                    text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
+                             f"tower {sgd.nonsensitive_tower}.")
+            case WALRPhase(params=walr):
+                text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
+                        f"({walr.features} features, intercept included) clipped to L2 norm "
+                        f"{_num(walr.row_norm_bound)} and each weight to {_num(walr.weights_bound)}, so one "
+                        f"label moves it by at most {_num(walr.sensitivity)}; Gaussian noise of standard "
+                        f"deviation {_num(walr.noise_std)} is added once. Gradient descent on the released "
+                        "vector is post-processing and free.")
+                if not walr.classical_valid:
+                    text += (f" (The classical formula would give {_num(walr.classical_noise_std)}; it is not "
+                             "valid at this epsilon and was not used.)")
         out.append(_item(text + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
                                 f"{p.guarantee.method}."))
     return out
@@ -136,10 +136,8 @@ def _composition_lines(plan: Plan) -> list[str]:
 
 def _assumptions(plan: Plan) -> list[str]:
     out = []
-    names = {p.name for p in plan.phases}
-    if "dpsgd" in names:
-        par = plan.phase("dpsgd").parameters
-        trunc = par.get("max_batch_size")
+    if plan.dpsgd is not None:
+        trunc = plan.dpsgd.params.max_batch_size
         out.append(_item(
             "Poisson sampling: every example joins each batch independently with probability q, at every step"
             + (", and batches above the maximum are cut by a uniformly random subset" if trunc else "")
@@ -153,10 +151,10 @@ def _assumptions(plan: Plan) -> list[str]:
     else:
         out.append(_item(f"The dataset has N = {plan.dataset_size} rows, as planned; a trainer refuses other "
                          "sizes."))
-    if "rr" in names:
+    if plan.rr is not None:
         out.append(_item("Labels are randomised once, by a cryptographically secure generator; training any number "
                          "of epochs on them is post-processing. Drawing new noisy labels would be a new release."))
-    if "walr" in names:
+    if plan.walr is not None:
         out.append(_item("The released sum is formed once, from rows clipped as stated; the bound on every row is "
                          "enforced by the trainer, not assumed of the data."))
     out.append(_item("All intermediate checkpoints and logged quantities computed from these outputs are covered: "

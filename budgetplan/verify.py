@@ -24,8 +24,11 @@ from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.rr import flip_probability
 from budgetplan.calibrate import steps_for_epochs
 from budgetplan.errors import BudgetplanError, PlanMismatchError
-from budgetplan.mechanisms import PoissonDPSGD, TruncatedPoissonDPSGD
+from budgetplan._typed import to_json_object
+from budgetplan.mechanisms import TruncatedPoissonDPSGD
+from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
+from budgetplan.units import Adjacency
 
 __all__ = ["verify_plan", "verify_file", "VerifyReport"]
 
@@ -97,41 +100,45 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
     close("budget.epsilon vs scenario", plan.epsilon, plan.scenario.epsilon)
     for i, p in enumerate(plan.phases):
         where = f"phases[{i}] ({p.name})"
-        par, m = p.parameters, p.mechanism
-        close(f"{where}.parameters.dataset_size", par.get("dataset_size"), n)
-        close(f"{where}.parameters.cap", par.get("cap"), plan.unit.cap)
-        if p.name == "rr":
-            close(f"{where}.mechanism.epsilon", m.epsilon, par["per_impression_epsilon"])
-            close(f"{where}.parameters.flip_probability", par["flip_probability"], flip_probability(m.epsilon))
-            if "flip_probability_by_count" in par:
-                for k, (e, rho) in enumerate(zip(par["per_impression_epsilon_by_count"],
-                                                 par["flip_probability_by_count"]), 1):
-                    close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
-                    if k * e > par["unit_epsilon"] * (1 + 1e-12):
-                        problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par['unit_epsilon']!r}")
-        elif p.name == "dpsgd":
-            close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par["noise_multiplier"])
-            close(f"{where}.parameters.noise_std", par["noise_std"], par["noise_multiplier"] * par["clipping_norm"])
-            close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par["sampling_rate"])
-            close(f"{where}.parameters.sampling_rate", par["sampling_rate"], par["batch_size"] / n)
-            close(f"{where}.mechanism.steps", m.steps, par["steps"])
-            shape = plan.scenario.dpsgd
-            if shape.steps is not None:
-                close(f"{where}.parameters.steps vs scenario", par["steps"], shape.steps)
-            else:
-                close(f"{where}.parameters.steps vs epochs", par["steps"],
-                      steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par["batch_size"]))
-            if isinstance(m, TruncatedPoissonDPSGD):
-                close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par["max_batch_size"])
-                close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
-            elif not isinstance(m, PoissonDPSGD):
-                problems.append(f"{where}.mechanism: expected a DP-SGD mechanism, got {type(m).__name__}")
-        elif p.name == "walr":
-            close(f"{where}.mechanism.noise_std", m.noise_std, par["noise_std"])
-            close(f"{where}.mechanism.sensitivity", m.sensitivity, par["sensitivity"])
-            close(f"{where}.parameters.sensitivity", par["sensitivity"],
-                  par["weights_bound"] * par["row_norm_bound"])
-            close(f"{where}.parameters.unit_sensitivity", par["unit_sensitivity"], par["sensitivity"] * plan.unit.cap)
+        close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
+        close(f"{where}.parameters.cap", p.params.cap, plan.unit.cap)
+        match p:
+            case RRPhase(mechanism=m, params=par):
+                close(f"{where}.mechanism.epsilon", m.epsilon, par.per_impression_epsilon)
+                close(f"{where}.parameters.flip_probability", par.flip_probability, flip_probability(m.epsilon))
+                if par.per_impression_epsilon_by_count is not None and par.flip_probability_by_count is not None:
+                    for k, (e, rho) in enumerate(zip(par.per_impression_epsilon_by_count,
+                                                     par.flip_probability_by_count), 1):
+                        close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
+                        if k * e > par.unit_epsilon * (1 + 1e-12):
+                            problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par.unit_epsilon!r}")
+            case DPSGDPhase(mechanism=m, params=par):
+                close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
+                close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
+                close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par.sampling_rate)
+                close(f"{where}.parameters.sampling_rate", par.sampling_rate, par.batch_size / n)
+                close(f"{where}.mechanism.steps", m.steps, par.steps)
+                close(f"{where}.parameters.sensitivity", par.sensitivity,
+                      par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
+                shape = plan.scenario.dpsgd
+                if shape is None:
+                    problems.append(f"{where}: the scenario has no [dpsgd] table")
+                elif shape.steps is not None:
+                    close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
+                else:
+                    close(f"{where}.parameters.steps vs epochs", par.steps,
+                          steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
+                if isinstance(m, TruncatedPoissonDPSGD):
+                    close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par.max_batch_size)
+                    close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
+                    close(f"{where}.parameters.sampling", par.sampling, "truncated-poisson")
+                else:
+                    close(f"{where}.parameters.sampling", par.sampling, "poisson")
+            case WALRPhase(mechanism=m, params=par):
+                close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
+                close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+                close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
+                close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
 
 
 def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
@@ -170,7 +177,10 @@ def _check_replan(plan: Plan, close, problems: list[str]) -> None:
         problems.append(f"phases: the plan has {len(plan.phases)}, its scenario plans {len(fresh.phases)}")
         return
     for i, (a, b) in enumerate(zip(plan.phases, fresh.phases)):
-        for key in sorted(set(a.parameters) | set(b.parameters)):
-            close(f"phases[{i}] ({a.name}).parameters.{key} vs its scenario", a.parameters.get(key),
-                  b.parameters.get(key))
+        if type(a) is not type(b):
+            problems.append(f"phases[{i}]: the plan has a {a.name} phase, its scenario plans {b.name}")
+            continue
+        mine, theirs = to_json_object(a.params), to_json_object(b.params)
+        for key in sorted(set(mine) | set(theirs)):
+            close(f"phases[{i}] ({a.name}).parameters.{key} vs its scenario", mine.get(key), theirs.get(key))
 

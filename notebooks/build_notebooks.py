@@ -440,11 +440,11 @@ for eps in EPSILONS:
         plan = build_plan(parse_scenario(text))
         write_atomic(WORK / "plans" / f"eps{eps:g}-alpha{alpha:g}.json", plan.to_json())
         plans[eps, alpha] = plan
-        par = {p.name: p.parameters for p in plan.phases}
+        rr, sgd = plan.rr, plan.dpsgd
         plan_rows.append({"epsilon": eps, "alpha": alpha, "arm": arm_of(plan)[0],
-                          "flip prob": par.get("rr", {}).get("flip_probability"),
-                          "sigma": par.get("dpsgd", {}).get("noise_multiplier"),
-                          "steps": par.get("dpsgd", {}).get("steps"),
+                          "flip prob": rr.params.flip_probability if rr else None,
+                          "sigma": sgd.params.noise_multiplier if sgd else None,
+                          "steps": sgd.params.steps if sgd else None,
                           "total": f"({plan.total.epsilon:.4g}, {plan.total.delta:.3g})"})
 show_table(plan_rows, list(plan_rows[0]))'''),
     ("code", r'''one = WORK / "scenarios" / f"eps{EPSILONS[1]:g}-alpha0.5.toml"
@@ -614,7 +614,7 @@ clipping_norm = 1.0
 plan = build_plan(parse_scenario(scenario))
 for phase in plan.phases:
     keys = ("flip_probability", "noise_multiplier", "steps", "sampling_rate")
-    print(phase.name, {k: phase.parameters[k] for k in keys if k in phase.parameters})
+    print(phase.name, {k: getattr(phase.params, k) for k in keys if hasattr(phase.params, k)})
 RUN = WORK / "runs" / "hybrid"
 record = execute_plan(plan, DATA, out_dir=RUN, settings=TrainSettings(device=DEVICE, embedding_dim=4, tower_hidden=32,
                                                                      common_hidden=(32,)))
@@ -701,7 +701,7 @@ The plan's sha256 no longer matches its content: `verify`, `audit` and every loa
 the mismatch.'''),
     ("code", r'''TAMPERED = WORK / "runs" / "tampered"
 shutil.copytree(RUN, TAMPERED)
-rho = plan.phases[0].parameters["flip_probability"]
+rho = plan.phases[0].params.flip_probability
 plan_text = (TAMPERED / "plan.json").read_text()
 assert plan_text.count(f'"flip_probability": {rho!r}') == 1
 plan_text = plan_text.replace(f'"flip_probability": {rho!r}', f'"flip_probability": {rho / 2!r}')
@@ -728,7 +728,7 @@ phase budget. (Editing the record without re-hashing it fails earlier: its sha25
 content = load_record(RUN).content()
 dpsgd_phase = next(p for p in content["phases"] if p["name"] == "dpsgd")
 print(f"steps executed {dpsgd_phase['steps_executed']} -> {dpsgd_phase['steps_executed'] + EXTRA_STEPS} "
-      f"(planned {plan.phases[-1].parameters['steps']})")
+      f"(planned {plan.phases[-1].params.steps})")
 dpsgd_phase["steps_executed"] += EXTRA_STEPS
 OVERLONG = WORK / "runs" / "overlong"
 OVERLONG.mkdir()

@@ -78,7 +78,7 @@ def test_inconsistent_parameters_are_named(small_plan):
 
     p = small_plan
     rr = p.phases[0]
-    bad = dataclasses.replace(rr, parameters={**rr.parameters, "flip_probability": 0.3})
+    bad = dataclasses.replace(rr, params=dataclasses.replace(rr.params, flip_probability=0.3))
     report = verify_plan(dataclasses.replace(p, phases=(bad,)))
     assert any("parameters.flip_probability" in x for x in report.problems)
 

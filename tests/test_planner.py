@@ -78,14 +78,14 @@ def test_paper_v1_split_and_trainer_parameters():
     rr, sgd = p.phases
     assert (rr.name, sgd.name) == ("rr", "dpsgd")
     assert rr.target_epsilon == 3.0 and sgd.target_epsilon == 5.0
-    assert rr.parameters["flip_probability"] == pytest.approx(1 / (1 + math.exp(3)))
-    par = sgd.parameters
-    assert par["sampling_rate"] == 500 / 100000 and par["steps"] == 400 and par["dataset_size"] == 100000
-    assert par["noise_std"] == pytest.approx(par["noise_multiplier"] * 2.0)
-    assert par["sensitivity"] == 4.0  # replace-one: 2C
+    assert rr.params.flip_probability == pytest.approx(1 / (1 + math.exp(3)))
+    par = sgd.params
+    assert par.sampling_rate == 500 / 100000 and par.steps == 400 and par.dataset_size == 100000
+    assert par.noise_std == pytest.approx(par.noise_multiplier * 2.0)
+    assert par.sensitivity == 4.0  # replace-one: 2C
     assert sgd.guarantee.epsilon <= 5.0 and sgd.guarantee.delta == 1e-9
     assert p.total.epsilon <= 8.0 and p.total_pld.epsilon < p.total.epsilon
-    assert sgd.parameters["warm_start"].startswith("rr") and sgd.parameters["nonsensitive_tower"] == "frozen"
+    assert sgd.params.warm_start.startswith("rr") and sgd.params.nonsensitive_tower == "frozen"
 
 
 def test_alpha_ends_are_the_two_baselines():
@@ -125,7 +125,7 @@ def test_user_level_dpsgd_alternatives():
     ph = p.phases[0]
     assert ph.guarantee.method == "mixture-of-gaussians(pld)"
     costs = {a["bounding"]: a.get("noise_multiplier") for a in p.unit_alternatives}
-    assert costs["mixture of Gaussians"] == pytest.approx(ph.parameters["noise_multiplier"], rel=1e-3)
+    assert costs["mixture of Gaussians"] == pytest.approx(ph.params.noise_multiplier, rel=1e-3)
     assert costs["mixture of Gaussians"] <= costs["group privacy (pld)"] < costs["group privacy (rdp)"]
 
 
@@ -134,10 +134,10 @@ def test_user_level_rr_alternatives_and_eps_over_k_i():
     text = text.replace("batch_size = 256", 'batch_size = 256\nper_impression = "eps/K_i"')
     p = build_plan(parse_scenario(text))
     rr = p.phases[0]
-    assert rr.parameters["per_impression_rule"] == "eps/K_i"
-    shares = rr.parameters["per_impression_epsilon_by_count"]
+    assert rr.params.per_impression_rule == "eps/K_i"
+    shares = rr.params.per_impression_epsilon_by_count
     assert shares[0] == 4.0 and shares[-1] == pytest.approx(0.8)
-    assert rr.parameters["flip_probability_by_count"][1] == pytest.approx(rr_math.flip_probability(2.0))
+    assert rr.params.flip_probability_by_count[1] == pytest.approx(rr_math.flip_probability(2.0))
     assert rr.guarantee.epsilon <= 4.0
     rows = {a["bounding"] for a in p.unit_alternatives}
     assert rows == {"eps/K", "eps/K_i", "tight composition", "group privacy"}
@@ -161,16 +161,16 @@ name = "rr"
 per_impression = "tight"
 """
     p = build_plan(parse_scenario(text))
-    per = p.phases[0].parameters["per_impression_epsilon"]
+    per = p.phases[0].params.per_impression_epsilon
     assert round(per, 3) == 0.031 and p.phases[0].guarantee.epsilon <= 1.0
 
 
 def test_walr_uses_the_analytic_gaussian():
     p = build_plan(load_scenario(examples.path("walr")))
-    par = p.phases[0].parameters
-    assert par["sensitivity"] == pytest.approx(math.sqrt(20))
-    assert par["noise_std"] == pytest.approx(gauss.analytic_sigma(epsilon=1.0, delta=1e-8, sensitivity=math.sqrt(20)))
-    assert par["classical_valid"] is False  # eps = 1 is outside the classical formula
+    par = p.phases[0].params
+    assert par.sensitivity == pytest.approx(math.sqrt(20))
+    assert par.noise_std == pytest.approx(gauss.analytic_sigma(epsilon=1.0, delta=1e-8, sensitivity=math.sqrt(20)))
+    assert par.classical_valid is False  # eps = 1 is outside the classical formula
 
 
 def test_naive_tuning_splits_the_budget():
@@ -184,7 +184,7 @@ def test_repeat_and_select_beats_naive():
     rs = dpsgd(tuning='[tuning]\nconfigurations = 4\nselection = "repeat-and-select"')
     naive = dpsgd(tuning="[tuning]\nconfigurations = 4")
     assert rs.guarantee.method == "repeat-and-select(rdp)" and rs.guarantee.epsilon <= 2.0 * (1 + 1e-9)
-    assert rs.phases[0].parameters["noise_multiplier"] < naive.phases[0].parameters["noise_multiplier"]
+    assert rs.phases[0].params.noise_multiplier < naive.phases[0].params.noise_multiplier
     with pytest.raises(UnsupportedError, match="single-phase"):
         build_plan(parse_scenario(HYBRID.format(eps=8.0, split="paper-v1") +
                                   '[tuning]\nconfigurations = 3\nselection = "repeat-and-select"\n'))
@@ -212,4 +212,4 @@ max_batch_size = 260
     p = build_plan(parse_scenario(text))
     ph = p.phases[0]
     assert type(ph.mechanism).__name__ == "TruncatedPoissonDPSGD" and ph.guarantee.epsilon <= 3.0
-    assert ph.parameters["max_batch_size"] == 260
+    assert ph.params.max_batch_size == 260

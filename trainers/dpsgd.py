@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from budgetplan.errors import InvalidParameterError
+from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
 __all__ = ["DPSGDSettings", "noisy_gradient", "run_dpsgd", "peak_memory"]
@@ -91,15 +92,14 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
     return clipped
 
 
-def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
+def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
               truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0,
               checkpoint=None, checkpoint_every: int = 0, optimizer_state: dict | None = None) -> dict:
     """Run the plan's DP-SGD phase on ``model`` in place; returns what ran, for the run record.
 
     Args:
         data: EncodedData with exactly the plan's N rows, on the model's device.
-        params: the plan phase's parameters (noise_multiplier, clipping_norm, sampling_rate,
-            steps, dataset_size, sampling, max_batch_size).
+        params: the plan's DP-SGD phase parameters.
         trainable: the parameters DP-SGD updates (a frozen tower is left out).
         randomness: the run's Randomness (sampling and noise generators are seeded from it).
         ledger: optional object with ``intend(step)`` called before each noisy step.
@@ -112,14 +112,16 @@ def run_dpsgd(model, data, params: dict, *, trainable: list, randomness, setting
     from trainers.sampling import PoissonSampler
 
     settings = settings or DPSGDSettings()
-    n, q, steps = int(params["dataset_size"]), float(params["sampling_rate"]), int(params["steps"])
-    c, sigma = float(params["clipping_norm"]), float(params["noise_multiplier"])
+    if not isinstance(params, DPSGDParams):
+        raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
+    n, q, steps = params.dataset_size, params.sampling_rate, params.steps
+    c, sigma = params.clipping_norm, params.noise_multiplier
     if len(data) != n:
         raise InvalidParameterError(f"the DP-SGD phase has {len(data)} rows; the plan accounts N = {n}")
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     device = data.label.device
-    trunc = params.get("max_batch_size") if params.get("sampling") == "truncated-poisson" else None
+    trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     padded = settings.padded_size
     if padded is None and settings.max_chunk is not None:
         from trainers.sampling import default_padded_size

@@ -21,16 +21,16 @@ def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np
     """Per-row flip probability from the plan's RR phase parameters.
 
     Args:
-        plan_phase: the plan's ``rr`` Phase.
+        plan_phase: the plan's RRPhase.
         unit_counts: for each row, how many rows its unit keeps after capping (K_i), or None.
         n: the number of rows.
     """
-    par = plan_phase.parameters
-    if par["per_impression_rule"] != "eps/K_i":
-        return np.full(n, par["flip_probability"], dtype=np.float64)
+    par = plan_phase.params
+    if par.flip_probability_by_count is None:
+        return np.full(n, par.flip_probability, dtype=np.float64)
     if unit_counts is None:
         raise InvalidParameterError("the eps/K_i rule needs unit ids to count each unit's examples")
-    table = np.asarray(par["flip_probability_by_count"], dtype=np.float64)
+    table = np.asarray(par.flip_probability_by_count, dtype=np.float64)
     if unit_counts.min() < 1 or unit_counts.max() > table.size:
         raise InvalidParameterError(f"a unit keeps {int(unit_counts.max())} examples, more than the plan's cap "
                                     f"{table.size}")
@@ -79,7 +79,7 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
                            torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
     loss_fn = losses.rr_unbiased_loss if loss == "unbiased" else losses.rr_forward_loss
     gen = torch.Generator().manual_seed(randomness.torch_seed())
-    settings = FitSettings(epochs=phase.parameters["epochs"], batch_size=phase.parameters.get("batch_size") or batch_size,
+    settings = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size,
                            lr=lr, optimizer=optimizer)
     history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
                   truncated=True, generator=gen, progress=progress)
@@ -87,7 +87,7 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     return {
         "name": "rr", "labels": int(labels.size), "labels_flipped": flipped,
         "flip_probability": float(rho[0]) if uniform else None, "flip_probability_mean": float(rho.mean()),
-        "per_impression_rule": phase.parameters["per_impression_rule"], "epochs": settings.epochs,
+        "per_impression_rule": phase.params.per_impression_rule, "epochs": settings.epochs,
         "batch_size": settings.batch_size, "batches": history["batches"], "loss": loss,
         "epoch_loss": history["epoch_loss"], "model": "truncated", "seconds": history["seconds"],
     }

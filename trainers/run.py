@@ -17,9 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
+from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.records import RunRecord
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
+
+
+# The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR.
+_EXECUTABLE = {(RRPhase,), (DPSGDPhase,), (RRPhase, DPSGDPhase), (WALRPhase,)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +213,7 @@ def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict |
 def _trainable(model, plan, phase_index: int) -> list:
     """What DP-SGD updates: everything, or (Hybrid, tower frozen) all but the non-sensitive tower."""
     phase = plan.phases[phase_index]
-    frozen = phase.parameters.get("nonsensitive_tower") == "frozen" and phase_index > 0
+    frozen = isinstance(phase, DPSGDPhase) and phase.params.nonsensitive_tower == "frozen" and phase_index > 0
     out = []
     for name, p in model.named_parameters():
         keep = not (frozen and model.tower_of(name) == "nonsensitive")
@@ -245,9 +250,9 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     if spec is None:
         raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
                                     "id and feature columns")
-    names = [p.name for p in plan.phases]
-    if names not in (["rr"], ["dpsgd"], ["rr", "dpsgd"], ["walr"]):
-        raise UnsupportedError(f"no executor for the phases {names}")
+    kinds = tuple(type(p) for p in plan.phases)
+    if kinds not in _EXECUTABLE:
+        raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
     if resume and out is None:
         raise InvalidParameterError("resume needs the run directory (--out) of the interrupted run")
     rnd = Randomness(seed)
@@ -258,7 +263,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     # Every refusal is behind us: only now does the run directory come into being.
     session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every) if out else NullSession()
     try:
-        if names == ["walr"]:
+        if kinds == (WALRPhase,):
             record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0,
                                           session)
             return _finish(record, state, out)
@@ -268,7 +273,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             model.load_state_dict(ckpt["model"])
         records, timings = [], dict(prep.timings)
         for i, phase in enumerate(plan.phases):
-            if phase.name == "rr":
+            if isinstance(phase, RRPhase):
                 if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
                     records.append(ckpt["rr_record"])  # trained in an earlier session
                     continue
@@ -278,6 +283,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 if len(plan.phases) > 1:
                     session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_record": rec})
             else:
+                assert isinstance(phase, DPSGDPhase)
                 taken = session.dpsgd_steps_taken()
                 resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
                 rr_record = records[0] if records else None
@@ -286,17 +292,17 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                     session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),
                                              "optimizer": opt_state, "rr_record": rr_record})
 
-                rec = run_dpsgd(model, prep.data, phase.parameters, trainable=_trainable(model, plan, i),
+                rec = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
                                 randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
                                 progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
                                 checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
                                 optimizer_state=ckpt.get("optimizer") if resumed_from else None)
-                rec["nonsensitive_tower"] = phase.parameters.get("nonsensitive_tower")
+                rec["nonsensitive_tower"] = phase.params.nonsensitive_tower
                 rec["steps_lost_to_interruptions"] = taken - resumed_from
                 rec["sessions"] = getattr(getattr(session, "ledger", None), "sessions", 1)
             timings[f"{phase.name}_phase_seconds"] = rec["seconds"]
             records.append(rec)
-        truncated = names == ["rr"]
+        truncated = kinds == (RRPhase,)
         metrics = {}
         if eval_path is not None:
             metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
@@ -310,7 +316,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             seeds=rnd.record(), phases=records, metrics=metrics,
             model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
             training={**settings.to_dict(), "encoding": prep.encoding,
-                      "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if "dpsgd" in names else None},
+                      "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
             timings=timings, device=_device_name(device), versions=_versions(),
         )
         return _finish(record, model.state_dict(), out, prep.vocabulary)
@@ -325,7 +331,7 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     from trainers.walr import predict, prepare_rows, run_walr
 
     ws = walr_settings or WALRSettings()
-    par = plan.phases[0].parameters
+    par = plan.phases[0].params
     if spec.nonsensitive_categorical or spec.sensitive_categorical:
         raise InvalidParameterError("WALR is a logistic regression on numeric features: drop the categorical "
                                     "columns from [features]")
@@ -350,7 +356,7 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
         t2 = time.perf_counter()
         ev = _prepare(eval_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None)
         xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
-                                row_norm_bound=par["row_norm_bound"], expected_features=par["features"])
+                                row_norm_bound=par.row_norm_bound, expected_features=par.features)
         metrics["eval"] = evaluate(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
         metrics["eval"]["rows"] = len(ev.data)
         timings["eval_seconds"] = time.perf_counter() - t2
@@ -358,7 +364,7 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     record = RunRecord(
         plan_sha256=plan.sha256, private=True, algorithm="walr", data=prep.table_info, seeds=rnd.record(),
         phases=[rec], metrics=metrics,
-        model={"kind": "logistic-regression", "config": {"features": par["features"]}, "final": "walr"},
+        model={"kind": "logistic-regression", "config": {"features": par.features}, "final": "walr"},
         training={"walr": ws.to_dict(), "encoding": prep.encoding}, timings=timings, device=_device_name(device),
         versions=_versions())
     return record, {"theta": theta.cpu()}

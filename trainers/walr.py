@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.phases import WALRParams
 
 __all__ = ["fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
 
@@ -271,7 +271,7 @@ def predict(theta: torch.Tensor, Xc: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(Xc @ torch.as_tensor(theta).to(device=Xc.device, dtype=Xc.dtype))
 
 
-def run_walr(X: torch.Tensor, y, weights, plan_parameters: Mapping, randomness, *, steps: int, minibatch: int,
+def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, steps: int, minibatch: int,
              lr: float, persist=None):
     """Execute a WALR phase as planned: prepare, release once, fit.
 
@@ -279,8 +279,7 @@ def run_walr(X: torch.Tensor, y, weights, plan_parameters: Mapping, randomness, 
         X: [N, k-1] features (after any unit capping the plan requires).
         y: [N] 0/1 labels; read once, by the release.
         weights: [N] weights or None (all 1).
-        plan_parameters: the WALR phase's parameters (noise_std, sensitivity, features,
-            row_norm_bound, weights_bound, dataset_size).
+        params: the plan's WALR phase parameters.
         randomness: the run's ``Randomness``: the release noise first, then the fit's seed.
         steps, minibatch, lr: optimisation settings (free: post-processing).
         persist: optional ``persist(draw) -> (noisy_sum, info)`` through which the release goes
@@ -291,24 +290,22 @@ def run_walr(X: torch.Tensor, y, weights, plan_parameters: Mapping, randomness, 
         (theta [k], record) where record has rows, rows_clipped, weights_clipped, noise_std,
         noise_draws, max_contribution, sensitivity, release_seconds, fit_steps, fit_seconds.
     """
-    par = dict(plan_parameters)
-    missing = [key for key in ("noise_std", "sensitivity", "features", "row_norm_bound", "weights_bound",
-                               "dataset_size") if key not in par]
-    if missing:
-        raise PlanMismatchError(f"the WALR phase parameters lack {', '.join(missing)}")
-    R, W, sens = par["row_norm_bound"], par["weights_bound"], par["sensitivity"]
+    if not isinstance(params, WALRParams):
+        raise PlanMismatchError(f"run_walr needs the plan's WALRParams, got {type(params).__name__}")
+    R, W, sens = params.row_norm_bound, params.weights_bound, params.sensitivity
     if not sens >= W * R:
         raise PlanMismatchError(f"the plan's sensitivity {sens!r} is below weights_bound * row_norm_bound = {W * R!r}")
     if not isinstance(X, torch.Tensor):
         raise InvalidParameterError(f"X must be a torch tensor, got {type(X).__name__}")
     n = X.shape[0]
-    if n != par["dataset_size"]:
-        raise InvalidParameterError(f"the data has {n} rows; the plan accounts N = {par['dataset_size']}: re-plan "
+    if n != params.dataset_size:
+        raise InvalidParameterError(f"the data has {n} rows; the plan accounts N = {params.dataset_size}: re-plan "
                                     "with this N or supply the planned data")
     Xc, wc, prep = prepare_rows(X, row_norm_bound=R, weights=weights, weights_bound=W,
-                                expected_features=par["features"])
+                                expected_features=params.features)
+
     def draw():
-        return release(Xc, y, wc, noise_std=par["noise_std"], randomness=randomness, sensitivity=sens)
+        return release(Xc, y, wc, noise_std=params.noise_std, randomness=randomness, sensitivity=sens)
 
     noisy, rel = draw() if persist is None else persist(draw)
     noisy = torch.as_tensor(noisy, dtype=torch.float64, device=Xc.device)

@@ -23,6 +23,8 @@ def _scenario(source: str):
 
 
 def _summary(p) -> dict:
+    from budgetplan._typed import to_json_object
+
     g = p.guarantee
     return {
         "epsilon": g.epsilon, "delta": g.delta, "accountant": g.method, "adjacency": p.adjacency.value,
@@ -31,17 +33,17 @@ def _summary(p) -> dict:
         "budget": {"epsilon": p.epsilon, "delta": p.delta},
         "phases": [{"name": ph.name, "target_epsilon": ph.target_epsilon, "target_delta": ph.target_delta,
                     "epsilon": ph.guarantee.epsilon, "delta": ph.guarantee.delta, "method": ph.guarantee.method,
-                    "parameters": ph.parameters} for ph in p.phases],
+                    "parameters": to_json_object(ph.params)} for ph in p.phases],
         "total": {"basic": p.total.to_dict(), "pld": p.total_pld.to_dict() if p.total_pld else None},
         "tuning": p.tuning, "unit_alternatives": list(p.unit_alternatives), "warnings": list(p.warnings),
     }
 
 
-_SHOWN = {
-    "rr": ("per_impression_epsilon", "flip_probability", "per_impression_rule", "epochs", "batch_size"),
-    "dpsgd": ("noise_multiplier", "noise_std", "clipping_norm", "sampling_rate", "steps", "epochs", "batch_size",
+_SHOWN = {  # what `show` lists per phase kind (parameter names of its params type)
+    "RRParams": ("per_impression_epsilon", "flip_probability", "per_impression_rule", "epochs", "batch_size"),
+    "DPSGDParams": ("noise_multiplier", "noise_std", "clipping_norm", "sampling_rate", "steps", "epochs", "batch_size",
               "max_batch_size"),
-    "walr": ("noise_std", "sensitivity", "unit_sensitivity", "features", "row_norm_bound", "weights_bound"),
+    "WALRParams": ("noise_std", "sensitivity", "unit_sensitivity", "features", "row_norm_bound", "weights_bound"),
 }
 
 
@@ -54,7 +56,8 @@ def _render(p, out) -> None:
     for i, ph in enumerate(p.phases, 1):
         rows = [("target", f"({fmt(ph.target_epsilon)}, {fmt(ph.target_delta, 4)})"),
                 ("guarantee", f"({fmt(ph.guarantee.epsilon)}, {fmt(ph.guarantee.delta, 4)}) by {ph.guarantee.method}")]
-        rows += [(k.replace("_", " "), ph.parameters[k]) for k in _SHOWN[ph.name] if ph.parameters.get(k) is not None]
+        rows += [(k.replace("_", " "), getattr(ph.params, k)) for k in _SHOWN[type(ph.params).__name__]
+                 if getattr(ph.params, k) is not None]
         out.print(params_table(f"Phase {i}: {ph.name}", rows))
     totals = [["basic composition" if len(p.phases) > 1 else "the one phase", p.total.epsilon, p.total.delta]]
     if p.total_pld is not None:

@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.phases import DPSGDParams
 from trainers.data.encoded import EncodedData
 from trainers.dpsgd import DPSGDSettings, noisy_gradient, run_dpsgd
 from trainers.losses import bce
@@ -32,10 +33,14 @@ def tiny_model(kind="mlp"):
 
 
 def params(n, **kw):
+    """DP-SGD phase parameters as a plan holds them (add-remove: sensitivity C)."""
     out = dict(dataset_size=n, sampling_rate=0.05, steps=20, clipping_norm=1.0, noise_multiplier=1.5,
                sampling="poisson", max_batch_size=None)
     out.update(kw)
-    return out
+    b = round(out["sampling_rate"] * n)
+    return DPSGDParams(**out, noise_std=out["noise_multiplier"] * out["clipping_norm"],
+                       sensitivity=out["clipping_norm"], batch_size=b, epochs=out["steps"] * b / n, cap=1,
+                       capping=None, normalise_by="expected batch size q*N", model="full")
 
 
 def empty_batch(p=8):

@@ -56,15 +56,27 @@ def test_randomize_labels_flips_at_the_planned_rate():
     assert abs((noisy[pos] != 1).mean() - (noisy[~pos] != 0).mean()) < 0.01
 
 
-class _Phase:
-    def __init__(self, **parameters):
-        self.parameters = parameters
+def _phase(cap=1, **kw):
+    from budgetplan.accounting.guarantee import Guarantee
+    from budgetplan.mechanisms import RandomizedResponse
+    from budgetplan.phases import RRParams, RRPhase
+    from budgetplan.units import Adjacency, PrivacyUnit
+
+    par = dict(per_impression_rule="eps/K", unit_epsilon=3.0, per_impression_epsilon=1.0, flip_probability=0.2,
+               cap=cap, capping="random" if cap > 1 else None, epochs=1, batch_size=None, dataset_size=4,
+               labels_randomised="once", model="truncated") | kw
+    unit = PrivacyUnit(name="user", cap=cap, capping=par["capping"])
+    return RRPhase(mechanism=RandomizedResponse(epsilon=1.0), params=RRParams(**par), target_epsilon=3.0,
+                   target_delta=0.0, method="exact", unit_accounting="tight",
+                   guarantee=Guarantee(epsilon=3.0, delta=0.0, method="exact", adjacency=Adjacency.REPLACE_ONE,
+                                       unit=unit))
 
 
 def test_flip_probabilities_by_rule():
-    same = flip_probabilities(_Phase(per_impression_rule="eps/K", flip_probability=0.2), None, 4)
+    same = flip_probabilities(_phase(flip_probability=0.2), None, 4)
     assert same.tolist() == [0.2] * 4
-    by_count = _Phase(per_impression_rule="eps/K_i", flip_probability_by_count=[0.1, 0.2, 0.3])
+    by_count = _phase(3, per_impression_rule="eps/K_i", per_impression_epsilon_by_count=(3.0, 1.5, 1.0),
+                      flip_probability_by_count=(0.1, 0.2, 0.3))
     assert flip_probabilities(by_count, np.array([1, 3, 2, 3]), 4).tolist() == [0.1, 0.3, 0.2, 0.3]
     with pytest.raises(InvalidParameterError, match="more than the plan's cap 3"):
         flip_probabilities(by_count, np.array([4]), 1)

@@ -50,7 +50,7 @@ def test_rr_run_writes_a_complete_record(data, tmp_path):
     assert rec.data["rows_used"] == 5000 and len(rec.data["sha256"]) == 64
     phase = rec.phases[0]
     assert phase["labels"] == 5000 and 0 < phase["labels_flipped"] < 5000
-    assert phase["flip_probability"] == plan.phases[0].parameters["flip_probability"]
+    assert phase["flip_probability"] == plan.phases[0].params.flip_probability
     assert rec.seeds["policy"] == "csprng"
     ev = rec.metrics["eval"]
     assert 0 <= ev["auc"] <= 1 and "relative_auc_loss" in ev
@@ -78,7 +78,7 @@ def test_user_level_capping_and_eps_over_k_i(data):
     assert rec.data["capping"]["rows_dropped"] == 5000 - n_capped
     phase = rec.phases[0]
     assert phase["per_impression_rule"] == "eps/K_i" and phase["flip_probability"] is None
-    rho = plan.phases[0].parameters["flip_probability_by_count"]
+    rho = plan.phases[0].params.flip_probability_by_count
     assert rho[0] < phase["flip_probability_mean"] < rho[1]  # units of one row flip less
 
 
@@ -135,7 +135,7 @@ def test_refuses_a_plan_that_does_not_verify(data):
     plan = rr_plan(5000)
     phase = plan.phases[0]
     tampered = dataclasses.replace(plan, phases=(dataclasses.replace(
-        phase, parameters={**phase.parameters, "flip_probability": 0.01}),))
+        phase, params=dataclasses.replace(phase.params, flip_probability=0.01)),))
     with pytest.raises(PlanMismatchError, match="does not verify"):
         execute_plan(tampered, root / "train.parquet", settings=FAST)
 
@@ -165,9 +165,9 @@ def test_hybrid_family_runs_through_one_code_path(data, split, phases):
     assert [p["name"] for p in rec.phases] == phases
     if "dpsgd" in phases:
         dp = rec.phases[-1]
-        planned = plan.phase("dpsgd").parameters
-        assert dp["steps_executed"] == planned["steps"] == 20
-        assert dp["noise_std"] == pytest.approx(planned["noise_multiplier"] * planned["clipping_norm"])
+        planned = plan.dpsgd.params
+        assert dp["steps_executed"] == planned.steps == 20
+        assert dp["noise_std"] == pytest.approx(planned.noise_multiplier * planned.clipping_norm)
         assert dp["model"] == "full"
         assert dp["nonsensitive_tower"] == ("frozen" if split == "alpha=0.5" else "trained")
     assert rec.model["final"] == ("truncated" if phases == ["rr"] else "full")
@@ -185,7 +185,7 @@ def test_user_level_dpsgd_mixture_plan(data):
     plan = build_plan(parse_scenario(text))
     assert plan.phases[0].guarantee.method == "mixture-of-gaussians(pld)"
     rec = execute_plan(plan, root / "train.parquet", settings=FAST)
-    assert rec.data["rows_used"] == n and rec.phases[0]["steps_executed"] == plan.phases[0].parameters["steps"]
+    assert rec.data["rows_used"] == n and rec.phases[0]["steps_executed"] == plan.phases[0].params.steps
 
 
 def test_walr_plan_runs(data):
@@ -214,8 +214,8 @@ sensitive_numeric = ["days_since_visit", "visits_7d"]
     rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet")
     ph = rec.phases[0]
     assert ph["name"] == "walr" and ph["noise_draws"] == 5 and ph["rows"] == 5000
-    assert ph["noise_std"] == plan.phases[0].parameters["noise_std"]
-    assert ph["max_contribution"] <= plan.phases[0].parameters["sensitivity"]
+    assert ph["noise_std"] == plan.phases[0].params.noise_std
+    assert ph["max_contribution"] <= plan.phases[0].params.sensitivity
     assert 0 <= rec.metrics["eval"]["auc"] <= 1
 
 

@@ -5,6 +5,7 @@ the data are seeded, so a failure means a bug, not bad luck.
 """
 
 import inspect
+import dataclasses
 import math
 import re
 
@@ -295,7 +296,7 @@ def _plan_parameters(n):
     from budgetplan.scenario import parse_scenario
 
     text = examples.text("walr").replace("dataset_size = 1000000", f"dataset_size = {n}")
-    return build_plan(parse_scenario(text)).phases[0].parameters
+    return build_plan(parse_scenario(text)).phases[0].params
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +304,7 @@ def planned():
     n = 4000
     par = _plan_parameters(n)
     g = torch.Generator().manual_seed(5)
-    X = torch.rand(n, par["features"] - 1, generator=g)
+    X = torch.rand(n, par.features - 1, generator=g)
     X[:10] *= 3  # some rows outside sqrt(20)
     y = (torch.rand(n, generator=g) < 0.3).to(torch.int64)
     return X, y, par
@@ -312,12 +313,12 @@ def planned():
 def test_run_walr_record(planned):
     X, y, par = planned
     theta, rec = run_walr(X, y, None, par, Randomness(1), steps=50, minibatch=256, lr=0.5)
-    assert theta.shape == (par["features"],)
+    assert theta.shape == (par.features,)
     assert {"rows", "rows_clipped", "weights_clipped", "noise_std", "noise_draws", "release_seconds", "fit_steps",
             "fit_seconds"} <= set(rec)
     assert rec["rows"] == 4000 and rec["rows_clipped"] == 10 and rec["weights_clipped"] == 0
-    assert rec["noise_std"] == par["noise_std"] and rec["noise_draws"] == 20 and rec["fit_steps"] == 50
-    assert rec["max_contribution"] <= par["sensitivity"]
+    assert rec["noise_std"] == par.noise_std and rec["noise_draws"] == 20 and rec["fit_steps"] == 50
+    assert rec["max_contribution"] <= par.sensitivity
 
 
 def test_seeded_runs_reproduce_and_csprng_runs_do_not(planned):
@@ -340,9 +341,9 @@ def test_run_walr_refuses_data_off_plan(planned):
     with pytest.raises(ValueError, match="features: the plan declares 20 features"):
         run_walr(X[:, :-1], y, None, par, Randomness(0), **kw)
     with pytest.raises(PlanMismatchError, match="below weights_bound"):
-        run_walr(X, y, None, dict(par) | {"sensitivity": 1.0}, Randomness(0), **kw)
-    with pytest.raises(PlanMismatchError, match="lack noise_std"):
-        run_walr(X, y, None, {k: v for k, v in par.items() if k != "noise_std"}, Randomness(0), **kw)
+        run_walr(X, y, None, dataclasses.replace(par, sensitivity=1.0), Randomness(0), **kw)
+    with pytest.raises(PlanMismatchError, match="needs the plan's WALRParams"):
+        run_walr(X, y, None, {"noise_std": 1.0}, Randomness(0), **kw)
 
 
 def test_release_throughput_runs():

@@ -1,0 +1,342 @@
+"""The phases of a plan: one frozen, validated type per kind, dispatched by type.
+
+A plan is a sequence of phases. Each kind has its own parameter type, holding every value
+a trainer needs that touches privacy, and its own phase type, holding the mechanism it
+was accounted as, its share of the budget and the guarantee:
+
+    RRPhase     randomized response on labels             RRParams
+    DPSGDPhase  DP-SGD with (truncated) Poisson sampling  DPSGDParams
+    WALRPhase   one Gaussian release of sum y_i w_i x_i   WALRParams
+
+Code that treats kinds differently matches on the type (``match phase: case RRPhase():``);
+the JSON tag ``"name"`` is read and written only here. The JSON form is the one plan files
+have always had: ``{"name", "mechanism", "target_epsilon", "target_delta", "method",
+"unit_accounting", "parameters", "guarantee"}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, TypeAlias
+
+from budgetplan import _typed, _validate
+from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.errors import InvalidParameterError
+from budgetplan.mechanisms import (
+    GaussianRelease,
+    PoissonDPSGD,
+    RandomizedResponse,
+    TruncatedPoissonDPSGD,
+    mechanism_from_dict,
+    mechanism_to_dict,
+)
+from budgetplan.units import CAPPING_RULES
+
+__all__ = [
+    "RRParams",
+    "DPSGDParams",
+    "WALRParams",
+    "RRPhase",
+    "DPSGDPhase",
+    "WALRPhase",
+    "Phase",
+    "phase_from_dict",
+    "phase_to_dict",
+    "PER_IMPRESSION_RULES",
+    "SAMPLING",
+    "TOWERS",
+]
+
+PER_IMPRESSION_RULES = ("eps/K", "eps/K_i", "tight")
+SAMPLING = ("poisson", "truncated-poisson")
+TOWERS = ("frozen", "fine-tune", "trained")
+METHODS = ("exact", "pld", "rdp", "prv")
+UNIT_ACCOUNTING = ("tight", "group")
+
+
+def _set(obj, name: str, value) -> None:
+    object.__setattr__(obj, name, value)
+
+
+def _capping(obj, cap: int) -> None:
+    if cap > 1:
+        _typed.choice("capping", obj.capping, CAPPING_RULES)
+    elif obj.capping is not None:
+        raise InvalidParameterError(f"capping must be null for cap = 1, got {obj.capping!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RRParams:
+    """What the RR phase executes.
+
+    Attributes:
+        per_impression_rule: how a unit's budget is spread over its examples: ``"eps/K"``,
+            ``"eps/K_i"`` (per the unit's own count K_i) or ``"tight"``.
+        unit_epsilon: the phase budget per unit.
+        per_impression_epsilon, flip_probability: the budget of one label and its flip
+            probability 1 / (1 + e^eps).
+        cap, capping: K examples per unit after capping, and the rule (None for K = 1).
+        epochs, batch_size: training on the noisy labels (post-processing).
+        dataset_size: N.
+        labels_randomised, model: plain-language descriptions for the statement.
+        per_impression_epsilon_by_count, flip_probability_by_count: eps/K_i only, index
+            K_i - 1.
+    """
+
+    per_impression_rule: str
+    unit_epsilon: float
+    per_impression_epsilon: float
+    flip_probability: float
+    cap: int
+    capping: str | None
+    epochs: int
+    batch_size: int | None
+    dataset_size: int
+    labels_randomised: str
+    model: str
+    per_impression_epsilon_by_count: tuple[float, ...] | None = _typed.omit_if_none()
+    flip_probability_by_count: tuple[float, ...] | None = _typed.omit_if_none()
+
+    def __post_init__(self) -> None:
+        _typed.choice("per_impression_rule", self.per_impression_rule, PER_IMPRESSION_RULES)
+        _set(self, "unit_epsilon", _validate.positive("unit_epsilon", self.unit_epsilon))
+        _set(self, "per_impression_epsilon", _validate.positive("per_impression_epsilon",
+                                                                self.per_impression_epsilon))
+        rho = _validate.probability("flip_probability", self.flip_probability)
+        if not rho < 0.5:
+            raise InvalidParameterError(f"flip_probability must be below 0.5, got {rho!r}")
+        _set(self, "flip_probability", rho)
+        _set(self, "cap", _validate.positive_int("cap", self.cap))
+        _capping(self, self.cap)
+        _set(self, "epochs", _validate.positive_int("epochs", self.epochs))
+        _set(self, "batch_size", _typed.optional(_validate.positive_int, "batch_size", self.batch_size))
+        _set(self, "dataset_size", _validate.positive_int("dataset_size", self.dataset_size))
+        _typed.text("labels_randomised", self.labels_randomised)
+        _typed.text("model", self.model)
+        by_count = (self.per_impression_epsilon_by_count, self.flip_probability_by_count)
+        if self.per_impression_rule == "eps/K_i":
+            if by_count[0] is None or by_count[1] is None:
+                raise InvalidParameterError("the eps/K_i rule needs per_impression_epsilon_by_count and "
+                                            "flip_probability_by_count")
+            eps = _typed.float_tuple("per_impression_epsilon_by_count", by_count[0], _validate.positive)
+            rhos = _typed.float_tuple("flip_probability_by_count", by_count[1], _validate.open_unit)
+            if not len(eps) == len(rhos) == self.cap:
+                raise InvalidParameterError(f"the eps/K_i tables must have cap = {self.cap} entries, got "
+                                            f"{len(eps)} and {len(rhos)}")
+            _set(self, "per_impression_epsilon_by_count", eps)
+            _set(self, "flip_probability_by_count", rhos)
+        elif by_count != (None, None):
+            raise InvalidParameterError(f"per-count tables apply to the eps/K_i rule only, not "
+                                        f"{self.per_impression_rule!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPSGDParams:
+    """What the DP-SGD phase executes.
+
+    Attributes:
+        noise_multiplier: sigma; ``noise_std`` = sigma C is the std added to the clipped sum.
+        clipping_norm: C; ``sensitivity`` is C (add-remove) or 2C (replace-one).
+        sampling_rate: q = batch_size / dataset_size, each example's inclusion probability.
+        steps: T noisy updates; ``epochs`` = T B / N.
+        sampling: ``"poisson"`` or ``"truncated-poisson"`` (then ``max_batch_size``).
+        cap, capping: K examples per unit after capping, and the rule.
+        normalise_by, model: plain-language descriptions for the statement.
+        warm_start, nonsensitive_tower: Hybrid only: what phase 2 starts from and whether
+            the non-sensitive tower is ``"frozen"``, ``"fine-tune"`` or ``"trained"``.
+    """
+
+    noise_multiplier: float
+    noise_std: float
+    clipping_norm: float
+    sensitivity: float
+    sampling_rate: float
+    steps: int
+    batch_size: int
+    epochs: float
+    dataset_size: int
+    sampling: str
+    max_batch_size: int | None
+    cap: int
+    capping: str | None
+    normalise_by: str
+    model: str
+    warm_start: str | None = _typed.omit_if_none()
+    nonsensitive_tower: str | None = _typed.omit_if_none()
+
+    def __post_init__(self) -> None:
+        for name in ("noise_multiplier", "noise_std", "clipping_norm", "sensitivity", "epochs"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        _set(self, "sampling_rate", _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
+        for name in ("steps", "batch_size", "dataset_size", "cap"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _typed.choice("sampling", self.sampling, SAMPLING)
+        if self.sampling == "truncated-poisson":
+            _set(self, "max_batch_size", _validate.positive_int("max_batch_size", self.max_batch_size))
+        elif self.max_batch_size is not None:
+            raise InvalidParameterError(f"max_batch_size applies to truncated-poisson sampling only, got "
+                                        f"{self.max_batch_size!r}")
+        _capping(self, self.cap)
+        _typed.text("normalise_by", self.normalise_by)
+        _typed.text("model", self.model)
+        if (self.warm_start is None) != (self.nonsensitive_tower is None):
+            raise InvalidParameterError("warm_start and nonsensitive_tower go together (Hybrid plans)")
+        if self.warm_start is not None:
+            _typed.text("warm_start", self.warm_start)
+            _typed.choice("nonsensitive_tower", self.nonsensitive_tower, TOWERS)
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q N, what every noisy sum is divided by (never the realised batch size)."""
+        return self.sampling_rate * self.dataset_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WALRParams:
+    """What WALR's one Gaussian release executes.
+
+    Attributes:
+        noise_std: the std of the noise added once to sum_i y_i w_i x_i.
+        sensitivity: weights_bound x row_norm_bound, what one label moves the sum by;
+            ``unit_sensitivity`` is K times that.
+        features: k, the intercept included; every row is clipped to ``row_norm_bound``
+            and every weight to ``weights_bound``.
+        classical_noise_std, classical_valid: the classical formula's noise, for comparison.
+    """
+
+    noise_std: float
+    sensitivity: float
+    unit_sensitivity: float
+    features: int
+    row_norm_bound: float
+    weights_bound: float
+    dataset_size: int
+    cap: int
+    capping: str | None
+    release: str
+    classical_noise_std: float
+    classical_valid: bool
+
+    def __post_init__(self) -> None:
+        for name in ("noise_std", "sensitivity", "unit_sensitivity", "row_norm_bound", "weights_bound",
+                     "classical_noise_std"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        for name in ("features", "dataset_size", "cap"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _capping(self, self.cap)
+        _typed.text("release", self.release)
+        _typed.flag("classical_valid", self.classical_valid)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PhaseBase:
+    """What every phase has: its share of the budget, how it was accounted, the guarantee."""
+
+    target_epsilon: float
+    target_delta: float
+    method: str
+    unit_accounting: str
+    guarantee: Guarantee
+
+    def _check_common(self) -> None:
+        _set(self, "target_epsilon", _validate.positive("target_epsilon", self.target_epsilon))
+        _set(self, "target_delta", _validate.probability("target_delta", self.target_delta, allow_zero=True))
+        _typed.choice("method", self.method, METHODS)
+        _typed.choice("unit_accounting", self.unit_accounting, UNIT_ACCOUNTING)
+        if not isinstance(self.guarantee, Guarantee):
+            raise InvalidParameterError(f"guarantee must be a Guarantee, got {type(self.guarantee).__name__}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RRPhase(_PhaseBase):
+    """Randomized response on the labels, once per example."""
+
+    name: ClassVar[str] = "rr"
+    mechanism: RandomizedResponse
+    params: RRParams
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        _expect(self, RandomizedResponse, RRParams)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPSGDPhase(_PhaseBase):
+    """DP-SGD over the plan's steps."""
+
+    name: ClassVar[str] = "dpsgd"
+    mechanism: PoissonDPSGD | TruncatedPoissonDPSGD
+    params: DPSGDParams
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        _expect(self, (PoissonDPSGD, TruncatedPoissonDPSGD), DPSGDParams)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WALRPhase(_PhaseBase):
+    """WALR's one Gaussian release; the descent after it is post-processing."""
+
+    name: ClassVar[str] = "walr"
+    mechanism: GaussianRelease
+    params: WALRParams
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        _expect(self, GaussianRelease, WALRParams)
+
+
+Phase: TypeAlias = RRPhase | DPSGDPhase | WALRPhase
+_KINDS: dict[str, type[RRPhase] | type[DPSGDPhase] | type[WALRPhase]] = {
+    RRPhase.name: RRPhase, DPSGDPhase.name: DPSGDPhase, WALRPhase.name: WALRPhase}
+_PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams}
+
+
+def _expect(phase, mechanism_types, params_type) -> None:
+    if not isinstance(phase.mechanism, mechanism_types):
+        raise InvalidParameterError(f"a {phase.name} phase cannot be accounted as "
+                                    f"{type(phase.mechanism).__name__}")
+    if not isinstance(phase.params, params_type):
+        raise InvalidParameterError(f"a {phase.name} phase needs {params_type.__name__}, got "
+                                    f"{type(phase.params).__name__}")
+
+
+def phase_to_dict(phase: Phase) -> dict:
+    """The phase's JSON object, as plan files hold it."""
+    return {
+        "name": phase.name, "mechanism": mechanism_to_dict(phase.mechanism),
+        "target_epsilon": phase.target_epsilon, "target_delta": phase.target_delta, "method": phase.method,
+        "unit_accounting": phase.unit_accounting, "parameters": _typed.to_json_object(phase.params),
+        "guarantee": phase.guarantee.to_dict(),
+    }
+
+
+_PHASE_KEYS = ("name", "mechanism", "target_epsilon", "target_delta", "method", "unit_accounting", "parameters",
+               "guarantee")
+
+
+def phase_from_dict(data: object, where: str = "phase") -> Phase:
+    """Read a phase's JSON object strictly; errors name ``where`` and the field."""
+    if not isinstance(data, dict):
+        raise InvalidParameterError(f"{where} must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_PHASE_KEYS))
+    if unknown:
+        raise InvalidParameterError(f"{where} has an unknown field {unknown[0]!r}")
+    missing = [k for k in _PHASE_KEYS if k not in data]
+    if missing:
+        raise InvalidParameterError(f"{where} is missing the field {missing[0]!r}")
+    kind = _KINDS.get(data["name"]) if isinstance(data["name"], str) else None
+    if kind is None:
+        raise InvalidParameterError(f"{where}.name must be one of {', '.join(map(repr, _KINDS))}, got "
+                                    f"{data['name']!r}")
+    params = _typed.from_json_object(_PARAMS[kind], data["parameters"], f"{where}.parameters")
+    try:
+        mechanism = mechanism_from_dict(data["mechanism"])
+        guarantee = Guarantee.from_dict(data["guarantee"])
+        return kind(mechanism=mechanism, params=params, target_epsilon=data["target_epsilon"],  # type: ignore[arg-type]
+                    target_delta=data["target_delta"], method=data["method"],
+                    unit_accounting=data["unit_accounting"], guarantee=guarantee)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"{where}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidParameterError(f"{where}: malformed ({exc!r})") from None

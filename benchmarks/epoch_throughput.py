@@ -114,7 +114,7 @@ class _Beacon:
     def __init__(self, device):
         self.device, self.marks = device, []
 
-    def intend(self, step):
+    def intend(self, step, batch_size=None):
         h.sync(self.device)
         self.marks.append(time.perf_counter())
         h.emit("step", phase="dpsgd", step=step)

@@ -1,30 +1,42 @@
 """Audit a run: is the guarantee the plan promised true of what actually ran?
 
-``audit_run`` re-checks a run record against its plan, each check named and independent:
+The audit fails closed. Every planned phase must appear in the record with every statistic
+its checks need, the write-ahead ledger must be there and intact, and anything missing,
+unknown or malformed is a failing check that names it: a check never passes because its
+evidence is absent. Each check is named and independent:
 
-1. ``plan verifies``: the plan's hash, schema and every recomputed number (``verify``).
-2. ``record names the plan``: the record's plan hash is the plan's, it carries a data
-   fingerprint, and its row count is the plan's N (and, given the data, the fingerprint
-   recomputes).
-3. ``steps within plan``: DP-SGD steps executed never exceed the planned steps; a completed
-   run took exactly them; the run directory's ledger (when present) counts the same.
-4. ``Poisson batch sizes``: the realised batch sizes are consistent with Poisson sampling
-   at q: their total is Binomial(N T, q) and their spread is Poisson's (each a two-sided
-   test at false-alarm rate ``alpha``; fixed-size or shuffled batches fail the spread).
-5. ``RR flips``: the count of flipped labels is consistent with the plan's flip
-   probability (two-sided binomial test at ``alpha``; labels flipped too rarely fail).
-6. ``independent re-accounting``: every phase's guarantee recomputed by a different path
-   (dp_accounting's own PLD for DP-SGD, the exact binomial or analytic Gaussian against a
-   PLD for RR and WALR) agrees with the plan within the stated tolerance, and the
-   guarantee of the steps actually executed is within the plan's budget.
+1. ``plan verifies``: hash, schema and every recomputed number (``verify``).
+2. ``record is well-formed``: the public record (and the private one, when present) read
+   strictly; the two name each other.
+3. ``record names the plan``: the plan's hash, a private run, the plan's algorithm, its N,
+   and exactly the plan's phases in the plan's order.
+4. ``ledger``: the write-ahead ledger beside the record verifies its hash chain, names the
+   plan, ends where the record says it ends, and holds exactly one release per one-shot
+   phase whose digest is the record's (and the persisted file's).
+5. ``steps within plan``: DP-SGD steps counted by the ledger (read exactly as the trainer
+   reads it) equal the record's, never exceed the plan, and a completed run took them all.
+6. ``DP-SGD noise``: the noise std, noise multiplier, C and q the run used are the plan's,
+   and noise was drawn for every trainable parameter at every step of the session.
+7. ``Poisson batch sizes``: every step's batch size, from the ledger across all sessions,
+   is consistent with Poisson sampling at q (total and spread, two-sided, at ``alpha``).
+8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
+   with it (two-sided binomial test at ``alpha``).
+9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
+10. ``independent re-accounting``: every phase's guarantee recomputed by another path
+    agrees with the plan, and the steps executed stay within the phase budget.
+11. ``data fingerprint`` (with ``data_path``): the keyed fingerprint in the private record
+    recomputes on the given data with the data owner's key.
+12. ``code that ran`` (with ``empirical``): the installed code, which the empirical tests
+    measure, is the code the record says ran.
 
-The report is what a human reads (``budgetplan audit``) or JSON; it passes when every
-check passes. The empirical lower bounds on epsilon (``empirical=True``) run the
-trainer's real mechanisms and are imported lazily: they need torch.
+An interrupted run (a run directory with a ledger but no record yet) is audited on what
+its ledger shows: nothing beyond the plan so far. The empirical lower bounds on epsilon
+(``empirical=True``) run the trainer's code and are imported lazily: they need torch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +44,20 @@ from pathlib import Path
 from scipy import stats
 
 from budgetplan.errors import BudgetplanError
+from budgetplan.ledger import LedgerView, read_ledger
 from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse
 from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, load_plan
-from budgetplan.records import RunRecord, load_record
+from budgetplan.records import PRIVATE_DIR, DPSGDRun, RRRun, RRStats, RunRecord, WALRRun, load_record
 
 __all__ = ["Check", "AuditReport", "audit_run", "ALPHA", "REACCOUNT_TOLERANCE"]
 
 ALPHA = 1e-6                 # false-alarm rate of each statistical test
 REACCOUNT_TOLERANCE = 1e-3   # relative agreement required between independent accountings
+
+# The one-shot releases a run directory persists, by the ledger's phase name.
+_RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy"}
+_RUN_OF = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun}
 
 
 @dataclass(frozen=True)
@@ -57,227 +74,502 @@ class Check:
 class AuditReport:
     record: str
     plan_sha256: str | None
+    status: str = "completed"
     checks: list = field(default_factory=list)
     empirical: list = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks) and all(e["passed"] for e in self.empirical)
+        return bool(self.checks) and all(c.passed for c in self.checks) and all(e["passed"] for e in self.empirical)
 
     def failing(self) -> list[str]:
         return [c.name for c in self.checks if not c.passed] + [e["name"] for e in self.empirical if not e["passed"]]
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "record": self.record, "plan_sha256": self.plan_sha256,
+        return {"passed": self.passed, "status": self.status, "record": self.record, "plan_sha256": self.plan_sha256,
                 "alpha": ALPHA, "tolerance": REACCOUNT_TOLERANCE,
                 "checks": [c.__dict__ for c in self.checks], "empirical": self.empirical,
                 "failing": self.failing()}
 
 
+def _run_dir(record_path: Path) -> Path:
+    return record_path if record_path.is_dir() or record_path.suffix != ".json" else record_path.parent
+
+
 def _find_plan(record_path: Path, plan_path) -> Plan:
     if plan_path is not None:
         return load_plan(plan_path)
-    beside = (record_path if record_path.is_dir() else record_path.parent) / "plan.json"
+    beside = _run_dir(Path(record_path)) / "plan.json"
     if not beside.exists():
         raise BudgetplanError(f"no plan given and none beside the record ({beside}); pass --plan")
     return load_plan(beside)
 
 
-def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto",
+def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto", fingerprint_key=None,
               empirical: bool = False, alpha: float = ALPHA) -> AuditReport:
-    """Run every check on the run record at ``record_path`` (a run.json or its directory)."""
+    """Run every check on the run at ``record_path`` (a run directory or its run.json).
+
+    Args:
+        plan_path: the plan; default the ``plan.json`` the trainer copied into the run directory.
+        data_path: the training data, to recompute the keyed fingerprint (needs the private
+            record and the key: ``fingerprint_key`` bytes, default ``private/fingerprint.key``).
+        empirical: also run the empirical lower bounds on the installed trainer code.
+    """
     from budgetplan.verify import verify_plan
 
     record_path = Path(record_path)
-    record = load_record(record_path)
+    run_dir = _run_dir(record_path)
     plan = _find_plan(record_path, plan_path)
     report = AuditReport(record=str(record_path), plan_sha256=plan.sha256)
     add = report.checks.append
-
     verified = verify_plan(plan)
     add(Check("plan verifies", verified.ok, "hash, schema and recomputed numbers hold" if verified.ok
               else "; ".join(verified.problems[:3])))
-    add(_names_plan(record, plan, data_path, data_format))
-    add(_steps(record, plan, record_path))
-    for check in _sampling(record, plan, alpha):
-        add(check)
-    for check in _flips(record, plan, alpha):
-        add(check)
+    record_file = record_path if record_path.suffix == ".json" and not record_path.is_dir() else run_dir / "run.json"
+    if not record_file.exists() and (run_dir / "ledger.jsonl").exists():
+        report.status = "interrupted"
+        _audit_interrupted(report, plan, run_dir, alpha)
+        return report
+    try:
+        record = load_record(record_file)
+    except BudgetplanError as exc:
+        add(Check("record is well-formed", False, str(exc)))
+        return report
+    add(Check("record is well-formed", True, "public record" + (" and private record" if record.private_part
+                                                                else "") + " read strictly; hashes hold"))
+    add(_names_plan(record, plan))
+    ledger = _ledger_check(record, plan, run_dir, add)
+    add(_steps(record, plan, ledger))
+    add(_dpsgd_noise(record, plan))
+    report.checks.extend(_sampling(plan, ledger, record, alpha))
+    add(_flips(record, plan, alpha))
+    add(_walr(record, plan))
     add(_reaccount(record, plan))
+    if data_path is not None:
+        add(_fingerprint(record, plan, run_dir, data_path, data_format, fingerprint_key))
     if empirical:
+        add(_code(record))
         report.empirical = run_empirical(plan)
     return report
 
 
-def _names_plan(record: RunRecord, plan: Plan, data_path, data_format) -> Check:
+# --------------------------------------------------------------------------- the record
+
+
+def _names_plan(record: RunRecord, plan: Plan) -> Check:
     problems = []
     if record.plan_sha256 != plan.sha256:
         problems.append(f"the record names plan {record.plan_sha256}, not {plan.sha256}")
     if not record.private:
-        problems.append("the record is of a non-private run")
-    fp = record.data.get("sha256")
-    if not fp:
-        problems.append("the record has no data fingerprint")
-    if record.data.get("rows_used") != plan.dataset_size:
-        problems.append(f"the run used {record.data.get('rows_used')} rows; the plan accounts N = {plan.dataset_size}")
-    if data_path is not None and fp:
-        from trainers.data.fingerprint import fingerprint
-        from trainers.data.loaders import read_table
-
-        spec = plan.scenario.features
-        table = read_table(data_path, format=data_format, columns=list(spec.columns))
-        if plan.unit.cap == 1:
-            again = fingerprint(table, list(spec.columns))["sha256"]
-            if again != fp:
-                problems.append(f"the data at {data_path} does not match the record's fingerprint")
-        elif fingerprint(table, list(spec.columns))["rows"] != record.data.get("rows_in"):
-            problems.append(f"the data at {data_path} has another row count than the run read")
-    detail = "; ".join(problems) or f"plan {plan.sha256[:12]}..., data {fp[:12]}... with N = {plan.dataset_size} rows"
-    return Check("record names the plan and its data", not problems, detail)
+        problems.append("the record is of a non-private run: no guarantee applies to it")
+    if record.algorithm != plan.scenario.algorithm:
+        problems.append(f"the record's algorithm is {record.algorithm!r}, the plan's {plan.scenario.algorithm!r}")
+    if record.rows_used != plan.dataset_size:
+        problems.append(f"the run used {record.rows_used} rows; the plan accounts N = {plan.dataset_size}")
+    expected = [_RUN_OF[type(p)].name for p in plan.phases]
+    shown = [p.name for p in record.phases]
+    if shown != expected:
+        problems.append(f"the record shows the phases {shown}; the plan has {expected}")
+    detail = "; ".join(problems) or (f"plan {plan.sha256[:12]}..., phases {expected}, N = {plan.dataset_size}")
+    return Check("record names the plan", not problems, detail)
 
 
-def _dpsgd_phase(plan: Plan):
-    return plan.dpsgd
+def _entry(record: RunRecord, kind: type):
+    """The record's entry of ``kind`` (the plan has that phase; ``_names_plan`` fails if the record lacks it)."""
+    return next((p for p in record.phases if isinstance(p, kind)), None)
 
 
-def _record_phase(record: RunRecord, name: str):
-    return next((p for p in record.phases if p.get("name") == name), None)
+def _missing(name: str, what: str) -> Check:
+    return Check(name, False, f"the plan has {what} but the record shows none: nothing to check it against")
 
 
-def _steps(record: RunRecord, plan: Plan, record_path: Path) -> Check:
-    planned = _dpsgd_phase(plan)
-    ran = _record_phase(record, "dpsgd")
+# --------------------------------------------------------------------------- the ledger
+
+
+def _ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add) -> LedgerView | None:
+    path = run_dir / "ledger.jsonl"
+    if not path.exists():
+        add(Check("ledger", False, f"no write-ahead ledger at {path}: the steps and releases of the run cannot be "
+                                   "confirmed (runs trained without a run directory cannot be audited)"))
+        return None
+    try:
+        view = read_ledger(path, plan_sha256=plan.sha256)
+    except BudgetplanError as exc:
+        add(Check("ledger", False, str(exc)))
+        return None
+    problems = []
+    if record.ledger is None:
+        problems.append("the record names no ledger")
+    elif record.ledger.get("head") != view.head or record.ledger.get("lines") != len(view.entries):
+        problems.append(f"the ledger ends at {view.head[:12]}... after {len(view.entries)} lines; the record says "
+                        f"{str(record.ledger.get('head'))[:12]}... after {record.ledger.get('lines')}: it was cut or "
+                        "extended after the run")
+    problems += _release_problems(view, run_dir, {p.name: getattr(_entry(record, _RUN_OF[type(p)]), "release_sha256",
+                                                                  None)
+                                                  for p in plan.phases if p.name in _RELEASE_FILES})
+    detail = "; ".join(problems) or (f"{len(view.entries)} lines, hash chain intact, {view.sessions} session(s), "
+                                     "releases match the record")
+    add(Check("ledger", not problems, detail))
+    return view
+
+
+def _release_problems(view: LedgerView, run_dir: Path, expected: dict) -> list[str]:
+    """Each one-shot phase released exactly once, with the digest the record (if given) and the file show."""
+    problems = []
+    for phase, digest in expected.items():
+        notes, intents = view.events("released", phase), view.events("intent", phase)
+        if len(notes) != 1 or len(intents) != 1:
+            problems.append(f"the ledger shows {len(intents)} {phase} release intent(s) and {len(notes)} "
+                            "release(s); exactly one of each is planned")
+            continue
+        if digest is not None and notes[0].get("sha256") != digest:
+            problems.append(f"the {phase} release's digest in the ledger is not the record's")
+        path = run_dir / _RELEASE_FILES[phase]
+        if path.exists() and _array_sha256(path) != notes[0].get("sha256"):
+            problems.append(f"{path.name} does not match the digest the ledger recorded for it")
+    return problems
+
+
+def _array_sha256(path: Path) -> str | None:
+    import numpy as np
+
+    try:
+        return hashlib.sha256(np.ascontiguousarray(np.load(path, allow_pickle=False)).tobytes()).hexdigest()
+    except (OSError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------- DP-SGD
+
+
+def _steps(record: RunRecord, plan: Plan, ledger: LedgerView | None) -> Check:
+    name = "steps within plan"
+    planned = plan.dpsgd
+    ran = _entry(record, DPSGDRun)
     if planned is None:
-        ok = ran is None
-        return Check("steps within plan", ok, "no DP-SGD phase planned" + ("" if ok else ", but one ran"))
+        ok = ran is None and (ledger is None or ledger.count("dpsgd") == 0)
+        return Check(name, ok, "no DP-SGD phase planned" + ("" if ok else ", but noisy steps ran"))
     if ran is None:
-        return Check("steps within plan", False, "the plan has a DP-SGD phase the record does not show")
-    executed, steps = ran["steps_executed"], planned.params.steps
+        return _missing(name, "a DP-SGD phase")
+    steps, executed = planned.params.steps, ran.steps_executed
     problems = []
     if executed > steps:
         problems.append(f"{executed} noisy steps executed, more than the {steps} planned")
     if record.status == "completed" and executed != steps:
         problems.append(f"a completed run took {executed} steps, not the {steps} planned")
-    ledger_path = (record_path if record_path.is_dir() else record_path.parent) / "ledger.jsonl"
-    counted = None
-    if ledger_path.exists():
-        counted = sum('"event":"intent"' in line and '"phase":"dpsgd"' in line
-                      for line in ledger_path.read_text(encoding="ascii", errors="replace").splitlines())
+    if ran.steps_planned != steps:
+        problems.append(f"the record says {ran.steps_planned} steps were planned; the plan has {steps}")
+    if ledger is None:
+        problems.append("no readable ledger to count the steps")
+    else:
+        counted = ledger.count("dpsgd")
         if counted != executed:
             problems.append(f"the ledger counts {counted} noisy steps, the record {executed}")
-    detail = "; ".join(problems) or (f"{executed} of {steps} noisy steps" +
-                                     (", the ledger agrees" if counted is not None else ""))
-    return Check("steps within plan", not problems, detail)
+        if ledger.sessions != ran.sessions or ledger.steps_lost("dpsgd") != ran.steps_lost_to_interruptions:
+            problems.append(f"the ledger shows {ledger.sessions} session(s) and {ledger.steps_lost('dpsgd')} steps "
+                            f"lost to interruptions; the record {ran.sessions} and {ran.steps_lost_to_interruptions}")
+    detail = "; ".join(problems) or (f"{executed} of {steps} noisy steps over {ran.sessions} session(s), "
+                                     f"{ran.steps_lost_to_interruptions} lost to interruptions; the ledger agrees")
+    return Check(name, not problems, detail)
+
+
+def _dpsgd_noise(record: RunRecord, plan: Plan) -> Check:
+    name = "DP-SGD noise"
+    planned, ran = plan.dpsgd, _entry(record, DPSGDRun)
+    if planned is None:
+        return Check(name, ran is None, "no DP-SGD phase planned" + ("" if ran is None else ", but one ran"))
+    if ran is None:
+        return _missing(name, "a DP-SGD phase")
+    par, problems = planned.params, []
+    for label, have, want in (("noise std", ran.noise_std, par.noise_std),
+                              ("noise multiplier", ran.noise_multiplier, par.noise_multiplier),
+                              ("clipping norm", ran.clipping_norm, par.clipping_norm),
+                              ("sampling rate", ran.sampling_rate, par.sampling_rate),
+                              ("expected batch size", ran.batch_size_expected, par.expected_batch_size)):
+        if not math.isclose(have, want, rel_tol=1e-12):
+            problems.append(f"the run's {label} is {have!r}, the plan's {want!r}")
+    if ran.truncated != (par.sampling == "truncated-poisson"):
+        problems.append(f"the run {'truncated' if ran.truncated else 'did not truncate'} its batches; the plan "
+                        f"samples {par.sampling!r}")
+    want_draws = ran.steps_this_session * ran.trainable_parameters
+    if ran.noise_draws != want_draws:
+        problems.append(f"{ran.noise_draws} noise draws in this session; {ran.steps_this_session} steps of "
+                        f"{ran.trainable_parameters} trainable parameters need {want_draws}")
+    detail = "; ".join(problems) or (f"std {par.noise_std:.6g} = sigma {par.noise_multiplier:.6g} x C "
+                                     f"{par.clipping_norm:g} on all {ran.trainable_parameters} trainable parameters "
+                                     "at every step")
+    return Check(name, not problems, detail)
 
 
 def _two_sided_binomial(k: int, n: int, p: float) -> float:
     if n == 0:
         return 1.0
-    return float(stats.binomtest(int(k), int(n), p).pvalue) if n < 10**7 else float(
-        2 * min(stats.norm.cdf((k - n * p) / math.sqrt(n * p * (1 - p))),
-                stats.norm.sf((k - n * p) / math.sqrt(n * p * (1 - p)))))
+    if n < 10**7:
+        return float(stats.binomtest(int(k), int(n), p).pvalue)
+    z = (k - n * p) / math.sqrt(n * p * (1 - p))
+    return float(2 * min(stats.norm.cdf(z), stats.norm.sf(z)))
 
 
-def _sampling(record: RunRecord, plan: Plan, alpha: float) -> list[Check]:
-    planned, ran = _dpsgd_phase(plan), _record_phase(record, "dpsgd")
-    if planned is None or ran is None or not ran.get("steps_this_session"):
+def _batch_moments(n: int, q: float, cap: int | None) -> tuple[float, float]:
+    """Mean and variance of one step's batch size: Binomial(N, q), truncated at ``cap`` if given."""
+    if cap is None or cap >= n:
+        return n * q, n * q * (1 - q)
+    dist = stats.binom(n, q)
+    k = _support(n, q, cap)
+    m = [min(int(x), cap) for x in k]
+    pmf = dist.pmf(k)
+    tail = float(dist.sf(k[-1]))  # mass above the evaluated support, all truncated to cap
+    mean = float(sum(a * b for a, b in zip(m, pmf))) + cap * tail
+    second = float(sum(a * a * b for a, b in zip(m, pmf))) + cap * cap * tail
+    return mean, second - mean * mean
+
+
+def _support(n: int, q: float, cap: int) -> list[int]:
+    mu, sd = n * q, math.sqrt(n * q * (1 - q))
+    lo, hi = max(0, int(mu - 12 * sd) - 1), min(n, max(cap, int(mu + 12 * sd) + 1))
+    return list(range(lo, hi + 1))
+
+
+def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, alpha: float) -> list[Check]:
+    name = "Poisson batch sizes"
+    planned = plan.dpsgd
+    if planned is None:
         return []
-    n, q = planned.params.dataset_size, planned.params.sampling_rate
-    t = ran["steps_this_session"]
-    total, sumsq = ran["batch_size_sum"], ran["batch_size_sumsq"]
-    if ran.get("batches_truncated"):
-        return [Check("Poisson batch sizes", True,
-                      f"{ran['batches_truncated']} batches truncated at the plan's maximum, as accounted; the "
-                      "binomial tests assume untruncated batches and are skipped")]
-    p_mean = _two_sided_binomial(total, n * t, q)
-    checks = [Check("Poisson batch sizes: total", p_mean >= alpha,
-                    f"{total} rows over {t} steps, expected {n * t * q:.1f} (N T q); two-sided binomial p = "
-                    f"{p_mean:.3g} (fails below {alpha:g})")]
-    if t >= 2:
+    ran = _entry(record, DPSGDRun) if record is not None else None
+    if record is not None and ran is None:
+        return [_missing(name, "a DP-SGD phase")]
+    if ledger is None:
+        return [Check(name, False, "no readable ledger: the batch sizes of the run cannot be read")]
+    sizes = ledger.batch_sizes("dpsgd")
+    counted = ledger.count("dpsgd")
+    problems = []
+    if ran is not None and (len(sizes), sum(sizes), sum(s * s for s in sizes)) != (
+            ran.batch_sizes_observed, ran.batch_size_sum, ran.batch_size_sumsq):
+        problems.append("the record's batch-size statistics are not those of the ledger")
+    if counted and not sizes:
+        problems.append(f"the ledger counts {counted} noisy steps but records no batch size")
+    if len(sizes) < counted - ledger.sessions:  # at most one torn intent per session lacks its size
+        problems.append(f"only {len(sizes)} of {counted} counted steps have a batch size in the ledger")
+    par = planned.params
+    cap = par.max_batch_size if par.sampling == "truncated-poisson" else None
+    if cap is not None and sizes and max(sizes) > cap:
+        problems.append(f"a batch of {max(sizes)} exceeds the plan's maximum {cap}")
+    if problems:
+        return [Check(name, False, "; ".join(problems))]
+    if not sizes:
+        return [Check(name, True, "no noisy step taken yet")]
+    n, q, t = par.dataset_size, par.sampling_rate, len(sizes)
+    total = sum(sizes)
+    mu, var1 = _batch_moments(n, q, cap)
+    if cap is None:
+        p_total = _two_sided_binomial(total, n * t, q)
+        how = "two-sided binomial"
+    else:
+        z = (total - t * mu) / math.sqrt(t * var1) if var1 > 0 else 0.0
+        p_total = float(2 * stats.norm.sf(abs(z)))
+        how = f"two-sided normal (Poisson truncated at {cap})"
+    checks = [Check(f"{name}: total", p_total >= alpha,
+                    f"{total} rows over {t} steps (all sessions, from the ledger), expected {t * mu:.1f}; {how} "
+                    f"p = {p_total:.3g} (fails below {alpha:g})")]
+    if t >= 2 and var1 > 0:
         mean = total / t
-        var = (sumsq - t * mean * mean) / (t - 1)
-        expected = n * q * (1 - q)
-        stat = (t - 1) * var / expected
-        p_var = 2 * min(stats.chi2.cdf(stat, t - 1), stats.chi2.sf(stat, t - 1))
-        checks.append(Check("Poisson batch sizes: spread", p_var >= alpha,
-                            f"variance {var:.2f} against N q (1-q) = {expected:.2f}; two-sided chi-square p = "
-                            f"{p_var:.3g} (fixed-size or shuffled batches have no spread)"))
+        var = (sum(s * s for s in sizes) - t * mean * mean) / (t - 1)
+        stat = (t - 1) * var / var1
+        p_var = float(2 * min(stats.chi2.cdf(stat, t - 1), stats.chi2.sf(stat, t - 1)))
+        checks.append(Check(f"{name}: spread", p_var >= alpha,
+                            f"variance {var:.2f} against {var1:.2f}; two-sided chi-square p = {p_var:.3g} "
+                            "(fixed-size or shuffled batches have no spread)"))
     return checks
 
 
-def _flips(record: RunRecord, plan: Plan, alpha: float) -> list[Check]:
-    planned = plan.rr
-    ran = _record_phase(record, "rr")
-    if planned is None or ran is None:
-        return []
-    n, flipped = ran["labels"], ran["labels_flipped"]
-    if ran.get("flip_probability") is not None:
-        rho = planned.params.flip_probability
-        if abs(ran["flip_probability"] - rho) > 1e-15:
-            return [Check("RR flips", False, f"the run flipped with probability {ran['flip_probability']!r}, the "
-                                             f"plan says {rho!r}")]
-        p = _two_sided_binomial(flipped, n, rho)
-        detail = f"{flipped} of {n} labels flipped, expected {n * rho:.1f}; two-sided binomial p = {p:.3g}"
-    else:
-        rho = ran["flip_probability_mean"]  # eps/K_i: a Poisson-binomial, variance at most n rho (1 - rho)
-        z = (flipped - n * rho) / math.sqrt(max(n * rho * (1 - rho), 1e-12))
-        p = float(2 * stats.norm.sf(abs(z)))
-        detail = f"{flipped} of {n} labels flipped, expected {n * rho:.1f} (eps/K_i); two-sided normal p = {p:.3g}"
-    return [Check("RR flips", p >= alpha, detail + f" (fails below {alpha:g})")]
+# -------------------------------------------------------------------------- RR and WALR
+
+
+def _flips(record: RunRecord, plan: Plan, alpha: float) -> Check:
+    name = "RR flips"
+    planned, ran = plan.rr, _entry(record, RRRun)
+    if planned is None:
+        return Check(name, ran is None, "no RR phase planned" + ("" if ran is None else ", but one ran"))
+    if ran is None:
+        return _missing(name, "an RR phase")
+    par = planned.params
+    if ran.labels != plan.dataset_size:
+        return Check(name, False, f"{ran.labels} labels randomised; the plan accounts N = {plan.dataset_size}")
+    if ran.per_impression_rule != par.per_impression_rule:
+        return Check(name, False, f"the run used the rule {ran.per_impression_rule!r}, the plan "
+                                  f"{par.per_impression_rule!r}")
+    if par.flip_probability_by_count is None:
+        if ran.flip_probability is None or ran.labels_flipped is None:
+            return Check(name, False, "the record shows no flip count for a uniform flip probability")
+        rho = par.flip_probability
+        if ran.flip_probability != rho:
+            return Check(name, False, f"the run flipped with probability {ran.flip_probability!r}, the plan says "
+                                      f"{rho!r}")
+        p = _two_sided_binomial(ran.labels_flipped, ran.labels, rho)
+        detail = (f"{ran.labels_flipped} of {ran.labels} labels flipped, expected {ran.labels * rho:.1f}; two-sided "
+                  f"binomial p = {p:.3g}")
+        return Check(name, p >= alpha, detail + f" (fails below {alpha:g})")
+    # eps/K_i: per-unit probabilities; the counts are in the data owner's private record.
+    stats_ = next((s for s in record.private_part.phases if isinstance(s, RRStats)), None) \
+        if record.private_part is not None else None
+    if stats_ is None or stats_.labels_flipped is None or stats_.flip_probability_mean is None:
+        return Check(name, False, "under eps/K_i the flips are in the private record, which is not here")
+    rho_min, rho_max = min(par.flip_probability_by_count), max(par.flip_probability_by_count)
+    if not rho_min <= stats_.flip_probability_mean <= rho_max:
+        return Check(name, False, f"mean flip probability {stats_.flip_probability_mean!r} lies outside the plan's "
+                                  f"[{rho_min!r}, {rho_max!r}]")
+    n, flipped, rho = ran.labels, stats_.labels_flipped, stats_.flip_probability_mean
+    z = (flipped - n * rho) / math.sqrt(max(n * rho * (1 - rho), 1e-12))  # Poisson-binomial: variance <= n rho (1-rho)
+    p = float(2 * stats.norm.sf(abs(z)))
+    return Check(name, p >= alpha, f"{flipped} of {n} labels flipped, expected {n * rho:.1f} (eps/K_i); two-sided "
+                                   f"normal p = {p:.3g} (fails below {alpha:g})")
+
+
+def _walr(record: RunRecord, plan: Plan) -> Check:
+    name = "WALR release"
+    planned, ran = plan.walr, _entry(record, WALRRun)
+    if planned is None:
+        return Check(name, ran is None, "no WALR release planned" + ("" if ran is None else ", but one ran"))
+    if ran is None:
+        return _missing(name, "a WALR release")
+    par, problems = planned.params, []
+    if ran.releases != 1:
+        problems.append(f"{ran.releases} releases; the plan accounts one")
+    if ran.noise_std != par.noise_std:
+        problems.append(f"noise std {ran.noise_std!r}, the plan's {par.noise_std!r}")
+    if ran.sensitivity != par.sensitivity:
+        problems.append(f"sensitivity {ran.sensitivity!r}, the plan's {par.sensitivity!r}")
+    if ran.noise_draws != par.features:
+        problems.append(f"{ran.noise_draws} noise draws for a {par.features}-dimensional sum")
+    if ran.rows != plan.dataset_size:
+        problems.append(f"{ran.rows} rows summed; the plan accounts N = {plan.dataset_size}")
+    detail = "; ".join(problems) or (f"one release of a {par.features}-dimensional sum with noise std "
+                                     f"{par.noise_std:.6g} (sensitivity {par.sensitivity:.6g})")
+    return Check(name, not problems, detail)
+
+
+# ----------------------------------------------------------------------- re-accounting
 
 
 def _reaccount(record: RunRecord, plan: Plan) -> Check:
     """Each phase by an independent path; the executed steps within budget."""
-    from budgetplan.accounting import account
-    from budgetplan.accounting import backends
+    from budgetplan.accounting import account, backends
     from budgetplan.accounting.gaussian import analytic_epsilon
 
     notes, problems = [], []
     for phase in plan.phases:
         g = phase.guarantee
         try:
-            if isinstance(phase, DPSGDPhase) and isinstance(phase.mechanism, PoissonDPSGD):
-                m = phase.mechanism
-                ran = _record_phase(record, "dpsgd")
-                executed = ran["steps_executed"] if ran else m.steps
-                if plan.unit.cap == 1:
-                    ref = backends.reference_pld_dpsgd(
-                        noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate, steps=executed,
-                        adjacency=plan.adjacency, discretization=g.discretization or 1e-4)
-                    other, how = float(ref.get_epsilon_for_delta(g.delta)), "dp_accounting PLD"
-                else:
-                    other = account(PoissonDPSGD(noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate,
-                                                 steps=executed), delta=g.delta, adjacency=plan.adjacency,
-                                    unit=plan.unit, method=phase.method, unit_accounting=phase.unit_accounting,
-                                    discretization=(g.discretization or 1e-4) / 2).epsilon
-                    how = "PLD at half the grid"
-                if executed == m.steps and abs(other - g.epsilon) > REACCOUNT_TOLERANCE * max(g.epsilon, 1e-9):
-                    problems.append(f"dpsgd: {how} gives {other:.6g}, the plan {g.epsilon:.6g}")
-                if other > phase.target_epsilon * (1 + REACCOUNT_TOLERANCE):
-                    problems.append(f"dpsgd: the {executed} executed steps cost {other:.6g} > the phase budget "
-                                    f"{phase.target_epsilon:.6g}")
-                notes.append(f"dpsgd {other:.6g} by {how} (plan {g.epsilon:.6g})")
-            elif isinstance(phase, DPSGDPhase):
-                notes.append("dpsgd (truncated Poisson): no second accountant exists; the plan's dp_accounting "
-                             "figure stands")
-            elif isinstance(phase, RRPhase):
-                per, k = phase.params.per_impression_epsilon, plan.unit.cap
-                other = account(RandomizedResponse(epsilon=per), delta=g.delta, adjacency="replace-one",
-                                unit=plan.unit, method="pld").epsilon
-                tol = k * 1e-4 * 1.01 + 1e-9  # the PLD rounds each of K losses up by at most one grid step
-                if phase.params.per_impression_rule != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
-                    problems.append(f"rr: PLD gives {other:.6g}, the exact closed form {g.epsilon:.6g}")
-                notes.append(f"rr {other:.6g} by PLD (exact {g.epsilon:.6g})")
-            elif isinstance(phase, WALRPhase):
-                m = phase.mechanism
-                other = analytic_epsilon(sigma=m.noise_std, delta=g.delta, sensitivity=m.sensitivity * plan.unit.cap)
-                if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
-                    problems.append(f"walr: the analytic Gaussian gives {other:.6g}, the plan {g.epsilon:.6g}")
-                notes.append(f"walr {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})")
+            match phase:
+                case DPSGDPhase(mechanism=PoissonDPSGD() as m):
+                    ran = _entry(record, DPSGDRun)
+                    executed = ran.steps_executed if ran is not None else m.steps
+                    if plan.unit.cap == 1:
+                        ref = backends.reference_pld_dpsgd(
+                            noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate, steps=executed,
+                            adjacency=plan.adjacency, discretization=g.discretization or 1e-4)
+                        other, how = float(ref.get_epsilon_for_delta(g.delta)), "dp_accounting PLD"
+                    else:
+                        other = account(PoissonDPSGD(noise_multiplier=m.noise_multiplier,
+                                                     sampling_rate=m.sampling_rate, steps=executed),
+                                        delta=g.delta, adjacency=plan.adjacency, unit=plan.unit, method=phase.method,
+                                        unit_accounting=phase.unit_accounting,
+                                        discretization=(g.discretization or 1e-4) / 2).epsilon
+                        how = "PLD at half the grid"
+                    if executed == m.steps and abs(other - g.epsilon) > REACCOUNT_TOLERANCE * max(g.epsilon, 1e-9):
+                        problems.append(f"dpsgd: {how} gives {other:.6g}, the plan {g.epsilon:.6g}")
+                    if other > phase.target_epsilon * (1 + REACCOUNT_TOLERANCE):
+                        problems.append(f"dpsgd: the {executed} executed steps cost {other:.6g} > the phase budget "
+                                        f"{phase.target_epsilon:.6g}")
+                    notes.append(f"dpsgd {other:.6g} by {how} (plan {g.epsilon:.6g})")
+                case DPSGDPhase():
+                    notes.append("dpsgd (truncated Poisson): no second accountant exists; the plan's dp_accounting "
+                                 "figure stands")
+                case RRPhase(params=par):
+                    other = account(RandomizedResponse(epsilon=par.per_impression_epsilon), delta=g.delta,
+                                    adjacency="replace-one", unit=plan.unit, method="pld").epsilon
+                    tol = plan.unit.cap * 1e-4 * 1.01 + 1e-9  # PLD rounds each of K losses up by <= one grid step
+                    if par.per_impression_rule != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
+                        problems.append(f"rr: PLD gives {other:.6g}, the exact closed form {g.epsilon:.6g}")
+                    notes.append(f"rr {other:.6g} by PLD (exact {g.epsilon:.6g})")
+                case WALRPhase(mechanism=m):
+                    other = analytic_epsilon(sigma=m.noise_std, delta=g.delta,
+                                             sensitivity=m.sensitivity * plan.unit.cap)
+                    if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
+                        problems.append(f"walr: the analytic Gaussian gives {other:.6g}, the plan {g.epsilon:.6g}")
+                    notes.append(f"walr {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})")
         except BudgetplanError as exc:
             problems.append(f"{phase.name}: re-accounting failed: {exc}")
     detail = "; ".join(problems) or "; ".join(notes)
     return Check("independent re-accounting", not problems, detail)
+
+
+# --------------------------------------------------------------- data and code evidence
+
+
+def _fingerprint(record: RunRecord, plan: Plan, run_dir: Path, data_path, data_format, key) -> Check:
+    name = "data fingerprint"
+    if record.private_part is None:
+        return Check(name, False, f"the private record ({run_dir / PRIVATE_DIR / 'record.json'}) is not here: the "
+                                  "data owner holds the fingerprint")
+    fp = record.private_part.data.get("fingerprint") or {}
+    from trainers.data.fingerprint import fingerprint, key_id, read_key
+    from trainers.data.loaders import read_table
+
+    if key is None:
+        key_path = run_dir / PRIVATE_DIR / "fingerprint.key"
+        if not key_path.exists():
+            return Check(name, False, f"no fingerprint key given and none at {key_path}")
+        key = read_key(key_path)
+    if key_id(key) != fp.get("key_id"):
+        return Check(name, False, f"the key given is {key_id(key)}, the fingerprint was made with {fp.get('key_id')}")
+    spec = plan.scenario.features
+    if spec is None:
+        return Check(name, False, "the plan's scenario has no [features] table naming the columns")
+    table = read_table(data_path, format=data_format, columns=list(spec.columns))
+    again = fingerprint(table, list(fp.get("columns") or spec.columns), key)
+    if again["hmac_sha256"] != fp.get("hmac_sha256"):
+        return Check(name, False, f"the data at {data_path} is not the data the run read")
+    return Check(name, True, f"{again['rows']} rows of {data_path} match the keyed fingerprint (key {fp['key_id']})")
+
+
+def _code(record: RunRecord) -> Check:
+    from budgetplan._code import code_fingerprint
+
+    here = code_fingerprint()
+    differ = sorted(k for k in set(here) | set(record.code) if here.get(k) != record.code.get(k))
+    if differ:
+        return Check("code that ran", False, f"the installed {', '.join(differ)} differ from the code that ran: the "
+                                            "empirical tests below measure other code than this run's")
+    return Check("code that ran", True, "the installed budgetplan and trainers are the code that ran")
+
+
+# ----------------------------------------------------------------------- interrupted runs
+
+
+def _audit_interrupted(report: AuditReport, plan: Plan, run_dir: Path, alpha: float) -> None:
+    """What the ledger of a run without a record shows: nothing beyond the plan so far."""
+    add = report.checks.append
+    try:
+        view = read_ledger(run_dir / "ledger.jsonl", plan_sha256=plan.sha256)
+    except BudgetplanError as exc:
+        add(Check("ledger", False, str(exc)))
+        return
+    problems = []
+    for phase in plan.phases:
+        if phase.name in _RELEASE_FILES and view.events("intent", phase.name):
+            problems += _release_problems(view, run_dir, {phase.name: None})
+    add(Check("ledger", not problems, "; ".join(problems) or f"{len(view.entries)} lines, hash chain intact, "
+                                                            f"{view.sessions} session(s)"))
+    planned = plan.dpsgd.params.steps if plan.dpsgd is not None else 0
+    counted = view.count("dpsgd")
+    add(Check("steps within plan", counted <= planned,
+              f"interrupted: {counted} of {planned} noisy steps counted so far" +
+              ("" if counted <= planned else ": more than planned")))
+    report.checks.extend(_sampling(plan, view, None, alpha))
+
+
+# ---------------------------------------------------------------------------- empirical
 
 
 EMPIRICAL_DPSGD_STEPS = 20

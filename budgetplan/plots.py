@@ -116,10 +116,11 @@ def arm_of(plan) -> tuple[str, float | None]:
 
 
 def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
-    """One row per run: its arm, the plan's total epsilon, AUC and relative AUC loss.
+    """One row per run: its arm, the plan's guarantee (epsilon, delta, adjacency, unit), AUC and relative AUC loss.
 
-    Each run directory must hold its ``plan.json`` (trainers copy it there). The relative
-    AUC loss is the one in the record, or computed against ``baseline_auc``.
+    Each run directory must hold its ``plan.json`` (trainers copy it there) and its private
+    record (the metrics are computed on private labels). The relative AUC loss is the one
+    in the record, or computed against ``baseline_auc``.
     """
     from budgetplan.audit import _find_plan
     from budgetplan.records import load_record
@@ -127,10 +128,12 @@ def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
     rows = []
     for raw in run_paths:
         path = Path(raw)
-        record = load_record(path)
+        record = load_record(path, private=True)
         if not record.private:
             continue
         plan = _find_plan(path, None)
+        if record.plan_sha256 != plan.sha256:
+            raise InvalidParameterError(f"{path}: the record names plan {record.plan_sha256}, not the plan beside it")
         ev = record.metrics.get("eval") or {}
         if "auc" not in ev:
             raise InvalidParameterError(f"{path}: the run has no eval metrics (train it with --eval)")
@@ -141,23 +144,38 @@ def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
             raise InvalidParameterError(f"{path}: no relative AUC loss (train it with --baseline, or pass one)")
         arm, alpha = arm_of(plan)
         rows.append({"run": str(path), "arm": arm, "alpha": alpha, "epsilon": plan.epsilon, "delta": plan.delta,
-                     "auc": ev["auc"], "relative_auc_loss": rel, "plan_sha256": plan.sha256})
-    return sorted(rows, key=lambda r: (r["arm"], r["epsilon"]))
+                     "adjacency": plan.adjacency.value, "unit": plan.unit.describe(), "auc": ev["auc"],
+                     "calibration_ratio": ev.get("calibration_ratio"), "relative_auc_loss": rel,
+                     "plan_sha256": plan.sha256})
+    return sorted(rows, key=lambda r: (r["arm"], r["unit"], r["adjacency"], r["epsilon"], r["delta"]))
+
+
+def _guarantee_of(row: dict) -> tuple:
+    """What a point's guarantee protects: runs are only pooled when all of it agrees."""
+    return row["unit"], row["adjacency"], row["delta"]
 
 
 def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
-    """Relative AUC loss against epsilon per arm (mean and spread over runs at the same epsilon)."""
+    """Relative AUC loss against epsilon, one series per arm and guarantee.
+
+    Runs are pooled (mean, and half the range as the error bar) only when they share the
+    arm, the epsilon and everything else the guarantee protects: the privacy unit, the
+    adjacency and delta. Runs that differ in any of these are separate series, labelled by
+    what differs, never averaged into one point.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for arm in sorted({r["arm"] for r in rows}):
+    guarantees = sorted({_guarantee_of(r) for r in rows})
+    for arm, g in sorted({(r["arm"], _guarantee_of(r)) for r in rows}):
         by_eps: dict[float, list[float]] = {}
         for r in rows:
-            if r["arm"] == arm:
+            if r["arm"] == arm and _guarantee_of(r) == g:
                 by_eps.setdefault(r["epsilon"], []).append(r["relative_auc_loss"])
         xs = sorted(by_eps)
         means = [sum(by_eps[x]) / len(by_eps[x]) for x in xs]
         spread = [(max(by_eps[x]) - min(by_eps[x])) / 2 for x in xs]
-        ax.errorbar(xs, means, yerr=spread, marker="o", capsize=3, label=arm)
+        label = arm if len(guarantees) == 1 else f"{arm}, {g[0]}, {g[1]}, delta {g[2]:.2g}"
+        ax.errorbar(xs, means, yerr=spread, marker="o", capsize=3, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("total epsilon")
     ax.set_ylabel("relative AUC loss (%)")

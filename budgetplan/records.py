@@ -1,68 +1,502 @@
-"""Run records: what actually ran, written by a trainer, read by the auditor.
+"""Run records: what actually ran, split by who may see it.
 
-A record is canonical JSON with a ``sha256`` over the rest, like a plan: it names the
-plan it executed (by hash), the data it ran on (a fingerprint), the seed policy, what each
-phase did (labels flipped, noise drawn, steps taken), the metrics, timings, device and
-library versions. Trainers write it last, atomically, so a run directory either has a
-complete record or none.
+A run writes two records:
 
-Schema history (``schema_version``): 1, the first.
+* ``run.json``, the *public* record, which may travel with the model: the executed plan's
+  hash, what each phase did in terms the guarantee covers (steps, Poisson batch sizes,
+  noise std and draws, flip probability, RR flips when their count is independent of the
+  data), the seed policy, the model and training settings, the code, device and library
+  versions, the write-ahead ledger's head, and the hash of the private record. Nothing in
+  it is a statistic of the private data that the guarantee does not cover.
+* ``private/record.json``, the *data owner's* record, which stays with the data: the data
+  path and row counts, capping statistics, the keyed data fingerprint (HMAC-SHA256 with a
+  key that never leaves the data owner), data-dependent phase statistics (the fraction of
+  clipped examples, WALR's clipped rows), the encoding and metrics on private labels.
+
+Both are canonical JSON with a ``sha256`` over the rest; the public record names the
+private one by its hash, so neither can be swapped. Every phase entry is a frozen,
+validated type, read strictly: a missing, unknown or malformed field is an error naming it
+(an auditor must never pass on evidence that is not there).
+
+Schema history (``schema_version``): 1, one record with data statistics in it (no longer
+written; refused with a message); 2, the public and private split.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, TypeAlias
 
+from budgetplan import _typed, _validate
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan import canonical_json, write_atomic
 
-__all__ = ["RunRecord", "load_record", "RECORD_SCHEMA_VERSION"]
+__all__ = [
+    "RECORD_SCHEMA_VERSION",
+    "PRIVATE_SCHEMA_VERSION",
+    "RRRun",
+    "DPSGDRun",
+    "WALRRun",
+    "BaselineRun",
+    "PhaseRun",
+    "RRStats",
+    "DPSGDStats",
+    "WALRStats",
+    "BaselineStats",
+    "PhaseStats",
+    "PrivateRecord",
+    "RunRecord",
+    "load_record",
+    "PRIVATE_DIR",
+]
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2
+PRIVATE_SCHEMA_VERSION = 1
+PRIVATE_DIR = "private"
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def _set(obj, name: str, value) -> None:
+    object.__setattr__(obj, name, value)
+
+
+def _hex(name: str, value: object) -> str:
+    if not isinstance(value, str) or len(value) != 64 or not set(value) <= _SHA256_HEX:
+        raise InvalidParameterError(f"{name} must be a sha256 hex digest, got {value!r}")
+    return value
+
+
+def _count(name: str, value: object) -> int:
+    return _validate.non_negative_int(name, value)
+
+
+def _seconds(name: str, value: object) -> float:
+    return _validate.non_negative(name, value)
+
+
+def _losses(name: str, value: object) -> tuple[float | None, ...]:
+    """Per-epoch losses; null where an epoch's loss was not finite (JSON has no NaN)."""
+    if not isinstance(value, (list, tuple)):
+        raise InvalidParameterError(f"{name} must be a list of numbers, got {value!r}")
+    return tuple(None if v is None else _validate.finite(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+def finite_or_none(x: float) -> float | None:
+    """A loss value as a record holds it: None where it is not finite."""
+    return float(x) if math.isfinite(x) else None
+
+
+# ------------------------------------------------------------------ public phase entries
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RRRun:
+    """What the RR phase did, as the public record shows it.
+
+    ``labels_flipped`` and ``flip_probability`` are public under a uniform flip
+    probability: the flips are Bernoulli(rho) draws independent of the labels, so their
+    count says nothing about the data. Under eps/K_i the probability depends on each unit's
+    size, so both move to the private record and are None here.
+    ``epoch_loss`` is the loss on the noisy labels and non-sensitive features: computed from
+    the release, so covered by the guarantee (post-processing).
+    """
+
+    name: ClassVar[str] = "rr"
+    labels: int
+    labels_flipped: int | None
+    flip_probability: float | None
+    per_impression_rule: str
+    release_sha256: str
+    epochs: int
+    batch_size: int
+    batches: int
+    loss: str
+    epoch_loss: tuple[float | None, ...]
+    model: str
+    seconds: float
+
+    def __post_init__(self) -> None:
+        _set(self, "labels", _validate.positive_int("labels", self.labels))
+        if (self.labels_flipped is None) != (self.flip_probability is None):
+            raise InvalidParameterError("labels_flipped and flip_probability are public together or not at all")
+        if self.labels_flipped is not None:
+            flipped = _count("labels_flipped", self.labels_flipped)
+            if flipped > self.labels:
+                raise InvalidParameterError(f"labels_flipped ({flipped}) exceeds labels ({self.labels})")
+            _set(self, "labels_flipped", flipped)
+            _set(self, "flip_probability", _validate.open_unit("flip_probability", self.flip_probability))
+        _typed.text("per_impression_rule", self.per_impression_rule)
+        _hex("release_sha256", self.release_sha256)
+        for name in ("epochs", "batch_size"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _set(self, "batches", _count("batches", self.batches))
+        _typed.text("loss", self.loss)
+        _set(self, "epoch_loss", _losses("epoch_loss", self.epoch_loss))
+        _typed.text("model", self.model)
+        _set(self, "seconds", _seconds("seconds", self.seconds))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPSGDRun:
+    """What the DP-SGD phase did, as the public record shows it.
+
+    Step counts and batch sizes come from the write-ahead ledger and cover every session
+    of the run: ``steps_executed`` is the ledger's count of noisy steps (an interrupted
+    step counts), ``steps_lost_to_interruptions`` the counted steps no later session built
+    on, summed over every interruption, and the batch-size statistics cover the
+    ``batch_sizes_observed`` steps whose size the ledger holds. Poisson batches are drawn
+    before any data is read, so their sizes reveal nothing beyond N.
+    """
+
+    name: ClassVar[str] = "dpsgd"
+    steps_planned: int
+    steps_executed: int
+    steps_this_session: int
+    sessions: int
+    steps_lost_to_interruptions: int
+    batch_sizes_observed: int
+    batch_size_expected: float
+    batch_size_sum: int
+    batch_size_sumsq: int
+    batch_size_min: int | None
+    batch_size_max: int | None
+    batches_truncated: int
+    truncated: bool
+    noise_std: float
+    noise_multiplier: float
+    clipping_norm: float
+    sampling_rate: float
+    noise_draws: int
+    trainable_parameters: int
+    model: str
+    nonsensitive_tower: str | None
+    chunks: int
+    padded_size: int
+    settings: dict
+    seconds: float
+    peak_memory: dict
+
+    def __post_init__(self) -> None:
+        for name in ("steps_planned", "sessions", "trainable_parameters", "padded_size"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        for name in ("steps_executed", "steps_this_session", "steps_lost_to_interruptions", "batch_sizes_observed",
+                     "batch_size_sum", "batch_size_sumsq", "batches_truncated", "noise_draws", "chunks"):
+            _set(self, name, _count(name, getattr(self, name)))
+        for name in ("batch_size_min", "batch_size_max"):
+            _set(self, name, _typed.optional(_count, name, getattr(self, name)))
+        if (self.batch_size_min is None) != (self.batch_sizes_observed == 0):
+            raise InvalidParameterError("batch_size_min/max are null exactly when no batch size was observed")
+        for name in ("batch_size_expected", "noise_std", "noise_multiplier", "clipping_norm"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        _set(self, "sampling_rate", _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
+        _typed.flag("truncated", self.truncated)
+        _typed.text("model", self.model)
+        _typed.optional(_typed.text, "nonsensitive_tower", self.nonsensitive_tower)
+        for name in ("settings", "peak_memory"):
+            if not isinstance(getattr(self, name), dict):
+                raise InvalidParameterError(f"{name} must be a JSON object, got {getattr(self, name)!r}")
+        _set(self, "seconds", _seconds("seconds", self.seconds))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WALRRun:
+    """WALR's one release, as the public record shows it (clipping counts are private)."""
+
+    name: ClassVar[str] = "walr"
+    rows: int
+    releases: int
+    release_sha256: str
+    noise_std: float
+    noise_draws: int
+    sensitivity: float
+    release_seconds: float
+    fit_steps: int
+    fit_seconds: float
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "releases", "noise_draws"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _hex("release_sha256", self.release_sha256)
+        for name in ("noise_std", "sensitivity"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        _set(self, "fit_steps", _count("fit_steps", self.fit_steps))
+        for name in ("release_seconds", "fit_seconds"):
+            _set(self, name, _seconds(name, getattr(self, name)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BaselineRun:
+    """A non-private baseline's training: no guarantee applies."""
+
+    name: ClassVar[str] = "non-private"
+    epochs: int
+    batch_size: int
+    batches: int
+    model: str
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _set(self, "batches", _count("batches", self.batches))
+        _typed.text("model", self.model)
+
+
+PhaseRun: TypeAlias = RRRun | DPSGDRun | WALRRun | BaselineRun
+_RUN_KINDS: dict[str, type] = {k.name: k for k in (RRRun, DPSGDRun, WALRRun, BaselineRun)}
+
+
+# ----------------------------------------------------------------- private phase statistics
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RRStats:
+    """RR statistics that depend on the data: the flips under eps/K_i (per-unit probabilities)."""
+
+    name: ClassVar[str] = "rr"
+    labels_flipped: int | None = None
+    flip_probability_mean: float | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "labels_flipped", _typed.optional(_count, "labels_flipped", self.labels_flipped))
+        _set(self, "flip_probability_mean", _typed.optional(_validate.open_unit, "flip_probability_mean",
+                                                            self.flip_probability_mean))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPSGDStats:
+    """The fraction of sampled examples whose gradient was clipped: it moves with one row's data."""
+
+    name: ClassVar[str] = "dpsgd"
+    clipped_fraction: float
+
+    def __post_init__(self) -> None:
+        _set(self, "clipped_fraction", _validate.probability("clipped_fraction", self.clipped_fraction,
+                                                             allow_zero=True, allow_one=True))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WALRStats:
+    """How many rows and weights WALR clipped, and the largest contribution left."""
+
+    name: ClassVar[str] = "walr"
+    rows_clipped: int
+    weights_clipped: int
+    max_contribution: float
+
+    def __post_init__(self) -> None:
+        for name in ("rows_clipped", "weights_clipped"):
+            _set(self, name, _count(name, getattr(self, name)))
+        _set(self, "max_contribution", _validate.non_negative("max_contribution", self.max_contribution))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BaselineStats:
+    """The baseline's training loss per epoch (clean labels)."""
+
+    name: ClassVar[str] = "non-private"
+    epoch_loss: tuple[float | None, ...]
+
+    def __post_init__(self) -> None:
+        _set(self, "epoch_loss", _losses("epoch_loss", self.epoch_loss))
+
+
+PhaseStats: TypeAlias = RRStats | DPSGDStats | WALRStats | BaselineStats
+_STATS_KINDS: dict[str, type] = {k.name: k for k in (RRStats, DPSGDStats, WALRStats, BaselineStats)}
+
+
+def _entries(kinds: dict[str, type], items: object, where: str) -> tuple:
+    if not isinstance(items, list):
+        raise InvalidParameterError(f"{where} must be a list, got {type(items).__name__}")
+    out = []
+    for i, item in enumerate(items):
+        here = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidParameterError(f"{here} must be a JSON object, got {type(item).__name__}")
+        kind = kinds.get(item.get("name")) if isinstance(item.get("name"), str) else None
+        if kind is None:
+            raise InvalidParameterError(f"{here}.name must be one of {', '.join(map(repr, kinds))}, got "
+                                        f"{item.get('name')!r}")
+        out.append(_typed.from_json_object(kind, {k: v for k, v in item.items() if k != "name"}, here))
+    return tuple(out)
+
+
+def _entry_dict(entry) -> dict:
+    return {"name": entry.name, **_typed.to_json_object(entry)}
+
+
+def _object(name: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidParameterError(f"{name} must be a JSON object, got {value!r}")
+    return value
+
+
+def _hashed_json(content: dict) -> str:
+    sha = hashlib.sha256(canonical_json(content).encode("ascii")).hexdigest()
+    return json.dumps({**content, "sha256": sha}, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
+
+
+def _read_hashed(text: str, what: str) -> tuple[dict, str | None]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanMismatchError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanMismatchError(f"{what} must be a JSON object")
+    stored = data.pop("sha256", None)
+    return data, stored
+
+
+# ----------------------------------------------------------------------- private record
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrivateRecord:
+    """The data owner's part of a run record; never travels with the model.
+
+    Attributes:
+        plan_sha256: the executed plan (None for a baseline).
+        data: path, format, rows_in, rows_used, capping statistics, and the keyed
+            fingerprint {"hmac_sha256", "key_id", "columns", "rows"}.
+        phases: data-dependent statistics, one entry per phase of the public record.
+        metrics: evaluation metrics by split (computed on private labels).
+        encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).
+    """
+
+    plan_sha256: str | None
+    data: dict
+    phases: tuple[PhaseStats, ...]
+    metrics: dict
+    encoding: dict
+    schema_version: int = PRIVATE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        _typed.optional(_hex, "plan_sha256", self.plan_sha256)
+        _object("data", self.data)
+        fp = _object("data.fingerprint", self.data.get("fingerprint"))
+        _hex("data.fingerprint.hmac_sha256", fp.get("hmac_sha256"))
+        _set(self, "phases", tuple(self.phases))
+        _object("metrics", self.metrics)
+        _object("encoding", self.encoding)
+
+    def content(self) -> dict:
+        return {"schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "data": self.data,
+                "phases": [_entry_dict(p) for p in self.phases], "metrics": self.metrics,
+                "encoding": self.encoding}
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(canonical_json(self.content()).encode("ascii")).hexdigest()
+
+    def to_json(self) -> str:
+        return _hashed_json(self.content())
+
+    @classmethod
+    def from_json(cls, text: str) -> PrivateRecord:
+        data, stored = _read_hashed(text, "the private record")
+        if data.get("schema_version") != PRIVATE_SCHEMA_VERSION:
+            raise PlanMismatchError(f"private record schema_version {data.get('schema_version')!r} is not one this "
+                                    f"budgetplan reads ({PRIVATE_SCHEMA_VERSION})")
+        try:
+            unknown = sorted(set(data) - {"schema_version", "plan_sha256", "data", "phases", "metrics", "encoding"})
+            if unknown:
+                raise InvalidParameterError(f"unknown field {unknown[0]!r}")
+            record = cls(plan_sha256=data.get("plan_sha256"), data=data.get("data"),  # type: ignore[arg-type]
+                         phases=_entries(_STATS_KINDS, data.get("phases"), "phases"),
+                         metrics=data.get("metrics"), encoding=data.get("encoding"))  # type: ignore[arg-type]
+        except InvalidParameterError as exc:
+            raise PlanMismatchError(f"the private record does not match its schema: {exc}") from None
+        if stored != record.sha256:
+            raise PlanMismatchError(f"private record sha256 mismatch: the file says {stored!r}, its content hashes to "
+                                    f"{record.sha256}")
+        return record
+
+
+# ------------------------------------------------------------------------ public record
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunRecord:
-    """One training run.
+    """One training run, as it may travel with the model.
 
     Attributes:
         plan_sha256: the executed plan's hash (None for a non-private baseline).
         private: False for a non-private baseline run (no guarantee applies).
         algorithm: the plan's algorithm, or "non-private".
-        data: the data fingerprint (path, format, rows in, rows used, sha256, capping).
-        seeds: {"policy": "csprng" | "seeded", "seed": int | None}.
-        phases: per phase what ran (name, counts of flipped labels, steps, noise draws, ...).
-        metrics: evaluation metrics by split name (e.g. {"eval": {...}}), possibly empty.
-        model: {"kind": ..., "config": {...}}; training: non-privacy settings (lr, loss, ...).
-        timings: seconds by stage; device: where it ran; versions: library versions.
+        rows_used: the rows trained on (the plan's N; public because the plan states it).
+        seeds: {"policy": "csprng" | "seeded", "seed": int | None, "note": ...}.
+        phases: what each phase did (typed entries, in the plan's order).
+        model: {"kind", "config", "final"}; training: non-privacy settings (lr, loss, ...).
+        ledger: {"head": last line's hash, "lines": count} of the write-ahead ledger, or None
+            for a run without a run directory.
+        code: sha256 of the installed budgetplan and trainers sources that ran.
+        timings, device, versions: seconds by stage, where it ran, library versions.
+        private_sha256: the hash of the data owner's private record.
         status: "completed".
+        private_part: the private record, when this process holds it (not part of the
+            public JSON; written to ``private/record.json``).
     """
 
     plan_sha256: str | None
     private: bool
     algorithm: str
-    data: dict
+    rows_used: int
     seeds: dict
-    phases: list
-    metrics: dict
+    phases: tuple[PhaseRun, ...]
     model: dict
     training: dict
+    ledger: dict | None
+    code: dict
     timings: dict
     device: str
     versions: dict
+    private_sha256: str
     status: str = "completed"
-    notes: list = field(default_factory=list)
+    notes: tuple[str, ...] = ()
     schema_version: int = RECORD_SCHEMA_VERSION
+    private_part: PrivateRecord | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        _typed.optional(_hex, "plan_sha256", self.plan_sha256)
+        _typed.flag("private", self.private)
+        if self.private != (self.plan_sha256 is not None):
+            raise InvalidParameterError("a private run names its plan, a non-private one none")
+        _typed.text("algorithm", self.algorithm)
+        _set(self, "rows_used", _validate.positive_int("rows_used", self.rows_used))
+        seeds = _object("seeds", self.seeds)
+        _typed.choice("seeds.policy", seeds.get("policy"), ("csprng", "seeded"))
+        _set(self, "phases", tuple(self.phases))
+        for name in ("model", "training", "code", "timings", "versions"):
+            _object(name, getattr(self, name))
+        if self.ledger is not None:
+            _hex("ledger.head", _object("ledger", self.ledger).get("head"))
+        _typed.text("device", self.device)
+        _hex("private_sha256", self.private_sha256)
+        _typed.choice("status", self.status, ("completed",))
+        _set(self, "notes", tuple(_typed.text("notes[]", n) for n in self.notes))
+        if self.private_part is not None and self.private_part.sha256 != self.private_sha256:
+            raise InvalidParameterError("the private record is not the one this record names")
+
+    @property
+    def metrics(self) -> dict:
+        """Evaluation metrics (from the private record; empty without it)."""
+        return self.private_part.metrics if self.private_part is not None else {}
+
+    def phase_of(self, kind: type) -> PhaseRun | None:
+        return next((p for p in self.phases if isinstance(p, kind)), None)
 
     def content(self) -> dict:
         return {
             "schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "private": self.private,
-            "algorithm": self.algorithm, "data": self.data, "seeds": self.seeds, "phases": self.phases,
-            "metrics": self.metrics, "model": self.model, "training": self.training, "timings": self.timings,
-            "device": self.device, "versions": self.versions, "status": self.status, "notes": self.notes,
+            "algorithm": self.algorithm, "rows_used": self.rows_used, "seeds": self.seeds,
+            "phases": [_entry_dict(p) for p in self.phases], "model": self.model, "training": self.training,
+            "ledger": self.ledger, "code": self.code, "timings": self.timings, "device": self.device,
+            "versions": self.versions, "private_sha256": self.private_sha256, "status": self.status,
+            "notes": list(self.notes),
         }
 
     @property
@@ -70,43 +504,74 @@ class RunRecord:
         return hashlib.sha256(canonical_json(self.content()).encode("ascii")).hexdigest()
 
     def to_json(self) -> str:
-        return json.dumps({**self.content(), "sha256": self.sha256}, sort_keys=True, indent=2,
-                          ensure_ascii=True, allow_nan=False) + "\n"
+        return _hashed_json(self.content())
 
-    def write(self, path: str | Path) -> None:
-        write_atomic(path, self.to_json())
+    def write(self, directory: str | Path) -> None:
+        """Write ``private/record.json`` (when held), then ``run.json`` last: a directory with run.json is complete."""
+        directory = Path(directory)
+        if self.private_part is not None:
+            (directory / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
+            write_atomic(directory / PRIVATE_DIR / "record.json", self.private_part.to_json())
+        write_atomic(directory / "run.json", self.to_json())
 
     @classmethod
-    def from_json(cls, text: str) -> "RunRecord":
+    def from_json(cls, text: str, private_part: PrivateRecord | None = None) -> RunRecord:
+        data, stored = _read_hashed(text, "run record")
+        version = data.get("schema_version")
+        if version != RECORD_SCHEMA_VERSION:
+            hint = (": schema 1 records mixed data statistics into the public record; re-run with this budgetplan"
+                    if version == 1 else "")
+            raise PlanMismatchError(f"run record schema_version {version!r} is not one this budgetplan reads "
+                                    f"({RECORD_SCHEMA_VERSION}){hint}")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanMismatchError(f"run record is not valid JSON: {exc}") from None
-        if data.get("schema_version") != RECORD_SCHEMA_VERSION:
-            raise PlanMismatchError(f"run record schema_version {data.get('schema_version')!r} is not one this "
-                                    f"budgetplan reads ({RECORD_SCHEMA_VERSION})")
-        stored = data.pop("sha256", None)
-        try:
-            record = cls(**data)
-        except TypeError as exc:
+            if "private_part" in data:
+                raise InvalidParameterError("run record has an unknown field 'private_part'")
+            record = _typed.from_json_object(cls, {**data, "phases": _entries(_RUN_KINDS, data.get("phases"),
+                                                                                "phases")}, "run record")
+        except InvalidParameterError as exc:
             raise PlanMismatchError(f"run record does not match its schema: {exc}") from None
         if stored != record.sha256:
             raise PlanMismatchError(f"run record sha256 mismatch: the file says {stored!r}, its content hashes to "
                                     f"{record.sha256}")
+        if private_part is not None:
+            if private_part.sha256 != record.private_sha256:
+                raise PlanMismatchError(f"the private record hashes to {private_part.sha256}, the run record names "
+                                        f"{record.private_sha256}: they are not of the same run")
+            _set(record, "private_part", private_part)
         return record
 
 
-def load_record(path: str | Path) -> RunRecord:
+def _read_ascii(path: Path, what: str) -> str:
+    try:
+        return path.read_bytes().decode("ascii")
+    except FileNotFoundError:
+        raise InvalidParameterError(f"{what} not found: {path}") from None
+    except UnicodeDecodeError:
+        raise PlanMismatchError(f"{path}: {what} is not ASCII JSON") from None
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def load_record(path: str | Path, *, private: bool | None = None) -> RunRecord:
+    """Read a run record (a run.json or its directory), with its private part when beside it.
+
+    Args:
+        path: ``runs/NAME`` or ``runs/NAME/run.json``.
+        private: True to require ``private/record.json``; False to ignore it; None (default)
+            to read it when present. When read, it must be the one the record names.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "run.json"
+    text = _read_ascii(path, "run record")
+    private_path = path.parent / PRIVATE_DIR / "record.json"
+    part = None
+    if private is True or (private is None and private_path.exists()):
+        try:
+            part = PrivateRecord.from_json(_read_ascii(private_path, "private record"))
+        except PlanMismatchError as exc:
+            raise PlanMismatchError(f"{private_path}: {exc}") from None
     try:
-        text = path.read_text(encoding="ascii")
-    except FileNotFoundError:
-        raise InvalidParameterError(f"run record not found: {path}") from None
-    except UnicodeDecodeError:
-        raise PlanMismatchError(f"{path}: run record is not ASCII JSON") from None
-    try:
-        return RunRecord.from_json(text)
+        return RunRecord.from_json(text, part)
     except PlanMismatchError as exc:
         raise PlanMismatchError(f"{path.name}: {exc}") from None

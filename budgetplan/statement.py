@@ -243,40 +243,79 @@ def _alternative(a: dict) -> str:
 
 
 def render_run_statement(plan: Plan, record) -> str:
-    """The statement of what actually ran: the plan's statement and the run's own facts."""
+    """The statement of what actually ran: the run's own facts, then the plan's statement.
+
+    Raises:
+        PlanMismatchError: the record is of a non-private run (no guarantee applies to it),
+            or it names another plan than ``plan``: a statement is only ever printed for
+            the plan the run executed.
+    """
+    from budgetplan.errors import PlanMismatchError
+    from budgetplan.records import DPSGDRun, DPSGDStats, RRRun, RRStats, WALRRun, WALRStats
+
+    if not record.private:
+        raise PlanMismatchError("the record is of a non-private run: no privacy guarantee applies to it, so there is "
+                                "no privacy statement to print")
+    if record.plan_sha256 != plan.sha256:
+        raise PlanMismatchError(f"the record names plan {record.plan_sha256}, not {plan.sha256}: its statement is "
+                                "that plan's; pass the plan the run executed")
     lines = [f"RUN STATEMENT - {plan.scenario.name}", "=" * min(_WIDTH, len(plan.scenario.name) + 16), ""]
-    items = [_item(f"Executed plan {plan.sha256} on {record.data.get('rows_used')} rows (data sha256 "
-                   f"{record.data.get('sha256')}), on {record.device}.")]
-    cap = record.data.get("capping")
-    if cap:
-        items.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
-                           f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
+    items = [_item(f"Executed plan {plan.sha256} on N = {record.rows_used} rows, on {record.device}.")]
     seeds = record.seeds
-    items.append(_item("Randomness: the operating system's CSPRNG." if seeds.get("policy") == "csprng" else
+    items.append(_item("Randomness: privacy noise from generators seeded with fresh bits of the operating system's "
+                       "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
                        f"Randomness: SEEDED with {seeds.get('seed')} for a reproducible debugging run: anyone who "
                        "knows the seed can remove the noise, so this run's outputs are not private."))
     for ph in record.phases:
-        name = ph.get("name")
-        if name == "rr":
-            items.append(_item(f"Randomized response flipped {ph['labels_flipped']} of {ph['labels']} labels once "
-                               f"(planned flip probability {_num(ph.get('flip_probability') or ph.get('flip_probability_mean'))}); "
-                               f"{ph['epochs']} epochs trained on them."))
-        elif name == "dpsgd":
-            text = (f"DP-SGD took {ph['steps_executed']} of {ph['steps_planned']} planned noisy steps"
-                    + (f" over {ph['sessions']} sessions ({ph['steps_lost_to_interruptions']} counted but lost to "
-                       "interruptions)" if ph.get("sessions", 1) > 1 else "")
-                    + f"; realised batch sizes mean {_num(ph['batch_size_mean'])} (expected "
-                    f"{_num(ph['batch_size_expected'])}), min {ph['batch_size_min']}, max {ph['batch_size_max']}; "
-                    f"{_num(100 * ph['clipped_fraction'], 4)}% of examples clipped; noise std "
-                    f"{_num(ph['noise_std'])} with {ph['noise_draws']} draws.")
-            items.append(_item(text))
-        elif name == "walr":
-            items.append(_item(f"WALR released its noisy aggregate once ({ph['noise_draws']} noise draws of std "
-                               f"{_num(ph['noise_std'])}); {ph['rows_clipped']} rows and {ph['weights_clipped']} "
-                               "weights were clipped to the declared bounds."))
-    if record.metrics.get("eval"):
-        ev = record.metrics["eval"]
-        items.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
-                           f"{_num(ev['log_loss'])}. Metrics on private labels are a release outside the plan."))
-    lines += ["What ran:", *items, "", f"Run record sha256: {record.sha256}", "", render_statement(plan)]
+        match ph:
+            case RRRun():
+                flips = (f"flipped {ph.labels_flipped} of {ph.labels} labels once (flip probability "
+                         f"{_num(ph.flip_probability)})" if ph.labels_flipped is not None else
+                         f"randomised {ph.labels} labels once with each unit's own flip probability (eps/K_i; the "
+                         "count of flips depends on the unit sizes and stays in the private record)")
+                items.append(_item(f"Randomized response {flips}; {ph.epochs} epochs trained on them."))
+            case DPSGDRun():
+                text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
+                        + (f" over {ph.sessions} sessions ({ph.steps_lost_to_interruptions} counted but lost to "
+                           "interruptions)" if ph.sessions > 1 else ""))
+                if ph.batch_sizes_observed:
+                    text += (f"; realised batch sizes mean {_num(ph.batch_size_sum / ph.batch_sizes_observed)} "
+                             f"(expected {_num(ph.batch_size_expected)}), min {ph.batch_size_min}, max "
+                             f"{ph.batch_size_max} over {ph.batch_sizes_observed} steps")
+                text += f"; noise std {_num(ph.noise_std)} with {ph.noise_draws} draws in the last session."
+                items.append(_item(text))
+            case WALRRun():
+                items.append(_item(f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std "
+                                   f"{_num(ph.noise_std)})."))
+    items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
+                       f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
+    lines += ["What ran (public record):", *items, "", f"Run record sha256: {record.sha256}", ""]
+    private = record.private_part
+    if private is not None:
+        held = [_item(f"Data: {private.data.get('rows_in')} rows read from {private.data.get('path')}, "
+                      f"{private.data.get('rows_used')} used; keyed fingerprint (HMAC-SHA256, key "
+                      f"{(private.data.get('fingerprint') or {}).get('key_id')}) "
+                      f"{(private.data.get('fingerprint') or {}).get('hmac_sha256')}.")]
+        cap = private.data.get("capping")
+        if cap:
+            held.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
+                              f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
+        for st in private.phases:
+            match st:
+                case RRStats(labels_flipped=int() as flipped):
+                    held.append(_item(f"Randomized response flipped {flipped} labels (mean flip probability "
+                                      f"{_num(st.flip_probability_mean)})."))
+                case DPSGDStats():
+                    held.append(_item(f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."))
+                case WALRStats():
+                    held.append(_item(f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the "
+                                      "declared bounds."))
+        ev = private.metrics.get("eval")
+        if ev:
+            held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
+                              f"{_num(ev['log_loss'])}."))
+        lines += ["Held by the data owner (private record; statistics of the private data that the guarantee "
+                  "does not cover, never to travel with the model):", *held, "",
+                  f"Private record sha256: {private.sha256}", ""]
+    lines.append(render_statement(plan))
     return "\n".join(lines)

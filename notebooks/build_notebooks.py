@@ -640,8 +640,10 @@ print_report(report)'''),
     ("code", r'''cli("audit", RUN, "--data", DATA)'''),
     ("md", r'''## The run statement
 
-What actually ran (labels flipped, steps taken, batch sizes, noise drawn, randomness), followed by
-the plan's privacy statement.'''),
+What actually ran (labels flipped, steps taken, batch sizes, noise drawn, randomness) from the
+public record, what the data owner's private record holds (data fingerprint, clipped fraction,
+metrics on private labels: statistics the guarantee does not cover), then the plan's privacy
+statement.'''),
     ("code", r'''from budgetplan.records import load_record
 from budgetplan.statement import render_run_statement
 
@@ -720,10 +722,20 @@ else:
     ("md", r'''## An over-long run
 
 A forger who knows the record format claims more DP-SGD steps than the plan holds and re-hashes the
-record (`RunRecord(**content).to_json()`), so the record itself loads. The audit still fails:
-**steps within plan** names the excess, and the re-accounting of the steps executed exceeds the
+record, so the record itself loads. The audit still fails: **steps within plan** names the excess
+and the write-ahead ledger's own count, and the re-accounting of the steps executed exceeds the
 phase budget. (Editing the record without re-hashing it fails earlier: its sha256 no longer matches.)'''),
-    ("code", r'''from budgetplan.records import RunRecord
+    ("code", r'''import hashlib
+import json
+
+from budgetplan.plan import canonical_json
+
+
+def rehash(content):
+    """What a forger who knows the format does: recompute the record's sha256."""
+    digest = hashlib.sha256(canonical_json(content).encode("ascii")).hexdigest()
+    return json.dumps({**content, "sha256": digest}, sort_keys=True, indent=2) + "\n"
+
 
 content = load_record(RUN).content()
 dpsgd_phase = next(p for p in content["phases"] if p["name"] == "dpsgd")
@@ -731,14 +743,26 @@ print(f"steps executed {dpsgd_phase['steps_executed']} -> {dpsgd_phase['steps_ex
       f"(planned {plan.phases[-1].params.steps})")
 dpsgd_phase["steps_executed"] += EXTRA_STEPS
 OVERLONG = WORK / "runs" / "overlong"
-OVERLONG.mkdir()
-shutil.copy(RUN / "plan.json", OVERLONG / "plan.json")
-(OVERLONG / "run.json").write_text(RunRecord(**content).to_json())
+shutil.copytree(RUN, OVERLONG)
+(OVERLONG / "run.json").write_text(rehash(content))
 
 overlong = audit_run(OVERLONG)
 print_report(overlong)
 assert not overlong.passed and "steps within plan" in overlong.failing()'''),
     ("code", r'''cli("audit", OVERLONG, ok=(1,))'''),
+    ("md", r'''## Missing evidence fails
+
+The audit fails closed: a record that leaves out what a check needs does not pass by omission. Here
+the forger drops the RR phase from the record (so there is no flip count to test) and re-hashes it:
+**record names the plan** and **RR flips** both fail, naming what is missing.'''),
+    ("code", r'''content = load_record(RUN).content()
+content["phases"] = [p for p in content["phases"] if p["name"] != "rr"]
+MISSING = WORK / "runs" / "missing-phase"
+shutil.copytree(RUN, MISSING)
+(MISSING / "run.json").write_text(rehash(content))
+missing = audit_run(MISSING)
+print_report(missing)
+assert {"record names the plan", "RR flips"} <= set(missing.failing())'''),
     ("md", r'''## Files written'''),
     ("code", outputs_cell("[empirical_png]")),
 ]

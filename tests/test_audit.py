@@ -1,14 +1,23 @@
-"""The auditor: every check passes on an honest run and names itself when it fails."""
+"""The auditor fails closed: every check passes on an honest run, and each has a forgery that fails it.
+
+A forger here knows the formats: records are edited and re-hashed, ledgers re-chained. Each
+forgery names the check that must catch it, so disabling any check fails a test, and every
+check the audit runs has at least one forgery (``test_every_check_has_a_forgery``).
+"""
 
 import json
+import shutil
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from budgetplan import audit as audit_mod
 from budgetplan.audit import audit_run
 from budgetplan.demo import demo_scenario
+from budgetplan.ledger import digest, line
 from budgetplan.planner import build_plan
-from budgetplan.records import RunRecord, load_record
+from budgetplan.records import PrivateRecord, RunRecord, load_record
 from budgetplan.scenario import parse_scenario
 
 N = 4000
@@ -30,88 +39,359 @@ def runs(tmp_path_factory):
     return root, plan
 
 
-def forge(root, name, edit):
-    """A record edited and re-hashed, as a forger who knows the format would."""
-    rec = load_record(root / "run")
-    content = rec.content()
-    edit(content)
-    out = root / name
-    out.mkdir(exist_ok=True)
-    (out / "plan.json").write_text((root / "run" / "plan.json").read_text())
-    forged = RunRecord(**{k: v for k, v in content.items()})
-    (out / "run.json").write_text(forged.to_json())
+# ------------------------------------------------------------------------- forging tools
+
+
+def copy_run(root, name):
+    out = root / "forged" / name
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(root / "run", out)
     return out
 
 
-def test_an_honest_run_passes(runs):
-    root, plan = runs
-    report = audit_run(root / "run", data_path=root / "train.parquet")
-    assert report.passed, [c for c in report.checks if not c.passed]
-    names = [c.name for c in report.checks]
-    for needed in ("plan verifies", "record names the plan and its data", "steps within plan",
-                   "Poisson batch sizes: total", "Poisson batch sizes: spread", "RR flips",
-                   "independent re-accounting"):
-        assert needed in names
-    assert json.loads(json.dumps(report.to_dict()))["passed"] is True
+def write_record(out, content: dict, private: PrivateRecord | None = None):
+    """Re-hash a public record's content (and re-link an edited private record)."""
+    if private is not None:
+        (out / "private" / "record.json").write_text(private.to_json())
+        content = {**content, "private_sha256": private.sha256}
+    body = {k: v for k, v in content.items()}
+    (out / "run.json").write_text(RunRecord.from_json(_rehash(body)).to_json())
+
+
+def _rehash(body: dict) -> str:
+    import hashlib
+
+    from budgetplan.plan import canonical_json
+
+    sha = hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+    return json.dumps({**body, "sha256": sha}, sort_keys=True, indent=2)
+
+
+def write_raw_record(out, content: dict):
+    """A record that no longer loads as the schema says, re-hashed all the same."""
+    (out / "run.json").write_text(_rehash(content))
+
+
+def rechain(out, edit_entries):
+    """Rewrite the ledger with edited entries and a valid hash chain; the record follows its new head."""
+    path = out / "ledger.jsonl"
+    entries = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    entries = edit_entries(entries)
+    prev, lines = "0" * 64, []
+    for i, e in enumerate(entries):
+        e = {k: v for k, v in e.items() if k not in ("hash", "prev", "seq")}
+        e = {"seq": i, "prev": prev, **e}
+        e["hash"] = prev = digest(e)
+        lines.append(line(e))
+    path.write_text("\n".join(lines) + "\n")
+    content = load_record(out).content()
+    content["ledger"] = {"head": prev, "lines": len(entries)}
+    return content
+
+
+def dpsgd(content):
+    return next(p for p in content["phases"] if p["name"] == "dpsgd")
+
+
+def rr(content):
+    return next(p for p in content["phases"] if p["name"] == "rr")
+
+
+def public(out):
+    return load_record(out).content()
+
+
+# Each forgery: (id, function(run root, output dir) -> None, the check that must fail).
+def _f_field_removed(root, out):
+    c = public(out)
+    del dpsgd(c)["steps_this_session"]
+    write_raw_record(out, c)
+
+
+def _f_rr_entry_removed(root, out):
+    c = public(out)
+    c["phases"] = [p for p in c["phases"] if p["name"] != "rr"]
+    write_record(out, c)
+
+
+def _f_unknown_field(root, out):
+    c = public(out)
+    rr(c)["comment"] = "ok"
+    write_raw_record(out, c)
+
+
+def _f_too_many_steps(root, out):
+    c = public(out)
+    dpsgd(c)["steps_executed"] = 61
+    write_record(out, c)
+
+
+def _f_other_plan(root, out):
+    c = public(out)
+    c["plan_sha256"] = "0" * 64
+    write_record(out, c)
+
+
+def _f_non_private(root, out):
+    c = public(out)
+    c["plan_sha256"], c["private"] = None, False
+    write_record(out, c)
+
+
+def _f_rows(root, out):
+    c = public(out)
+    c["rows_used"] = N - 1
+    write_record(out, c)
+
+
+def _f_flip_probability(root, out):
+    c = public(out)
+    rr(c)["flip_probability"] *= 1.000001
+    write_record(out, c)
+
+
+def _f_flips_halved(root, out):
+    c = public(out)
+    rr(c)["labels_flipped"] //= 2
+    write_record(out, c)
+
+
+def _f_labels(root, out):
+    c = public(out)
+    rr(c)["labels"] = N // 2
+    write_record(out, c)
+
+
+def _f_noise_std(root, out):
+    c = public(out)
+    dpsgd(c)["noise_std"] /= 2
+    write_record(out, c)
+
+
+def _f_noise_draws(root, out):
+    c = public(out)
+    dpsgd(c)["noise_draws"] //= 3
+    write_record(out, c)
+
+
+def _f_batch_stats(root, out):
+    c = public(out)
+    ph = dpsgd(c)
+    ph["batch_size_sum"], ph["batch_size_sumsq"] = 100 * 60, 100 * 100 * 60
+    write_record(out, c)
+
+
+def _f_fixed_size_ledger(root, out):
+    def edit(entries):
+        for e in entries:
+            if e.get("event") == "intent" and e.get("phase") == "dpsgd":
+                e["batch_size"] = 100  # every batch exactly the expected size: shuffled, not Poisson
+        return entries
+    c = rechain(out, edit)
+    ph = dpsgd(c)
+    ph.update(batch_size_sum=6000, batch_size_sumsq=600000, batch_size_min=100, batch_size_max=100)
+    write_record(out, c)
+
+
+def _f_ledger_deleted(root, out):
+    (out / "ledger.jsonl").unlink()
+
+
+def _f_ledger_line_edited(root, out):
+    path = out / "ledger.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    k = next(i for i, x in enumerate(lines) if '"phase":"dpsgd"' in x)
+    e = json.loads(lines[k])
+    e["batch_size"] += 1
+    lines[k] = line(e) + "\n"
+    path.write_text("".join(lines))
+
+
+def _f_ledger_cut(root, out):
+    path = out / "ledger.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-5]))
+
+
+def _f_ledger_cut_record_follows(root, out):
+    def edit(entries):
+        keep = [e for e in entries if not (e.get("event") == "intent" and e.get("step", 0) >= 50
+                                           and e.get("phase") == "dpsgd")]
+        return keep
+    c = rechain(out, edit)
+    ph = dpsgd(c)
+    sizes = [json.loads(x)["batch_size"] for x in (out / "ledger.jsonl").read_text().splitlines()
+             if '"phase":"dpsgd"' in x and '"intent"' in x]
+    ph.update(steps_executed=50, batch_sizes_observed=50, batch_size_sum=sum(sizes),
+              batch_size_sumsq=sum(s * s for s in sizes), batch_size_min=min(sizes), batch_size_max=max(sizes))
+    write_record(out, c)
+
+
+def _f_second_release(root, out):
+    def edit(entries):
+        rel = next(e for e in entries if e.get("event") == "released")
+        i = entries.index(rel)
+        return entries[:i + 1] + [{"event": "intent", "phase": "rr", "step": 0}, dict(rel)] + entries[i + 1:]
+    write_record(out, rechain(out, edit))
+
+
+def _f_labels_file(root, out):
+    labels = np.load(out / "rr_labels.npy")
+    labels[:10] = 1 - labels[:10]
+    np.save(out / "rr_labels.npy", labels)
+
+
+def _f_release_digest(root, out):
+    c = public(out)
+    rr(c)["release_sha256"] = "f" * 64
+    write_record(out, c)
+
+
+def _f_extra_session(root, out):
+    def edit(entries):
+        i = next(k for k, e in enumerate(entries) if e.get("event") == "intent" and e.get("phase") == "dpsgd")
+        return entries[:i] + [{"event": "resume"}] + entries[i:]
+    write_record(out, rechain(out, edit))
+
+
+def _f_private_edited(root, out):
+    priv = PrivateRecord.from_json((out / "private" / "record.json").read_text())
+    content = priv.content()
+    content["phases"][1]["clipped_fraction"] = 0.0
+    (out / "private" / "record.json").write_text(_rehash(content))
+
+
+def _f_plan_edited(root, out):
+    """Half the noise, the guarantee left as it was, re-hashed in canonical form so that it loads."""
+    import hashlib
+
+    from budgetplan.plan import canonical_json
+
+    plan = json.loads((out / "plan.json").read_text())
+    for where in ("parameters", "mechanism"):
+        plan["phases"][1][where]["noise_multiplier"] *= 0.5
+    plan["phases"][1]["parameters"]["noise_std"] *= 0.5
+    body = {k: v for k, v in plan.items() if k != "sha256"}
+    body["sha256"] = hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+    (out / "plan.json").write_text(json.dumps(body, sort_keys=True, indent=2, ensure_ascii=True) + "\n")
+
+
+def _f_code(root, out):
+    c = public(out)
+    c["code"]["trainers"] = "0" * 64
+    write_record(out, c)
+
+
+FORGERIES = [
+    ("dpsgd field removed", _f_field_removed, "record is well-formed"),
+    ("unknown field", _f_unknown_field, "record is well-formed"),
+    ("private record edited", _f_private_edited, "record is well-formed"),
+    ("rr entry removed", _f_rr_entry_removed, "record names the plan"),
+    ("rr entry removed: no flips to test", _f_rr_entry_removed, "RR flips"),
+    ("other plan", _f_other_plan, "record names the plan"),
+    ("non-private", _f_non_private, "record names the plan"),
+    ("rows", _f_rows, "record names the plan"),
+    ("plan edited", _f_plan_edited, "plan verifies"),
+    ("too many steps", _f_too_many_steps, "steps within plan"),
+    ("extra session", _f_extra_session, "steps within plan"),
+    ("ledger cut, record follows", _f_ledger_cut_record_follows, "steps within plan"),
+    ("ledger deleted", _f_ledger_deleted, "ledger"),
+    ("ledger line edited", _f_ledger_line_edited, "ledger"),
+    ("ledger cut", _f_ledger_cut, "ledger"),
+    ("second release", _f_second_release, "ledger"),
+    ("labels file", _f_labels_file, "ledger"),
+    ("release digest", _f_release_digest, "ledger"),
+    ("noise std", _f_noise_std, "DP-SGD noise"),
+    ("noise draws", _f_noise_draws, "DP-SGD noise"),
+    ("batch statistics", _f_batch_stats, "Poisson batch sizes"),
+    ("fixed-size batches", _f_fixed_size_ledger, "Poisson batch sizes: spread"),
+    ("flip probability", _f_flip_probability, "RR flips"),
+    ("flips halved", _f_flips_halved, "RR flips"),
+    ("labels", _f_labels, "RR flips"),
+    ("code", _f_code, "code that ran"),
+]
 
 
 def check(report, name):
-    return next(c for c in report.checks if c.name == name)
+    matches = [c for c in report.checks if c.name == name]
+    assert matches, f"no check named {name!r} in {[c.name for c in report.checks]}"
+    return matches[0]
 
 
-def test_too_many_steps_fail(runs):
-    root, _ = runs
-
-    def edit(c):
-        c["phases"][1]["steps_executed"] = 61
-    report = audit_run(forge(root, "steps", edit))
-    assert not report.passed and not check(report, "steps within plan").passed
-    assert "more than the 60 planned" in check(report, "steps within plan").detail
+@pytest.fixture
+def no_empirical(monkeypatch):
+    """The code check runs with --empirical; the bounds themselves are tested elsewhere."""
+    monkeypatch.setattr(audit_mod, "run_empirical", lambda plan: [])
 
 
-def test_fixed_size_batches_fail_the_spread_test(runs):
-    root, _ = runs
-
-    def edit(c):
-        ph = c["phases"][1]
-        t = ph["steps_this_session"]
-        ph["batch_size_sum"], ph["batch_size_sumsq"] = 100 * t, 100 * 100 * t  # every batch exactly 100
-    report = audit_run(forge(root, "fixed", edit))
-    assert not check(report, "Poisson batch sizes: spread").passed
-
-
-def test_labels_flipped_too_rarely_fail(runs):
-    root, _ = runs
-
-    def edit(c):
-        c["phases"][0]["labels_flipped"] //= 2
-    report = audit_run(forge(root, "flips", edit))
-    assert not check(report, "RR flips").passed
-
-
-def test_record_of_another_plan_or_data_fails(runs, tmp_path):
+def test_an_honest_run_passes(runs, no_empirical):
     root, plan = runs
+    report = audit_run(root / "run", data_path=root / "train.parquet", empirical=True)
+    assert report.passed, [c for c in report.checks if not c.passed]
+    assert json.loads(json.dumps(report.to_dict()))["passed"] is True
 
-    def edit(c):
-        c["plan_sha256"] = "0" * 64
-    report = audit_run(forge(root, "other", edit))
-    assert not check(report, "record names the plan and its data").passed
+
+@pytest.mark.parametrize("name, forge, failing", FORGERIES, ids=[f[0] for f in FORGERIES])
+def test_each_forgery_fails_its_check(runs, no_empirical, name, forge, failing):
+    root, _ = runs
+    out = copy_run(root, name.replace(" ", "-").replace(":", ""))
+    forge(root, out)
+    report = audit_run(out, empirical=True)
+    assert not report.passed
+    assert not check(report, failing).passed, report.to_dict()
+
+
+def test_every_check_has_a_forgery(runs, no_empirical):
+    root, _ = runs
+    honest = audit_run(root / "run", data_path=root / "train.parquet", empirical=True)
+    targeted = {f[2] for f in FORGERIES} | {"data fingerprint"}
+    assert {c.name for c in honest.checks} <= targeted | {"Poisson batch sizes: total", "WALR release",
+                                                          "independent re-accounting"}
+
+
+def test_data_fingerprint_needs_the_same_data_and_key(runs, tmp_path):
+    root, _ = runs
     other = pq.read_table(root / "train.parquet")
     pq.write_table(other.take(list(range(1, N)) + [0]), tmp_path / "shuffled.parquet")  # same rows, reordered
     report = audit_run(root / "run", data_path=tmp_path / "shuffled.parquet")
-    assert not check(report, "record names the plan and its data").passed
+    assert not check(report, "data fingerprint").passed
+    report = audit_run(root / "run", data_path=root / "train.parquet", fingerprint_key=b"k" * 32)
+    assert not check(report, "data fingerprint").passed and "made with" in check(report, "data fingerprint").detail
+    bare = copy_run(root, "no-private")
+    shutil.rmtree(bare / "private")
+    report = audit_run(bare, data_path=root / "train.parquet")
+    assert not check(report, "data fingerprint").passed
+
+
+def test_the_public_record_holds_no_data_statistics(runs):
+    root, _ = runs
+    text = (root / "run" / "run.json").read_text()
+    for secret in ("clipped_fraction", "hmac_sha256", "rows_in", "\"auc\"", "train.parquet", "\"encoding\":", "capping"):
+        assert secret not in text, secret
+    private = (root / "run" / "private" / "record.json").read_text()
+    assert "clipped_fraction" in private and "hmac_sha256" in private
+    key = (root / "run" / "private" / "fingerprint.key")
+    assert key.stat().st_mode & 0o077 == 0 and len(key.read_bytes()) == 32
 
 
 def test_an_edited_record_is_refused(runs):
-    from budgetplan.errors import PlanMismatchError
+    root, plan = runs
+    out = copy_run(root, "edited")
+    text = (out / "run.json").read_text().replace('"steps_executed": 60', '"steps_executed": 59')
+    (out / "run.json").write_text(text)
+    report = audit_run(out)
+    assert not check(report, "record is well-formed").passed
+    assert "sha256 mismatch" in check(report, "record is well-formed").detail
 
-    root, _ = runs
-    text = (root / "run" / "run.json").read_text().replace('"steps_executed": 60', '"steps_executed": 59')
-    bad = root / "edited"
-    bad.mkdir(exist_ok=True)
-    (bad / "run.json").write_text(text)
-    with pytest.raises(PlanMismatchError, match="sha256 mismatch"):
-        audit_run(bad / "run.json", root / "run" / "plan.json")
+
+def test_an_interrupted_run_is_audited_on_its_ledger(runs):
+    root, plan = runs
+    out = copy_run(root, "interrupted")
+    (out / "run.json").unlink()
+    report = audit_run(out)
+    assert report.status == "interrupted" and report.passed, report.to_dict()
+    assert "60 of 60 noisy steps counted so far" in check(report, "steps within plan").detail
 
 
 def test_cli_audit_and_run_statement(runs, runner):
@@ -121,20 +401,35 @@ def test_cli_audit_and_run_statement(runs, runner):
     ok = runner.invoke(cli, ["audit", str(root / "run"), "--json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["passed"] is True
-    bad = runner.invoke(cli, ["audit", str(root / "steps")])
+    out = copy_run(root, "cli-steps")
+    _f_too_many_steps(root, out)
+    bad = runner.invoke(cli, ["audit", str(out)])
     assert bad.exit_code == 1 and "steps within plan" in bad.stderr
     stmt = runner.invoke(cli, ["statement", str(root / "run" / "run.json")])
     assert stmt.exit_code == 0 and stmt.stdout.startswith("RUN STATEMENT")
     assert "DP-SGD took 60 of 60 planned noisy steps" in stmt.stdout
+    assert "Held by the data owner" in stmt.stdout
 
 
-def test_empirical_audit_runs_the_real_mechanisms(runs):
+def test_a_statement_is_only_printed_for_the_plan_that_ran(runs, runner, tmp_path):
+    from budgetplan.cli import cli
+
     root, plan = runs
-    report = audit_run(root / "run", empirical=True)
-    by = {e["name"]: e for e in report.empirical}
-    assert set(by) == {"empirical rr", "empirical dpsgd"}
-    rr = by["empirical rr"]
-    assert rr["passed"] and rr["tight"] and rr["epsilon_lower_bound"] <= rr["planned_epsilon"]
-    dp = by["empirical dpsgd"]
-    assert dp["passed"] and 0 <= dp["epsilon_lower_bound"] <= dp["planned_epsilon"]
-    assert report.passed
+    other = build_plan(parse_scenario(demo_scenario(epsilon=2.0, dataset_size=N, spec=plan.scenario.features)))
+    (tmp_path / "other.json").write_text(other.to_json())
+    wrong = runner.invoke(cli, ["statement", str(root / "run" / "run.json"), "--plan", str(tmp_path / "other.json")])
+    assert wrong.exit_code == 1 and "names plan" in wrong.stderr and not wrong.stdout
+    base = copy_run(root, "baseline-like")
+    _f_non_private(root, base)
+    nonpriv = runner.invoke(cli, ["statement", str(base / "run.json")])
+    assert nonpriv.exit_code == 1 and "non-private" in nonpriv.stderr and not nonpriv.stdout
+
+
+def test_a_statement_is_refused_for_a_plan_that_does_not_verify(runs, runner, tmp_path):
+    from budgetplan.cli import cli
+
+    root, _ = runs
+    out = copy_run(root, "stmt-plan")
+    _f_plan_edited(root, out)
+    res = runner.invoke(cli, ["statement", str(out / "plan.json")])
+    assert res.exit_code == 1 and "does not verify" in res.stderr and not res.stdout

@@ -26,7 +26,7 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "noisy_gradient", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "noisy_gradient", "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +48,48 @@ class DPSGDSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPSGDResult:
+    """What one session of the DP-SGD phase did (the run record is built from it and the ledger).
+
+    Attributes:
+        start_step: steps already counted when this session began (a resumed run).
+        steps_taken: noisy steps this session took.
+        batch_sizes: this session's realised (post-truncation) batch sizes, in order.
+        batches_truncated: this session's batches cut to the plan's maximum.
+        clipped: real rows whose gradient was clipped (a data-dependent count: private).
+        chunks, padded_size: how batches were laid out (static shapes).
+        noise_std, noise_draws: the std of the noise added to each clipped sum, and how many
+            Gaussian draws this session made.
+    """
+
+    steps_planned: int
+    start_step: int
+    steps_taken: int
+    batch_sizes: tuple[int, ...]
+    batches_truncated: int
+    clipped: int
+    chunks: int
+    padded_size: int
+    noise_std: float
+    noise_draws: int
+    clipping_norm: float
+    noise_multiplier: float
+    sampling_rate: float
+    expected_batch_size: float
+    truncated: bool
+    model: str
+    trainable_parameters: int
+    settings: dict
+    seconds: float
+    peak_memory: dict
+
+    @property
+    def clipped_fraction(self) -> float:
+        rows = sum(self.batch_sizes)
+        return self.clipped / rows if rows else 0.0
 
 
 def _optimizer(params, s: DPSGDSettings):
@@ -95,14 +137,14 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
 def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
               truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0,
               checkpoint=None, checkpoint_every: int = 0, optimizer_state: dict | None = None) -> dict:
-    """Run the plan's DP-SGD phase on ``model`` in place; returns what ran, for the run record.
+    """Run the plan's DP-SGD phase on ``model`` in place; returns what this session ran.
 
     Args:
         data: EncodedData with exactly the plan's N rows, on the model's device.
         params: the plan's DP-SGD phase parameters.
         trainable: the parameters DP-SGD updates (a frozen tower is left out).
         randomness: the run's Randomness (sampling and noise generators are seeded from it).
-        ledger: optional object with ``intend(step)`` called before each noisy step.
+        ledger: optional object with ``intend(step, batch_size)`` called before each noisy step.
         start_step: steps already taken (a resumed run); only the rest are run.
         checkpoint: optional ``checkpoint(step_done, optimizer_state)`` called every
             ``checkpoint_every`` steps (after the update).
@@ -147,9 +189,11 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     t0 = time.perf_counter()
     try:
         for step in range(start_step, steps):
-            if ledger is not None:
-                ledger.intend(step)
+            # Which rows a Poisson batch holds depends on no data, so its size may go into the
+            # intent; the noisy gradient, which does, comes only after the intent is logged.
             batch = sampler.sample()
+            if ledger is not None:
+                ledger.intend(step, batch.size)
             clipped += noisy_gradient(model, data, batch, trainable, clipping_norm=c, noise_std=noise_std,
                                       expected_batch=expected, noise_generator=noise_gen, loss_fn=loss_fn,
                                       truncated=truncated)
@@ -170,25 +214,13 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             pbar[0].stop()
         for p in trainable:
             p.grad = None
-    seconds = time.perf_counter() - t0
-    taken = len(sizes)
-    real = sum(sizes)
-    return {
-        "name": "dpsgd", "steps_planned": steps, "steps_executed": start_step + taken, "steps_this_session": taken,
-        "chunks": chunks_run, "padded_size": sampler.padded_size,
-        # Sufficient statistics for the auditor's tests of Poisson sampling (the sum is
-        # Binomial(N T, q); the spread tells Poisson batches from fixed-size ones).
-        "batch_size_expected": expected,
-        "batch_size_mean": real / taken if taken else None,
-        "batch_size_min": min(sizes) if sizes else None, "batch_size_max": max(sizes) if sizes else None,
-        "batch_size_sum": real, "batch_size_sumsq": sum(s * s for s in sizes),
-        "batches_truncated": truncated_count,
-        "noise_std": noise_std, "noise_draws": noise_draws,
-        "clipped_fraction": clipped / real if real else 0.0, "clipping_norm": c, "noise_multiplier": sigma,
-        "sampling_rate": q, "truncated": bool(trunc), "model": "truncated" if truncated else "full",
-        "trainable_parameters": int(sum(p.numel() for p in trainable)),
-        "settings": settings.to_dict(), "seconds": seconds, "peak_memory": peak_memory(device),
-    }
+    return DPSGDResult(
+        steps_planned=steps, start_step=start_step, steps_taken=len(sizes), batch_sizes=tuple(sizes),
+        batches_truncated=truncated_count, clipped=clipped, chunks=chunks_run, padded_size=sampler.padded_size,
+        noise_std=noise_std, noise_draws=noise_draws, clipping_norm=c, noise_multiplier=sigma, sampling_rate=q,
+        expected_batch_size=expected, truncated=bool(trunc), model="truncated" if truncated else "full",
+        trainable_parameters=int(sum(p.numel() for p in trainable)), settings=settings.to_dict(),
+        seconds=time.perf_counter() - t0, peak_memory=peak_memory(device))
 
 
 

@@ -1,50 +1,30 @@
-"""A write-ahead ledger of privacy spending, and the lock that keeps one writer per run.
+"""Writing the write-ahead ledger of privacy spending, and the lock that keeps one writer per run.
 
-Before each noisy DP-SGD step, and before each one-shot release (RR labels, the WALR
-aggregate), the trainer appends an intent line to ``ledger.jsonl`` in the run directory
-and flushes it to the operating system; before any checkpoint is written it is fsynced.
-A run killed at any point therefore leaves a ledger that counts every step whose result
-could have left the process, and a resumed run continues from its checkpoint with the
-ledger's count (never fewer) and fresh randomness.
-
-Every line is canonical JSON carrying the sha256 of the previous line, so an edited or
-reordered ledger is detected and refused (fails closed). A torn last line (the process
-died mid-write) is counted as one more intent of the phase it was writing: the count can
-only go up, never down.
+The format, its hash chain and how intents are counted are ``budgetplan.ledger``'s: this
+writer reads an existing ledger through that same reader (so the resuming trainer and the
+auditor count alike), then appends. Before each noisy DP-SGD step (with the step's
+Poisson batch size, drawn before any gradient is touched) and before each one-shot
+release, an intent line is appended and flushed to the operating system; before any
+checkpoint the file is fsynced. A run killed at any point therefore leaves a ledger that
+counts every step whose result could have left the process, and a resumed run continues
+from its checkpoint with the ledger's count (never fewer) and fresh randomness.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 
 from budgetplan.errors import BudgetplanError
+from budgetplan.ledger import GENESIS, LedgerError, LedgerView, digest, line, read_ledger
 
 __all__ = ["Ledger", "LedgerError", "RunLock", "LockedError"]
-
-_GENESIS = "0" * 64
-
-
-class LedgerError(BudgetplanError):
-    """The ledger was edited, reordered or belongs to another plan: the run cannot continue."""
-
-    exit_code = 1
 
 
 class LockedError(BudgetplanError):
     """Another process holds the run directory."""
 
     exit_code = 1
-
-
-def _line(entry: dict) -> str:
-    return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _digest(entry: dict) -> str:
-    return hashlib.sha256(_line({k: v for k, v in entry.items() if k != "hash"}).encode("ascii")).hexdigest()
 
 
 class Ledger:
@@ -61,79 +41,49 @@ class Ledger:
         self.path = Path(path)
         self.sync_every = max(1, int(sync_every))
         self._unsynced = 0
-        self.entries, self.torn = self._read() if self.path.exists() else ([], False)
-        if self.entries and self.entries[0].get("plan_sha256") != plan_sha256:
-            raise LedgerError(f"{self.path} belongs to plan {self.entries[0].get('plan_sha256')!r}, not "
-                              f"{plan_sha256!r}")
-        self._fh = open(self.path, "a", encoding="ascii")
+        existing = read_ledger(self.path, plan_sha256=plan_sha256) if self.path.exists() else None
+        self.entries = list(existing.entries) if existing else []
+        self.torn = existing.torn if existing else False
+        self._head = existing.head if existing else GENESIS
+        self._fh = open(self.path, "a", encoding="ascii")  # noqa: SIM115 - held open for the run
         if self.torn:
             # Seal the torn line with a newline so that later lines stay parseable; it was counted.
             self._fh.write("\n")
-        if not self.entries:
+        if existing is None or not existing.complete:
             self._append({"event": "open", "plan_sha256": plan_sha256})
             self.sync()
 
-    # ------------------------------------------------------------------ reading
-
-    def _read(self) -> tuple[list[dict], bool]:
-        parts = self.path.read_bytes().split(b"\n")
-        torn = parts[-1] != b""  # the last write did not finish its line
-        entries, prev = [], _GENESIS
-        for i, part in enumerate(parts[:-1] + ([parts[-1]] if torn else [])):
-            if part == b"":
-                continue
-            try:
-                entry = json.loads(part)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                # A torn write (sealed by a later session, or the tail): counted as an intent.
-                # Garbage written over a real line is caught by the next line's hash chain.
-                entries.append({"event": "torn"})
-                continue
-            if not isinstance(entry, dict) or entry.get("prev") != prev or entry.get("hash") != _digest(entry):
-                raise LedgerError(f"{self.path}: line {i + 1} breaks the hash chain: the ledger was edited or "
-                                  "reordered")
-            prev = entry["hash"]
-            entries.append(entry)
-        return entries, torn
-
     @property
-    def _prev(self) -> str:
-        for entry in reversed(self.entries):
-            if "hash" in entry:
-                return entry["hash"]
-        return _GENESIS
+    def view(self) -> LedgerView:
+        """What a reader of the file would see now (the lines written so far)."""
+        return LedgerView(path=self.path, entries=tuple(self.entries), torn=False)
 
     def count(self, phase: str) -> int:
-        """Intents recorded for ``phase``; a torn line counts for the phase written before it."""
-        n, last_phase = 0, None
-        for entry in self.entries:
-            if entry.get("event") == "intent":
-                last_phase = entry.get("phase")
-                n += last_phase == phase
-            elif entry.get("event") == "torn":
-                n += last_phase == phase
-        return n
+        return self.view.count(phase)
 
     def events(self, event: str, phase: str | None = None) -> list[dict]:
-        return [e for e in self.entries if e.get("event") == event and (phase is None or e.get("phase") == phase)]
+        return self.view.events(event, phase)
 
     @property
     def sessions(self) -> int:
-        return sum(e.get("event") in ("open", "resume") for e in self.entries)
+        return self.view.sessions
 
     # ------------------------------------------------------------------ writing
 
     def _append(self, fields: dict) -> dict:
-        entry = {"seq": len(self.entries), "prev": self._prev, **fields}
-        entry["hash"] = _digest(entry)
-        self._fh.write(_line(entry) + "\n")
+        entry = {"seq": len(self.entries), "prev": self._head, **fields}
+        entry["hash"] = self._head = digest(entry)
+        self._fh.write(line(entry) + "\n")
         self._fh.flush()
         self.entries.append(entry)
         return entry
 
-    def intend(self, step: int, phase: str = "dpsgd") -> None:
+    def intend(self, step: int, phase: str = "dpsgd", batch_size: int | None = None) -> None:
         """Record the intent to take noisy step ``step`` of ``phase`` (before taking it)."""
-        self._append({"event": "intent", "phase": phase, "step": int(step)})
+        fields: dict = {"event": "intent", "phase": phase, "step": int(step)}
+        if batch_size is not None:
+            fields["batch_size"] = int(batch_size)
+        self._append(fields)
         self._unsynced += 1
         if self._unsynced >= self.sync_every:
             self.sync()

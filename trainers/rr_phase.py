@@ -10,11 +10,39 @@ loss, or the forward-corrected loss).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["flip_probabilities", "randomize_labels", "run_rr_phase"]
+__all__ = ["RRResult", "flip_probabilities", "randomize_labels", "run_rr_phase"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RRResult:
+    """What the RR phase did.
+
+    Attributes:
+        labels, labels_flipped: rows randomised and how many labels flipped.
+        flip_probability: the one flip probability every row used, or None (eps/K_i).
+        flip_probability_mean: the mean over rows (eps/K_i: depends on the unit sizes).
+        release_sha256: the digest of the noisy labels (the release), as the ledger records it.
+        epoch_loss: training loss per epoch, on the noisy labels.
+    """
+
+    labels: int
+    labels_flipped: int
+    flip_probability: float | None
+    flip_probability_mean: float
+    per_impression_rule: str
+    release_sha256: str
+    epochs: int
+    batch_size: int
+    batches: int
+    loss: str
+    epoch_loss: tuple[float, ...]
+    seconds: float
 
 
 def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np.ndarray:
@@ -51,7 +79,7 @@ def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomnes
 
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
                  randomness, session=None, progress: str | None = None) -> dict:
-    """Randomise the labels once and train the truncated model on them; returns the phase record.
+    """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
     reloads them instead of drawing new ones.
@@ -83,11 +111,10 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
                            lr=lr, optimizer=optimizer)
     history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
                   truncated=True, generator=gen, progress=progress)
-    uniform = bool(np.all(rho == rho[0]))
-    return {
-        "name": "rr", "labels": int(labels.size), "labels_flipped": flipped,
-        "flip_probability": float(rho[0]) if uniform else None, "flip_probability_mean": float(rho.mean()),
-        "per_impression_rule": phase.params.per_impression_rule, "epochs": settings.epochs,
-        "batch_size": settings.batch_size, "batches": history["batches"], "loss": loss,
-        "epoch_loss": history["epoch_loss"], "model": "truncated", "seconds": history["seconds"],
-    }
+    return RRResult(
+        labels=int(labels.size), labels_flipped=flipped,
+        flip_probability=phase.params.flip_probability if phase.params.flip_probability_by_count is None else None,
+        flip_probability_mean=float(rho.mean()), per_impression_rule=phase.params.per_impression_rule,
+        release_sha256=note["sha256"], epochs=settings.epochs,
+        batch_size=settings.batch_size, batches=history["batches"], loss=loss,
+        epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"])

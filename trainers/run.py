@@ -9,7 +9,6 @@ is read from the plan; ``TrainSettings`` holds only what cannot change a guarant
 
 from __future__ import annotations
 
-import importlib.metadata
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
-from budgetplan.records import RunRecord
+from budgetplan.records import PRIVATE_DIR, RunRecord
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 
@@ -74,7 +73,7 @@ class WALRSettings:
 @dataclass
 class _Prepared:
     data: object
-    table_info: dict
+    data_info: dict
     encoding: dict
     unit_counts: np.ndarray | None
     timings: dict = field(default_factory=dict)
@@ -100,18 +99,9 @@ def _device_name(device) -> str:
     return "cpu"
 
 
-def _versions() -> dict:
-    out = {}
-    for name in ("budgetplan", "dp-accounting", "torch", "numpy", "pyarrow"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
 def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
-             randomness, vocabulary: dict | None = None) -> _Prepared:
+             randomness, vocabulary: dict | None = None, key: bytes | None = None) -> _Prepared:
+    """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping)."""
     from trainers.data.capping import cap_units
     from trainers.data.encode import encode
     from trainers.data.fingerprint import fingerprint
@@ -120,7 +110,10 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
     t0 = time.perf_counter()
     table = read_table(path, format=settings.data_format, columns=list(spec.columns))
     rows_in = table.num_rows
-    info = {"path": str(path), "format": settings.data_format, "rows_in": rows_in}
+    info: dict = {"path": str(path), "format": settings.data_format, "rows_in": rows_in, "capping": None}
+    if key is not None:
+        # The file as given, before capping: the auditor can recompute it whatever rows capping kept.
+        info["fingerprint"] = fingerprint(table, list(spec.columns), key)
     unit_counts = None
     if cap > 1:
         if spec.unit_id is None or spec.unit_id not in table.column_names:
@@ -141,7 +134,6 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             f"the data has {table.num_rows} rows" + (f" after capping ({rows_in} before, {dropped} dropped)"
                                                      if cap > 1 else "")
             + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
-    info.update(fingerprint(table, list(spec.columns)))
     t1 = time.perf_counter()
     data, encoding = encode(table, spec, nonsensitive_encoding=settings.nonsensitive_encoding,
                             hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
@@ -193,20 +185,37 @@ def _check_out(out_dir) -> Path | None:
     return out
 
 
-def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict | None = None) -> RunRecord:
-    """Write the model then the record (last, atomically): a directory with run.json is complete."""
+def _key(fingerprint_key: bytes | None) -> tuple[bytes, bytes | None]:
+    """(the data owner's fingerprint key, the same key if it was made here and must be saved)."""
+    from trainers.data.fingerprint import new_key
+
+    if fingerprint_key is not None:
+        return fingerprint_key, None
+    key = new_key()
+    return key, key
+
+
+def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict | None = None,
+            new_key: bytes | None = None) -> RunRecord:
+    """Write the model, the key, the private then the public record (last): a directory with run.json is complete."""
     if out is not None:
         import json
 
         import torch
 
+        from budgetplan._files import atomic_output
         from budgetplan.plan import write_atomic
+        from trainers.data.fingerprint import write_key
 
         out.mkdir(parents=True, exist_ok=True)
-        torch.save(state, out / "model.pt")
+        with atomic_output(out / "model.pt") as tmp:
+            torch.save(state, tmp)
         if vocabulary is not None:  # non-sensitive values only: needed to encode new data alike
             write_atomic(out / "vocabulary.json", json.dumps(vocabulary, sort_keys=True) + "\n")
-        record.write(out / "run.json")
+        if new_key is not None:
+            (out / PRIVATE_DIR).mkdir(exist_ok=True)
+            write_key(out / PRIVATE_DIR / "fingerprint.key", new_key)
+        record.write(out)
     return record
 
 
@@ -225,7 +234,8 @@ def _trainable(model, plan, phase_index: int) -> list:
 
 def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
                  dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
-                 progress: bool = False, resume: bool = False, checkpoint_every: int = 200) -> RunRecord:
+                 progress: bool = False, resume: bool = False, checkpoint_every: int = 200,
+                 fingerprint_key: bytes | None = None) -> RunRecord:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
 
     Phases run in the plan's order: RR (labels randomised once, the truncated model trained
@@ -233,8 +243,12 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     a WALR plan releases its noisy aggregate once and fits on it. With ``out_dir`` the run
     keeps a write-ahead ledger and checkpoints there; ``resume=True`` continues an
     interrupted run with the ledger's step count and fresh randomness.
+
+    ``fingerprint_key`` is the data owner's key for the data fingerprint in the private
+    record; without one a fresh key is made and saved as ``private/fingerprint.key``.
     """
     from budgetplan.verify import verify_plan
+    from trainers.record import build_record, dpsgd_entry, rr_entry
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.metrics import relative_auc_loss
     from trainers.randomness import Randomness
@@ -258,50 +272,53 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     rnd = Randomness(seed)
     device = _device(settings.device)
     t0 = time.perf_counter()
+    key, new_key = _key(fingerprint_key)
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
-                    expected_rows=plan.dataset_size, randomness=rnd)
+                    expected_rows=plan.dataset_size, randomness=rnd, key=key)
     # Every refusal is behind us: only now does the run directory come into being.
     session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every) if out else NullSession()
     try:
         if kinds == (WALRPhase,):
             record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0,
                                           session)
-            return _finish(record, state, out)
+            return _finish(record, state, out, new_key=new_key if out else None)
         model = _model(prep, settings, rnd.torch_seed()).to(device)
         ckpt = session.load_checkpoint()
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
-        records, timings = [], dict(prep.timings)
+        entries: list = []
+        timings = dict(prep.timings)
         for i, phase in enumerate(plan.phases):
             if isinstance(phase, RRPhase):
                 if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
-                    records.append(ckpt["rr_record"])  # trained in an earlier session
-                    continue
-                rec = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
-                                   lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
-                                   randomness=rnd, session=session, progress="RR phase" if progress else None)
-                if len(plan.phases) > 1:
-                    session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_record": rec})
-            else:
-                assert isinstance(phase, DPSGDPhase)
+                    rr = ckpt["rr_result"]  # trained in an earlier session
+                else:
+                    rr = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
+                                      lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
+                                      randomness=rnd, session=session, progress="RR phase" if progress else None)
+                    if len(plan.phases) > 1:
+                        session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
+                timings["rr_phase_seconds"] = rr.seconds
+                entries.append(rr_entry(rr))
+            elif isinstance(phase, DPSGDPhase):
                 taken = session.dpsgd_steps_taken()
                 resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
-                rr_record = records[0] if records else None
+                rr_result = ckpt.get("rr_result") if ckpt is not None else None
+                if rr_result is None and i > 0:
+                    rr_result = rr
 
-                def save(step_done, opt_state, rr_record=rr_record):
+                def save(step_done, opt_state, rr_result=rr_result):
                     session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),
-                                             "optimizer": opt_state, "rr_record": rr_record})
+                                             "optimizer": opt_state, "rr_result": rr_result})
 
-                rec = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
+                sgd = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
                                 randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
                                 progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
                                 checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
                                 optimizer_state=ckpt.get("optimizer") if resumed_from else None)
-                rec["nonsensitive_tower"] = phase.params.nonsensitive_tower
-                rec["steps_lost_to_interruptions"] = taken - resumed_from
-                rec["sessions"] = getattr(getattr(session, "ledger", None), "sessions", 1)
-            timings[f"{phase.name}_phase_seconds"] = rec["seconds"]
-            records.append(rec)
+                timings["dpsgd_phase_seconds"] = sgd.seconds
+                entries.append(dpsgd_entry(sgd, session.ledger_view(),
+                                           nonsensitive_tower=phase.params.nonsensitive_tower))
         truncated = kinds == (RRPhase,)
         metrics = {}
         if eval_path is not None:
@@ -311,15 +328,14 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 metrics["eval"]["baseline_auc"] = baseline_auc
                 metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
         timings["total_seconds"] = time.perf_counter() - t0
-        record = RunRecord(
-            plan_sha256=plan.sha256, private=True, algorithm=plan.scenario.algorithm, data=prep.table_info,
-            seeds=rnd.record(), phases=records, metrics=metrics,
+        record = build_record(
+            plan=plan, entries=entries, data=prep.data_info, metrics=metrics, encoding=prep.encoding,
+            seeds=rnd.record(),
             model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
-            training={**settings.to_dict(), "encoding": prep.encoding,
+            training={**settings.to_dict(),
                       "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
-            timings=timings, device=_device_name(device), versions=_versions(),
-        )
-        return _finish(record, model.state_dict(), out, prep.vocabulary)
+            ledger=session.ledger_view(), timings=timings, device=_device_name(device))
+        return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
     finally:
         session.close()
 
@@ -328,6 +344,7 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     import torch
 
     from trainers.metrics import evaluate
+    from trainers.record import build_record, walr_entry
     from trainers.walr import predict, prepare_rows, run_walr
 
     ws = walr_settings or WALRSettings()
@@ -347,10 +364,9 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
             return noisy.cpu().numpy(), info
         return session.walr_sum(as_array)
 
-    theta, rec = run_walr(torch.cat([d.ns_num, d.s_num], 1).double(), d.label.double(), weights, par, rnd,
+    theta, res = run_walr(torch.cat([d.ns_num, d.s_num], 1).double(), d.label.double(), weights, par, rnd,
                           steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr, persist=persist)
-    rec = {"name": "walr", **rec, "releases": 1}
-    timings = dict(prep.timings, walr_fit_seconds=rec["fit_seconds"])
+    timings = dict(prep.timings, walr_fit_seconds=res.fit_seconds)
     metrics = {}
     if eval_path is not None:
         t2 = time.perf_counter()
@@ -361,17 +377,18 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
         metrics["eval"]["rows"] = len(ev.data)
         timings["eval_seconds"] = time.perf_counter() - t2
     timings["total_seconds"] = time.perf_counter() - t0
-    record = RunRecord(
-        plan_sha256=plan.sha256, private=True, algorithm="walr", data=prep.table_info, seeds=rnd.record(),
-        phases=[rec], metrics=metrics,
+    record = build_record(
+        plan=plan, entries=[walr_entry(res, release_sha256=res.release_sha256)], data=prep.data_info,
+        metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
         model={"kind": "logistic-regression", "config": {"features": par.features}, "final": "walr"},
-        training={"walr": ws.to_dict(), "encoding": prep.encoding}, timings=timings, device=_device_name(device),
-        versions=_versions())
+        training={"walr": ws.to_dict()}, ledger=session.ledger_view(), timings=timings,
+        device=_device_name(device))
     return record, {"theta": theta.cpu()}
 
 
 def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
-                 seed: int | None = None, truncated: bool = False, progress: bool = False) -> RunRecord:
+                 seed: int | None = None, truncated: bool = False, progress: bool = False,
+                 fingerprint_key: bytes | None = None) -> RunRecord:
     """The non-private baseline on the plan's feature spec: clean labels, all rows.
 
     With ``truncated=True`` it trains the truncated model (non-sensitive features only):
@@ -382,6 +399,7 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     from trainers import losses
     from trainers.fit import FitSettings, fit
     from trainers.randomness import Randomness
+    from trainers.record import baseline_entry, build_record
 
     settings = settings or TrainSettings()
     out = _check_out(out_dir)
@@ -391,7 +409,9 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     rnd = Randomness(seed)
     device = _device(settings.device)
     t0 = time.perf_counter()
-    prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd)
+    key, new_key = _key(fingerprint_key)
+    prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd,
+                    key=key)
     model = _model(prep, settings, rnd.torch_seed()).to(device)
     gen = torch.Generator().manual_seed(rnd.torch_seed())
     fit_settings = FitSettings(epochs=settings.baseline_epochs, batch_size=settings.batch_size, lr=settings.lr,
@@ -404,14 +424,12 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                                          truncated=truncated, vocabulary=prep.vocabulary)
     timings["train_seconds"] = history["seconds"]
     timings["total_seconds"] = time.perf_counter() - t0
-    record = RunRecord(
-        plan_sha256=None, private=False, algorithm="non-private", data=prep.table_info, seeds=rnd.record(),
-        phases=[{"name": "non-private", "epochs": fit_settings.epochs, "batch_size": fit_settings.batch_size,
-                 "batches": history["batches"], "epoch_loss": history["epoch_loss"],
-                 "model": "truncated" if truncated else "full"}],
-        metrics=metrics, model={"kind": settings.model, "config": model.config()},
-        training={**settings.to_dict(), "fit": fit_settings.to_dict(), "encoding": prep.encoding},
-        timings=timings, device=_device_name(device), versions=_versions(),
-        notes=["non-private: no privacy guarantee applies to this run"],
-    )
-    return _finish(record, model.state_dict(), out)
+    record = build_record(
+        plan=None, algorithm="non-private",
+        entries=[baseline_entry(history, epochs=fit_settings.epochs, batch_size=fit_settings.batch_size,
+                                model="truncated" if truncated else "full")],
+        data=prep.data_info, metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
+        model={"kind": settings.model, "config": model.config()},
+        training={**settings.to_dict(), "fit": fit_settings.to_dict()}, ledger=None, timings=timings,
+        device=_device_name(device), notes=("non-private: no privacy guarantee applies to this run",))
+    return _finish(record, model.state_dict(), out, new_key=new_key if out else None)

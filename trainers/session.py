@@ -29,6 +29,7 @@ __all__ = ["Session", "NullSession"]
 
 
 def _sha256(array: np.ndarray) -> str:
+    """The digest of a persisted release (its bytes, C order): what the ledger records."""
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
@@ -48,11 +49,13 @@ class Session:
         ledger_path = self.dir / "ledger.jsonl"
         if resume and not ledger_path.exists():
             raise InvalidParameterError(f"nothing to resume in {self.dir}: it has no ledger")
-        if not resume and ledger_path.exists():
-            raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
         self.dir.mkdir(parents=True, exist_ok=True)
+        # The lock first: only the process holding it may judge what the directory holds (a
+        # ledger another process is writing is not an interrupted run).
         self.lock = RunLock(self.dir)
         try:
+            if not resume and ledger_path.exists():
+                raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
         except BaseException:
             self.lock.release()
@@ -100,8 +103,12 @@ class Session:
         """Noisy DP-SGD steps the ledger counts, including any lost to an interruption."""
         return self.ledger.count("dpsgd")
 
-    def intend(self, step: int) -> None:
-        self.ledger.intend(step, phase="dpsgd")
+    def ledger_view(self):
+        """The ledger as a reader sees it now (all sessions of the run)."""
+        return self.ledger.view
+
+    def intend(self, step: int, batch_size: int | None = None) -> None:
+        self.ledger.intend(step, phase="dpsgd", batch_size=batch_size)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -135,14 +142,17 @@ class NullSession:
 
     def rr_labels(self, make):
         data, info = make()
-        return data, {"phase": "rr", **info}
+        return data, {"phase": "rr", "sha256": _sha256(np.asarray(data)), **info}
 
     walr_sum = rr_labels
 
     def dpsgd_steps_taken(self) -> int:
         return 0
 
-    def intend(self, step: int) -> None:
+    def ledger_view(self):
+        return None
+
+    def intend(self, step: int, batch_size: int | None = None) -> None:
         self._dpsgd += 1
 
     def save_checkpoint(self, state: dict) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import torch
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.phases import WALRParams
 
-__all__ = ["fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
+__all__ = ["WALRResult", "fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
 
 # rows per float64 block. On CPU 2^16 x k x 8 bytes (10 MB at k = 20) stays in cache; with one reused buffer the
 # release of 16M x 20 rows takes 0.16 s on 2 cores, against 2.5 s converting 2^20-row blocks afresh. On an
@@ -271,6 +272,28 @@ def predict(theta: torch.Tensor, Xc: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(Xc @ torch.as_tensor(theta).to(device=Xc.device, dtype=Xc.dtype))
 
 
+@dataclass(frozen=True, kw_only=True)
+class WALRResult:
+    """What WALR's release and fit did.
+
+    ``rows_clipped``, ``weights_clipped`` and ``max_contribution`` depend on the data (the
+    private record holds them); ``release_sha256`` is the persisted release's digest, as the
+    ledger records it (None without a run session).
+    """
+
+    rows: int
+    rows_clipped: int
+    weights_clipped: int
+    noise_std: float
+    noise_draws: int
+    max_contribution: float
+    sensitivity: float
+    release_sha256: str | None
+    release_seconds: float
+    fit_steps: int
+    fit_seconds: float
+
+
 def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, steps: int, minibatch: int,
              lr: float, persist=None):
     """Execute a WALR phase as planned: prepare, release once, fit.
@@ -287,8 +310,7 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
             the saved release instead of drawing a second one).
 
     Returns:
-        (theta [k], record) where record has rows, rows_clipped, weights_clipped, noise_std,
-        noise_draws, max_contribution, sensitivity, release_seconds, fit_steps, fit_seconds.
+        (theta [k], WALRResult).
     """
     if not isinstance(params, WALRParams):
         raise PlanMismatchError(f"run_walr needs the plan's WALRParams, got {type(params).__name__}")
@@ -313,10 +335,11 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
     gen = torch.Generator(device=Xc.device).manual_seed(randomness.torch_seed())
     theta = fit(Xc, noisy, n_rows=n, steps=steps, minibatch=minibatch, lr=lr, generator=gen)
     fit_seconds = time.perf_counter() - t0
-    return theta, {"rows": n, "rows_clipped": prep["rows_clipped"], "weights_clipped": prep["weights_clipped"],
-                   "noise_std": rel["noise_std"], "noise_draws": rel["noise_draws"],
-                   "max_contribution": rel["max_contribution"], "sensitivity": sens,
-                   "release_seconds": rel["seconds"], "fit_steps": steps, "fit_seconds": fit_seconds}
+    return theta, WALRResult(
+        rows=n, rows_clipped=prep["rows_clipped"], weights_clipped=prep["weights_clipped"],
+        noise_std=rel["noise_std"], noise_draws=rel["noise_draws"], max_contribution=rel["max_contribution"],
+        sensitivity=sens, release_sha256=rel.get("sha256"), release_seconds=rel["seconds"], fit_steps=steps,
+        fit_seconds=fit_seconds)
 
 
 def release_throughput(n_rows: int, k: int, device="cpu") -> dict:

@@ -150,12 +150,18 @@ def verify(plan_file, no_replan, as_json):
               "(default: plan.json beside it).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write it here (atomically).")
 def statement(plan_file, plan_path, output):
-    """The plain-language privacy statement of a plan, or of what a run actually did."""
+    """The plain-language privacy statement of a plan, or of what a run actually did.
+
+    The plan is verified first (every number recomputed): a statement is never printed for a
+    plan whose numbers do not hold, nor for a run of another plan or a non-private run.
+    """
     import json
     from pathlib import Path
 
+    from budgetplan.errors import PlanMismatchError
     from budgetplan.plan import load_plan, write_atomic
     from budgetplan.statement import render_run_statement, render_statement
+    from budgetplan.verify import verify_plan
 
     path = Path(plan_file)
     is_run = path.is_dir()
@@ -169,9 +175,14 @@ def statement(plan_file, plan_path, output):
         from budgetplan.records import load_record
 
         record = load_record(path)
-        text = render_run_statement(_find_plan(path, plan_path), record)
+        the_plan = _find_plan(path, plan_path)
     else:
-        text = render_statement(load_plan(plan_file))
+        record, the_plan = None, load_plan(plan_file)
+    report = verify_plan(the_plan)
+    if not report.ok:
+        raise PlanMismatchError(f"the plan does not verify, so no statement is printed for it: {report.problems[0]}",
+                                report.problems)
+    text = render_run_statement(the_plan, record) if record is not None else render_statement(the_plan)
     if output:
         write_atomic(output, text)
     else:
@@ -203,15 +214,24 @@ def examples(name, as_json):
 @click.command()
 @click.argument("run", metavar="runs/NAME[/run.json]", type=click.Path())
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="The plan (default: plan.json beside it).")
-@click.option("--data", "data_path", type=click.Path(dir_okay=False), help="Recompute the data fingerprint from here.")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False),
+              help="Recompute the keyed data fingerprint from here (needs the private record and the key).")
+@click.option("--fingerprint-key", "key_path", type=click.Path(dir_okay=False),
+              help="The data owner's fingerprint key (default: private/fingerprint.key in the run directory).")
 @click.option("--format", "data_format", default="auto", show_default=True)
 @click.option("--empirical", is_flag=True, help="Also run the empirical lower bounds on epsilon (needs torch).")
 @_JSON
-def audit(run, plan_path, data_path, data_format, empirical, as_json):
+def audit(run, plan_path, data_path, key_path, data_format, empirical, as_json):
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
     from budgetplan.audit import audit_run
 
-    report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, empirical=empirical)
+    key = None
+    if key_path is not None:
+        from trainers.data.fingerprint import read_key
+
+        key = read_key(key_path)
+    report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, fingerprint_key=key,
+                       empirical=empirical)
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -219,7 +239,8 @@ def audit(run, plan_path, data_path, data_format, empirical, as_json):
         rows += [[e["name"], "pass" if e["passed"] else "FAIL",
                   f"lower bound {fmt(e['epsilon_lower_bound'])} vs planned {fmt(e['planned_epsilon'])}"]
                  for e in report.empirical]
-        console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}...)",
+        status = "" if report.status == "completed" else f", {report.status}"
+        console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}...{status})",
                                       ["check", "result", "detail"], rows))
         if not report.passed:
             click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)

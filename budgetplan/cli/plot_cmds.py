@@ -59,7 +59,7 @@ def frontier(runs, baseline_run, output, as_json):
 
     base = None
     if baseline_run:
-        base = (load_record(baseline_run).metrics.get("eval") or {}).get("auc")
+        base = (load_record(baseline_run, private=True).metrics.get("eval") or {}).get("auc")
         if base is None:
             raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
     rows = frontier_rows(runs, baseline_auc=base)

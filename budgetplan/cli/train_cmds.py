@@ -51,11 +51,14 @@ def _settings(**kw):
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (ledger count, fresh noise).")
 @click.option("--checkpoint-every", type=POSITIVE_INT, default=200, show_default=True,
               help="DP-SGD steps between checkpoints.")
-@click.option("--json", "as_json", is_flag=True, help="Print the run record on stdout.")
+@click.option("--fingerprint-key", "key_path", type=click.Path(dir_okay=False),
+              help="The data owner's key for the keyed data fingerprint (default: a fresh key, saved as "
+              "private/fingerprint.key in the run directory).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
           dpsgd_schedule, loss, batch_size,
           nonsensitive_encoding, vocab_threshold, device, seed, non_private, baseline_run, resume, checkpoint_every,
-          as_json):
+          key_path, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
     from budgetplan.plan import load_plan
     from budgetplan.records import load_record
@@ -67,13 +70,18 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
                          vocab_threshold=vocab_threshold)
     plan = load_plan(plan_file)
+    key = None
+    if key_path is not None:
+        from trainers.data.fingerprint import read_key
+
+        key = read_key(key_path)
     if non_private:
         record = run_baseline(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
-                              progress=not as_json)
+                              progress=not as_json, fingerprint_key=key)
     else:
         base_auc = None
         if baseline_run:
-            base = load_record(baseline_run)
+            base = load_record(baseline_run, private=True)
             base_auc = base.metrics.get("eval", {}).get("auc")
             if base_auc is None:
                 raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
@@ -81,9 +89,11 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                               baseline_auc=base_auc, progress=not as_json, resume=resume,
                               dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
                                                            cosine_decay=dpsgd_schedule == "cosine"),
-                              checkpoint_every=checkpoint_every)
+                              checkpoint_every=checkpoint_every, fingerprint_key=key)
     if as_json:
-        emit_json(record.content() | {"sha256": record.sha256})
+        private = record.private_part
+        emit_json(record.content() | {"sha256": record.sha256, "private_record": private.content() | {
+            "sha256": private.sha256} if private is not None else None})
         return
     _print_record(record, out_dir)
 
@@ -100,11 +110,13 @@ def _int_option(name: str, text: str) -> int:
 
 def _print_record(record, out_dir) -> None:
     out = console()
-    rows = [["algorithm", record.algorithm], ["rows used", fmt(record.data["rows_used"])],
+    from budgetplan.records import RRRun
+
+    rows = [["algorithm", record.algorithm], ["rows used", fmt(record.rows_used)],
             ["device", record.device], ["seeds", record.seeds["policy"]]]
     for ph in record.phases:
-        if "labels_flipped" in ph:
-            rows.append([f"{ph['name']}: labels flipped", f"{ph['labels_flipped']:,} of {ph['labels']:,}"])
+        if isinstance(ph, RRRun) and ph.labels_flipped is not None:
+            rows.append(["rr: labels flipped", f"{ph.labels_flipped:,} of {ph.labels:,}"])
     ev = record.metrics.get("eval")
     if ev:
         rows += [["eval AUC", fmt(ev["auc"])], ["eval log loss", fmt(ev["log_loss"])],

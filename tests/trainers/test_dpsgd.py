@@ -82,12 +82,11 @@ def test_noise_is_added_to_the_clipped_sum_once():
 def test_run_counts_steps_and_records_batch_statistics():
     data, model = tiny_data(), tiny_model("fm")
     rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1))
-    assert rec["steps_executed"] == rec["steps_planned"] == 20 and rec["steps_this_session"] == 20
-    assert rec["batch_size_expected"] == 10.0 and rec["batch_size_min"] <= rec["batch_size_mean"]
-    assert rec["batch_size_sum"] == pytest.approx(rec["batch_size_mean"] * 20)
-    assert rec["noise_draws"] == 20 * sum(p.numel() for p in model.parameters())
-    assert rec["noise_std"] == 1.5 and 0 <= rec["clipped_fraction"] <= 1
-    assert rec["peak_memory"]["bytes"] > 0
+    assert rec.start_step + rec.steps_taken == rec.steps_planned == 20 and len(rec.batch_sizes) == 20
+    assert rec.expected_batch_size == 10.0
+    assert rec.noise_draws == 20 * sum(p.numel() for p in model.parameters())
+    assert rec.noise_std == 1.5 and 0 <= rec.clipped_fraction <= 1 and rec.clipped <= sum(rec.batch_sizes)
+    assert rec.peak_memory["bytes"] > 0
 
 
 def test_resume_runs_only_the_remaining_steps_and_never_more():
@@ -95,12 +94,12 @@ def test_resume_runs_only_the_remaining_steps_and_never_more():
     calls = []
 
     class Ledger:
-        def intend(self, step):
+        def intend(self, step, batch_size=None):
             calls.append(step)
 
     rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1),
                     start_step=15, ledger=Ledger())
-    assert calls == [15, 16, 17, 18, 19] and rec["steps_executed"] == 20
+    assert calls == [15, 16, 17, 18, 19] and rec.start_step + rec.steps_taken == 20
     with pytest.raises(InvalidParameterError, match="start_step"):
         run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1),
                   start_step=21)
@@ -129,4 +128,4 @@ def test_truncated_poisson_batches_never_exceed_the_maximum():
     data, model = tiny_data(), tiny_model()
     rec = run_dpsgd(model, data, params(200, sampling_rate=0.5, sampling="truncated-poisson", max_batch_size=60),
                     trainable=list(model.parameters()), randomness=Randomness(4))
-    assert rec["batch_size_max"] <= 60 and rec["truncated"] and rec["batches_truncated"] > 0
+    assert max(rec.batch_sizes) <= 60 and rec.truncated and rec.batches_truncated > 0

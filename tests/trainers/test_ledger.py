@@ -131,10 +131,10 @@ def test_killed_run_resumes_with_the_ledger_count(dp_setup, tmp_path):
                        resume=True)
     dp = rec.phases[-1]
     led = Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
-    assert led.count("dpsgd") == dp["steps_executed"] == 400  # never more than planned, never fewer counted
-    assert dp["steps_this_session"] == 400 - taken  # fresh steps only for what the ledger had not counted
-    assert dp["sessions"] == 2 and dp["steps_lost_to_interruptions"] >= 0
-    assert rec.phases[0]["name"] == "rr"  # the RR labels were not drawn again
+    assert led.count("dpsgd") == dp.steps_executed == 400  # never more than planned, never fewer counted
+    assert dp.steps_this_session == 400 - taken  # fresh steps only for what the ledger had not counted
+    assert dp.sessions == 2 and dp.steps_lost_to_interruptions >= 0
+    assert rec.phases[0].name == "rr"  # the RR labels were not drawn again
     assert len(led.events("released", "rr")) == 1
     led.close()
     assert load_record(out).sha256 == rec.sha256

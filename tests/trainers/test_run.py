@@ -47,10 +47,12 @@ def test_rr_run_writes_a_complete_record(data, tmp_path):
     again = load_record(tmp_path / "run")
     assert again == rec and again.sha256 == rec.sha256
     assert rec.plan_sha256 == plan.sha256 and rec.private
-    assert rec.data["rows_used"] == 5000 and len(rec.data["sha256"]) == 64
+    assert rec.rows_used == 5000 and rec.private_part.data["rows_used"] == 5000
+    fp = rec.private_part.data["fingerprint"]
+    assert len(fp["hmac_sha256"]) == 64 and fp["rows"] == 5000
     phase = rec.phases[0]
-    assert phase["labels"] == 5000 and 0 < phase["labels_flipped"] < 5000
-    assert phase["flip_probability"] == plan.phases[0].params.flip_probability
+    assert phase.labels == 5000 and 0 < phase.labels_flipped < 5000
+    assert phase.flip_probability == plan.phases[0].params.flip_probability
     assert rec.seeds["policy"] == "csprng"
     ev = rec.metrics["eval"]
     assert 0 <= ev["auc"] <= 1 and "relative_auc_loss" in ev
@@ -63,8 +65,8 @@ def test_seeded_runs_are_reproducible(data):
     a = execute_plan(plan, root / "train.parquet", settings=FAST, seed=123)
     b = execute_plan(plan, root / "train.parquet", settings=FAST, seed=123)
     assert a.seeds == {"policy": "seeded", "seed": 123, "note": a.seeds["note"]}
-    assert a.phases[0]["labels_flipped"] == b.phases[0]["labels_flipped"]
-    assert a.phases[0]["epoch_loss"] == b.phases[0]["epoch_loss"]
+    assert a.phases[0].labels_flipped == b.phases[0].labels_flipped
+    assert a.phases[0].epoch_loss == b.phases[0].epoch_loss
 
 
 def test_user_level_capping_and_eps_over_k_i(data):
@@ -74,12 +76,15 @@ def test_user_level_capping_and_eps_over_k_i(data):
     n_capped = int(np.minimum(counts, 2).sum())
     plan = rr_plan(n_capped, extra_privacy='unit = "user x time"\ncap = 2', rr_extra='per_impression = "eps/K_i"')
     rec = execute_plan(plan, root / "train.parquet", settings=FAST)
-    assert rec.data["rows_in"] == 5000 and rec.data["rows_used"] == n_capped
-    assert rec.data["capping"]["rows_dropped"] == 5000 - n_capped
-    phase = rec.phases[0]
-    assert phase["per_impression_rule"] == "eps/K_i" and phase["flip_probability"] is None
+    data = rec.private_part.data
+    assert data["rows_in"] == 5000 and data["rows_used"] == rec.rows_used == n_capped
+    assert data["capping"]["rows_dropped"] == 5000 - n_capped
+    phase, stats = rec.phases[0], rec.private_part.phases[0]
+    # per-unit flip probabilities depend on the unit sizes: the flips are private under eps/K_i
+    assert phase.per_impression_rule == "eps/K_i" and phase.flip_probability is None and phase.labels_flipped is None
     rho = plan.phases[0].params.flip_probability_by_count
-    assert rho[0] < phase["flip_probability_mean"] < rho[1]  # units of one row flip less
+    assert rho[0] < stats.flip_probability_mean < rho[1]  # units of one row flip less
+    assert stats.labels_flipped > 0
 
 
 def test_refuses_a_different_row_count_and_writes_nothing(data, tmp_path):
@@ -113,7 +118,7 @@ def test_data_count_gives_the_n_a_user_level_plan_trains_on(data, tmp_path, runn
     assert counted["caps"][0]["rows"] == counted["units"] == len(set(table.column("user_id").to_pylist()))
     assert counted["units"] < n3 < 5000
     rec = execute_plan(rr_plan(n3, extra_privacy='unit = "user"\ncap = 3'), root / "train.parquet", settings=FAST)
-    assert rec.data["rows_used"] == n3
+    assert rec.rows_used == n3
     human = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "user_id", "--unit-cap", "3"])
     assert human.exit_code == 0 and f"{n3:,}" in human.stdout and "[data] dataset_size" in human.stdout
     bad = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "uid", "--unit-cap", "3"])
@@ -162,14 +167,14 @@ def test_hybrid_family_runs_through_one_code_path(data, split, phases):
     root, _ = data
     plan = hybrid_plan(5000, split)
     rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST)
-    assert [p["name"] for p in rec.phases] == phases
+    assert [p.name for p in rec.phases] == phases
     if "dpsgd" in phases:
         dp = rec.phases[-1]
         planned = plan.dpsgd.params
-        assert dp["steps_executed"] == planned.steps == 20
-        assert dp["noise_std"] == pytest.approx(planned.noise_multiplier * planned.clipping_norm)
-        assert dp["model"] == "full"
-        assert dp["nonsensitive_tower"] == ("frozen" if split == "alpha=0.5" else "trained")
+        assert dp.steps_executed == planned.steps == 20
+        assert dp.noise_std == pytest.approx(planned.noise_multiplier * planned.clipping_norm)
+        assert dp.model == "full"
+        assert dp.nonsensitive_tower == ("frozen" if split == "alpha=0.5" else "trained")
     assert rec.model["final"] == ("truncated" if phases == ["rr"] else "full")
     assert 0 <= rec.metrics["eval"]["auc"] <= 1
 
@@ -185,7 +190,7 @@ def test_user_level_dpsgd_mixture_plan(data):
     plan = build_plan(parse_scenario(text))
     assert plan.phases[0].guarantee.method == "mixture-of-gaussians(pld)"
     rec = execute_plan(plan, root / "train.parquet", settings=FAST)
-    assert rec.data["rows_used"] == n and rec.phases[0]["steps_executed"] == plan.phases[0].params.steps
+    assert rec.rows_used == n and rec.phases[0].steps_executed == plan.phases[0].params.steps
 
 
 def test_walr_plan_runs(data):
@@ -212,10 +217,10 @@ sensitive_numeric = ["days_since_visit", "visits_7d"]
 """
     plan = build_plan(parse_scenario(text))
     rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet")
-    ph = rec.phases[0]
-    assert ph["name"] == "walr" and ph["noise_draws"] == 5 and ph["rows"] == 5000
-    assert ph["noise_std"] == plan.phases[0].params.noise_std
-    assert ph["max_contribution"] <= plan.phases[0].params.sensitivity
+    ph, stats = rec.phases[0], rec.private_part.phases[0]
+    assert ph.name == "walr" and ph.noise_draws == 5 and ph.rows == 5000 and ph.releases == 1
+    assert ph.noise_std == plan.phases[0].params.noise_std
+    assert stats.max_contribution <= plan.phases[0].params.sensitivity
     assert 0 <= rec.metrics["eval"]["auc"] <= 1
 
 
@@ -223,7 +228,7 @@ def test_record_tamper_is_detected(data, tmp_path):
     root, _ = data
     rec = execute_plan(rr_plan(5000), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
     path = tmp_path / "run" / "run.json"
-    path.write_text(path.read_text().replace(f'"labels_flipped": {rec.phases[0]["labels_flipped"]}',
+    path.write_text(path.read_text().replace(f'"labels_flipped": {rec.phases[0].labels_flipped}',
                                              '"labels_flipped": 1'))
     with pytest.raises(PlanMismatchError, match="sha256 mismatch"):
         load_record(path)
@@ -243,7 +248,8 @@ def test_cli_train_and_baseline(data, tmp_path, runner):
                               str(tmp_path / "base" / "run.json"), "--json"])
     assert out.exit_code == 0, out.output
     rec = json.loads(out.stdout)
-    assert rec["plan_sha256"] and "relative_auc_loss" in rec["metrics"]["eval"]
+    assert rec["plan_sha256"] and "relative_auc_loss" in rec["private_record"]["metrics"]["eval"]
+    assert "metrics" not in rec and "data" not in rec  # the public record holds no data statistics
     bad = runner.invoke(cli, ["train", str(plan_path), "--data", str(root / "eval.parquet"), "--out",
                               str(tmp_path / "x")])
     assert bad.exit_code == 2 and "the plan accounts N = 5000" in bad.stderr
@@ -286,8 +292,8 @@ def test_vocabulary_encoding_trains_and_is_kept(data, tmp_path):
     settings = dataclasses.replace(FAST, nonsensitive_encoding="vocab", vocab_threshold=3)
     rec = execute_plan(rr_plan(5000), root / "train.parquet", eval_path=root / "eval.parquet",
                        out_dir=tmp_path / "run", settings=settings)
-    assert rec.training["encoding"]["nonsensitive"]["encoding"] == "vocab"
-    assert "vocabulary" not in rec.training["encoding"]
+    assert rec.private_part.encoding["nonsensitive"]["encoding"] == "vocab"
+    assert "vocabulary" not in rec.private_part.encoding
     vocab = json.loads((tmp_path / "run" / "vocabulary.json").read_text())
     assert set(vocab) == set(SYNTH_FEATURES.nonsensitive_categorical)
     assert 0 <= rec.metrics["eval"]["auc"] <= 1

@@ -314,11 +314,9 @@ def test_run_walr_record(planned):
     X, y, par = planned
     theta, rec = run_walr(X, y, None, par, Randomness(1), steps=50, minibatch=256, lr=0.5)
     assert theta.shape == (par.features,)
-    assert {"rows", "rows_clipped", "weights_clipped", "noise_std", "noise_draws", "release_seconds", "fit_steps",
-            "fit_seconds"} <= set(rec)
-    assert rec["rows"] == 4000 and rec["rows_clipped"] == 10 and rec["weights_clipped"] == 0
-    assert rec["noise_std"] == par.noise_std and rec["noise_draws"] == 20 and rec["fit_steps"] == 50
-    assert rec["max_contribution"] <= par.sensitivity
+    assert rec.rows == 4000 and rec.rows_clipped == 10 and rec.weights_clipped == 0
+    assert rec.noise_std == par.noise_std and rec.noise_draws == 20 and rec.fit_steps == 50
+    assert rec.max_contribution <= par.sensitivity
 
 
 def test_seeded_runs_reproduce_and_csprng_runs_do_not(planned):
@@ -326,8 +324,8 @@ def test_seeded_runs_reproduce_and_csprng_runs_do_not(planned):
     a, ra = run_walr(X, y, None, par, Randomness(7), steps=20, minibatch=64, lr=0.5)
     b, rb = run_walr(X, y, None, par, Randomness(7), steps=20, minibatch=64, lr=0.5)
     assert torch.equal(a, b)
-    timing = {"release_seconds", "fit_seconds"}
-    assert {k: v for k, v in ra.items() if k not in timing} == {k: v for k, v in rb.items() if k not in timing}
+    assert dataclasses.replace(ra, release_seconds=0, fit_seconds=0) == dataclasses.replace(rb, release_seconds=0,
+                                                                                             fit_seconds=0)
     c, _ = run_walr(X, y, None, par, Randomness(), steps=20, minibatch=64, lr=0.5)
     d, _ = run_walr(X, y, None, par, Randomness(), steps=20, minibatch=64, lr=0.5)
     assert not torch.equal(c, d) and not torch.equal(a, c)

@@ -1,7 +1,12 @@
-"""A fingerprint of the data a run trained on: row count and sha256 of the used columns.
+"""A keyed fingerprint of the data a run trained on: row count and HMAC-SHA256 of the used columns.
 
-The run record carries it so an auditor can tell whether two runs saw the same data. The
-digest covers the selected columns' names, Arrow types and every value (nulls included), in
+The private run record carries it so that the data owner, or an auditor the owner gives
+the key to, can tell whether a run saw given data. It is keyed because a plain hash of the
+data would leak: anyone who knew every row but one could recover the missing label by
+hashing the candidates. With a 256-bit secret key the digest says nothing to whoever does
+not hold the key. The key's id (a hash of the key, not the key) names which key made it.
+
+The digest covers the selected columns' names, Arrow types and every value (nulls included), in
 the order given (the spec's order), serialised as an Arrow IPC stream: change one value, one
 type, the column order or the row order and the digest changes.
 
@@ -18,9 +23,49 @@ import hashlib
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["fingerprint", "WINDOW"]
+__all__ = ["fingerprint", "WINDOW", "KEY_BYTES", "new_key", "read_key", "write_key", "key_id"]
 
 WINDOW = 1 << 20  # rows per serialised batch; part of the digest's definition
+KEY_BYTES = 32    # a fresh key; a key read from a file must have at least MIN_KEY_BYTES
+MIN_KEY_BYTES = 16
+
+
+def new_key() -> bytes:
+    """A fresh random key from the operating system's CSPRNG."""
+    import secrets
+
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def key_id(key: bytes) -> str:
+    """A public name for ``key``: 16 hex digits of a domain-separated hash (reveals nothing of the key)."""
+    return hashlib.sha256(b"budgetplan fingerprint key id\0" + key).hexdigest()[:16]
+
+
+def read_key(path) -> bytes:
+    """The key in file ``path`` (raw bytes, at least MIN_KEY_BYTES)."""
+    from pathlib import Path
+
+    try:
+        key = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read the fingerprint key {path}: {exc.strerror or exc}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise InvalidParameterError(f"the fingerprint key {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} "
+                                    "random bytes are needed")
+    return key
+
+
+def write_key(path, key: bytes) -> None:
+    """Write ``key`` to ``path``, readable by its owner only."""
+    import os
+
+    from budgetplan._files import atomic_output
+
+    with atomic_output(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
 
 
 class _HashSink:
@@ -44,13 +89,14 @@ class _HashSink:
         return True
 
 
-def fingerprint(table, columns) -> dict:
-    """``{"rows": N, "sha256": hex, "columns": [...]}`` over ``columns`` of ``table``.
+def fingerprint(table, columns, key: bytes) -> dict:
+    """``{"rows": N, "hmac_sha256": hex, "key_id": id, "columns": [...]}`` over ``columns`` of ``table``.
 
     Args:
         table: a ``pyarrow.Table``.
         columns: the column names to cover, in order (e.g. ``FeatureSpec.columns``); repeats
             are dropped.
+        key: the data owner's secret key (``new_key()``, ``read_key(path)``).
 
     Raises:
         InvalidParameterError: a named column is not in the table.
@@ -68,7 +114,11 @@ def fingerprint(table, columns) -> dict:
     # A canonical schema: no metadata, every field nullable, so only names, types and
     # values count.
     schema = pa.schema([pa.field(f.name, f.type) for f in selected.schema])
-    digest = hashlib.sha256()
+    import hmac
+
+    if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
+        raise InvalidParameterError(f"fingerprint: the key must be at least {MIN_KEY_BYTES} bytes")
+    digest = hmac.new(key, digestmod=hashlib.sha256)
     sink = pa.PythonFile(_HashSink(digest), mode="w")
     with pa.ipc.new_stream(sink, schema) as writer:
         for start in range(0, selected.num_rows, WINDOW):
@@ -78,4 +128,4 @@ def fingerprint(table, columns) -> dict:
             batch = pa.record_batch([pa.concat_arrays(c.chunks) if c.num_chunks else pa.array([], c.type)
                                      for c in window.columns], schema=schema)
             writer.write_batch(batch)
-    return {"rows": int(table.num_rows), "sha256": digest.hexdigest(), "columns": names}
+    return {"rows": int(table.num_rows), "hmac_sha256": digest.hexdigest(), "key_id": key_id(key), "columns": names}

@@ -1,0 +1,114 @@
+"""Turn what ran into the run record: the public entries and the data owner's statistics.
+
+Each phase executor returns what its session did (``RRResult``, ``DPSGDResult``,
+``WALRResult``, a baseline's fit history); here each becomes a public record entry, which
+holds only what the guarantee covers or what does not depend on the data, and a private
+statistics entry. Step counts and batch sizes of the DP-SGD phase come from the run's
+write-ahead ledger when there is one, so they cover every session of an interrupted and
+resumed run, counted exactly as the auditor counts them (``budgetplan.ledger``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from budgetplan._code import code_fingerprint
+from budgetplan.ledger import LedgerView
+from budgetplan.records import (
+    BaselineRun,
+    BaselineStats,
+    DPSGDRun,
+    DPSGDStats,
+    PrivateRecord,
+    RRRun,
+    RRStats,
+    RunRecord,
+    WALRRun,
+    WALRStats,
+    finite_or_none,
+)
+
+__all__ = ["rr_entry", "dpsgd_entry", "walr_entry", "baseline_entry", "build_record", "versions"]
+
+
+def versions() -> dict:
+    out = {}
+    for name in ("budgetplan", "dp-accounting", "torch", "numpy", "pyarrow"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def rr_entry(result) -> tuple[RRRun, RRStats]:
+    """The RR phase. With one flip probability for every row, the count of flips is a
+    Binomial(N, rho) draw independent of the data and is public; under eps/K_i each row's
+    probability depends on its unit's size, so the count and the mean probability are private."""
+    uniform = result.flip_probability is not None
+    public = RRRun(
+        labels=result.labels, labels_flipped=result.labels_flipped if uniform else None,
+        flip_probability=result.flip_probability, per_impression_rule=result.per_impression_rule,
+        release_sha256=result.release_sha256, epochs=result.epochs, batch_size=result.batch_size,
+        batches=result.batches, loss=result.loss, epoch_loss=tuple(finite_or_none(x) for x in result.epoch_loss),
+        model="truncated", seconds=result.seconds)
+    stats = RRStats() if uniform else RRStats(labels_flipped=result.labels_flipped,
+                                              flip_probability_mean=result.flip_probability_mean)
+    return public, stats
+
+
+def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | None) -> tuple[DPSGDRun, DPSGDStats]:
+    """The DP-SGD phase over all of the run's sessions (from the ledger), or this one (no ledger)."""
+    if ledger is not None:
+        executed, sizes = ledger.count("dpsgd"), ledger.batch_sizes("dpsgd")
+        sessions, lost = ledger.sessions, ledger.steps_lost("dpsgd")
+    else:
+        executed, sizes = result.start_step + result.steps_taken, list(result.batch_sizes)
+        sessions, lost = 1, 0
+    public = DPSGDRun(
+        steps_planned=result.steps_planned, steps_executed=executed, steps_this_session=result.steps_taken,
+        sessions=sessions, steps_lost_to_interruptions=lost, batch_sizes_observed=len(sizes),
+        batch_size_expected=result.expected_batch_size, batch_size_sum=sum(sizes),
+        batch_size_sumsq=sum(s * s for s in sizes), batch_size_min=min(sizes) if sizes else None,
+        batch_size_max=max(sizes) if sizes else None, batches_truncated=result.batches_truncated,
+        truncated=result.truncated, noise_std=result.noise_std, noise_multiplier=result.noise_multiplier,
+        clipping_norm=result.clipping_norm, sampling_rate=result.sampling_rate, noise_draws=result.noise_draws,
+        trainable_parameters=result.trainable_parameters, model=result.model, nonsensitive_tower=nonsensitive_tower,
+        chunks=result.chunks, padded_size=result.padded_size, settings=result.settings, seconds=result.seconds,
+        peak_memory=result.peak_memory)
+    return public, DPSGDStats(clipped_fraction=result.clipped_fraction)
+
+
+def walr_entry(result, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:
+    public = WALRRun(rows=result.rows, releases=1, release_sha256=release_sha256, noise_std=result.noise_std,
+                     noise_draws=result.noise_draws, sensitivity=result.sensitivity,
+                     release_seconds=result.release_seconds, fit_steps=result.fit_steps,
+                     fit_seconds=result.fit_seconds)
+    return public, WALRStats(rows_clipped=result.rows_clipped, weights_clipped=result.weights_clipped,
+                             max_contribution=result.max_contribution)
+
+
+def baseline_entry(history: dict, *, epochs: int, batch_size: int, model: str) -> tuple[BaselineRun, BaselineStats]:
+    return (BaselineRun(epochs=epochs, batch_size=batch_size, batches=history["batches"], model=model),
+            BaselineStats(epoch_loss=tuple(finite_or_none(x) for x in history["epoch_loss"])))
+
+
+def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, seeds: dict, model: dict,
+                 training: dict, ledger: LedgerView | None, timings: dict, device: str, algorithm: str | None = None,
+                 notes: tuple[str, ...] = ()) -> RunRecord:
+    """The public record and its private part, linked by the private part's hash.
+
+    Args:
+        plan: the executed plan, or None for a non-private baseline.
+        entries: (public entry, private statistics) per phase, in order.
+        data: path, format, rows_in, rows_used, capping and the keyed fingerprint.
+    """
+    private_part = PrivateRecord(plan_sha256=plan.sha256 if plan is not None else None, data=data,
+                                 phases=tuple(s for _, s in entries), metrics=metrics, encoding=encoding)
+    return RunRecord(
+        plan_sha256=plan.sha256 if plan is not None else None, private=plan is not None,
+        algorithm=algorithm or plan.scenario.algorithm, rows_used=data["rows_used"], seeds=seeds,
+        phases=tuple(p for p, _ in entries), model=model, training=training,
+        ledger={"head": ledger.head, "lines": len(ledger.entries)} if ledger is not None else None,
+        code=code_fingerprint(), timings=timings, device=device, versions=versions(),
+        private_sha256=private_part.sha256, notes=notes, private_part=private_part)

@@ -56,6 +56,10 @@ class Session:
         try:
             if not resume and ledger_path.exists():
                 raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
+            # A process killed mid-write (kill -9 cannot be cleaned up after) leaves its temporary
+            # file; holding the lock, no other writer can own one, so they are removed here.
+            for stale in self.dir.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
         except BaseException:
             self.lock.release()

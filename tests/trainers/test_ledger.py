@@ -140,6 +140,48 @@ def test_killed_run_resumes_with_the_ledger_count(dp_setup, tmp_path):
     assert load_record(out).sha256 == rec.sha256
 
 
+def _train(root, out, *, resume):
+    cmd = [sys.executable, "-m", "budgetplan", "train", str(root / "plan.json"), "--data",
+           str(root / "train.parquet"), "--out", str(out), "--embedding-dim", "4", "--checkpoint-every", "10",
+           "--json"] + (["--resume"] if resume else [])
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_ten_kills_at_random_points_then_the_audit_passes(dp_setup, tmp_path):
+    """kill -9 at random points of the DP-SGD phase, ten times; every state audits clean, and so does the end."""
+    import random
+
+    from budgetplan.audit import audit_run
+    from budgetplan.ledger import read_ledger
+
+    root, plan = dp_setup
+    out = tmp_path / "run"
+    rng = random.Random(20261122)
+    for round_ in range(10):
+        proc = _train(root, out, resume=round_ > 0)
+        target = _intents(out / "ledger.jsonl") + rng.randint(3, 30)
+        deadline = time.time() + 120
+        while _intents(out / "ledger.jsonl") < target and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.02))  # anywhere within a step: sampling, clipping, a checkpoint write
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (out / "run.json").exists()
+        interrupted = audit_run(out)
+        assert interrupted.status == "interrupted" and interrupted.passed, interrupted.to_dict()
+    rec = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
+                       resume=True)
+    assert not list(out.glob(".*.tmp"))
+    view = read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
+    dp = rec.phases[-1]
+    assert dp.sessions == view.sessions == 11 and dp.steps_executed == 400
+    assert dp.steps_lost_to_interruptions == view.steps_lost() > 0
+    assert dp.batch_sizes_observed >= 400 - 11  # at most one torn intent per session lacks its size
+    report = audit_run(out)
+    assert report.passed, [c for c in report.checks if not c.passed]
+
+
 def test_concurrent_writer_is_refused(dp_setup, tmp_path):
     root, plan = dp_setup
     out = tmp_path / "run"

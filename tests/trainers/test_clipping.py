@@ -496,3 +496,36 @@ def test_float32_default():
     out = clipped_gradient_sum(model, LOSS, inputs, targets.float(), mask=mask.float(), clipping_norm=0.1)
     assert out["norms"].dtype == torch.float32
     assert all(p.grad.dtype == torch.float32 and p.grad.shape == p.shape for p in model.parameters())
+
+
+def _contribution_norms(model, inputs, targets, c):
+    """Each row alone through the clipping code (float32); its contribution's norm measured in float64."""
+    out = []
+    for i in range(targets.shape[0]):
+        row = tuple(x[i:i + 1] for x in inputs)
+        clipped_gradient_sum(model, LOSS, row, targets[i:i + 1], mask=torch.ones(1), clipping_norm=float(c[i]))
+        out.append(float(torch.sqrt(sum(p.grad.double().square().sum() for p in model.parameters()))))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("margin_ulps, holds", [(None, True), (0, False)])
+def test_float32_contributions_never_exceed_c(monkeypatch, margin_ulps, holds):
+    """At C equal to the computed norm (the boundary), float32 rounding must not push a contribution past C.
+
+    With the margin switched off the same measurement finds contributions above C: the test
+    can fail, and the margin is what makes it pass.
+    """
+    import trainers.clipping as clipping
+
+    if margin_ulps is not None:
+        monkeypatch.setattr(clipping, "CLIP_MARGIN_ULPS", margin_ulps)
+    model = build_model("mlp", **SHAPE, **SMALL["mlp"])
+    inputs, targets, _ = batch(rows=64, real=64, seed=3)
+    inputs = (inputs[0], inputs[1].float(), inputs[2], inputs[3].float())
+    targets = targets.float()
+    norms = clipped_gradient_sum(model, LOSS, inputs, targets, mask=torch.ones(64), clipping_norm=1e30)["norms"]
+    worst = 0.0
+    for scale in (1.0, 1 - 2**-24, 1 + 2**-24, 0.5):
+        c = (norms.double() * scale).float().double()  # C exactly representable, on or next to the boundary
+        worst = max(worst, float((_contribution_norms(model, inputs, targets, c) / c).max()))
+    assert (worst <= 1.0) == holds, worst

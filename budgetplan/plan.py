@@ -76,6 +76,15 @@ class Plan:
         return self.total
 
     @property
+    def nonsensitive_fixed(self) -> bool:
+        """Whether the adjacency holds the non-sensitive features fixed (so they may be used as public).
+
+        Label DP (RR, WALR) and semi-sensitive DP (Hybrid) change only labels and sensitive
+        features; plain DP-SGD protects whole examples, non-sensitive columns included.
+        """
+        return self.scenario.algorithm in ("rr", "walr", "hybrid") and self.adjacency is Adjacency.REPLACE_ONE
+
+    @property
     def rr(self) -> RRPhase | None:
         """The randomized-response phase, if the plan has one."""
         return next((p for p in self.phases if isinstance(p, RRPhase)), None)

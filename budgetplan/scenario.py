@@ -489,6 +489,10 @@ def _check_consistency(*, epsilon, delta, policy, adjacency, unit_name, cap, n, 
         raise InvalidParameterError(
             f"[privacy].adjacency must be replace-one for algorithm {algorithm!r}: randomized response protects "
             "labels, a replace-one relation")
+    if algorithm == "walr" and adjacency is not Adjacency.REPLACE_ONE:
+        raise InvalidParameterError(
+            "[privacy].adjacency must be replace-one for algorithm 'walr': WALR's descent reads every row's "
+            "features without noise, so only a change of labels (label DP) is protected, not a row's presence")
     if algorithm != "hybrid":
         if split is not None:
             raise InvalidParameterError(f"[algorithm].split applies to hybrid only, not {algorithm!r}")

@@ -77,7 +77,9 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                         f"probability q = {_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
                 if sgd.max_batch_size:
                     text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
-                text += (f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}, adds "
+                text += (f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)} (scaled to "
+                         "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
+                         "contribution past C), adds "
                          f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
                          f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by the "
                          f"expected batch size q N.")
@@ -152,8 +154,9 @@ def _assumptions(plan: Plan) -> list[str]:
         out.append(_item(f"The dataset has N = {plan.dataset_size} rows, as planned; a trainer refuses other "
                          "sizes."))
     if plan.rr is not None:
-        out.append(_item("Labels are randomised once, by a cryptographically secure generator; training any number "
-                         "of epochs on them is post-processing. Drawing new noisy labels would be a new release."))
+        out.append(_item("Labels are randomised once, with coin flips drawn directly from the operating system's "
+                         "CSPRNG; training any number of epochs on them is post-processing. Drawing new noisy "
+                         "labels would be a new release."))
     if plan.walr is not None:
         out.append(_item("The released sum is formed once, from rows clipped as stated; the bound on every row is "
                          "enforced by the trainer, not assumed of the data."))
@@ -167,9 +170,15 @@ def _not_covered(plan: Plan) -> list[str]:
     if plan.tuning is None:
         out.append(_item("Hyperparameter tuning: none is declared. Trying several configurations on this data and "
                          "keeping the best spends more privacy; declare it in [tuning] to have it accounted."))
-    out.append(_item("Data-dependent preprocessing (vocabularies or frequency thresholds counted on sensitive data, "
-                     "normalisation by data statistics, the choice of the cap from the data) unless it is done on "
-                     "public or non-sensitive information."))
+    out.append(_item("Data-dependent preprocessing of protected data (vocabularies or frequency thresholds counted "
+                     "on protected columns, normalisation by data statistics, the choice of the cap from the "
+                     "data). The trainer refuses a vocabulary unless the adjacency holds the columns it is counted "
+                     "on fixed (non-sensitive columns under label or semi-sensitive DP)."))
+    out.append(_item(f"The dataset size: N = {plan.dataset_size} is treated as public. The plan states it and the "
+                     "trainer uses it (q = B / N, and the division by q N)"
+                     + (", so under add-remove adjacency, where the presence of a unit is protected, the exact N "
+                        "is revealed by the plan and not covered by the guarantee." if plan.adjacency.value ==
+                        "add-remove" else "; under replace-one adjacency N is the same for neighbouring datasets.")))
     out.append(_item("Anything released outside this plan from the same data, including evaluation metrics computed "
                      "on private labels, and other analyses of the same units: they compose with it."))
     return out
@@ -178,8 +187,11 @@ def _not_covered(plan: Plan) -> list[str]:
 def _caveats(plan: Plan) -> list[str]:
     return [
         _item("Floating point: noise is drawn and added in floating point; the guarantee is for the ideal "
-              "real-valued mechanism (Mironov 2012 showed that naive floating-point Laplace sampling can leak). "
-              "Noise comes from the operating system's CSPRNG; a seeded, reproducible run is for debugging only."),
+              "real-valued mechanism (Mironov 2012 showed that naive floating-point Laplace sampling can leak)."),
+        _item("Randomness: label flips come from the operating system's CSPRNG directly; Gaussian noise and "
+              "Poisson samples come from torch generators seeded with 63 fresh bits of it per run, which are "
+              "statistically sound but not cryptographic generators. A seeded, reproducible run is for "
+              "debugging only: whoever knows the seed can remove the noise."),
         _item("The epsilons above are upper bounds: PLD accounting is pessimistic at its grid; closed forms are exact; "
               "calibrated values are rounded to the safe side."),
     ]
@@ -197,6 +209,53 @@ def _accountants(plan: Plan) -> list[str]:
     return [_item(text)]
 
 
+def _artifacts(plan: Plan) -> list[str]:
+    """What each file of a run reveals, and whether the guarantee covers it."""
+    facts = []
+    if plan.dpsgd is not None:
+        facts.append(", the noisy steps taken and every step's Poisson batch size (drawn before any row is read), "
+                     "the noise std and draws")
+    if plan.rr is not None:
+        facts.append(", the flip probability and the count of flipped labels (flips do not depend on the labels; "
+                     "under eps/K_i they depend on unit sizes and the count stays private)")
+    if plan.walr is not None:
+        facts.append(", the release's noise std and dimension")
+    out = [
+        _item("plan.json and this statement: public; the parameters above, N, the feature columns and the "
+              "guarantee. They are chosen before the data is read (except N, see above)."),
+        _item("model.pt, checkpoint.pt and everything computed from them: covered by the guarantee "
+              "(post-processing of the mechanisms' outputs)."),
+        _item("run.json, the public run record: what it holds is covered or independent of the data: the plan "
+              "hash" + "".join(facts) + ", settings, code and library versions. It may travel with the model."),
+        _item("ledger.jsonl, the write-ahead ledger: intents" + (", batch sizes" if plan.dpsgd else "")
+              + " and release digests; public like run.json."),
+        _item("private/: the data owner's record (data path and row counts, capping statistics, the keyed data "
+              "fingerprint, the fraction of clipped examples, metrics on private labels) and the fingerprint "
+              "key. These are statistics of the private data that the guarantee does NOT cover: they stay "
+              "with the data owner."),
+    ]
+    if plan.rr is not None:
+        out.append(_item("rr_labels.npy: the randomised labels themselves, the RR release (covered by its "
+                         "guarantee), indexed by row: it stays with the data."))
+    if plan.walr is not None:
+        out.append(_item("walr_sum.npy: the one noisy release (covered)."))
+    return out
+
+
+def _columns(plan: Plan) -> list[str]:
+    spec = plan.scenario.features
+    if spec is None:
+        return []
+    public = list(spec.nonsensitive)
+    if plan.scenario.algorithm == "dpsgd":
+        return [_item(f"Columns: every column of an example is protected (label {spec.label!r}, features "
+                      f"{', '.join(map(repr, spec.nonsensitive + spec.sensitive))}).")]
+    protected = [spec.label] + list(spec.sensitive) if plan.scenario.algorithm == "hybrid" else [spec.label]
+    known = public if plan.scenario.algorithm == "hybrid" else public + list(spec.sensitive)
+    return [_item(f"Columns protected: {', '.join(map(repr, protected))}; treated as known to an adversary: "
+                  f"{', '.join(map(repr, known)) or 'none'}.")]
+
+
 def render_statement(plan: Plan) -> str:
     """The privacy statement of ``plan`` as plain text."""
     g = plan.guarantee
@@ -212,12 +271,13 @@ def render_statement(plan: Plan) -> str:
                                _item(f"Adjacency: {plan.adjacency.value}."),
                                _item(f"Budget: epsilon {_num(plan.epsilon)}, delta {_num(plan.delta, 4)}"
                                      + (f" ({plan.scenario.delta})" if isinstance(plan.scenario.delta, str) else "")
-                                     + ".")]),
+                                     + "."), *_columns(plan)]),
         ("Mechanisms", _mechanism_lines(plan)),
         ("Composition", _composition_lines(plan)),
         ("Accounting", _accountants(plan)),
         ("The guarantee assumes", _assumptions(plan)),
         ("Not covered", _not_covered(plan)),
+        ("What each artifact of a run reveals", _artifacts(plan)),
         ("Caveats", _caveats(plan)),
     ]
     if plan.unit_alternatives:

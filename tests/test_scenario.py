@@ -147,3 +147,20 @@ epochs = 1
 batch_size = 10
 """
     return parse_scenario(base + features_toml).features
+
+
+def test_walr_is_refused_under_add_remove(runner):
+    """WALR's descent reads every row's features without noise: only label changes are protected."""
+    from budgetplan.cli import cli
+
+    text = edit(examples.text("walr"), 'adjacency = "replace-one"', 'adjacency = "add-remove"')
+    with pytest.raises(InvalidParameterError, match="must be replace-one for algorithm 'walr'.*presence"):
+        parse_scenario(text)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "walr.toml"
+        path.write_text(text)
+        out = runner.invoke(cli, ["plan", str(path), "-o", str(Path(tmp) / "plan.json")])
+        assert out.exit_code == 2 and "replace-one" in out.stderr and not (Path(tmp) / "plan.json").exists()

@@ -269,6 +269,11 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
     if resume and out is None:
         raise InvalidParameterError("resume needs the run directory (--out) of the interrupted run")
+    if settings.nonsensitive_encoding == "vocab" and not plan.nonsensitive_fixed:
+        raise UnsupportedError(
+            f"--encoding vocab counts values in the training data; under this plan's {plan.adjacency.value} "
+            f"{plan.scenario.algorithm} adjacency the non-sensitive columns are protected too, so a vocabulary "
+            "built from them would be data-dependent preprocessing no plan accounts for: use --encoding hash")
     rnd = Randomness(seed)
     device = _device(settings.device)
     t0 = time.perf_counter()

@@ -297,3 +297,24 @@ def test_vocabulary_encoding_trains_and_is_kept(data, tmp_path):
     vocab = json.loads((tmp_path / "run" / "vocabulary.json").read_text())
     assert set(vocab) == set(SYNTH_FEATURES.nonsensitive_categorical)
     assert 0 <= rec.metrics["eval"]["auc"] <= 1
+
+
+def test_vocabulary_is_refused_where_the_adjacency_protects_the_columns(data, tmp_path):
+    """Plain DP-SGD protects whole examples: a vocabulary counted on any column would leak."""
+    import dataclasses
+
+    from budgetplan.errors import UnsupportedError
+
+    root, _ = data
+    plan = hybrid_plan(5000, "alpha=0")  # DP-SGD inside a semi-sensitive plan: non-sensitive columns fixed
+    assert plan.nonsensitive_fixed
+    text = demo_scenario(epsilon=4.0, dataset_size=5000, spec=SYNTH_FEATURES).replace(
+        'name = "rr"', 'name = "dpsgd"').replace("delta = 0.0", "delta = 1e-6").replace(
+        'adjacency = "replace-one"', 'adjacency = "add-remove"')
+    text = text.replace("[rr]\nepochs = 3\nbatch_size = 1024\n", "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
+    full_dp = build_plan(parse_scenario(text))
+    assert not full_dp.nonsensitive_fixed
+    vocab = dataclasses.replace(FAST, nonsensitive_encoding="vocab")
+    with pytest.raises(UnsupportedError, match="--encoding vocab.*add-remove"):
+        execute_plan(full_dp, root / "train.parquet", out_dir=tmp_path / "run", settings=vocab)
+    assert not (tmp_path / "run").exists()

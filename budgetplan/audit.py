@@ -5,7 +5,8 @@ its checks need, the write-ahead ledger must be there and intact, and anything m
 unknown or malformed is a failing check that names it: a check never passes because its
 evidence is absent. Each check is named and independent:
 
-1. ``plan verifies``: hash, schema and every recomputed number (``verify``).
+1. ``plan verifies``: hash, schema and every recomputed number (``verify``), and, given the
+   signed-off scenario, that the plan embeds exactly it.
 2. ``record is well-formed``: the public record (and the private one, when present) read
    strictly; the two name each other.
 3. ``record names the plan``: the plan's hash, a private run, the plan's algorithm, its N,
@@ -106,7 +107,7 @@ def _find_plan(record_path: Path, plan_path) -> Plan:
 
 
 def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto", fingerprint_key=None,
-              empirical: bool = False, alpha: float = ALPHA) -> AuditReport:
+              empirical: bool = False, alpha: float = ALPHA, signed=None) -> AuditReport:
     """Run every check on the run at ``record_path`` (a run directory or its run.json).
 
     Args:
@@ -114,6 +115,7 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
         data_path: the training data, to recompute the keyed fingerprint (needs the private
             record and the key: ``fingerprint_key`` bytes, default ``private/fingerprint.key``).
         empirical: also run the empirical lower bounds on the installed trainer code.
+        signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
     """
     from budgetplan.verify import verify_plan
 
@@ -122,7 +124,7 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     plan = _find_plan(record_path, plan_path)
     report = AuditReport(record=str(record_path), plan_sha256=plan.sha256)
     add = report.checks.append
-    verified = verify_plan(plan)
+    verified = verify_plan(plan, signed=signed)
     add(Check("plan verifies", verified.ok, "hash, schema and recomputed numbers hold" if verified.ok
               else "; ".join(verified.problems[:3])))
     record_file = record_path if record_path.suffix == ".json" and not record_path.is_dir() else run_dir / "run.json"

@@ -9,7 +9,12 @@ Checks, in order (each failure names what differs):
 3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
    basic and PLD totals and the tuning accounting recomputed, all within tolerance of
    what the plan states and within the plan's budget;
-4. the scenario: re-planning the embedded scenario gives the same parameters.
+4. the scenario: re-planning the embedded scenario gives the same parameters;
+5. given the scenario the privacy engineer signed off (``signed``), the plan's embedded
+   scenario is that one, field by field. A plan is its own authority on everything but
+   this: a forger who re-hashes a plan after moving a sensitive column into the
+   non-sensitive group, or after raising the budget, produces a plan that verifies
+   internally; only a comparison with the signed-off scenario shows it.
 
 Numbers are compared to a relative 1e-9 when the library versions match the plan's, and
 1e-6 otherwise (a newer back-end may round differently; the version change is reported).
@@ -48,15 +53,16 @@ class VerifyReport:
                 "notes": self.notes}
 
 
-def verify_file(path: str | Path, *, replan: bool = True) -> VerifyReport:
+def verify_file(path: str | Path, *, replan: bool = True, signed=None) -> VerifyReport:
     try:
         plan = load_plan(path)
     except PlanMismatchError as exc:
         return VerifyReport(None, exc.problems, [])
-    return verify_plan(plan, replan=replan)
+    return verify_plan(plan, replan=replan, signed=signed)
 
 
-def verify_plan(plan: Plan, *, replan: bool = True) -> VerifyReport:
+def verify_plan(plan: Plan, *, replan: bool = True, signed=None) -> VerifyReport:
+    """Check ``plan``; ``signed`` is the Scenario it must have been planned from, if given."""
     from budgetplan.planner import check_within_budget
 
     problems: list[str] = []
@@ -90,7 +96,25 @@ def verify_plan(plan: Plan, *, replan: bool = True) -> VerifyReport:
     problems += check_within_budget(plan)
     if replan and not problems:
         _check_replan(plan, close, problems)
+    if signed is not None:
+        problems += _check_signed(plan, signed)
     return VerifyReport(plan, problems, notes)
+
+
+def _check_signed(plan: Plan, signed) -> list[str]:
+    """Every field of the embedded scenario that differs from the signed-off one, named."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    mine, theirs = flat(plan.scenario.to_dict()), flat(signed.to_dict())
+    return [f"scenario.{key}: the plan has {mine.get(key)!r}, the signed-off scenario {theirs.get(key)!r}"
+            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
 
 
 def _check_parameters(plan: Plan, close, problems: list[str]) -> None:

@@ -131,3 +131,31 @@ def test_round_trip_every_kind(small_plan, hybrid_plan):
               build_plan(load_scenario(examples.path("criteo-attribution-user-k10")))):
         assert Plan.from_json(p.to_json()) == p
         assert Plan.from_json(p.to_json()).to_json() == p.to_json()
+
+
+def test_verify_against_the_signed_off_scenario(tmp_path, runner):
+    """A forger moves a sensitive column into the non-sensitive group and re-hashes: only the signed scenario shows it."""
+    import hashlib
+
+    from budgetplan import examples
+    from budgetplan.cli import cli
+    from budgetplan.planner import build_plan
+    from budgetplan.plan import canonical_json
+    from budgetplan.scenario import load_scenario
+
+    scenario_path = examples.path("synthetic-hybrid")
+    plan = build_plan(load_scenario(scenario_path))
+    data = json.loads(plan.to_json())
+    features = data["scenario"]["features"]
+    features["nonsensitive_categorical"].append(features["sensitive_categorical"].pop(0))
+    body = {k: v for k, v in data.items() if k != "sha256"}
+    body["sha256"] = hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(body, sort_keys=True, indent=2, ensure_ascii=True) + "\n")
+    alone = runner.invoke(cli, ["verify", str(forged)])
+    assert alone.exit_code == 0  # internally consistent: no number depends on the column groups
+    signed = runner.invoke(cli, ["verify", str(forged), "--scenario", str(scenario_path)])
+    assert signed.exit_code == 1 and "scenario.features.sensitive_categorical" in signed.stderr
+    honest = tmp_path / "plan.json"
+    honest.write_text(plan.to_json())
+    assert runner.invoke(cli, ["verify", str(honest), "--scenario", str(scenario_path)]).exit_code == 0

@@ -122,12 +122,15 @@ def show(plan_file, as_json):
 @click.command()
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @click.option("--no-replan", is_flag=True, help="Skip re-planning the embedded scenario.")
+@click.option("--scenario", "signed", metavar="SCENARIO.toml",
+              help="The scenario that was signed off: the plan's embedded scenario must be exactly it "
+              "(catches a re-hashed plan whose columns or budget were changed).")
 @_JSON
-def verify(plan_file, no_replan, as_json):
+def verify(plan_file, no_replan, signed, as_json):
     """Recompute every guarantee of a plan; exit 1 naming each difference."""
     from budgetplan.verify import verify_file
 
-    report = verify_file(plan_file, replan=not no_replan)
+    report = verify_file(plan_file, replan=not no_replan, signed=_scenario(signed) if signed else None)
     if as_json:
         emit_json({**report.to_dict(), "file": plan_file})
     else:
@@ -220,8 +223,10 @@ def examples(name, as_json):
               help="The data owner's fingerprint key (default: private/fingerprint.key in the run directory).")
 @click.option("--format", "data_format", default="auto", show_default=True)
 @click.option("--empirical", is_flag=True, help="Also run the empirical lower bounds on epsilon (needs torch).")
+@click.option("--scenario", "signed", metavar="SCENARIO.toml",
+              help="The signed-off scenario the plan must embed exactly.")
 @_JSON
-def audit(run, plan_path, data_path, key_path, data_format, empirical, as_json):
+def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, as_json):
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
     from budgetplan.audit import audit_run
 
@@ -231,7 +236,7 @@ def audit(run, plan_path, data_path, key_path, data_format, empirical, as_json):
 
         key = read_key(key_path)
     report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, fingerprint_key=key,
-                       empirical=empirical)
+                       empirical=empirical, signed=_scenario(signed) if signed else None)
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -185,6 +185,15 @@ def _missing(name: str, what: str) -> Check:
     return Check(name, False, f"the plan has {what} but the record shows none: nothing to check it against")
 
 
+def _settled(name: str, planned, ran, what: str) -> Check | None:
+    """The check's verdict when the plan lacks the phase or the record does; None when both have it."""
+    if planned is None:
+        return Check(name, ran is None, f"no {what} planned" + ("" if ran is None else ", but one ran"))
+    if ran is None:
+        return _missing(name, f"a {what}")
+    return None
+
+
 # --------------------------------------------------------------------------- the ledger
 
 
@@ -278,10 +287,8 @@ def _steps(record: RunRecord, plan: Plan, ledger: LedgerView | None) -> Check:
 def _dpsgd_noise(record: RunRecord, plan: Plan) -> Check:
     name = "DP-SGD noise"
     planned, ran = plan.dpsgd, _entry(record, DPSGDRun)
-    if planned is None:
-        return Check(name, ran is None, "no DP-SGD phase planned" + ("" if ran is None else ", but one ran"))
-    if ran is None:
-        return _missing(name, "a DP-SGD phase")
+    if (verdict := _settled(name, planned, ran, "DP-SGD phase")) is not None:
+        return verdict
     par, problems = planned.params, []
     for label, have, want in (("noise std", ran.noise_std, par.noise_std),
                               ("noise multiplier", ran.noise_multiplier, par.noise_multiplier),
@@ -390,10 +397,8 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
 def _flips(record: RunRecord, plan: Plan, alpha: float) -> Check:
     name = "RR flips"
     planned, ran = plan.rr, _entry(record, RRRun)
-    if planned is None:
-        return Check(name, ran is None, "no RR phase planned" + ("" if ran is None else ", but one ran"))
-    if ran is None:
-        return _missing(name, "an RR phase")
+    if (verdict := _settled(name, planned, ran, "RR phase")) is not None:
+        return verdict
     par = planned.params
     if ran.labels != plan.dataset_size:
         return Check(name, False, f"{ran.labels} labels randomised; the plan accounts N = {plan.dataset_size}")
@@ -430,10 +435,8 @@ def _flips(record: RunRecord, plan: Plan, alpha: float) -> Check:
 def _walr(record: RunRecord, plan: Plan) -> Check:
     name = "WALR release"
     planned, ran = plan.walr, _entry(record, WALRRun)
-    if planned is None:
-        return Check(name, ran is None, "no WALR release planned" + ("" if ran is None else ", but one ran"))
-    if ran is None:
-        return _missing(name, "a WALR release")
+    if (verdict := _settled(name, planned, ran, "WALR release")) is not None:
+        return verdict
     par, problems = planned.params, []
     if ran.releases != 1:
         problems.append(f"{ran.releases} releases; the plan accounts one")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from budgetplan._files import atomic_output
+from budgetplan._files import atomic_output, remove_stale_temporaries
 from budgetplan.errors import InvalidParameterError
 from trainers.ledger import Ledger, LedgerError, RunLock
 
@@ -52,6 +52,8 @@ class Session:
             raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.dir)
+        # Held by us alone now: what a killed writer left half-written here can go.
+        remove_stale_temporaries(self.dir)
         try:
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
         except BaseException:

@@ -135,9 +135,9 @@ def verify(plan_file, no_replan, as_json):
             click.echo(f"{plan_file}: verified ({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}, "
                        f"sha256 {report.plan.sha256}")
         else:
-            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s)):", err=True)
-            for problem in report.problems:
-                click.echo(f"  - {problem}", err=True)
+            # one line, as every error: the problems in order, each naming what differs (--json lists them)
+            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s)): "
+                       + "; ".join(" ".join(p.split()) for p in report.problems), err=True)
     click.get_current_context().exit(0 if report.ok else 1)
 
 

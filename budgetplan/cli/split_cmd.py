@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
+from budgetplan.cli._shell import BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
 
 __all__ = ["split"]
 
@@ -34,9 +34,9 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--epsilons", help="Comma-separated total epsilons for --rule grid (default 1,3,5,10,20,30,50).")
 @click.option("--alphas", help="Comma-separated alphas for --rule grid (default 0,0.25,0.5,0.75,1).")
 @click.option("--delta", type=OPEN_UNIT, required=True)
-@click.option("--dataset-size", type=POSITIVE_INT, required=True)
-@click.option("--batch-size", type=POSITIVE_INT, required=True, help="DP-SGD expected batch size.")
-@click.option("--epochs", type=POSITIVE, help="DP-SGD epochs.")
+@click.option("--dataset-size", type=DATASET_SIZE, required=True)
+@click.option("--batch-size", type=BATCH_SIZE, required=True, help="DP-SGD expected batch size.")
+@click.option("--epochs", type=EPOCHS, help="DP-SGD epochs.")
 @click.option("--steps", type=POSITIVE_INT, help="DP-SGD steps (instead of --epochs).")
 @click.option("--rule", default="paper-v1", show_default=True,
               help='"paper-v1" (eps1 = min(0.6 eps, 3)), "alpha=<a>", "eps1=<e>", or "grid".')

@@ -26,25 +26,24 @@ _NAME_MAX = 255  # bytes in one path component on every common file system (ext4
 _TMP_SUFFIX = ".tmp"
 
 
-def _name_max(directory: Path) -> int:
-    try:
-        return os.pathconf(directory, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        return _NAME_MAX
+def _check_names(path: Path) -> None:
+    """Refuse a path component the file system cannot hold (before ``stat`` trips over it)."""
+    for part in path.parts:
+        if len(os.fsencode(part)) > _NAME_MAX:
+            raise InvalidParameterError(f"a name in the output path is longer than the file system allows "
+                                        f"({_NAME_MAX} bytes): {part[:40]}...")
 
 
 def _checked(path: str | os.PathLike) -> Path:
     if not str(path).strip():
         raise InvalidParameterError("output path is empty")
     path = Path(path)
+    _check_names(path)
     if path.is_dir():
         raise InvalidParameterError(f"output path is a directory: {path}")
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise InvalidParameterError(f"output directory does not exist: {directory}")
-    if len(os.fsencode(path.name)) > _name_max(directory):
-        raise InvalidParameterError(f"output file name is longer than the file system allows "
-                                    f"({_name_max(directory)} bytes): {path.name[:40]}...")
     return path
 
 
@@ -124,6 +123,7 @@ def check_writable(directory: str | os.PathLike) -> None:
     if not str(directory).strip():
         raise InvalidParameterError("output directory is empty")
     target = Path(directory)
+    _check_names(target)
     if target.exists() and not target.is_dir():
         raise InvalidParameterError(f"{target} exists and is not a directory")
     probe_in = target

@@ -18,6 +18,8 @@ __all__ = [
     "MAX_EMBEDDING_DIM",
     "MAX_LEARNING_RATE",
     "MAX_GRID_CELLS",
+    "MAX_WALR_FEATURES",
+    "MAX_CONFIGURATIONS",
 ]
 
 # N, rows after capping. A trillion is 200x the largest public ads log (Criteo's 1TB click
@@ -50,6 +52,14 @@ MAX_EMBEDDING_DIM = 1_024
 # Learning rates (Adam, momentum SGD): training diverges far below this; beyond it the loss
 # overflows and the run ends with nothing to record.
 MAX_LEARNING_RATE = 10.0
+
+# k, WALR's columns (intercept included): its one release is a k-vector, and the fit after
+# it holds N x k numbers; tabular ads models have tens to thousands of numeric columns.
+MAX_WALR_FEATURES = 1_000_000
+
+# Hyperparameter configurations whose selection a plan accounts: searches run tens to
+# hundreds; naive tuning splits the budget this many ways.
+MAX_CONFIGURATIONS = 10_000
 
 # Cells of a `split --rule grid` table (total epsilons x alphas): each is a calibration.
 MAX_GRID_CELLS = 200

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.plan import canonical_json, write_atomic
+from budgetplan.plan import canonical_json, parse_json, write_atomic
 
 __all__ = ["RunRecord", "load_record", "RECORD_SCHEMA_VERSION"]
 
@@ -78,10 +78,7 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, text: str) -> "RunRecord":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanMismatchError(f"run record is not valid JSON: {exc}") from None
+        data = parse_json(text, "run record")
         if data.get("schema_version") != RECORD_SCHEMA_VERSION:
             raise PlanMismatchError(f"run record schema_version {data.get('schema_version')!r} is not one this "
                                     f"budgetplan reads ({RECORD_SCHEMA_VERSION})")
@@ -101,11 +98,13 @@ def load_record(path: str | Path) -> RunRecord:
     if path.is_dir():
         path = path / "run.json"
     try:
-        text = path.read_text(encoding="ascii")
+        text = path.read_bytes().decode("ascii")
     except FileNotFoundError:
         raise InvalidParameterError(f"run record not found: {path}") from None
     except UnicodeDecodeError:
         raise PlanMismatchError(f"{path}: run record is not ASCII JSON") from None
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read run record {path}: {exc.strerror or exc}") from None
     try:
         return RunRecord.from_json(text)
     except PlanMismatchError as exc:

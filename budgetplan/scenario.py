@@ -451,7 +451,7 @@ def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int
 def _walr(top: _Table) -> WALRShape:
     t = _Table(top.get("walr", lambda n, v: v, required=True), "walr")
     shape = WALRShape(
-        features=t.get("features", _validate.positive_int, required=True),
+        features=t.get("features", _bounded(_validate.positive_int, limits.MAX_WALR_FEATURES), required=True),
         row_norm_bound=t.get("row_norm_bound", _validate.positive, required=True),
         weights_bound=t.get("weights_bound", _validate.positive, required=True),
     )
@@ -496,7 +496,8 @@ def _features(top: _Table, cap: int) -> FeatureSpec:
 def _tuning(top: _Table) -> Tuning:
     t = _Table(top.get("tuning", lambda n, v: v), "tuning")
     shape = Tuning(
-        configurations=t.get("configurations", _validate.positive_int, required=True),
+        configurations=t.get("configurations", _bounded(_validate.positive_int, limits.MAX_CONFIGURATIONS),
+                             required=True),
         selection=t.get("selection", _choice(SELECTIONS), default="naive"),
         distribution=t.get("distribution", _choice(tuple(DISTRIBUTIONS)), default="poisson"),
     )
@@ -510,7 +511,8 @@ def _check_derived(*, adjacency, cap: int, dpsgd: DPSGDShape | None, walr: WALRS
     DP-SGD's sensitivity is C (add-remove) or 2C (replace-one), K times that for a unit of K
     examples, and its noise std is sigma times C for any noise multiplier the plan may use
     (the one given, else up to the calibration's ceiling); WALR's sensitivity is
-    row_norm_bound x weights_bound, K times that per unit.
+    row_norm_bound x weights_bound, K times that per unit, and its noise std a multiple of
+    that (up to the same ceiling, for any budget the planner meets).
     """
     if dpsgd is not None:
         from budgetplan.calibrate import SIGMA_RANGE
@@ -521,10 +523,14 @@ def _check_derived(*, adjacency, cap: int, dpsgd: DPSGDShape | None, walr: WALRS
             raise InvalidParameterError(
                 f"[dpsgd].clipping_norm = {dpsgd.clipping_norm!r} is too large: the sensitivity and noise std "
                 f"derived from it (up to {factor:g} x the clipping norm) are not finite numbers")
-    if walr is not None and not math.isfinite(walr.row_norm_bound * walr.weights_bound * cap):
-        raise InvalidParameterError(
-            f"[walr].row_norm_bound = {walr.row_norm_bound!r} times [walr].weights_bound = {walr.weights_bound!r} "
-            "is too large: the release's sensitivity is not a finite number")
+    if walr is not None:
+        from budgetplan.calibrate import SIGMA_RANGE
+
+        if not math.isfinite(walr.row_norm_bound * walr.weights_bound * cap * SIGMA_RANGE[1]):
+            raise InvalidParameterError(
+                f"[walr].row_norm_bound = {walr.row_norm_bound!r} times [walr].weights_bound = "
+                f"{walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
+                f"{cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
 
 
 def _check_consistency(*, epsilon, delta, policy, adjacency, unit_name, cap, n, algorithm, split, tower, rr,

@@ -165,6 +165,10 @@ def _prepare_eval(path, spec, settings, device, vocabulary=None) -> _Prepared | 
     t0 = time.perf_counter()
     prep = _prepare(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None,
                     vocabulary=vocabulary)
+    positives = int(prep.data.label.sum().item())
+    if not 0 < positives < len(prep.data):
+        raise InvalidParameterError(f"eval data {path}: {positives} positives of {len(prep.data)} rows; AUC and "
+                                    "calibration need both classes")
     prep.timings = {"eval_prepare_seconds": time.perf_counter() - t0}
     return prep
 

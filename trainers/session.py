@@ -50,22 +50,33 @@ class Session:
             raise InvalidParameterError(f"nothing to resume in {self.dir}: it has no ledger")
         if not resume and ledger_path.exists():
             raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
+        from budgetplan.plan import write_atomic
+
+        # Nothing is spent until the ledger says so: a failure up to there (a full disk, a
+        # signal) removes what this session created, so a retry starts clean.
+        created = self.dir
+        while not created.parent.exists():
+            created = created.parent
+        created = None if self.dir.exists() else created
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.lock = RunLock(self.dir)
+        try:
+            self.lock = RunLock(self.dir)
+        except BaseException:
+            _remove(created)
+            raise
         # Held by us alone now: what a killed writer left half-written here can go.
         remove_stale_temporaries(self.dir)
         try:
+            write_atomic(self.dir / "plan.json", plan.to_json())
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
         except BaseException:
             self.lock.release()
+            _remove(created)
             raise
         self.resumed = resume
         if resume:
             self.ledger.note("resume")
         self.checkpoint_every = max(1, int(checkpoint_every))
-        from budgetplan.plan import write_atomic
-
-        write_atomic(self.dir / "plan.json", plan.to_json())
 
     # ------------------------------------------------------------- releases
 
@@ -155,6 +166,13 @@ class NullSession:
 
     def close(self) -> None:
         pass
+
+
+def _remove(directory: Path | None) -> None:
+    if directory is not None:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:

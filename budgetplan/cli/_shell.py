@@ -40,6 +40,10 @@ class Group(click.Group):
                               standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             code = exc.exit_code
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help())
+            click.echo(f"error: {exc.ctx.command_path} needs a command (listed above)", err=True)
+            code = exc.exit_code
         except click.exceptions.Abort as exc:
             terminated = isinstance(exc.__cause__, Terminated)
             click.echo("error: terminated (SIGTERM)" if terminated else "error: aborted", err=True)

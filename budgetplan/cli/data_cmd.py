@@ -18,9 +18,12 @@ def data():
 
 
 def _format_for(out: Path, given: str | None) -> str:
-    if given is not None:
-        return given
-    return "csv" if out.name.lower().endswith(".csv") else "parquet"
+    name = out.name.lower()
+    implied = "csv" if name.endswith(".csv") else "parquet" if name.endswith((".parquet", ".pq")) else None
+    if given is not None and implied is not None and given != implied:
+        # a CSV called .parquet would be read back (format auto) as a broken Parquet file
+        raise click.UsageError(f"--format {given} contradicts the --out name {out.name}")
+    return given or implied or "parquet"
 
 
 @data.command()

@@ -127,6 +127,9 @@ def verify(plan_file, no_replan, as_json):
     report = verify_file(plan_file, replan=not no_replan)
     if as_json:
         emit_json({**report.to_dict(), "file": plan_file})
+        if not report.ok:
+            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s), listed in the JSON)",
+                       err=True)
     else:
         for note in report.notes:
             warn(note)
@@ -148,28 +151,32 @@ def verify(plan_file, no_replan, as_json):
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write it here (atomically).")
 def statement(plan_file, plan_path, output):
     """The plain-language privacy statement of a plan, or of what a run actually did."""
-    import json
     from pathlib import Path
 
-    from budgetplan.plan import load_plan, write_atomic
+    from budgetplan.errors import PlanMismatchError
+    from budgetplan.plan import load_plan, parse_json, write_atomic
     from budgetplan.statement import render_run_statement, render_statement
 
     path = Path(plan_file)
     is_run = path.is_dir()
     if not is_run:
-        try:
-            is_run = "plan_sha256" in json.loads(path.read_text(encoding="ascii", errors="replace"))
-        except (OSError, ValueError):
+        try:  # a run record names its plan; anything else is read (and judged) as a plan
+            is_run = "plan_sha256" in parse_json(path.read_bytes().decode("ascii", errors="replace"), "file")
+        except (OSError, PlanMismatchError):
             is_run = False
     if is_run:
         from budgetplan.audit import _find_plan
         from budgetplan.records import load_record
 
         record = load_record(path)
-        text = render_run_statement(_find_plan(path, plan_path), record)
+        executed = _find_plan(path, plan_path)
+        if record.plan_sha256 != executed.sha256:
+            raise PlanMismatchError(f"the run record names plan {record.plan_sha256}, not {executed.sha256}: "
+                                    "give the plan it executed")
+        text = render_run_statement(executed, record)
     else:
         text = render_statement(load_plan(plan_file))
-    if output:
+    if output is not None:
         write_atomic(output, text)
     else:
         click.echo(text, nl=False)
@@ -182,7 +189,7 @@ def examples(name, as_json):
     """List the shipped example scenarios, or print one (use it as example:NAME)."""
     from budgetplan import examples as ex
 
-    if name:
+    if name is not None:
         text = ex.text(name)
         if as_json:
             emit_json({"name": name, "toml": text})
@@ -211,6 +218,8 @@ def audit(run, plan_path, data_path, data_format, empirical, as_json):
     report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, empirical=empirical)
     if as_json:
         emit_json(report.to_dict())
+        if not report.passed:
+            click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)
     else:
         rows = [[c.name, "pass" if c.passed else "FAIL", c.detail] for c in report.checks]
         rows += [[e["name"], "pass" if e["passed"] else "FAIL",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
+from budgetplan.cli._shell import (BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, console,
+                                   emit_json, warn)
+from budgetplan.limits import MAX_GRID_CELLS
 
 __all__ = ["split"]
 
@@ -65,6 +67,10 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
     if rule == "grid":
         eps_list = _floats("--epsilons", epsilons) or ((epsilon,) if epsilon else PAPER_EPSILONS)
         rules = [f"alpha={a:g}" for a in (_floats("--alphas", alphas) or PAPER_ALPHAS)]
+        if len(eps_list) * len(rules) > MAX_GRID_CELLS:
+            raise click.UsageError(f"--rule grid of {len(eps_list)} epsilons x {len(rules)} alphas is "
+                                   f"{len(eps_list) * len(rules)} calibrations: at most {MAX_GRID_CELLS} "
+                                   "(budgetplan's stated limit)")
     else:
         if epsilons or alphas:
             raise click.UsageError("--epsilons and --alphas go with --rule grid")

@@ -140,6 +140,8 @@ def _fresh_directory(name: str, path: str):
 
     from budgetplan._files import check_writable
 
+    if not path.strip():
+        raise click.UsageError(f"{name} is empty: name the directory to create")
     target = Path(path)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise click.UsageError(f"{name} {path} exists and is not an empty directory")

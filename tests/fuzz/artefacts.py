@@ -111,7 +111,7 @@ clipping_norm = 1.0
 noise_multiplier = 3.0
 
 [accounting]
-method = "rdp"
+discretization = 1e-3
 """,
 }
 
@@ -200,7 +200,11 @@ class Artefacts:
             if edit is not None:
                 rel, fn = edit
                 f = target / rel
-                f.write_bytes(fn(f.read_bytes()))
+                new = fn(f.read_bytes())
+                if new is None:
+                    f.unlink()
+                else:
+                    f.write_bytes(new)
             return
         data = source.read_bytes()
         target.write_bytes(edit(data) if edit is not None else data)
@@ -233,8 +237,25 @@ def _small_plan(algorithm: str):
     return build
 
 
+def _non_ascii_plan(a: Artefacts) -> Path:
+    text = SMALL_SCENARIOS["rr"].replace('name = "fuzz-rr"', 'name = "Anzeigen-Prüfung ✓"\ndescription = "für alle"')
+    return _write(a, "plan-non-ascii.json", _plan_of(text).to_json())
+
+
 def _train_plan(a: Artefacts) -> Path:
     return _write(a, "plan-train.json", _plan_of(train_scenario()).to_json())
+
+
+def _train_user_plan(a: Artefacts) -> Path:
+    """RR on units capped at K = 2 impressions: N is the synthetic data's row count after capping."""
+    import pyarrow.parquet as pq
+
+    from trainers.data.capping import capped_rows
+
+    ids = pq.read_table(a.path("train-parquet"), columns=["user_id"]).column("user_id").to_numpy()
+    n = capped_rows(ids, [2])["caps"][0]["rows"]
+    text = train_scenario(n).replace('unit = "impression"', 'unit = "user x time"\ncap = 2')
+    return _write(a, "plan-train-user.json", _plan_of(text).to_json())
 
 
 def _train_dpsgd_plan(a: Artefacts) -> Path:
@@ -304,7 +325,9 @@ _BUILDERS = {
     "plan-small-dpsgd": _small_plan("dpsgd"),
     "plan-small-hybrid": _small_plan("hybrid"),
     "plan-train": _train_plan,
+    "plan-non-ascii": _non_ascii_plan,
     "plan-train-dpsgd": _train_dpsgd_plan,
+    "plan-train-user": _train_user_plan,
     "train-parquet": _train_parquet,
     "eval-parquet": _eval_parquet,
     "train-csv": _train_csv,

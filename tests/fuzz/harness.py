@@ -2,16 +2,23 @@
 
 A case runs ``budgetplan.cli.cli`` through click's ``CliRunner`` (the real ``Group.main``,
 the CLI's one error boundary) with the working directory set to a fresh temporary
-directory that holds only the case's inputs. Two outcomes are allowed:
+directory that holds only the case's inputs. Three outcomes are allowed:
 
 - ``reject``: exit code 1 or 2; stderr is exactly one line starting with ``error:`` (after
-  any ``warning:`` lines); no exception escaped (no traceback); stdout carries no result;
-  the working directory is exactly as the inputs left it (no new, removed or changed file,
+  any ``warning:`` lines); no exception escaped (no traceback); the working directory is exactly as the inputs left it (no new, removed or changed file,
   no temporary file anywhere).
 - ``accept``: exit code 0; no exception; every declared output exists and is complete
   (JSON parses, a PNG ends in its IEND chunk, Parquet and CSV read back, a run directory
   holds a loadable ``run.json`` and ``model.pt``); nothing else appeared but the declared
   outputs (and what they contain); no temporary file anywhere; ``--json`` output parses.
+- ``interrupted``: a run stopped after it began spending privacy (a signal or a full disk
+  while writing its results): exit 1 or 2 and one ``error:`` line as for ``reject``; what
+  it leaves is evidence, not output: no temporary file, no ``run.json`` (the run is not
+  complete), and every file it did write whole.
+- ``clean``: either of ``accept`` or ``reject``, judged as the exit code says. Only for
+  valid but extreme inputs whose answer belongs to another module to decide (can the
+  accounting engine compute it in bounded memory, or must it refuse?): what is checked is
+  that the outcome is clean, whichever it is.
 
 Faults a case may inject (``Case.fault``) go through the one atomic-output path,
 ``budgetplan._files``, so what they test is that path and every command's handling of it:
@@ -19,7 +26,9 @@ Faults a case may inject (``Case.fault``) go through the one atomic-output path,
 - ``"enospc"``: the disk fills when the written file is committed (``_files._commit``);
 - ``"enospc-create"``: the disk is full before the first byte (``_files._create``);
 - ``"sigterm"``: SIGTERM arrives in the middle of a write;
-- ``"interrupt"``: Ctrl-C (KeyboardInterrupt) in the middle of a write.
+- ``"interrupt"``: Ctrl-C (KeyboardInterrupt) in the middle of a write;
+- ``"<fault>@<name>"``: that fault, only when the file being committed is called ``<name>``
+  (e.g. ``"sigterm@model.pt"``: a run killed while saving its model).
 
 A read-only directory is a ``Dir`` with a mode; when the tests run as root (who may write
 anywhere) the refusal the kernel would give is emulated at ``_files._create`` for paths
@@ -69,7 +78,8 @@ class Artefact:
     """A prebuilt input (see ``artefacts.py``) copied in, optionally edited first.
 
     ``edit`` maps the artefact's bytes to the bytes to write (for a directory artefact it is
-    ``(relative path, edit)``: one file inside the copied directory is rewritten).
+    ``(relative path, edit)``: one file inside the copied directory is rewritten, or removed
+    when the edit returns None).
     """
 
     path: str
@@ -103,8 +113,8 @@ class Case:
     root_ok: bool = True
 
     def __post_init__(self):
-        if self.expect not in ("reject", "accept"):
-            raise ValueError(f"{self.id}: expect must be reject or accept, got {self.expect!r}")
+        if self.expect not in ("reject", "accept", "interrupted", "clean"):
+            raise ValueError(f"{self.id}: expect must be reject, accept, interrupted or clean, got {self.expect!r}")
         object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
 
 
@@ -195,20 +205,28 @@ def _install_fault(case: Case, monkeypatch) -> None:
         monkeypatch.setattr(_files, "_create", create)
     if case.fault is None:
         return
-    if case.fault == "enospc":
+    fault, _, only = case.fault.partition("@")
+
+    def hit(path) -> bool:
+        return not only or Path(path).name == only
+
+    if fault == "enospc":
         def commit(tmp, path):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+            if hit(path):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+            return real_commit(tmp, path)
         monkeypatch.setattr(_files, "_commit", commit)
-    elif case.fault == "enospc-create":
+    elif fault == "enospc-create":
         def create_full(path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         monkeypatch.setattr(_files, "_create", create_full)
-    elif case.fault in ("sigterm", "interrupt"):
+    elif fault in ("sigterm", "interrupt"):
         def commit_interrupted(tmp, path):
-            if case.fault == "sigterm":
-                os.kill(os.getpid(), signal.SIGTERM)
-            else:
-                raise KeyboardInterrupt
+            if hit(path):
+                if fault == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                else:
+                    raise KeyboardInterrupt
             return real_commit(tmp, path)
         monkeypatch.setattr(_files, "_commit", commit_interrupted)
     else:
@@ -263,6 +281,10 @@ def _no_constants(name):
 
 
 def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
+    if case.expect == "clean":
+        from dataclasses import replace
+
+        case = replace(case, expect="accept" if out.exit_code == 0 else "reject")
     problems = []
     if out.exception is not None and not isinstance(out.exception, SystemExit):
         problems.append(f"traceback: {type(out.exception).__name__}: {out.exception}")
@@ -272,13 +294,23 @@ def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
     if temps:
         problems.append(f"temporary files left: {temps}")
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    if case.expect == "reject":
+    if case.expect in ("reject", "interrupted"):
         if out.exit_code not in (1, 2):
             problems.append(f"silently accepted: exit {out.exit_code}, expected 1 or 2")
         errors = [line for line in lines if line.startswith("error:")]
         others = [line for line in lines if not line.startswith(("error:", "warning:"))]
         if len(errors) != 1 or others or (lines and not lines[-1].startswith("error:")):
             problems.append(f"stderr is not one 'error:' line: {out.stderr!r}")
+    if case.expect == "interrupted":
+        new = sorted(set(out.after) - set(out.before))
+        if any(Path(p).name == "run.json" for p in new):
+            problems.append("an interrupted run left a run.json: it reads as complete")
+        for rel in new:
+            if out.after[rel] != "dir" and rel.endswith((".json", ".pt", ".png", ".parquet")):
+                why = _complete(root / rel)
+                if why:
+                    problems.append(why)
+    elif case.expect == "reject":
         if out.after != out.before:
             new = sorted(set(out.after) - set(out.before))
             gone = sorted(set(out.before) - set(out.after))
@@ -297,7 +329,7 @@ def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
         extra = sorted(set(out.after) - allowed)
         if extra:
             problems.append(f"undeclared files written: {extra}")
-        if "--json" in case.argv:
+        if "--json" in case.argv or (case.argv[:1] == ("plan",) and not {"-o", "--output"} & set(case.argv)):
             try:
                 json.loads(out.stdout, parse_constant=_no_constants)
             except ValueError as exc:

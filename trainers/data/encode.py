@@ -190,9 +190,10 @@ def _labels(table, name: str) -> np.ndarray:
 def _units(table, name: str):
     """Dense int64 unit ids 0..U-1 (in order of first appearance unless the column is
     dictionary-typed, then in dictionary order), and U."""
+    from trainers.data.capping import unit_ids
+
     column = _column(table, name, "unit id")
-    if column.null_count:
-        raise InvalidParameterError(f"unit id column {name!r} has a missing value")
+    unit_ids(table, name)  # refuses null and NaN ids, as capping does
     dictionary, index = _dictionary(column, name)
     counts = np.bincount(index, minlength=len(dictionary))
     if (counts == 0).any():  # a stored dictionary may hold values no row uses

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError, OutputError
 
-__all__ = ["atomic_output", "write_atomic", "check_writable", "remove_stale_temporaries"]
+__all__ = ["atomic_output", "write_atomic", "check_writable", "check_not_input", "remove_stale_temporaries"]
 
 _NAME_MAX = 255  # bytes in one path component on every common file system (ext4, xfs, APFS, NTFS)
 _TMP_SUFFIX = ".tmp"
@@ -137,6 +137,24 @@ def check_writable(directory: str | os.PathLike) -> None:
     except OSError as exc:
         raise _failure(target, exc) from None
     probe.unlink(missing_ok=True)
+
+
+def check_not_input(output: str | os.PathLike, *inputs) -> None:
+    """Refuse an output that is one of the command's inputs: writing it would destroy the input.
+
+    Raises:
+        InvalidParameterError: ``output`` names the same file as one of ``inputs`` (links
+            and relative spellings included).
+    """
+    for given in inputs:
+        if given is None:
+            continue
+        try:
+            same = os.path.samefile(output, given)
+        except OSError:  # one of them does not exist (yet): not the same file
+            continue
+        if same:
+            raise InvalidParameterError(f"the output {output} is the input {given}: writing it would destroy it")
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[str]:

@@ -22,6 +22,7 @@ from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.mechanisms import mechanism_from_dict, mechanism_to_dict
+from budgetplan.plan_schema import check_plan_types
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -163,7 +164,7 @@ class Plan:
             plan = cls.from_dict(data)
         except PlanMismatchError:
             raise
-        except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidParameterError) as exc:
             raise PlanMismatchError(f"plan does not match schema {data.get('schema_version')!r}: {exc!r}") from None
         if stored != plan.sha256:
             raise PlanMismatchError(f"sha256 mismatch: the file says {stored!r}, its content hashes to {plan.sha256}")
@@ -173,6 +174,7 @@ class Plan:
 
 
 def _load_v1(d: dict) -> Plan:
+    check_plan_types(d)
     total = d["total"]
     return Plan(
         scenario=Scenario.from_dict(d["scenario"]),

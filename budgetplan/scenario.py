@@ -278,7 +278,9 @@ class Scenario:
             data["features"] = FeatureSpec(label=f.label, unit_id=f.unit_id, weight=f.weight, **{
                 k: tuple(getattr(f, k)) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
                                                   "sensitive_categorical", "sensitive_numeric")})
-        return cls(**data)
+        scenario = cls(**data)
+        _check_derived(adjacency=scenario.adjacency, cap=scenario.cap, dpsgd=scenario.dpsgd, walr=scenario.walr)
+        return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -82,9 +82,12 @@ def _render(p, out) -> None:
 @_JSON
 def plan(scenario, output, as_json):
     """Plan SCENARIO.toml (or example:NAME): split, calibrate, account, write a hashed plan."""
+    from budgetplan._files import check_not_input
     from budgetplan.plan import write_atomic
     from budgetplan.planner import build_plan
 
+    if output is not None:
+        check_not_input(output, scenario)
     sc = _scenario(scenario)
     for w in sc.warnings:
         warn(w)
@@ -153,11 +156,14 @@ def statement(plan_file, plan_path, output):
     """The plain-language privacy statement of a plan, or of what a run actually did."""
     from pathlib import Path
 
+    from budgetplan._files import check_not_input
     from budgetplan.errors import PlanMismatchError
     from budgetplan.plan import load_plan, parse_json, write_atomic
     from budgetplan.statement import render_run_statement, render_statement
 
     path = Path(plan_file)
+    if output is not None:  # the plan or record read here, including those found beside a run
+        check_not_input(output, path, plan_path, path / "run.json", path / "plan.json", path.parent / "plan.json")
     is_run = path.is_dir()
     if not is_run:
         try:  # a run record names its plan; anything else is read (and judged) as a plan

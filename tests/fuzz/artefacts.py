@@ -319,7 +319,14 @@ def _run_baseline(a: Artefacts) -> Path:
     return out
 
 
+def _small_scenario(algorithm: str):
+    def build(a: Artefacts) -> Path:
+        return _write(a, f"scenario-small-{algorithm}.toml", SMALL_SCENARIOS[algorithm])
+    return build
+
+
 _BUILDERS = {
+    "scenario-small-rr": _small_scenario("rr"),
     "plan-rr-impression": _example_plan("rr-impression"),
     "plan-walr": _example_plan("walr"),
     "plan-small-dpsgd": _small_plan("dpsgd"),

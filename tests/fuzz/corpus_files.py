@@ -147,6 +147,64 @@ def _plan_cases() -> list[Case]:
     return cases
 
 
+def _rehashed(path: tuple, value):
+    """Set the field at ``path`` and recompute the sha256: an edit the hash alone cannot catch."""
+    def edit(data: bytes) -> bytes:
+        import hashlib
+
+        from budgetplan.plan import canonical_json
+
+        obj = json.loads(data)
+        target = obj
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        obj.pop("sha256")
+        obj["sha256"] = hashlib.sha256(canonical_json(obj).encode("ascii")).hexdigest()
+        return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True) + "\n").encode()
+    return edit
+
+
+def _field_paths(obj, path=()):
+    """Every field of a plan (the first two items of each list), the hash excluded."""
+    if path:
+        yield path
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key != "sha256":
+                yield from _field_paths(value, path + (key,))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj[:2]):
+            yield from _field_paths(value, path + (i,))
+
+
+def _rehashed_cases() -> list[Case]:
+    """Every field of a Hybrid and a WALR plan given a value of the wrong type, hash recomputed.
+
+    Each field is read by one of show, statement and verify in turn: all three must refuse
+    the plan naming the field (they share the loader), never half-read it.
+    """
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+    from tests.fuzz.artefacts import SMALL_SCENARIOS
+
+    readers = ("show", "statement", "verify")
+    cases = []
+    for artefact, algorithm, keep in (("plan-small-hybrid", "hybrid", lambda p: True),
+                                      ("plan-walr", "walr", lambda p: p[0] == "phases" or p[:2] == ("scenario", "walr"))):
+        content = build_plan(parse_scenario(SMALL_SCENARIOS[algorithm])).content()
+        for i, path in enumerate(p for p in _field_paths(content) if keep(p)):
+            current = content
+            for key in path:
+                current = current[key]
+            wrong = 5 if isinstance(current, str) else {"x": 1} if current is None else "x"
+            name = ".".join(str(k) for k in path)
+            reader = readers[i % 3]
+            cases.append(Case(id=f"plan-rehashed-{algorithm}-{name}-{reader}", argv=(reader, "plan.json"),
+                              expect="reject", inputs=(Artefact("plan.json", artefact, _rehashed(path, wrong)),)))
+    return cases
+
+
 # ----------------------------------------------------------------- run records
 
 RECORD_EDITS = (
@@ -415,4 +473,4 @@ def _data_cases() -> list[Case]:
 
 
 def file_cases() -> list[Case]:
-    return _plan_cases() + _record_cases() + _data_cases()
+    return _plan_cases() + _rehashed_cases() + _record_cases() + _data_cases()

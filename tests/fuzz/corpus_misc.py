@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.fuzz.corpus_files import _at, _variant
 from tests.fuzz.corpus_options import ACCOUNTING_XFAIL
-from tests.fuzz.harness import Artefact, Case
+from tests.fuzz.harness import Artefact, Case, Dir
 
 __all__ = ["misc_cases"]
 
@@ -150,6 +150,17 @@ CASES = (
     ("statement-non-ascii-file", ("statement", "plan.json", "-o", "s.txt"), "accept",
      (Artefact("plan.json", "plan-non-ascii"),), ("s.txt",)),
     ("show-non-ascii", ("show", "plan.json"), "accept", (Artefact("plan.json", "plan-non-ascii"),)),
+    # an output that is an input would destroy it
+    ("plan-over-its-scenario", ("plan", "s.toml", "-o", "s.toml"), "reject",
+     (Artefact("s.toml", "scenario-small-rr"),)),
+    ("plan-over-its-scenario-relative", ("plan", "s.toml", "-o", "./d/../s.toml"), "reject",
+     (Artefact("s.toml", "scenario-small-rr"), Dir("d"))),
+    ("statement-over-its-plan", ("statement", "plan.json", "-o", "plan.json"), "reject",
+     (Artefact("plan.json", "plan-rr-impression"),)),
+    ("statement-over-the-run-record", ("statement", "run", "-o", "run/run.json"), "reject",
+     (Artefact("run", "run-rr"),)),
+    ("statement-over-the-plan-beside", ("statement", "run/run.json", "-o", "run/plan.json"), "reject",
+     (Artefact("run", "run-rr"),)),
     # the shell
     ("no-arguments", (), "reject"),
     ("group-without-command", ("plot",), "reject"),

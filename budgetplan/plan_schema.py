@@ -110,7 +110,8 @@ _PARAMETERS = _Map(SCALAR, known={
                         "warm_start", "nonsensitive_tower")},
     "capping": _Optional(STR), "classical_valid": BOOL,
 })
-_PHASE = {"name": _T("rr, dpsgd or walr", lambda v: v in ("rr", "dpsgd", "walr")), "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
+_PHASE = {"name": _T("rr, dpsgd or walr", lambda v: v in ("rr", "dpsgd", "walr")),
+          "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
           "target_delta": NUM, "method": STR, "unit_accounting": STR, "parameters": _PARAMETERS,
           "guarantee": _GUARANTEE}
 _TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE)},

@@ -28,7 +28,8 @@ def _format_for(out: Path, given: str | None) -> str:
 
 @data.command()
 @click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), required=True, help="Impressions to generate.")
-@click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), required=True, help="Users (privacy units); at most --rows.")
+@click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), required=True,
+              help="Users (privacy units); at most --rows.")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output file; written atomically.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,

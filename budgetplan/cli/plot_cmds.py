@@ -21,7 +21,8 @@ def plot():
 @click.option("--dataset-size", type=DATASET_SIZE, required=True)
 @click.option("--batch-size", type=BATCH_SIZE, required=True)
 @click.option("--max-epochs", type=EPOCHS, required=True)
-@click.option("--points", type=bounded_int("points", MAX_PLOT_POINTS), default=12, show_default=True, help="Epoch values along the curve.")
+@click.option("--points", type=bounded_int("points", MAX_PLOT_POINTS), default=12, show_default=True,
+              help="Epoch values along the curve.")
 @click.option("--delta", type=OPEN_UNIT, required=True)
 @click.option("--accountant", "accountants", type=click.Choice(["pld", "rdp", "prv"]), multiple=True,
               help="Default: all three.")

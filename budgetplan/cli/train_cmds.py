@@ -171,7 +171,8 @@ def _print_record(record, out_dir) -> None:
 
 
 @click.command()
-@click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), default=300_000, show_default=True, help="Synthetic rows.")
+@click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), default=300_000, show_default=True,
+              help="Synthetic rows.")
 @click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), default=60_000, show_default=True)
 @click.option("--epsilon", "epsilons", type=POSITIVE, multiple=True, help="RR budgets to compare (default 1, 3).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Keep data, plans and runs here.")

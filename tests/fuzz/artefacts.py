@@ -238,7 +238,8 @@ def _small_plan(algorithm: str):
 
 
 def _non_ascii_plan(a: Artefacts) -> Path:
-    text = SMALL_SCENARIOS["rr"].replace('name = "fuzz-rr"', 'name = "Anzeigen-Prüfung ✓"\ndescription = "für alle"')
+    text = SMALL_SCENARIOS["rr"].replace('name = "fuzz-rr"',
+                                         'name = "Anzeigen-Prüfung ✓"\ndescription = "für alle"')
     return _write(a, "plan-non-ascii.json", _plan_of(text).to_json())
 
 

@@ -122,7 +122,8 @@ def _plan_cases() -> list[Case]:
     train = ("train", "plan.json", "--data", "train.parquet", "--out", "run")
     for name, edit in BROKEN_JSON[:14] + PLAN_EDITS[:6]:
         cases.append(Case(id=f"plan-{name}-train", argv=train, expect="reject",
-                          inputs=(Artefact("plan.json", "plan-train", edit), Artefact("train.parquet", "train-parquet"))))
+                          inputs=(Artefact("plan.json", "plan-train", edit),
+                                  Artefact("train.parquet", "train-parquet"))))
     plan = Artefact("plan.json", "plan-rr-impression")
     cases += [
         Case("plan-valid-show", ("show", "plan.json", "--json"), "accept", inputs=(plan,)),
@@ -141,7 +142,8 @@ def _plan_cases() -> list[Case]:
              inputs=(Artefact("d/plan.json", "plan-rr-impression"), Dir("d", 0)), root_ok=False),
         Case("plan-is-scenario", ("show", "s.json"), "reject",
              inputs=(Text("s.json", '{"budget": {"epsilon": 1}}'),)),
-        Case("plan-dpsgd-verify", ("verify", "plan.json"), "accept", inputs=(Artefact("plan.json", "plan-small-dpsgd"),)),
+        Case("plan-dpsgd-verify", ("verify", "plan.json"), "accept",
+             inputs=(Artefact("plan.json", "plan-small-dpsgd"),)),
         Case("plan-walr-statement", ("statement", "plan.json"), "accept", inputs=(Artefact("plan.json", "plan-walr"),)),
     ]
     return cases
@@ -191,7 +193,8 @@ def _rehashed_cases() -> list[Case]:
     readers = ("show", "statement", "verify")
     cases = []
     for artefact, algorithm, keep in (("plan-small-hybrid", "hybrid", lambda p: True),
-                                      ("plan-walr", "walr", lambda p: p[0] == "phases" or p[:2] == ("scenario", "walr"))):
+                                      ("plan-walr", "walr",
+                                       lambda p: p[0] == "phases" or p[:2] == ("scenario", "walr"))):
         content = build_plan(parse_scenario(SMALL_SCENARIOS[algorithm])).content()
         for i, path in enumerate(p for p in _field_paths(content) if keep(p)):
             current = content
@@ -239,7 +242,8 @@ def _record_cases() -> list[Case]:
         cases.append(Case(id=f"record-{name}-baseline", expect="reject",
                           argv=("train", "plan.json", "--data", "train.parquet", "--out", "new", "--baseline",
                                 "run/run.json"),
-                          inputs=(run, Artefact("plan.json", "plan-train"), Artefact("train.parquet", "train-parquet"))))
+                          inputs=(run, Artefact("plan.json", "plan-train"),
+                                  Artefact("train.parquet", "train-parquet"))))
     for name, edit in BROKEN_JSON[:10] + PLAN_EDITS[:4]:
         run = Artefact("run", "run-rr", ("plan.json", edit))
         cases.append(Case(id=f"record-plan-{name}-audit", argv=("audit", "run"), expect="reject", inputs=(run,)))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.fuzz.artefacts import TRAIN_ROWS
 from tests.fuzz.harness import Artefact, Case
 
 __all__ = ["VALUES", "option_cases", "ACCOUNTING_XFAIL"]

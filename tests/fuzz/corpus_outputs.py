@@ -118,7 +118,8 @@ def _run_directory_cases() -> list[Case]:
     for fault in ("sigterm@checkpoint.pt", "enospc@checkpoint.pt"):
         cases.append(Case(id=f"out-train-dpsgd-{fault.replace('@', '-at-')}", expect="interrupted", fault=fault,
                           argv=_argv(_TRAIN_ARGV, "run") + ("--checkpoint-every", "1"),
-                          inputs=(Artefact("plan.json", "plan-train-dpsgd"), Artefact("train.parquet", "train-parquet"))))
+                          inputs=(Artefact("plan.json", "plan-train-dpsgd"),
+                                  Artefact("train.parquet", "train-parquet"))))
     return cases
 
 

@@ -5,8 +5,8 @@ the CLI's one error boundary) with the working directory set to a fresh temporar
 directory that holds only the case's inputs. Three outcomes are allowed:
 
 - ``reject``: exit code 1 or 2; stderr is exactly one line starting with ``error:`` (after
-  any ``warning:`` lines); no exception escaped (no traceback); the working directory is exactly as the inputs left it (no new, removed or changed file,
-  no temporary file anywhere).
+  any ``warning:`` lines); no exception escaped (no traceback); the working directory is
+  exactly as the inputs left it (no new, removed or changed file, no temporary file).
 - ``accept``: exit code 0; no exception; every declared output exists and is complete
   (JSON parses, a PNG ends in its IEND chunk, Parquet and CSV read back, a run directory
   holds a loadable ``run.json`` and ``model.pt``); nothing else appeared but the declared

@@ -45,15 +45,17 @@ def unit_ids(table, name: str) -> np.ndarray:
     """
     if name not in table.column_names:
         raise InvalidParameterError(f"the data has no unit id column {name!r}")
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     column = table.column(name)
     missing = column.null_count
-    ids = column.to_numpy(zero_copy_only=False)
-    if np.issubdtype(ids.dtype, np.floating):
-        missing += int(np.isnan(ids).sum())
+    if pa.types.is_floating(column.type):
+        missing += int(pc.sum(pc.is_nan(column)).as_py() or 0)  # nulls are counted once, above
     if missing:
         raise InvalidParameterError(f"unit id column {name!r} has {missing} missing values (null or NaN): every "
                                     "row needs its unit to be capped")
-    return ids
+    return column.to_numpy(zero_copy_only=False)
 
 
 def capped_rows(unit_ids, caps) -> dict:

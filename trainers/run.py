@@ -4,9 +4,10 @@
 a plan that does not verify; a plan without a feature spec; a device that does not exist;
 a run directory that already holds a record or cannot be written; data (and the eval
 data, which is read and encoded up front) that is missing, unreadable, without the
-plan's columns, with labels outside {0, 1}, NaN features or missing unit ids; data whose
-row count after capping differs from the plan's N. Every privacy-relevant number (flip probabilities, cap, N)
-is read from the plan; ``TrainSettings`` holds only what cannot change a guarantee.
+plan's columns, with labels outside {0, 1} (eval: without both classes), NaN features or
+missing unit ids; data whose row count after capping differs from the plan's N. Every
+privacy-relevant number (flip probabilities, cap, N) is read from the plan;
+``TrainSettings`` holds only what cannot change a guarantee.
 """
 
 from __future__ import annotations
@@ -177,13 +178,13 @@ def _eval(model, prep: _Prepared, path, *, truncated: bool) -> tuple[dict, float
     from trainers.fit import predict
     from trainers.metrics import evaluate
 
-    t0 = time.perf_counter() - prep.timings["eval_prepare_seconds"]
+    t0 = time.perf_counter()
     p = predict(model, prep.data, truncated=truncated)
     y = prep.data.label.cpu().numpy()
     metrics = evaluate(y, p)
     metrics["rows"] = int(y.size)
     metrics["path"] = str(path)
-    return metrics, time.perf_counter() - t0
+    return metrics, prep.timings["eval_prepare_seconds"] + time.perf_counter() - t0
 
 
 def _model(prep, settings: TrainSettings, seed: int):
@@ -381,13 +382,13 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     timings = dict(prep.timings, walr_fit_seconds=rec["fit_seconds"])
     metrics = {}
     if eval_prep is not None:
-        t2 = time.perf_counter() - eval_prep.timings["eval_prepare_seconds"]
+        t2 = time.perf_counter()
         ev = eval_prep
         xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
                                 row_norm_bound=par["row_norm_bound"], expected_features=par["features"])
         metrics["eval"] = evaluate(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
         metrics["eval"]["rows"] = len(ev.data)
-        timings["eval_seconds"] = time.perf_counter() - t2
+        timings["eval_seconds"] = ev.timings["eval_prepare_seconds"] + time.perf_counter() - t2
     timings["total_seconds"] = time.perf_counter() - t0
     record = RunRecord(
         plan_sha256=plan.sha256, private=True, algorithm="walr", data=prep.table_info, seeds=rnd.record(),

@@ -22,6 +22,7 @@ __all__ = [
     "positive_int",
     "non_negative_int",
     "at_least",
+    "at_most",
 ]
 
 
@@ -107,3 +108,12 @@ def non_negative_int(name: str, value: object) -> int:
     if n < 0:
         raise InvalidParameterError(f"{name} must be an integer >= 0, got {n}")
     return n
+
+
+def at_most(name: str, value, limit):
+    """``value`` (already checked) unless it exceeds a stated limit (``budgetplan.limits``)."""
+    if value > limit:
+        shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+        given = repr(value) if len(repr(value)) <= 24 else f"{value:.6g}"
+        raise InvalidParameterError(f"{name} must be at most {shown} (budgetplan's stated limit), got {given}")
+    return value

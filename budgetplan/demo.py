@@ -48,7 +48,7 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     import numpy as np
     import pyarrow.parquet as pq
 
-    from budgetplan.plan import write_atomic
+    from budgetplan._files import atomic_output, write_atomic
     from budgetplan.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from budgetplan.statement import render_statement
@@ -62,8 +62,9 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     # a fixed fifth of the users, by a multiplicative hash of the id (wrapping uint64 arithmetic)
     held_out = (user.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(5) == 0
     train, test = table.filter(~held_out), table.filter(held_out)
-    pq.write_table(train, out / "train.parquet")
-    pq.write_table(test, out / "eval.parquet")
+    for name, part in (("train.parquet", train), ("eval.parquet", test)):
+        with atomic_output(out / name) as tmp:
+            pq.write_table(part, str(tmp))
     settings = TrainSettings()
     runs = []
     first_plan = None

@@ -1,14 +1,15 @@
 """The exception tree of budgetplan.
 
 Every failure a user can cause is one of these; the CLI maps them to exit codes in one
-place (``budgetplan.cli._errors``) and prints one line, never a traceback.
+place (``budgetplan.cli._shell``) and prints one line, never a traceback.
 
     BudgetplanError                      base of everything below
     ├── InvalidParameterError            exit 2: a value is not finite, out of range, not an integer
     ├── UnsupportedError                 exit 2: a combination no method here can account soundly
     ├── InfeasibleError                  exit 1: valid inputs, but no parameter meets the budget
     ├── AccountingError                  exit 1: a back-end failed or disagreed beyond its error band
-    └── PlanMismatchError                exit 1: a plan file whose hash, schema or numbers do not hold
+    ├── PlanMismatchError                exit 1: a plan file whose hash, schema or numbers do not hold
+    └── OutputError                      exit 1: a file could not be written (permissions, disk full, ...)
 
 ``InvalidParameterError`` is also a ``ValueError`` so that callers that already catch
 ``ValueError`` keep working.
@@ -23,6 +24,7 @@ __all__ = [
     "InfeasibleError",
     "AccountingError",
     "PlanMismatchError",
+    "OutputError",
 ]
 
 
@@ -84,3 +86,11 @@ class PlanMismatchError(BudgetplanError):
     def __init__(self, message: str, problems: list[str] | None = None):
         super().__init__(message)
         self.problems = list(problems or [message])
+
+
+class OutputError(BudgetplanError):
+    """A file could not be written: a read-only or missing directory, a full disk, a name
+    the file system refuses. The message names the path and the operating system's reason;
+    nothing was left half-written (``budgetplan._files``)."""
+
+    exit_code = 1

@@ -26,6 +26,11 @@ __all__ = [
 ]
 
 
+# The largest per-example RR budget: its flip probability 1 / (1 + e^700) = 1e-304 is still a
+# positive float64; at 745 it rounds to 0.
+MAX_RR_EPSILON = 700.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RandomizedResponse:
     """Binary randomized response applied once to each example's label.
@@ -41,7 +46,12 @@ class RandomizedResponse:
     epsilon: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _validate.positive("epsilon", self.epsilon))
+        eps = _validate.positive("epsilon", self.epsilon)
+        if eps > MAX_RR_EPSILON:
+            raise InvalidParameterError(
+                f"epsilon must be at most {MAX_RR_EPSILON:g} for randomized response (beyond it the flip probability "
+                f"1 / (1 + e^eps) is not a positive float64, and labels would be released as they are), got {eps!r}")
+        object.__setattr__(self, "epsilon", eps)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -103,8 +103,8 @@ class RRParams:
         _set(self, "per_impression_epsilon", _validate.positive("per_impression_epsilon",
                                                                 self.per_impression_epsilon))
         rho = _validate.probability("flip_probability", self.flip_probability)
-        if not rho < 0.5:
-            raise InvalidParameterError(f"flip_probability must be below 0.5, got {rho!r}")
+        if not rho <= 0.5:  # 0.5 itself: a tiny epsilon rounds to pure noise
+            raise InvalidParameterError(f"flip_probability must be at most 0.5, got {rho!r}")
         _set(self, "flip_probability", rho)
         _set(self, "cap", _validate.positive_int("cap", self.cap))
         _capping(self, self.cap)

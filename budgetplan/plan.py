@@ -22,10 +22,11 @@ from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.phases import DPSGDPhase, Phase, RRPhase, WALRPhase, phase_from_dict, phase_to_dict
+from budgetplan.plan_schema import check_plan_types
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
 
-__all__ = ["SCHEMA_VERSION", "Phase", "Plan", "load_plan", "write_atomic", "canonical_json"]
+__all__ = ["SCHEMA_VERSION", "Phase", "Plan", "load_plan", "write_atomic", "canonical_json", "parse_json"]
 
 SCHEMA_VERSION = 1
 
@@ -138,12 +139,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         """Parse and check integrity (schema, hash, canonical form); numbers are not recomputed."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanMismatchError(f"plan is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise PlanMismatchError("plan must be a JSON object")
+        data = parse_json(text, "plan")
         stored = data.get("sha256")
         try:
             plan = cls.from_dict(data)
@@ -161,6 +157,7 @@ class Plan:
 
 
 def _load_v1(d: dict) -> Plan:
+    check_plan_types(d)
     total = d["total"]
     return Plan(
         scenario=Scenario.from_dict(d["scenario"]),
@@ -189,22 +186,49 @@ def canonical_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
+def parse_json(text: str, what: str) -> dict:
+    """``text`` as one JSON object, strictly: NaN and Infinity are not JSON and are refused, as
+    are nesting deeper than the parser's stack and integers too long to read.
+
+    Raises:
+        PlanMismatchError: naming ``what`` ("plan", "run record") and the problem.
+    """
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not a JSON number")
+
+    try:
+        data = json.loads(text, parse_constant=refuse)
+    except RecursionError:
+        raise PlanMismatchError(f"{what} is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, integers past Python's digit limit
+        raise PlanMismatchError(f"{what} is not valid JSON: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(data, dict):
+        raise PlanMismatchError(f"{what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
 def _pretty(obj) -> str:
     return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read a plan file, checking its schema, hash and canonical form."""
+    """Read a plan file, checking its schema, hash and canonical form.
+
+    The bytes are compared, not text read with universal newlines: a plan whose line ends
+    were converted (CRLF) is not the file that was signed off.
+    """
     path = Path(path)
+    if not str(path).strip():
+        raise InvalidParameterError("plan file path is empty")
     try:
-        text = path.read_text(encoding="ascii")
+        text = path.read_bytes().decode("ascii")
     except FileNotFoundError:
         raise InvalidParameterError(f"plan file not found: {path}") from None
     except UnicodeDecodeError:
         raise PlanMismatchError(f"{path.name}: plan file is not ASCII JSON: it was edited after it was written") \
             from None
     except OSError as exc:
-        raise InvalidParameterError(f"cannot read plan {path}: {exc.strerror}") from None
+        raise InvalidParameterError(f"cannot read plan {path}: {exc.strerror or exc}") from None
     try:
         return Plan.from_json(text)
     except PlanMismatchError as exc:

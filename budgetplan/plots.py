@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from budgetplan import _validate
-from budgetplan.errors import BudgetplanError, InvalidParameterError
+from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError
 
 __all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of"]
 
@@ -75,13 +75,17 @@ def _pyplot():
 
 def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> Path:
     """Epsilon against epochs: one colour per noise multiplier, one line style per accountant."""
+    drawable = [r for r in rows if r.get("epsilon") is not None and math.isfinite(r["epsilon"])]
+    if not drawable:
+        why = next((r["error"] for r in rows if r.get("error")), "every epsilon is infinite")
+        raise AccountingError(f"nothing to draw: no point of the curve has a finite epsilon ({why})")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    sigmas = sorted({r["noise_multiplier"] for r in rows})
+    sigmas = sorted({r["noise_multiplier"] for r in drawable})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, sigma in enumerate(sigmas):
         for acc in ("pld", "rdp", "prv"):
-            pts = [r for r in rows if r["noise_multiplier"] == sigma and r["accountant"] == acc and r["epsilon"]]
+            pts = [r for r in drawable if r["noise_multiplier"] == sigma and r["accountant"] == acc]
             if not pts:
                 continue
             xs, ys = [p["epochs"] for p in pts], [p["epsilon"] for p in pts]

@@ -33,7 +33,7 @@ from typing import ClassVar, TypeAlias
 
 from budgetplan import _typed, _validate
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.plan import canonical_json, write_atomic
+from budgetplan.plan import canonical_json, parse_json, write_atomic
 
 __all__ = [
     "RECORD_SCHEMA_VERSION",
@@ -341,12 +341,7 @@ def _hashed_json(content: dict) -> str:
 
 
 def _read_hashed(text: str, what: str) -> tuple[dict, str | None]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanMismatchError(f"{what} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanMismatchError(f"{what} must be a JSON object")
+    data = parse_json(text, what)
     stored = data.pop("sha256", None)
     return data, stored
 

@@ -75,7 +75,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from budgetplan import _validate
+from budgetplan import _validate, limits
 from budgetplan.errors import InvalidParameterError
 from budgetplan.units import CAPPING_RULES, Adjacency
 
@@ -278,7 +278,9 @@ class Scenario:
             data["features"] = FeatureSpec(label=f.label, unit_id=f.unit_id, weight=f.weight, **{
                 k: tuple(getattr(f, k)) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
                                                   "sensitive_categorical", "sensitive_numeric")})
-        return cls(**data)
+        scenario = cls(**data)
+        _check_derived(adjacency=scenario.adjacency, cap=scenario.cap, dpsgd=scenario.dpsgd, walr=scenario.walr)
+        return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -302,6 +304,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidParameterError(f"malformed TOML: {exc}") from None
+    except RecursionError:
+        raise InvalidParameterError("malformed TOML: arrays or tables nested too deeply") from None
     top = _Table(raw, "")
     name = top.get("name", _string, default=default_name)
     description = top.get("description", _string, default="")
@@ -315,18 +319,18 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     priv = _Table(top.get("privacy", lambda n, v: v, required=True), "privacy")
     adjacency = priv.get("adjacency", lambda n, v: Adjacency.parse(v, n), required=True)
     unit_name = priv.get("unit", _string, default="impression")
-    cap = priv.get("cap", _validate.positive_int, default=None)
+    cap = priv.get("cap", _bounded(_validate.positive_int, limits.MAX_UNIT_CAP), default=None)
     capping = priv.get("capping", _choice(CAPPING_RULES), default="random")
     unit_accounting = priv.get("unit_accounting", _choice(("tight", "group")), default="tight")
     priv.finish()
 
     data = _Table(top.get("data", lambda n, v: v, required=True), "data")
-    n = data.get("dataset_size", _validate.positive_int, required=True)
+    n = data.get("dataset_size", _bounded(_validate.positive_int, limits.MAX_DATASET_SIZE), required=True)
     data.finish()
 
     algo = _Table(top.get("algorithm", lambda n, v: v, required=True), "algorithm")
     algorithm = algo.get("name", _choice(ALGORITHMS), required=True)
-    split = algo.get("split", _string, default=None)
+    split = algo.get("split", _split_rule, default=None)
     tower = algo.get("tower", _choice(TOWERS), default=None)
     algo.finish()
 
@@ -353,6 +357,9 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     top.used.add("accounting")
     top.finish()
 
+    _check_derived(adjacency=adjacency, cap=cap or 1, dpsgd=dpsgd, walr=walr)
+    if split is not None and algorithm == "hybrid":
+        _check_split(split, epsilon)
     warnings = _check_consistency(
         epsilon=epsilon, delta=delta, policy=policy, adjacency=adjacency, unit_name=unit_name, cap=cap, n=n,
         algorithm=algorithm, split=split, tower=tower, rr=rr, dpsgd=dpsgd)
@@ -367,10 +374,34 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         tuning=tuning, features=features, method=method, discretization=disc, warnings=warnings)
 
 
+def _bounded(check, limit):
+    """``check``, then at most ``limit`` (one of ``budgetplan.limits``)."""
+    def bounded(name: str, value):
+        return _validate.at_most(name, check(name, value), limit)
+    return bounded
+
+
+def _split_rule(name: str, value) -> str:
+    from budgetplan.split import parse_rule
+
+    parse_rule(_string(name, value), name)
+    return value
+
+
+def _check_split(split: str, epsilon: float) -> None:
+    """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.split``)."""
+    from budgetplan.split import split_budget
+
+    try:
+        split_budget(epsilon, split)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"[algorithm].split = {split!r}: {exc}") from None
+
+
 def _rr(top: _Table) -> RRShape:
     t = _Table(top.get("rr", lambda n, v: v, default={}), "rr")
     shape = RRShape(
-        epochs=t.get("epochs", _validate.positive_int, default=1),
+        epochs=t.get("epochs", _bounded(_validate.positive_int, limits.MAX_EPOCHS), default=1),
         batch_size=t.get("batch_size", _validate.positive_int, default=None),
         per_impression=t.get("per_impression", _choice(PER_IMPRESSION_RULES), default="eps/K"),
     )
@@ -381,7 +412,7 @@ def _rr(top: _Table) -> RRShape:
 def _dpsgd(top: _Table, n: int) -> DPSGDShape:
     t = _Table(top.get("dpsgd", lambda n, v: v, required=True), "dpsgd")
     batch = t.get("batch_size", _validate.positive_int, required=True)
-    epochs = t.get("epochs", _validate.positive, default=None)
+    epochs = t.get("epochs", _bounded(_validate.positive, limits.MAX_EPOCHS), default=None)
     steps = t.get("steps", _validate.positive_int, default=None)
     if (epochs is None) == (steps is None):
         raise InvalidParameterError("[dpsgd] needs exactly one of epochs or steps")
@@ -393,9 +424,8 @@ def _dpsgd(top: _Table, n: int) -> DPSGDShape:
         raise InvalidParameterError('[dpsgd].max_batch_size needs sampling = "truncated-poisson"')
     if batch > n:
         raise InvalidParameterError(f"[dpsgd].batch_size ({batch}) must not exceed [data].dataset_size ({n})")
-    if max_batch is not None and not batch <= max_batch <= n:
-        raise InvalidParameterError(
-            f"[dpsgd].max_batch_size must lie between batch_size ({batch}) and dataset_size ({n}), got {max_batch}")
+    if max_batch is not None:
+        check_max_batch_size(batch, max_batch, n)
     shape = DPSGDShape(
         batch_size=batch, epochs=epochs, steps=steps,
         clipping_norm=t.get("clipping_norm", _validate.positive, required=True),
@@ -407,10 +437,23 @@ def _dpsgd(top: _Table, n: int) -> DPSGDShape:
     return shape
 
 
+def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int, *,
+                         names=("[dpsgd].batch_size", "[dpsgd].max_batch_size", "[data].dataset_size")) -> None:
+    """Truncated Poisson cuts batches above ``max_batch_size``: it must lie between B and N.
+
+    Below the expected batch size B most batches would be cut (a different mechanism from
+    the one planned); above N it cuts nothing. ``names`` are the keys (or options) quoted.
+    """
+    if not batch_size <= max_batch_size <= dataset_size:
+        b, m, n = names
+        raise InvalidParameterError(f"{m} must lie between {b} ({batch_size}) and {n} ({dataset_size}), "
+                                    f"got {max_batch_size}")
+
+
 def _walr(top: _Table) -> WALRShape:
     t = _Table(top.get("walr", lambda n, v: v, required=True), "walr")
     shape = WALRShape(
-        features=t.get("features", _validate.positive_int, required=True),
+        features=t.get("features", _bounded(_validate.positive_int, limits.MAX_WALR_FEATURES), required=True),
         row_norm_bound=t.get("row_norm_bound", _validate.positive, required=True),
         weights_bound=t.get("weights_bound", _validate.positive, required=True),
     )
@@ -455,12 +498,41 @@ def _features(top: _Table, cap: int) -> FeatureSpec:
 def _tuning(top: _Table) -> Tuning:
     t = _Table(top.get("tuning", lambda n, v: v), "tuning")
     shape = Tuning(
-        configurations=t.get("configurations", _validate.positive_int, required=True),
+        configurations=t.get("configurations", _bounded(_validate.positive_int, limits.MAX_CONFIGURATIONS),
+                             required=True),
         selection=t.get("selection", _choice(SELECTIONS), default="naive"),
         distribution=t.get("distribution", _choice(tuple(DISTRIBUTIONS)), default="poisson"),
     )
     t.finish()
     return shape
+
+
+def _check_derived(*, adjacency, cap: int, dpsgd: DPSGDShape | None, walr: WALRShape | None) -> None:
+    """Refuse norms whose derived quantities overflow: the plan states them, and inf is not a number.
+
+    DP-SGD's sensitivity is C (add-remove) or 2C (replace-one), K times that for a unit of K
+    examples, and its noise std is sigma times C for any noise multiplier the plan may use
+    (the one given, else up to the calibration's ceiling); WALR's sensitivity is
+    row_norm_bound x weights_bound, K times that per unit, and its noise std a multiple of
+    that (up to the same ceiling, for any budget the planner meets).
+    """
+    if dpsgd is not None:
+        from budgetplan.calibrate import SIGMA_RANGE
+
+        sigma = max(dpsgd.noise_multiplier or 0.0, dpsgd.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
+        factor = (2 if adjacency is Adjacency.REPLACE_ONE else 1) * cap * sigma
+        if not math.isfinite(dpsgd.clipping_norm * factor):
+            raise InvalidParameterError(
+                f"[dpsgd].clipping_norm = {dpsgd.clipping_norm!r} is too large: the sensitivity and noise std "
+                f"derived from it (up to {factor:g} x the clipping norm) are not finite numbers")
+    if walr is not None:
+        from budgetplan.calibrate import SIGMA_RANGE
+
+        if not math.isfinite(walr.row_norm_bound * walr.weights_bound * cap * SIGMA_RANGE[1]):
+            raise InvalidParameterError(
+                f"[walr].row_norm_bound = {walr.row_norm_bound!r} times [walr].weights_bound = "
+                f"{walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
+                f"{cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
 
 
 def _check_consistency(*, epsilon, delta, policy, adjacency, unit_name, cap, n, algorithm, split, tower, rr,

@@ -7,7 +7,12 @@ Semi-Sensitive Features", arXiv:2401.15246):
   eps1 ~ 3, and above eps1 = 4 the rest is better spent on DP-SGD);
 - ``alpha=<a>``: eps1 = a eps for a in [0, 1] (v2; a is tuned per eps from
   {0, .25, .5, .75, 1}); a = 0 is plain DP-SGD, a = 1 plain RR on the truncated model;
-- ``eps1=<e>``: an explicit eps1 in [0, eps].
+- ``eps1=<e>``: an explicit eps1 strictly between 0 and eps.
+
+A rule is read strictly: no spaces, a plain decimal number (``alpha=0.5``, ``eps1=1.5e0``),
+nothing else. The two arms without a split are spelled with alpha only: ``alpha=0`` (no RR
+phase) and ``alpha=1`` (no DP-SGD phase); ``eps1=0`` and ``eps1=<eps>`` are refused and
+point there, so that each arm has one name and a typo cannot silently drop a phase.
 
 By basic composition the two phases are (eps1 + eps2, delta)-DP; RR is pure, so all of
 delta goes to DP-SGD.
@@ -25,7 +30,8 @@ __all__ = ["SplitRule", "parse_rule", "split_budget", "PAPER_ALPHAS", "PAPER_EPS
 
 PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
-_RULE = re.compile(r"^\s*(alpha|eps1)\s*=\s*(\S+)\s*$")
+_RULE = re.compile(r"^(alpha|eps1)=((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
+_FORMS = '"paper-v1", "alpha=<a>" or "eps1=<e>" (no spaces)'
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,19 +50,19 @@ def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
     if isinstance(rule, SplitRule):
         return rule
     if not isinstance(rule, str):
-        raise InvalidParameterError(f'{name} must be "paper-v1", "alpha=<a>" or "eps1=<e>", got {rule!r}')
-    if rule.strip() == "paper-v1":
+        raise InvalidParameterError(f"{name} must be {_FORMS}, got {rule!r}")
+    if rule == "paper-v1":
         return SplitRule("paper-v1")
     m = _RULE.match(rule)
     if not m:
-        raise InvalidParameterError(f'{name} must be "paper-v1", "alpha=<a>" or "eps1=<e>", got {rule!r}')
-    try:
-        value = float(m.group(2))
-    except ValueError:
-        raise InvalidParameterError(f"{name} needs a number after '=', got {rule!r}") from None
+        raise InvalidParameterError(f"{name} must be {_FORMS}, got {rule!r}")
+    value = float(m.group(2))
     if m.group(1) == "alpha":
         return SplitRule("alpha", _validate.probability(f"{name} alpha", value, allow_zero=True, allow_one=True))
-    return SplitRule("eps1", _validate.non_negative(f"{name} eps1", value))
+    if value == 0:
+        raise InvalidParameterError(f"{name} eps1 must be > 0, got {rule!r}: the arm without an RR phase is "
+                                    "spelled alpha=0")
+    return SplitRule("eps1", _validate.positive(f"{name} eps1", value))
 
 
 def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
@@ -68,10 +74,14 @@ def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
     elif r.kind == "alpha":
         eps1 = r.value * epsilon
     else:
-        if r.value > epsilon:
-            raise InvalidParameterError(f"split eps1 must be <= the total epsilon {epsilon:g}, got {r.value:g}")
         eps1 = r.value
+        if not epsilon - eps1 >= _NO_PHASE * epsilon:
+            raise InvalidParameterError(f"split eps1 must be below the total epsilon {epsilon:g}, got {eps1:g}: the "
+                                        "arm without a DP-SGD phase is spelled alpha=1")
     eps2 = epsilon - eps1
-    if eps2 < 1e-12 * epsilon:  # alpha = 1 or eps1 = eps: no DP-SGD phase at all
+    if eps2 < _NO_PHASE * epsilon:  # alpha = 1: no DP-SGD phase at all
         return epsilon, 0.0
     return eps1, eps2
+
+
+_NO_PHASE = 1e-12  # relative: a DP-SGD share below this is no phase (alpha within rounding of 1)

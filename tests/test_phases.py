@@ -45,8 +45,8 @@ def test_phase_kinds_are_types(plans):
 @pytest.mark.parametrize("edit, message", [
     (lambda ph: ph["parameters"].update(surprise=1), "unknown field 'surprise'"),
     (lambda ph: ph["parameters"].pop("steps"), "missing the field 'steps'"),
-    (lambda ph: ph.pop("guarantee"), "missing the field 'guarantee'"),
-    (lambda ph: ph.update(extra=True), "unknown field 'extra'"),
+    (lambda ph: ph.pop("guarantee"), "lacks 'guarantee'"),
+    (lambda ph: ph.update(extra=True), "unknown key 'extra'"),
     (lambda ph: ph.update(name="dp-sgd"), "name must be one of"),
     (lambda ph: ph["parameters"].update(sampling="shuffle"), "sampling must be one of"),
     (lambda ph: ph["parameters"].update(clipping_norm=-1.0), "clipping_norm must be a finite number > 0"),
@@ -77,7 +77,7 @@ def test_per_count_tables_belong_to_eps_over_k_i_only(plans):
     rr = plans["rr-impression"].rr
     with pytest.raises(InvalidParameterError, match="per-count tables apply to the eps/K_i rule only"):
         dataclasses.replace(rr.params, per_impression_epsilon_by_count=(1.0,), flip_probability_by_count=(0.2,))
-    with pytest.raises(InvalidParameterError, match="flip_probability must be below 0.5"):
+    with pytest.raises(InvalidParameterError, match="flip_probability must be at most 0.5"):
         dataclasses.replace(rr.params, flip_probability=0.6)
     with pytest.raises(InvalidParameterError, match="RRParams"):
         dataclasses.replace(rr, params=plans["synthetic-hybrid"].dpsgd.params)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from budgetplan import examples
-from budgetplan.errors import PlanMismatchError
+from budgetplan.errors import OutputError, PlanMismatchError
 from budgetplan.plan import Plan, canonical_json, load_plan, write_atomic
 from budgetplan.planner import build_plan
 from budgetplan.scenario import load_scenario
@@ -103,10 +103,10 @@ def test_write_atomic_never_leaves_a_half_file(tmp_path, monkeypatch):
     import os
 
     def boom(src, dst):
-        raise OSError("disk full")
+        raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="cannot write .*plan.json: No space left on device"):
         write_atomic(target, "new content")
     monkeypatch.undo()
     assert target.read_text() == "old"

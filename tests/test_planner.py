@@ -100,7 +100,7 @@ def test_alpha_ends_are_the_two_baselines():
 def test_explicit_eps1_above_total_is_refused():
     from budgetplan.errors import InvalidParameterError
 
-    with pytest.raises(InvalidParameterError, match="split eps1 must be <= the total epsilon 4"):
+    with pytest.raises(InvalidParameterError, match="split eps1 must be below the total epsilon 4"):
         hybrid(4.0, "eps1=5")
 
 

@@ -1,14 +1,18 @@
 """Execute a plan, or a non-private baseline, and return its run record.
 
-``execute_plan`` refuses, before anything is written: a plan that does not verify; a
-plan without a feature spec; data whose row count after capping differs from the plan's
-N; labels outside {0, 1}; a user-level plan on data without unit ids; a run directory
-that already holds a record. Every privacy-relevant number (flip probabilities, cap, N)
-is read from the plan; ``TrainSettings`` holds only what cannot change a guarantee.
+``execute_plan`` refuses, before anything is written and before the first private draw:
+a plan that does not verify; a plan without a feature spec; a device that does not exist;
+a run directory that already holds a record or cannot be written; data (and the eval
+data, which is read and encoded up front) that is missing, unreadable, without the
+plan's columns, with labels outside {0, 1} (eval: without both classes), NaN features or
+missing unit ids; data whose row count after capping differs from the plan's N. Every
+privacy-relevant number (flip probabilities, cap, N) is read from the plan;
+``TrainSettings`` holds only what cannot change a guarantee.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,14 +85,23 @@ class _Prepared:
     vocabulary: dict | None = None
 
 
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
+
+
 def _device(name: str):
     import torch
 
+    if not isinstance(name, str) or not _DEVICE.match(name):
+        raise InvalidParameterError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidParameterError(f"device {name!r} requested but no CUDA device is available")
-    return torch.device(name)
+        raise InvalidParameterError(f"--device {name!r} requested but no CUDA device is available")
+    device = torch.device(name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise InvalidParameterError(f"--device {name!r}: there are {torch.cuda.device_count()} CUDA devices "
+                                    f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return device
 
 
 def _device_name(device) -> str:
@@ -102,7 +115,7 @@ def _device_name(device) -> str:
 def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
              randomness, vocabulary: dict | None = None, key: bytes | None = None) -> _Prepared:
     """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping)."""
-    from trainers.data.capping import cap_units
+    from trainers.data.capping import cap_units, unit_ids
     from trainers.data.encode import encode
     from trainers.data.fingerprint import fingerprint
     from trainers.data.loaders import read_table
@@ -119,9 +132,7 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
         if spec.unit_id is None or spec.unit_id not in table.column_names:
             raise InvalidParameterError(f"the plan caps each unit at {cap} examples but the data has no unit id "
                                         f"column {spec.unit_id!r}")
-        units = table.column(spec.unit_id).to_numpy(zero_copy_only=False)
-        if np.issubdtype(np.asarray(units).dtype, np.floating) and np.isnan(units).any():
-            raise InvalidParameterError(f"unit id column {spec.unit_id!r} has missing values")
+        units = unit_ids(table, spec.unit_id)
         kept, cap_info = cap_units(np.asarray(units), cap, rule=capping, rng=randomness.generator())
         table = table.take(kept)
         info["capping"] = cap_info
@@ -145,19 +156,32 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
                      vocab)
 
 
-def _eval(model, path, spec, settings, device, *, truncated: bool, vocabulary=None) -> tuple[dict, float]:
+def _prepare_eval(path, spec, settings, device, vocabulary=None) -> _Prepared | None:
+    """The held-out data read and encoded up front: a bad eval file fails before any privacy is spent."""
+    if path is None:
+        return None
+    t0 = time.perf_counter()
+    prep = _prepare(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None,
+                    vocabulary=vocabulary)
+    positives = int(prep.data.label.sum().item())
+    if not 0 < positives < len(prep.data):
+        raise InvalidParameterError(f"eval data {path}: {positives} positives of {len(prep.data)} rows; AUC and "
+                                    "calibration need both classes")
+    prep.timings = {"eval_prepare_seconds": time.perf_counter() - t0}
+    return prep
+
+
+def _eval(model, prep: _Prepared, path, *, truncated: bool) -> tuple[dict, float]:
     from trainers.fit import predict
     from trainers.metrics import evaluate
 
     t0 = time.perf_counter()
-    prep = _prepare(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None,
-                    vocabulary=vocabulary)
     p = predict(model, prep.data, truncated=truncated)
     y = prep.data.label.cpu().numpy()
     metrics = evaluate(y, p)
     metrics["rows"] = int(y.size)
     metrics["path"] = str(path)
-    return metrics, time.perf_counter() - t0
+    return metrics, prep.timings["eval_prepare_seconds"] + time.perf_counter() - t0
 
 
 def _model(prep, settings: TrainSettings, seed: int):
@@ -175,13 +199,18 @@ def _model(prep, settings: TrainSettings, seed: int):
 
 
 def _check_out(out_dir) -> Path | None:
+    from budgetplan._files import check_writable
+
     if out_dir is None:
         return None
+    if not str(out_dir).strip():
+        raise InvalidParameterError("--out is empty: name the run directory to create")
     out = Path(out_dir)
     if (out / "run.json").exists():
         raise InvalidParameterError(f"{out} already holds a run record; choose a new --out")
     if out.exists() and not out.is_dir():
         raise InvalidParameterError(f"--out {out} exists and is not a directory")
+    check_writable(out)
     return out
 
 
@@ -203,8 +232,7 @@ def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict |
 
         import torch
 
-        from budgetplan._files import atomic_output
-        from budgetplan.plan import write_atomic
+        from budgetplan._files import atomic_output, write_atomic
         from trainers.data.fingerprint import write_key
 
         out.mkdir(parents=True, exist_ok=True)
@@ -280,11 +308,14 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     key, new_key = _key(fingerprint_key)
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                     expected_rows=plan.dataset_size, randomness=rnd, key=key)
+    if kinds == (WALRPhase,):
+        _check_walr_columns(spec)
+    eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
     # Every refusal is behind us: only now does the run directory come into being.
     session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every) if out else NullSession()
     try:
         if kinds == (WALRPhase,):
-            record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0,
+            record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0,
                                           session)
             return _finish(record, state, out, new_key=new_key if out else None)
         model = _model(prep, settings, rnd.torch_seed()).to(device)
@@ -326,9 +357,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                            nonsensitive_tower=phase.params.nonsensitive_tower))
         truncated = kinds == (RRPhase,)
         metrics = {}
-        if eval_path is not None:
-            metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
-                                                             truncated=truncated, vocabulary=prep.vocabulary)
+        if eval_prep is not None:
+            metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
             if baseline_auc is not None:
                 metrics["eval"]["baseline_auc"] = baseline_auc
                 metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
@@ -345,7 +375,13 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         session.close()
 
 
-def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0, session):
+def _check_walr_columns(spec) -> None:
+    if spec.nonsensitive_categorical or spec.sensitive_categorical:
+        raise InvalidParameterError("WALR is a logistic regression on numeric features: drop the categorical "
+                                    "columns from [features]")
+
+
+def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0, session):
     import torch
 
     from trainers.metrics import evaluate
@@ -354,9 +390,6 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
 
     ws = walr_settings or WALRSettings()
     par = plan.phases[0].params
-    if spec.nonsensitive_categorical or spec.sensitive_categorical:
-        raise InvalidParameterError("WALR is a logistic regression on numeric features: drop the categorical "
-                                    "columns from [features]")
     d = prep.data
     weights = None
     if spec.weight is not None:
@@ -373,14 +406,14 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
                           steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr, persist=persist)
     timings = dict(prep.timings, walr_fit_seconds=res.fit_seconds)
     metrics = {}
-    if eval_path is not None:
+    if eval_prep is not None:
         t2 = time.perf_counter()
-        ev = _prepare(eval_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None)
+        ev = eval_prep
         xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
                                 row_norm_bound=par.row_norm_bound, expected_features=par.features)
         metrics["eval"] = evaluate(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
         metrics["eval"]["rows"] = len(ev.data)
-        timings["eval_seconds"] = time.perf_counter() - t2
+        timings["eval_seconds"] = ev.timings["eval_prepare_seconds"] + time.perf_counter() - t2
     timings["total_seconds"] = time.perf_counter() - t0
     record = build_record(
         plan=plan, entries=[walr_entry(res, release_sha256=res.release_sha256)], data=prep.data_info,
@@ -417,6 +450,7 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     key, new_key = _key(fingerprint_key)
     prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd,
                     key=key)
+    eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
     model = _model(prep, settings, rnd.torch_seed()).to(device)
     gen = torch.Generator().manual_seed(rnd.torch_seed())
     fit_settings = FitSettings(epochs=settings.baseline_epochs, batch_size=settings.batch_size, lr=settings.lr,
@@ -424,9 +458,8 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     history = fit(model, prep.data, prep.data.label, losses.bce, fit_settings, truncated=truncated, generator=gen,
                   progress="baseline" if progress else None)
     metrics, timings = {}, dict(prep.timings)
-    if eval_path is not None:
-        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_path, spec, settings, device,
-                                                         truncated=truncated, vocabulary=prep.vocabulary)
+    if eval_prep is not None:
+        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
     timings["train_seconds"] = history["seconds"]
     timings["total_seconds"] = time.perf_counter() - t0
     record = build_record(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from budgetplan._files import atomic_output
+from budgetplan._files import atomic_output, remove_stale_temporaries
 from budgetplan.errors import InvalidParameterError
 from trainers.ledger import Ledger, LedgerError, RunLock
 
@@ -49,28 +49,37 @@ class Session:
         ledger_path = self.dir / "ledger.jsonl"
         if resume and not ledger_path.exists():
             raise InvalidParameterError(f"nothing to resume in {self.dir}: it has no ledger")
+        from budgetplan.plan import write_atomic
+
+        # Nothing is spent until the ledger says so: a failure up to there (a full disk, a
+        # signal) removes what this session created, so a retry starts clean.
+        created = self.dir
+        while not created.parent.exists():
+            created = created.parent
+        created = None if self.dir.exists() else created
         self.dir.mkdir(parents=True, exist_ok=True)
         # The lock first: only the process holding it may judge what the directory holds (a
         # ledger another process is writing is not an interrupted run).
-        self.lock = RunLock(self.dir)
+        try:
+            self.lock = RunLock(self.dir)
+        except BaseException:
+            _remove(created)
+            raise
         try:
             if not resume and ledger_path.exists():
                 raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
-            # A process killed mid-write (kill -9 cannot be cleaned up after) leaves its temporary
-            # file; holding the lock, no other writer can own one, so they are removed here.
-            for stale in self.dir.glob(".*.tmp"):
-                stale.unlink(missing_ok=True)
+            # Held by us alone now: what a killed writer left half-written here can go.
+            remove_stale_temporaries(self.dir)
+            write_atomic(self.dir / "plan.json", plan.to_json())
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
         except BaseException:
             self.lock.release()
+            _remove(created)
             raise
         self.resumed = resume
         if resume:
             self.ledger.note("resume")
         self.checkpoint_every = max(1, int(checkpoint_every))
-        from budgetplan.plan import write_atomic
-
-        write_atomic(self.dir / "plan.json", plan.to_json())
 
     # ------------------------------------------------------------- releases
 
@@ -167,6 +176,13 @@ class NullSession:
 
     def close(self) -> None:
         pass
+
+
+def _remove(directory: Path | None) -> None:
+    if directory is not None:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:

@@ -12,28 +12,41 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 from typing import Any
 
 import click
 
-from budgetplan import _validate
+from budgetplan import _validate, limits
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 
-__all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "emit_json", "warn", "console"]
+__all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "DATASET_SIZE", "BATCH_SIZE", "EPOCHS",
+           "UNIT_CAP", "LEARNING_RATE", "bounded_int", "emit_json", "warn", "console"]
 
 
 class Group(click.Group):
-    """A click group whose ``main`` maps every expected error to one line and an exit code."""
+    """A click group whose ``main`` maps every expected error to one line and an exit code.
+
+    SIGTERM is turned into an exception for the duration, as Ctrl-C already is, so that a
+    terminated command unwinds: temporary files are removed, locks released, nothing is
+    left half-written.
+    """
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        previous = _catch_sigterm()
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                               standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             code = exc.exit_code
-        except click.exceptions.Abort:
-            click.echo("error: aborted", err=True)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help())
+            click.echo(f"error: {exc.ctx.command_path} needs a command (listed above)", err=True)
+            code = exc.exit_code
+        except click.exceptions.Abort as exc:
+            terminated = isinstance(exc.__cause__, Terminated)
+            click.echo("error: terminated (SIGTERM)" if terminated else "error: aborted", err=True)
             code = 1
         except click.ClickException as exc:
             click.echo(f"error: {_one_line(exc.format_message())}", err=True)
@@ -43,11 +56,38 @@ class Group(click.Group):
             code = exc.exit_code
         except BrokenPipeError:
             code = 0
+        except OSError as exc:
+            # The operating system refused something no check above foresaw; say what and where.
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{_one_line(exc.strerror or str(exc))}", err=True)
+            code = 1
         else:
             code = rv if isinstance(rv, int) else 0
+        finally:
+            _restore_sigterm(previous)
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that it unwinds like Ctrl-C."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _catch_sigterm():
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: signals stay with whoever owns them
+        return None
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(message: str) -> str:
@@ -85,6 +125,22 @@ POSITIVE = _Checked("positive", _validate.positive)
 PROBABILITY = _Checked("probability", lambda n, v: _validate.probability(n, v, allow_zero=True))
 OPEN_UNIT = _Checked("open_unit", _validate.open_unit)
 POSITIVE_INT = _Checked("positive_int", _validate.positive_int)
+
+
+def _bounded(check, limit):
+    return lambda name, value: _validate.at_most(name, check(name, value), limit)
+
+
+def bounded_int(name: str, limit: int) -> _Checked:
+    """An integer in [1, limit], ``limit`` one of ``budgetplan.limits``."""
+    return _Checked(name, _bounded(_validate.positive_int, limit))
+
+
+DATASET_SIZE = bounded_int("dataset_size", limits.MAX_DATASET_SIZE)
+BATCH_SIZE = bounded_int("batch_size", limits.MAX_DATASET_SIZE)  # a batch is never larger than the data
+UNIT_CAP = bounded_int("unit_cap", limits.MAX_UNIT_CAP)
+EPOCHS = _Checked("epochs", _bounded(_validate.positive, limits.MAX_EPOCHS))
+LEARNING_RATE = _Checked("learning_rate", _bounded(_validate.positive, limits.MAX_LEARNING_RATE))
 
 
 def _clean(value):

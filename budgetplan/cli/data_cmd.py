@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from budgetplan.cli._shell import POSITIVE_INT, console, emit_json
+from budgetplan.cli._shell import UNIT_CAP, bounded_int, console, emit_json
+from budgetplan.limits import MAX_SYNTH_ROWS
 
 __all__ = ["data"]
 
@@ -17,14 +18,18 @@ def data():
 
 
 def _format_for(out: Path, given: str | None) -> str:
-    if given is not None:
-        return given
-    return "csv" if out.name.lower().endswith(".csv") else "parquet"
+    name = out.name.lower()
+    implied = "csv" if name.endswith(".csv") else "parquet" if name.endswith((".parquet", ".pq")) else None
+    if given is not None and implied is not None and given != implied:
+        # a CSV called .parquet would be read back (format auto) as a broken Parquet file
+        raise click.UsageError(f"--format {given} contradicts the --out name {out.name}")
+    return given or implied or "parquet"
 
 
 @data.command()
-@click.option("--rows", type=POSITIVE_INT, required=True, help="Impressions to generate.")
-@click.option("--users", type=POSITIVE_INT, required=True, help="Users (privacy units); at most --rows.")
+@click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), required=True, help="Impressions to generate.")
+@click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), required=True,
+              help="Users (privacy units); at most --rows.")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output file; written atomically.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
@@ -84,7 +89,7 @@ def synth(rows, users, out, seed, fmt, as_json):
 @data.command()
 @click.argument("data_path", metavar="DATA", type=click.Path(dir_okay=False))
 @click.option("--unit-id", required=True, help="The unit (user) id column.")
-@click.option("--unit-cap", "caps", type=POSITIVE_INT, multiple=True, required=True,
+@click.option("--unit-cap", "caps", type=UNIT_CAP, multiple=True, required=True,
               help="K, the most examples a unit keeps (repeat the option to compare caps).")
 @click.option("--format", "data_format", default="auto", show_default=True,
               type=click.Choice(["auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display",
@@ -97,18 +102,10 @@ def count(data_path, unit_id, caps, data_format, as_json):
     of the data: N is public under replace-one adjacency, and choosing K by looking at
     these counts is data-dependent preprocessing that no plan accounts for.
     """
-    import numpy as np
-
-    from budgetplan.errors import InvalidParameterError
-    from trainers.data.capping import capped_rows
+    from trainers.data.capping import capped_rows, unit_ids
     from trainers.data.loaders import read_table
 
-    column = read_table(data_path, format=data_format, columns=[unit_id]).column(unit_id)
-    if column.null_count:
-        raise InvalidParameterError(f"unit id column {unit_id!r} has {column.null_count} missing values")
-    ids = column.to_numpy(zero_copy_only=False)
-    if np.issubdtype(ids.dtype, np.floating) and np.isnan(ids).any():
-        raise InvalidParameterError(f"unit id column {unit_id!r} has missing values")
+    ids = unit_ids(read_table(data_path, format=data_format, columns=[unit_id]), unit_id)
     result = {"path": str(data_path), "unit_id": unit_id} | capped_rows(ids, sorted(set(caps)))
     if as_json:
         emit_json(result)

@@ -14,9 +14,10 @@ import math
 import click
 
 from budgetplan.cli._render import fmt, params_table, results_table
-from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
+from budgetplan.cli._shell import (BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, UNIT_CAP,
+                                   console, emit_json, warn)
 from budgetplan.cli.release_cmds import _guarantee_table, _head, _result, _row, _unit
-from budgetplan.errors import BudgetplanError
+from budgetplan.errors import BudgetplanError, InvalidParameterError
 
 __all__ = ["dpsgd"]
 
@@ -27,13 +28,13 @@ _ACCOUNTANTS = ("pld", "rdp", "prv")
 @click.option("--noise-multiplier", type=POSITIVE, help="sigma: noise std in units of the clipping norm.")
 @click.option("--epsilon", type=POSITIVE, help="Target epsilon.")
 @click.option("--delta", type=OPEN_UNIT, required=True)
-@click.option("--dataset-size", type=POSITIVE_INT, help="N: rows (after capping).")
-@click.option("--batch-size", type=POSITIVE_INT, required=True, help="B: expected batch size; q = B / N.")
-@click.option("--epochs", type=POSITIVE, help="Passes over the data; steps = ceil(epochs N / B).")
+@click.option("--dataset-size", type=DATASET_SIZE, help="N: rows (after capping).")
+@click.option("--batch-size", type=BATCH_SIZE, required=True, help="B: expected batch size; q = B / N.")
+@click.option("--epochs", type=EPOCHS, help="Passes over the data; steps = ceil(epochs N / B).")
 @click.option("--steps", type=POSITIVE_INT, help="Noisy steps T (instead of --epochs).")
-@click.option("--max-batch-size", type=POSITIVE_INT, default=None,
+@click.option("--max-batch-size", type=BATCH_SIZE, default=None,
               help="Truncated Poisson: batches above this size are cut to it (accounted as such).")
-@click.option("--unit-cap", type=POSITIVE_INT, default=None, help="K: most examples per unit (user).")
+@click.option("--unit-cap", type=UNIT_CAP, default=None, help="K: most examples per unit (user).")
 @click.option("--unit-accounting", type=click.Choice(["tight", "group"]), default="tight", show_default=True,
               help="For --unit-cap: mixture of Gaussians (tight) or generic group privacy.")
 @click.option("--adjacency", type=click.Choice(["add-remove", "replace-one"]), default="add-remove",
@@ -54,8 +55,10 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
                                "--epsilon and --epochs)")
     if dataset_size is not None and batch_size > dataset_size:
         raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
-    if max_batch_size is not None and (unit_cap or 1) > 1 and unit_accounting == "tight":
-        raise click.UsageError("truncated Poisson batches with --unit-cap need --unit-accounting group")
+    if max_batch_size is not None:
+        _check_truncation(batch_size, max_batch_size, dataset_size, noise_multiplier, epsilon)
+        if (unit_cap or 1) > 1 and unit_accounting == "tight":
+            raise click.UsageError("truncated Poisson batches with --unit-cap need --unit-accounting group")
     if not have_length and not (noise_multiplier is not None and epsilon is not None):
         raise click.UsageError("give --epochs or --steps")
     if dataset_size is not None and delta >= 1.0 / dataset_size:
@@ -80,6 +83,20 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
         _calibrate(epsilon, q, steps, dataset_size, epochs, chosen, ctx, as_json)
     else:
         _forward(noise_multiplier, q, steps, dataset_size, epochs, chosen, ctx, as_json)
+
+
+def _check_truncation(batch_size, max_batch_size, dataset_size, noise_multiplier, epsilon):
+    """The scenario's rule for truncated Poisson, and only the questions it can answer."""
+    from budgetplan.scenario import check_max_batch_size
+
+    if noise_multiplier is None or epsilon is not None or dataset_size is None:
+        raise click.UsageError("--max-batch-size is accounted for a given --noise-multiplier, --dataset-size and "
+                               "length only (no calibration or solving for epochs or rows)")
+    try:
+        check_max_batch_size(batch_size, max_batch_size, dataset_size,
+                             names=("--batch-size", "--max-batch-size", "--dataset-size"))
+    except InvalidParameterError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _steps(epochs, n, b):
@@ -150,9 +167,6 @@ def _forward(sigma, q, steps, n, epochs, chosen, ctx, as_json):
 def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
     from budgetplan.calibrate import dpsgd_noise_multiplier
 
-    if ctx["max_batch_size"] is not None:
-        raise click.UsageError("calibration for truncated Poisson batches is not supported; "
-                               "give --noise-multiplier to account it")
     cals = []
     for m in chosen:
         try:

@@ -85,9 +85,12 @@ def _render(p, out) -> None:
 @_JSON
 def plan(scenario, output, as_json):
     """Plan SCENARIO.toml (or example:NAME): split, calibrate, account, write a hashed plan."""
+    from budgetplan._files import check_not_input
     from budgetplan.plan import write_atomic
     from budgetplan.planner import build_plan
 
+    if output is not None:
+        check_not_input(output, scenario)
     sc = _scenario(scenario)
     for w in sc.warnings:
         warn(w)
@@ -133,6 +136,9 @@ def verify(plan_file, no_replan, signed, as_json):
     report = verify_file(plan_file, replan=not no_replan, signed=_scenario(signed) if signed else None)
     if as_json:
         emit_json({**report.to_dict(), "file": plan_file})
+        if not report.ok:
+            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s), listed in the JSON)",
+                       err=True)
     else:
         for note in report.notes:
             warn(note)
@@ -141,9 +147,9 @@ def verify(plan_file, no_replan, signed, as_json):
             click.echo(f"{plan_file}: verified ({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}, "
                        f"sha256 {report.plan.sha256}")
         else:
-            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s)):", err=True)
-            for problem in report.problems:
-                click.echo(f"  - {problem}", err=True)
+            # one line, as every error: the problems in order, each naming what differs (--json lists them)
+            click.echo(f"error: {plan_file} does not verify ({len(report.problems)} problem(s)): "
+                       + "; ".join(" ".join(p.split()) for p in report.problems), err=True)
     click.get_current_context().exit(0 if report.ok else 1)
 
 
@@ -158,20 +164,22 @@ def statement(plan_file, plan_path, output):
     The plan is verified first (every number recomputed): a statement is never printed for a
     plan whose numbers do not hold, nor for a run of another plan or a non-private run.
     """
-    import json
     from pathlib import Path
 
+    from budgetplan._files import check_not_input
     from budgetplan.errors import PlanMismatchError
-    from budgetplan.plan import load_plan, write_atomic
+    from budgetplan.plan import load_plan, parse_json, write_atomic
     from budgetplan.statement import render_run_statement, render_statement
     from budgetplan.verify import verify_plan
 
     path = Path(plan_file)
+    if output is not None:  # the plan or record read here, including those found beside a run
+        check_not_input(output, path, plan_path, path / "run.json", path / "plan.json", path.parent / "plan.json")
     is_run = path.is_dir()
     if not is_run:
-        try:
-            is_run = "plan_sha256" in json.loads(path.read_text(encoding="ascii", errors="replace"))
-        except (OSError, ValueError):
+        try:  # a run record names its plan; anything else is read (and judged) as a plan
+            is_run = "plan_sha256" in parse_json(path.read_bytes().decode("ascii", errors="replace"), "file")
+        except (OSError, PlanMismatchError):
             is_run = False
     if is_run:
         from budgetplan.audit import _find_plan
@@ -186,7 +194,7 @@ def statement(plan_file, plan_path, output):
         raise PlanMismatchError(f"the plan does not verify, so no statement is printed for it: {report.problems[0]}",
                                 report.problems)
     text = render_run_statement(the_plan, record) if record is not None else render_statement(the_plan)
-    if output:
+    if output is not None:
         write_atomic(output, text)
     else:
         click.echo(text, nl=False)
@@ -199,7 +207,7 @@ def examples(name, as_json):
     """List the shipped example scenarios, or print one (use it as example:NAME)."""
     from budgetplan import examples as ex
 
-    if name:
+    if name is not None:
         text = ex.text(name)
         if as_json:
             emit_json({"name": name, "toml": text})
@@ -239,6 +247,8 @@ def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, a
                        empirical=empirical, signed=_scenario(signed) if signed else None)
     if as_json:
         emit_json(report.to_dict())
+        if not report.passed:
+            click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)
     else:
         rows = [[c.name, "pass" if c.passed else "FAIL", c.detail] for c in report.checks]
         rows += [[e["name"], "pass" if e["passed"] else "FAIL",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json
+from budgetplan.cli._shell import BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, bounded_int, console, emit_json
+from budgetplan.limits import MAX_CURVES, MAX_PLOT_POINTS
 
 __all__ = ["plot"]
 
@@ -17,10 +18,11 @@ def plot():
 @plot.command()
 @click.option("--noise-multiplier", "sigmas", type=POSITIVE, multiple=True, required=True,
               help="One curve per value (repeat the option).")
-@click.option("--dataset-size", type=POSITIVE_INT, required=True)
-@click.option("--batch-size", type=POSITIVE_INT, required=True)
-@click.option("--max-epochs", type=POSITIVE, required=True)
-@click.option("--points", type=POSITIVE_INT, default=12, show_default=True, help="Epoch values along the curve.")
+@click.option("--dataset-size", type=DATASET_SIZE, required=True)
+@click.option("--batch-size", type=BATCH_SIZE, required=True)
+@click.option("--max-epochs", type=EPOCHS, required=True)
+@click.option("--points", type=bounded_int("points", MAX_PLOT_POINTS), default=12, show_default=True,
+              help="Epoch values along the curve.")
 @click.option("--delta", type=OPEN_UNIT, required=True)
 @click.option("--accountant", "accountants", type=click.Choice(["pld", "rdp", "prv"]), multiple=True,
               help="Default: all three.")
@@ -32,6 +34,9 @@ def curve(sigmas, dataset_size, batch_size, max_epochs, points, delta, accountan
     """Epsilon against epochs for several noise multipliers, per accountant."""
     from budgetplan.plots import epsilon_curve, plot_epsilon_curve
 
+    if len(sigmas) > MAX_CURVES:
+        raise click.UsageError(f"--noise-multiplier is given {len(sigmas)} times: at most {MAX_CURVES} curves "
+                               "(budgetplan's stated limit)")
     if batch_size > dataset_size:
         raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
     epochs = [max_epochs * (i + 1) / points for i in range(points)]

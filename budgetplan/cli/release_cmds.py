@@ -7,7 +7,7 @@ import math
 import click
 
 from budgetplan.cli._render import fmt, params_table, results_table
-from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, PROBABILITY, console, emit_json
+from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, PROBABILITY, UNIT_CAP, console, emit_json
 from budgetplan.errors import BudgetplanError, UnsupportedError
 
 __all__ = ["rr", "gaussian", "group"]
@@ -43,7 +43,7 @@ def _head(results):
 @click.command()
 @click.option("--epsilon", type=POSITIVE, help="Budget: per impression, or per unit with --unit-cap.")
 @click.option("--flip-probability", type=OPEN_UNIT, help="Flip probability in (0, 0.5); gives epsilon.")
-@click.option("--unit-cap", type=POSITIVE_INT, default=None, help="K: most examples per unit (user).")
+@click.option("--unit-cap", type=UNIT_CAP, default=None, help="K: most examples per unit (user).")
 @click.option("--delta", type=PROBABILITY, default=0.0, show_default=True,
               help="With --unit-cap, a delta > 0 allows a larger per-impression budget.")
 @click.option("--accountant", type=click.Choice(["exact", "pld", "rdp", "all"]), default="exact",
@@ -83,14 +83,14 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
          "unit_epsilon": rr_math.composed_epsilon(e, cap, delta)}
         for r, e in splits.items() if cap > 1 and (r == "eps/K" or delta > 0)
     ]
-    by_count = [{"count": k, "per_impression_epsilon": epsilon / k,
-                 "flip_probability": rr_math.flip_probability(epsilon / k)} for k in range(1, cap + 1)]
     payload = {
         "epsilon": head.epsilon, "delta": delta, "accountant": results[0][0], "adjacency": "replace-one",
         "flip_probability": rr_math.flip_probability(per), "per_impression_epsilon": per,
         "unit": unit.to_dict(), "guarantee": head.to_dict(),
     }
-    if cap > 1:
+    if cap > 1 and as_json:  # the human output names the rule only: no table of K rows to build
+        by_count = [{"count": k, "per_impression_epsilon": epsilon / k,
+                     "flip_probability": rr_math.flip_probability(epsilon / k)} for k in range(1, cap + 1)]
         payload.update(split_rule=rule, splits=split_rows, per_count=by_count)
     if accountant == "all":
         payload["results"] = [_result(n, g, err) for n, g, err in results]
@@ -150,7 +150,7 @@ def _guarantee_table(results, title="Guarantee"):
 @click.option("--delta", type=OPEN_UNIT, required=True)
 @click.option("--sensitivity", type=POSITIVE, required=True,
               help="L2 sensitivity per example under the adjacency (WALR label change: max ||w x||).")
-@click.option("--unit-cap", type=POSITIVE_INT, default=None, help="K: the unit sensitivity is K x sensitivity.")
+@click.option("--unit-cap", type=UNIT_CAP, default=None, help="K: the unit sensitivity is K x sensitivity.")
 @click.option("--adjacency", type=click.Choice(["replace-one", "add-remove"]), default="replace-one",
               show_default=True)
 @click.option("--accountant", type=click.Choice(["exact", "pld", "rdp", "all"]), default="exact",
@@ -206,7 +206,7 @@ def gaussian(epsilon, noise_std, delta, sensitivity, unit_cap, adjacency, accoun
 @click.command()
 @click.option("--epsilon", type=POSITIVE, required=True, help="Example-level epsilon.")
 @click.option("--delta", type=PROBABILITY, required=True, help="Example-level delta.")
-@click.option("--group-size", type=POSITIVE_INT, required=True, help="K: examples per group.")
+@click.option("--group-size", type=UNIT_CAP, required=True, help="K: examples per group.")
 @_JSON
 def group(epsilon, delta, group_size, as_json):
     """Generic group privacy: (K eps, delta (e^{K eps} - 1) / (e^eps - 1)) for any mechanism."""

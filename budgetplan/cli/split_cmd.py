@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, POSITIVE_INT, console, emit_json, warn
+from budgetplan.cli._shell import (BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, console,
+                                   emit_json, warn)
+from budgetplan.limits import MAX_GRID_CELLS
 
 __all__ = ["split"]
 
@@ -34,9 +36,9 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--epsilons", help="Comma-separated total epsilons for --rule grid (default 1,3,5,10,20,30,50).")
 @click.option("--alphas", help="Comma-separated alphas for --rule grid (default 0,0.25,0.5,0.75,1).")
 @click.option("--delta", type=OPEN_UNIT, required=True)
-@click.option("--dataset-size", type=POSITIVE_INT, required=True)
-@click.option("--batch-size", type=POSITIVE_INT, required=True, help="DP-SGD expected batch size.")
-@click.option("--epochs", type=POSITIVE, help="DP-SGD epochs.")
+@click.option("--dataset-size", type=DATASET_SIZE, required=True)
+@click.option("--batch-size", type=BATCH_SIZE, required=True, help="DP-SGD expected batch size.")
+@click.option("--epochs", type=EPOCHS, help="DP-SGD epochs.")
 @click.option("--steps", type=POSITIVE_INT, help="DP-SGD steps (instead of --epochs).")
 @click.option("--rule", default="paper-v1", show_default=True,
               help='"paper-v1" (eps1 = min(0.6 eps, 3)), "alpha=<a>", "eps1=<e>", or "grid".')
@@ -65,6 +67,10 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
     if rule == "grid":
         eps_list = _floats("--epsilons", epsilons) or ((epsilon,) if epsilon else PAPER_EPSILONS)
         rules = [f"alpha={a:g}" for a in (_floats("--alphas", alphas) or PAPER_ALPHAS)]
+        if len(eps_list) * len(rules) > MAX_GRID_CELLS:
+            raise click.UsageError(f"--rule grid of {len(eps_list)} epsilons x {len(rules)} alphas is "
+                                   f"{len(eps_list) * len(rules)} calibrations: at most {MAX_GRID_CELLS} "
+                                   "(budgetplan's stated limit)")
     else:
         if epsilons or alphas:
             raise click.UsageError("--epsilons and --alphas go with --rule grid")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import click
 
 from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import POSITIVE, POSITIVE_INT, console, emit_json
+from budgetplan.cli._shell import BATCH_SIZE, LEARNING_RATE, POSITIVE, POSITIVE_INT, bounded_int, console, emit_json
+from budgetplan.limits import MAX_DATASET_SIZE, MAX_EMBEDDING_DIM, MAX_SYNTH_ROWS
 
 __all__ = ["train", "demo"]
 
@@ -29,19 +30,19 @@ def _settings(**kw):
                                  "criteo-search"]))
 @click.option("--model", type=click.Choice(["mlp", "fm"]), default="mlp", show_default=True)
 @click.option("--embedding-dim", default="8", show_default=True, help='An integer, or "auto" (int(2 V^0.25)).')
-@click.option("--lr", type=POSITIVE, default=1e-3, show_default=True)
+@click.option("--lr", type=LEARNING_RATE, default=1e-3, show_default=True)
 @click.option("--dpsgd-optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
               help="DP-SGD phase optimiser (sgd: momentum 0.9). Post-processing: no privacy cost.")
-@click.option("--dpsgd-lr", type=POSITIVE, default=0.01, show_default=True, help="DP-SGD phase learning rate.")
+@click.option("--dpsgd-lr", type=LEARNING_RATE, default=0.01, show_default=True, help="DP-SGD phase learning rate.")
 @click.option("--dpsgd-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
               help="DP-SGD learning-rate schedule over the plan's steps.")
 @click.option("--loss", type=click.Choice(["unbiased", "forward"]), default="unbiased", show_default=True,
               help="RR debiasing: the Hybrid paper's unbiased loss or the forward-corrected loss.")
-@click.option("--batch-size", type=POSITIVE_INT, default=None, help="When the plan does not fix one.")
+@click.option("--batch-size", type=BATCH_SIZE, default=None, help="When the plan does not fix one.")
 @click.option("--encoding", "nonsensitive_encoding", type=click.Choice(["hash", "vocab"]), default="hash",
               show_default=True, help="Non-sensitive categoricals: hashed, or a vocabulary of values seen at least "
               "--vocab-threshold times (sensitive ones are always hashed: their counts are private).")
-@click.option("--vocab-threshold", type=POSITIVE_INT, default=16, show_default=True)
+@click.option("--vocab-threshold", type=bounded_int("vocab_threshold", MAX_DATASET_SIZE), default=16, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Reproducible run (debugging only): privacy noise derived from this seed, recorded as such.")
@@ -65,11 +66,12 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import execute_plan, run_baseline
 
-    emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim)
+    emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
                          vocab_threshold=vocab_threshold)
     plan = load_plan(plan_file)
+    _refuse_unused(click.get_current_context(), plan, non_private)
     key = None
     if key_path is not None:
         from trainers.data.fingerprint import read_key
@@ -98,14 +100,67 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     _print_record(record, out_dir)
 
 
-def _int_option(name: str, text: str) -> int:
+# Options that only some runs read: given explicitly to a run that ignores them, they are
+# refused, so that a setting someone meant to change never silently changes nothing.
+_DPSGD_ONLY = ("dpsgd_optimizer", "dpsgd_lr", "dpsgd_schedule", "checkpoint_every")
+_PRIVATE_ONLY = ("loss", "resume", "baseline_run")
+_NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold")
+
+
+def _refuse_unused(ctx, plan, non_private: bool) -> None:
+    from click.core import ParameterSource
+
+    given = {p.name: p for p in ctx.command.params
+             if ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT, None)}
+    names = [ph.name for ph in plan.phases]
+
+    def refuse(param: str, why: str):
+        raise click.UsageError(f"{given[param].opts[-1]} {why}")
+
+    for param in _PRIVATE_ONLY + _DPSGD_ONLY:
+        if param in given and non_private:
+            refuse(param, "does not apply to --non-private (the baseline trains on clean labels)")
+    for param in _DPSGD_ONLY:
+        if param in given and plan.dpsgd is None:
+            refuse(param, f"applies to a DP-SGD phase; this plan has {' + '.join(names)}")
+    for param in _NEURAL_ONLY:
+        if param in given and plan.walr is not None and not non_private:
+            refuse(param, "configures a neural model; a WALR plan fits a logistic regression on its release")
+    if "loss" in given and plan.rr is None:
+        refuse("loss", f"is the RR phase's debiasing; this plan has {' + '.join(names)}")
+    rr = plan.rr
+    if "batch_size" in given and not non_private and (rr is None or rr.params.batch_size):
+        refuse("batch_size", "is used by --non-private and by an RR phase whose plan fixes none; this plan "
+               + ("fixes the RR batch size" if rr is not None else "has no RR phase"))
+
+
+def _int_option(name: str, text: str, limit: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise click.UsageError(f'{name} must be an integer or "auto", got {text!r}') from None
-    if value < 1:
-        raise click.UsageError(f"{name} must be >= 1, got {value}")
+    if not 1 <= value <= limit:
+        raise click.UsageError(f"{name} must be between 1 and {limit} (budgetplan's stated limit), got {value}")
     return value
+
+
+def _fresh_directory(name: str, path: str):
+    """``path`` if it is to be created here (returned, for clean-up), None if it exists empty."""
+    from pathlib import Path
+
+    from budgetplan._files import check_writable
+
+    if not path.strip():
+        raise click.UsageError(f"{name} is empty: name the directory to create")
+    target = Path(path)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise click.UsageError(f"{name} {path} exists and is not an empty directory")
+    check_writable(target)
+    if target.exists():
+        return None
+    while not target.parent.exists():
+        target = target.parent
+    return target
 
 
 def _print_record(record, out_dir) -> None:
@@ -128,8 +183,9 @@ def _print_record(record, out_dir) -> None:
 
 
 @click.command()
-@click.option("--rows", type=POSITIVE_INT, default=300_000, show_default=True, help="Synthetic rows.")
-@click.option("--users", type=POSITIVE_INT, default=60_000, show_default=True)
+@click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), default=300_000, show_default=True,
+              help="Synthetic rows.")
+@click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), default=60_000, show_default=True)
 @click.option("--epsilon", "epsilons", type=POSITIVE, multiple=True, help="RR budgets to compare (default 1, 3).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Keep data, plans and runs here.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Synthetic data seed.")
@@ -138,8 +194,18 @@ def demo(rows, users, epsilons, out_dir, seed, as_json):
     """Plan-then-train on built-in synthetic data: RR label DP against a non-private baseline."""
     from budgetplan.demo import run_demo
 
-    result = run_demo(rows=rows, users=users, epsilons=epsilons or (1.0, 3.0), out_dir=out_dir, seed=seed,
-                      progress=not as_json)
+    if users > rows:
+        raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
+    created = _fresh_directory("--out", out_dir) if out_dir is not None else None
+    try:
+        result = run_demo(rows=rows, users=users, epsilons=epsilons or (1.0, 3.0), out_dir=out_dir, seed=seed,
+                          progress=not as_json)
+    except BaseException:
+        if created is not None:  # the directory is ours alone: a failed demo leaves nothing behind
+            import shutil
+
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     if as_json:
         emit_json(result)
         return

@@ -134,7 +134,7 @@ def test_split_grid(runner):
 @pytest.mark.parametrize("args, fragment", [
     (["--epsilon", "8", "--rule", "alpha=1.5"], "alpha must be in [0, 1], got 1.5"),
     (["--epsilon", "8", "--rule", "thirds"], "--rule must be"),
-    (["--epsilon", "8", "--rule", "eps1=9"], "split eps1 must be <= the total epsilon 8"),
+    (["--epsilon", "8", "--rule", "eps1=9"], "split eps1 must be below the total epsilon 8"),
     (["--rule", "grid", "--epsilons", "1,x"], "--epsilons must be comma-separated numbers"),
     (["--epsilon", "8", "--adjacency", "add-remove"], "cannot account Hybrid's RR phase"),
 ])

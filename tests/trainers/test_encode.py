@@ -21,7 +21,7 @@ def table(**over):
             "uid": pa.array([10, 7, 10, 3, 7, 10], pa.int64()),
             "a": ["x", "x", "y", None, "x", "z"],
             "b": ["x", "w", "w", "w", None, "x"],
-            "n": [-3.0, 0.0, 2.5, None, float("nan"), 1e6],
+            "n": [-3.0, 0.0, 2.5, None, None, 1e6],
             "s": ["p", "q", "p", "p", None, "r"],
             "m": pa.array([0, 1, 5, None, 2, 100], pa.int64())}
     cols.update(over)
@@ -114,8 +114,11 @@ def test_numeric_transform_and_missing_values():
     assert np.allclose(data.ns_num.numpy()[:, 0], expected, rtol=1e-6)
     assert np.allclose(data.s_num.numpy()[:, 0], [0, math.log1p(1), math.log1p(5), 0, math.log1p(2),
                                                   math.log1p(100)], rtol=1e-6)
-    with pytest.raises(InvalidParameterError, match="numeric column 'n' has a non-finite value inf"):
+    with pytest.raises(InvalidParameterError, match=r"column 'n' has 1 NaN or infinite values \(first inf at row 1"):
         encode(table(n=[1.0, float("inf"), 0, 0, 0, 0]), SPEC)
+    # NaN is a broken value, not a missing one (that is a null): refused, counted, never silently 0
+    with pytest.raises(InvalidParameterError, match=r"column 'm' has 2 NaN or infinite values \(first nan at row 2"):
+        encode(table(m=[0.0, 1.0, float("nan"), None, float("nan"), 3.0]), SPEC)
     with pytest.raises(InvalidParameterError, match="numeric column 'm'.*not numeric"):
         encode(table(m=["a", "b", "c", "d", "e", "f"]), SPEC)
 
@@ -159,8 +162,10 @@ def test_unit_ids_are_dense():
     assert sorted(set(data.unit.tolist())) == [0, 1, 2] and info["units"] == 3
     u = data.unit.tolist()
     assert u[0] == u[2] == u[5] and u[1] == u[4] and len({u[0], u[1], u[3]}) == 3
-    with pytest.raises(InvalidParameterError, match="unit id column 'uid' has a missing value"):
+    with pytest.raises(InvalidParameterError, match="unit id column 'uid' has 1 missing values"):
         encode(table(uid=pa.array([1, None, 1, 2, 3, 4], pa.int64())), SPEC)
+    with pytest.raises(InvalidParameterError, match="unit id column 'uid' has 2 missing values"):
+        encode(table(uid=pa.array([1.0, None, 1.0, float("nan"), 3.0, 4.0])), SPEC)
     no_unit = FeatureSpec(label="y", nonsensitive_categorical=("a",))
     data, info = encode(table(), no_unit)
     assert data.unit is None and info["units"] is None

@@ -26,7 +26,7 @@ import numpy as np
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["cap_units", "capped_rows", "secure_rng", "RULES"]
+__all__ = ["cap_units", "capped_rows", "unit_ids", "secure_rng", "RULES"]
 
 RULES = ("first", "random")
 
@@ -34,6 +34,28 @@ RULES = ("first", "random")
 def secure_rng() -> np.random.Generator:
     """A numpy Generator seeded with 128 bits from the OS CSPRNG (``secrets``)."""
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+
+
+def unit_ids(table, name: str) -> np.ndarray:
+    """The unit id column of a ``pyarrow.Table`` as numpy, refusing missing ids.
+
+    A row without a unit cannot be capped (it would be a unit of its own, or all such rows
+    one unit), and numpy cannot sort None among strings; so a null, or a NaN in a float
+    column, is refused with the count of such rows.
+    """
+    if name not in table.column_names:
+        raise InvalidParameterError(f"the data has no unit id column {name!r}")
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column(name)
+    missing = column.null_count
+    if pa.types.is_floating(column.type):
+        missing += int(pc.sum(pc.is_nan(column)).as_py() or 0)  # nulls are counted once, above
+    if missing:
+        raise InvalidParameterError(f"unit id column {name!r} has {missing} missing values (null or NaN): every "
+                                    "row needs its unit to be capped")
+    return column.to_numpy(zero_copy_only=False)
 
 
 def capped_rows(unit_ids, caps) -> dict:
@@ -52,7 +74,7 @@ def capped_rows(unit_ids, caps) -> dict:
     counts = np.unique(ids, return_counts=True)[1] if ids.size else np.zeros(0, dtype=np.int64)
     out = []
     for k in ks:
-        kept = int(np.minimum(counts, k).sum())
+        kept = int(np.minimum(counts, min(k, ids.size)).sum())  # K above the rows is no cap (and fits int64)
         out.append({"cap": k, "rows": kept, "rows_dropped": int(ids.size) - kept,
                     "units_capped": int((counts > k).sum())})
     return {"rows": int(ids.size), "units": int(counts.size),

@@ -20,8 +20,10 @@ A value is hashed by its Arrow string form (``5`` and ``"5"`` hash alike) and ea
 value is hashed once: the column is dictionary-encoded, the dictionary hashed, and the row
 indices mapped through it. A missing value is a category of its own.
 
-Numeric features become ``sign(x) * log1p(|x|)``, missing values 0. No statistic of the data
-is used, so nothing about a sensitive column leaks into the encoding or the record.
+Numeric features become ``sign(x) * log1p(|x|)``, missing (null) values 0; a NaN or an
+infinity is not a missing value but a broken one, and is refused with the column and the
+count of such values. No statistic of the data is used, so nothing about a sensitive column
+leaks into the encoding or the record.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def _vocabulary(table, names, threshold: int, given: dict | None = None):
 
 
 def _numeric(table, names, role: str):
-    """float32 [N, len(names)] of sign(x) * log1p(|x|), missing as 0."""
+    """float32 [N, len(names)] of sign(x) * log1p(|x|), null as 0; NaN and infinities refused."""
     import pyarrow as pa
 
     out = np.zeros((table.num_rows, len(names)), dtype=np.float32)
@@ -155,10 +157,12 @@ def _numeric(table, names, role: str):
         except pa.ArrowException as exc:
             raise InvalidParameterError(f"numeric column {name!r} of type {column.type} is not numeric: "
                                         f"{' '.join(str(exc).split())[:200]}") from None
-        x = np.nan_to_num(x, nan=0.0, posinf=np.inf, neginf=-np.inf)
-        if not np.isfinite(x).all():
-            raise InvalidParameterError(f"numeric column {name!r} has a non-finite value "
-                                        f"{float(x[~np.isfinite(x)][0])!r}")
+        bad = ~np.isfinite(x)
+        if bad.any():
+            raise InvalidParameterError(
+                f"{role} numeric column {name!r} has {int(bad.sum())} NaN or infinite values (first "
+                f"{float(x[bad][0])!r} at row {int(np.flatnonzero(bad)[0])}): fix or drop those rows; a missing "
+                "value is a null, which encodes as 0")
         out[:, j] = np.sign(x) * np.log1p(np.abs(x))
     return out
 
@@ -186,9 +190,10 @@ def _labels(table, name: str) -> np.ndarray:
 def _units(table, name: str):
     """Dense int64 unit ids 0..U-1 (in order of first appearance unless the column is
     dictionary-typed, then in dictionary order), and U."""
+    from trainers.data.capping import unit_ids
+
     column = _column(table, name, "unit id")
-    if column.null_count:
-        raise InvalidParameterError(f"unit id column {name!r} has a missing value")
+    unit_ids(table, name)  # refuses null and NaN ids, as capping does
     dictionary, index = _dictionary(column, name)
     counts = np.bincount(index, minlength=len(dictionary))
     if (counts == 0).any():  # a stored dictionary may hold values no row uses

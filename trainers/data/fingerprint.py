@@ -63,8 +63,8 @@ def write_key(path, key: bytes) -> None:
     from budgetplan._files import atomic_output
 
     with atomic_output(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
+        os.chmod(tmp, 0o600)  # before the key is in it
+        with open(tmp, "wb") as fh:
             fh.write(key)
 
 

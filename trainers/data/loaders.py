@@ -105,7 +105,18 @@ def _detect(path: Path) -> str:
 
 
 def _wanted(path: Path, columns, available) -> list[str]:
-    """The requested columns without repeats, each checked against the file's columns."""
+    """The requested columns without repeats, each checked against the file's columns.
+
+    A file that names a column twice is refused outright: which of the two a reader takes
+    is an accident of the reader, and training on the wrong ``label`` is silent.
+    """
+    seen, twice = set(), []
+    for name in available:
+        if name in seen and name not in twice:
+            twice.append(name)
+        seen.add(name)
+    if twice:
+        raise InvalidParameterError(f"{path}: the file names column {twice[0]!r} twice; column names must be unique")
     if columns is None:
         return list(available)
     if isinstance(columns, str):

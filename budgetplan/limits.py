@@ -1,0 +1,65 @@
+"""Stated limits: the largest sizes budgetplan accepts, so that any input means bounded work.
+
+Every entry point (scenario keys, CLI options) refuses a value beyond its limit with one
+line naming the key and the largest accepted value, instead of planning silently on a
+typo or running for hours. Each limit is far above any real use and says why it is where
+it is; raising one is a reviewed change, not a flag.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MAX_DATASET_SIZE",
+    "MAX_EPOCHS",
+    "MAX_UNIT_CAP",
+    "MAX_PLOT_POINTS",
+    "MAX_CURVES",
+    "MAX_SYNTH_ROWS",
+    "MAX_EMBEDDING_DIM",
+    "MAX_LEARNING_RATE",
+    "MAX_GRID_CELLS",
+    "MAX_WALR_FEATURES",
+    "MAX_CONFIGURATIONS",
+]
+
+# N, rows after capping. A trillion is 200x the largest public ads log (Criteo's 1TB click
+# logs hold about 4.4e9 rows); beyond 2**53 (9e15) counts stop being exact in the float64
+# arithmetic that q = B/N and delta = c/N go through.
+MAX_DATASET_SIZE = 10**12
+
+# Passes over the data, for RR and DP-SGD alike. Published ads models train for 1 to 100;
+# ten thousand passes is a typo, and steps = epochs N / B must stay a count the
+# accountants compose in bounded time.
+MAX_EPOCHS = 10_000
+
+# K, the most examples one unit (a user over a time window) keeps after capping. The
+# eps/K_i rule keeps one flip probability per count 1..K in the plan, so the plan grows
+# with K; a unit of more than 100,000 impressions is a unit in name only.
+MAX_UNIT_CAP = 100_000
+
+# Points along one `plot curve` curve, and curves in one figure: each point is an accounting.
+MAX_PLOT_POINTS = 1_000
+MAX_CURVES = 50
+
+# Rows of synthetic data: synthesize builds the whole table in memory (about 50 bytes a row,
+# so 5 GB here) before it is written.
+MAX_SYNTH_ROWS = 10**8
+
+# Embedding width: the two hashed embedding tables have 2**16 rows each, so 1024 columns are
+# already 2 x 256 MiB of float32 parameters (and as much again for Adam's moments).
+MAX_EMBEDDING_DIM = 1_024
+
+# Learning rates (Adam, momentum SGD): training diverges far below this; beyond it the loss
+# overflows and the run ends with nothing to record.
+MAX_LEARNING_RATE = 10.0
+
+# k, WALR's columns (intercept included): its one release is a k-vector, and the fit after
+# it holds N x k numbers; tabular ads models have tens to thousands of numeric columns.
+MAX_WALR_FEATURES = 1_000_000
+
+# Hyperparameter configurations whose selection a plan accounts: searches run tens to
+# hundreds; naive tuning splits the budget this many ways.
+MAX_CONFIGURATIONS = 10_000
+
+# Cells of a `split --rule grid` table (total epsilons x alphas): each is a calibration.
+MAX_GRID_CELLS = 200

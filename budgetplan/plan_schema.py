@@ -1,0 +1,165 @@
+"""The types of a schema-1 plan file, checked before anything reads its values.
+
+The sha256 in a plan file proves that its content is whole, not who wrote it: someone who
+edits a plan and recomputes the hash gets a file that passes the integrity check. Every
+reader (``show``, ``statement``, ``verify``, the trainers) then meets the values; so a plan
+is first checked to have, at every place, the type its writer puts there, and a plan that
+does not is refused naming the place (``phases[0].target_epsilon must be a number, got
+'x'``), never half-read. The meaning of the values is ``budgetplan.verify``'s to check.
+
+The description mirrors ``Plan.content`` (schema 1): a field's meaning and type never change
+within a version, so neither does this.
+"""
+
+from __future__ import annotations
+
+from budgetplan.errors import PlanMismatchError
+
+__all__ = ["check_plan_types"]
+
+
+class _T:
+    """A type check: ``ok(value)`` and a description for the message."""
+
+    def __init__(self, what: str, ok):
+        self.what, self.ok = what, ok
+
+    def check(self, value, where: str) -> None:
+        if not self.ok(value):
+            shown = repr(value)
+            raise PlanMismatchError(f"plan field {where} must be {self.what}, got "
+                                    f"{shown if len(shown) <= 40 else shown[:40] + '...'}")
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+NUM = _T("a number", _is_num)
+INT = _T("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+POS = _T("a number > 0", lambda v: _is_num(v) and v > 0)
+POS_INT = _T("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+STR = _T("a string", lambda v: isinstance(v, str))
+BOOL = _T("true or false", lambda v: isinstance(v, bool))
+SCALAR = _T("a number, string, boolean or null", lambda v: v is None or isinstance(v, (int, float, str, bool)))
+
+
+class _Optional:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def check(self, value, where: str) -> None:
+        if value is not None:
+            _check(self.inner, value, where)
+
+
+class _List:
+    def __init__(self, inner, nonempty: bool = False):
+        self.inner, self.nonempty = inner, nonempty
+
+    def check(self, value, where: str) -> None:
+        if not isinstance(value, list) or (self.nonempty and not value):
+            raise PlanMismatchError(f"plan field {where} must be a {'non-empty ' if self.nonempty else ''}list")
+        for i, item in enumerate(value):
+            _check(self.inner, item, f"{where}[{i}]")
+
+
+class _Map:
+    """An object with any string keys, every value of one type (``known`` keys: their own)."""
+
+    def __init__(self, values, known: dict | None = None, required: tuple = ()):
+        self.values, self.known, self.required = values, known or {}, required
+
+    def check(self, value, where: str) -> None:
+        if not isinstance(value, dict):
+            raise PlanMismatchError(f"plan field {where} must be an object")
+        for key in self.required:
+            if key not in value:
+                raise PlanMismatchError(f"plan field {where} lacks {key!r}")
+        for key, item in value.items():
+            _check(self.known.get(key, self.values), item, f"{where}.{key}")
+
+
+def _check(spec, value, where: str) -> None:
+    if isinstance(spec, dict):  # an object with exactly these keys
+        if not isinstance(value, dict):
+            raise PlanMismatchError(f"plan field {where} must be an object")
+        missing, extra = sorted(set(spec) - set(value)), sorted(set(value) - set(spec))
+        if missing or extra:
+            raise PlanMismatchError(f"plan field {where} " + (f"lacks {missing[0]!r}" if missing
+                                                             else f"has an unknown key {extra[0]!r}"))
+        for key, inner in spec.items():
+            _check(inner, value[key], f"{where}.{key}" if where else key)
+    else:
+        spec.check(value, where)
+
+
+_UNIT = {"name": STR, "cap": INT, "capping": _Optional(STR)}
+_GUARANTEE = {"epsilon": _Optional(NUM), "delta": NUM, "method": STR, "adjacency": STR, "unit": _UNIT,
+              "bound": STR, "epsilon_range": _Optional(_List(NUM)), "discretization": _Optional(NUM),
+              "conversion": _Optional(STR), "notes": _List(STR), "versions": _Map(STR)}
+# A phase's parameters are typed by its kind (``budgetplan.phases``), which reads them strictly.
+_PHASE = {"name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
+          "target_delta": NUM, "method": STR, "unit_accounting": STR,
+          "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
+              v, (int, float, str, bool, list)))),
+          "guarantee": _GUARANTEE}
+_TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE)},
+               required=("configurations", "selection", "guarantee"))
+_SCENARIO = {
+    "name": STR, "description": STR, "epsilon": NUM, "delta": _T("a number or a \"<c>/N\" string",
+                                                                lambda v: _is_num(v) or _is_policy(v)),
+    "delta_policy": STR, "adjacency": STR, "unit_name": STR, "cap": POS_INT, "capping": STR,
+    "unit_accounting": STR, "dataset_size": POS_INT, "algorithm": STR, "split": _Optional(STR),
+    "tower": _Optional(STR),
+    "rr": _Optional({"epochs": POS_INT, "batch_size": _Optional(POS_INT), "per_impression": STR}),
+    "dpsgd": _Optional({"batch_size": POS_INT, "epochs": _Optional(POS), "steps": _Optional(POS_INT),
+                        "clipping_norm": POS, "sampling": STR, "max_batch_size": _Optional(POS_INT),
+                        "noise_multiplier": _Optional(POS), "max_noise_multiplier": _Optional(POS)}),
+    "walr": _Optional({"features": POS_INT, "row_norm_bound": POS, "weights_bound": POS}),
+    "tuning": _Optional({"configurations": POS_INT, "selection": STR, "distribution": STR}),
+    "features": _Optional({"label": STR, "unit_id": _Optional(STR), "weight": _Optional(STR),
+                           **{k: _List(STR) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
+                                                     "sensitive_categorical", "sensitive_numeric")}}),
+    "method": STR, "discretization": POS,
+}
+_PLAN = {
+    "schema_version": INT, "versions": _Map(STR), "scenario": _SCENARIO,
+    "budget": {"epsilon": NUM, "delta": NUM},
+    "privacy": {"adjacency": STR, "unit": _UNIT, "dataset_size": INT},
+    "run_budget": {"epsilon": NUM, "delta": NUM},
+    "phases": _List(_PHASE, nonempty=True),
+    "total": {"basic": _GUARANTEE, "pld": _Optional(_GUARANTEE), "pld_note": _Optional(STR)},
+    "tuning": _Optional(_TUNING),
+    "unit_alternatives": _List(_Map(SCALAR, required=("phase", "bounding"))),
+    "warnings": _List(STR),
+    "sha256": STR,
+}
+# the phase tables each algorithm's scenario holds (the others are null)
+_TABLES = {"rr": ("rr",), "walr": ("walr",), "dpsgd": ("dpsgd",), "hybrid": ("rr", "dpsgd")}
+
+
+def _is_policy(v) -> bool:
+    if not isinstance(v, str) or not v.endswith("/N"):
+        return False
+    try:
+        return float(v[:-2]) > 0
+    except ValueError:
+        return False
+
+
+def check_plan_types(data: dict) -> None:
+    """Raise PlanMismatchError naming the first field of ``data`` whose type is not schema 1's."""
+    _check(_PLAN, data, "")
+    dpsgd = data["scenario"]["dpsgd"]
+    if dpsgd is not None and (dpsgd["epochs"] is None) == (dpsgd["steps"] is None):
+        raise PlanMismatchError("plan field scenario.dpsgd must have exactly one of epochs or steps")
+    scenario = data["scenario"]
+    tables = _TABLES.get(scenario["algorithm"])
+    if tables is None:
+        raise PlanMismatchError(f"plan field scenario.algorithm must be one of {', '.join(_TABLES)}, "
+                                f"got {scenario['algorithm']!r}")
+    for table in ("rr", "dpsgd", "walr"):
+        if (scenario[table] is not None) != (table in tables):
+            raise PlanMismatchError(f"plan field scenario.{table} must be " + (
+                "present" if table in tables else "null") + f" for algorithm {scenario['algorithm']!r}")

@@ -24,7 +24,8 @@ from typing import Callable
 
 from budgetplan import _validate
 from budgetplan.accounting import gaussian, rr
-from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account, pld_of, tail_mass_for
+from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account
+from budgetplan.accounting.pld_build import pld_of
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import InfeasibleError
 from budgetplan.mechanisms import GaussianRelease, PoissonDPSGD
@@ -184,8 +185,7 @@ def _fast_pld_epsilon(adjacency: Adjacency, unit: PrivacyUnit, sampling_rate: fl
     def eps_of(sigma: float) -> float:
         mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
         return fastpld.epsilon_for_delta(
-            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization,
-                   tail_mass=tail_mass_for(delta)), delta)
+            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta), delta)
 
     return eps_of
 

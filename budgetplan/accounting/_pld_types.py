@@ -16,23 +16,44 @@ REPLACE_ONE = "replace-one"
 class PLDPmf:
     """One direction of a discretised, pessimistic privacy loss distribution.
 
+    Every mass is an upper bound: at or above the exact mass of the pessimistic
+    discretisation, after any mass below the grid has been moved up onto its first loss.
+    Both only raise delta(eps) = m_inf + sum_{loss > eps} p (1 - e^{eps - loss}) at every
+    eps, and both survive composition, so the epsilons read from a PLDPmf are upper bounds.
+
     Attributes:
         discretization: grid step of the privacy losses.
         lower_index: the loss of ``probs[0]`` is ``lower_index * discretization``;
             ``probs[k]`` sits at ``(lower_index + k) * discretization``.
-        probs: float64 masses, >= 0 up to FFT rounding (about 1e-17).
+        probs: float64 masses, >= 0.
         infinity_mass: mass at +infinity (it adds to delta for every epsilon).
+        tilt, log_scale, rounding: the floating-point allowance included in ``probs`` by
+            the composition that made this pmf: at most
+            ``rounding * exp(log_scale - tilt * loss)`` per entry (0 for a single step).
     """
 
     discretization: float
     lower_index: int
     probs: np.ndarray
     infinity_mass: float
+    tilt: float = 0.0
+    log_scale: float = 0.0
+    rounding: float = 0.0
 
     @property
     def losses(self) -> np.ndarray:
         """The privacy loss of every entry of ``probs``."""
         return (self.lower_index + np.arange(self.probs.size)) * self.discretization
+
+    def allowance(self, epsilon: float) -> float:
+        """How much of delta(epsilon) is rounding allowance (an upper bound)."""
+        if self.rounding == 0.0:
+            return 0.0
+        losses = self.losses
+        above = losses > epsilon
+        with np.errstate(over="ignore"):
+            w = np.exp(self.log_scale - self.tilt * losses[above]) * -np.expm1(epsilon - losses[above])
+        return float(self.rounding * w.sum())
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,10 @@ from scipy import special
 
 from budgetplan import _validate
 from budgetplan.accounting import _mog
-from budgetplan.accounting._pld_ops import compose, delta_for_epsilon, epsilon_for_delta, self_compose
+from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose
+from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
+from budgetplan.accounting.limits import MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
@@ -55,6 +57,9 @@ __all__ = [
     "randomized_response",
     "self_compose",
     "compose",
+    "compose_all",
+    "GridLimitError",
+    "gaussian_loss_range",
     "epsilon_for_delta",
     "delta_for_epsilon",
 ]
@@ -71,10 +76,15 @@ def _relation(relation: str) -> str:
     return relation
 
 
+# exp(bound) / 2 must stay a normal float64 for the normal quantile of the truncation point.
+_MIN_TRUNCATION_BOUND = -700.0
+
+
 def _truncation_bound(value: object) -> float:
     bound = _validate.finite("log_mass_truncation_bound", value)
-    if bound > 0:
-        raise InvalidParameterError(f"log_mass_truncation_bound must be <= 0, got {bound!r}")
+    if not _MIN_TRUNCATION_BOUND <= bound <= 0:
+        raise InvalidParameterError(
+            f"log_mass_truncation_bound must be in [{_MIN_TRUNCATION_BOUND:g}, 0], got {bound!r}")
     return bound
 
 
@@ -149,8 +159,27 @@ def _side(eps: np.ndarray) -> np.ndarray:
     return np.where(eps >= 0, 1.0, -1.0)
 
 
-def _grid(discretization: float, eps_lower: float, eps_upper: float) -> tuple[int, np.ndarray]:
+def _check_grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> None:
+    """Refuse, before allocating anything, a grid longer than MAX_SINGLE_GRID_POINTS.
+
+    The message names the smallest discretization that fits (the length scales as 1/d).
+    """
+    width = eps_upper - eps_lower
+    if not math.isfinite(width):
+        raise InvalidParameterError(
+            f"{what} has privacy losses beyond floating point: the noise is too small for PLD accounting")
+    span = width / discretization
+    if not span < MAX_SINGLE_GRID_POINTS - 2:
+        raise GridLimitError(
+            f"discretization {discretization:g} needs {span:.3g} grid points for one step of {what} "
+            f"(limit {MAX_SINGLE_GRID_POINTS:,}); use discretization >= "
+            f"{width / (MAX_SINGLE_GRID_POINTS - 2) * 1.01:.3g}",
+            points=math.ceil(span), limit=MAX_SINGLE_GRID_POINTS)
+
+
+def _grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> tuple[int, np.ndarray]:
     """Grid indices floor(eps_lower/d) .. ceil(eps_upper/d) and their epsilons."""
+    _check_grid(discretization, eps_lower, eps_upper, what)
     lo = math.floor(eps_lower / discretization)
     hi = math.ceil(eps_upper / discretization)
     return lo, np.arange(lo, hi + 1) * discretization
@@ -237,20 +266,43 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
     return h
 
 
-# A pmf is up to a few MB; the calibration reuses one while it searches the step count.
-@functools.lru_cache(maxsize=32)
-def _gaussian_pmf(sigma: float, q: float, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
-    """The connect-the-dots pmf of one direction; cached, arguments are plain floats."""
+def _gaussian_range(sigma: float, q: float, adjacency: str, log_bound: float) -> tuple[float, float]:
+    """(eps_lower, eps_upper): the losses at dp_accounting's truncation points.
+
+    The truncation leaves tail mass exp(bound)/2 of each shifted Gaussian outside; that mass
+    is not lost: connect-the-dots puts delta(eps_upper) at +infinity.
+    """
     z = float(special.ndtri(0.5 * math.exp(log_bound))) * sigma
-    # dp_accounting's truncation: tail mass exp(bound)/2 of each shifted Gaussian.
     lower_x, upper_x = z, -z
     if adjacency == "add":
         upper_x += 1.0
     else:
         lower_x -= 1.0
-    eps_upper = _gaussian_loss(lower_x, sigma, q, adjacency)
-    eps_lower = _gaussian_loss(upper_x, sigma, q, adjacency)
-    lo, eps = _grid(discretization, eps_lower, eps_upper)
+    return _gaussian_loss(upper_x, sigma, q, adjacency), _gaussian_loss(lower_x, sigma, q, adjacency)
+
+
+def gaussian_loss_range(
+    *, noise_multiplier: float, sampling_rate: float = 1.0, relation: str = ADD_REMOVE,
+    log_mass_truncation_bound: float = -50.0,
+) -> float:
+    """Width of the loss grid of one ``gaussian`` step (max over directions), before building it.
+
+    ``width / discretization`` is the number of grid points, so a caller can choose a
+    discretization within ``MAX_SINGLE_GRID_POINTS`` without allocating anything.
+    """
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    bound = _truncation_bound(log_mass_truncation_bound)
+    kinds = ("replace",) if _relation(relation) == REPLACE_ONE else ("remove", "add")
+    return max(hi - lo for lo, hi in (_gaussian_range(sigma, q, k, bound) for k in kinds))
+
+
+# A pmf is up to a few MB; the calibration reuses one while it searches the step count.
+@functools.lru_cache(maxsize=32)
+def _gaussian_pmf(sigma: float, q: float, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
+    """The connect-the-dots pmf of one direction; cached, arguments are plain floats."""
+    eps_lower, eps_upper = _gaussian_range(sigma, q, adjacency, log_bound)
+    lo, eps = _grid(discretization, eps_lower, eps_upper, f"the Gaussian with noise_multiplier={sigma:g}")
     return _connect_the_dots(discretization, lo, eps, _gaussian_split_curve(eps, sigma, q, adjacency))
 
 
@@ -297,14 +349,42 @@ def gaussian(
     return PLD((remove, _gaussian_pmf(sigma, q, "add", d, bound)), relation)
 
 
+# Entries of one (atoms x losses) block of the mixture's inverse-loss solve (32 MiB).
+_MOG_CHUNK = 1 << 22
+
+
 @functools.lru_cache(maxsize=16)
-def _mog_pmf(sigma: float, sens: tuple, probs: tuple, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
-    mix = _mog.Mixture(sigma, sens, probs)
+def _mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, adjacency: str, discretization: float,
+             log_bound: float) -> PLDPmf:
+    mix = _mog.Mixture(sigma, sens, probs, bottom)
     eps_lower, eps_upper = _mog.grid_loss_bounds(mix, adjacency, log_bound)
-    lo, eps = _grid(discretization, eps_lower, eps_upper)
-    inside, log_p, log_q = _mog.split_terms(mix, adjacency, eps, _side(eps))
+    atoms = int(np.count_nonzero(mix.pos))
+    _check_grid(discretization, eps_lower, eps_upper, f"the mixture of Gaussians with sigma={sigma:g}")
+    span = (eps_upper - eps_lower) / discretization
+    if atoms * span > MAX_MIXTURE_WORK:
+        smallest = (eps_upper - eps_lower) * atoms / MAX_MIXTURE_WORK * 1.01
+        raise GridLimitError(
+            f"discretization {discretization:g} needs {atoms:,} sensitivities x {span:.3g} grid points for one "
+            f"mixture-of-Gaussians step (limit {MAX_MIXTURE_WORK:,} pairs); use discretization >= {smallest:.3g}",
+            points=math.ceil(atoms * span), limit=MAX_MIXTURE_WORK)
+    lo, eps = _grid(discretization, eps_lower, eps_upper, f"the mixture of Gaussians with sigma={sigma:g}")
     h = np.zeros_like(eps)
-    h[inside] = _split_gap(eps[inside], log_p, log_q)
+    chunk = max(1, _MOG_CHUNK // max(1, atoms))
+    for start in range(0, eps.size, chunk):
+        e = eps[start : start + chunk]
+        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, _side(e))
+        part = np.zeros_like(e)
+        part[inside] = _split_gap(e[inside], log_p, log_q)
+        if bottom:
+            # The left-out atoms (see _mog.Mixture): REMOVE puts their mass at loss +inf, which adds
+            # it to delta (for eps < 0 the survival-side formula already counts it); ADD loses
+            # it from the lower distribution, which the survival side misses by bottom e^eps.
+            if adjacency == "remove":
+                part[inside & (e >= 0)] += bottom
+            else:
+                neg = inside & (e < 0)
+                part[neg] += bottom * np.exp(e[neg])
+        h[start : start + chunk] = part
     return _connect_the_dots(discretization, lo, eps, h)
 
 
@@ -315,45 +395,52 @@ def mixture_of_gaussians(
     probabilities: Sequence[float],
     discretization: float = 1e-4,
     log_mass_truncation_bound: float = -50.0,
+    dropped_mass: float = 0.0,
 ) -> PLD:
     """PLD of one step of the mixture-of-Gaussians mechanism (add-remove; REMOVE and ADD).
 
     The sensitivity is ``sensitivities[i]`` with probability ``probabilities[i]``. For
     user-level DP-SGD (K examples per user, each Poisson-sampled at rate q) pass
-    sensitivities 0..K with Binomial(K, q) probabilities. Matches dp_accounting's
-    ``from_mixture_gaussian_mechanism`` (MixtureGaussianPrivacyLoss), except that the
-    inverse privacy loss is solved to rounding accuracy instead of on a 1e-6 x-grid.
+    sensitivities 0..K with Binomial(K, q) probabilities, or only a window of them with the
+    rest as ``dropped_mass``. Matches dp_accounting's ``from_mixture_gaussian_mechanism``
+    (MixtureGaussianPrivacyLoss), except that the inverse privacy loss is solved to
+    rounding accuracy instead of on a 1e-6 x-grid.
 
     Args:
         standard_deviation: standard deviation of the Gaussian noise.
         sensitivities: the support of the sensitivity, each >= 0.
-        probabilities: their probabilities (summing to 1).
+        probabilities: their probabilities (summing to 1 - dropped_mass).
         discretization: grid step of the privacy losses.
         log_mass_truncation_bound: ln of the noise mass left out of the grid.
+        dropped_mass: probability of sensitivities not listed (an upper bound will do). It
+            is accounted as an infinite sensitivity, i.e. added to delta (pessimistic).
 
     Returns:
         The PLD with pmfs (remove, add); cached and read-only.
 
     Raises:
         InvalidParameterError (a ValueError): on a non-positive standard deviation,
-            mismatched lengths, a negative sensitivity or probability, probabilities not
-            summing to 1, or no positive sensitivity with positive probability.
+            mismatched lengths, a negative or non-finite sensitivity or probability,
+            probabilities not summing to 1 - dropped_mass, no positive sensitivity with
+            positive probability, or more (sensitivity, loss) pairs than
+            ``MAX_MIXTURE_WORK`` (a ``GridLimitError`` naming the discretization that fits).
     """
     sigma = _validate.positive("standard_deviation", standard_deviation)
     d = _validate.positive("discretization", discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
-    sens = tuple(float(s) for s in sensitivities)
-    probs = tuple(float(p) for p in probabilities)
+    bottom = _validate.probability("dropped_mass", dropped_mass, allow_zero=True)
+    sens = tuple(_validate.non_negative("sensitivities", s) for s in sensitivities)
+    probs = tuple(_validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)
     if len(sens) != len(probs) or not sens:
-        raise InvalidParameterError("sensitivities and probabilities must be non-empty and of equal length")
-    if not all(math.isfinite(s) and s >= 0 for s in sens):
-        raise InvalidParameterError(f"sensitivities must be finite and >= 0, got {sens}")
-    if not all(math.isfinite(p) and 0 <= p <= 1 for p in probs) or not math.isclose(sum(probs), 1.0):
-        raise InvalidParameterError(f"probabilities must lie in [0, 1] and sum to 1, got {probs}")
+        raise InvalidParameterError(
+            f"sensitivities and probabilities must be non-empty and of equal length, got {len(sens)} and {len(probs)}")
+    total = math.fsum(probs) + bottom
+    if not math.isclose(total, 1.0, rel_tol=1e-9):
+        raise InvalidParameterError(f"probabilities must sum to 1 - dropped_mass, got a total of {total!r}")
     if not any(s > 0 and p > 0 for s, p in zip(sens, probs)):
         raise InvalidParameterError("at least one positive sensitivity needs a positive probability")
     return PLD(
-        (_mog_pmf(sigma, sens, probs, "remove", d, bound), _mog_pmf(sigma, sens, probs, "add", d, bound)),
+        (_mog_pmf(sigma, sens, probs, bottom, "remove", d, bound), _mog_pmf(sigma, sens, probs, bottom, "add", d, bound)),
         ADD_REMOVE,
     )
 
@@ -363,8 +450,12 @@ def _rr_pmf(epsilon: float, discretization: float) -> PLDPmf:
     # The same floating-point path as dp_accounting's from_randomized_response
     # (noise_parameter = 2/(e^eps + 1), two buckets), so the losses round to the same
     # grid points even when eps/d is (nearly) an integer.
-    noise = 2.0 / (math.exp(epsilon) + 1.0)
-    log_keep, log_flip = math.log(1 - noise * 1 / 2), math.log(noise / 2)
+    if epsilon < 700.0:
+        noise = 2.0 / (math.exp(epsilon) + 1.0)
+        log_keep, log_flip = math.log(1 - noise * 1 / 2), math.log(noise / 2)
+    else:  # e^eps overflows: the same quantities in log space
+        log_keep, log_flip = -float(np.logaddexp(0.0, -epsilon)), -float(np.logaddexp(0.0, epsilon))
+    _check_grid(discretization, log_flip - log_keep, log_keep - log_flip, f"randomized response with epsilon={epsilon:g}")
     k_keep = math.ceil((log_keep - log_flip) / discretization)
     k_flip = math.ceil((log_flip - log_keep) / discretization)
     probs = np.zeros(k_keep - k_flip + 1)

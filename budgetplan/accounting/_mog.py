@@ -172,6 +172,20 @@ def _lse_atoms(log_cdf: np.ndarray, log_w: np.ndarray) -> np.ndarray:
     return safe + np.log(np.exp(a - safe).sum(axis=0))
 
 
+def _exp_minus(x: np.ndarray, mix: "Mixture") -> np.ndarray:
+    """e^x - p0 as expm1(x) + (q + bottom), accurate near x = 0; only its sign is read above 0."""
+    return np.where(x > 0, 1.0, np.expm1(np.minimum(x, 0.0)) + (mix.q + mix.bottom))
+
+
+def _log_exp_minus(x: np.ndarray, mix: "Mixture") -> np.ndarray:
+    """ln(e^x - p0) where e^x > p0, without overflow for large x."""
+    out = np.empty_like(x)
+    big = x > 0
+    out[big] = x[big] + np.log1p(-mix.p_zero * np.exp(-x[big]))
+    out[~big] = np.log(np.expm1(x[~big]) + (mix.q + mix.bottom))
+    return out
+
+
 def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray, side: np.ndarray):
     """The two terms of delta(eps) = P - Q at the root x* of the loss, in log space.
 
@@ -194,20 +208,20 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray, side: np.ndarray)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if adjacency == "remove":
             # e^eps = p0 + sum_pos p_i e^{c_i - s_i x/var}.
-            r = np.expm1(eps) + (mix.q + mix.bottom) if mix.p_zero > 0.0 else np.exp(eps)
+            r = _exp_minus(eps, mix) if mix.p_zero > 0.0 else np.exp(np.minimum(eps, 0.0))
             inside = r > 0.0
             e, sg = eps[inside], side[inside]
-            log_r = np.log(r[inside]) if mix.p_zero > 0.0 else e
+            log_r = _log_exp_minus(e, mix) if mix.p_zero > 0.0 else e
             x = _solve_lse(c, s, var, log_r)
             # P = sum_pos p_i Phi((x + s_i)/sigma), Q = R Phi(x/sigma).
             log_p = _lse_atoms(special.log_ndtr(sg * (x + s[:, None]) / sigma), log_w)
             log_q = log_r + special.log_ndtr(sg * x / sigma)
         else:
             # e^-eps = p0 + sum_pos p_i e^{c_i + s_i x/var}.
-            r = np.expm1(-eps) + (mix.q + mix.bottom) if mix.p_zero > 0.0 else np.exp(-eps)
+            r = _exp_minus(-eps, mix) if mix.p_zero > 0.0 else np.exp(np.minimum(-eps, 0.0))
             inside = r > 0.0
             e, sg = eps[inside], side[inside]
-            log_r = np.log(r[inside]) if mix.p_zero > 0.0 else -e
+            log_r = _log_exp_minus(-e, mix) if mix.p_zero > 0.0 else -e
             x = -_solve_lse(c, s, var, log_r)
             # P = e^eps R Phi(x/sigma), Q = e^eps sum_pos p_i Phi((x - s_i)/sigma).
             log_p = e + log_r + special.log_ndtr(sg * x / sigma)

@@ -61,6 +61,10 @@ _TILTED_TAIL = 1e-12
 # centres the law on that epsilon.
 _ALLOWANCE_TARGET = 1e-5
 _ALLOWANCE_LIMIT = 1e-3
+# The untilted mass the window may move to infinity, as a share of delta.
+_INFINITY_SHARE = 1e-4
+# Compositions tried at most for one delta when the first tilt proves off.
+_RETILTS = 6
 # Below this many multiply-adds a direct convolution is faster than an FFT (and its error
 # is relative, so no noise floor).
 _DIRECT_CONVOLVE_MAX = 1 << 16
@@ -318,13 +322,16 @@ def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tai
     return best[0], best[1], best[2]
 
 
-def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float):
+def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float, infinity_budget: float = 1.0):
     """Loss window [low, high] of the tilted composition and the untilted mass outside it.
 
     Chernoff on the law tilted by lam, at near-optimal orders (``_chernoff_end``): the tilted
     mass above ``high`` is at most tail_up, below ``low`` at most tail_down. The untilted
     mass strictly above ``high`` is bounded at the same order (theta >= 0); strictly below
     ``low`` likewise when lam = 0, and by 1 otherwise (the caller moves it up onto ``low``).
+
+    If the untilted mass above ``high`` would exceed ``infinity_budget`` (where the tilted
+    law is cut off by the top of the support, say), ``high`` is raised until it does not.
 
     Returns:
         (low, high, mass_above, mass_below): grid indices of the composed pmf relative to
@@ -344,6 +351,11 @@ def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float
     with np.errstate(over="ignore"):
         if high < n_max:
             mass_above = math.exp(min(0.0, c_up - up * (base + high + 1) * d))
+        if mass_above > infinity_budget:
+            c_0, _, var_0 = _moments(terms, 0.0)
+            loss, up, c_up = _chernoff_end(terms, 0.0, c_0, var_0, infinity_budget, +1)
+            high = max(high, min(n_max, math.ceil(loss / d) - base)) if math.isfinite(loss) else n_max
+            mass_above = math.exp(min(0.0, c_up - up * (base + high + 1) * d)) if high < n_max else 0.0
         if low > 0:
             mass_below = math.exp(min(0.0, c_down - down * (base + low - 1) * d)) if down <= 0 else 1.0
     return low, high, mass_above, mass_below
@@ -362,9 +374,10 @@ def _tilted(term: _Term, lam: float) -> tuple[np.ndarray, float, float]:
     return w / s, top + math.log(s), (scale + 4.0) * _U
 
 
-def _compose_fft(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float) -> PLDPmf:
+def _compose_fft(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float,
+                 infinity_budget: float = 1.0) -> PLDPmf:
     d = terms[0].pmf.discretization
-    low, high, mass_above, mass_below = _window(terms, lam, tail_up, tail_down)
+    low, high, mass_above, mass_below = _window(terms, lam, tail_up, tail_down, infinity_budget)
     out_len = high - low + 1
     if out_len > MAX_GRID_POINTS:
         raise GridLimitError(
@@ -450,14 +463,38 @@ def _compose_direction(pairs: Sequence[tuple[PLDPmf, int]], delta: float | None,
         half = max(tail / 2, 1e-300)  # no truncation at all would keep the full linear length
         return _compose_fft(terms, 0.0, half, half)
     size_guess = sum(t.count * t.pmf.probs.size for t in terms)
-    lam = _choose_tilt(terms, delta, min(size_guess, MAX_GRID_POINTS))
-    pmf = _compose_fft(terms, lam, _TILTED_TAIL, _TILTED_TAIL)
-    eps = _epsilon_for_delta_pmf(pmf, delta)
-    if math.isfinite(eps) and pmf.allowance(eps) > _ALLOWANCE_LIMIT * delta:
-        # The estimate of epsilon behind the tilt was off: centre the tilted law on the
-        # epsilon found instead (the most accurate tilt there).
-        pmf = _compose_fft(terms, max(lam, _tilt_with_mean(terms, eps)), _TILTED_TAIL, _TILTED_TAIL)
-    return pmf
+    return _compose_for_delta(terms, delta, _choose_tilt(terms, delta, min(size_guess, MAX_GRID_POINTS)))
+
+
+def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDPmf:
+    """The tilted composition at ``lam``, re-tilted while the epsilon at delta shows a bad tilt.
+
+    Too small a tilt shows as an allowance above _ALLOWANCE_LIMIT x delta at the epsilon
+    read; too large a one (the tilted law jumps past that epsilon, as the heavy remove
+    tail of a subsampled Gaussian does at deltas like 1e-40) as that epsilon sitting on
+    the window's first loss, where the mass below the window was moved. Every attempt is
+    a valid upper bound, so the one with the smallest epsilon is returned.
+    """
+    budget = _INFINITY_SHARE * delta
+    best, best_eps = None, math.inf
+    lo, hi = 0.0, math.inf  # tilts known to be too small / too large
+    for _ in range(_RETILTS):
+        pmf = _compose_fft(terms, lam, _TILTED_TAIL, _TILTED_TAIL, budget)
+        eps = _epsilon_for_delta_pmf(pmf, delta)
+        if best is None or eps < best_eps:
+            best, best_eps = pmf, eps
+        if not math.isfinite(eps):
+            break
+        if lam > 0 and eps <= (pmf.lower_index + 1) * pmf.discretization:
+            hi = lam
+        elif pmf.allowance(eps) > _ALLOWANCE_LIMIT * delta:
+            lo = lam
+        else:
+            break
+        # The next tilt: centred on the epsilon found if that lies in (lo, hi), else halfway.
+        target = _tilt_with_mean(terms, eps) if hi == math.inf else 0.0
+        lam = target if lo < target < hi else (0.5 * (lo + hi) if hi < math.inf else 2.0 * lam + 1.0)
+    return best
 
 
 # ------------------------------------------------------------------------ public API

@@ -32,7 +32,7 @@ import numpy as np
 from budgetplan import _validate
 from budgetplan.accounting import backends, gaussian, group, pld_build, rr
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
     Composition,
     GaussianRelease,
@@ -112,7 +112,7 @@ def account(
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
     delta = _validate.probability("delta", delta, allow_zero=True)
-    discretization = _validate.positive("discretization", discretization)
+    discretization = _check_discretization(discretization)
     prv_eps_error = _validate.positive("prv_eps_error", prv_eps_error)
     if unit_accounting not in UNIT_ACCOUNTING:
         raise InvalidParameterError(
@@ -176,6 +176,15 @@ def account_phases(
     return _basic(composition, delta=delta, adjacency=adjacency, unit=unit,
                   unit_accounting=unit_accounting, discretization=discretization,
                   prv_eps_error=prv_eps_error)[1]
+
+
+def _check_discretization(value) -> float:
+    from budgetplan.accounting.limits import MAX_DISCRETIZATION
+
+    d = _validate.positive("discretization", value)
+    if d > MAX_DISCRETIZATION:
+        raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
+    return d
 
 
 def _check_method(mechanism, method: str | None) -> str:
@@ -289,8 +298,19 @@ def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization,
         return _Curve(epsilon=lambda d: rr.composed_epsilon(e, k, d), method="exact", bound="exact",
                       notes=(f"{k} x RR(eps={e:.6g}) per unit, exact binomial privacy loss",) if k > 1 else ())
     if method == "rdp":
-        return _Curve(epsilon=backends.rdp_rr_curve(epsilon=e, count=k), method="rdp",
-                      conversion=backends.RDP_CONVERSION)
+        rdp = backends.rdp_rr_curve(epsilon=e, count=k)
+
+        def checked(d: float) -> float:
+            # dp_accounting's RR RDP cancels catastrophically at tiny per-copy epsilons (1e8 copies
+            # of RR(1e-8) report 0): an upper bound below the exact value is a back-end failure.
+            got, exact = rdp(d), rr.composed_epsilon(e, k, d)
+            if got < exact * (1.0 - 1e-9):
+                raise AccountingError(
+                    f"dp_accounting RDP returned epsilon={got:.6g}, below the exact {exact:.6g}, for {k} x RR("
+                    f"eps={e:.3g}); use method 'exact'")
+            return got
+
+        return _Curve(epsilon=checked, method="rdp", conversion=backends.RDP_CONVERSION)
     return _pld_curve(mech, adjacency, unit, discretization, delta, "pld")
 
 

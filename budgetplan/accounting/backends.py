@@ -52,12 +52,16 @@ def _rdp_curve(event, relation) -> Callable[[float], float]:
 
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
     try:
-        accountant.compose(event)
+        with warnings.catch_warnings():  # overflow to an infinite RDP at extreme inputs is fine
+            warnings.simplefilter("ignore")
+            accountant.compose(event)
     except Exception as exc:  # dp_accounting raises on unsupported events
         raise AccountingError(f"dp_accounting RDP failed: {exc}") from None
 
     def epsilon(delta: float) -> float:
-        eps = accountant.get_epsilon(delta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            eps = accountant.get_epsilon(delta)
         if math.isnan(eps) or eps < 0:
             raise AccountingError(f"dp_accounting RDP returned epsilon={eps!r} at delta={delta!r}")
         return float(eps)
@@ -91,7 +95,9 @@ def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
     """eps(delta) of ``count`` binary RR releases under REPLACE_ONE, by RDP."""
     import dp_accounting as dpa
 
-    noise_parameter = 2.0 / (math.exp(epsilon) + 1.0)
+    from scipy import special
+
+    noise_parameter = 2.0 * float(special.expit(-epsilon))  # 2 / (e^eps + 1), no overflow
     event = dpa.SelfComposedDpEvent(dpa.RandomizedResponseDpEvent(noise_parameter, 2), count)
     return _rdp_curve(event, _relation(Adjacency.REPLACE_ONE))
 
@@ -137,6 +143,26 @@ def reference_pld_truncated(
     return single.self_compose(steps)
 
 
+def _check_prv_size(prv, steps: int, eps_error: float, delta_error: float) -> None:
+    """Refuse a PRV composition whose grid would exceed MAX_GRID_POINTS, before it is allocated.
+
+    prv_accountant's grid spans [-L, L] at mesh eps_error / sqrt(T/2 ln(12/delta_error))
+    (Gopi, Lee, Wutschitz 2021, arXiv:2106.02848, Theorem 5.5), L from its RDP bound.
+    """
+    import numpy as np
+    from prv_accountant.accountant import compute_safe_domain_size
+
+    from budgetplan.accounting.limits import MAX_GRID_POINTS
+
+    half_width = compute_safe_domain_size([prv], [steps], eps_error=eps_error, delta_error=delta_error)
+    mesh = eps_error / np.sqrt(steps / 2 * np.log(12 / delta_error))
+    points = 2 * half_width / mesh
+    if not points <= MAX_GRID_POINTS:
+        raise AccountingError(
+            f"prv_accountant would need {points:.3g} grid points here (limit {MAX_GRID_POINTS:,}): too many steps, "
+            "too little noise or too small an error band; use method 'pld'")
+
+
 def prv_dpsgd_curve(
     *, noise_multiplier: float, sampling_rate: float, steps: int, delta_error: float, eps_error: float
 ) -> Callable[[float], tuple[float, float, float]]:
@@ -159,10 +185,13 @@ def prv_dpsgd_curve(
             prv = PoissonSubsampledGaussianMechanism(
                 noise_multiplier=noise_multiplier, sampling_probability=sampling_rate
             )
+            _check_prv_size(prv, steps, eps_error, delta_error)
             accountant = PRVAccountant(
                 prvs=prv, max_self_compositions=steps, eps_error=eps_error, delta_error=delta_error
             )
             composed = accountant.compute_composition(steps)
+    except AccountingError:
+        raise
     except Exception as exc:
         raise fail(exc) from None
 

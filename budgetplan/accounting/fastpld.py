@@ -44,7 +44,7 @@ from budgetplan.accounting import _mog
 from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
-from budgetplan.accounting.limits import MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
+from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
@@ -88,6 +88,25 @@ def _truncation_bound(value: object) -> float:
     return bound
 
 
+def _discretization(value: object) -> float:
+    d = _validate.positive("discretization", value)
+    if d > MAX_DISCRETIZATION:
+        raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
+    return d
+
+
+# The Gaussian builders square the noise multiplier and divide by it.
+_NOISE_RANGE = (1e-100, 1e100)
+
+
+def _noise(name: str, value: object) -> float:
+    sigma = _validate.positive(name, value)
+    if not _NOISE_RANGE[0] <= sigma <= _NOISE_RANGE[1]:
+        raise InvalidParameterError(
+            f"{name} must be in [{_NOISE_RANGE[0]:g}, {_NOISE_RANGE[1]:g}] for PLD accounting, got {sigma!r}")
+    return sigma
+
+
 def _readonly(pmf: PLDPmf) -> PLDPmf:
     """Freeze ``probs`` so that cached pmfs cannot be altered through a result."""
     pmf.probs.flags.writeable = False
@@ -114,22 +133,30 @@ def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, 
     to full relative accuracy, so the masses come out exact to rounding.
     """
     neg = eps < 0
-    one_minus_exp = -np.expm1(eps)
+    # g is read at most one point past eps = 0, so the clip (against overflow) never shows.
+    one_minus_exp = -np.expm1(np.minimum(eps, 700.0))
     delta = np.where(neg, h + one_minus_exp, h)
     g = np.where(neg, h, h - one_minus_exp)
     if eps.size == 1:
         return _readonly(PLDPmf(discretization, int(lower_index), np.array([1.0 - delta[0]]), float(delta[0])))
-    em1, ed = math.expm1(discretization), math.exp(discretization)
+    if discretization <= 1.0:
+        em1, ed = math.expm1(discretization), math.exp(discretization)
 
-    def second_difference(v: np.ndarray) -> np.ndarray:
-        return ((v[2:] - v[1:-1]) - ed * (v[1:-1] - v[:-2])) / em1
+        def second_difference(v: np.ndarray) -> np.ndarray:
+            return ((v[2:] - v[1:-1]) - ed * (v[1:-1] - v[:-2])) / em1
+    else:  # the same divided by e^d, which would overflow on a coarse grid
+        em1, ed = -math.expm1(-discretization), math.exp(-discretization)
+
+        def second_difference(v: np.ndarray) -> np.ndarray:
+            return (ed * (v[2:] - v[1:-1]) - (v[1:-1] - v[:-2])) / em1
 
     probs = np.empty_like(eps)
     probs[1:-1] = np.where(neg[1:-1], second_difference(g), second_difference(delta))
+    first_gap = math.expm1(discretization) if discretization < 700.0 else math.inf
     if neg[0]:
-        probs[0] = -g[0] + (g[1] - g[0]) / em1
+        probs[0] = -g[0] + (g[1] - g[0]) / first_gap
     else:
-        probs[0] = 1.0 - delta[0] + (delta[1] - delta[0]) / em1
+        probs[0] = 1.0 - delta[0] + (delta[1] - delta[0]) / first_gap
     probs[-1] = (delta[-1] - delta[-2]) / math.expm1(-discretization)
     np.maximum(probs, 0.0, out=probs)
     return _readonly(PLDPmf(discretization, int(lower_index), probs, float(delta[-1])))
@@ -205,6 +232,16 @@ def _gaussian_loss(x: float, sigma: float, q: float, adjacency: str) -> float:
     return float(np.logaddexp(l0 + math.log(q), math.log(1 - q)))
 
 
+def _log1p_expm1_over(e: np.ndarray, q: float) -> np.ndarray:
+    """ln(1 + (e^e - 1) / q) without overflow: for e > 0 it is ln(1 + e^(ln expm1(e) - ln q))."""
+    out = np.empty_like(e)
+    big = e > 0
+    out[~big] = np.log1p(np.expm1(e[~big]) / q)
+    eb = e[big]
+    out[big] = np.logaddexp(0.0, eb + np.log1p(-np.exp(-eb)) - math.log(q))
+    return out
+
+
 def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: str) -> np.ndarray:
     """Split hockey-stick values h (see ``_connect_the_dots``) of the subsampled Gaussian.
 
@@ -226,7 +263,7 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
             inside = eps > math.log1p(-q) if q < 1.0 else np.ones(eps.shape, dtype=bool)
             e = eps[inside]
             sg = _side(e)
-            l0 = np.log1p(np.expm1(e) / q) if q < 1.0 else e
+            l0 = _log1p_expm1_over(e, q) if q < 1.0 else e
             x = -0.5 - l0 * s2
             # P = q Phi((x+1)/sigma), Q = e^eps Phi(x/sigma) - (1-q) Phi(x/sigma) = q e^L0 Phi(x/sigma).
             log_p = lq + special.log_ndtr(sg * (x + 1.0) / sigma)
@@ -237,7 +274,7 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
             inside = eps < -math.log1p(-q) if q < 1.0 else np.ones(eps.shape, dtype=bool)
             e = eps[inside]
             sg = _side(e)
-            l0 = -np.log1p(np.expm1(-e) / q) if q < 1.0 else e
+            l0 = -_log1p_expm1_over(-e, q) if q < 1.0 else e
             x = 0.5 - l0 * s2
             # P = (1 - (1-q) e^eps) Phi(x/sigma) = q e^{eps - L0} Phi(x/sigma), Q = q e^eps Phi((x-1)/sigma).
             log_p = lq + e - l0 + special.log_ndtr(sg * x / sigma)
@@ -290,7 +327,7 @@ def gaussian_loss_range(
     ``width / discretization`` is the number of grid points, so a caller can choose a
     discretization within ``MAX_SINGLE_GRID_POINTS`` without allocating anything.
     """
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    sigma = _noise("noise_multiplier", noise_multiplier)
     q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
     bound = _truncation_bound(log_mass_truncation_bound)
     kinds = ("replace",) if _relation(relation) == REPLACE_ONE else ("remove", "add")
@@ -337,9 +374,9 @@ def gaussian(
         InvalidParameterError (a ValueError): on a non-positive sigma, q outside (0, 1],
             an unknown relation, a non-positive discretization.
     """
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    sigma = _noise("noise_multiplier", noise_multiplier)
     q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    d = _validate.positive("discretization", discretization)
+    d = _discretization(discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
     if _relation(relation) == REPLACE_ONE:
         return PLD((_gaussian_pmf(sigma, q, "replace", d, bound),), relation)
@@ -425,8 +462,8 @@ def mixture_of_gaussians(
             positive probability, or more (sensitivity, loss) pairs than
             ``MAX_MIXTURE_WORK`` (a ``GridLimitError`` naming the discretization that fits).
     """
-    sigma = _validate.positive("standard_deviation", standard_deviation)
-    d = _validate.positive("discretization", discretization)
+    sigma = _noise("standard_deviation", standard_deviation)
+    d = _discretization(discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
     bottom = _validate.probability("dropped_mass", dropped_mass, allow_zero=True)
     sens = tuple(_validate.non_negative("sensitivities", s) for s in sensitivities)
@@ -479,5 +516,5 @@ def randomized_response(*, epsilon: float, discretization: float = 1e-4) -> PLD:
         A replace-one PLD with a single (symmetric) pmf; cached and read-only.
     """
     eps = _validate.positive("epsilon", epsilon)
-    d = _validate.positive("discretization", discretization)
+    d = _discretization(discretization)
     return PLD((_rr_pmf(eps, d),), REPLACE_ONE)

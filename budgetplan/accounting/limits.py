@@ -17,9 +17,11 @@ __all__ = [
     "MAX_MIXTURE_ATOMS",
     "MAX_COMPOSITIONS",
     "MIN_PLD_DELTA",
+    "MAX_DISCRETIZATION",
     "MAX_GAUSSIAN_RATIO",
     "MAX_RR_COUNT",
     "MAX_STEPS",
+    "MAX_CALIBRATION_EPSILON",
 ]
 
 # Losses on the grid of one step (connect-the-dots): 4M points, 32 MiB per array; building
@@ -45,20 +47,31 @@ MAX_MIXTURE_ATOMS = 1 << 16
 # 1e9), and beyond this the grid needed for any useful epsilon is far past MAX_GRID_POINTS.
 MAX_COMPOSITIONS = 10**9
 
-# The smallest delta a PLD epsilon is certified at: the tilted FFT keeps its rounding
-# allowance ~1e-6 relative at any delta, but the grids' float64 masses underflow near 1e-300
-# and the single-step truncation must reach far below delta / steps.
-MIN_PLD_DELTA = 1e-100
+# The smallest delta a PLD epsilon is certified at. The tilted FFT keeps its rounding
+# allowance near 1e-5 of delta at any delta, but below this the tilt has to jump across the
+# heavy remove-direction tail of subsampled Gaussians and PLD can come out looser than RDP;
+# such deltas are refused (RDP accepts any delta).
+MIN_PLD_DELTA = 1e-30
+
+# Coarsest PLD grid: one step's loss is rounded up by at most this much. Past it the grid
+# arithmetic (e^discretization) is no longer meaningful; such mechanisms (noise far below
+# the sensitivity) are refused, naming RDP.
+MAX_DISCRETIZATION = 100.0
 
 # Largest sensitivity / noise-std ratio of a Gaussian release accounted in closed form:
 # epsilon grows like ratio^2 / 2, which overflows float64 past ~1e154.
 MAX_GAUSSIAN_RATIO = 1e100
 
 # Largest number of randomized-response copies per unit (the unit cap K). The exact binomial
-# accounting only touches a window of about 80 standard deviations of Binomial(K, rho), so
-# its tables stay below ~1e6 entries (8 MiB) for any K up to this.
+# accounting only builds a window of Binomial(K, rho) (about 20 to 75 standard deviations),
+# itself limited to 4M terms (32 MiB), which binds first for K beyond ~1e11.
 MAX_RR_COUNT = 10**15
 
 # Largest number of DP-SGD steps any method accepts (the step count must stay an exact
 # float64 integer for the back-ends).
 MAX_STEPS = 10**15
+
+# Largest epsilon a noise multiplier is calibrated for. Past it the noise is so small that
+# every PLD evaluation runs at the grid limits (a search for epsilon = 1000 takes ~30 s on
+# two cores); no privacy plan needs it.
+MAX_CALIBRATION_EPSILON = 1e3

@@ -23,8 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from budgetplan.accounting import _mog, fastpld
-from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_MIXTURE_ATOMS
-from budgetplan.errors import AccountingError, UnsupportedError
+from budgetplan.accounting.limits import (
+    MAX_COMPOSITIONS,
+    MAX_DISCRETIZATION,
+    MAX_MIXTURE_ATOMS,
+    MAX_MIXTURE_WORK,
+    MAX_SINGLE_GRID_POINTS,
+)
+from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import Composition, GaussianRelease, PoissonDPSGD, RandomizedResponse
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -67,6 +73,8 @@ def build(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization:
             break
         except fastpld.GridLimitError as exc:
             d = max(1.5 * d, d * exc.points / exc.limit * 1.05)
+            if d > MAX_DISCRETIZATION:
+                raise UnsupportedError(_hopeless(mechanism, adjacency, unit, delta)) from None
     else:
         raise AccountingError(f"no PLD grid up to discretization {d:.3g} fits the engine's limits")
     notes = ()
@@ -94,6 +102,77 @@ def pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
             return unit.cap * (pmf.lower_index + pmf.probs.size - 1) * d
         except fastpld.GridLimitError as exc:
             d = max(1.5 * d, d * exc.points / exc.limit * 1.05)
+            if d > MAX_DISCRETIZATION:
+                raise UnsupportedError(_hopeless(mechanism, Adjacency.REPLACE_ONE, unit, 1e-5)) from None
+
+
+# ------------------------------------------------------------------- refusals
+
+
+def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) -> str:
+    """Why no PLD grid within the limits holds ``mechanism``, and the value that would work.
+
+    The value is found by bisection on the single step's loss span at the coarsest grid
+    (MAX_DISCRETIZATION, half of MAX_SINGLE_GRID_POINTS), so it is approximate ("about"):
+    the composition's own window can bind first.
+    """
+    span_limit = MAX_DISCRETIZATION * MAX_SINGLE_GRID_POINTS / 2
+    if isinstance(mechanism, RandomizedResponse):
+        return (f"epsilon={mechanism.epsilon:g} is too large for PLD accounting (it works up to about "
+                f"{span_limit / 2:.3g}); use method 'exact'")
+    if isinstance(mechanism, GaussianRelease):
+        rel = adjacency.value
+        factor = 1.0 if adjacency is Adjacency.ADD_REMOVE else 2.0
+        scale = mechanism.sensitivity * unit.cap
+
+        def fits(std: float) -> bool:
+            return fastpld.gaussian_loss_range(noise_multiplier=factor * std / scale, relation=rel) <= span_limit
+
+        return (f"noise_std={mechanism.noise_std:g} is too small for PLD accounting (it works from about "
+                f"{_smallest(fits, mechanism.noise_std):.3g}); use method 'exact'")
+    if isinstance(mechanism, PoissonDPSGD) and unit.cap == 1:
+        bound = _truncation(delta, min(mechanism.steps, MAX_COMPOSITIONS))
+
+        def fits(sigma: float) -> bool:
+            return fastpld.gaussian_loss_range(noise_multiplier=sigma, sampling_rate=mechanism.sampling_rate,
+                                               relation=adjacency.value,
+                                               log_mass_truncation_bound=bound) <= span_limit
+
+        return (f"noise_multiplier={mechanism.noise_multiplier:g} is too small for PLD accounting (it works from "
+                f"about {_smallest(fits, mechanism.noise_multiplier):.3g}); use method 'rdp'")
+    if isinstance(mechanism, PoissonDPSGD):
+        drop = delta * _TAIL_SHARE / max(1, mechanism.steps)
+
+        def fits(cap: int) -> bool:
+            lo, hi, outside = _mog.binomial_window(cap, mechanism.sampling_rate, drop)
+            mix = _mog.Mixture(mechanism.noise_multiplier, np.arange(lo, hi + 1.0),
+                               np.full(hi - lo + 1, (1.0 - outside) / (hi - lo + 1)), outside)
+            low, high = _mog.grid_loss_bounds(mix, "remove", -50.0)
+            points = (high - low) / MAX_DISCRETIZATION
+            return points <= MAX_SINGLE_GRID_POINTS / 2 and (hi - lo + 1) * points <= MAX_MIXTURE_WORK / 2
+
+        lo, hi = 1, unit.cap
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return (f"unit cap {unit.cap:,} is too large for the mixture-of-Gaussians PLD at noise_multiplier="
+                f"{mechanism.noise_multiplier:g} (it works up to a unit cap of about {lo:,}); use unit_accounting "
+                "'group'")
+    return ("a phase of this composition has privacy losses beyond the PLD engine's grids; "
+            "account the phases separately (method 'basic')")
+
+
+def _smallest(fits, value: float) -> float:
+    """The smallest x >= value with fits(x) (fits is monotone), to 1% in log scale."""
+    lo, hi = math.log(value), math.log(value) + 1.0
+    while not fits(math.exp(hi)):
+        lo, hi = hi, hi + 2.0 * (hi - lo)
+        if hi > math.log(1e100):
+            return math.inf
+    while hi - lo > 0.01:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if fits(math.exp(mid)) else (mid, hi)
+    return math.exp(hi)
 
 
 # ------------------------------------------------------------------------------ parts
@@ -123,6 +202,9 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
                  _count("unit cap", unit.cap))]
     if isinstance(mechanism, GaussianRelease):
         ratio = mechanism.noise_std / (mechanism.sensitivity * unit.cap)
+        if not 1e-100 <= ratio <= 1e100:
+            raise InvalidParameterError(
+                f"noise_std / unit sensitivity must be in [1e-100, 1e100] for PLD accounting, got {ratio:.3g}")
         # The stated sensitivity is the full shift between neighbours. The engine's replace-one
         # Gaussian shifts by 2 (+1 and -1), so the same shift needs twice the multiplier there.
         nm = ratio if adjacency is Adjacency.ADD_REMOVE else 2.0 * ratio

@@ -12,6 +12,10 @@ from budgetplan.errors import BudgetplanError, UnsupportedError
 
 __all__ = ["rr", "gaussian", "group"]
 
+# Rows of the per-count table (eps / K_i) listed before it skips to K: a table of K rows
+# would not fit in memory for the unit caps users give.
+_PER_COUNT_ROWS = 100
+
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
@@ -83,8 +87,10 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
          "unit_epsilon": rr_math.composed_epsilon(e, cap, delta)}
         for r, e in splits.items() if cap > 1 and (r == "eps/K" or delta > 0)
     ]
+    # eps / K_i for every count K_i a unit may have: the first _PER_COUNT_ROWS, then K itself.
+    counts = list(range(1, min(cap, _PER_COUNT_ROWS) + 1)) + ([cap] if cap > _PER_COUNT_ROWS else [])
     by_count = [{"count": k, "per_impression_epsilon": epsilon / k,
-                 "flip_probability": rr_math.flip_probability(epsilon / k)} for k in range(1, cap + 1)]
+                 "flip_probability": rr_math.flip_probability(epsilon / k)} for k in counts]
     payload = {
         "epsilon": head.epsilon, "delta": delta, "accountant": results[0][0], "adjacency": "replace-one",
         "flip_probability": rr_math.flip_probability(per), "per_impression_epsilon": per,

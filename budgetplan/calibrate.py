@@ -87,9 +87,10 @@ def steps_for_epochs(*, epochs: float, dataset_size: int, batch_size: int) -> in
     batch_size = _validate.positive_int("batch_size", batch_size)
     steps = epochs * dataset_size / batch_size
     if not steps <= MAX_STEPS:
+        most = MAX_STEPS * batch_size / dataset_size
+        most = math.floor(most / 10 ** (math.floor(math.log10(most)) - 3)) * 10 ** (math.floor(math.log10(most)) - 3)
         raise InvalidParameterError(
-            f"epochs={epochs:g} gives {steps:.3g} steps (limit {MAX_STEPS:.0e}); at most "
-            f"{MAX_STEPS * batch_size / dataset_size:.4g} epochs fit")
+            f"epochs={epochs:g} gives {steps:.3g} steps (limit {MAX_STEPS:.0e}); at most {most:.4g} epochs fit")
     return max(1, math.ceil(steps - 1e-9))
 
 

@@ -44,7 +44,7 @@ from budgetplan.accounting._pld_types import PLD, PLDPmf
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_GRID_POINTS, MIN_PLD_DELTA
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["self_compose", "compose", "compose_all", "GridLimitError"]
+__all__ = ["self_compose", "compose", "compose_all", "window_size", "GridLimitError"]
 
 _U = 2.0**-53
 # Per-stage componentwise FFT error (Higham's eta for radix 2, rounded up) and a factor for
@@ -479,7 +479,12 @@ def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDP
     best, best_eps = None, math.inf
     lo, hi = 0.0, math.inf  # tilts known to be too small / too large
     for _ in range(_RETILTS):
-        pmf = _compose_fft(terms, lam, _TILTED_TAIL, _TILTED_TAIL, budget)
+        try:
+            pmf = _compose_fft(terms, lam, _TILTED_TAIL, _TILTED_TAIL, budget)
+        except GridLimitError:
+            if best is None:
+                raise
+            break  # a re-tilt whose window does not fit: keep the best bound so far
         eps = _epsilon_for_delta_pmf(pmf, delta)
         if best is None or eps < best_eps:
             best, best_eps = pmf, eps
@@ -554,6 +559,27 @@ def compose_all(
         _compose_direction([(p.pmfs[min(i, len(p.pmfs) - 1)], c) for (p, _), c in zip(parts, counts)], delta, tail)
         for i in range(n))
     return PLD(pmfs, first.relation)
+
+
+def window_size(parts: Sequence[tuple[PLD, int]], delta: float) -> int:
+    """The longest grid ``compose_all(parts, delta=delta)`` would need, without composing.
+
+    Runs the tilt choice and the Chernoff window of each direction (no FFT), so a caller can
+    tell whether a composition fits MAX_GRID_POINTS before paying for it.
+    """
+    n = max(len(p.pmfs) for p, _ in parts)
+    longest = 0
+    for i in range(n):
+        pairs = [(p.pmfs[min(i, len(p.pmfs) - 1)], c) for p, c in parts]
+        if len(pairs) == 1 and pairs[0][1] == 1:
+            longest = max(longest, pairs[0][0].probs.size)
+            continue
+        terms = _Terms(_Term.of(p, c) for p, c in pairs)
+        size_guess = sum(t.count * t.pmf.probs.size for t in terms)
+        lam = _choose_tilt(terms, delta, min(size_guess, MAX_GRID_POINTS))
+        low, high, _, _ = _window(terms, lam, _TILTED_TAIL, _TILTED_TAIL, _INFINITY_SHARE * delta)
+        longest = max(longest, high - low + 1)
+    return longest
 
 
 def self_compose(pld: PLD, count: int, *, delta: float | None = None, tail_mass_truncation: float = 1e-15) -> PLD:

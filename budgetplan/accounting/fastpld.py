@@ -41,7 +41,7 @@ from scipy import special
 
 from budgetplan import _validate
 from budgetplan.accounting import _mog
-from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose
+from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
@@ -58,6 +58,7 @@ __all__ = [
     "self_compose",
     "compose",
     "compose_all",
+    "window_size",
     "GridLimitError",
     "gaussian_loss_range",
     "epsilon_for_delta",

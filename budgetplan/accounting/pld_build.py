@@ -18,18 +18,12 @@ counts beyond MAX_COMPOSITIONS, are refused with the largest value that works.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from budgetplan.accounting import _mog, fastpld
-from budgetplan.accounting.limits import (
-    MAX_COMPOSITIONS,
-    MAX_DISCRETIZATION,
-    MAX_MIXTURE_ATOMS,
-    MAX_MIXTURE_WORK,
-    MAX_SINGLE_GRID_POINTS,
-)
+from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import Composition, GaussianRelease, PoissonDPSGD, RandomizedResponse
 from budgetplan.units import Adjacency, PrivacyUnit
@@ -72,9 +66,9 @@ def build(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization:
             pld = fastpld.compose_all(_parts(mechanism, adjacency, unit, d, delta), delta=delta)
             break
         except fastpld.GridLimitError as exc:
-            d = max(1.5 * d, d * exc.points / exc.limit * 1.05)
-            if d > MAX_DISCRETIZATION:
+            if d >= MAX_DISCRETIZATION:
                 raise UnsupportedError(_hopeless(mechanism, adjacency, unit, delta)) from None
+            d = min(MAX_DISCRETIZATION, max(1.5 * d, d * exc.points / exc.limit * 1.05))
     else:
         raise AccountingError(f"no PLD grid up to discretization {d:.3g} fits the engine's limits")
     notes = ()
@@ -101,9 +95,9 @@ def pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
             pmf = fastpld.randomized_response(epsilon=mechanism.epsilon, discretization=d).pmfs[0]
             return unit.cap * (pmf.lower_index + pmf.probs.size - 1) * d
         except fastpld.GridLimitError as exc:
-            d = max(1.5 * d, d * exc.points / exc.limit * 1.05)
-            if d > MAX_DISCRETIZATION:
+            if d >= MAX_DISCRETIZATION:
                 raise UnsupportedError(_hopeless(mechanism, Adjacency.REPLACE_ONE, unit, 1e-5)) from None
+            d = min(MAX_DISCRETIZATION, max(1.5 * d, d * exc.points / exc.limit * 1.05))
 
 
 # ------------------------------------------------------------------- refusals
@@ -112,49 +106,36 @@ def pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
 def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) -> str:
     """Why no PLD grid within the limits holds ``mechanism``, and the value that would work.
 
-    The value is found by bisection on the single step's loss span at the coarsest grid
-    (MAX_DISCRETIZATION, half of MAX_SINGLE_GRID_POINTS), so it is approximate ("about"):
-    the composition's own window can bind first.
+    The value is found by bisection on the parameter, each probe building the single step
+    at the coarsest grid (MAX_DISCRETIZATION) and sizing its composition without running it
+    (``fastpld.window_size``).
     """
-    span_limit = MAX_DISCRETIZATION * MAX_SINGLE_GRID_POINTS / 2
+    def fits(mech, u: PrivacyUnit) -> bool:
+        try:
+            parts = _parts(mech, adjacency, u, MAX_DISCRETIZATION, delta)
+            return fastpld.window_size(parts, delta) <= MAX_GRID_POINTS
+        except fastpld.GridLimitError:
+            return False
+
     if isinstance(mechanism, RandomizedResponse):
+        best = _boundary(lambda e: fits(RandomizedResponse(epsilon=e), unit), mechanism.epsilon, larger_fits=False)
         return (f"epsilon={mechanism.epsilon:g} is too large for PLD accounting (it works up to about "
-                f"{span_limit / 2:.3g}); use method 'exact'")
+                f"{best:.3g}); use method 'exact'")
     if isinstance(mechanism, GaussianRelease):
-        rel = adjacency.value
-        factor = 1.0 if adjacency is Adjacency.ADD_REMOVE else 2.0
-        scale = mechanism.sensitivity * unit.cap
-
-        def fits(std: float) -> bool:
-            return fastpld.gaussian_loss_range(noise_multiplier=factor * std / scale, relation=rel) <= span_limit
-
+        best = _boundary(lambda s: fits(GaussianRelease(noise_std=s, sensitivity=mechanism.sensitivity), unit),
+                         mechanism.noise_std, larger_fits=True)
         return (f"noise_std={mechanism.noise_std:g} is too small for PLD accounting (it works from about "
-                f"{_smallest(fits, mechanism.noise_std):.3g}); use method 'exact'")
+                f"{best:.3g}); use method 'exact'")
     if isinstance(mechanism, PoissonDPSGD) and unit.cap == 1:
-        bound = _truncation(delta, min(mechanism.steps, MAX_COMPOSITIONS))
-
-        def fits(sigma: float) -> bool:
-            return fastpld.gaussian_loss_range(noise_multiplier=sigma, sampling_rate=mechanism.sampling_rate,
-                                               relation=adjacency.value,
-                                               log_mass_truncation_bound=bound) <= span_limit
-
+        best = _boundary(lambda s: fits(replace(mechanism, noise_multiplier=s), unit), mechanism.noise_multiplier,
+                         larger_fits=True)
         return (f"noise_multiplier={mechanism.noise_multiplier:g} is too small for PLD accounting (it works from "
-                f"about {_smallest(fits, mechanism.noise_multiplier):.3g}); use method 'rdp'")
+                f"about {best:.3g}); use method 'rdp'")
     if isinstance(mechanism, PoissonDPSGD):
-        drop = delta * _TAIL_SHARE / max(1, mechanism.steps)
-
-        def fits(cap: int) -> bool:
-            lo, hi, outside = _mog.binomial_window(cap, mechanism.sampling_rate, drop)
-            mix = _mog.Mixture(mechanism.noise_multiplier, np.arange(lo, hi + 1.0),
-                               np.full(hi - lo + 1, (1.0 - outside) / (hi - lo + 1)), outside)
-            low, high = _mog.grid_loss_bounds(mix, "remove", -50.0)
-            points = (high - low) / MAX_DISCRETIZATION
-            return points <= MAX_SINGLE_GRID_POINTS / 2 and (hi - lo + 1) * points <= MAX_MIXTURE_WORK / 2
-
         lo, hi = 1, unit.cap
-        while hi - lo > 1:
+        while hi - lo > max(1, lo // 100):  # to 1%
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            lo, hi = (mid, hi) if fits(mechanism, PrivacyUnit.capped(mid)) else (lo, mid)
         return (f"unit cap {unit.cap:,} is too large for the mixture-of-Gaussians PLD at noise_multiplier="
                 f"{mechanism.noise_multiplier:g} (it works up to a unit cap of about {lo:,}); use unit_accounting "
                 "'group'")
@@ -162,17 +143,20 @@ def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) 
             "account the phases separately (method 'basic')")
 
 
-def _smallest(fits, value: float) -> float:
-    """The smallest x >= value with fits(x) (fits is monotone), to 1% in log scale."""
-    lo, hi = math.log(value), math.log(value) + 1.0
-    while not fits(math.exp(hi)):
-        lo, hi = hi, hi + 2.0 * (hi - lo)
-        if hi > math.log(1e100):
-            return math.inf
-    while hi - lo > 0.01:
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if fits(math.exp(mid)) else (mid, hi)
-    return math.exp(hi)
+def _boundary(fits, value: float, *, larger_fits: bool) -> float:
+    """The value nearest ``value`` (above it if larger values fit, else below) that fits, to 1%."""
+    sign = 1.0 if larger_fits else -1.0
+    bad, good = math.log(value), math.log(value) + sign
+    step = 1.0
+    while not fits(math.exp(good)):
+        bad, step = good, 2.0 * step
+        good += sign * step
+        if step > 2048:  # e^2048: nothing fits
+            return math.inf if larger_fits else 0.0
+    while abs(good - bad) > 0.01:
+        mid = 0.5 * (good + bad)
+        good, bad = (mid, bad) if fits(math.exp(mid)) else (good, mid)
+    return math.exp(good)
 
 
 # ------------------------------------------------------------------------------ parts

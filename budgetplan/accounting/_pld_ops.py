@@ -31,15 +31,14 @@ loose; account() builds one PLD per delta it reads.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 from scipy import fft as _fft
-from scipy import special
 
 from budgetplan import _validate
 from budgetplan.accounting._pld_query import _epsilon_for_delta_pmf
+from budgetplan.accounting._pld_tilt import _choose_tilt, _Term, _Terms, _tilt_with_mean, _window
 from budgetplan.accounting._pld_types import PLD, PLDPmf
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_GRID_POINTS, MIN_PLD_DELTA
 from budgetplan.errors import InvalidParameterError
@@ -56,10 +55,8 @@ _MULTIPLY_ERROR = 4 * _U
 # Tilted mass the window may leave out on each side when composing for a delta. Its
 # untilted share above the window is at most this times ~delta, and moves to infinity.
 _TILTED_TAIL = 1e-12
-# The tilt is chosen for a rounding allowance of at most this share of delta at the epsilon
-# read; if the composition shows more than _ALLOWANCE_LIMIT, it is redone at the tilt that
-# centres the law on that epsilon.
-_ALLOWANCE_TARGET = 1e-5
+# If a composition shows a rounding allowance above this share of delta at the epsilon read,
+# it is redone at the tilt that centres the law on that epsilon.
 _ALLOWANCE_LIMIT = 1e-3
 # The untilted mass the window may move to infinity, as a share of delta.
 _INFINITY_SHARE = 1e-4
@@ -68,9 +65,6 @@ _RETILTS = 6
 # Below this many multiply-adds a direct convolution is faster than an FFT (and its error
 # is relative, so no noise floor).
 _DIRECT_CONVOLVE_MAX = 1 << 16
-# A tilt this many grid steps' worth of loss per unit (lambda * d) puts all but e^-60 of each
-# tilted single step on its top loss; larger tilts change nothing.
-_MAX_TILT_STEPS = 60.0
 
 
 class GridLimitError(InvalidParameterError):
@@ -84,196 +78,6 @@ class GridLimitError(InvalidParameterError):
         super().__init__(message)
         self.points = points
         self.limit = limit
-
-
-@dataclass(frozen=True, slots=True)
-class _Term:
-    """One pmf to be composed ``count`` times: log masses, losses, squared losses, scratch."""
-
-    pmf: PLDPmf
-    count: int
-    log_p: np.ndarray
-    losses: np.ndarray
-    squares: np.ndarray
-    scratch: np.ndarray
-
-    @classmethod
-    def of(cls, pmf: PLDPmf, count: int) -> "_Term":
-        losses = pmf.losses
-        with np.errstate(divide="ignore"):
-            return cls(pmf, count, np.log(pmf.probs), losses, np.square(losses), np.empty_like(losses))
-
-
-class _Terms(tuple):
-    """The terms of one composition, with a memo of their cumulants by order.
-
-    The tilt and window solvers revisit orders (a bracket's end is the next solve's start).
-    """
-
-    def __new__(cls, items):
-        obj = super().__new__(cls, items)
-        obj.memo = {}
-        return obj
-
-
-# ----------------------------------------------------------------- cumulants and tilt
-
-
-def _moments(terms: Sequence[_Term], theta: float) -> tuple[float, float, float]:
-    """C(theta), C'(theta), C''(theta) of the composition, C = sum count * ln MGF.
-
-    Evaluated dozens of times per composition, so in place in a scratch array. Weights
-    are clipped at e^-600 of the largest: subnormals slow every later operation ~20x, and
-    the clip only raises C, which keeps every bound taken from it valid. The raw second
-    moment loses a few digits of the variance to cancellation, which only steers solvers.
-    einsum, not a BLAS product: under load BLAS spends milliseconds waking its threads.
-    """
-    memo = getattr(terms, "memo", None)
-    if memo is not None and theta in memo:
-        return memo[theta]
-    c = c1 = c2 = 0.0
-    for t in terms:
-        w = np.multiply(t.losses, theta, out=t.scratch)
-        w += t.log_p
-        top = float(w.max())
-        w -= top
-        np.maximum(w, -600.0, out=w)
-        np.exp(w, out=w)
-        s = float(w.sum())
-        mean = float(np.einsum("i,i->", w, t.losses)) / s
-        var = max(0.0, float(np.einsum("i,i->", w, t.squares)) / s - mean * mean)
-        c += t.count * (top + math.log(s))
-        c1 += t.count * mean
-        c2 += t.count * var
-    if memo is not None:
-        memo[theta] = (c, c1, c2)
-    return c, c1, c2
-
-
-def _bracket_root(f, x0: float, cap: float, rel: float) -> tuple[float, float]:
-    """(near, far) with f(near) < 0 <= f(far), far - near <= rel * far, f increasing on (0, cap].
-
-    Regula falsi (Illinois, falling back to bisection when the secant stalls at an end)
-    on ln x after doubling or halving out from x0: a handful of evaluations whether f is
-    near-linear in ln x or steep.
-    ``far`` is cap if f stays negative there; ``near`` is 0 if f never is.
-    """
-    x = min(max(x0, cap * 1e-12), cap)
-    fx = f(x)
-    if fx < 0:
-        near, f_near = x, fx
-        while True:
-            if near >= cap:
-                return cap, cap
-            far = min(cap, near * 2.0)
-            f_far = f(far)
-            if f_far >= 0:
-                break
-            near, f_near = far, f_far
-    else:
-        far, f_far = x, fx
-        while True:
-            near = far / 2.0
-            if near < cap * 1e-12:
-                return 0.0, far
-            f_near = f(near)
-            if f_near < 0:
-                break
-            far, f_far = near, f_near
-    side = 0
-    for _ in range(60):
-        if far - near <= rel * far:
-            break
-        a, b = math.log(near), math.log(far)
-        t = (b * f_near - a * f_far) / (f_near - f_far) if f_far != f_near else 0.5 * (a + b)
-        if not a + 0.1 * (b - a) < t < b - 0.1 * (b - a):  # a stalling secant: bisect instead
-            t = 0.5 * (a + b)
-        mid = math.exp(t)
-        f_mid = f(mid)
-        if f_mid < 0:
-            near, f_near = mid, f_mid
-            if side == -1:
-                f_far *= 0.5
-            side = -1
-        else:
-            far, f_far = mid, f_mid
-            if side == 1:
-                f_near *= 0.5
-            side = 1
-    return near, far
-
-
-def _legendre(terms: Sequence[_Term], theta0: float, c0: float, var: float, target: float, side: int,
-              tried=None) -> float:
-    """A theta on ``side`` of theta0 (+1 above, -1 below) with I(theta) >= target.
-
-    I(theta) = (theta - theta0) C'(theta) - C(theta) + C(theta0) is the Chernoff exponent
-    of the law tilted by theta0 at the loss C'(theta): P(L >= C'(theta)) (or <=, below)
-    is at most exp(-I). I grows with x = |theta - theta0| (C is convex), like x^2 for a
-    Gaussian and faster for heavy tails. Any theta gives a valid bound (callers evaluate
-    the one they use); the far side of a 15% bracket is returned. ``tried``, if given, is
-    called with (theta, C(theta)) at every order evaluated.
-    """
-    if not var > 0:
-        return theta0
-    log_target = math.log(target)
-
-    def f(x: float) -> float:  # ln I - ln target: about linear in ln x, even for heavy tails
-        theta = theta0 + side * x
-        c, c1, _ = _moments(terms, theta)
-        if tried is not None:
-            tried(theta, c)
-        rate = side * x * c1 - c + c0
-        return math.log(rate) - log_target if rate > 0 else -math.inf
-
-    cap = _MAX_TILT_STEPS / terms[0].pmf.discretization
-    _, far = _bracket_root(f, math.sqrt(2.0 * target / var), cap, 0.3)
-    return theta0 + side * far
-
-
-def _tilt_with_mean(terms: Sequence[_Term], mean: float) -> float:
-    """A lambda >= 0 whose tilted composition has mean at least ``mean`` (C'(lambda) >= mean)."""
-    _, c1, c2 = _moments(terms, 0.0)
-    if c1 >= mean or not c2 > 0:
-        return 0.0
-    cap = _MAX_TILT_STEPS / terms[0].pmf.discretization
-    return _bracket_root(lambda lam: _moments(terms, lam)[1] - mean, (mean - c1) / c2, cap, 0.02)[1]
-
-
-def _choose_tilt(terms: Sequence[_Term], delta: float, size_guess: int) -> float:
-    """A tilt that leaves the rounding allowance near _ALLOWANCE_TARGET x delta, not far below.
-
-    The allowance at eps is about (sum T) gamma e^G / (sd lambda (lambda + 1) sqrt(2 pi))
-    with G = C(lambda) - lambda eps - ln delta (the FFT error relative to the tilted
-    peak, untilted and summed over the losses above eps; sd is the tilted law's). G is
-    about 0 at the Chernoff saddle point and grows as lambda falls. The smallest lambda
-    meeting the target is taken, because a smaller tilt keeps the tilted law compact (for
-    the remove direction of subsampled Gaussians the saddle point's tilted law is several
-    times wider), with eps estimated by the central limit theorem (privacy losses are
-    right-skewed, so this errs towards a larger tilt). ``_compose_direction`` checks the
-    allowance afterwards and re-tilts if the estimate was off.
-    """
-    c0, m0, v0 = _moments(terms, 0.0)
-    if not v0 > 0:
-        return 0.0
-    log_delta = math.log(delta)
-    e_hat = m0 + math.sqrt(v0) * float(-special.ndtri(delta))
-    log_target = math.log(_ALLOWANCE_TARGET / (sum(t.count for t in terms) * _fft_gamma(size_guess)))
-    if c0 - log_delta <= log_target:  # no tilt needed at this delta
-        return 0.0
-
-    def f(lam: float) -> float:  # > 0 once the predicted allowance meets the target
-        c, c1, c2 = _moments(terms, lam)
-        if c1 >= e_hat:
-            return 1.0
-        shape = math.log(math.sqrt(2 * math.pi * c2) * lam * (lam + 1))
-        return log_target - (c - lam * e_hat - log_delta - shape)
-
-    # Gaussian guess: G = (e_hat - m0)^2 / (2 v0) - v0 (lambda_e - lambda)^2 / 2 ... solved for G = target.
-    lam_e = (e_hat - m0) / v0
-    guess = max(lam_e - math.sqrt(max(0.0, 2.0 * (log_target + log_delta) / v0 + lam_e * lam_e)), lam_e / 8)
-    cap = _MAX_TILT_STEPS / terms[0].pmf.discretization
-    return _bracket_root(f, min(guess, cap), cap, 0.3)[1]
 
 
 # ----------------------------------------------------------------------- composition
@@ -299,66 +103,6 @@ def _int_power(z: np.ndarray, n: int) -> np.ndarray:
         if not n:
             return result
         base = base * base if base is z else np.multiply(base, base, out=base)
-
-
-def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tail: float, side: int):
-    """(loss, theta, C(theta)): the best Chernoff end of the law tilted by lam at the orders tried.
-
-    For an order t > 0 the tilted mass above u(t) = (C(lam + t) - C(lam) - ln tail) / t is
-    at most tail, and below l(t) = (C(lam) - C(lam - t) + ln tail) / t likewise. These
-    ends are flat near the optimal order but C'(theta) is not (heavy tails), so the best
-    end over every order the search tries is kept, not the tilted mean at the last one.
-    """
-    best = [math.inf, lam, c0]
-
-    def tried(theta: float, c: float) -> None:
-        end = side * (c - c0 - math.log(tail)) / abs(theta - lam)
-        if side * end < side * best[0] or best[0] == math.inf:
-            best[:] = [end, theta, c]
-
-    _legendre(terms, lam, c0, var, math.log(1 / tail), side, tried)
-    if best[0] == math.inf:
-        return side * math.inf, lam, c0
-    return best[0], best[1], best[2]
-
-
-def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float, infinity_budget: float = 1.0):
-    """Loss window [low, high] of the tilted composition and the untilted mass outside it.
-
-    Chernoff on the law tilted by lam, at near-optimal orders (``_chernoff_end``): the tilted
-    mass above ``high`` is at most tail_up, below ``low`` at most tail_down. The untilted
-    mass strictly above ``high`` is bounded at the same order (theta >= 0); strictly below
-    ``low`` likewise when lam = 0, and by 1 otherwise (the caller moves it up onto ``low``).
-
-    If the untilted mass above ``high`` would exceed ``infinity_budget`` (where the tilted
-    law is cut off by the top of the support, say), ``high`` is raised until it does not.
-
-    Returns:
-        (low, high, mass_above, mass_below): grid indices of the composed pmf relative to
-        sum(count * lower_index), and the two untilted bounds.
-    """
-    d = terms[0].pmf.discretization
-    n_max = sum(t.count * (t.pmf.probs.size - 1) for t in terms)
-    base = sum(t.count * t.pmf.lower_index for t in terms)
-    c0, _, var = _moments(terms, lam)
-    if not var > 0:  # a single point: nothing to cut
-        return 0, n_max, 0.0, 0.0
-    high_loss, up, c_up = _chernoff_end(terms, lam, c0, var, tail_up, +1)
-    low_loss, down, c_down = _chernoff_end(terms, lam, c0, var, tail_down, -1)
-    high = min(n_max, max(0, math.ceil(high_loss / d) - base)) if math.isfinite(high_loss) else n_max
-    low = max(0, min(high, math.floor(low_loss / d) - base)) if math.isfinite(low_loss) else 0
-    mass_above = mass_below = 0.0
-    with np.errstate(over="ignore"):
-        if high < n_max:
-            mass_above = math.exp(min(0.0, c_up - up * (base + high + 1) * d))
-        if mass_above > infinity_budget:
-            c_0, _, var_0 = _moments(terms, 0.0)
-            loss, up, c_up = _chernoff_end(terms, 0.0, c_0, var_0, infinity_budget, +1)
-            high = max(high, min(n_max, math.ceil(loss / d) - base)) if math.isfinite(loss) else n_max
-            mass_above = math.exp(min(0.0, c_up - up * (base + high + 1) * d)) if high < n_max else 0.0
-        if low > 0:
-            mass_below = math.exp(min(0.0, c_down - down * (base + low - 1) * d)) if down <= 0 else 1.0
-    return low, high, mass_above, mass_below
 
 
 def _tilted(term: _Term, lam: float) -> tuple[np.ndarray, float, float]:
@@ -463,7 +207,7 @@ def _compose_direction(pairs: Sequence[tuple[PLDPmf, int]], delta: float | None,
         half = max(tail / 2, 1e-300)  # no truncation at all would keep the full linear length
         return _compose_fft(terms, 0.0, half, half)
     size_guess = sum(t.count * t.pmf.probs.size for t in terms)
-    return _compose_for_delta(terms, delta, _choose_tilt(terms, delta, min(size_guess, MAX_GRID_POINTS)))
+    return _compose_for_delta(terms, delta, _choose_tilt(terms, delta, _fft_gamma(min(size_guess, MAX_GRID_POINTS))))
 
 
 def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDPmf:
@@ -576,7 +320,7 @@ def window_size(parts: Sequence[tuple[PLD, int]], delta: float) -> int:
             continue
         terms = _Terms(_Term.of(p, c) for p, c in pairs)
         size_guess = sum(t.count * t.pmf.probs.size for t in terms)
-        lam = _choose_tilt(terms, delta, min(size_guess, MAX_GRID_POINTS))
+        lam = _choose_tilt(terms, delta, _fft_gamma(min(size_guess, MAX_GRID_POINTS)))
         low, high, _, _ = _window(terms, lam, _TILTED_TAIL, _TILTED_TAIL, _INFINITY_SHARE * delta)
         longest = max(longest, high - low + 1)
     return longest

@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 
 from budgetplan import _validate
 from budgetplan.accounting import backends, gaussian, group, pld_build, rr

@@ -1,27 +1,33 @@
 """Fast, vectorised pessimistic privacy-loss-distribution (PLD) accounting.
 
 One idea: dp_accounting's PLD accountant (pessimistic estimate, connect-the-dots), with
-every per-grid-point step done as a numpy array operation.
+every per-grid-point step done as a numpy array operation, and composition made rigorous
+at any delta it accepts.
 
 * Discretisation: pessimistic connect-the-dots (Doroshenko, Ghazi, Kamath, Kumar,
   Manurangsi, "Connect the Dots: Tighter Discrete Approximations of Privacy Loss
   Distributions", arXiv:2207.04380, Algorithm 1) on the grid ``k * discretization``
   between the losses at dp_accounting's truncation points (``log_mass_truncation_bound``).
-* Composition: convolution by real FFT (Koskela, Jalko, Honkela, "Computing Tight
-  Differential Privacy Guarantees Using FFT", arXiv:1906.03049), the result cut to
-  the window of dp_accounting's 40-order Chernoff bound (``tail_mass_truncation``).
-* Queries: the hockey-stick divergence and its inverse from suffix sums.
+  The mass beyond the top point is not lost: connect-the-dots puts delta there at +inf.
+* Composition (``_pld_ops``): convolution by real FFT (Koskela, Jalko, Honkela,
+  "Computing Tight Differential Privacy Guarantees Using FFT", arXiv:1906.03049) of the
+  exponentially tilted pmfs, the tilt chosen for the delta the result is read at, with a
+  bound on the FFT's rounding error added to every mass and the window cut by Chernoff
+  bounds whose dropped mass goes to +infinity (above) or onto the first loss (below).
+* Queries (``_pld_query``): the hockey-stick divergence and its inverse from suffix sums.
 
-The grids, windows and truncations coincide with dp_accounting's, so the numbers agree
-with it up to floating-point rounding, with two deliberate differences in the pmfs,
-both in the direction of exactness: the hockey-stick values are formed in log space with
-the subsampling cancellation done analytically, and connect-the-dots is applied to
+The grids coincide with dp_accounting's, and the pmfs differ from its only in the
+direction of exactness: the hockey-stick values are formed in log space with the
+subsampling cancellation done analytically, and connect-the-dots is applied to
 delta - (1 - e^eps) for negative epsilons (dp_accounting's pmfs gain up to ~2e-8 of
-spurious mass per step there, see ``_connect_the_dots``); and the mixture-of-Gaussians
-inverse loss is solved to rounding accuracy rather than on a 1e-6 grid in x. What remains
-is float64 FFT noise, about 1e-15..1e-13 absolute on composed deltas in both engines;
-for targets like delta = 1e-7 after 1e4 steps that moves epsilon by up to ~1e-6
-relative, in either engine.
+spurious mass per step there, see ``_ctd._connect_the_dots``); and the mixture-of-Gaussians
+inverse loss is solved to rounding accuracy rather than on a 1e-6 grid in x. Composition
+differs in rigour: dp_accounting's plain float64 FFT leaves ~1e-16 of absolute noise per
+mass (1e-11 in all after 1e5 steps), which decides epsilon at deltas below ~1e-10, in
+either direction; here that noise is relative to the masses read and bounded.
+
+Every builder refuses, before allocating, a grid longer than ``limits.MAX_SINGLE_GRID_POINTS``
+(a ``GridLimitError`` naming the discretization that fits).
 
 Conventions (dp_accounting's): ``relation="add-remove"`` has a REMOVE direction (upper
 distribution with the element, lower without it) and an ADD direction (the reverse);
@@ -43,8 +49,9 @@ from budgetplan import _validate
 from budgetplan.accounting import _mog
 from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
+from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
-from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
+from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
@@ -108,111 +115,6 @@ def _noise(name: str, value: object) -> float:
     return sigma
 
 
-def _readonly(pmf: PLDPmf) -> PLDPmf:
-    """Freeze ``probs`` so that cached pmfs cannot be altered through a result."""
-    pmf.probs.flags.writeable = False
-    return pmf
-
-
-# ------------------------------------------------------------ connect-the-dots build
-
-
-def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, h: np.ndarray) -> PLDPmf:
-    """Pessimistic connect-the-dots pmf on consecutive grid points (arXiv:2207.04380, Alg. 1).
-
-    The mechanism's hockey-stick curve delta(eps) is given at the grid epsilons
-    ``eps = (lower_index + k) * discretization`` in split form: ``h = delta`` where
-    eps >= 0 and ``h = g = delta - (1 - e^eps)`` where eps < 0. With gap d the mass at
-    an interior point is ((delta_{k+1} - delta_k) - e^d (delta_k - delta_{k-1})) / (e^d - 1),
-    the first point also takes the mass 1 - delta_0 below the grid, and delta at the
-    last point goes to +infinity (the fixed-gap form dp_accounting uses).
-
-    Why the split: that second difference vanishes on 1 and e^eps, so it may be taken
-    of g instead of delta. For eps < 0, delta is close to 1 - e^eps and its second
-    differences are pure rounding noise, which clipping at 0 turns into spurious mass
-    (about 2e-8 per step in dp_accounting's ADD direction); g is small there and known
-    to full relative accuracy, so the masses come out exact to rounding.
-    """
-    neg = eps < 0
-    # g is read at most one point past eps = 0, so the clip (against overflow) never shows.
-    one_minus_exp = -np.expm1(np.minimum(eps, 700.0))
-    delta = np.where(neg, h + one_minus_exp, h)
-    g = np.where(neg, h, h - one_minus_exp)
-    if eps.size == 1:
-        return _readonly(PLDPmf(discretization, int(lower_index), np.array([1.0 - delta[0]]), float(delta[0])))
-    if discretization <= 1.0:
-        em1, ed = math.expm1(discretization), math.exp(discretization)
-
-        def second_difference(v: np.ndarray) -> np.ndarray:
-            return ((v[2:] - v[1:-1]) - ed * (v[1:-1] - v[:-2])) / em1
-    else:  # the same divided by e^d, which would overflow on a coarse grid
-        em1, ed = -math.expm1(-discretization), math.exp(-discretization)
-
-        def second_difference(v: np.ndarray) -> np.ndarray:
-            return (ed * (v[2:] - v[1:-1]) - (v[1:-1] - v[:-2])) / em1
-
-    probs = np.empty_like(eps)
-    probs[1:-1] = np.where(neg[1:-1], second_difference(g), second_difference(delta))
-    first_gap = math.expm1(discretization) if discretization < 700.0 else math.inf
-    if neg[0]:
-        probs[0] = -g[0] + (g[1] - g[0]) / first_gap
-    else:
-        probs[0] = 1.0 - delta[0] + (delta[1] - delta[0]) / first_gap
-    probs[-1] = (delta[-1] - delta[-2]) / math.expm1(-discretization)
-    np.maximum(probs, 0.0, out=probs)
-    return _readonly(PLDPmf(discretization, int(lower_index), probs, float(delta[-1])))
-
-
-def _split_gap(eps: np.ndarray, log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    """``h`` of ``_connect_the_dots`` from the two terms of the divergence, in log space.
-
-    For a loss decreasing in x, with root x* at eps:
-    delta = P - Q with P = upper(X <= x*), Q = e^eps lower(X <= x*), and
-    g = delta - (1 - e^eps) = Q' - P' with P' = upper(X > x*), Q' = e^eps lower(X > x*).
-    Callers evaluate every normal CDF at its argument times ``_side(eps)``, so the same
-    formulas give ln P, ln Q where eps >= 0 and ln P', ln Q' where eps < 0. The
-    difference is formed as e^big (1 - e^(small - big)), accurate relative to itself
-    however small it is.
-    """
-    up = eps >= 0
-    big = np.where(up, log_p, log_q)
-    small = np.where(up, log_q, log_p)
-    with np.errstate(invalid="ignore"):
-        h = np.exp(big) * -np.expm1(small - big)
-    return np.clip(np.where(np.isfinite(big), h, 0.0), 0.0, 1.0)
-
-
-def _side(eps: np.ndarray) -> np.ndarray:
-    """+1 where delta itself is wanted (eps >= 0), -1 where g is (survival side)."""
-    return np.where(eps >= 0, 1.0, -1.0)
-
-
-def _check_grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> None:
-    """Refuse, before allocating anything, a grid longer than MAX_SINGLE_GRID_POINTS.
-
-    The message names the smallest discretization that fits (the length scales as 1/d).
-    """
-    width = eps_upper - eps_lower
-    if not math.isfinite(width):
-        raise InvalidParameterError(
-            f"{what} has privacy losses beyond floating point: the noise is too small for PLD accounting")
-    span = width / discretization
-    if not span < MAX_SINGLE_GRID_POINTS - 2:
-        raise GridLimitError(
-            f"discretization {discretization:g} needs {span:.3g} grid points for one step of {what} "
-            f"(limit {MAX_SINGLE_GRID_POINTS:,}); use discretization >= "
-            f"{width / (MAX_SINGLE_GRID_POINTS - 2) * 1.01:.3g}",
-            points=math.ceil(span), limit=MAX_SINGLE_GRID_POINTS)
-
-
-def _grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> tuple[int, np.ndarray]:
-    """Grid indices floor(eps_lower/d) .. ceil(eps_upper/d) and their epsilons."""
-    _check_grid(discretization, eps_lower, eps_upper, what)
-    lo = math.floor(eps_lower / discretization)
-    hi = math.ceil(eps_upper / discretization)
-    return lo, np.arange(lo, hi + 1) * discretization
-
-
 # ------------------------------------------------------------------ Gaussian family
 
 
@@ -234,17 +136,18 @@ def _gaussian_loss(x: float, sigma: float, q: float, adjacency: str) -> float:
 
 
 def _log1p_expm1_over(e: np.ndarray, q: float) -> np.ndarray:
-    """ln(1 + (e^e - 1) / q) without overflow: for e > 0 it is ln(1 + e^(ln expm1(e) - ln q))."""
-    out = np.empty_like(e)
-    big = e > 0
-    out[~big] = np.log1p(np.expm1(e[~big]) / q)
-    eb = e[big]
-    out[big] = np.logaddexp(0.0, eb + np.log1p(-np.exp(-eb)) - math.log(q))
+    """ln(1 + (e^e - 1) / q); where (e^e - 1) / q overflows, as e - ln q + ln(1 - (1 - q) e^-e)."""
+    with np.errstate(over="ignore"):
+        out = np.log1p(np.expm1(e) / q)
+    big = ~np.isfinite(out)
+    if big.any():
+        eb = e[big]
+        out[big] = eb - math.log(q) + np.log1p(-(1.0 - q) * np.exp(-eb))
     return out
 
 
 def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: str) -> np.ndarray:
-    """Split hockey-stick values h (see ``_connect_the_dots``) of the subsampled Gaussian.
+    """Split hockey-stick values h (see ``_ctd._connect_the_dots``) of the subsampled Gaussian.
 
     With mu = N(0, sigma^2) and sensitivity 1 the pairs are (dp_accounting's
     AdditiveNoisePrivacyLoss): REMOVE upper (1-q) mu(x) + q mu(x+1) vs lower mu(x);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,14 +47,28 @@ class PLDPmf:
         return (self.lower_index + np.arange(self.probs.size)) * self.discretization
 
     def allowance(self, epsilon: float) -> float:
-        """How much of delta(epsilon) is rounding allowance (an upper bound)."""
+        """How much of delta(epsilon) is rounding allowance: rounding x sum over the losses L
+        above epsilon of exp(log_scale - tilt L) (1 - e^(epsilon - L)), two geometric series."""
         if self.rounding == 0.0:
             return 0.0
-        losses = self.losses
-        above = losses > epsilon
-        with np.errstate(over="ignore"):
-            w = np.exp(self.log_scale - self.tilt * losses[above]) * -np.expm1(epsilon - losses[above])
-        return float(self.rounding * w.sum())
+        d, n = self.discretization, self.probs.size
+        first = max(0, min(n, math.floor(epsilon / d) + 1 - self.lower_index)) if math.isfinite(epsilon) else 0
+        m = n - first
+        if m <= 0:
+            return 0.0
+        top = (self.lower_index + first) * d  # the first loss above epsilon
+
+        def series(rate: float) -> float:  # sum_{k < m} e^{-rate k d}
+            return float(m) if rate == 0.0 else math.expm1(-rate * m * d) / math.expm1(-rate * d)
+
+        try:
+            plain = math.exp(self.log_scale - self.tilt * top) * series(self.tilt)
+            if epsilon == -math.inf:
+                return self.rounding * plain
+            return self.rounding * (plain - math.exp(self.log_scale - (self.tilt + 1.0) * top + epsilon)
+                                    * series(self.tilt + 1.0))
+        except OverflowError:
+            return math.inf
 
 
 @dataclass(frozen=True, slots=True)

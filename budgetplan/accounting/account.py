@@ -374,12 +374,40 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
             f"no tight accounting of truncated Poisson batches for K={unit.cap} examples per unit; "
             "use unit_accounting 'group'"
         )
-    pld = backends.reference_pld_truncated(
-        noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate, steps=mech.steps,
-        dataset_size=mech.dataset_size, max_batch_size=mech.max_batch_size, adjacency=adjacency,
-        discretization=discretization)
-    return _Curve(epsilon=lambda d: float(pld.get_epsilon_for_delta(d)), method="pld", bound="upper",
-                  discretization=discretization, notes=(
-                      "pessimistic PLD of truncated Poisson batches (dp_accounting, arXiv:2508.15089)",
+    from budgetplan.accounting import fastpld
+    from budgetplan.accounting.limits import MAX_COMPOSITIONS
+
+    from budgetplan.accounting.limits import MAX_SINGLE_GRID_POINTS
+
+    steps, rel = mech.steps, adjacency.value
+    if steps > MAX_COMPOSITIONS:
+        raise UnsupportedError(
+            f"steps={steps:.4g} is beyond the PLD engine's limit of {MAX_COMPOSITIONS:.0e} compositions")
+    # dp_accounting builds the step on its own grid: refuse, before it allocates, a grid past
+    # the engine's limit (sized by the plain Poisson step, whose losses span about as far).
+    span = fastpld.gaussian_loss_range(noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
+                                       relation=rel)
+    if span / discretization > MAX_SINGLE_GRID_POINTS:
+        raise UnsupportedError(
+            f"discretization {discretization:g} needs about {span / discretization:.3g} grid points per step of "
+            f"these truncated Poisson batches (limit {MAX_SINGLE_GRID_POINTS:,}); use discretization >= "
+            f"{span / MAX_SINGLE_GRID_POINTS * 1.05:.3g}")
+    cache: list = []
+
+    def single():  # dp_accounting's step takes seconds: built once, composed per delta read
+        if not cache:
+            pmfs = backends.truncated_single_step(
+                noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
+                dataset_size=mech.dataset_size, max_batch_size=mech.max_batch_size, adjacency=adjacency,
+                discretization=discretization)
+            cache.append(fastpld.PLD(tuple(fastpld.PLDPmf(discretization, lo, p, inf) for lo, p, inf in pmfs), rel))
+        return cache[0]
+
+    def epsilon(d: float) -> float:
+        return fastpld.epsilon_for_delta(fastpld.self_compose(single(), steps, delta=d), d) if d > 0 else math.inf
+
+    return _Curve(epsilon=epsilon, method="pld", bound="upper", discretization=discretization, notes=(
+                      "pessimistic PLD of truncated Poisson batches (dp_accounting's single step, "
+                      "arXiv:2508.15089), composed by an exponentially tilted FFT with its rounding error added",
                       "valid only if batches are Poisson samples truncated to the declared maximum by a "
                       "uniformly random subset"))

@@ -23,7 +23,7 @@ __all__ = [
     "rdp_gaussian_curve",
     "rdp_rr_curve",
     "reference_pld_dpsgd",
-    "reference_pld_truncated",
+    "truncated_single_step",
     "prv_dpsgd_curve",
 ]
 
@@ -116,17 +116,22 @@ def reference_pld_dpsgd(
     ).self_compose(steps)
 
 
-def reference_pld_truncated(
+def truncated_single_step(
     *,
     noise_multiplier: float,
     sampling_rate: float,
-    steps: int,
     dataset_size: int,
     max_batch_size: int,
     adjacency: Adjacency,
     discretization: float,
 ):
-    """dp_accounting's PLD of truncated Poisson DP-SGD (arXiv:2508.15089)."""
+    """One step of truncated Poisson DP-SGD (arXiv:2508.15089), dp_accounting's pessimistic pmfs.
+
+    Returns:
+        ``[(lower_index, probs, infinity_mass), ...]``: the REMOVE and ADD directions (one if
+        symmetric), for the caller to compose (dp_accounting's own float64 FFT composition is
+        not used: its rounding noise decides epsilon at small deltas).
+    """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     try:
@@ -138,9 +143,11 @@ def reference_pld_truncated(
             value_discretization_interval=discretization,
             neighboring_relation=_relation(adjacency),
         )
+        directions = [single._pmf_remove] if single._symmetric else [single._pmf_remove, single._pmf_add]
+        dense = [p.to_dense_pmf() for p in directions]
+        return [(int(p._lower_loss), p._probs.astype(float), float(p._infinity_mass)) for p in dense]
     except Exception as exc:
         raise AccountingError(f"dp_accounting truncated-Poisson PLD failed: {exc}") from None
-    return single.self_compose(steps)
 
 
 def _check_prv_size(prv, steps: int, eps_error: float, delta_error: float) -> None:

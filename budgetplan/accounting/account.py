@@ -19,6 +19,12 @@ example-level guarantee of the chosen method (see ``group.py``), for every mecha
 Randomized response protects labels and is accounted under replace-one only. DP-SGD under
 replace-one (sensitivity 2C per example) is accounted by PLD only: dp_accounting's RDP and
 prv_accountant support Poisson sampling under add-remove alone.
+
+PLD epsilons are upper bounds at every delta accepted (``limits.MIN_PLD_DELTA`` and up):
+each is composed for the delta it is read at (``pld_build``), its rounding error counted.
+Work is bounded by ``limits``: a PLD grid that would not fit is coarsened (the guarantee's
+``discretization`` and notes say so) or, past ``MAX_DISCRETIZATION``, refused naming the
+value that works; PRV grids are sized and refused before they are allocated.
 """
 
 from __future__ import annotations

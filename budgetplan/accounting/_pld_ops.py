@@ -2,12 +2,13 @@
 
 Why tilted. A float64 FFT leaves absolute rounding noise on every composed mass (about
 1e-16 per entry, some 1e-11 in all after 1e5 steps). Read at delta <= 1e-10 that noise is
-the answer, in either direction: dp_accounting's PLD and the plain FFT here both moved
-epsilon by percents there. So the composition is done on the tilted pmf
+the answer, in either direction: dp_accounting's PLD and the plain FFT used here before both
+moved epsilon by percents there. So the composition is done on the tilted pmf
 p_j e^{lambda L_j} / M(lambda) (the Esscher transform; convolution commutes with it), with
-lambda the Chernoff saddle point of the delta asked for, i.e. the tilt whose mean is
-(about) the epsilon that delta is read at. The FFT noise is then relative to the masses
-that decide delta, and the masses are untilted afterwards.
+lambda at most the Chernoff saddle point of the delta asked for (where the tilted law's
+mean is about the epsilon read): the smallest tilt that brings the rounding allowance at
+that delta to about 1e-5 of it (``_pld_tilt``), since larger tilts widen the law. The FFT
+noise is then relative to the masses that decide delta, and the masses are untilted after.
 
 Why an allowance. Every composed mass is raised by a bound on its floating-point error, so
 that the stored pmf is an entrywise upper bound of the exact composition and every epsilon
@@ -16,9 +17,10 @@ survive further composition). The bound is componentwise: a length-N FFT of x ha
 |error_k| <= gamma_N sum|x| (Higham 2002, "Accuracy and Stability of Numerical
 Algorithms", 2nd ed., section 24.1, gamma_N = (1 + eta)^{log2 N} - 1 with eta = mu +
 gamma_4 (sqrt 2 + mu) for radix 2; taken here as eta = 8u, doubled for pocketfft's higher
-radices), propagated through the powers of the spectrum and the inverse FFT. At the delta
-asked for it costs ~1e-7 of delta (~1e-6 at 1e9 steps). The single-step masses themselves
-are computed to rounding accuracy (see fastpld) and are not inflated further.
+radices), propagated through the powers of the spectrum and the inverse FFT; the tilting
+and untilting exp() add a relative error, counted too. At the delta asked for it costs about
+1e-5 of delta, i.e. ~1e-6 of epsilon. The single-step masses themselves are computed to
+rounding accuracy (see fastpld) and are not inflated further.
 
 Windows. Only the losses between Chernoff bounds of the (tilted) composition are kept: the
 mass above the window is added to the infinity mass and the mass below it is moved up onto

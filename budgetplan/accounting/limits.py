@@ -43,8 +43,8 @@ MAX_MIXTURE_WORK = 1 << 26
 MAX_MIXTURE_ATOMS = 1 << 16
 
 # Compositions of one pmf (DP-SGD steps, RR copies) the PLD engine accepts. The FFT rounding
-# allowance grows linearly with the count (relative 1e-7 of delta at 1e5 steps, ~1e-3 at
-# 1e9), and beyond this the grid needed for any useful epsilon is far past MAX_GRID_POINTS.
+# bound grows linearly with the count (the tilt has to grow to keep its share of delta near
+# 1e-5), and beyond this the grid any useful epsilon needs is far past MAX_GRID_POINTS.
 MAX_COMPOSITIONS = 10**9
 
 # The smallest delta a PLD epsilon is certified at. The tilted FFT keeps its rounding

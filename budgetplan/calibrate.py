@@ -24,9 +24,11 @@ from typing import Callable
 
 from budgetplan import _validate
 from budgetplan.accounting import gaussian, rr
-from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account, pld_of, tail_mass_for
+from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account
+from budgetplan.accounting.pld_build import pld_of
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import InfeasibleError
+from budgetplan.accounting.limits import MAX_CALIBRATION_EPSILON, MAX_COMPOSITIONS, MAX_STEPS
+from budgetplan.errors import AccountingError, InfeasibleError, InvalidParameterError
 from budgetplan.mechanisms import GaussianRelease, PoissonDPSGD
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -47,6 +49,11 @@ _COARSE_FACTOR = 16
 # epsilon by up to ~5e-6 relative over 1e5 steps in any engine (dp_accounting's included),
 # so an independent re-accounting must not land above the target by that noise.
 _PLD_MARGIN = 2e-5
+# Accountings one search may spend; each is bounded by the engine's limits, so this bounds
+# the time. The secant search needs about a dozen; the rest is headroom for odd curves.
+_MAX_EVALUATIONS = 60
+# Re-checks at the finer grid, each moving sigma up by _REL_TOL (0.5% in all).
+_MAX_VERIFY_STEPS = 50
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +77,21 @@ def steps_for_epochs(*, epochs: float, dataset_size: int, batch_size: int) -> in
     """Noisy steps in ``epochs`` passes at expected batch ``batch_size``: ceil(epochs N / B).
 
     Rounded up so the plan never accounts fewer steps than the epochs imply.
+
+    Raises:
+        InvalidParameterError: on a non-positive or non-finite input, or more than
+            ``MAX_STEPS`` steps (naming the most epochs that fit).
     """
-    return max(1, math.ceil(epochs * dataset_size / batch_size - 1e-9))
+    epochs = _validate.positive("epochs", epochs)
+    dataset_size = _validate.positive_int("dataset_size", dataset_size)
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    steps = epochs * dataset_size / batch_size
+    if not steps <= MAX_STEPS:
+        most = MAX_STEPS * batch_size / dataset_size
+        most = math.floor(most / 10 ** (math.floor(math.log10(most)) - 3)) * 10 ** (math.floor(math.log10(most)) - 3)
+        raise InvalidParameterError(
+            f"epochs={epochs:g} gives {steps:.3g} steps (limit {MAX_STEPS:.0e}); at most {most:.4g} epochs fit")
+    return max(1, math.ceil(steps - 1e-9))
 
 
 # ------------------------------------------------------------------ closed forms
@@ -138,7 +158,7 @@ def _solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float
         hi, g_hi = lx, gx
         lo = lx - step
         while True:
-            if lo < math.log(lo_limit):
+            if lo < math.log(lo_limit) or evals >= _MAX_EVALUATIONS:
                 return math.exp(hi), target * math.exp(g_hi), evals
             g_lo = g(lo)
             if g_lo > 0:
@@ -149,7 +169,7 @@ def _solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float
         lo, g_lo = lx, gx
         hi = lx + step
         while True:
-            if hi > math.log(hi_limit):
+            if hi > math.log(hi_limit) or evals >= _MAX_EVALUATIONS:
                 raise InfeasibleError("no noise multiplier up to the search limit meets the target")
             g_hi = g(hi)
             if g_hi <= 0:
@@ -157,7 +177,7 @@ def _solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float
             lo, g_lo, step = hi, g_hi, step * 2
             hi = lo + step
     side = 0
-    while hi - lo > rel_tol:
+    while hi - lo > rel_tol and evals < _MAX_EVALUATIONS:  # hi always meets the target
         if math.isfinite(g_lo) and math.isfinite(g_hi) and g_lo != g_hi:
             mid = hi - g_hi * (hi - lo) / (g_hi - g_lo)
             mid = min(max(mid, lo + 0.05 * (hi - lo)), hi - 0.05 * (hi - lo))
@@ -184,8 +204,7 @@ def _fast_pld_epsilon(adjacency: Adjacency, unit: PrivacyUnit, sampling_rate: fl
     def eps_of(sigma: float) -> float:
         mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
         return fastpld.epsilon_for_delta(
-            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization,
-                   tail_mass=tail_mass_for(delta)), delta)
+            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta), delta)
 
     return eps_of
 
@@ -206,9 +225,13 @@ def dpsgd_noise_multiplier(
     """The smallest noise multiplier (within 0.01%) for which Poisson DP-SGD meets the target.
 
     Raises:
+        InvalidParameterError: a bad input, or epsilon above MAX_CALIBRATION_EPSILON.
         InfeasibleError: when no noise multiplier up to 1e4 meets it.
     """
     epsilon = _validate.positive("epsilon", epsilon)
+    if epsilon > MAX_CALIBRATION_EPSILON:
+        raise InvalidParameterError(
+            f"epsilon must be at most {MAX_CALIBRATION_EPSILON:g} for noise calibration, got {epsilon:g}")
     delta = _validate.open_unit("delta", delta)
     sampling_rate = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
     steps = _validate.positive_int("steps", steps)
@@ -252,7 +275,7 @@ def dpsgd_noise_multiplier(
     verified = None
     if verify and method == "pld":
         finer = discretization / 2
-        while True:
+        for _ in range(_MAX_VERIFY_STEPS):
             verified = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, finer)(sigma) if fast else \
                 account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                         unit_accounting=unit_accounting, discretization=finer).epsilon
@@ -261,6 +284,10 @@ def dpsgd_noise_multiplier(
                 break
             sigma *= 1 + _REL_TOL  # the finer grid disagrees: step to the safe side and re-check
             mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
+        else:
+            raise AccountingError(
+                f"re-accounting at discretization {finer:g} keeps exceeding epsilon={epsilon:g} "
+                f"(last {verified:.6g} at noise_multiplier={sigma:.6g}); the grids disagree")
     g = account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                 unit_accounting=unit_accounting, discretization=discretization)
     return Calibration(value=sigma, guarantee=g, verified_epsilon=verified, evaluations=evals + 1)
@@ -368,6 +395,8 @@ def dpsgd_min_dataset_size(
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
     evals = 0
+    if method == "pld":  # more rows mean more steps: stop where the PLD engine's step limit is
+        limit = min(limit, int(MAX_COMPOSITIONS * batch_size / epochs))
 
     def guarantee(n: int) -> Guarantee:
         nonlocal evals
@@ -385,12 +414,14 @@ def dpsgd_min_dataset_size(
         return Calibration(value=lo, guarantee=guarantee(lo), evaluations=evals)
     while not fits(hi):
         lo = hi
-        hi *= 4
-        if hi > limit:
+        if hi >= limit:
             raise InfeasibleError(
-                f"no dataset size up to {limit:.3g} rows fits epsilon={epsilon:g} with these settings",
+                f"no dataset size up to {limit:.3g} rows fits epsilon={epsilon:g} with these settings"
+                + (" (more rows would exceed the PLD engine's step limit; try method 'rdp')"
+                   if method == "pld" and limit < 10**12 else ""),
                 knob="dataset_size",
             )
+        hi = min(hi * 4, limit)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_GRID_CELLS",
     "MAX_WALR_FEATURES",
     "MAX_CONFIGURATIONS",
+    "MAX_STEPS",
 ]
 
 # N, rows after capping. A trillion is 200x the largest public ads log (Criteo's 1TB click
@@ -63,3 +64,7 @@ MAX_CONFIGURATIONS = 10_000
 
 # Cells of a `split --rule grid` table (total epsilons x alphas): each is a calibration.
 MAX_GRID_CELLS = 200
+
+# Noisy DP-SGD steps a mechanism may describe: the count must stay an exact float64 integer
+# for the back-ends (2**53 is 9e15), and 10^15 steps at a millisecond each are 30,000 years.
+MAX_STEPS = 10**15

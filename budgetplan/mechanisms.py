@@ -13,6 +13,7 @@ from typing import Union
 
 from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.limits import MAX_STEPS
 
 __all__ = [
     "RandomizedResponse",
@@ -24,6 +25,13 @@ __all__ = [
     "mechanism_to_dict",
     "mechanism_from_dict",
 ]
+
+
+def _steps(value: object) -> int:
+    steps = _validate.positive_int("steps", value)
+    if steps > MAX_STEPS:
+        raise InvalidParameterError(f"steps must be at most {MAX_STEPS:.0e} (budgetplan's stated limit), got {float(steps):.4g}")
+    return steps
 
 
 # The largest per-example RR budget: its flip probability 1 / (1 + e^700) = 1e-304 is still a
@@ -100,7 +108,7 @@ class PoissonDPSGD:
             "sampling_rate",
             _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
         )
-        object.__setattr__(self, "steps", _validate.positive_int("steps", self.steps))
+        object.__setattr__(self, "steps", _steps(self.steps))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +140,7 @@ class TruncatedPoissonDPSGD:
             "sampling_rate",
             _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
         )
-        object.__setattr__(self, "steps", _validate.positive_int("steps", self.steps))
+        object.__setattr__(self, "steps", _steps(self.steps))
         object.__setattr__(self, "dataset_size", _validate.positive_int("dataset_size", self.dataset_size))
         object.__setattr__(
             self, "max_batch_size", _validate.positive_int("max_batch_size", self.max_batch_size)

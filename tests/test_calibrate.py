@@ -142,3 +142,11 @@ def test_calibration_bad_input():
         args = dict(epsilon=1.0, delta=1e-6, sampling_rate=0.01, steps=10) | kwargs
         with pytest.raises(InvalidParameterError, match=match):
             dpsgd_noise_multiplier(**args)
+
+
+def test_min_dataset_size_stops_at_the_pld_step_limit():
+    # More rows mean more steps; past the PLD engine's step limit the search stops with the
+    # knob named instead of failing on the step count it was never given.
+    with pytest.raises(InfeasibleError) as err:
+        dpsgd_min_dataset_size(noise_multiplier=1.0, batch_size=256, epochs=1, epsilon=1e-6, delta=1e-5)
+    assert err.value.knob == "dataset_size" and "step limit" in str(err.value)

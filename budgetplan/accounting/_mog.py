@@ -26,7 +26,7 @@ import math
 import numpy as np
 from scipy import special
 
-__all__ = ["Mixture", "grid_loss_bounds", "split_terms"]
+__all__ = ["Mixture", "binomial_window", "grid_loss_bounds", "split_terms"]
 
 # dp_accounting's tail search for the REMOVE direction stops at this width (in x).
 _TAIL_SEARCH_PRECISION = 1e-4
@@ -37,12 +37,14 @@ class Mixture:
 
     Atoms with probability 0 are dropped. ``pos`` selects the atoms with a positive
     sensitivity; their total mass ``q`` is the probability that the user contributes
-    anything at all, and ``p_zero`` is the mass of the sensitivity-0 atom.
+    anything at all, and ``p_zero`` is the mass of the sensitivity-0 atom. ``bottom`` is
+    the mass of atoms left out altogether (their sensitivities treated as infinite, which
+    dominates any finite one): the probabilities then sum to 1 - bottom.
     """
 
-    __slots__ = ("sigma", "sens", "probs", "pos", "q", "p_zero", "c")
+    __slots__ = ("sigma", "sens", "probs", "pos", "q", "p_zero", "bottom", "c")
 
-    def __init__(self, sigma: float, sensitivities, probabilities):
+    def __init__(self, sigma: float, sensitivities, probabilities, bottom: float = 0.0):
         sens = np.asarray(sensitivities, dtype=np.float64)
         probs = np.asarray(probabilities, dtype=np.float64)
         keep = probs != 0.0
@@ -51,6 +53,9 @@ class Mixture:
         self.pos = self.sens > 0.0
         self.q = float(np.clip(self.probs[self.pos].sum(), 0.0, 1.0))
         self.p_zero = float(self.probs[~self.pos].sum())
+        # Mass of sensitivities left out (an outcome the lower distribution never gives):
+        # 1 - p_zero = q + bottom.
+        self.bottom = float(bottom)
         var = self.sigma**2
         # c_i = ln p_i - s_i^2 / (2 sigma^2): ln of the mixture ratio is a log-sum-exp of
         # lines c_i -/+ s_i x / sigma^2 (see privacy_loss).
@@ -66,6 +71,43 @@ class Mixture:
     def upper_cdf(self, x: float) -> float:
         """CDF at scalar x of the REMOVE upper distribution sum_i p_i mu(x + s_i)."""
         return float(np.sum(special.ndtr((x + self.sens) / self.sigma) * self.probs))
+
+
+def _binomial_tail_bound(count: int, rate: float, a: float) -> float:
+    """Chernoff: P[J >= a] (a above the mean) or P[J <= a] (below) <= exp(-n D(a/n || q))."""
+    x = min(max(a / count, 0.0), 1.0)
+    kl = float(special.rel_entr(x, rate) + special.rel_entr(1.0 - x, 1.0 - rate))
+    return math.exp(-count * kl)
+
+
+def binomial_window(count: int, rate: float, drop: float) -> tuple[int, int, float]:
+    """The shortest k-window [lo, hi] of Binomial(count, rate) whose two tails hold <= drop.
+
+    Found by bisection on Chernoff's bound of each tail, so nothing of length ``count`` is
+    built. Returns (lo, hi, bound on the mass outside); the caller treats that mass as an
+    infinite sensitivity (pessimistic, see ``Mixture``).
+    """
+    mean = count * rate
+    half = drop / 2
+
+    def first_ok(lo_k: int, hi_k: int, ok) -> int:
+        while lo_k < hi_k:
+            mid = (lo_k + hi_k) // 2
+            if ok(mid):
+                hi_k = mid
+            else:
+                lo_k = mid + 1
+        return lo_k
+
+    # hi: the smallest k >= mean with P[J >= k + 1] <= drop / 2 (or count).
+    hi = first_ok(min(count, math.ceil(mean)), count,
+                  lambda k: k >= count or _binomial_tail_bound(count, rate, k + 1) <= half)
+    # lo: the largest k <= mean with P[J <= k - 1] <= drop / 2 (or 0), as -(smallest of -k).
+    top = max(0, math.floor(mean))
+    lo = top - first_ok(0, top, lambda j: top - j <= 0 or _binomial_tail_bound(count, rate, top - j - 1) <= half)
+    outside = (_binomial_tail_bound(count, rate, hi + 1) if hi < count else 0.0) + \
+        (_binomial_tail_bound(count, rate, lo - 1) if lo > 0 else 0.0)
+    return lo, hi, min(1.0, outside)
 
 
 def grid_loss_bounds(mix: Mixture, adjacency: str, log_mass_truncation_bound: float):
@@ -130,6 +172,20 @@ def _lse_atoms(log_cdf: np.ndarray, log_w: np.ndarray) -> np.ndarray:
     return safe + np.log(np.exp(a - safe).sum(axis=0))
 
 
+def _exp_minus(x: np.ndarray, mix: "Mixture") -> np.ndarray:
+    """e^x - p0 as expm1(x) + (q + bottom), accurate near x = 0; only its sign is read above 0."""
+    return np.where(x > 0, 1.0, np.expm1(np.minimum(x, 0.0)) + (mix.q + mix.bottom))
+
+
+def _log_exp_minus(x: np.ndarray, mix: "Mixture") -> np.ndarray:
+    """ln(e^x - p0) where e^x > p0, without overflow for large x."""
+    out = np.empty_like(x)
+    big = x > 0
+    out[big] = x[big] + np.log1p(-mix.p_zero * np.exp(-x[big]))
+    out[~big] = np.log(np.expm1(x[~big]) + (mix.q + mix.bottom))
+    return out
+
+
 def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray, side: np.ndarray):
     """The two terms of delta(eps) = P - Q at the root x* of the loss, in log space.
 
@@ -138,7 +194,7 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray, side: np.ndarray)
     R = e^-eps - p0 (ADD), which is also what x* is solved for. Every normal CDF is
     taken at its argument times ``side`` (+1 or -1 per epsilon): with -1 the same
     expressions give the survival-side terms P', Q' of g = Q' - P' (see
-    ``fastpld._split_gap``).
+    ``_ctd._split_gap``).
 
     Returns:
         (inside, log_p, log_q): ``inside`` marks the epsilons with a finite root; the
@@ -152,20 +208,20 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray, side: np.ndarray)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if adjacency == "remove":
             # e^eps = p0 + sum_pos p_i e^{c_i - s_i x/var}.
-            r = np.expm1(eps) + mix.q if mix.p_zero > 0.0 else np.exp(eps)
+            r = _exp_minus(eps, mix) if mix.p_zero > 0.0 else np.exp(np.minimum(eps, 0.0))
             inside = r > 0.0
             e, sg = eps[inside], side[inside]
-            log_r = np.log(r[inside]) if mix.p_zero > 0.0 else e
+            log_r = _log_exp_minus(e, mix) if mix.p_zero > 0.0 else e
             x = _solve_lse(c, s, var, log_r)
             # P = sum_pos p_i Phi((x + s_i)/sigma), Q = R Phi(x/sigma).
             log_p = _lse_atoms(special.log_ndtr(sg * (x + s[:, None]) / sigma), log_w)
             log_q = log_r + special.log_ndtr(sg * x / sigma)
         else:
             # e^-eps = p0 + sum_pos p_i e^{c_i + s_i x/var}.
-            r = np.expm1(-eps) + mix.q if mix.p_zero > 0.0 else np.exp(-eps)
+            r = _exp_minus(-eps, mix) if mix.p_zero > 0.0 else np.exp(np.minimum(-eps, 0.0))
             inside = r > 0.0
             e, sg = eps[inside], side[inside]
-            log_r = np.log(r[inside]) if mix.p_zero > 0.0 else -e
+            log_r = _log_exp_minus(-e, mix) if mix.p_zero > 0.0 else -e
             x = -_solve_lse(c, s, var, log_r)
             # P = e^eps R Phi(x/sigma), Q = e^eps sum_pos p_i Phi((x - s_i)/sigma).
             log_p = e + log_r + special.log_ndtr(sg * x / sigma)

@@ -19,6 +19,12 @@ example-level guarantee of the chosen method (see ``group.py``), for every mecha
 Randomized response protects labels and is accounted under replace-one only. DP-SGD under
 replace-one (sensitivity 2C per example) is accounted by PLD only: dp_accounting's RDP and
 prv_accountant support Poisson sampling under add-remove alone.
+
+PLD epsilons are upper bounds at every delta accepted (``limits.MIN_PLD_DELTA`` and up):
+each is composed for the delta it is read at (``pld_build``), its rounding error counted.
+Work is bounded by ``limits``: a PLD grid that would not fit is coarsened (the guarantee's
+``discretization`` and notes say so) or, past ``MAX_DISCRETIZATION``, refused naming the
+value that works; PRV grids are sized and refused before they are allocated.
 """
 
 from __future__ import annotations
@@ -27,12 +33,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 
 from budgetplan import _validate
-from budgetplan.accounting import backends, gaussian, group, rr
+from budgetplan.accounting import backends, gaussian, group, pld_build, rr
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
     Composition,
     GaussianRelease,
@@ -42,7 +47,7 @@ from budgetplan.mechanisms import (
 )
 from budgetplan.units import Adjacency, PrivacyUnit
 
-__all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION", "pld_of", "tail_mass_for"]
+__all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION"]
 
 DEFAULT_DISCRETIZATION = 1e-4
 METHODS = ("exact", "pld", "rdp", "prv", "classical", "basic")
@@ -112,7 +117,7 @@ def account(
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
     delta = _validate.probability("delta", delta, allow_zero=True)
-    discretization = _validate.positive("discretization", discretization)
+    discretization = _check_discretization(discretization)
     prv_eps_error = _validate.positive("prv_eps_error", prv_eps_error)
     if unit_accounting not in UNIT_ACCOUNTING:
         raise InvalidParameterError(
@@ -124,9 +129,9 @@ def account(
                       unit_accounting=unit_accounting, discretization=discretization,
                       prv_eps_error=prv_eps_error)[0]
     if unit.cap > 1 and unit_accounting == "group":
-        # the example-level curve is queried far below delta (delta_e ~ delta / e^{K eps})
+        # the example-level curve is read first at delta / K, then below (delta_e ~ delta / e^{K eps})
         example = _curve(mechanism, adjacency, PrivacyUnit.example(), method, discretization, prv_eps_error,
-                         delta * 1e-6)
+                         delta / unit.cap, smallest=delta * 1e-6)
         eps, delta_e = group.group_from_curve(example.epsilon, group_size=unit.cap, delta=delta)
         return Guarantee(
             epsilon=eps, delta=delta, method=f"group({example.method})", adjacency=adjacency, unit=unit,
@@ -178,6 +183,15 @@ def account_phases(
                   prv_eps_error=prv_eps_error)[1]
 
 
+def _check_discretization(value) -> float:
+    from budgetplan.accounting.limits import MAX_DISCRETIZATION
+
+    d = _validate.positive("discretization", value)
+    if d > MAX_DISCRETIZATION:
+        raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
+    return d
+
+
 def _check_method(mechanism, method: str | None) -> str:
     kind = type(mechanism)
     if kind not in _SUPPORTED:
@@ -227,50 +241,58 @@ def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretizati
 # --------------------------------------------------------------------------- curves
 
 
-def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta) -> _Curve:
-    tail = tail_mass_for(delta)
+def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta, *,
+           smallest: float | None = None) -> _Curve:
+    """The curve of ``mechanism``, read first at ``delta`` and never below ``smallest``."""
     if isinstance(mechanism, RandomizedResponse):
-        return _rr_curve(mechanism, adjacency, unit, method, discretization, tail)
+        return _rr_curve(mechanism, adjacency, unit, method, discretization, delta)
     if isinstance(mechanism, GaussianRelease):
-        return _gaussian_curve(mechanism, adjacency, unit, method, discretization)
+        return _gaussian_curve(mechanism, adjacency, unit, method, discretization, delta)
     if isinstance(mechanism, PoissonDPSGD):
-        return _dpsgd_curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta)
+        return _dpsgd_curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta,
+                            delta if smallest is None else smallest)
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
-    return _pld_curve(pld_of(mechanism, adjacency=adjacency, unit=unit, discretization=discretization,
-                             tail_mass=tail),
-                      "pld", discretization, ("PLD composition of all phases under one adjacency",),
-                      pure=_pure_epsilon(mechanism, unit, discretization))
+    return _pld_curve(mechanism, adjacency, unit, discretization, delta, "pld",
+                      ("PLD composition of all phases under one adjacency",))
 
 
-def _pld_curve(pld, method, discretization, notes=(), pure: float = math.inf) -> _Curve:
-    """A fast-engine PLD as a curve; at delta = 0 it answers ``pure`` (inf unless pure DP)."""
+def _pld_curve(mechanism, adjacency, unit, discretization, delta, method, notes=()) -> _Curve:
+    """The fast-engine PLD of ``mechanism`` as a curve, one composition per delta read.
+
+    Each composition is tilted for its delta (tight there); the one for ``delta`` is built
+    now, so that a refusal or a coarsened grid shows up before anything is reported. At
+    delta = 0 the curve answers the pure-DP epsilon (inf unless every phase is RR). Deltas
+    below MIN_PLD_DELTA read by a search (group privacy) answer inf, a valid upper bound.
+    """
     from budgetplan.accounting import fastpld
+    from budgetplan.accounting.limits import MIN_PLD_DELTA
 
+    built: dict[float, pld_build.BuiltPLD] = {}
+
+    def get(d: float) -> pld_build.BuiltPLD:
+        if d not in built:
+            built[d] = pld_build.build(mechanism, adjacency=adjacency, unit=unit, discretization=discretization,
+                                       delta=d)
+        return built[d]
+
+    def epsilon(d: float) -> float:
+        if d <= 0:
+            return pld_build.pure_epsilon(mechanism, unit, discretization)
+        if d < MIN_PLD_DELTA and d != delta:
+            return math.inf
+        return fastpld.epsilon_for_delta(get(d).pld, d)
+
+    main = get(delta) if delta > 0 else None
     return _Curve(
-        epsilon=lambda d: fastpld.epsilon_for_delta(pld, d) if d > 0 else pure,
-        method=method, bound="upper", discretization=discretization,
-        notes=("pessimistic PLD (connect-the-dots, arXiv:2207.04380)",) + tuple(notes),
+        epsilon=epsilon, method=method, bound="upper",
+        discretization=main.discretization if main else discretization,
+        notes=("pessimistic PLD (connect-the-dots, arXiv:2207.04380), composed by an exponentially tilted "
+               "FFT with its rounding error added",) + tuple(notes) + (main.notes if main else ()),
     )
 
 
-def _pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
-    """epsilon at delta = 0 on the PLD grid: the sum of each RR copy's rounded-up loss.
-
-    Read from the single-step pmfs: after FFT composition every grid entry carries
-    rounding noise, so the largest loss with mass is no longer visible there.
-    """
-    from budgetplan.accounting import fastpld
-
-    if isinstance(mechanism, Composition):
-        return math.fsum(_pure_epsilon(p, unit, discretization) for p in mechanism.leaves())
-    if isinstance(mechanism, RandomizedResponse):
-        pmf = fastpld.randomized_response(epsilon=mechanism.epsilon, discretization=discretization).pmfs[0]
-        return unit.cap * (pmf.lower_index + pmf.probs.size - 1) * discretization
-    return math.inf
-
-
-def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization, tail) -> _Curve:
+def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization, delta) -> _Curve:
     if adjacency is not Adjacency.REPLACE_ONE:
         raise UnsupportedError(
             "randomized response protects labels under replace-one adjacency; add-remove would "
@@ -281,13 +303,23 @@ def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization,
         return _Curve(epsilon=lambda d: rr.composed_epsilon(e, k, d), method="exact", bound="exact",
                       notes=(f"{k} x RR(eps={e:.6g}) per unit, exact binomial privacy loss",) if k > 1 else ())
     if method == "rdp":
-        return _Curve(epsilon=backends.rdp_rr_curve(epsilon=e, count=k), method="rdp",
-                      conversion=backends.RDP_CONVERSION)
-    return _pld_curve(pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, tail_mass=tail),
-                      "pld", discretization, pure=_pure_epsilon(mech, unit, discretization))
+        rdp = backends.rdp_rr_curve(epsilon=e, count=k)
+
+        def checked(d: float) -> float:
+            # dp_accounting's RR RDP cancels catastrophically at tiny per-copy epsilons (1e8 copies
+            # of RR(1e-8) report 0): an upper bound below the exact value is a back-end failure.
+            got, exact = rdp(d), rr.composed_epsilon(e, k, d)
+            if got < exact * (1.0 - 1e-9):
+                raise AccountingError(
+                    f"dp_accounting RDP returned epsilon={got:.6g}, below the exact {exact:.6g}, for {k} x RR("
+                    f"eps={e:.3g}); use method 'exact'")
+            return got
+
+        return _Curve(epsilon=checked, method="rdp", conversion=backends.RDP_CONVERSION)
+    return _pld_curve(mech, adjacency, unit, discretization, delta, "pld")
 
 
-def _gaussian_curve(mech: GaussianRelease, adjacency, unit, method, discretization) -> _Curve:
+def _gaussian_curve(mech: GaussianRelease, adjacency, unit, method, discretization, delta) -> _Curve:
     sens = mech.sensitivity * unit.cap  # a unit of K examples moves the sum by at most K * Delta
     sigma = mech.noise_std
     notes = (f"unit sensitivity {unit.cap} x {mech.sensitivity:.6g}",) if unit.cap > 1 else ()
@@ -301,11 +333,11 @@ def _gaussian_curve(mech: GaussianRelease, adjacency, unit, method, discretizati
     if method == "rdp":
         return _Curve(epsilon=backends.rdp_gaussian_curve(noise_multiplier=sigma / sens), method="rdp",
                       conversion=backends.RDP_CONVERSION, notes=notes)
-    return _pld_curve(pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization),
-                      "pld", discretization, notes)
+    return _pld_curve(mech, adjacency, unit, discretization, delta, "pld", notes)
 
 
-def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, prv_eps_error, delta) -> _Curve:
+def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, prv_eps_error, delta,
+                 smallest) -> _Curve:
     user_level = unit.cap > 1
     if method in ("rdp", "prv"):
         if adjacency is not Adjacency.ADD_REMOVE:
@@ -324,7 +356,7 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, pr
                       method="rdp", conversion=backends.RDP_CONVERSION, notes=notes)
     if method == "prv":
         band = backends.prv_dpsgd_curve(noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
-                                        steps=mech.steps, delta_error=max(delta, 1e-300) / 1000,
+                                        steps=mech.steps, delta_error=max(smallest, 1e-300) / 1000,
                                         eps_error=prv_eps_error)
         return _Curve(epsilon=lambda d: band(d)[2], method="prv", bound="upper", band=band,
                       discretization=None, notes=notes + (
@@ -335,13 +367,11 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, pr
             "the mixture-of-Gaussians accounting for K examples per unit is defined under add-remove; "
             "use unit_accounting 'group' for replace-one"
         )
-    pld = pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization,
-                 tail_mass=tail_mass_for(delta))
     if user_level:
-        return _pld_curve(pld, "mixture-of-gaussians(pld)", discretization, notes + (
+        return _pld_curve(mech, adjacency, unit, discretization, delta, "mixture-of-gaussians(pld)", notes + (
             f"each of a unit's K={unit.cap} examples sampled independently: sensitivity "
             f"Binomial({unit.cap}, q) (MixtureOfGaussians, arXiv:2310.15526)",))
-    return _pld_curve(pld, "pld", discretization, notes)
+    return _pld_curve(mech, adjacency, unit, discretization, delta, "pld", notes)
 
 
 def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretization) -> _Curve:
@@ -350,71 +380,40 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
             f"no tight accounting of truncated Poisson batches for K={unit.cap} examples per unit; "
             "use unit_accounting 'group'"
         )
-    pld = backends.reference_pld_truncated(
-        noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate, steps=mech.steps,
-        dataset_size=mech.dataset_size, max_batch_size=mech.max_batch_size, adjacency=adjacency,
-        discretization=discretization)
-    return _Curve(epsilon=lambda d: float(pld.get_epsilon_for_delta(d)), method="pld", bound="upper",
-                  discretization=discretization, notes=(
-                      "pessimistic PLD of truncated Poisson batches (dp_accounting, arXiv:2508.15089)",
+    from budgetplan.accounting import fastpld
+    from budgetplan.accounting.limits import MAX_COMPOSITIONS
+
+    from budgetplan.accounting.limits import MAX_SINGLE_GRID_POINTS
+
+    steps, rel = mech.steps, adjacency.value
+    if steps > MAX_COMPOSITIONS:
+        raise UnsupportedError(
+            f"steps={steps:.4g} is beyond the PLD engine's limit of {MAX_COMPOSITIONS:.0e} compositions")
+    # dp_accounting builds the step on its own grid: refuse, before it allocates, a grid past
+    # the engine's limit (sized by the plain Poisson step, whose losses span about as far).
+    span = fastpld.gaussian_loss_range(noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
+                                       relation=rel)
+    if span / discretization > MAX_SINGLE_GRID_POINTS:
+        raise UnsupportedError(
+            f"discretization {discretization:g} needs about {span / discretization:.3g} grid points per step of "
+            f"these truncated Poisson batches (limit {MAX_SINGLE_GRID_POINTS:,}); use discretization >= "
+            f"{span / MAX_SINGLE_GRID_POINTS * 1.05:.3g}")
+    cache: list = []
+
+    def single():  # dp_accounting's step takes seconds: built once, composed per delta read
+        if not cache:
+            pmfs = backends.truncated_single_step(
+                noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
+                dataset_size=mech.dataset_size, max_batch_size=mech.max_batch_size, adjacency=adjacency,
+                discretization=discretization)
+            cache.append(fastpld.PLD(tuple(fastpld.PLDPmf(discretization, lo, p, inf) for lo, p, inf in pmfs), rel))
+        return cache[0]
+
+    def epsilon(d: float) -> float:
+        return fastpld.epsilon_for_delta(fastpld.self_compose(single(), steps, delta=d), d) if d > 0 else math.inf
+
+    return _Curve(epsilon=epsilon, method="pld", bound="upper", discretization=discretization, notes=(
+                      "pessimistic PLD of truncated Poisson batches (dp_accounting's single step, "
+                      "arXiv:2508.15089), composed by an exponentially tilted FFT with its rounding error added",
                       "valid only if batches are Poisson samples truncated to the declared maximum by a "
                       "uniformly random subset"))
-
-
-# ----------------------------------------------------------------------------- PLDs
-
-
-def tail_mass_for(delta: float) -> float:
-    """PLD tail mass that composition may move to infinity: dp_accounting's 1e-15, or less.
-
-    The truncated mass counts fully against delta, so at deltas near 1e-15 the default
-    alone would make every epsilon infinite; it is kept three orders below the target.
-    """
-    return 1e-15 if delta <= 0 else min(1e-15, delta * 1e-3)
-
-
-def pld_of(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
-           tail_mass: float = 1e-15):
-    """The fast-engine PLD of a mechanism at the unit level (tight unit accounting)."""
-    from budgetplan.accounting import fastpld
-
-    if isinstance(mechanism, Composition):
-        plds = [pld_of(p, adjacency=adjacency, unit=unit, discretization=discretization, tail_mass=tail_mass)
-                for p in mechanism.leaves()]
-        out = plds[0]
-        for other in plds[1:]:
-            out = fastpld.compose(out, other, tail_mass_truncation=tail_mass)
-        return out
-    rel = adjacency.value
-    if isinstance(mechanism, RandomizedResponse):
-        if adjacency is not Adjacency.REPLACE_ONE:
-            raise UnsupportedError("randomized response protects labels under replace-one adjacency only")
-        single = fastpld.randomized_response(epsilon=mechanism.epsilon, discretization=discretization)
-        return single if unit.cap == 1 else fastpld.self_compose(single, unit.cap, tail_mass_truncation=tail_mass)
-    if isinstance(mechanism, GaussianRelease):
-        ratio = mechanism.noise_std / (mechanism.sensitivity * unit.cap)
-        # The stated sensitivity is the full shift between neighbours. The engine's replace-one
-        # Gaussian shifts by 2 (+1 and -1), so the same shift needs twice the multiplier there.
-        nm = ratio if adjacency is Adjacency.ADD_REMOVE else 2.0 * ratio
-        return fastpld.gaussian(noise_multiplier=nm, relation=rel, discretization=discretization)
-    if isinstance(mechanism, PoissonDPSGD):
-        if unit.cap == 1:
-            single = fastpld.gaussian(noise_multiplier=mechanism.noise_multiplier,
-                                      sampling_rate=mechanism.sampling_rate, relation=rel,
-                                      discretization=discretization)
-        else:
-            if adjacency is not Adjacency.ADD_REMOVE:
-                raise UnsupportedError("the mixture-of-Gaussians accounting is defined under add-remove only")
-            k = unit.cap
-            from scipy import stats
-
-            probs = stats.binom.pmf(np.arange(k + 1), k, mechanism.sampling_rate)
-            single = fastpld.mixture_of_gaussians(
-                standard_deviation=mechanism.noise_multiplier,
-                sensitivities=tuple(float(s) for s in range(k + 1)),
-                probabilities=tuple(float(p) for p in probs),
-                discretization=discretization)
-        return fastpld.self_compose(single, mechanism.steps, tail_mass_truncation=tail_mass)
-    raise UnsupportedError(
-        f"{type(mechanism).__name__} has no fast PLD here; account it on its own with method 'pld'"
-    )

@@ -23,7 +23,7 @@ __all__ = [
     "rdp_gaussian_curve",
     "rdp_rr_curve",
     "reference_pld_dpsgd",
-    "reference_pld_truncated",
+    "truncated_single_step",
     "prv_dpsgd_curve",
 ]
 
@@ -52,12 +52,16 @@ def _rdp_curve(event, relation) -> Callable[[float], float]:
 
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
     try:
-        accountant.compose(event)
+        with warnings.catch_warnings():  # overflow to an infinite RDP at extreme inputs is fine
+            warnings.simplefilter("ignore")
+            accountant.compose(event)
     except Exception as exc:  # dp_accounting raises on unsupported events
         raise AccountingError(f"dp_accounting RDP failed: {exc}") from None
 
     def epsilon(delta: float) -> float:
-        eps = accountant.get_epsilon(delta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            eps = accountant.get_epsilon(delta)
         if math.isnan(eps) or eps < 0:
             raise AccountingError(f"dp_accounting RDP returned epsilon={eps!r} at delta={delta!r}")
         return float(eps)
@@ -91,7 +95,9 @@ def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
     """eps(delta) of ``count`` binary RR releases under REPLACE_ONE, by RDP."""
     import dp_accounting as dpa
 
-    noise_parameter = 2.0 / (math.exp(epsilon) + 1.0)
+    from scipy import special
+
+    noise_parameter = 2.0 * float(special.expit(-epsilon))  # 2 / (e^eps + 1), no overflow
     event = dpa.SelfComposedDpEvent(dpa.RandomizedResponseDpEvent(noise_parameter, 2), count)
     return _rdp_curve(event, _relation(Adjacency.REPLACE_ONE))
 
@@ -110,17 +116,22 @@ def reference_pld_dpsgd(
     ).self_compose(steps)
 
 
-def reference_pld_truncated(
+def truncated_single_step(
     *,
     noise_multiplier: float,
     sampling_rate: float,
-    steps: int,
     dataset_size: int,
     max_batch_size: int,
     adjacency: Adjacency,
     discretization: float,
 ):
-    """dp_accounting's PLD of truncated Poisson DP-SGD (arXiv:2508.15089)."""
+    """One step of truncated Poisson DP-SGD (arXiv:2508.15089), dp_accounting's pessimistic pmfs.
+
+    Returns:
+        ``[(lower_index, probs, infinity_mass), ...]``: the REMOVE and ADD directions (one if
+        symmetric), for the caller to compose (dp_accounting's own float64 FFT composition is
+        not used: its rounding noise decides epsilon at small deltas).
+    """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     try:
@@ -132,9 +143,31 @@ def reference_pld_truncated(
             value_discretization_interval=discretization,
             neighboring_relation=_relation(adjacency),
         )
+        directions = [single._pmf_remove] if single._symmetric else [single._pmf_remove, single._pmf_add]
+        dense = [p.to_dense_pmf() for p in directions]
+        return [(int(p._lower_loss), p._probs.astype(float), float(p._infinity_mass)) for p in dense]
     except Exception as exc:
         raise AccountingError(f"dp_accounting truncated-Poisson PLD failed: {exc}") from None
-    return single.self_compose(steps)
+
+
+def _check_prv_size(prv, steps: int, eps_error: float, delta_error: float) -> None:
+    """Refuse a PRV composition whose grid would exceed MAX_GRID_POINTS, before it is allocated.
+
+    prv_accountant's grid spans [-L, L] at mesh eps_error / sqrt(T/2 ln(12/delta_error))
+    (Gopi, Lee, Wutschitz 2021, arXiv:2106.02848, Theorem 5.5), L from its RDP bound.
+    """
+    import numpy as np
+    from prv_accountant.accountant import compute_safe_domain_size
+
+    from budgetplan.accounting.limits import MAX_GRID_POINTS
+
+    half_width = compute_safe_domain_size([prv], [steps], eps_error=eps_error, delta_error=delta_error)
+    mesh = eps_error / np.sqrt(steps / 2 * np.log(12 / delta_error))
+    points = 2 * half_width / mesh
+    if not points <= MAX_GRID_POINTS:
+        raise AccountingError(
+            f"prv_accountant would need {points:.3g} grid points here (limit {MAX_GRID_POINTS:,}): too many steps, "
+            "too little noise or too small an error band; use method 'pld'")
 
 
 def prv_dpsgd_curve(
@@ -159,10 +192,13 @@ def prv_dpsgd_curve(
             prv = PoissonSubsampledGaussianMechanism(
                 noise_multiplier=noise_multiplier, sampling_probability=sampling_rate
             )
+            _check_prv_size(prv, steps, eps_error, delta_error)
             accountant = PRVAccountant(
                 prvs=prv, max_self_compositions=steps, eps_error=eps_error, delta_error=delta_error
             )
             composed = accountant.compute_composition(steps)
+    except AccountingError:
+        raise
     except Exception as exc:
         raise fail(exc) from None
 

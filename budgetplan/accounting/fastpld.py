@@ -1,27 +1,33 @@
 """Fast, vectorised pessimistic privacy-loss-distribution (PLD) accounting.
 
 One idea: dp_accounting's PLD accountant (pessimistic estimate, connect-the-dots), with
-every per-grid-point step done as a numpy array operation.
+every per-grid-point step done as a numpy array operation, and composition made rigorous
+at any delta it accepts.
 
 * Discretisation: pessimistic connect-the-dots (Doroshenko, Ghazi, Kamath, Kumar,
   Manurangsi, "Connect the Dots: Tighter Discrete Approximations of Privacy Loss
   Distributions", arXiv:2207.04380, Algorithm 1) on the grid ``k * discretization``
   between the losses at dp_accounting's truncation points (``log_mass_truncation_bound``).
-* Composition: convolution by real FFT (Koskela, Jalko, Honkela, "Computing Tight
-  Differential Privacy Guarantees Using FFT", arXiv:1906.03049), the result cut to
-  the window of dp_accounting's 40-order Chernoff bound (``tail_mass_truncation``).
-* Queries: the hockey-stick divergence and its inverse from suffix sums.
+  The mass beyond the top point is not lost: connect-the-dots puts delta there at +inf.
+* Composition (``_pld_ops``): convolution by real FFT (Koskela, Jalko, Honkela,
+  "Computing Tight Differential Privacy Guarantees Using FFT", arXiv:1906.03049) of the
+  exponentially tilted pmfs, the tilt chosen for the delta the result is read at, with a
+  bound on the FFT's rounding error added to every mass and the window cut by Chernoff
+  bounds whose dropped mass goes to +infinity (above) or onto the first loss (below).
+* Queries (``_pld_query``): the hockey-stick divergence and its inverse from suffix sums.
 
-The grids, windows and truncations coincide with dp_accounting's, so the numbers agree
-with it up to floating-point rounding, with two deliberate differences in the pmfs,
-both in the direction of exactness: the hockey-stick values are formed in log space with
-the subsampling cancellation done analytically, and connect-the-dots is applied to
+The grids coincide with dp_accounting's, and the pmfs differ from its only in the
+direction of exactness: the hockey-stick values are formed in log space with the
+subsampling cancellation done analytically, and connect-the-dots is applied to
 delta - (1 - e^eps) for negative epsilons (dp_accounting's pmfs gain up to ~2e-8 of
-spurious mass per step there, see ``_connect_the_dots``); and the mixture-of-Gaussians
-inverse loss is solved to rounding accuracy rather than on a 1e-6 grid in x. What remains
-is float64 FFT noise, about 1e-15..1e-13 absolute on composed deltas in both engines;
-for targets like delta = 1e-7 after 1e4 steps that moves epsilon by up to ~1e-6
-relative, in either engine.
+spurious mass per step there, see ``_ctd._connect_the_dots``); and the mixture-of-Gaussians
+inverse loss is solved to rounding accuracy rather than on a 1e-6 grid in x. Composition
+differs in rigour: dp_accounting's plain float64 FFT leaves ~1e-16 of absolute noise per
+mass (1e-11 in all after 1e5 steps), which decides epsilon at deltas below ~1e-10, in
+either direction; here that noise is relative to the masses read and bounded.
+
+Every builder refuses, before allocating, a grid longer than ``limits.MAX_SINGLE_GRID_POINTS``
+(a ``GridLimitError`` naming the discretization that fits).
 
 Conventions (dp_accounting's): ``relation="add-remove"`` has a REMOVE direction (upper
 distribution with the element, lower without it) and an ADD direction (the reverse);
@@ -41,8 +47,11 @@ from scipy import special
 
 from budgetplan import _validate
 from budgetplan.accounting import _mog
-from budgetplan.accounting._pld_ops import compose, delta_for_epsilon, epsilon_for_delta, self_compose
+from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
+from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
+from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
+from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
@@ -55,6 +64,10 @@ __all__ = [
     "randomized_response",
     "self_compose",
     "compose",
+    "compose_all",
+    "window_size",
+    "GridLimitError",
+    "gaussian_loss_range",
     "epsilon_for_delta",
     "delta_for_epsilon",
 ]
@@ -71,89 +84,35 @@ def _relation(relation: str) -> str:
     return relation
 
 
+# exp(bound) / 2 must stay a normal float64 for the normal quantile of the truncation point.
+_MIN_TRUNCATION_BOUND = -700.0
+
+
 def _truncation_bound(value: object) -> float:
     bound = _validate.finite("log_mass_truncation_bound", value)
-    if bound > 0:
-        raise InvalidParameterError(f"log_mass_truncation_bound must be <= 0, got {bound!r}")
+    if not _MIN_TRUNCATION_BOUND <= bound <= 0:
+        raise InvalidParameterError(
+            f"log_mass_truncation_bound must be in [{_MIN_TRUNCATION_BOUND:g}, 0], got {bound!r}")
     return bound
 
 
-def _readonly(pmf: PLDPmf) -> PLDPmf:
-    """Freeze ``probs`` so that cached pmfs cannot be altered through a result."""
-    pmf.probs.flags.writeable = False
-    return pmf
+def _discretization(value: object) -> float:
+    d = _validate.positive("discretization", value)
+    if d > MAX_DISCRETIZATION:
+        raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
+    return d
 
 
-# ------------------------------------------------------------ connect-the-dots build
+# The Gaussian builders square the noise multiplier and divide by it.
+_NOISE_RANGE = (1e-100, 1e100)
 
 
-def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, h: np.ndarray) -> PLDPmf:
-    """Pessimistic connect-the-dots pmf on consecutive grid points (arXiv:2207.04380, Alg. 1).
-
-    The mechanism's hockey-stick curve delta(eps) is given at the grid epsilons
-    ``eps = (lower_index + k) * discretization`` in split form: ``h = delta`` where
-    eps >= 0 and ``h = g = delta - (1 - e^eps)`` where eps < 0. With gap d the mass at
-    an interior point is ((delta_{k+1} - delta_k) - e^d (delta_k - delta_{k-1})) / (e^d - 1),
-    the first point also takes the mass 1 - delta_0 below the grid, and delta at the
-    last point goes to +infinity (the fixed-gap form dp_accounting uses).
-
-    Why the split: that second difference vanishes on 1 and e^eps, so it may be taken
-    of g instead of delta. For eps < 0, delta is close to 1 - e^eps and its second
-    differences are pure rounding noise, which clipping at 0 turns into spurious mass
-    (about 2e-8 per step in dp_accounting's ADD direction); g is small there and known
-    to full relative accuracy, so the masses come out exact to rounding.
-    """
-    neg = eps < 0
-    one_minus_exp = -np.expm1(eps)
-    delta = np.where(neg, h + one_minus_exp, h)
-    g = np.where(neg, h, h - one_minus_exp)
-    if eps.size == 1:
-        return _readonly(PLDPmf(discretization, int(lower_index), np.array([1.0 - delta[0]]), float(delta[0])))
-    em1, ed = math.expm1(discretization), math.exp(discretization)
-
-    def second_difference(v: np.ndarray) -> np.ndarray:
-        return ((v[2:] - v[1:-1]) - ed * (v[1:-1] - v[:-2])) / em1
-
-    probs = np.empty_like(eps)
-    probs[1:-1] = np.where(neg[1:-1], second_difference(g), second_difference(delta))
-    if neg[0]:
-        probs[0] = -g[0] + (g[1] - g[0]) / em1
-    else:
-        probs[0] = 1.0 - delta[0] + (delta[1] - delta[0]) / em1
-    probs[-1] = (delta[-1] - delta[-2]) / math.expm1(-discretization)
-    np.maximum(probs, 0.0, out=probs)
-    return _readonly(PLDPmf(discretization, int(lower_index), probs, float(delta[-1])))
-
-
-def _split_gap(eps: np.ndarray, log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    """``h`` of ``_connect_the_dots`` from the two terms of the divergence, in log space.
-
-    For a loss decreasing in x, with root x* at eps:
-    delta = P - Q with P = upper(X <= x*), Q = e^eps lower(X <= x*), and
-    g = delta - (1 - e^eps) = Q' - P' with P' = upper(X > x*), Q' = e^eps lower(X > x*).
-    Callers evaluate every normal CDF at its argument times ``_side(eps)``, so the same
-    formulas give ln P, ln Q where eps >= 0 and ln P', ln Q' where eps < 0. The
-    difference is formed as e^big (1 - e^(small - big)), accurate relative to itself
-    however small it is.
-    """
-    up = eps >= 0
-    big = np.where(up, log_p, log_q)
-    small = np.where(up, log_q, log_p)
-    with np.errstate(invalid="ignore"):
-        h = np.exp(big) * -np.expm1(small - big)
-    return np.clip(np.where(np.isfinite(big), h, 0.0), 0.0, 1.0)
-
-
-def _side(eps: np.ndarray) -> np.ndarray:
-    """+1 where delta itself is wanted (eps >= 0), -1 where g is (survival side)."""
-    return np.where(eps >= 0, 1.0, -1.0)
-
-
-def _grid(discretization: float, eps_lower: float, eps_upper: float) -> tuple[int, np.ndarray]:
-    """Grid indices floor(eps_lower/d) .. ceil(eps_upper/d) and their epsilons."""
-    lo = math.floor(eps_lower / discretization)
-    hi = math.ceil(eps_upper / discretization)
-    return lo, np.arange(lo, hi + 1) * discretization
+def _noise(name: str, value: object) -> float:
+    sigma = _validate.positive(name, value)
+    if not _NOISE_RANGE[0] <= sigma <= _NOISE_RANGE[1]:
+        raise InvalidParameterError(
+            f"{name} must be in [{_NOISE_RANGE[0]:g}, {_NOISE_RANGE[1]:g}] for PLD accounting, got {sigma!r}")
+    return sigma
 
 
 # ------------------------------------------------------------------ Gaussian family
@@ -176,8 +135,19 @@ def _gaussian_loss(x: float, sigma: float, q: float, adjacency: str) -> float:
     return float(np.logaddexp(l0 + math.log(q), math.log(1 - q)))
 
 
+def _log1p_expm1_over(e: np.ndarray, q: float) -> np.ndarray:
+    """ln(1 + (e^e - 1) / q); where (e^e - 1) / q overflows, as e - ln q + ln(1 - (1 - q) e^-e)."""
+    with np.errstate(over="ignore"):
+        out = np.log1p(np.expm1(e) / q)
+    big = ~np.isfinite(out)
+    if big.any():
+        eb = e[big]
+        out[big] = eb - math.log(q) + np.log1p(-(1.0 - q) * np.exp(-eb))
+    return out
+
+
 def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: str) -> np.ndarray:
-    """Split hockey-stick values h (see ``_connect_the_dots``) of the subsampled Gaussian.
+    """Split hockey-stick values h (see ``_ctd._connect_the_dots``) of the subsampled Gaussian.
 
     With mu = N(0, sigma^2) and sensitivity 1 the pairs are (dp_accounting's
     AdditiveNoisePrivacyLoss): REMOVE upper (1-q) mu(x) + q mu(x+1) vs lower mu(x);
@@ -197,7 +167,7 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
             inside = eps > math.log1p(-q) if q < 1.0 else np.ones(eps.shape, dtype=bool)
             e = eps[inside]
             sg = _side(e)
-            l0 = np.log1p(np.expm1(e) / q) if q < 1.0 else e
+            l0 = _log1p_expm1_over(e, q) if q < 1.0 else e
             x = -0.5 - l0 * s2
             # P = q Phi((x+1)/sigma), Q = e^eps Phi(x/sigma) - (1-q) Phi(x/sigma) = q e^L0 Phi(x/sigma).
             log_p = lq + special.log_ndtr(sg * (x + 1.0) / sigma)
@@ -208,7 +178,7 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
             inside = eps < -math.log1p(-q) if q < 1.0 else np.ones(eps.shape, dtype=bool)
             e = eps[inside]
             sg = _side(e)
-            l0 = -np.log1p(np.expm1(-e) / q) if q < 1.0 else e
+            l0 = -_log1p_expm1_over(-e, q) if q < 1.0 else e
             x = 0.5 - l0 * s2
             # P = (1 - (1-q) e^eps) Phi(x/sigma) = q e^{eps - L0} Phi(x/sigma), Q = q e^eps Phi((x-1)/sigma).
             log_p = lq + e - l0 + special.log_ndtr(sg * x / sigma)
@@ -237,20 +207,43 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
     return h
 
 
-# A pmf is up to a few MB; the calibration reuses one while it searches the step count.
-@functools.lru_cache(maxsize=32)
-def _gaussian_pmf(sigma: float, q: float, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
-    """The connect-the-dots pmf of one direction; cached, arguments are plain floats."""
+def _gaussian_range(sigma: float, q: float, adjacency: str, log_bound: float) -> tuple[float, float]:
+    """(eps_lower, eps_upper): the losses at dp_accounting's truncation points.
+
+    The truncation leaves tail mass exp(bound)/2 of each shifted Gaussian outside; that mass
+    is not lost: connect-the-dots puts delta(eps_upper) at +infinity.
+    """
     z = float(special.ndtri(0.5 * math.exp(log_bound))) * sigma
-    # dp_accounting's truncation: tail mass exp(bound)/2 of each shifted Gaussian.
     lower_x, upper_x = z, -z
     if adjacency == "add":
         upper_x += 1.0
     else:
         lower_x -= 1.0
-    eps_upper = _gaussian_loss(lower_x, sigma, q, adjacency)
-    eps_lower = _gaussian_loss(upper_x, sigma, q, adjacency)
-    lo, eps = _grid(discretization, eps_lower, eps_upper)
+    return _gaussian_loss(upper_x, sigma, q, adjacency), _gaussian_loss(lower_x, sigma, q, adjacency)
+
+
+def gaussian_loss_range(
+    *, noise_multiplier: float, sampling_rate: float = 1.0, relation: str = ADD_REMOVE,
+    log_mass_truncation_bound: float = -50.0,
+) -> float:
+    """Width of the loss grid of one ``gaussian`` step (max over directions), before building it.
+
+    ``width / discretization`` is the number of grid points, so a caller can choose a
+    discretization within ``MAX_SINGLE_GRID_POINTS`` without allocating anything.
+    """
+    sigma = _noise("noise_multiplier", noise_multiplier)
+    q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    bound = _truncation_bound(log_mass_truncation_bound)
+    kinds = ("replace",) if _relation(relation) == REPLACE_ONE else ("remove", "add")
+    return max(hi - lo for lo, hi in (_gaussian_range(sigma, q, k, bound) for k in kinds))
+
+
+# A pmf is up to a few MB; the calibration reuses one while it searches the step count.
+@functools.lru_cache(maxsize=32)
+def _gaussian_pmf(sigma: float, q: float, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
+    """The connect-the-dots pmf of one direction; cached, arguments are plain floats."""
+    eps_lower, eps_upper = _gaussian_range(sigma, q, adjacency, log_bound)
+    lo, eps = _grid(discretization, eps_lower, eps_upper, f"the Gaussian with noise_multiplier={sigma:g}")
     return _connect_the_dots(discretization, lo, eps, _gaussian_split_curve(eps, sigma, q, adjacency))
 
 
@@ -285,9 +278,9 @@ def gaussian(
         InvalidParameterError (a ValueError): on a non-positive sigma, q outside (0, 1],
             an unknown relation, a non-positive discretization.
     """
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    sigma = _noise("noise_multiplier", noise_multiplier)
     q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    d = _validate.positive("discretization", discretization)
+    d = _discretization(discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
     if _relation(relation) == REPLACE_ONE:
         return PLD((_gaussian_pmf(sigma, q, "replace", d, bound),), relation)
@@ -297,14 +290,42 @@ def gaussian(
     return PLD((remove, _gaussian_pmf(sigma, q, "add", d, bound)), relation)
 
 
+# Entries of one (atoms x losses) block of the mixture's inverse-loss solve (32 MiB).
+_MOG_CHUNK = 1 << 22
+
+
 @functools.lru_cache(maxsize=16)
-def _mog_pmf(sigma: float, sens: tuple, probs: tuple, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
-    mix = _mog.Mixture(sigma, sens, probs)
+def _mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, adjacency: str, discretization: float,
+             log_bound: float) -> PLDPmf:
+    mix = _mog.Mixture(sigma, sens, probs, bottom)
     eps_lower, eps_upper = _mog.grid_loss_bounds(mix, adjacency, log_bound)
-    lo, eps = _grid(discretization, eps_lower, eps_upper)
-    inside, log_p, log_q = _mog.split_terms(mix, adjacency, eps, _side(eps))
+    atoms = int(np.count_nonzero(mix.pos))
+    _check_grid(discretization, eps_lower, eps_upper, f"the mixture of Gaussians with sigma={sigma:g}")
+    span = (eps_upper - eps_lower) / discretization
+    if atoms * span > MAX_MIXTURE_WORK:
+        smallest = (eps_upper - eps_lower) * atoms / MAX_MIXTURE_WORK * 1.01
+        raise GridLimitError(
+            f"discretization {discretization:g} needs {atoms:,} sensitivities x {span:.3g} grid points for one "
+            f"mixture-of-Gaussians step (limit {MAX_MIXTURE_WORK:,} pairs); use discretization >= {smallest:.3g}",
+            points=math.ceil(atoms * span), limit=MAX_MIXTURE_WORK)
+    lo, eps = _grid(discretization, eps_lower, eps_upper, f"the mixture of Gaussians with sigma={sigma:g}")
     h = np.zeros_like(eps)
-    h[inside] = _split_gap(eps[inside], log_p, log_q)
+    chunk = max(1, _MOG_CHUNK // max(1, atoms))
+    for start in range(0, eps.size, chunk):
+        e = eps[start : start + chunk]
+        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, _side(e))
+        part = np.zeros_like(e)
+        part[inside] = _split_gap(e[inside], log_p, log_q)
+        if bottom:
+            # The left-out atoms (see _mog.Mixture): REMOVE puts their mass at loss +inf, which adds
+            # it to delta (for eps < 0 the survival-side formula already counts it); ADD loses
+            # it from the lower distribution, which the survival side misses by bottom e^eps.
+            if adjacency == "remove":
+                part[inside & (e >= 0)] += bottom
+            else:
+                neg = inside & (e < 0)
+                part[neg] += bottom * np.exp(e[neg])
+        h[start : start + chunk] = part
     return _connect_the_dots(discretization, lo, eps, h)
 
 
@@ -315,45 +336,52 @@ def mixture_of_gaussians(
     probabilities: Sequence[float],
     discretization: float = 1e-4,
     log_mass_truncation_bound: float = -50.0,
+    dropped_mass: float = 0.0,
 ) -> PLD:
     """PLD of one step of the mixture-of-Gaussians mechanism (add-remove; REMOVE and ADD).
 
     The sensitivity is ``sensitivities[i]`` with probability ``probabilities[i]``. For
     user-level DP-SGD (K examples per user, each Poisson-sampled at rate q) pass
-    sensitivities 0..K with Binomial(K, q) probabilities. Matches dp_accounting's
-    ``from_mixture_gaussian_mechanism`` (MixtureGaussianPrivacyLoss), except that the
-    inverse privacy loss is solved to rounding accuracy instead of on a 1e-6 x-grid.
+    sensitivities 0..K with Binomial(K, q) probabilities, or only a window of them with the
+    rest as ``dropped_mass``. Matches dp_accounting's ``from_mixture_gaussian_mechanism``
+    (MixtureGaussianPrivacyLoss), except that the inverse privacy loss is solved to
+    rounding accuracy instead of on a 1e-6 x-grid.
 
     Args:
         standard_deviation: standard deviation of the Gaussian noise.
         sensitivities: the support of the sensitivity, each >= 0.
-        probabilities: their probabilities (summing to 1).
+        probabilities: their probabilities (summing to 1 - dropped_mass).
         discretization: grid step of the privacy losses.
         log_mass_truncation_bound: ln of the noise mass left out of the grid.
+        dropped_mass: probability of sensitivities not listed (an upper bound will do). It
+            is accounted as an infinite sensitivity, i.e. added to delta (pessimistic).
 
     Returns:
         The PLD with pmfs (remove, add); cached and read-only.
 
     Raises:
         InvalidParameterError (a ValueError): on a non-positive standard deviation,
-            mismatched lengths, a negative sensitivity or probability, probabilities not
-            summing to 1, or no positive sensitivity with positive probability.
+            mismatched lengths, a negative or non-finite sensitivity or probability,
+            probabilities not summing to 1 - dropped_mass, no positive sensitivity with
+            positive probability, or more (sensitivity, loss) pairs than
+            ``MAX_MIXTURE_WORK`` (a ``GridLimitError`` naming the discretization that fits).
     """
-    sigma = _validate.positive("standard_deviation", standard_deviation)
-    d = _validate.positive("discretization", discretization)
+    sigma = _noise("standard_deviation", standard_deviation)
+    d = _discretization(discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
-    sens = tuple(float(s) for s in sensitivities)
-    probs = tuple(float(p) for p in probabilities)
+    bottom = _validate.probability("dropped_mass", dropped_mass, allow_zero=True)
+    sens = tuple(_validate.non_negative("sensitivities", s) for s in sensitivities)
+    probs = tuple(_validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)
     if len(sens) != len(probs) or not sens:
-        raise InvalidParameterError("sensitivities and probabilities must be non-empty and of equal length")
-    if not all(math.isfinite(s) and s >= 0 for s in sens):
-        raise InvalidParameterError(f"sensitivities must be finite and >= 0, got {sens}")
-    if not all(math.isfinite(p) and 0 <= p <= 1 for p in probs) or not math.isclose(sum(probs), 1.0):
-        raise InvalidParameterError(f"probabilities must lie in [0, 1] and sum to 1, got {probs}")
+        raise InvalidParameterError(
+            f"sensitivities and probabilities must be non-empty and of equal length, got {len(sens)} and {len(probs)}")
+    total = math.fsum(probs) + bottom
+    if not math.isclose(total, 1.0, rel_tol=1e-9):
+        raise InvalidParameterError(f"probabilities must sum to 1 - dropped_mass, got a total of {total!r}")
     if not any(s > 0 and p > 0 for s, p in zip(sens, probs)):
         raise InvalidParameterError("at least one positive sensitivity needs a positive probability")
     return PLD(
-        (_mog_pmf(sigma, sens, probs, "remove", d, bound), _mog_pmf(sigma, sens, probs, "add", d, bound)),
+        (_mog_pmf(sigma, sens, probs, bottom, "remove", d, bound), _mog_pmf(sigma, sens, probs, bottom, "add", d, bound)),
         ADD_REMOVE,
     )
 
@@ -363,8 +391,12 @@ def _rr_pmf(epsilon: float, discretization: float) -> PLDPmf:
     # The same floating-point path as dp_accounting's from_randomized_response
     # (noise_parameter = 2/(e^eps + 1), two buckets), so the losses round to the same
     # grid points even when eps/d is (nearly) an integer.
-    noise = 2.0 / (math.exp(epsilon) + 1.0)
-    log_keep, log_flip = math.log(1 - noise * 1 / 2), math.log(noise / 2)
+    if epsilon < 700.0:
+        noise = 2.0 / (math.exp(epsilon) + 1.0)
+        log_keep, log_flip = math.log(1 - noise * 1 / 2), math.log(noise / 2)
+    else:  # e^eps overflows: the same quantities in log space
+        log_keep, log_flip = -float(np.logaddexp(0.0, -epsilon)), -float(np.logaddexp(0.0, epsilon))
+    _check_grid(discretization, log_flip - log_keep, log_keep - log_flip, f"randomized response with epsilon={epsilon:g}")
     k_keep = math.ceil((log_keep - log_flip) / discretization)
     k_flip = math.ceil((log_flip - log_keep) / discretization)
     probs = np.zeros(k_keep - k_flip + 1)
@@ -388,5 +420,5 @@ def randomized_response(*, epsilon: float, discretization: float = 1e-4) -> PLD:
         A replace-one PLD with a single (symmetric) pmf; cached and read-only.
     """
     eps = _validate.positive("epsilon", epsilon)
-    d = _validate.positive("discretization", discretization)
+    d = _discretization(discretization)
     return PLD((_rr_pmf(eps, d),), REPLACE_ONE)

@@ -21,6 +21,10 @@ import math
 import numpy as np
 from scipy import optimize, special
 
+from budgetplan import _validate
+from budgetplan.accounting.limits import MAX_GAUSSIAN_RATIO
+from budgetplan.errors import InvalidParameterError
+
 __all__ = [
     "analytic_delta",
     "analytic_epsilon",
@@ -32,9 +36,24 @@ __all__ = [
 
 CLASSICAL_VALID_BELOW = 1.0
 
+# Largest epsilon target: its sigma keeps sensitivity / sigma far below MAX_GAUSSIAN_RATIO.
+_MAX_EPSILON = 1e150
+
 # Solves aim a hair inside the target (relative 1e-10 in delta) so that re-accounting the
 # answer by any other route, with its own last-bit rounding, still lands within the target.
 _SAFETY = math.log1p(-1e-10)
+
+
+def _mu(sigma: object, sensitivity: object) -> float:
+    """sensitivity / sigma, both validated; refused past MAX_GAUSSIAN_RATIO (epsilon ~ mu^2 / 2)."""
+    sigma = _validate.positive("sigma", sigma)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
+    mu = sensitivity / sigma
+    if not mu <= MAX_GAUSSIAN_RATIO:
+        raise InvalidParameterError(
+            f"noise std sigma must be at least sensitivity / {MAX_GAUSSIAN_RATIO:g} = {sensitivity / MAX_GAUSSIAN_RATIO:.3g} "
+            f"(epsilon beyond 1e199), got {sigma!r}")
+    return mu
 
 
 def _log_delta(epsilon: float, mu: float) -> float:
@@ -48,12 +67,14 @@ def _log_delta(epsilon: float, mu: float) -> float:
 
 def analytic_delta(*, epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
     """delta at ``epsilon`` of the Gaussian mechanism with noise std ``sigma``."""
-    return math.exp(_log_delta(epsilon, sensitivity / sigma))
+    mu = _mu(sigma, sensitivity)
+    return math.exp(_log_delta(_validate.non_negative("epsilon", epsilon), mu))
 
 
 def analytic_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The smallest epsilon >= 0 with delta(epsilon) <= ``delta`` (rounded up)."""
-    mu = sensitivity / sigma
+    mu = _mu(sigma, sensitivity)
+    delta = _validate.open_unit("delta", delta)
     target = math.log(delta) + _SAFETY
     if _log_delta(0.0, mu) <= target:
         return 0.0
@@ -68,28 +89,45 @@ def analytic_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) ->
 
 def analytic_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """The smallest noise std for which the Gaussian mechanism is (epsilon, delta)-DP (rounded up)."""
+    epsilon = _validate.positive("epsilon", epsilon)
+    if epsilon > _MAX_EPSILON:
+        raise InvalidParameterError(f"epsilon must be at most {_MAX_EPSILON:g}, got {epsilon!r}")
+    delta = _validate.open_unit("delta", delta)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
     target = math.log(delta) + 2 * _SAFETY
 
+    # The mechanism depends on sigma / sensitivity only: solve at sensitivity 1, so that a huge
+    # or tiny sensitivity never reaches the root-finder.
     def gap(log_sigma: float) -> float:
-        return _log_delta(epsilon, sensitivity / math.exp(log_sigma)) - target
+        return _log_delta(epsilon, 1.0 / math.exp(log_sigma)) - target
 
-    guess = math.log(classical_sigma(epsilon=epsilon, delta=delta, sensitivity=sensitivity))
+    guess = math.log(classical_sigma(epsilon=epsilon, delta=delta))
     lo, hi = guess - 1.0, guess + 1.0
     while gap(lo) <= 0:
         lo -= 1.0
     while gap(hi) > 0:
         hi += 1.0
-    sigma = math.exp(optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-15))
-    while gap(math.log(sigma)) > 0:
+    unit = math.exp(optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-15))
+    sigma = sensitivity * unit
+    if not math.isfinite(sigma):
+        raise InvalidParameterError(f"sensitivity {sensitivity!r} is too large: the noise std it needs "
+                                    f"({sensitivity:g} x {unit:g}) is not a finite number")
+    while _log_delta(epsilon, sensitivity / sigma) - target > 0:  # rounding of the product: safe side
         sigma = math.nextafter(sigma, math.inf)
     return sigma
 
 
 def classical_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Dwork-Roth's sigma = Delta sqrt(2 ln(1.25/delta)) / eps; proved only for eps < 1."""
+    epsilon = _validate.positive("epsilon", epsilon)
+    delta = _validate.open_unit("delta", delta)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
 def classical_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The epsilon the classical formula assigns to ``sigma``; meaningful only below 1."""
+    sigma = _validate.positive("sigma", sigma)
+    delta = _validate.open_unit("delta", delta)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / sigma

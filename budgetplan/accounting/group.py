@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from budgetplan import _validate
+
 __all__ = ["group_privacy", "group_from_curve"]
 
 
@@ -29,9 +31,15 @@ def _delta_factor(epsilon: float, k: int) -> float:
         return math.inf
 
 
+# ln of the smallest example-level delta the search reads (float64 keeps it normal).
+_LOG_SMALLEST = math.log(1e-300)
+
+
 def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
     """(K eps, delta (e^{K eps} - 1) / (e^eps - 1)) for a group of ``group_size`` examples."""
-    k = group_size
+    epsilon = _validate.non_negative("epsilon", epsilon)
+    delta = _validate.probability("delta", delta, allow_zero=True, allow_one=True)
+    k = _validate.positive_int("group_size", group_size)
     if delta == 0:
         return k * epsilon, 0.0
     return k * epsilon, min(1.0, delta * _delta_factor(epsilon, k))
@@ -63,14 +71,18 @@ def group_from_curve(
     ok, eps = feasible(hi)
     if ok:
         return k * eps, math.exp(hi)
-    lo = hi
-    for _ in range(60):
-        lo -= 2.0
+    # Down in steps that double (2, 4, 8, ... in ln delta_e), to delta_e ~ 1e-300 at most:
+    # about a dozen readings, each of which may cost a composition.
+    lo, step = hi, 2.0
+    while True:
+        lo -= step
+        step *= 2.0
+        if lo < _LOG_SMALLEST:
+            return math.inf, math.exp(max(lo, _LOG_SMALLEST))
         ok, eps = feasible(lo)
         if ok:
             break
-    else:
-        return math.inf, math.exp(lo)
+        hi = lo
     best_eps, best_log = eps, lo
     for _ in range(50):
         mid = 0.5 * (best_log + hi)
@@ -79,6 +91,6 @@ def group_from_curve(
             best_log, best_eps = mid, eps
         else:
             hi = mid
-        if hi - best_log < 1e-4:
+        if hi - best_log < 1e-3:
             break
     return k * best_eps, math.exp(best_log)

@@ -24,6 +24,11 @@ import math
 import numpy as np
 from scipy import special
 
+from budgetplan import _validate
+from budgetplan.accounting import _mog
+from budgetplan.accounting.limits import MAX_RR_COUNT
+from budgetplan.errors import InvalidParameterError
+
 __all__ = [
     "flip_probability",
     "epsilon_from_flip_probability",
@@ -35,7 +40,7 @@ __all__ = [
 
 def flip_probability(epsilon: float) -> float:
     """rho = 1 / (1 + e^eps): the probability that binary RR flips a label."""
-    return float(special.expit(-epsilon))
+    return float(special.expit(-_validate.non_negative("epsilon", epsilon)))
 
 
 def epsilon_from_flip_probability(rho: float) -> float:
@@ -43,18 +48,63 @@ def epsilon_from_flip_probability(rho: float) -> float:
     return math.log1p(-rho) - math.log(rho)
 
 
-def _loss_log_probs(epsilon: float, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Losses (K - 2j) eps in descending order and log P[J = j] for j = 0..K."""
-    j = np.arange(count + 1)
+# Mass of Binomial(K, rho) left outside the window of flip counts the tables cover: the
+# upper side is moved onto the largest loss K e, the lower onto the window's smallest loss,
+# both pessimistic, so the results stay upper bounds within this share of delta.
+_DROP = 1e-12
+# Flip counts per table: 4M (32 MiB per array). A unit cap needs about 75 sqrt(K rho (1 - rho)).
+_MAX_TABLE = 1 << 22
+
+
+def _check(epsilon: object, count: object) -> tuple[float, int]:
+    epsilon = _validate.positive("epsilon", epsilon)
+    count = _validate.positive_int("unit cap", count)
+    if count > MAX_RR_COUNT:
+        raise InvalidParameterError(f"unit cap must be at most {MAX_RR_COUNT:.0e}, got {count:.4g}")
+    return epsilon, count
+
+
+def _loss_log_probs(epsilon: float, count: int, drop: float) -> tuple[np.ndarray, np.ndarray]:
+    """Losses (K - 2j) eps in descending order and log-masses, on a window of flip counts j.
+
+    J ~ Binomial(K, rho); the window [lo, hi] leaves at most ``drop`` outside (Chernoff),
+    and that mass is moved up, never dropped: below lo onto the top loss K eps, above hi
+    onto the window's last loss. A window longer than _MAX_TABLE is refused, naming the
+    largest unit cap that fits.
+    """
+    rho = flip_probability(epsilon)
+    if rho == 0.0:  # e^-eps underflows: every label is kept, the loss is K eps
+        return np.array([count * epsilon]), np.zeros(1)
+    lo, hi, _ = _mog.binomial_window(count, rho, drop)
+    if hi - lo + 1 > _MAX_TABLE:
+        spread = rho * (1.0 - rho)
+        largest = int((_MAX_TABLE / (hi - lo + 1)) ** 2 * count) if spread > 0 else count
+        raise InvalidParameterError(
+            f"unit cap {count:,} needs {hi - lo + 1:,} binomial terms at per-example epsilon {epsilon:.3g} "
+            f"(limit {_MAX_TABLE:,}); the exact accounting works up to a unit cap of about {largest:,}")
+    j = np.arange(lo, hi + 1, dtype=np.float64)
     log_rho = -np.logaddexp(0.0, epsilon)  # log(1 / (1 + e^eps))
     log_keep = -np.logaddexp(0.0, -epsilon)
-    log_binom = special.gammaln(count + 1) - special.gammaln(j + 1) - special.gammaln(count - j + 1)
-    return (count - 2 * j) * epsilon, log_binom + j * log_rho + (count - j) * log_keep
+    log_binom = special.gammaln(count + 1.0) - special.gammaln(j + 1.0) - special.gammaln(count - j + 1.0)
+    losses = (count - 2.0 * j) * epsilon
+    log_p = log_binom + j * log_rho + (count - j) * log_keep
+    with np.errstate(divide="ignore"):
+        if hi < count:  # the tail above hi (smaller losses), moved onto the window's last loss
+            log_p[-1] = np.logaddexp(log_p[-1], np.log(special.bdtrc(hi, count, rho)))
+        if lo > 0:  # the tail below lo (larger losses), moved onto the top loss K eps
+            losses = np.concatenate(([count * epsilon], losses))
+            log_p = np.concatenate(([np.log(special.bdtr(lo - 1, count, rho))], log_p))
+    return losses, log_p
 
 
 def composed_delta(epsilon: float, count: int, at_epsilon: float) -> float:
-    """delta at ``at_epsilon`` of ``count`` applications of RR with budget ``epsilon``."""
-    losses, log_p = _loss_log_probs(epsilon, count)
+    """delta at ``at_epsilon`` of ``count`` applications of RR with budget ``epsilon``.
+
+    Exact up to the binomial tails beyond 1e-300, which are counted pessimistically.
+    """
+    epsilon, count = _check(epsilon, count)
+    at_epsilon = _validate.finite("at_epsilon", at_epsilon)
+    losses, log_p = _loss_log_probs(epsilon, count, 1e-300)
     above = losses > at_epsilon
     if not np.any(above):
         return 0.0
@@ -65,24 +115,29 @@ def composed_delta(epsilon: float, count: int, at_epsilon: float) -> float:
 def composed_epsilon(epsilon: float, count: int, delta: float) -> float:
     """The exact epsilon at ``delta`` of ``count`` compositions of RR with budget ``epsilon``.
 
-    Solved segment by segment: between consecutive losses L_{k+1} <= eps < L_k the
-    divergence is A_k - e^eps B_k with A_k = P[L >= L_k] and B_k = E[e^-L; L >= L_k].
+    Solved segment by segment, all at once: between consecutive losses L_{k+1} <= eps < L_k
+    the divergence is A_k - e^eps B_k with A_k = P[L >= L_k] and B_k = E[e^-L; L >= L_k],
+    so the answer is ln((A_k - delta) / B_k) on the first segment (from the top) where that
+    is at least L_{k+1}. The binomial tails beyond 1e-12 delta are moved up (see
+    ``_loss_log_probs``), so the answer is exact to that, on the safe side.
     """
+    epsilon, count = _check(epsilon, count)
+    delta = _validate.probability("delta", delta, allow_zero=True)
     if delta <= 0:
         return float(count * epsilon)
     delta *= 1.0 - 1e-10  # aim a hair inside the target: re-accounting rounds differently
-    losses, log_p = _loss_log_probs(epsilon, count)  # losses descending
+    losses, log_p = _loss_log_probs(epsilon, count, _DROP * delta)  # losses descending
     log_a = np.logaddexp.accumulate(log_p)
     log_b = np.logaddexp.accumulate(log_p - losses)
     a = np.exp(log_a)
-    for k in range(count + 1):
-        lower = losses[k + 1] if k + 1 <= count else -math.inf
-        if a[k] <= delta:
-            continue  # even eps = L_{k+1} leaves at most delta: the answer lies further down
-        eps = math.log(a[k] - delta) - log_b[k]
-        if eps >= lower:
-            return float(max(0.0, min(eps, losses[k])))
-    return 0.0
+    lower = np.append(losses[1:], -math.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = np.log(a - delta) - log_b
+    ok = (a > delta) & (eps >= lower)
+    if not ok.any():
+        return 0.0
+    k = int(np.argmax(ok))
+    return float(max(0.0, min(eps[k], losses[k])))
 
 
 def max_per_example_epsilon(total_epsilon: float, count: int, delta: float) -> float:
@@ -91,6 +146,8 @@ def max_per_example_epsilon(total_epsilon: float, count: int, delta: float) -> f
     With delta = 0 this is total / count exactly. With delta > 0 it is found by bisection on
     the exact composed epsilon and rounded down, so the composition never exceeds the total.
     """
+    total_epsilon, count = _check(total_epsilon, count)
+    delta = _validate.probability("delta", delta, allow_zero=True)
     if count == 1 or delta <= 0:
         return total_epsilon / count
     lo, hi = total_epsilon / count, total_epsilon

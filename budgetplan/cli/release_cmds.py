@@ -12,6 +12,10 @@ from budgetplan.errors import BudgetplanError, UnsupportedError
 
 __all__ = ["rr", "gaussian", "group"]
 
+# Rows of the per-count table (eps / K_i) listed before it skips to K: a table of K rows
+# would not fit in memory for the unit caps users give.
+_PER_COUNT_ROWS = 100
+
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
@@ -89,8 +93,10 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
         "unit": unit.to_dict(), "guarantee": head.to_dict(),
     }
     if cap > 1 and as_json:  # the human output names the rule only: no table of K rows to build
+        # eps / K_i for the counts K_i a unit may have: the first _PER_COUNT_ROWS, then K itself.
+        counts = list(range(1, min(cap, _PER_COUNT_ROWS) + 1)) + ([cap] if cap > _PER_COUNT_ROWS else [])
         by_count = [{"count": k, "per_impression_epsilon": epsilon / k,
-                     "flip_probability": rr_math.flip_probability(epsilon / k)} for k in range(1, cap + 1)]
+                     "flip_probability": rr_math.flip_probability(epsilon / k)} for k in counts]
         payload.update(split_rule=rule, splits=split_rows, per_count=by_count)
     if accountant == "all":
         payload["results"] = [_result(n, g, err) for n, g, err in results]

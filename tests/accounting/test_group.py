@@ -37,3 +37,24 @@ def test_group_from_curve_is_valid_and_near_best():
     # and near the optimum: a 1% larger example-level delta is already infeasible
     bigger = delta_e * 1.01
     assert group_privacy(epsilon=curve(bigger), delta=bigger, group_size=k)[1] > target
+
+
+def test_search_reads_a_bounded_number_of_deltas():
+    # Each reading may cost a PLD composition: a vacuous curve is given up on after the
+    # doubling descent reaches delta_e ~ 1e-300, a dozen readings, not hundreds.
+    calls = []
+
+    def never(d):
+        calls.append(d)
+        return math.inf
+
+    assert group_from_curve(never, group_size=1000, delta=1e-5)[0] == math.inf
+    assert len(calls) <= 12 and min(calls) >= 1e-300
+
+
+@pytest.mark.parametrize("kwargs", [dict(epsilon=math.nan), dict(delta=math.inf), dict(group_size=0)])
+def test_group_privacy_refuses_bad_input(kwargs):
+    from budgetplan import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError):
+        group_privacy(**(dict(epsilon=1.0, delta=1e-6, group_size=3) | kwargs))

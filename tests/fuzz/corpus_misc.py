@@ -4,7 +4,6 @@ that no single-option matrix reaches."""
 from __future__ import annotations
 
 from tests.fuzz.corpus_files import _at, _variant
-from tests.fuzz.corpus_options import ACCOUNTING_XFAIL
 from tests.fuzz.harness import Artefact, Case, Dir
 
 __all__ = ["misc_cases"]
@@ -45,13 +44,13 @@ CASES = (
     ("dpsgd-unit-cap-tight-truncated", _DPSGD + ("--unit-cap", "2", "--max-batch-size", "400"), "reject"),
     # the accounting engine's grid blow-ups: fixed on the accounting branch
     ("dpsgd-pld-sigma-1e-3", ("dpsgd", "--noise-multiplier", "1e-3", "--delta", "1e-6", "--dataset-size", "10000",
-                              "--batch-size", "100", "--steps", "10"), "clean", (), (), ACCOUNTING_XFAIL),
+                              "--batch-size", "100", "--steps", "10"), "clean", (), ()),
     ("dpsgd-pld-unit-cap-1e5", _DPSGD + ("--unit-cap", "100000", "--accountant", "rdp", "--unit-accounting",
-                                         "group"), "clean", (), (), ACCOUNTING_XFAIL),
-    ("dpsgd-pld-unit-cap-1e4", _DPSGD + ("--unit-cap", "10000"), "clean", (), (), ACCOUNTING_XFAIL),
-    ("dpsgd-pld-discretization-1e-12", _DPSGD + ("--discretization", "1e-12"), "clean", (), (), ACCOUNTING_XFAIL),
+                                         "group"), "clean", (), ()),
+    ("dpsgd-pld-unit-cap-1e4", _DPSGD + ("--unit-cap", "10000"), "clean", (), ()),
+    ("dpsgd-pld-discretization-1e-12", _DPSGD + ("--discretization", "1e-12"), "clean", (), ()),
     ("dpsgd-pld-steps-1e308", ("dpsgd", "--noise-multiplier", "1", "--delta", "1e-6", "--dataset-size", "10000",
-                               "--batch-size", "100", "--steps", "1e308"), "reject", (), (), ACCOUNTING_XFAIL),
+                               "--batch-size", "100", "--steps", "1e308"), "reject", (), ()),
     ("rr-unit-cap-1e8", ("rr", "--epsilon", "1", "--unit-cap", "1e8"), "reject"),
     ("rr-unit-cap-limit-json", ("rr", "--epsilon", "1", "--unit-cap", "1000", "--json"), "accept"),
     ("rr-both-epsilon-flip", ("rr", "--epsilon", "1", "--flip-probability", "0.1"), "reject"),
@@ -64,7 +63,7 @@ CASES = (
      "reject"),
     ("gaussian-neither", ("gaussian", "--delta", "1e-6", "--sensitivity", "1"), "reject"),
     ("gaussian-noise-std-1e-300", ("gaussian", "--noise-std", "1e-300", "--delta", "1e-6", "--sensitivity", "1"),
-     "clean", (), (), ACCOUNTING_XFAIL),
+     "clean", (), ()),
     ("group-delta-one", ("group", "--epsilon", "1", "--delta", "1", "--group-size", "2"), "reject"),
     ("group-vacuous-human", ("group", "--epsilon", "50", "--delta", "1e-6", "--group-size", "100"), "accept"),
     # split rules are read strictly; eps1 = eps is the RR-only arm, spelled alpha=1

@@ -6,7 +6,6 @@ import pytest
 
 from tests.fuzz.artefacts import Artefacts
 from tests.fuzz.corpus import CASES
-from tests.fuzz.corpus_options import ACCOUNTING_XFAIL
 from tests.fuzz.harness import run_case
 
 
@@ -32,10 +31,7 @@ def _one_torch_thread():
 
 def _param(case):
     marks = []
-    if case.xfail == ACCOUNTING_XFAIL:
-        # Not run: these inputs still exhaust memory or time inside the accounting engine.
-        marks.append(pytest.mark.xfail(strict=False, run=False, reason=case.xfail))
-    elif case.xfail:
+    if case.xfail:
         marks.append(pytest.mark.xfail(strict=False, reason=case.xfail))
     return pytest.param(case, id=case.id, marks=marks)
 

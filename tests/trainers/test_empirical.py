@@ -20,17 +20,18 @@ from budgetplan.accounting.rr import flip_probability
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import PoissonDPSGD
 from tests.trainers.mutants import Mutant
-from trainers import dpsgd, empirical_dpsgd
+from trainers import dpsgd
+from trainers.empirical import canaries
 from trainers.empirical import (
     DEFAULT_CONFIDENCE,
     Result,
-    _walr_inputs,
     epsilon_from_counts,
     rr_lower_bound,
     split_threshold_bound,
     walr_lower_bound,
 )
-from trainers.empirical_dpsgd import canary_counts, dpsgd_lower_bound
+from trainers.empirical.canaries import canary_counts, dpsgd_lower_bound
+from trainers.empirical.releases import _walr_inputs
 from trainers.randomness import Randomness
 from trainers.rr_phase import randomize_labels
 from trainers.walr import prepare_rows, release
@@ -216,7 +217,7 @@ def test_the_observer_recovers_every_step_of_the_real_loop(monkeypatch, noise):
     # x_t recovered from the weights (momentum undone) against the gradient the step set; without
     # noise, a sampled canary moves by exactly C (clipped from 4C) and everything else by 0
     truth, seen = [], []
-    real_step, real_add = dpsgd.noisy_gradient, empirical_dpsgd._Observer.add
+    real_step, real_add = dpsgd.noisy_gradient, canaries._Observer.add
 
     def step(model, data, batch, trainable, **kw):
         out = real_step(model, data, batch, trainable, **{**kw, "noise_std": kw["noise_std"] if noise else 0.0})
@@ -224,7 +225,7 @@ def test_the_observer_recovers_every_step_of_the_real_loop(monkeypatch, noise):
         return out
 
     monkeypatch.setattr(dpsgd, "noisy_gradient", step)
-    monkeypatch.setattr(empirical_dpsgd._Observer, "add", lambda self, x: (seen.append(x.clone()), real_add(self, x)))
+    monkeypatch.setattr(canaries._Observer, "add", lambda self, x: (seen.append(x.clone()), real_add(self, x)))
     dpsgd_lower_bound(SMALL_DPSGD, delta=DELTA, absent=6000, randomness=Randomness(5))
     assert len(truth) == len(seen) == SMALL_DPSGD["steps"]
     for t, s in zip(truth, seen):

@@ -29,7 +29,7 @@ Steinke, Nasr and Jagielski, arXiv:2305.08846, do without independent trials):
   (sensitivity 2C) for the same noise: the stricter comparison.
 - mechanism checks, false-alarm rate ``ALPHA`` each: every step observed; the absent
   coordinates' noise has std sigma at every step (chi-square per step and pooled); it is
-  independent across steps (the variance of its sum over steps); present canaries move
+  independent across steps (an F test of its sum over steps against the rest); present canaries move
   by q per step on average and absent ones by 0 (clipping to C, sampling at q).
 """
 
@@ -46,12 +46,13 @@ from torch import nn
 
 from budgetplan import _validate
 from budgetplan.errors import UnsupportedError
-from trainers.empirical import (
+from trainers.empirical.stats import (
     ALPHA,
     DEFAULT_CONFIDENCE,
     Result,
     alpha_of,
     check,
+    default_randomness,
     make_result,
     split_threshold_bound,
     two_sided_chi2,
@@ -178,7 +179,6 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
     from budgetplan.accounting import account
     from budgetplan.mechanisms import PoissonDPSGD
     from trainers import dpsgd
-    from trainers.empirical import _randomness
 
     t0 = time.perf_counter()
     par = dict(parameters)
@@ -192,7 +192,7 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
     planned = (account(PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t), delta=delta,
                        adjacency="add-remove", method="pld").epsilon if epsilon is None
                else _validate.non_negative("epsilon", epsilon))
-    rnd = _randomness(randomness)
+    rnd = default_randomness(randomness)
     device = torch.device(device)
 
     model = _CanaryModel(r + a, scale=8.0 * c).to(device)
@@ -219,10 +219,17 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
         f"noise multiplier measured {measured.min():.5g} to {measured.max():.5g} over {seen} steps, "
         f"{sigma * math.sqrt(per_step.sum() / (a * seen)):.6g} pooled, against the planned {sigma:.6g} "
         f"(chi-square per step, Bonferroni over steps, and pooled)", alpha))
-    spread = float(torch.linalg.vector_norm(obs.absent_sum, dtype=torch.float64)) ** 2 / (seen * s2)
-    checks.append(check("noise independent across steps", two_sided_chi2(spread, a),
-                        f"variance of the noise summed over the steps {spread / a:.5g} x the sum of the per-step "
-                        "variances (1 when independent)", alpha))
+    if seen >= 2:
+        # the noise summed over steps, against the rest of its variation: for each absent coordinate,
+        # the projection of its T per-step values on the all-ones direction and the T - 1 orthogonal ones;
+        # independent N(0, s^2) steps make P / A over Q / (A (T - 1)) exactly F(A, A (T - 1)), whatever s
+        along = float(torch.linalg.vector_norm(obs.absent_sum, dtype=torch.float64)) ** 2 / seen
+        across = float(np.sum(obs.step_sumsq)) - along
+        f = (along / a) / (across / (a * (seen - 1))) if across > 0 else math.inf  # no noise at all: fails
+        p_f = min(1.0, 2 * min(stats.f.cdf(f, a, a * (seen - 1)), stats.f.sf(f, a, a * (seen - 1))))
+        checks.append(check("noise independent across steps", p_f,
+                            f"variance of the noise summed over the {seen} steps {f:.5g} x the sum of its per-step "
+                            "variances (1 when independent; F test)", alpha))
     m_p, m_a = obs.present_total / (seen * r), obs.absent_total / (seen * a)
     z_p = (m_p - q) / math.sqrt((q * (1 - q) + s2) / (seen * r))
     z_a = m_a / math.sqrt(s2 / (seen * a))
@@ -235,8 +242,8 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
                                   unit="canary's log-likelihood ratio")
     split.pop("absent_evaluated")
     split["event"] += f"; {t} steps at q = {q:g}, sigma = {sigma:g}"
-    prefix = "" if t == int(par["steps"]) else f"the first {t} of {par['steps']} "
+    steps_text = f"all {t} steps" if t == int(par["steps"]) else f"the first {t} of {par['steps']} steps"
     return make_result(mechanism="poisson-dpsgd", planned_epsilon=planned,
-                       compared=f"add-remove epsilon of {prefix or 'all '}{t} steps, PLD; one canary is one example",
+                       compared=f"add-remove epsilon of {steps_text}, PLD; one canary is one example",
                        phase_epsilon=None, delta=delta, confidence=confidence, samples=r, absent=a, checks=checks,
                        t0=t0, **split)

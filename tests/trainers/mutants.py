@@ -56,7 +56,7 @@ NOISE_HALVED = Mutant(
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",
-    "c = torch.where(real, mask.to(dtype) * (bound / norms).clamp(max=1.0), 0)",
+    "c = torch.where(real, mask.to(dtype) * (safe / norms).clamp(max=1.0), 0)",
     "c = torch.where(real, mask.to(dtype), 0)", ("clipped_gradient_sum",))
 
 # 49 steps make an epoch of the README plan (ceil(N / B) = ceil(200,000 / 4,096)).
@@ -94,8 +94,8 @@ RR_FLIP_08_IN_RANDOMIZE = Mutant(
 
 WALR_NOISE_HALVED_IN_RUN = Mutant(
     "WALR noise halved in run_walr", "trainers.walr",
-    'noise_std=par["noise_std"], randomness=randomness, sensitivity=sens',
-    'noise_std=par["noise_std"] / 2, randomness=randomness, sensitivity=sens', ("run_walr",))
+    "noise_std=params.noise_std, randomness=randomness, sensitivity=sens",
+    "noise_std=params.noise_std / 2, randomness=randomness, sensitivity=sens", ("run_walr",))
 
 WALR_NOISE_HALVED_IN_RELEASE = Mutant(
     "WALR noise halved in release", "trainers.walr",

@@ -90,9 +90,9 @@ def rows(report_or_rows) -> dict:
 def test_the_readme_plan_is_the_one_described(readme_run):
     _, plan = readme_run
     rr, dp = plan.phases
-    assert (rr.parameters["per_impression_epsilon"], plan.dataset_size) == (3.0, 200_000)
-    par = dp.parameters
-    assert (par["steps"], par["clipping_norm"], par["sampling_rate"], par["sampling"]) == (147, 5.0, 0.02048, "poisson")
+    assert (rr.params.per_impression_epsilon, plan.dataset_size) == (3.0, 200_000)
+    par = dp.params
+    assert (par.steps, par.clipping_norm, par.sampling_rate, par.sampling) == (147, 5.0, 0.02048, "poisson")
 
 
 def test_an_honest_run_passes_the_cli_audit(readme_run, runner):

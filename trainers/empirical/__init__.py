@@ -69,14 +69,14 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
 
     rows = []
     for phase in plan.phases:
-        par = phase.parameters
+        par = phase.params
         if phase.name == "rr":
             res = rr_lower_bound(phase=phase, randomness=randomness, confidence=confidence, alpha=alpha)
         elif phase.name == "walr":
             res = walr_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness, confidence=confidence,
                                    alpha=alpha, progress="empirical WALR releases" if progress else None)
             res = _with_phase_epsilon(res, phase)
-        elif phase.name == "dpsgd" and par.get("sampling") == "poisson":
+        elif phase.name == "dpsgd" and par.sampling == "poisson":
             res = canaries.dpsgd_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness,
                                              confidence=confidence, alpha=alpha,
                                              progress="empirical DP-SGD canaries" if progress else None)

@@ -4,7 +4,8 @@ The real ``trainers.dpsgd.run_dpsgd`` (looked up at call time, so an edited loop
 is what gets measured) runs the plan's sigma, q and C for the plan's T steps on a canary
 dataset of R examples. Example r looks up row r of an ``nn.Embedding(R + A, 1)`` and its
 logit is scale (e_r - e_r.detach()): always 0, with a gradient of norm 4C whatever the
-parameters, which the real clipping cuts to exactly C on coordinate r. Rows R..R+A-1 are
+parameters, which the real clipping cuts to C on coordinate r (less its margin against
+float rounding, 64 float32 epsilons: 7.6e-6 relative). Rows R..R+A-1 are
 read by no example: A absent canaries. One canary present against one absent is the
 add-remove relation; every coordinate is an independent trial, because each canary's
 gradient lives on its own coordinate and its Poisson inclusions and noise are independent
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -81,7 +82,7 @@ class _CanaryModel(nn.Module):
     """logit_i = scale (e_i - e_i.detach()), e_i = table[id_i]: value 0, gradient scale / 2 on row id_i.
 
     At logit 0 with label 0 the BCE's derivative is 1/2, so every step, whatever the table
-    holds, example i's gradient is scale / 2 = 4C on its own row: clipped by exactly 1/4.
+    holds, example i's gradient is scale / 2 = 4C on its own row: clipping cuts it to C.
     """
 
     def __init__(self, rows: int, scale: float):
@@ -155,15 +156,15 @@ class _Observer:
         return float(self.absent_sum.sum(dtype=torch.float64))
 
 
-def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | None = None, present: int | None = None,
+def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, present: int | None = None,
                       absent: int | None = None, steps: int | None = None, randomness=None,
                       confidence: float = DEFAULT_CONFIDENCE, alpha: float = ALPHA, progress: str | None = None,
                       device="cpu") -> Result:
     """Audit the DP-SGD phase with canaries on the real ``run_dpsgd`` (see the module docstring).
 
     Args:
-        parameters: the plan's DP-SGD phase parameters (noise_multiplier, sampling_rate,
-            clipping_norm, steps, dataset_size).
+        params: the plan's ``DPSGDParams`` (its sampling is taken as Poisson: a truncated
+            plan's batches are not audited as such).
         delta: the plan's delta.
         epsilon: the epsilon to compare with; default budgetplan's PLD add-remove epsilon of
             the audited steps.
@@ -181,11 +182,9 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
     from trainers import dpsgd
 
     t0 = time.perf_counter()
-    par = dict(parameters)
-    sigma, q = float(par["noise_multiplier"]), float(par["sampling_rate"])
-    c = _validate.positive("clipping_norm", par["clipping_norm"])
+    sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
     delta = _validate.open_unit("delta", delta)
-    r_def, a_def, t_def = canary_counts(par["dataset_size"], par["steps"])
+    r_def, a_def, t_def = canary_counts(params.dataset_size, params.steps)
     r = _validate.positive_int("present", present if present is not None else r_def)
     a = _validate.positive_int("absent", absent if absent is not None else a_def)
     t = _validate.positive_int("steps", steps if steps is not None else t_def)
@@ -198,8 +197,8 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
     model = _CanaryModel(r + a, scale=8.0 * c).to(device)
     weight = model.table.weight
     obs = _Observer(weight, r, q=q, c=c, sigma=sigma, expected=q * r)
-    run_par = {**par, "dataset_size": r, "steps": t, "sampling": "poisson", "max_batch_size": None}
-    record = dpsgd.run_dpsgd(model, _canary_data(r, r + a, device), run_par, trainable=[weight], randomness=rnd,
+    run_par = replace(params, dataset_size=r, steps=t, sampling="poisson", max_batch_size=None)
+    ran = dpsgd.run_dpsgd(model, _canary_data(r, r + a, device), run_par, trainable=[weight], randomness=rnd,
                              settings=dpsgd.DPSGDSettings(optimizer="sgd", lr=1.0), progress=progress,
                              checkpoint=obs.checkpoint, checkpoint_every=1)
     if obs.lr is None:  # one step: no checkpoint ran; the first step has no momentum to undo
@@ -207,8 +206,9 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
     obs.observe()
 
     seen = len(obs.step_sumsq)
-    checks = [check("every step observed", 1.0 if seen == t == record["steps_executed"] else 0.0,
-                    f"{seen} updates observed, {record['steps_executed']} executed, {t} run", alpha)]
+    executed = ran.start_step + ran.steps_taken
+    checks = [check("every step observed", 1.0 if seen == t == executed else 0.0,
+                    f"{seen} updates observed, {executed} executed, {t} run", alpha)]
     s2 = sigma ** 2
     per_step = np.asarray(obs.step_sumsq) / s2
     p_steps = np.array([two_sided_chi2(s, a) for s in per_step])
@@ -242,7 +242,7 @@ def dpsgd_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | Non
                                   unit="canary's log-likelihood ratio")
     split.pop("absent_evaluated")
     split["event"] += f"; {t} steps at q = {q:g}, sigma = {sigma:g}"
-    steps_text = f"all {t} steps" if t == int(par["steps"]) else f"the first {t} of {par['steps']} steps"
+    steps_text = f"all {t} steps" if t == params.steps else f"the first {t} of {params.steps} steps"
     return make_result(mechanism="poisson-dpsgd", planned_epsilon=planned,
                        compared=f"add-remove epsilon of {steps_text}, PLD; one canary is one example",
                        phase_epsilon=None, delta=delta, confidence=confidence, samples=r, absent=a, checks=checks,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -70,10 +70,14 @@ class _CaptureSession:
 
 
 def _rr_phase_at(epsilon: float):
+    """A one-row-per-unit RR phase at ``epsilon``, as the plan's would hold it."""
     from budgetplan.accounting.rr import flip_probability
+    from budgetplan.phases import RRParams
 
-    return SimpleNamespace(name="rr", parameters={"per_impression_rule": "eps/K", "per_impression_epsilon": epsilon,
-                                                  "flip_probability": flip_probability(epsilon), "epochs": 1})
+    params = RRParams(per_impression_rule="eps/K", unit_epsilon=epsilon, per_impression_epsilon=epsilon,
+                      flip_probability=flip_probability(epsilon), cap=1, capping=None, epochs=1, batch_size=None,
+                      dataset_size=1, labels_randomised="once per example", model="truncated")
+    return SimpleNamespace(name="rr", params=params, guarantee=None)
 
 
 def rr_lower_bound(*, epsilon: float | None = None, phase=None, samples: int = RR_SAMPLES, randomness=None,
@@ -89,7 +93,7 @@ def rr_lower_bound(*, epsilon: float | None = None, phase=None, samples: int = R
 
     Args:
         epsilon: a per-example budget to audit (RR at that epsilon), or
-        phase: the plan's ``rr`` phase (under eps/K_i, rows of units with K_i = 1, whose
+        phase: the plan's ``RRPhase`` (under eps/K_i, rows of units with K_i = 1, whose
             per-impression budget is the largest).
         samples: labels per neighbour.
         randomness: a ``Randomness`` (default: a fresh CSPRNG one).
@@ -105,11 +109,11 @@ def rr_lower_bound(*, epsilon: float | None = None, phase=None, samples: int = R
         raise InvalidParameterError("give exactly one of epsilon and phase")
     if phase is None:
         phase = _rr_phase_at(_validate.positive("epsilon", epsilon))
-    par = phase.parameters
+    par = phase.params
     n = _validate.positive_int("samples", samples)
     rnd = default_randomness(randomness)
-    by_count = par["per_impression_rule"] == "eps/K_i"
-    planned = float(par["per_impression_epsilon_by_count"][0] if by_count else par["per_impression_epsilon"])
+    by_count = par.flip_probability_by_count is not None
+    planned = float(par.per_impression_epsilon_by_count[0] if by_count else par.per_impression_epsilon)
     rho = flip_probability(planned)
     labels = np.concatenate([np.ones(n, np.int8), np.zeros(n, np.int8)])
     if flip is not None:
@@ -152,7 +156,7 @@ def _release_rr(phase, labels: np.ndarray, randomness, unit_counts) -> np.ndarra
 # ---- Gaussian release (WALR) --------------------------------------------------------------
 
 
-def _walr_inputs(par: Mapping):
+def _walr_inputs(params):
     """(X, weights, y with row 0 labelled 1, y with it labelled 0, expected sum for each, shift).
 
     Three rows, k = the plan's features. Row 0 is far outside the row bound R, with weight
@@ -162,7 +166,7 @@ def _walr_inputs(par: Mapping):
     """
     import torch
 
-    k, R, W = int(par["features"]), float(par["row_norm_bound"]), float(par["weights_bound"])
+    k, R, W = params.features, params.row_norm_bound, params.weights_bound
     X = np.zeros((3, k - 1))
     X[0], X[1, :1], X[2, -1:] = 10.0 * R, 0.3, 0.5
     w = np.array([2 * W, W / 2, W])
@@ -175,7 +179,7 @@ def _walr_inputs(par: Mapping):
             y1 @ contrib, y0 @ contrib, float(np.linalg.norm(contrib[0])))
 
 
-def walr_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | None = None, samples: int = WALR_SAMPLES,
+def walr_lower_bound(params, *, delta: float, epsilon: float | None = None, samples: int = WALR_SAMPLES,
                      randomness=None, confidence: float = DEFAULT_CONFIDENCE, alpha: float = ALPHA,
                      progress: str | None = None) -> Result:
     """Audit WALR's one Gaussian release through the real ``trainers.walr.run_walr``.
@@ -196,7 +200,7 @@ def walr_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | None
       own std, against N(0, 1): the shape alone.
 
     Args:
-        parameters: the plan's WALR phase parameters.
+        params: the plan's ``WALRParams``.
         delta: the plan's delta.
         epsilon: the epsilon to compare with; default the exact analytic Gaussian epsilon
             (Balle and Wang, arXiv:1805.06530) at the planned sensitivity.
@@ -211,15 +215,14 @@ def walr_lower_bound(parameters: Mapping, *, delta: float, epsilon: float | None
     from trainers.progress import bar
 
     t0 = time.perf_counter()
-    par = dict(parameters)
-    sigma, sens = float(par["noise_std"]), float(par["sensitivity"])
+    sigma, sens = params.noise_std, params.sensitivity
     delta = _validate.open_unit("delta", delta)
     n = _validate.positive_int("samples", samples)
     planned = (analytic_epsilon(sigma=sigma, delta=delta, sensitivity=sens) if epsilon is None
                else _validate.non_negative("epsilon", epsilon))
     rnd = default_randomness(randomness)
-    X, w, y1, y0, s1, s0, shift = _walr_inputs(par)
-    par["dataset_size"] = 3
+    X, w, y1, y0, s1, s0, shift = _walr_inputs(params)
+    par = replace(params, dataset_size=3)
     session = _CaptureSession()
 
     def one(y) -> np.ndarray:

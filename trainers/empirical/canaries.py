@@ -5,8 +5,8 @@ is what gets measured) runs the plan's sigma, q and C for the plan's T steps on 
 dataset of R examples. Example r looks up row r of an ``nn.Embedding(R + A, 1)`` and its
 logit is scale (e_r - e_r.detach()): always 0, with a gradient of norm 4C whatever the
 parameters, which the real clipping cuts to C on coordinate r (less its margin against
-float rounding, 64 float32 epsilons: 7.6e-6 relative). Rows R..R+A-1 are
-read by no example: A absent canaries. One canary present against one absent is the
+float rounding, 64 float32 epsilons: 7.6e-6 relative). Rows R..R+A-1 are read by no
+example: A absent canaries. One canary present against one absent is the
 add-remove relation; every coordinate is an independent trial, because each canary's
 gradient lives on its own coordinate and its Poisson inclusions and noise are independent
 of the others'.
@@ -30,8 +30,8 @@ Steinke, Nasr and Jagielski, arXiv:2305.08846, do without independent trials):
   (sensitivity 2C) for the same noise: the stricter comparison.
 - mechanism checks, false-alarm rate ``ALPHA`` each: every step observed; the absent
   coordinates' noise has std sigma at every step (chi-square per step and pooled); it is
-  independent across steps (an F test of its sum over steps against the rest); present canaries move
-  by q per step on average and absent ones by 0 (clipping to C, sampling at q).
+  independent across steps (an F test of its sum over steps against the rest); present
+  canaries move by q per step on average and absent ones by 0 (clipping to C, sampling at q).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
         epsilon: the epsilon to compare with; default budgetplan's PLD add-remove epsilon of
             the audited steps.
         present, absent, steps: canaries present and absent, steps run; default
-            ``canary_counts`` (the README plan: 200,000, 1,000,000 and all 147 steps).
+            ``canary_counts`` (the README plan: 200,000, 2,000,000 and all 147 steps).
         randomness: a ``Randomness`` (default: a fresh CSPRNG one); ``run_dpsgd`` seeds its
             sampler and noise from it as in a real run.
         confidence: probability that the bound is valid.
@@ -199,8 +199,8 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
     obs = _Observer(weight, r, q=q, c=c, sigma=sigma, expected=q * r)
     run_par = replace(params, dataset_size=r, steps=t, sampling="poisson", max_batch_size=None)
     ran = dpsgd.run_dpsgd(model, _canary_data(r, r + a, device), run_par, trainable=[weight], randomness=rnd,
-                             settings=dpsgd.DPSGDSettings(optimizer="sgd", lr=1.0), progress=progress,
-                             checkpoint=obs.checkpoint, checkpoint_every=1)
+                          settings=dpsgd.DPSGDSettings(optimizer="sgd", lr=1.0), progress=progress,
+                          checkpoint=obs.checkpoint, checkpoint_every=1)
     if obs.lr is None:  # one step: no checkpoint ran; the first step has no momentum to undo
         obs.lr = 1.0
     obs.observe()

@@ -577,36 +577,14 @@ def _audit_interrupted(report: AuditReport, plan: Plan, run_dir: Path, alpha: fl
 # ---------------------------------------------------------------------------- empirical
 
 
-EMPIRICAL_DPSGD_STEPS = 20
+def run_empirical(plan: Plan, *, progress: bool = True) -> list[dict]:
+    """Audit every phase of ``plan`` on the installed trainer code (needs torch); one row per phase.
 
-
-def run_empirical(plan: Plan) -> list[dict]:
-    """Lower bounds on epsilon from the trainer's real mechanisms, one per phase (needs torch).
-
-    RR and the Gaussian release are tested at their planned parameters. DP-SGD is tested on
-    its first ``EMPIRICAL_DPSGD_STEPS`` steps (the plan's sigma and q; C at most 0.5 for the
-    canary) against the add-remove epsilon of exactly those steps, which is at most the
-    plan's: the canary test of all T steps would take hours on a CPU.
+    ``trainers.empirical.audit_plan`` runs the real training loops (RR phase, WALR, DP-SGD)
+    on neighbouring inputs: each row holds a lower bound on epsilon against the planned one
+    and the mechanism checks, and passes when the bound is at most the plan and every check
+    holds. It measures the code installed now, not necessarily the code that trained the run.
     """
-    from dataclasses import asdict
+    from trainers.empirical import audit_plan
 
-    from trainers import empirical
-
-    out = []
-    for phase in plan.phases:
-        if isinstance(phase, RRPhase):
-            res = empirical.rr_lower_bound(epsilon=phase.params.per_impression_epsilon)
-        elif isinstance(phase, WALRPhase):
-            res = empirical.gaussian_lower_bound(noise_std=phase.params.noise_std,
-                                                 sensitivity=phase.params.sensitivity, delta=phase.target_delta)
-        elif isinstance(phase, DPSGDPhase) and phase.params.sampling == "poisson":
-            par = phase.params
-            res = empirical.dpsgd_lower_bound(noise_multiplier=par.noise_multiplier, sampling_rate=par.sampling_rate,
-                                              steps=min(par.steps, EMPIRICAL_DPSGD_STEPS),
-                                              clipping_norm=min(par.clipping_norm, 0.5), delta=phase.target_delta)
-        else:
-            continue
-        row = asdict(res)
-        row["hits"] = list(row["hits"])
-        out.append({"name": f"empirical {phase.name}", **row})
-    return out
+    return audit_plan(plan, progress=progress)

@@ -230,7 +230,8 @@ def examples(name, as_json):
 @click.option("--fingerprint-key", "key_path", type=click.Path(dir_okay=False),
               help="The data owner's fingerprint key (default: private/fingerprint.key in the run directory).")
 @click.option("--format", "data_format", default="auto", show_default=True)
-@click.option("--empirical", is_flag=True, help="Also run the empirical lower bounds on epsilon (needs torch).")
+@click.option("--empirical", is_flag=True, help="Also audit the trainer's training loops: lower bounds on epsilon "
+              "and mechanism checks (needs torch).")
 @click.option("--scenario", "signed", metavar="SCENARIO.toml",
               help="The signed-off scenario the plan must embed exactly.")
 @_JSON
@@ -252,7 +253,9 @@ def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, a
     else:
         rows = [[c.name, "pass" if c.passed else "FAIL", c.detail] for c in report.checks]
         rows += [[e["name"], "pass" if e["passed"] else "FAIL",
-                  f"lower bound {fmt(e['epsilon_lower_bound'])} vs planned {fmt(e['planned_epsilon'])}"]
+                  f"lower bound {fmt(e['epsilon_lower_bound'])} vs planned {fmt(e['planned_epsilon'])}"
+                  + (f"; failing: {', '.join(e['failing'])}" if e.get("failing") else "")
+                  + (f"; {e['detail']}" if e.get("detail") and not e["passed"] else "")]
                  for e in report.empirical]
         status = "" if report.status == "completed" else f", {report.status}"
         console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}...{status})",

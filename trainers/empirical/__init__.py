@@ -65,24 +65,26 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
     The code measured is the code installed now: it need not be the code that trained a
     given run.
     """
+    from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
     from trainers.empirical import canaries
 
     rows = []
     for phase in plan.phases:
-        par = phase.params
-        if phase.name == "rr":
-            res = rr_lower_bound(phase=phase, randomness=randomness, confidence=confidence, alpha=alpha)
-        elif phase.name == "walr":
-            res = walr_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness, confidence=confidence,
-                                   alpha=alpha, progress="empirical WALR releases" if progress else None)
-            res = _with_phase_epsilon(res, phase)
-        elif phase.name == "dpsgd" and par.sampling == "poisson":
-            res = canaries.dpsgd_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness,
-                                             confidence=confidence, alpha=alpha,
-                                             progress="empirical DP-SGD canaries" if progress else None)
-            res = _with_phase_epsilon(res, phase)
-        else:
-            continue
+        match phase:
+            case RRPhase():
+                res = rr_lower_bound(phase=phase, randomness=randomness, confidence=confidence, alpha=alpha)
+            case WALRPhase(params=par):
+                res = walr_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness,
+                                       confidence=confidence, alpha=alpha,
+                                       progress="empirical WALR releases" if progress else None)
+                res = _with_phase_epsilon(res, phase)
+            case DPSGDPhase(params=par) if par.sampling == "poisson":
+                res = canaries.dpsgd_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness,
+                                                 confidence=confidence, alpha=alpha,
+                                                 progress="empirical DP-SGD canaries" if progress else None)
+                res = _with_phase_epsilon(res, phase)
+            case _:
+                continue
         rows.append(res.to_row(f"empirical {phase.name}"))
     return rows
 

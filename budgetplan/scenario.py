@@ -23,6 +23,9 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [data]
     dataset_size = 32000000                   # N, rows after capping
+    size_release_epsilon = 0.1                # add-remove only, optional: dataset_size is a DP
+                                              # count released at this epsilon (budgetplan data
+                                              # count --dp-epsilon), accounted in the plan
 
     [algorithm]
     name = "hybrid"                           # rr | walr | dpsgd | hybrid
@@ -250,6 +253,7 @@ class Scenario:
     features: FeatureSpec | None = None
     method: str = "pld"
     discretization: float = 1e-4
+    size_release_epsilon: float | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -262,6 +266,8 @@ class Scenario:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("warnings")
+        if out["size_release_epsilon"] is None:
+            out.pop("size_release_epsilon")  # plans without a DP count keep their bytes
         out["adjacency"] = self.adjacency.value
         return out
 
@@ -322,6 +328,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
 
     data = _Table(top.get("data", lambda n, v: v, required=True), "data")
     n = data.get("dataset_size", _validate.positive_int, required=True)
+    size_release = data.get("size_release_epsilon", _validate.positive, default=None)
     data.finish()
 
     algo = _Table(top.get("algorithm", lambda n, v: v, required=True), "algorithm")
@@ -352,6 +359,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         acc.finish()
     top.used.add("accounting")
     top.finish()
+    _check_size_release(size_release, epsilon=epsilon, adjacency=adjacency)
 
     warnings = _check_consistency(
         epsilon=epsilon, delta=delta, policy=policy, adjacency=adjacency, unit_name=unit_name, cap=cap, n=n,
@@ -364,7 +372,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         name=name, description=description, epsilon=epsilon, delta=delta, delta_policy=policy,
         adjacency=adjacency, unit_name=unit_name, cap=cap, capping=capping, unit_accounting=unit_accounting,
         dataset_size=n, algorithm=algorithm, split=split, tower=tower, rr=rr, dpsgd=dpsgd, walr=walr,
-        tuning=tuning, features=features, method=method, discretization=disc, warnings=warnings)
+        tuning=tuning, features=features, method=method, discretization=disc, size_release_epsilon=size_release,
+        warnings=warnings)
 
 
 def _rr(top: _Table) -> RRShape:
@@ -501,6 +510,20 @@ def _check_consistency(*, epsilon, delta, policy, adjacency, unit_name, cap, n, 
     if rr is not None and rr.per_impression != "eps/K" and (cap or 1) == 1:
         warnings.append(f"[rr].per_impression = {rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)
+
+
+def _check_size_release(size_release: float | None, *, epsilon: float, adjacency: Adjacency) -> None:
+    """A DP count of N protects N where neighbours differ in it: under add-remove only."""
+    if size_release is None:
+        return
+    if adjacency is not Adjacency.ADD_REMOVE:
+        raise InvalidParameterError(
+            f"[data].size_release_epsilon = {size_release!r} applies under add-remove adjacency only: under "
+            f"{adjacency.value}, neighbouring datasets have the same N, so N is public and needs no DP count")
+    if not size_release < epsilon:
+        raise InvalidParameterError(
+            f"[data].size_release_epsilon = {size_release!r} must be below [budget].epsilon = {epsilon!r}: the "
+            "training phases get what the count leaves")
 
 
 def is_example_unit(unit_name: str) -> bool:

@@ -10,6 +10,7 @@ RandomizedResponse     exact, pld, rdp                 K-fold composition (exact
 GaussianRelease        exact, pld, rdp, classical      sensitivity K * Delta
 PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove)
 TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
+DiscreteLaplaceCount   exact                           K rows move the count by K
 Composition            pld, basic                      each phase's tight unit accounting
 =====================  ==============================  ==================================
 
@@ -35,6 +36,7 @@ from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
     Composition,
+    DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
@@ -53,6 +55,7 @@ _DEFAULT_METHOD = {
     GaussianRelease: "exact",
     PoissonDPSGD: "pld",
     TruncatedPoissonDPSGD: "pld",
+    DiscreteLaplaceCount: "exact",
     Composition: "pld",
 }
 _SUPPORTED = {
@@ -60,6 +63,7 @@ _SUPPORTED = {
     GaussianRelease: ("exact", "pld", "rdp", "classical"),
     PoissonDPSGD: ("pld", "rdp", "prv"),
     TruncatedPoissonDPSGD: ("pld",),
+    DiscreteLaplaceCount: ("exact",),
     Composition: ("pld", "basic"),
 }
 _POISSON_NOTE = (
@@ -202,7 +206,8 @@ def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretizati
     if not isinstance(composition, Composition):
         raise UnsupportedError("method 'basic' composes the phases of a Composition; this is a single mechanism")
     leaves = composition.leaves()
-    pure = [isinstance(leaf, RandomizedResponse) and unit_accounting == "tight" for leaf in leaves]
+    pure = [isinstance(leaf, (RandomizedResponse, DiscreteLaplaceCount)) and unit_accounting == "tight"
+            for leaf in leaves]
     impure = len(leaves) - sum(pure)
     if impure and delta == 0:
         raise InvalidParameterError("delta must be > 0 when a phase is not pure DP, got 0.0")
@@ -237,6 +242,8 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
         return _dpsgd_curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta)
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
+    if isinstance(mechanism, DiscreteLaplaceCount):
+        return _count_curve(mechanism, unit)
     return _pld_curve(pld_of(mechanism, adjacency=adjacency, unit=unit, discretization=discretization,
                              tail_mass=tail),
                       "pld", discretization, ("PLD composition of all phases under one adjacency",),
@@ -342,6 +349,22 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, pr
             f"each of a unit's K={unit.cap} examples sampled independently: sensitivity "
             f"Binomial({unit.cap}, q) (MixtureOfGaussians, arXiv:2310.15526)",))
     return _pld_curve(pld, "pld", discretization, notes)
+
+
+def _count_curve(mech: DiscreteLaplaceCount, unit: PrivacyUnit) -> _Curve:
+    """Pure DP: the likelihood ratio of counts c + Z and c' + Z is at most e^{a |c - c'|}, a = eps / sensitivity.
+
+    Exact at every delta: the bound is attained (an output beyond both counts has ratio
+    exactly e^{a |c - c'|}), so the curve is flat. A unit of K rows moves the count by at
+    most K; at K = sensitivity (how the planner draws it) this is ``epsilon`` itself.
+    """
+    k, s = unit.cap, mech.sensitivity
+    eps = mech.epsilon if k == s else mech.epsilon * k / s
+    notes = (f"discrete Laplace count, noise parameter {mech.noise_parameter:.6g}, sensitivity {s}: pure DP "
+             "(Ghosh, Roughgarden and Sundararajan 2009, arXiv:0811.2841)",)
+    if k != s:
+        notes += (f"a unit of {k} rows moves the count by {k}, not the {s} it was drawn for",)
+    return _Curve(epsilon=lambda d: eps, method="exact", bound="exact", notes=notes)
 
 
 def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretization) -> _Curve:

@@ -357,7 +357,9 @@ def render_run_statement(plan: Plan, record) -> str:
         raise PlanMismatchError(f"the record names plan {record.plan_sha256}, not {plan.sha256}: its statement is "
                                 "that plan's; pass the plan the run executed")
     lines = [f"RUN STATEMENT - {plan.scenario.name}", "=" * min(_WIDTH, len(plan.scenario.name) + 16), ""]
-    items = [_item(f"Executed plan {plan.sha256} on N = {record.rows_used} rows, on {record.device}.")]
+    rows = (f"N = {record.rows_used} rows" if plan.count is None else
+            f"the data planned with the DP count N = {record.rows_used} (its true row count is in the private record)")
+    items = [_item(f"Executed plan {plan.sha256} on {rows}, on {record.device}.")]
     seeds = record.seeds
     items.append(_item("Randomness: privacy noise from generators seeded with fresh bits of the operating system's "
                        "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
@@ -375,7 +377,9 @@ def render_run_statement(plan: Plan, record) -> str:
                 text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
                         + (f" over {ph.sessions} sessions ({ph.steps_lost_to_interruptions} counted but lost to "
                            "interruptions)" if ph.sessions > 1 else ""))
-                if ph.batch_sizes_observed:
+                if ph.withheld is not None:
+                    text += "; its batch sizes grow with the true row count and are in the private record"
+                elif ph.batch_sizes_observed:
                     text += (f"; realised batch sizes mean {_num(ph.batch_size_sum / ph.batch_sizes_observed)} "
                              f"(expected {_num(ph.batch_size_expected)}), min {ph.batch_size_min}, max "
                              f"{ph.batch_size_max} over {ph.batch_sizes_observed} steps")
@@ -403,7 +407,13 @@ def render_run_statement(plan: Plan, record) -> str:
                     held.append(_item(f"Randomized response flipped {flipped} labels (mean flip probability "
                                       f"{_num(st.flip_probability_mean)})."))
                 case DPSGDStats():
-                    held.append(_item(f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."))
+                    text = f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."
+                    w = st.withheld
+                    if w is not None and w.get("batch_sizes_observed"):
+                        text += (f" Realised batch sizes (withheld from the public record): mean "
+                                 f"{_num(w['batch_size_sum'] / w['batch_sizes_observed'])}, min {w['batch_size_min']}, "
+                                 f"max {w['batch_size_max']} over {w['batch_sizes_observed']} steps.")
+                    held.append(_item(text))
                 case WALRStats():
                     held.append(_item(f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the "
                                       "declared bounds."))

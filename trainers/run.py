@@ -2,7 +2,7 @@
 
 ``execute_plan`` refuses, before anything is written: a plan that does not verify; a
 plan without a feature spec; data whose row count after capping differs from the plan's
-N; labels outside {0, 1}; a user-level plan on data without unit ids; a run directory
+N (unless that N is a DP count: refusing would reveal the true count); labels outside {0, 1}; a user-level plan on data without unit ids; a run directory
 that already holds a record. Every privacy-relevant number (flip probabilities, cap, N)
 is read from the plan; ``TrainSettings`` holds only what cannot change a guarantee.
 """
@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.records import PRIVATE_DIR, RunRecord
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 
 
-# The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR.
+# The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR. A
+# count phase is not executed: the DP count of N was released before the plan was made.
 _EXECUTABLE = {(RRPhase,), (DPSGDPhase,), (RRPhase, DPSGDPhase), (WALRPhase,)}
 
 
@@ -264,7 +265,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     if spec is None:
         raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
                                     "id and feature columns")
-    kinds = tuple(type(p) for p in plan.phases)
+    kinds = tuple(type(p) for p in plan.phases if not isinstance(p, CountPhase))
     if kinds not in _EXECUTABLE:
         raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
     if resume and out is None:
@@ -278,10 +279,12 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     device = _device(settings.device)
     t0 = time.perf_counter()
     key, new_key = _key(fingerprint_key)
+    size_private = plan.count is not None
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
-                    expected_rows=plan.dataset_size, randomness=rnd, key=key)
+                    expected_rows=None if size_private else plan.dataset_size, randomness=rnd, key=key)
     # Every refusal is behind us: only now does the run directory come into being.
-    session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every) if out else NullSession()
+    session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every,
+                      rows=prep.data_info["rows_used"]) if out else NullSession()
     try:
         if kinds == (WALRPhase,):
             record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_path, t0,
@@ -294,6 +297,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         entries: list = []
         timings = dict(prep.timings)
         for i, phase in enumerate(plan.phases):
+            if isinstance(phase, CountPhase):
+                continue
             if isinstance(phase, RRPhase):
                 if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
                     rr = ckpt["rr_result"]  # trained in an earlier session
@@ -309,7 +314,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 taken = session.dpsgd_steps_taken()
                 resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
                 rr_result = ckpt.get("rr_result") if ckpt is not None else None
-                if rr_result is None and i > 0:
+                if rr_result is None and plan.rr is not None:
                     rr_result = rr
 
                 def save(step_done, opt_state, rr_result=rr_result):
@@ -320,10 +325,13 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                 randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
                                 progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
                                 checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
-                                optimizer_state=ckpt.get("optimizer") if resumed_from else None)
+                                optimizer_state=ckpt.get("optimizer") if resumed_from else None,
+                                size_private=size_private)
                 timings["dpsgd_phase_seconds"] = sgd.seconds
                 entries.append(dpsgd_entry(sgd, session.ledger_view(),
-                                           nonsensitive_tower=phase.params.nonsensitive_tower))
+                                           nonsensitive_tower=phase.params.nonsensitive_tower,
+                                           sizes_ledger=session.sizes_view() if size_private else None,
+                                           withhold=size_private))
         truncated = kinds == (RRPhase,)
         metrics = {}
         if eval_path is not None:
@@ -339,7 +347,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
             training={**settings.to_dict(),
                       "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
-            ledger=session.ledger_view(), timings=timings, device=_device_name(device))
+            ledger=session.ledger_view(), timings=timings, device=_device_name(device),
+            sizes_ledger=session.sizes_view() if size_private else None)
         return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
     finally:
         session.close()

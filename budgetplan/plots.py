@@ -100,7 +100,7 @@ def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> P
 
 def arm_of(plan) -> tuple[str, float | None]:
     """The paper's arm of a plan: ("RR" | "DP-SGD" | "Hybrid" | algorithm, alpha or None)."""
-    names = [p.name for p in plan.phases]
+    names = [p.name for p in plan.phases if p.name != "count"]  # a DP count of N is no arm
     if plan.scenario.algorithm == "hybrid":
         eps1 = plan.rr.target_epsilon if plan.rr is not None else 0.0
         alpha = eps1 / plan.run_epsilon if plan.run_epsilon else None

@@ -373,9 +373,6 @@ def _pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
         return None, "group-privacy phases are composed by basic composition only"
     if any(_per_count(p) for p in phases):
         return None, "eps/K_i phases are composed by basic composition only"
-    if any(isinstance(p, CountPhase) for p in phases):
-        return None, ("the DP count of N is pure DP and composed by basic composition only (the PLD engine has no "
-                      "discrete Laplace)")
     try:
         g = account(Composition(phases=tuple(p.mechanism for p in phases)), delta=delta, adjacency=s.adjacency,
                     unit=unit, method="pld", discretization=s.discretization)

@@ -165,9 +165,34 @@ def test_plan_accounts_the_count_first_and_trains_on_the_rest(plan):
     assert sgd.target_epsilon == plan.run_epsilon and plan.run_epsilon + 0.1 <= 4.0
     assert plan.total.epsilon == math.fsum([0.1, sgd.guarantee.epsilon]) <= 4.0
     assert plan.total.delta == sgd.guarantee.delta <= 1e-6
-    assert plan.total_pld is None and "discrete Laplace" in plan.total_pld_note
+    assert plan.total_pld.epsilon < plan.total.epsilon and plan.total_pld.delta == 1e-6
     assert sgd.params.sampling_rate == 1000 / 100_003  # q from the DP count
     assert verify_plan(plan).ok
+
+
+@pytest.mark.parametrize("release", [0.1, 0.5, 1.5])
+def test_pld_total_matches_dp_accounting_composing_the_discrete_laplace(release):
+    """The count's losses mixed exactly into the fast PLD against dp_accounting's own composition."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    p = build_plan(scenario(release=release))
+    m = p.dpsgd.mechanism
+    ref = pld.from_gaussian_mechanism(m.noise_multiplier, sampling_prob=m.sampling_rate,
+                                      value_discretization_interval=1e-4).self_compose(m.steps)
+    ref = ref.compose(pld.from_discrete_laplace_mechanism(parameter=release, sensitivity=1,
+                                                          value_discretization_interval=1e-4))
+    want = ref.get_epsilon_for_delta(1e-6)
+    assert p.total_pld.method == "pld" and math.isclose(p.total_pld.epsilon, want, rel_tol=1e-6)
+    assert p.dpsgd.guarantee.epsilon < p.total_pld.epsilon < p.total.epsilon
+
+
+def test_pld_total_of_a_user_level_count_lies_between_its_parts():
+    p = build_plan(scenario(cap=4))
+    assert p.dpsgd.guarantee.epsilon < p.total_pld.epsilon < p.total.epsilon <= 4.0
+    # the same epsilon for a unit of 4 rows needs 4 times the noise scale of a count of rows
+    one = build_plan(scenario(cap=1))
+    assert p.phases[0].guarantee.epsilon == one.phases[0].guarantee.epsilon == 0.1
+    assert p.phases[0].params.sensitivity == 4 and p.phases[0].mechanism.noise_parameter == 0.1 / 4
 
 
 @settings(max_examples=12, deadline=None)
@@ -176,6 +201,7 @@ def test_any_count_plan_meets_its_budget(eps, share, cap):
     p = build_plan(scenario(eps=eps, release=eps * share, cap=cap))
     assert p.phases[0].guarantee.epsilon == eps * share
     assert p.total.epsilon <= eps and p.guarantee.epsilon <= eps  # no slack needed: the split rounds down
+    assert p.total_pld.epsilon <= p.total.epsilon
 
 
 def test_plans_without_a_count_are_unchanged():

@@ -244,6 +244,8 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
         return _truncated_curve(mechanism, adjacency, unit, discretization)
     if isinstance(mechanism, DiscreteLaplaceCount):
         return _count_curve(mechanism, unit)
+    if any(isinstance(m, DiscreteLaplaceCount) for m in mechanism.leaves()):
+        return _composed_with_counts(mechanism, adjacency, unit, discretization, tail)
     return _pld_curve(pld_of(mechanism, adjacency=adjacency, unit=unit, discretization=discretization,
                              tail_mass=tail),
                       "pld", discretization, ("PLD composition of all phases under one adjacency",),
@@ -365,6 +367,67 @@ def _count_curve(mech: DiscreteLaplaceCount, unit: PrivacyUnit) -> _Curve:
     if k != s:
         notes += (f"a unit of {k} rows moves the count by {k}, not the {s} it was drawn for",)
     return _Curve(epsilon=lambda d: eps, method="exact", bound="exact", notes=notes)
+
+
+def _count_losses(mech: DiscreteLaplaceCount, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """The privacy loss distribution of a count moved by ``shift``: a finite one, the same both ways.
+
+    With a = eps / sensitivity and the output c + shift + Z, the loss is a (|Z + shift| - |Z|):
+    a shift for Z >= 0, -a shift for Z <= -shift, a (shift + 2z) for -shift < z < 0.
+    """
+    a = mech.noise_parameter
+    alpha = math.exp(-a)
+    z = np.arange(-shift + 1, 0)
+    losses = np.concatenate(([-a * shift], a * (shift + 2 * z), [a * shift]))
+    probs = np.concatenate(([alpha**shift / (1 + alpha)], math.tanh(a / 2) * np.exp(-a * np.abs(z)),
+                            [1 / (1 + alpha)]))
+    return losses, probs
+
+
+def _composed_with_counts(mechanism: Composition, adjacency, unit, discretization, tail) -> _Curve:
+    """PLD composition of pure DP counts with the other phases, mixing the counts' losses exactly.
+
+    For independent releases the losses add, so delta(eps) = sum_l P(L = l) delta_rest(eps - l)
+    over the counts' finitely many losses l, with delta_rest the other phases' pessimistic
+    PLD taken at its worse direction for each term (the count's loss is the same both ways):
+    an upper bound on the composed delta at every eps. epsilon(delta) is then found by
+    bisection and rounded up; it never exceeds basic composition.
+    """
+    from budgetplan.accounting import fastpld
+
+    leaves = mechanism.leaves()
+    counts = [m for m in leaves if isinstance(m, DiscreteLaplaceCount)]
+    rest = tuple(m for m in leaves if not isinstance(m, DiscreteLaplaceCount))
+    losses, probs = np.zeros(1), np.ones(1)
+    for c in counts:
+        l_c, p_c = _count_losses(c, unit.cap)
+        losses, probs = (losses[:, None] + l_c).ravel(), (probs[:, None] * p_c).ravel()
+    worst = float(losses.max())
+    notes = ("pure DP counts composed exactly with the other phases' privacy loss distribution",)
+    if not rest:
+        return _Curve(epsilon=lambda d: worst, method="exact", bound="upper", notes=notes)
+    rest_mech = rest[0] if len(rest) == 1 else Composition(phases=rest)
+    pld = pld_of(rest_mech, adjacency=adjacency, unit=unit, discretization=discretization, tail_mass=tail)
+
+    def delta_at(eps: float) -> float:
+        return float(np.dot(probs, fastpld.delta_for_epsilon(pld, eps - losses)))
+
+    def epsilon(d: float) -> float:
+        if d <= 0:
+            return worst + _pure_epsilon(rest_mech, unit, discretization)
+        alone = fastpld.epsilon_for_delta(pld, d)
+        if not math.isfinite(alone):
+            return math.inf
+        lo, hi = max(0.0, alone - worst), alone + worst  # delta_at(hi) <= d: basic composition
+        if delta_at(lo) <= d:
+            return lo
+        while hi - lo > 1e-12 * max(hi, 1.0):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if delta_at(mid) <= d else (mid, hi)
+        return hi
+
+    return _Curve(epsilon=epsilon, method="pld", bound="upper", discretization=discretization,
+                  notes=("pessimistic PLD (connect-the-dots, arXiv:2207.04380)",) + notes)
 
 
 def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretization) -> _Curve:

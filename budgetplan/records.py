@@ -414,7 +414,9 @@ class PrivateRecord:
     Attributes:
         plan_sha256: the executed plan (None for a baseline).
         data: path, format, rows_in, rows_used, capping statistics, and the keyed
-            fingerprint {"hmac_sha256", "key_id", "columns", "rows"}.
+            fingerprint {"hmac_sha256", "key_id", "columns", "rows"}; when the plan's N is a
+            DP count also the run's ``timings`` and ``sizes_ledger`` {"head", "lines"}, where
+            the private batch-size ledger ended.
         phases: data-dependent statistics, one entry per phase of the public record.
         metrics: evaluation metrics by split (computed on private labels).
         encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).

@@ -74,6 +74,12 @@ class Session:
                                                 "private ledger")
                 self.sizes = Ledger(self.dir / PRIVATE_DIR / "ledger.jsonl", plan_sha256=plan.sha256,
                                     sync_every=ledger_sync_every)
+                if any(e.get("rows") != int(rows) for e in self.sizes.events("rows")):
+                    self.sizes.close()
+                    self.ledger.close()
+                    # said to the data owner only: the true counts are theirs
+                    raise InvalidParameterError("the interrupted run sampled from data of another size: resume it "
+                                                "on the same data")
                 self.sizes.note("rows", rows=int(rows))
         except BaseException:
             self.lock.release()

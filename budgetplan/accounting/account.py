@@ -14,6 +14,9 @@ DiscreteLaplaceCount   exact                           K rows move the count by 
 Composition            pld, basic                      each phase's tight unit accounting
 =====================  ==============================  ==================================
 
+A Composition holding DiscreteLaplaceCount phases (a DP count of N) is composed by mixing
+the counts' finite privacy loss distributions exactly into the other phases' PLD.
+
 ``unit_accounting="group"`` instead applies the generic group-privacy formula to the
 example-level guarantee of the chosen method (see ``group.py``), for every mechanism.
 

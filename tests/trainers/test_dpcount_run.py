@@ -362,3 +362,23 @@ batch_size = 100
 steps = 5
 clipping_norm = 1.0
 {SYNTH_FEATURES.to_toml()}"""
+
+
+def test_resume_on_data_of_another_size_is_refused(run, tmp_path, monkeypatch):
+    from budgetplan.errors import InvalidParameterError
+    from trainers import session as session_mod
+
+    root, plan, _ = run
+    original = session_mod.Session.intend
+
+    def dying(self, step, batch_size=None):
+        original(self, step, batch_size)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_mod.Session, "intend", dying)
+    with pytest.raises(KeyboardInterrupt):
+        execute_plan(plan, root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+    monkeypatch.setattr(session_mod.Session, "intend", original)
+    pq.write_table(pq.read_table(root / "train.parquet").slice(0, TRUE_N - 7), tmp_path / "fewer.parquet")
+    with pytest.raises(InvalidParameterError, match="data of another size"):
+        execute_plan(plan, tmp_path / "fewer.parquet", out_dir=tmp_path / "run", settings=FAST, resume=True)

@@ -382,3 +382,19 @@ def test_resume_on_data_of_another_size_is_refused(run, tmp_path, monkeypatch):
     pq.write_table(pq.read_table(root / "train.parquet").slice(0, TRUE_N - 7), tmp_path / "fewer.parquet")
     with pytest.raises(InvalidParameterError, match="data of another size"):
         execute_plan(plan, tmp_path / "fewer.parquet", out_dir=tmp_path / "run", settings=FAST, resume=True)
+
+
+def test_cli_json_of_verify_audit_and_show(run, runner):
+    from budgetplan.cli import cli
+
+    root, plan, _ = run
+    plan_path = str(root / "run" / "plan.json")
+    verified = runner.invoke(cli, ["verify", plan_path, "--json"])
+    assert verified.exit_code == 0 and json.loads(verified.stdout)["ok"] is True
+    shown = json.loads(runner.invoke(cli, ["show", plan_path, "--json"]).stdout)
+    assert [p["name"] for p in shown["phases"]] == ["count", "dpsgd"] and shown["dataset_size"] == NOISY_N
+    assert shown["phases"][0]["epsilon"] == 0.2 and shown["phases"][0]["delta"] == 0.0
+    audited = runner.invoke(cli, ["audit", str(root / "run"), "--json"])
+    assert audited.exit_code == 0, audited.output
+    report = json.loads(audited.stdout)
+    assert report["passed"] is True and "N kept private" in [c["name"] for c in report["checks"]]

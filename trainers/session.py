@@ -65,13 +65,13 @@ class Session:
             # file; holding the lock, no other writer can own one, so they are removed here.
             for stale in self.dir.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
+            if plan.count is not None and rows is None:
+                raise InvalidParameterError("a plan whose N is a DP count needs the true row count for its private "
+                                            "ledger")
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
             self.sizes = None
             if plan.count is not None:
                 (self.dir / PRIVATE_DIR).mkdir(exist_ok=True)
-                if rows is None:
-                    raise InvalidParameterError("a plan whose N is a DP count needs the true row count for its "
-                                                "private ledger")
                 self.sizes = Ledger(self.dir / PRIVATE_DIR / "ledger.jsonl", plan_sha256=plan.sha256,
                                     sync_every=ledger_sync_every)
                 if any(e.get("rows") != int(rows) for e in self.sizes.events("rows")):

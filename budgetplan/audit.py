@@ -23,12 +23,20 @@ evidence is absent. Each check is named and independent:
 8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
    with it (two-sided binomial test at ``alpha``).
 9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
+   ``N kept private`` (plans whose N is a DP count): the public record and ledger show
+   nothing that grows with the true row count; the private batch-size ledger is intact,
+   names the plan, ends where the private record says and was written on that one count.
 10. ``independent re-accounting``: every phase's guarantee recomputed by another path
     agrees with the plan, and the steps executed stay within the phase budget.
 11. ``data fingerprint`` (with ``data_path``): the keyed fingerprint in the private record
     recomputes on the given data with the data owner's key.
 12. ``code that ran`` (with ``empirical``): the installed code, which the empirical tests
     measure, is the code the record says ran.
+
+A plan whose N is a DP count has no record entry for its count phase (it was released
+before planning; ``independent re-accounting`` re-derives its epsilon with dp_accounting),
+and its batch sizes are tested against the true row count, both from the private side
+(``private/record.json``, ``private/ledger.jsonl``): without them the test fails closed.
 
 An interrupted run (a run directory with a ledger but no record yet) is audited on what
 its ledger shows: nothing beyond the plan so far. The empirical lower bounds on epsilon
@@ -47,9 +55,19 @@ from scipy import stats
 from budgetplan.errors import BudgetplanError
 from budgetplan.ledger import LedgerView, read_ledger
 from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse
-from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, load_plan
-from budgetplan.records import PRIVATE_DIR, DPSGDRun, RRRun, RRStats, RunRecord, WALRRun, load_record
+from budgetplan.records import (
+    PRIVATE_DIR,
+    WITHHELD_WITH_N,
+    DPSGDRun,
+    DPSGDStats,
+    RRRun,
+    RRStats,
+    RunRecord,
+    WALRRun,
+    load_record,
+)
 
 __all__ = ["Check", "AuditReport", "audit_run", "ALPHA", "REACCOUNT_TOLERANCE"]
 
@@ -58,6 +76,7 @@ REACCOUNT_TOLERANCE = 1e-3   # relative agreement required between independent a
 
 # The one-shot releases a run directory persists, by the ledger's phase name.
 _RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy"}
+_SIZES_LEDGER = Path(PRIVATE_DIR) / "ledger.jsonl"  # batch sizes, when the plan's N is a DP count
 _RUN_OF = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun}
 
 
@@ -143,7 +162,10 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     ledger = _ledger_check(record, plan, run_dir, add)
     add(_steps(record, plan, ledger))
     add(_dpsgd_noise(record, plan))
-    report.checks.extend(_sampling(plan, ledger, record, alpha))
+    sizes = _sizes_evidence(plan, run_dir, record)
+    if plan.count is not None:
+        add(_n_private(record, plan, ledger, sizes))
+    report.checks.extend(_sampling(plan, ledger, record, alpha, sizes))
     add(_flips(record, plan, alpha))
     add(_walr(record, plan))
     add(_reaccount(record, plan))
@@ -168,12 +190,89 @@ def _names_plan(record: RunRecord, plan: Plan) -> Check:
         problems.append(f"the record's algorithm is {record.algorithm!r}, the plan's {plan.scenario.algorithm!r}")
     if record.rows_used != plan.dataset_size:
         problems.append(f"the run used {record.rows_used} rows; the plan accounts N = {plan.dataset_size}")
-    expected = [_RUN_OF[type(p)].name for p in plan.phases]
+    expected = [_RUN_OF[type(p)].name for p in plan.phases if not isinstance(p, CountPhase)]
     shown = [p.name for p in record.phases]
     if shown != expected:
         problems.append(f"the record shows the phases {shown}; the plan has {expected}")
     detail = "; ".join(problems) or (f"plan {plan.sha256[:12]}..., phases {expected}, N = {plan.dataset_size}")
     return Check("record names the plan", not problems, detail)
+
+
+# ------------------------------------------------------------- a private N (DP count)
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Where a run's batch sizes are and what N they were drawn from; ``problem`` if unreadable."""
+
+    view: LedgerView | None = None
+    rows: int | None = None
+    problem: str | None = None
+
+
+def _sizes_evidence(plan: Plan, run_dir: Path, record: RunRecord | None) -> _Sizes:
+    """For a plan whose N is a DP count: the private batch-size ledger and the true row count."""
+    if plan.count is None:
+        return _Sizes()
+    path = run_dir / _SIZES_LEDGER
+    if not path.exists():
+        return _Sizes(problem=f"the plan's N is a DP count: its batch sizes are in {path}, which is not here")
+    try:
+        view = read_ledger(path, plan_sha256=plan.sha256)
+    except BudgetplanError as exc:
+        return _Sizes(problem=str(exc))
+    noted = {e.get("rows") for e in view.events("rows")}
+    if len(noted) != 1 or not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in noted):
+        return _Sizes(view, problem=f"{path.name} names the row count {len(noted)} ways; one count, once per "
+                                    "session, is what the batch sizes were drawn from")
+    rows = noted.pop()
+    if record is None:
+        return _Sizes(view, rows)
+    if record.private_part is None:
+        return _Sizes(view, problem="the plan's N is a DP count: the true row count is in the private record, which "
+                                    "is not here")
+    data = record.private_part.data
+    if data.get("rows_used") != rows:
+        return _Sizes(view, problem=f"the private record's row count is not the one {path.name} was written on")
+    if data.get("sizes_ledger") != {"head": view.head, "lines": len(view.entries)}:
+        return _Sizes(view, problem=f"{path.name} ends at {view.head[:12]}... after {len(view.entries)} lines; the "
+                                    "private record says otherwise: it was cut or extended after the run")
+    return _Sizes(view, rows)
+
+
+def _n_private(record: RunRecord, plan: Plan, ledger: LedgerView | None, sizes: _Sizes) -> Check:
+    """Nothing public grows with the true row count of a plan whose N is a DP count."""
+    problems = []
+    ran = _entry(record, DPSGDRun)
+    if ran is not None and ran.withheld != WITHHELD_WITH_N:
+        problems.append(f"the public DP-SGD entry shows {', '.join(WITHHELD_WITH_N)}, which grow with the true row "
+                        "count")
+    if record.timings:
+        problems.append("the public record shows timings, which grow with the true row count")
+    if ledger is not None and any("batch_size" in e for e in ledger.events("intent")):
+        problems.append("the public ledger shows batch sizes, which are draws from the true row count")
+    if sizes.problem is not None:
+        problems.append(sizes.problem)
+    detail = "; ".join(problems) or (f"public: N = {plan.dataset_size} (the DP count); batch sizes, chunks, memory "
+                                     "and timings are private, their ledger intact. This report reads them: it "
+                                     "stays with the data owner")
+    return Check("N kept private", not problems, detail)
+
+
+def _full_dpsgd(record: RunRecord, plan: Plan, ran: DPSGDRun) -> tuple[DPSGDRun | None, str | None]:
+    """The DP-SGD entry with any withheld statistics restored from the private record."""
+    if plan.count is None:
+        if ran.withheld is not None:
+            return None, "the record withholds the batch statistics, but the plan's N is public"
+        return ran, None
+    if ran.withheld is None:
+        return ran, None  # shown publicly: the "N kept private" check fails it
+    stats = next((s for s in record.private_part.phases if isinstance(s, DPSGDStats)), None) \
+        if record.private_part is not None else None
+    try:
+        return ran.restored(stats), None
+    except BudgetplanError as exc:
+        return None, f"the withheld batch statistics cannot be read: {exc}"
 
 
 def _entry(record: RunRecord, kind: type):
@@ -339,7 +438,8 @@ def _support(n: int, q: float, cap: int) -> list[int]:
     return list(range(lo, hi + 1))
 
 
-def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, alpha: float) -> list[Check]:
+def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, alpha: float,
+              evidence: _Sizes | None = None) -> list[Check]:
     name = "Poisson batch sizes"
     planned = plan.dpsgd
     if planned is None:
@@ -349,7 +449,18 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         return [_missing(name, "a DP-SGD phase")]
     if ledger is None:
         return [Check(name, False, "no readable ledger: the batch sizes of the run cannot be read")]
-    sizes = ledger.batch_sizes("dpsgd")
+    if ran is not None:
+        ran, problem = _full_dpsgd(record, plan, ran)
+        if problem is not None:
+            return [Check(name, False, problem)]
+    n = planned.params.dataset_size
+    sized = ledger
+    if plan.count is not None:
+        evidence = evidence or _Sizes(problem="no private batch-size ledger was read")
+        if evidence.problem is not None or evidence.view is None or evidence.rows is None:
+            return [Check(name, False, evidence.problem or "the private batch sizes cannot be read")]
+        sized, n = evidence.view, evidence.rows  # drawn at q from every row there was
+    sizes = sized.batch_sizes("dpsgd")
     counted = ledger.count("dpsgd")
     problems = []
     if ran is not None and (len(sizes), sum(sizes), sum(s * s for s in sizes)) != (
@@ -359,6 +470,8 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         problems.append(f"the ledger counts {counted} noisy steps but records no batch size")
     if len(sizes) < counted - ledger.sessions:  # at most one torn intent per session lacks its size
         problems.append(f"only {len(sizes)} of {counted} counted steps have a batch size in the ledger")
+    if len(sizes) > counted:
+        problems.append(f"{len(sizes)} batch sizes for {counted} counted steps")
     par = planned.params
     cap = par.max_batch_size if par.sampling == "truncated-poisson" else None
     if cap is not None and sizes and max(sizes) > cap:
@@ -367,7 +480,7 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         return [Check(name, False, "; ".join(problems))]
     if not sizes:
         return [Check(name, True, "no noisy step taken yet")]
-    n, q, t = par.dataset_size, par.sampling_rate, len(sizes)
+    q, t = par.sampling_rate, len(sizes)
     total = sum(sizes)
     mu, var1 = _batch_moments(n, q, cap)
     if cap is None:
@@ -490,6 +603,15 @@ def _reaccount(record: RunRecord, plan: Plan) -> Check:
                 case DPSGDPhase():
                     notes.append("dpsgd (truncated Poisson): no second accountant exists; the plan's dp_accounting "
                                  "figure stands")
+                case CountPhase(mechanism=m):
+                    # dp_accounting's event for the K the plan's unit has (its own sensitivity check aside)
+                    other = backends.reference_discrete_laplace_epsilon(
+                        epsilon=m.epsilon * plan.unit.cap / m.sensitivity, sensitivity=plan.unit.cap, delta=g.delta)
+                    if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
+                        problems.append(f"count: dp_accounting's discrete Laplace PLD gives {other:.6g}, the plan "
+                                        f"{g.epsilon:.6g}")
+                    notes.append(f"count {other:.6g} by dp_accounting's discrete Laplace PLD (plan {g.epsilon:.6g}, "
+                                 "released before the run)")
                 case RRPhase(params=par):
                     other = account(RandomizedResponse(epsilon=par.per_impression_epsilon), delta=g.delta,
                                     adjacency="replace-one", unit=plan.unit, method="pld").epsilon
@@ -571,7 +693,7 @@ def _audit_interrupted(report: AuditReport, plan: Plan, run_dir: Path, alpha: fl
     add(Check("steps within plan", counted <= planned,
               f"interrupted: {counted} of {planned} noisy steps counted so far" +
               ("" if counted <= planned else ": more than planned")))
-    report.checks.extend(_sampling(plan, view, None, alpha))
+    report.checks.extend(_sampling(plan, view, None, alpha, _sizes_evidence(plan, run_dir, None)))
 
 
 # ---------------------------------------------------------------------------- empirical

@@ -86,7 +86,8 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     row = _row("non-private, non-sensitive features", None, ceiling, time.perf_counter() - t0)
     from trainers.metrics import relative_auc_loss
 
-    row["relative_auc_loss"] = relative_auc_loss(row["auc"], base_auc)
+    row["relative_auc_loss"] = (relative_auc_loss(row["auc"], base_auc) if row["auc"] is not None
+                                and base_auc is not None else None)
     runs.append(row)
     for eps in epsilons:
         from budgetplan.plan import load_plan

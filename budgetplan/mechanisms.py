@@ -20,6 +20,7 @@ __all__ = [
     "GaussianRelease",
     "PoissonDPSGD",
     "TruncatedPoissonDPSGD",
+    "DiscreteLaplaceCount",
     "Composition",
     "Mechanism",
     "mechanism_to_dict",
@@ -152,6 +153,34 @@ class TruncatedPoissonDPSGD:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DiscreteLaplaceCount:
+    """A count released once plus discrete Laplace (two-sided geometric) noise.
+
+    The noise Z has P(Z = z) proportional to exp(-epsilon |z| / sensitivity) on the
+    integers (Ghosh, Roughgarden and Sundararajan 2009, arXiv:0811.2841; dp_accounting's
+    DiscreteLaplaceDpEvent with noise parameter epsilon / sensitivity), so neighbours whose
+    counts differ by at most ``sensitivity`` are (epsilon, 0)-indistinguishable.
+
+    Attributes:
+        epsilon: the budget the noise was drawn for.
+        sensitivity: how far the count may move between neighbouring datasets: 1 for a
+            count of rows, K for the rows of a unit capped at K.
+    """
+
+    epsilon: float
+    sensitivity: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", _validate.positive("epsilon", self.epsilon))
+        object.__setattr__(self, "sensitivity", _validate.positive_int("sensitivity", self.sensitivity))
+
+    @property
+    def noise_parameter(self) -> float:
+        """a = epsilon / sensitivity: P(Z = z) = tanh(a / 2) exp(-a |z|)."""
+        return self.epsilon / self.sensitivity
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Composition:
     """Phases run one after another on the same data, e.g. Hybrid's RR phase then DP-SGD.
 
@@ -177,8 +206,9 @@ class Composition:
         return tuple(out)
 
 
-_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD)
-Mechanism = Union[RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, Composition]
+_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, DiscreteLaplaceCount)
+Mechanism = Union[RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, DiscreteLaplaceCount,
+                  Composition]
 _BY_NAME = {cls.__name__: cls for cls in _LEAVES}
 
 

@@ -7,6 +7,7 @@ was accounted as, its share of the budget and the guarantee:
     RRPhase     randomized response on labels             RRParams
     DPSGDPhase  DP-SGD with (truncated) Poisson sampling  DPSGDParams
     WALRPhase   one Gaussian release of sum y_i w_i x_i   WALRParams
+    CountPhase  the DP count of N, released before planning  CountParams
 
 Code that treats kinds differently matches on the type (``match phase: case RRPhase():``);
 the JSON tag ``"name"`` is read and written only here. The JSON form is the one plan files
@@ -23,6 +24,7 @@ from budgetplan import _typed, _validate
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import (
+    DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
@@ -36,9 +38,11 @@ __all__ = [
     "RRParams",
     "DPSGDParams",
     "WALRParams",
+    "CountParams",
     "RRPhase",
     "DPSGDPhase",
     "WALRPhase",
+    "CountPhase",
     "Phase",
     "phase_from_dict",
     "phase_to_dict",
@@ -229,6 +233,39 @@ class WALRParams:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CountParams:
+    """The DP count of the dataset size that the plan's N is (add-remove only).
+
+    Attributes:
+        epsilon: the release's budget, (epsilon, 0).
+        sensitivity: K, the rows one unit adds or removes after capping.
+        noise_std: the discrete Laplace noise's standard deviation, sqrt(2 e^-a) / (1 - e^-a)
+            with a = epsilon / K.
+        dataset_size: the released count N~, which every other phase uses as N.
+        cap, capping: the unit's cap (= ``sensitivity``) and its rule.
+        released: when and how, for the statement.
+    """
+
+    epsilon: float
+    sensitivity: int
+    noise_std: float
+    dataset_size: int
+    cap: int
+    capping: str | None
+    released: str
+
+    def __post_init__(self) -> None:
+        for name in ("epsilon", "noise_std"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        for name in ("sensitivity", "dataset_size", "cap"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _capping(self, self.cap)
+        if self.sensitivity != self.cap:
+            raise InvalidParameterError(f"sensitivity must be the unit's cap {self.cap}, got {self.sensitivity}")
+        _typed.text("released", self.released)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _PhaseBase:
     """What every phase has: its share of the budget, how it was accounted, the guarantee."""
 
@@ -286,10 +323,25 @@ class WALRPhase(_PhaseBase):
         _expect(self, GaussianRelease, WALRParams)
 
 
-Phase: TypeAlias = RRPhase | DPSGDPhase | WALRPhase
-_KINDS: dict[str, type[RRPhase] | type[DPSGDPhase] | type[WALRPhase]] = {
-    RRPhase.name: RRPhase, DPSGDPhase.name: DPSGDPhase, WALRPhase.name: WALRPhase}
-_PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CountPhase(_PhaseBase):
+    """The DP count of N, released once before planning: pure DP, no delta."""
+
+    name: ClassVar[str] = "count"
+    mechanism: DiscreteLaplaceCount
+    params: CountParams
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        _expect(self, DiscreteLaplaceCount, CountParams)
+        if self.target_delta != 0:
+            raise InvalidParameterError(f"a count phase is pure DP: target_delta must be 0, got {self.target_delta!r}")
+
+
+Phase: TypeAlias = RRPhase | DPSGDPhase | WALRPhase | CountPhase
+_KINDS: dict[str, type[RRPhase] | type[DPSGDPhase] | type[WALRPhase] | type[CountPhase]] = {
+    RRPhase.name: RRPhase, DPSGDPhase.name: DPSGDPhase, WALRPhase.name: WALRPhase, CountPhase.name: CountPhase}
+_PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams, CountPhase: CountParams}
 
 
 def _expect(phase, mechanism_types, params_type) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.phases import DPSGDPhase, Phase, RRPhase, WALRPhase, phase_from_dict, phase_to_dict
+from budgetplan.phases import CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase, phase_from_dict, phase_to_dict
 from budgetplan.plan_schema import check_plan_types
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
@@ -38,7 +38,8 @@ class Plan:
     Attributes:
         scenario: the validated scenario it was planned from.
         epsilon, delta: the total budget (delta resolved from its policy).
-        adjacency, unit, dataset_size: what the guarantees protect, and N.
+        adjacency, unit, dataset_size: what the guarantees protect, and N (a DP count of
+            the rows when the plan has a ``count`` phase).
         run_epsilon, run_delta: the budget of one training run (the total, unless tuning
             over several configurations is declared).
         phases: the phases in order.
@@ -94,6 +95,11 @@ class Plan:
     def dpsgd(self) -> DPSGDPhase | None:
         """The DP-SGD phase, if the plan has one."""
         return next((p for p in self.phases if isinstance(p, DPSGDPhase)), None)
+
+    @property
+    def count(self) -> CountPhase | None:
+        """The DP count of N the plan accounts, if its N is one (then N is not the exact row count)."""
+        return next((p for p in self.phases if isinstance(p, CountPhase)), None)
 
     @property
     def walr(self) -> WALRPhase | None:

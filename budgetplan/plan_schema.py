@@ -1,4 +1,4 @@
-"""The types of a schema-1 plan file, checked before anything reads its values.
+"""The types of a schema-1 plan file's totals, budgets and tables, checked before anything reads them.
 
 The sha256 in a plan file proves that its content is whole, not who wrote it: someone who
 edits a plan and recomputes the hash gets a file that passes the integrity check. Every
@@ -8,7 +8,9 @@ does not is refused naming the place (``phases[0].target_epsilon must be a numbe
 'x'``), never half-read. The meaning of the values is ``budgetplan.verify``'s to check.
 
 The description mirrors ``Plan.content`` (schema 1): a field's meaning and type never change
-within a version, so neither does this.
+within a version, so neither does this. The scenario and each phase's parameters are typed
+values that read themselves strictly (``Scenario.from_dict``, ``budgetplan.phases``); only
+their outer shape is checked here.
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ def _is_num(v) -> bool:
 
 NUM = _T("a number", _is_num)
 INT = _T("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
-POS = _T("a number > 0", lambda v: _is_num(v) and v > 0)
-POS_INT = _T("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
 STR = _T("a string", lambda v: isinstance(v, str))
 BOOL = _T("true or false", lambda v: isinstance(v, bool))
 SCALAR = _T("a number, string, boolean or null", lambda v: v is None or isinstance(v, (int, float, str, bool)))
@@ -106,25 +106,9 @@ _PHASE = {"name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCA
           "guarantee": _GUARANTEE}
 _TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE)},
                required=("configurations", "selection", "guarantee"))
-_SCENARIO = {
-    "name": STR, "description": STR, "epsilon": NUM, "delta": _T("a number or a \"<c>/N\" string",
-                                                                lambda v: _is_num(v) or _is_policy(v)),
-    "delta_policy": STR, "adjacency": STR, "unit_name": STR, "cap": POS_INT, "capping": STR,
-    "unit_accounting": STR, "dataset_size": POS_INT, "algorithm": STR, "split": _Optional(STR),
-    "tower": _Optional(STR),
-    "rr": _Optional({"epochs": POS_INT, "batch_size": _Optional(POS_INT), "per_impression": STR}),
-    "dpsgd": _Optional({"batch_size": POS_INT, "epochs": _Optional(POS), "steps": _Optional(POS_INT),
-                        "clipping_norm": POS, "sampling": STR, "max_batch_size": _Optional(POS_INT),
-                        "noise_multiplier": _Optional(POS), "max_noise_multiplier": _Optional(POS)}),
-    "walr": _Optional({"features": POS_INT, "row_norm_bound": POS, "weights_bound": POS}),
-    "tuning": _Optional({"configurations": POS_INT, "selection": STR, "distribution": STR}),
-    "features": _Optional({"label": STR, "unit_id": _Optional(STR), "weight": _Optional(STR),
-                           **{k: _List(STR) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
-                                                     "sensitive_categorical", "sensitive_numeric")}}),
-    "method": STR, "discretization": POS,
-}
 _PLAN = {
-    "schema_version": INT, "versions": _Map(STR), "scenario": _SCENARIO,
+    "schema_version": INT, "versions": _Map(STR),
+    "scenario": _Map(_T("any JSON value", lambda v: True)),  # read strictly by Scenario.from_dict
     "budget": {"epsilon": NUM, "delta": NUM},
     "privacy": {"adjacency": STR, "unit": _UNIT, "dataset_size": INT},
     "run_budget": {"epsilon": NUM, "delta": NUM},
@@ -135,31 +119,8 @@ _PLAN = {
     "warnings": _List(STR),
     "sha256": STR,
 }
-# the phase tables each algorithm's scenario holds (the others are null)
-_TABLES = {"rr": ("rr",), "walr": ("walr",), "dpsgd": ("dpsgd",), "hybrid": ("rr", "dpsgd")}
-
-
-def _is_policy(v) -> bool:
-    if not isinstance(v, str) or not v.endswith("/N"):
-        return False
-    try:
-        return float(v[:-2]) > 0
-    except ValueError:
-        return False
 
 
 def check_plan_types(data: dict) -> None:
     """Raise PlanMismatchError naming the first field of ``data`` whose type is not schema 1's."""
     _check(_PLAN, data, "")
-    dpsgd = data["scenario"]["dpsgd"]
-    if dpsgd is not None and (dpsgd["epochs"] is None) == (dpsgd["steps"] is None):
-        raise PlanMismatchError("plan field scenario.dpsgd must have exactly one of epochs or steps")
-    scenario = data["scenario"]
-    tables = _TABLES.get(scenario["algorithm"])
-    if tables is None:
-        raise PlanMismatchError(f"plan field scenario.algorithm must be one of {', '.join(_TABLES)}, "
-                                f"got {scenario['algorithm']!r}")
-    for table in ("rr", "dpsgd", "walr"):
-        if (scenario[table] is not None) != (table in tables):
-            raise PlanMismatchError(f"plan field scenario.{table} must be " + (
-                "present" if table in tables else "null") + f" for algorithm {scenario['algorithm']!r}")

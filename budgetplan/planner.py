@@ -1,5 +1,8 @@
 """Scenario -> Plan: split the budget, calibrate each phase, account the whole.
 
+A scenario whose N is a DP count (``[data].size_release_epsilon``) gets a first ``count``
+phase accounting that release, and its training phases are planned to what is left.
+
 Each phase is planned to its share of the run budget at the plan's unit and adjacency;
 the phases' guarantees are then composed (basic, and PLD where the adjacencies agree),
 tuning is accounted if declared, and for units capped at K > 1 the alternatives to the
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from budgetplan import calibrate
+from budgetplan import calibrate, dpcount
 from budgetplan.accounting import account
 from budgetplan.accounting import gaussian as gauss
 from budgetplan.accounting import rr as rr_math
@@ -20,12 +23,23 @@ from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import BudgetplanError, InfeasibleError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
     Composition,
+    DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
     TruncatedPoissonDPSGD,
 )
-from budgetplan.phases import DPSGDParams, DPSGDPhase, Phase, RRParams, RRPhase, WALRParams, WALRPhase
+from budgetplan.phases import (
+    CountParams,
+    CountPhase,
+    DPSGDParams,
+    DPSGDPhase,
+    Phase,
+    RRParams,
+    RRPhase,
+    WALRParams,
+    WALRPhase,
+)
 from budgetplan.plan import Plan, current_versions
 from budgetplan.scenario import Scenario
 from budgetplan.split import split_budget
@@ -46,7 +60,11 @@ def build_plan(scenario: Scenario) -> Plan:
     s = scenario
     delta = s.resolved_delta
     unit = unit_of(s)
-    if s.tuning is not None and s.tuning.selection == "naive":
+    if s.size_release_epsilon is not None:
+        count = _count_phase(s, unit)
+        run_eps, run_delta = _rest_of(s.epsilon, count.guarantee.epsilon), delta
+        phases = [count, *_plan_phases(s, unit, run_eps, run_delta, delta)]
+    elif s.tuning is not None and s.tuning.selection == "naive":
         n = s.tuning.configurations
         run_eps, run_delta = s.epsilon / n, delta / n
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
@@ -88,6 +106,34 @@ def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
     if eps2 > 0:
         phases.append(_dpsgd_phase(s, unit, eps2, run_delta, delta, warm_start=bool(phases)))
     return phases
+
+
+def _count_phase(s: Scenario, unit) -> CountPhase:
+    """The DP count of N that the scenario's dataset_size is; refuses what would need the exact N."""
+    if s.tuning is not None:
+        raise UnsupportedError("[tuning] with [data].size_release_epsilon is not supported: the count is released "
+                               "once while the tuning accounting composes whole runs; drop one of them")
+    if s.dpsgd is not None and s.dpsgd.sampling == "truncated-poisson":
+        raise UnsupportedError("[data].size_release_epsilon needs sampling = \"poisson\": the truncated-Poisson "
+                               "accounting depends on the exact N, which a DP count does not give")
+    eps, k = s.size_release_epsilon, unit.cap
+    params = CountParams(
+        epsilon=eps, sensitivity=k, noise_std=dpcount.noise_std(epsilon=eps, sensitivity=k),
+        dataset_size=s.dataset_size, cap=k, capping=unit.capping,
+        released="once, before planning (budgetplan data count --dp-epsilon): the row count after capping plus "
+                 "discrete Laplace noise, drawn from the operating system's CSPRNG")
+    phase = CountPhase(mechanism=DiscreteLaplaceCount(epsilon=eps, sensitivity=k), target_epsilon=eps,
+                       target_delta=0.0, method="exact", unit_accounting="tight", params=params,
+                       guarantee=_placeholder(s, unit))
+    return _with_guarantee(phase, s, unit)
+
+
+def _rest_of(total: float, spent: float) -> float:
+    """total - spent, stepped down until spent + rest never exceeds total in floating point."""
+    rest = total - spent
+    while spent + rest > total:
+        rest = math.nextafter(rest, 0.0)
+    return rest
 
 
 def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:

@@ -104,7 +104,7 @@ def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> P
 
 def arm_of(plan) -> tuple[str, float | None]:
     """The paper's arm of a plan: ("RR" | "DP-SGD" | "Hybrid" | algorithm, alpha or None)."""
-    names = [p.name for p in plan.phases]
+    names = [p.name for p in plan.phases if p.name != "count"]  # a DP count of N is no arm
     if plan.scenario.algorithm == "hybrid":
         eps1 = plan.rr.target_epsilon if plan.rr is not None else 0.0
         alpha = eps1 / plan.run_epsilon if plan.run_epsilon else None
@@ -141,6 +141,8 @@ def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
         ev = record.metrics.get("eval") or {}
         if "auc" not in ev:
             raise InvalidParameterError(f"{path}: the run has no eval metrics (train it with --eval)")
+        if ev["auc"] is None:
+            raise InvalidParameterError(f"{path}: the run's model diverged ({ev.get('diverged')}): it has no AUC")
         rel = ev.get("relative_auc_loss")
         if baseline_auc is not None:
             rel = 100.0 * ((1 - ev["auc"]) - (1 - baseline_auc)) / (1 - baseline_auc)

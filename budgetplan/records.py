@@ -13,6 +13,12 @@ A run writes two records:
   key that never leaves the data owner), data-dependent phase statistics (the fraction of
   clipped examples, WALR's clipped rows), the encoding and metrics on private labels.
 
+When the plan's N is a DP count (a ``count`` phase), the true row count is what is
+protected, so everything that grows with it moves to the private record: the public
+``rows_used`` is the plan's N, the DP-SGD entry lists the fields it ``withheld`` (the
+batch sizes, the chunks they filled, peak memory), which the private statistics hold,
+and timings are kept privately.
+
 Both are canonical JSON with a ``sha256`` over the rest; the public record names the
 private one by its hash, so neither can be swapped. Every phase entry is a frozen,
 validated type, read strictly: a missing, unknown or malformed field is an error naming it
@@ -27,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeAlias
 
@@ -52,6 +58,7 @@ __all__ = [
     "RunRecord",
     "load_record",
     "PRIVATE_DIR",
+    "WITHHELD_WITH_N",
 ]
 
 RECORD_SCHEMA_VERSION = 2
@@ -59,6 +66,11 @@ PRIVATE_SCHEMA_VERSION = 1
 PRIVATE_DIR = "private"
 
 _SHA256_HEX = frozenset("0123456789abcdef")
+
+# The DP-SGD facts that grow with the true row count: withheld from the public record, all
+# of them, when the plan's N is a DP count (batch sizes are Binomial(N, q) draws).
+WITHHELD_WITH_N = ("batch_sizes_observed", "batch_size_sum", "batch_size_sumsq", "batch_size_min",
+                   "batch_size_max", "chunks", "peak_memory")
 
 
 def _set(obj, name: str, value) -> None:
@@ -150,7 +162,9 @@ class DPSGDRun:
     step counts), ``steps_lost_to_interruptions`` the counted steps no later session built
     on, summed over every interruption, and the batch-size statistics cover the
     ``batch_sizes_observed`` steps whose size the ledger holds. Poisson batches are drawn
-    before any data is read, so their sizes reveal nothing beyond N.
+    before any data is read, so their sizes reveal nothing beyond N. When N is private (a
+    DP count), ``withheld`` names :data:`WITHHELD_WITH_N`, those fields are null here and
+    the private statistics hold them (:meth:`restored` puts them back).
     """
 
     name: ClassVar[str] = "dpsgd"
@@ -159,10 +173,10 @@ class DPSGDRun:
     steps_this_session: int
     sessions: int
     steps_lost_to_interruptions: int
-    batch_sizes_observed: int
+    batch_sizes_observed: int | None
     batch_size_expected: float
-    batch_size_sum: int
-    batch_size_sumsq: int
+    batch_size_sum: int | None
+    batch_size_sumsq: int | None
     batch_size_min: int | None
     batch_size_max: int | None
     batches_truncated: int
@@ -175,32 +189,62 @@ class DPSGDRun:
     trainable_parameters: int
     model: str
     nonsensitive_tower: str | None
-    chunks: int
+    chunks: int | None
     padded_size: int
     settings: dict
     seconds: float
-    peak_memory: dict
+    peak_memory: dict | None
+    withheld: tuple[str, ...] | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
         for name in ("steps_planned", "sessions", "trainable_parameters", "padded_size"):
             _set(self, name, _validate.positive_int(name, getattr(self, name)))
-        for name in ("steps_executed", "steps_this_session", "steps_lost_to_interruptions", "batch_sizes_observed",
-                     "batch_size_sum", "batch_size_sumsq", "batches_truncated", "noise_draws", "chunks"):
+        for name in ("steps_executed", "steps_this_session", "steps_lost_to_interruptions", "batches_truncated",
+                     "noise_draws"):
             _set(self, name, _count(name, getattr(self, name)))
-        for name in ("batch_size_min", "batch_size_max"):
-            _set(self, name, _typed.optional(_count, name, getattr(self, name)))
-        if (self.batch_size_min is None) != (self.batch_sizes_observed == 0):
-            raise InvalidParameterError("batch_size_min/max are null exactly when no batch size was observed")
+        if self.withheld is not None:
+            if tuple(self.withheld) != WITHHELD_WITH_N:
+                raise InvalidParameterError(f"withheld must name {list(WITHHELD_WITH_N)}, got {self.withheld!r}")
+            _set(self, "withheld", WITHHELD_WITH_N)
+            shown = [name for name in WITHHELD_WITH_N if getattr(self, name) is not None]
+            if shown:
+                raise InvalidParameterError(f"{shown[0]} is withheld but shown")
+        else:
+            self._check_withholdable()
         for name in ("batch_size_expected", "noise_std", "noise_multiplier", "clipping_norm"):
             _set(self, name, _validate.positive(name, getattr(self, name)))
         _set(self, "sampling_rate", _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
         _typed.flag("truncated", self.truncated)
         _typed.text("model", self.model)
         _typed.optional(_typed.text, "nonsensitive_tower", self.nonsensitive_tower)
-        for name in ("settings", "peak_memory"):
-            if not isinstance(getattr(self, name), dict):
-                raise InvalidParameterError(f"{name} must be a JSON object, got {getattr(self, name)!r}")
+        _object("settings", self.settings)
         _set(self, "seconds", _seconds("seconds", self.seconds))
+
+    def _check_withholdable(self) -> None:
+        for name in ("batch_sizes_observed", "batch_size_sum", "batch_size_sumsq", "chunks"):
+            _set(self, name, _count(name, getattr(self, name)))
+        for name in ("batch_size_min", "batch_size_max"):
+            _set(self, name, _typed.optional(_count, name, getattr(self, name)))
+        if (self.batch_size_min is None) != (self.batch_sizes_observed == 0):
+            raise InvalidParameterError("batch_size_min/max are null exactly when no batch size was observed")
+        _object("peak_memory", self.peak_memory)
+
+    def withholding(self) -> tuple[DPSGDRun, dict]:
+        """(this entry with :data:`WITHHELD_WITH_N` nulled, the withheld values) for a private N."""
+        values = {name: getattr(self, name) for name in WITHHELD_WITH_N}
+        return replace(self, withheld=WITHHELD_WITH_N, **{name: None for name in WITHHELD_WITH_N}), values
+
+    def restored(self, stats: DPSGDStats | None) -> DPSGDRun:
+        """The entry with its withheld fields back from the private statistics, validated.
+
+        Raises:
+            InvalidParameterError: nothing is withheld, or the statistics do not hold it.
+        """
+        if self.withheld is None:
+            raise InvalidParameterError("the DP-SGD entry withholds nothing")
+        if stats is None or stats.withheld is None:
+            raise InvalidParameterError("the private record holds no withheld DP-SGD statistics")
+        return replace(self, withheld=None, **stats.withheld)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,14 +313,23 @@ class RRStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DPSGDStats:
-    """The fraction of sampled examples whose gradient was clipped: it moves with one row's data."""
+    """The fraction of sampled examples whose gradient was clipped: it moves with one row's data.
+
+    ``withheld``: when the plan's N is a DP count, the public entry's
+    :data:`WITHHELD_WITH_N` values (they grow with the true row count).
+    """
 
     name: ClassVar[str] = "dpsgd"
     clipped_fraction: float
+    withheld: dict | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
         _set(self, "clipped_fraction", _validate.probability("clipped_fraction", self.clipped_fraction,
                                                              allow_zero=True, allow_one=True))
+        if self.withheld is not None:
+            keys = tuple(_object("withheld", self.withheld))
+            if sorted(keys) != sorted(WITHHELD_WITH_N):
+                raise InvalidParameterError(f"withheld must hold {list(WITHHELD_WITH_N)}, got {sorted(keys)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -356,7 +409,9 @@ class PrivateRecord:
     Attributes:
         plan_sha256: the executed plan (None for a baseline).
         data: path, format, rows_in, rows_used, capping statistics, and the keyed
-            fingerprint {"hmac_sha256", "key_id", "columns", "rows"}.
+            fingerprint {"hmac_sha256", "key_id", "columns", "rows"}; when the plan's N is a
+            DP count also the run's ``timings`` and ``sizes_ledger`` {"head", "lines"}, where
+            the private batch-size ledger ended.
         phases: data-dependent statistics, one entry per phase of the public record.
         metrics: evaluation metrics by split (computed on private labels).
         encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).
@@ -423,6 +478,8 @@ class RunRecord:
         private: False for a non-private baseline run (no guarantee applies).
         algorithm: the plan's algorithm, or "non-private".
         rows_used: the rows trained on (the plan's N; public because the plan states it).
+            When the plan's N is a DP count, that count: the true one is in the private
+            record's ``data.rows_used``.
         seeds: {"policy": "csprng" | "seeded", "seed": int | None, "note": ...}.
         phases: what each phase did (typed entries, in the plan's order).
         model: {"kind", "config", "final"}; training: non-privacy settings (lr, loss, ...).

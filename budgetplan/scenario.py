@@ -23,6 +23,9 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [data]
     dataset_size = 32000000                   # N, rows after capping
+    size_release_epsilon = 0.1                # add-remove only, optional: dataset_size is a DP
+                                              # count released at this epsilon (budgetplan data
+                                              # count --dp-epsilon), accounted in the plan
 
     [algorithm]
     name = "hybrid"                           # rr | walr | dpsgd | hybrid
@@ -72,7 +75,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from budgetplan import _validate, limits
@@ -102,13 +105,17 @@ class _Table:
     def _key(self, key: str) -> str:
         return f"[{self.name}].{key}" if self.name else key
 
-    def get(self, key: str, check, *, required: bool = False, default=None):
+    def get(self, key: str, *, required: bool = False, default=None):
+        """The raw value of ``key`` (the dataclass it goes into validates it), or ``default``."""
         self.used.add(key)
         if key not in self.raw:
             if required:
                 raise InvalidParameterError(f"missing required key {self._key(key)}")
             return default
-        return check(self._key(key), self.raw[key])
+        return self.raw[key]
+
+    def table(self, key: str, *, required: bool = False) -> _Table:
+        return _Table(self.get(key, required=required, default={}), f"{self._key(key).strip('[]')}")
 
     def has(self, key: str) -> bool:
         return key in self.raw
@@ -119,18 +126,30 @@ class _Table:
             raise InvalidParameterError(f"unknown key {self._key(unknown[0])}")
 
 
-def _choice(choices):
-    def check(name: str, value):
-        if value not in choices:
-            raise InvalidParameterError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
-    return check
+def _choice(name: str, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidParameterError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
 
 
 def _string(name: str, value) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidParameterError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+def _text(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise InvalidParameterError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _bounded_int(name: str, value, limit: int) -> int:
+    return _validate.at_most(name, _validate.positive_int(name, value), limit)
+
+
+def _optional(check, name: str, value, *args):
+    return None if value is None else check(name, value, *args)
 
 
 def _delta(name: str, value) -> float | str:
@@ -140,24 +159,54 @@ def _delta(name: str, value) -> float | str:
         if not m:
             raise InvalidParameterError(f'{name} must be a number in [0, 1) or "<c>/N", got {value!r}')
         c = float(m.group(1)) if m.group(1) else 1.0
-        if not c > 0:
+        if not (c > 0 and math.isfinite(c)):
             raise InvalidParameterError(f"{name} must have a positive constant, got {value!r}")
         return f"{c!r}/N"
     return _validate.probability(name, value, allow_zero=True)
 
 
+def _columns(name: str, value) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise InvalidParameterError(f"{name} must be a list of column names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise InvalidParameterError(f"{name} names a column twice: {list(value)!r}")
+    return tuple(value)
+
+
+def _set(obj, name: str, value) -> None:
+    object.__setattr__(obj, name, value)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DPSGDShape:
-    """The part of a DP-SGD phase that touches privacy."""
+    """The part of a DP-SGD phase that touches privacy (its own checks; N-dependent ones are the Scenario's)."""
 
     batch_size: int
-    epochs: float | None
-    steps: int | None
     clipping_norm: float
+    epochs: float | None = None
+    steps: int | None = None
     sampling: str = "poisson"
     max_batch_size: int | None = None
     noise_multiplier: float | None = None
     max_noise_multiplier: float | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "batch_size", _validate.positive_int("[dpsgd].batch_size", self.batch_size))
+        _set(self, "epochs", _optional(lambda n, v: _validate.at_most(n, _validate.positive(n, v), limits.MAX_EPOCHS),
+                                       "[dpsgd].epochs", self.epochs))
+        _set(self, "steps", _optional(_bounded_int, "[dpsgd].steps", self.steps, limits.MAX_STEPS))
+        if (self.epochs is None) == (self.steps is None):
+            raise InvalidParameterError("[dpsgd] needs exactly one of epochs or steps")
+        _set(self, "clipping_norm", _validate.positive("[dpsgd].clipping_norm", self.clipping_norm))
+        _choice("[dpsgd].sampling", self.sampling, SAMPLING)
+        _set(self, "max_batch_size", _optional(_validate.positive_int, "[dpsgd].max_batch_size",
+                                               self.max_batch_size))
+        if self.sampling == "truncated-poisson" and self.max_batch_size is None:
+            raise InvalidParameterError("missing required key [dpsgd].max_batch_size for truncated-poisson sampling")
+        if self.sampling == "poisson" and self.max_batch_size is not None:
+            raise InvalidParameterError('[dpsgd].max_batch_size needs sampling = "truncated-poisson"')
+        for key in ("noise_multiplier", "max_noise_multiplier"):
+            _set(self, key, _optional(_validate.positive, f"[dpsgd].{key}", getattr(self, key)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,12 +215,22 @@ class RRShape:
     batch_size: int | None = None
     per_impression: str = "eps/K"
 
+    def __post_init__(self) -> None:
+        _set(self, "epochs", _bounded_int("[rr].epochs", self.epochs, limits.MAX_EPOCHS))
+        _set(self, "batch_size", _optional(_validate.positive_int, "[rr].batch_size", self.batch_size))
+        _choice("[rr].per_impression", self.per_impression, PER_IMPRESSION_RULES)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WALRShape:
     features: int
     row_norm_bound: float
     weights_bound: float
+
+    def __post_init__(self) -> None:
+        _set(self, "features", _bounded_int("[walr].features", self.features, limits.MAX_WALR_FEATURES))
+        _set(self, "row_norm_bound", _validate.positive("[walr].row_norm_bound", self.row_norm_bound))
+        _set(self, "weights_bound", _validate.positive("[walr].weights_bound", self.weights_bound))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +249,23 @@ class FeatureSpec:
     nonsensitive_numeric: tuple[str, ...] = ()
     sensitive_categorical: tuple[str, ...] = ()
     sensitive_numeric: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _string("[features].label", self.label)
+        for key in ("unit_id", "weight"):
+            _optional(_string, f"[features].{key}", getattr(self, key))
+        for key in ("nonsensitive_categorical", "nonsensitive_numeric", "sensitive_categorical", "sensitive_numeric"):
+            _set(self, key, _columns(f"[features].{key}", getattr(self, key)))
+        feats = self.nonsensitive + self.sensitive
+        if not feats:
+            raise InvalidParameterError("[features] lists no feature columns")
+        seen: set[str] = set()
+        for col in feats:
+            if col in seen:
+                raise InvalidParameterError(f"[features] lists column {col!r} in two groups")
+            seen.add(col)
+        if self.label in seen:
+            raise InvalidParameterError(f"[features].label {self.label!r} is also listed as a feature")
 
     @property
     def nonsensitive(self) -> tuple[str, ...]:
@@ -224,10 +300,28 @@ class Tuning:
     selection: str = "naive"
     distribution: str = "poisson"
 
+    def __post_init__(self) -> None:
+        _set(self, "configurations", _bounded_int("[tuning].configurations", self.configurations,
+                                                  limits.MAX_CONFIGURATIONS))
+        _choice("[tuning].selection", self.selection, SELECTIONS)
+        _choice("[tuning].distribution", self.distribution, tuple(DISTRIBUTIONS))
+
+
+_SHAPES = (("rr", RRShape, ("rr", "hybrid")), ("dpsgd", DPSGDShape, ("dpsgd", "hybrid")),
+           ("walr", WALRShape, ("walr",)))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """A validated scenario. ``delta`` is a number or a ``"<c>/N"`` policy string."""
+    """A scenario, validated at construction whatever built it (TOML, a plan file, Python).
+
+    ``delta`` is a number or a ``"<c>/N"`` policy string. Every value is checked as the TOML
+    key it comes from (errors name it: ``[dpsgd].batch_size must ...``), and so are the
+    rules between values (a cap on an impression unit, the tables an algorithm needs, a
+    batch larger than N, norms whose derived quantities overflow). Hybrid's ``split`` and
+    ``tower`` default to ``"paper-v1"`` and ``"frozen"``. ``warnings`` are computed here:
+    doubtful but legal settings.
+    """
 
     name: str
     description: str
@@ -250,7 +344,41 @@ class Scenario:
     features: FeatureSpec | None = None
     method: str = "pld"
     discretization: float = 1e-4
+    size_release_epsilon: float | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        _string("name", self.name)
+        _text("description", self.description)
+        _set(self, "epsilon", _validate.positive("[budget].epsilon", self.epsilon))
+        _set(self, "delta", _delta("[budget].delta", self.delta))
+        _choice("[budget].delta_policy", self.delta_policy, ("warn", "strict"))
+        _set(self, "adjacency", Adjacency.parse(self.adjacency, "[privacy].adjacency"))
+        _string("[privacy].unit", self.unit_name)
+        _set(self, "cap", _bounded_int("[privacy].cap", self.cap, limits.MAX_UNIT_CAP))
+        _choice("[privacy].capping", self.capping, CAPPING_RULES)
+        _choice("[privacy].unit_accounting", self.unit_accounting, ("tight", "group"))
+        _set(self, "dataset_size", _bounded_int("[data].dataset_size", self.dataset_size, limits.MAX_DATASET_SIZE))
+        _choice("[algorithm].name", self.algorithm, ALGORITHMS)
+        for key, kind, used_by in _SHAPES:
+            shape = getattr(self, key)
+            if self.algorithm in used_by and not isinstance(shape, kind):
+                raise InvalidParameterError(f"algorithm {self.algorithm!r} needs its [{key}] table, got "
+                                            f"{type(shape).__name__}")
+            if self.algorithm not in used_by and shape is not None:
+                raise InvalidParameterError(f"[{key}] does not apply to algorithm {self.algorithm!r}")
+        for key, kind in (("tuning", Tuning), ("features", FeatureSpec)):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
+                raise InvalidParameterError(f"[{key}] must be a {kind.__name__}, got {type(getattr(self, key)).__name__}")
+        _choice("[accounting].method", self.method, METHODS)
+        _set(self, "discretization", _validate.positive("[accounting].discretization", self.discretization))
+        _set(self, "size_release_epsilon", _optional(_validate.positive, "[data].size_release_epsilon",
+                                                     self.size_release_epsilon))
+        if self.algorithm == "hybrid":
+            _set(self, "split", _split_rule("[algorithm].split", self.split or "paper-v1"))
+            _set(self, "tower", _choice("[algorithm].tower", self.tower or "frozen", TOWERS))
+            _check_split(self.split, self.epsilon)
+        _set(self, "warnings", _check_consistency(self))
 
     @property
     def resolved_delta(self) -> float:
@@ -262,25 +390,26 @@ class Scenario:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("warnings")
+        if out["size_release_epsilon"] is None:
+            out.pop("size_release_epsilon")  # plans without a DP count keep their bytes
         out["adjacency"] = self.adjacency.value
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Scenario":
+    def from_dict(cls, data: object) -> Scenario:
+        """The scenario of a plan file, read strictly (unknown or missing keys are refused)."""
+        from budgetplan._typed import from_json_object
+
+        if not isinstance(data, dict):
+            raise InvalidParameterError(f"scenario must be a JSON object, got {type(data).__name__}")
         data = dict(data)
-        data["adjacency"] = Adjacency.parse(data["adjacency"])
         for key, kind in (("rr", RRShape), ("dpsgd", DPSGDShape), ("walr", WALRShape), ("tuning", Tuning),
                           ("features", FeatureSpec)):
             if data.get(key) is not None:
-                data[key] = kind(**data[key])
-        if data.get("features") is not None:
-            f = data["features"]
-            data["features"] = FeatureSpec(label=f.label, unit_id=f.unit_id, weight=f.weight, **{
-                k: tuple(getattr(f, k)) for k in ("nonsensitive_categorical", "nonsensitive_numeric",
-                                                  "sensitive_categorical", "sensitive_numeric")})
-        scenario = cls(**data)
-        _check_derived(adjacency=scenario.adjacency, cap=scenario.cap, dpsgd=scenario.dpsgd, walr=scenario.walr)
-        return scenario
+                data[key] = from_json_object(kind, data[key], f"scenario.{key}")
+        if "warnings" in data:
+            raise InvalidParameterError("scenario has an unknown field 'warnings'")
+        return from_json_object(cls, data, "scenario")
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -299,7 +428,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
-    """Validate a scenario given as TOML text."""
+    """Validate a scenario given as TOML text: every key read strictly, then the Scenario checks itself."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -307,78 +436,67 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     except RecursionError:
         raise InvalidParameterError("malformed TOML: arrays or tables nested too deeply") from None
     top = _Table(raw, "")
-    name = top.get("name", _string, default=default_name)
-    description = top.get("description", _string, default="")
+    values: dict = {"name": top.get("name", default=default_name), "description": top.get("description", default="")}
 
-    budget = _Table(top.get("budget", lambda n, v: v, required=True), "budget")
-    epsilon = budget.get("epsilon", _validate.positive, required=True)
-    delta = budget.get("delta", _delta, required=True)
-    policy = budget.get("delta_policy", _choice(("warn", "strict")), default="warn")
+    budget = top.table("budget", required=True)
+    values.update(epsilon=budget.get("epsilon", required=True), delta=budget.get("delta", required=True),
+                  delta_policy=budget.get("delta_policy", default="warn"))
     budget.finish()
 
-    priv = _Table(top.get("privacy", lambda n, v: v, required=True), "privacy")
-    adjacency = priv.get("adjacency", lambda n, v: Adjacency.parse(v, n), required=True)
-    unit_name = priv.get("unit", _string, default="impression")
-    cap = priv.get("cap", _bounded(_validate.positive_int, limits.MAX_UNIT_CAP), default=None)
-    capping = priv.get("capping", _choice(CAPPING_RULES), default="random")
-    unit_accounting = priv.get("unit_accounting", _choice(("tight", "group")), default="tight")
+    priv = top.table("privacy", required=True)
+    values.update(adjacency=priv.get("adjacency", required=True), unit_name=priv.get("unit", default="impression"),
+                  capping=priv.get("capping", default="random"),
+                  unit_accounting=priv.get("unit_accounting", default="tight"))
+    cap = priv.get("cap", default=None)
     priv.finish()
+    if cap is None and isinstance(values["unit_name"], str) and not is_example_unit(values["unit_name"]):
+        raise InvalidParameterError(f"[privacy].unit {values['unit_name']!r} is a user-level unit: it needs "
+                                    "[privacy].cap (K examples per unit)")
+    values["cap"] = 1 if cap is None else cap
 
-    data = _Table(top.get("data", lambda n, v: v, required=True), "data")
-    n = data.get("dataset_size", _bounded(_validate.positive_int, limits.MAX_DATASET_SIZE), required=True)
+    data = top.table("data", required=True)
+    values.update(dataset_size=data.get("dataset_size", required=True),
+                  size_release_epsilon=data.get("size_release_epsilon", default=None))
     data.finish()
 
-    algo = _Table(top.get("algorithm", lambda n, v: v, required=True), "algorithm")
-    algorithm = algo.get("name", _choice(ALGORITHMS), required=True)
-    split = algo.get("split", _split_rule, default=None)
-    tower = algo.get("tower", _choice(TOWERS), default=None)
+    algo = top.table("algorithm", required=True)
+    algorithm = algo.get("name", required=True)
+    values.update(algorithm=algorithm, split=algo.get("split", default=None), tower=algo.get("tower", default=None))
     algo.finish()
 
-    rr = _rr(top) if algorithm in ("rr", "hybrid") else None
-    dpsgd = _dpsgd(top, n) if algorithm in ("dpsgd", "hybrid") else None
-    walr = _walr(top) if algorithm == "walr" else None
-    for table, used_by in (("rr", ("rr", "hybrid")), ("dpsgd", ("dpsgd", "hybrid")), ("walr", ("walr",))):
-        if algorithm not in used_by:
-            top.used.add(table)
-            if table in raw:
-                raise InvalidParameterError(f"[{table}] does not apply to algorithm {algorithm!r}")
-    tuning = _tuning(top) if "tuning" in raw else None
-    top.used.add("tuning")
-    features = _features(top, cap or 1) if "features" in raw else None
-    top.used.add("features")
-    if features is not None and features.weight is not None and algorithm != "walr":
-        raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
-    method, disc = "pld", 1e-4
+    for key, kind, used_by in _SHAPES:
+        if key in raw and algorithm not in used_by:
+            raise InvalidParameterError(f"[{key}] does not apply to algorithm {algorithm!r}")
+        if algorithm in used_by:
+            values[key] = _shape(top, key, kind, required=key != "rr")
+        top.used.add(key)
+    for key, kind in (("tuning", Tuning), ("features", FeatureSpec)):
+        values[key] = _shape(top, key, kind) if key in raw else None
+        top.used.add(key)
     if "accounting" in raw:
-        acc = _Table(top.get("accounting", lambda n, v: v), "accounting")
-        method = acc.get("method", _choice(METHODS), default="pld")
-        disc = acc.get("discretization", _validate.positive, default=1e-4)
+        acc = top.table("accounting")
+        values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4))
         acc.finish()
     top.used.add("accounting")
     top.finish()
-
-    _check_derived(adjacency=adjacency, cap=cap or 1, dpsgd=dpsgd, walr=walr)
-    if split is not None and algorithm == "hybrid":
-        _check_split(split, epsilon)
-    warnings = _check_consistency(
-        epsilon=epsilon, delta=delta, policy=policy, adjacency=adjacency, unit_name=unit_name, cap=cap, n=n,
-        algorithm=algorithm, split=split, tower=tower, rr=rr, dpsgd=dpsgd)
-    if algorithm == "hybrid":
-        split = split or "paper-v1"
-        tower = tower or "frozen"
-    cap = cap or 1
-    return Scenario(
-        name=name, description=description, epsilon=epsilon, delta=delta, delta_policy=policy,
-        adjacency=adjacency, unit_name=unit_name, cap=cap, capping=capping, unit_accounting=unit_accounting,
-        dataset_size=n, algorithm=algorithm, split=split, tower=tower, rr=rr, dpsgd=dpsgd, walr=walr,
-        tuning=tuning, features=features, method=method, discretization=disc, warnings=warnings)
+    return Scenario(**values)
 
 
-def _bounded(check, limit):
-    """``check``, then at most ``limit`` (one of ``budgetplan.limits``)."""
-    def bounded(name: str, value):
-        return _validate.at_most(name, check(name, value), limit)
-    return bounded
+def _shape(top: _Table, key: str, kind, *, required: bool = False):
+    """The ``[key]`` table as ``kind``: unknown keys refused here, values by the dataclass."""
+    t = top.table(key, required=required)
+    names = [f.name for f in fields(kind)]
+    values = {name: t.get(name) for name in names if t.has(name)}
+    t.finish()
+    for name, value in values.items():
+        if isinstance(value, list):
+            values[name] = tuple(value) if all(isinstance(v, str) for v in value) else value
+    try:
+        return kind(**values)
+    except TypeError:  # a required key is missing
+        missing = next(f.name for f in fields(kind) if f.name not in values
+                       and f.default is MISSING and f.default_factory is MISSING)
+        raise InvalidParameterError(f"missing required key [{key}].{missing}") from None
 
 
 def _split_rule(name: str, value) -> str:
@@ -398,45 +516,6 @@ def _check_split(split: str, epsilon: float) -> None:
         raise InvalidParameterError(f"[algorithm].split = {split!r}: {exc}") from None
 
 
-def _rr(top: _Table) -> RRShape:
-    t = _Table(top.get("rr", lambda n, v: v, default={}), "rr")
-    shape = RRShape(
-        epochs=t.get("epochs", _bounded(_validate.positive_int, limits.MAX_EPOCHS), default=1),
-        batch_size=t.get("batch_size", _validate.positive_int, default=None),
-        per_impression=t.get("per_impression", _choice(PER_IMPRESSION_RULES), default="eps/K"),
-    )
-    t.finish()
-    return shape
-
-
-def _dpsgd(top: _Table, n: int) -> DPSGDShape:
-    t = _Table(top.get("dpsgd", lambda n, v: v, required=True), "dpsgd")
-    batch = t.get("batch_size", _validate.positive_int, required=True)
-    epochs = t.get("epochs", _bounded(_validate.positive, limits.MAX_EPOCHS), default=None)
-    steps = t.get("steps", _validate.positive_int, default=None)
-    if (epochs is None) == (steps is None):
-        raise InvalidParameterError("[dpsgd] needs exactly one of epochs or steps")
-    sampling = t.get("sampling", _choice(SAMPLING), default="poisson")
-    max_batch = t.get("max_batch_size", _validate.positive_int, default=None)
-    if sampling == "truncated-poisson" and max_batch is None:
-        raise InvalidParameterError("missing required key [dpsgd].max_batch_size for truncated-poisson sampling")
-    if sampling == "poisson" and max_batch is not None:
-        raise InvalidParameterError('[dpsgd].max_batch_size needs sampling = "truncated-poisson"')
-    if batch > n:
-        raise InvalidParameterError(f"[dpsgd].batch_size ({batch}) must not exceed [data].dataset_size ({n})")
-    if max_batch is not None:
-        check_max_batch_size(batch, max_batch, n)
-    shape = DPSGDShape(
-        batch_size=batch, epochs=epochs, steps=steps,
-        clipping_norm=t.get("clipping_norm", _validate.positive, required=True),
-        sampling=sampling, max_batch_size=max_batch,
-        noise_multiplier=t.get("noise_multiplier", _validate.positive, default=None),
-        max_noise_multiplier=t.get("max_noise_multiplier", _validate.positive, default=None),
-    )
-    t.finish()
-    return shape
-
-
 def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int, *,
                          names=("[dpsgd].batch_size", "[dpsgd].max_batch_size", "[data].dataset_size")) -> None:
     """Truncated Poisson cuts batches above ``max_batch_size``: it must lie between B and N.
@@ -450,64 +529,7 @@ def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int
                                     f"got {max_batch_size}")
 
 
-def _walr(top: _Table) -> WALRShape:
-    t = _Table(top.get("walr", lambda n, v: v, required=True), "walr")
-    shape = WALRShape(
-        features=t.get("features", _bounded(_validate.positive_int, limits.MAX_WALR_FEATURES), required=True),
-        row_norm_bound=t.get("row_norm_bound", _validate.positive, required=True),
-        weights_bound=t.get("weights_bound", _validate.positive, required=True),
-    )
-    t.finish()
-    return shape
-
-
-def _columns(name: str, value) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise InvalidParameterError(f"{name} must be a list of column names, got {value!r}")
-    if len(set(value)) != len(value):
-        raise InvalidParameterError(f"{name} names a column twice: {value!r}")
-    return tuple(value)
-
-
-def _features(top: _Table, cap: int) -> FeatureSpec:
-    t = _Table(top.get("features", lambda n, v: v), "features")
-    spec = FeatureSpec(
-        label=t.get("label", _string, required=True),
-        unit_id=t.get("unit_id", _string, default=None),
-        weight=t.get("weight", _string, default=None),
-        **{key: t.get(key, _columns, default=()) for key in (
-            "nonsensitive_categorical", "nonsensitive_numeric", "sensitive_categorical", "sensitive_numeric")},
-    )
-    t.finish()
-    feats = spec.nonsensitive + spec.sensitive
-    if not feats:
-        raise InvalidParameterError("[features] lists no feature columns")
-    seen: set[str] = set()
-    for col in feats:
-        if col in seen:
-            raise InvalidParameterError(f"[features] lists column {col!r} in two groups")
-        seen.add(col)
-    if spec.label in seen:
-        raise InvalidParameterError(f"[features].label {spec.label!r} is also listed as a feature")
-    if cap > 1 and spec.unit_id is None:
-        raise InvalidParameterError("[features].unit_id is required: the unit is capped at "
-                                    f"{cap} examples, and capping needs unit ids")
-    return spec
-
-
-def _tuning(top: _Table) -> Tuning:
-    t = _Table(top.get("tuning", lambda n, v: v), "tuning")
-    shape = Tuning(
-        configurations=t.get("configurations", _bounded(_validate.positive_int, limits.MAX_CONFIGURATIONS),
-                             required=True),
-        selection=t.get("selection", _choice(SELECTIONS), default="naive"),
-        distribution=t.get("distribution", _choice(tuple(DISTRIBUTIONS)), default="poisson"),
-    )
-    t.finish()
-    return shape
-
-
-def _check_derived(*, adjacency, cap: int, dpsgd: DPSGDShape | None, walr: WALRShape | None) -> None:
+def _check_derived(s: Scenario) -> None:
     """Refuse norms whose derived quantities overflow: the plan states them, and inf is not a number.
 
     DP-SGD's sensitivity is C (add-remove) or 2C (replace-one), K times that for a unit of K
@@ -516,63 +538,88 @@ def _check_derived(*, adjacency, cap: int, dpsgd: DPSGDShape | None, walr: WALRS
     row_norm_bound x weights_bound, K times that per unit, and its noise std a multiple of
     that (up to the same ceiling, for any budget the planner meets).
     """
-    if dpsgd is not None:
-        from budgetplan.calibrate import SIGMA_RANGE
+    from budgetplan.calibrate import SIGMA_RANGE
 
-        sigma = max(dpsgd.noise_multiplier or 0.0, dpsgd.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
-        factor = (2 if adjacency is Adjacency.REPLACE_ONE else 1) * cap * sigma
-        if not math.isfinite(dpsgd.clipping_norm * factor):
+    if s.dpsgd is not None:
+        d = s.dpsgd
+        sigma = max(d.noise_multiplier or 0.0, d.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
+        factor = (2 if s.adjacency is Adjacency.REPLACE_ONE else 1) * s.cap * sigma
+        if not math.isfinite(d.clipping_norm * factor):
             raise InvalidParameterError(
-                f"[dpsgd].clipping_norm = {dpsgd.clipping_norm!r} is too large: the sensitivity and noise std "
+                f"[dpsgd].clipping_norm = {d.clipping_norm!r} is too large: the sensitivity and noise std "
                 f"derived from it (up to {factor:g} x the clipping norm) are not finite numbers")
-    if walr is not None:
-        from budgetplan.calibrate import SIGMA_RANGE
-
-        if not math.isfinite(walr.row_norm_bound * walr.weights_bound * cap * SIGMA_RANGE[1]):
-            raise InvalidParameterError(
-                f"[walr].row_norm_bound = {walr.row_norm_bound!r} times [walr].weights_bound = "
-                f"{walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
-                f"{cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
+    if s.walr is not None and not math.isfinite(s.walr.row_norm_bound * s.walr.weights_bound * s.cap
+                                                * SIGMA_RANGE[1]):
+        raise InvalidParameterError(
+            f"[walr].row_norm_bound = {s.walr.row_norm_bound!r} times [walr].weights_bound = "
+            f"{s.walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
+            f"{s.cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
 
 
-def _check_consistency(*, epsilon, delta, policy, adjacency, unit_name, cap, n, algorithm, split, tower, rr,
-                       dpsgd) -> tuple[str, ...]:
-    """Contradictions are errors; doubtful but legal settings become warnings."""
+def _check_consistency(s: Scenario) -> tuple[str, ...]:
+    """Contradictions between values are errors; doubtful but legal settings become warnings."""
     warnings = []
-    if not is_example_unit(unit_name) and cap is None:
+    algorithm, n = s.algorithm, s.dataset_size
+    if is_example_unit(s.unit_name) and s.cap > 1:
         raise InvalidParameterError(
-            f"[privacy].unit {unit_name!r} is a user-level unit: it needs [privacy].cap (K examples per unit)")
-    if is_example_unit(unit_name) and cap is not None and cap > 1:
-        raise InvalidParameterError(
-            f"[privacy].cap = {cap} contradicts [privacy].unit = {unit_name!r}: name the unit the cap applies to")
-    d = float(delta.split("/")[0]) / n if isinstance(delta, str) else delta
+            f"[privacy].cap = {s.cap} contradicts [privacy].unit = {s.unit_name!r}: name the unit the cap applies to")
+    d = s.resolved_delta
     if not 0 <= d < 1:
         raise InvalidParameterError(f"[budget].delta resolves to {d!r}, which is not in [0, 1)")
     if d == 0 and algorithm in ("dpsgd", "walr"):
         raise InvalidParameterError(f"[budget].delta must be > 0 for algorithm {algorithm!r} (only randomized "
                                     "response is pure DP)")
     if d >= 1.0 / n:
-        if policy == "strict":
+        if s.delta_policy == "strict":
             raise InvalidParameterError(
                 f"[budget].delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}, which delta_policy = \"strict\" refuses")
         warnings.append(f"delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}: even publishing one random row "
                         "in full meets it; prefer delta << 1/N")
-    if algorithm in ("rr", "hybrid") and adjacency is not Adjacency.REPLACE_ONE:
+    if algorithm in ("rr", "hybrid") and s.adjacency is not Adjacency.REPLACE_ONE:
         raise InvalidParameterError(
             f"[privacy].adjacency must be replace-one for algorithm {algorithm!r}: randomized response protects "
             "labels, a replace-one relation")
-    if algorithm == "walr" and adjacency is not Adjacency.REPLACE_ONE:
+    if algorithm == "walr" and s.adjacency is not Adjacency.REPLACE_ONE:
         raise InvalidParameterError(
             "[privacy].adjacency must be replace-one for algorithm 'walr': WALR's descent reads every row's "
             "features without noise, so only a change of labels (label DP) is protected, not a row's presence")
     if algorithm != "hybrid":
-        if split is not None:
+        if s.split is not None:
             raise InvalidParameterError(f"[algorithm].split applies to hybrid only, not {algorithm!r}")
-        if tower is not None:
+        if s.tower is not None:
             raise InvalidParameterError(f"[algorithm].tower applies to hybrid only, not {algorithm!r}")
-    if rr is not None and rr.per_impression != "eps/K" and (cap or 1) == 1:
-        warnings.append(f"[rr].per_impression = {rr.per_impression!r} only matters for a unit cap > 1")
+    if s.dpsgd is not None:
+        if s.dpsgd.batch_size > n:
+            raise InvalidParameterError(f"[dpsgd].batch_size ({s.dpsgd.batch_size}) must not exceed "
+                                        f"[data].dataset_size ({n})")
+        if s.dpsgd.max_batch_size is not None:
+            check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
+    _check_derived(s)
+    if s.features is not None:
+        if s.cap > 1 and s.features.unit_id is None:
+            raise InvalidParameterError("[features].unit_id is required: the unit is capped at "
+                                        f"{s.cap} examples, and capping needs unit ids")
+        if s.features.weight is not None and algorithm != "walr":
+            raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
+    _check_size_release(s)
+    if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
+        warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)
+
+
+def _check_size_release(s: Scenario) -> None:
+    """A DP count of N protects N where neighbours differ in it: under add-remove only."""
+    size_release = s.size_release_epsilon
+    if size_release is None:
+        return
+    if s.adjacency is not Adjacency.ADD_REMOVE:
+        raise InvalidParameterError(
+            f"[data].size_release_epsilon = {size_release!r} applies under add-remove adjacency only: under "
+            f"{s.adjacency.value}, neighbouring datasets have the same N, so N is public and needs no DP count")
+    if not size_release < s.epsilon:
+        raise InvalidParameterError(
+            f"[data].size_release_epsilon = {size_release!r} must be below [budget].epsilon = {s.epsilon!r}: the "
+            "training phases get what the count leaves")
 
 
 def is_example_unit(unit_name: str) -> bool:

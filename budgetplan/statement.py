@@ -14,7 +14,7 @@ import math
 import textwrap
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
 
 __all__ = ["render_statement", "render_run_statement"]
@@ -71,9 +71,19 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                 if rr.per_impression_rule == "eps/K_i":
                     text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
                              f"{_num(rr.unit_epsilon)}/K_i per example.")
+            case CountPhase(params=c):
+                text = (f"Phase {i}, the dataset size: N = {c.dataset_size} is a differentially private count, "
+                        f"released {c.released}. The noise Z has P(Z = z) proportional to exp(-{_num(c.epsilon)} "
+                        f"|z| / {c.sensitivity}) (standard deviation {_num(c.noise_std)}); one "
+                        f"{_unit_words(plan)} adds or removes at most {c.sensitivity} "
+                        f"row{'s' if c.sensitivity > 1 else ''}. It was released before training, at planning "
+                        "time, so no run record has an entry for it; releasing it again would cost its epsilon "
+                        "again.")
             case DPSGDPhase(params=sgd):
-                text = (f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over N = "
-                        f"{sgd.dataset_size} rows; each step samples every example independently with "
+                rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
+                        f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
+                text = (f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over "
+                        f"{rows}; each step samples every example independently with "
                         f"probability q = {_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
                 if sgd.max_batch_size:
                     text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
@@ -99,6 +109,10 @@ def _mechanism_lines(plan: Plan) -> list[str]:
         out.append(_item(text + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
                                 f"{p.guarantee.method}."))
     return out
+
+
+def _unit_words(plan: Plan) -> str:
+    return "impression" if plan.unit.cap == 1 else plan.unit.name
 
 
 def _pair_target(p) -> str:
@@ -147,10 +161,17 @@ def _assumptions(plan: Plan) -> list[str]:
         out.append(_item("No more than the planned number of noisy steps is taken; an empty batch still counts as "
                          "a step and still gets its noise."))
     if plan.unit.cap > 1:
+        n_is = ("a DP count of the rows after capping (the count phase)" if plan.count is not None else
+                "the row count after capping")
         out.append(_item(f"Every {plan.unit.name} contributes at most {plan.unit.cap} examples after capping "
-                         f"({plan.unit.capping} {plan.unit.cap} kept), and N = {plan.dataset_size} is the row "
-                         "count after capping; the data carries the unit ids capping needs."))
-    else:
+                         f"({plan.unit.capping} {plan.unit.cap} kept), and N = {plan.dataset_size} is {n_is}; "
+                         "the data carries the unit ids capping needs."))
+    if plan.count is not None:
+        out.append(_item(f"N = {plan.dataset_size} is a DP estimate of the row count: the trainer samples every "
+                         "row it has with q = B / N and divides by q N, both from the plan, whatever the true "
+                         "count, so the model reveals only N; it does not refuse data of another size (that "
+                         "refusal would itself reveal the true count)."))
+    elif plan.unit.cap == 1:
         out.append(_item(f"The dataset has N = {plan.dataset_size} rows, as planned; a trainer refuses other "
                          "sizes."))
     if plan.rr is not None:
@@ -174,17 +195,25 @@ def _not_covered(plan: Plan) -> list[str]:
                      "on protected columns, normalisation by data statistics, the choice of the cap from the "
                      "data). The trainer refuses a vocabulary unless the adjacency holds the columns it is counted "
                      "on fixed (non-sensitive columns under label or semi-sensitive DP)."))
-    out.append(_item(f"The dataset size: N = {plan.dataset_size} is treated as public. The plan states it and the "
-                     "trainer uses it (q = B / N, and the division by q N)"
-                     + (", so under add-remove adjacency, where the presence of a unit is protected, the exact N "
-                        "is revealed by the plan and not covered by the guarantee." if plan.adjacency.value ==
-                        "add-remove" else "; under replace-one adjacency N is the same for neighbouring datasets.")))
+    if plan.count is not None:
+        out.append(_item("Side channels: wall-clock times and memory grow with the true row count; the trainer "
+                         "keeps them in the private record, with the batch sizes."))
+    else:
+        out.append(_item(f"The dataset size: N = {plan.dataset_size} is treated as public. The plan states it and "
+                         "the trainer uses it (q = B / N, and the division by q N)"
+                         + (", so under add-remove adjacency, where the presence of a unit is protected, the exact "
+                            "N is revealed by the plan and not covered by the guarantee." if plan.adjacency.value == "add-remove" else
+                            "; under replace-one adjacency N is the same for neighbouring datasets.")))
     out.append(_item("Anything released outside this plan from the same data, including evaluation metrics computed "
                      "on private labels, and other analyses of the same units: they compose with it."))
     return out
 
 
 def _caveats(plan: Plan) -> list[str]:
+    count = [] if plan.count is None else [
+        _item("The DP count's noise is the difference of two geometric draws from numpy's sampler, seeded with 128 "
+              "fresh bits of the operating system's CSPRNG: it inverts uniform doubles, so it realises the "
+              "discrete Laplace pmf up to double rounding; the guarantee is for the exact pmf.")]
     return [
         _item("Floating point: noise is drawn and added in floating point; the guarantee is for the ideal "
               "real-valued mechanism (Mironov 2012 showed that naive floating-point Laplace sampling can leak)."),
@@ -194,7 +223,7 @@ def _caveats(plan: Plan) -> list[str]:
               "debugging only: whoever knows the seed can remove the noise."),
         _item("The epsilons above are upper bounds: PLD accounting is pessimistic at its grid; closed forms are exact; "
               "calibrated values are rounded to the safe side."),
-    ]
+    ] + count
 
 
 def _accountants(plan: Plan) -> list[str]:
@@ -212,7 +241,11 @@ def _accountants(plan: Plan) -> list[str]:
 def _artifacts(plan: Plan) -> list[str]:
     """What each file of a run reveals, and whether the guarantee covers it."""
     facts = []
-    if plan.dpsgd is not None:
+    sized = plan.count is not None
+    if plan.dpsgd is not None and sized:
+        facts.append(", the noisy steps taken, the noise std and draws (the Poisson batch sizes, the chunks they "
+                     "filled, timings and memory grow with the true row count: they are in private/)")
+    elif plan.dpsgd is not None:
         facts.append(", the noisy steps taken and every step's Poisson batch size (drawn before any row is read), "
                      "the noise std and draws")
     if plan.rr is not None:
@@ -222,15 +255,19 @@ def _artifacts(plan: Plan) -> list[str]:
         facts.append(", the release's noise std and dimension")
     out = [
         _item("plan.json and this statement: public; the parameters above, N, the feature columns and the "
-              "guarantee. They are chosen before the data is read (except N, see above)."),
+              "guarantee. They are chosen before the data is read"
+              + (", except N, the DP count (covered)." if sized else " (except N, see above).")),
         _item("model.pt, checkpoint.pt and everything computed from them: covered by the guarantee "
               "(post-processing of the mechanisms' outputs)."),
         _item("run.json, the public run record: what it holds is covered or independent of the data: the plan "
-              "hash" + "".join(facts) + ", settings, code and library versions. It may travel with the model."),
-        _item("ledger.jsonl, the write-ahead ledger: intents" + (", batch sizes" if plan.dpsgd else "")
+              "hash" + "".join(facts) + ", settings, code and library versions"
+              + (" (its rows_used is the DP count N)" if sized else "") + ". It may travel with the model."),
+        _item("ledger.jsonl, the write-ahead ledger: intents" + (", batch sizes" if plan.dpsgd and not sized else "")
               + " and release digests; public like run.json."),
         _item("private/: the data owner's record (data path and row counts, capping statistics, the keyed data "
-              "fingerprint, the fraction of clipped examples, metrics on private labels) and the fingerprint "
+              "fingerprint, the fraction of clipped examples, metrics on private labels"
+              + (", the batch sizes with their own ledger private/ledger.jsonl, chunks, timings and memory"
+                 if sized else "") + ") and the fingerprint "
               "key. These are statistics of the private data that the guarantee does NOT cover: they stay "
               "with the data owner."),
     ]
@@ -320,7 +357,9 @@ def render_run_statement(plan: Plan, record) -> str:
         raise PlanMismatchError(f"the record names plan {record.plan_sha256}, not {plan.sha256}: its statement is "
                                 "that plan's; pass the plan the run executed")
     lines = [f"RUN STATEMENT - {plan.scenario.name}", "=" * min(_WIDTH, len(plan.scenario.name) + 16), ""]
-    items = [_item(f"Executed plan {plan.sha256} on N = {record.rows_used} rows, on {record.device}.")]
+    rows = (f"N = {record.rows_used} rows" if plan.count is None else
+            f"the data planned with the DP count N = {record.rows_used} (its true row count is in the private record)")
+    items = [_item(f"Executed plan {plan.sha256} on {rows}, on {record.device}.")]
     seeds = record.seeds
     items.append(_item("Randomness: privacy noise from generators seeded with fresh bits of the operating system's "
                        "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
@@ -338,7 +377,9 @@ def render_run_statement(plan: Plan, record) -> str:
                 text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
                         + (f" over {ph.sessions} sessions ({ph.steps_lost_to_interruptions} counted but lost to "
                            "interruptions)" if ph.sessions > 1 else ""))
-                if ph.batch_sizes_observed:
+                if ph.withheld is not None:
+                    text += "; its batch sizes grow with the true row count and are in the private record"
+                elif ph.batch_sizes_observed:
                     text += (f"; realised batch sizes mean {_num(ph.batch_size_sum / ph.batch_sizes_observed)} "
                              f"(expected {_num(ph.batch_size_expected)}), min {ph.batch_size_min}, max "
                              f"{ph.batch_size_max} over {ph.batch_sizes_observed} steps")
@@ -366,7 +407,13 @@ def render_run_statement(plan: Plan, record) -> str:
                     held.append(_item(f"Randomized response flipped {flipped} labels (mean flip probability "
                                       f"{_num(st.flip_probability_mean)})."))
                 case DPSGDStats():
-                    held.append(_item(f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."))
+                    text = f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."
+                    w = st.withheld
+                    if w is not None and w.get("batch_sizes_observed"):
+                        text += (f" Realised batch sizes (withheld from the public record): mean "
+                                 f"{_num(w['batch_size_sum'] / w['batch_sizes_observed'])}, min {w['batch_size_min']}, "
+                                 f"max {w['batch_size_max']} over {w['batch_sizes_observed']} steps.")
+                    held.append(_item(text))
                 case WALRStats():
                     held.append(_item(f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the "
                                       "declared bounds."))

@@ -5,7 +5,8 @@ Checks, in order (each failure names what differs):
    content, and the canonical form byte for byte (so whitespace edits are caught too);
 2. parameters: derived values agree with the ones they derive from (flip probability
    from the per-impression epsilon, noise std = sigma C, q = B/N, steps from epochs, the
-   mechanism's fields = the trainer parameters, N and the cap everywhere the same);
+   mechanism's fields = the trainer parameters, N and the cap everywhere the same; a DP
+   count of N is the scenario's, first, and the training phases share what it leaves);
 3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
    basic and PLD totals and the tuning accounting recomputed, all within tolerance of
    what the plan states and within the plan's budget;
@@ -31,7 +32,8 @@ from budgetplan.calibrate import steps_for_epochs
 from budgetplan.errors import BudgetplanError, PlanMismatchError
 from budgetplan._typed import to_json_object
 from budgetplan.mechanisms import TruncatedPoissonDPSGD
-from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.dpcount import noise_std as count_noise_std
+from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.units import Adjacency
 
@@ -122,6 +124,7 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
     close("privacy.dataset_size vs scenario", n, plan.scenario.dataset_size)
     close("budget.delta vs scenario", plan.delta, plan.scenario.resolved_delta)
     close("budget.epsilon vs scenario", plan.epsilon, plan.scenario.epsilon)
+    _check_count(plan, close, problems)
     for i, p in enumerate(plan.phases):
         where = f"phases[{i}] ({p.name})"
         close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
@@ -158,11 +161,38 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
                     close(f"{where}.parameters.sampling", par.sampling, "truncated-poisson")
                 else:
                     close(f"{where}.parameters.sampling", par.sampling, "poisson")
+            case CountPhase(mechanism=m, params=par):
+                close(f"{where}.mechanism.epsilon", m.epsilon, par.epsilon)
+                close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+                close(f"{where}.target_epsilon", p.target_epsilon, par.epsilon)
+                close(f"{where}.parameters.noise_std", par.noise_std,
+                      count_noise_std(epsilon=par.epsilon, sensitivity=par.sensitivity))
             case WALRPhase(mechanism=m, params=par):
                 close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
                 close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
                 close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
                 close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+
+
+def _check_count(plan: Plan, close, problems: list[str]) -> None:
+    """The scenario's DP count of N, if any, is the plan's first phase and the run gets the rest."""
+    counts = [i for i, p in enumerate(plan.phases) if isinstance(p, CountPhase)]
+    wanted = plan.scenario.size_release_epsilon
+    if wanted is None:
+        if counts:
+            problems.append(f"phases[{counts[0]}]: a count phase, but the scenario states no "
+                            "[data].size_release_epsilon")
+        return
+    if counts != [0]:
+        problems.append(f"the scenario's N is a DP count at epsilon {wanted!r}: the plan must account it as its "
+                        f"first phase and only there, found count phases at {counts}")
+        return
+    count = plan.phases[0]
+    close("phases[0] (count).parameters.epsilon vs scenario", count.params.epsilon, wanted)
+    spent = count.guarantee.epsilon
+    if plan.run_epsilon + spent > plan.epsilon * (1 + 1e-12):
+        problems.append(f"run_budget.epsilon {plan.run_epsilon!r} plus the count's {spent!r} exceeds the budget "
+                        f"{plan.epsilon!r}")
 
 
 def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:

@@ -125,7 +125,7 @@ def test_feature_spec_toml_round_trips():
              FeatureSpec(label="conv", sensitive_categorical=('odd "name"', "caf\u00e9"))]
     for spec in specs:
         assert parse_scenario_text_with_features(spec.to_toml()) == spec
-    assert 'weight = "w"' in FeatureSpec(label="y", weight="w").to_toml().splitlines()
+    assert 'weight = "w"' in FeatureSpec(label="y", weight="w", nonsensitive_numeric=("x",)).to_toml().splitlines()
 
 
 def parse_scenario_text_with_features(features_toml: str):
@@ -164,3 +164,31 @@ def test_walr_is_refused_under_add_remove(runner):
         path.write_text(text)
         out = runner.invoke(cli, ["plan", str(path), "-o", str(Path(tmp) / "plan.json")])
         assert out.exit_code == 2 and "replace-one" in out.stderr and not (Path(tmp) / "plan.json").exists()
+
+
+def test_a_scenario_validates_itself_whatever_built_it():
+    """Python construction goes through the same rules as TOML: dataclasses.replace included."""
+    from dataclasses import replace
+
+    from budgetplan.scenario import RRShape, Scenario
+
+    s = load_scenario(examples.path("synthetic-hybrid"))
+    with pytest.raises(InvalidParameterError, match=r"\[privacy\].cap = 4 contradicts \[privacy\].unit"):
+        replace(s, cap=4)
+    with pytest.raises(InvalidParameterError, match="algorithm 'rr' needs its \\[rr\\] table"):
+        replace(s, algorithm="rr", dpsgd=None, split=None, tower=None, rr=None)
+    with pytest.raises(InvalidParameterError, match=r"\[dpsgd\] does not apply to algorithm 'rr'"):
+        replace(s, algorithm="rr", split=None, tower=None)
+    with pytest.raises(InvalidParameterError, match=r"\[budget\].epsilon must be a finite number > 0, got nan"):
+        replace(s, epsilon=float("nan"))
+    with pytest.raises(InvalidParameterError, match=r"\[data\].dataset_size must be at most"):
+        replace(s, dataset_size=10**18)
+    with pytest.raises(InvalidParameterError, match=r"\[dpsgd\].batch_size \(4096\) must not exceed"):
+        replace(s, dataset_size=1000)
+    with pytest.raises(InvalidParameterError, match=r"\[rr\].epochs must be at most 10,000"):
+        RRShape(epochs=10**9)
+    with pytest.raises(InvalidParameterError, match="must be replace-one for algorithm 'hybrid'"):
+        replace(s, adjacency="add-remove")
+    again = Scenario.from_dict(s.to_dict())
+    assert again == s and again.warnings == s.warnings
+    assert replace(s, split=None).split == "paper-v1"  # hybrid's defaults hold however it is built

@@ -10,7 +10,10 @@ holds, and a ledger (when given) is told before each step so that an interrupted
 never under-count.
 
 Everything privacy-relevant (q, T, C, sigma, N, truncation) comes from the plan's phase
-parameters; ``DPSGDSettings`` holds only what cannot change the guarantee.
+parameters; ``DPSGDSettings`` holds only what cannot change the guarantee. When the plan's
+N is a DP count (``size_private``), the data may have another number of rows: every row is
+still sampled at the plan's q and the sum divided by the plan's q N, which keeps the
+accounting (it never assumed N) and reveals only the plan's N.
 """
 
 from __future__ import annotations
@@ -136,11 +139,13 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
 
 def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
               truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0,
-              checkpoint=None, checkpoint_every: int = 0, optimizer_state: dict | None = None) -> dict:
+              checkpoint=None, checkpoint_every: int = 0, optimizer_state: dict | None = None,
+              size_private: bool = False) -> dict:
     """Run the plan's DP-SGD phase on ``model`` in place; returns what this session ran.
 
     Args:
-        data: EncodedData with exactly the plan's N rows, on the model's device.
+        data: EncodedData with exactly the plan's N rows (any number when ``size_private``), on
+            the model's device.
         params: the plan's DP-SGD phase parameters.
         trainable: the parameters DP-SGD updates (a frozen tower is left out).
         randomness: the run's Randomness (sampling and noise generators are seeded from it).
@@ -149,6 +154,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         checkpoint: optional ``checkpoint(step_done, optimizer_state)`` called every
             ``checkpoint_every`` steps (after the update).
         optimizer_state: optimiser and schedule state from a checkpoint, to resume with.
+        size_private: the plan's N is a DP count: do not refuse another row count (that
+            refusal would reveal the true one); q, q N and the chunk size stay the plan's.
     """
     from trainers.losses import bce
     from trainers.sampling import PoissonSampler
@@ -158,8 +165,10 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
     n, q, steps = params.dataset_size, params.sampling_rate, params.steps
     c, sigma = params.clipping_norm, params.noise_multiplier
-    if len(data) != n:
+    if len(data) != n and not size_private:
         raise InvalidParameterError(f"the DP-SGD phase has {len(data)} rows; the plan accounts N = {n}")
+    if params.sampling == "truncated-poisson" and size_private:
+        raise PlanMismatchError("truncated-Poisson accounting needs the exact N; a plan with a DP count has none")
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     device = data.label.device
@@ -169,7 +178,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         from trainers.sampling import default_padded_size
 
         padded = min(default_padded_size(q * n), int(settings.max_chunk))
-    sampler = PoissonSampler(n, q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
+    # Every row the data has is sampled at q (the padding above is from the plan's N only).
+    sampler = PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
                              device=device)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
     opt = _optimizer(trainable, settings)

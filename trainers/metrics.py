@@ -110,6 +110,21 @@ def relative_auc_loss(auc_private: float, auc_baseline: float) -> float:
     return 100.0 * ((1.0 - float(auc_private)) - baseline_loss) / baseline_loss
 
 
+def evaluate_model(y_true, p) -> dict:
+    """``evaluate``, or, for a model whose predictions are not finite (it diverged), null metrics saying so.
+
+    A trained model is evaluated after its privacy was spent: its record must still be
+    written, so a diverged model gets ``"diverged"`` and null metrics instead of an error.
+    """
+    p = np.asarray(p, dtype=np.float64).ravel()
+    if np.all(np.isfinite(p)):
+        return evaluate(y_true, p)
+    y = np.asarray(y_true).ravel()
+    return {"auc": None, "auc_loss": None, "log_loss": None, "calibration_ratio": None, "n": int(y.shape[0]),
+            "positives": int(np.count_nonzero(y)),
+            "diverged": f"{int(np.count_nonzero(~np.isfinite(p)))} of {p.size} predictions are not finite"}
+
+
 def evaluate(y_true, p, *, auc_baseline: float | None = None) -> dict:
     """All metrics of one model on one evaluation set, as a JSON-ready dict.
 

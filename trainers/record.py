@@ -6,6 +6,11 @@ holds only what the guarantee covers or what does not depend on the data, and a 
 statistics entry. Step counts and batch sizes of the DP-SGD phase come from the run's
 write-ahead ledger when there is one, so they cover every session of an interrupted and
 resumed run, counted exactly as the auditor counts them (``budgetplan.ledger``).
+
+When the plan's N is a DP count, the true row count is protected: the public record's
+``rows_used`` is the plan's N, the DP-SGD entry withholds what grows with the true count
+(``records.WITHHELD_WITH_N``, read from the private batch-size ledger), and the timings,
+the true count and that ledger's head go to the private record.
 """
 
 from __future__ import annotations
@@ -57,10 +62,16 @@ def rr_entry(result) -> tuple[RRRun, RRStats]:
     return public, stats
 
 
-def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | None) -> tuple[DPSGDRun, DPSGDStats]:
-    """The DP-SGD phase over all of the run's sessions (from the ledger), or this one (no ledger)."""
+def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | None,
+                sizes_ledger: LedgerView | None = None, withhold: bool = False) -> tuple[DPSGDRun, DPSGDStats]:
+    """The DP-SGD phase over all of the run's sessions (from the ledger), or this one (no ledger).
+
+    Args:
+        sizes_ledger: where the batch sizes are, if not in ``ledger`` (a private N).
+        withhold: the plan's N is a DP count: the public entry withholds what grows with it.
+    """
     if ledger is not None:
-        executed, sizes = ledger.count("dpsgd"), ledger.batch_sizes("dpsgd")
+        executed, sizes = ledger.count("dpsgd"), (sizes_ledger or ledger).batch_sizes("dpsgd")
         sessions, lost = ledger.sessions, ledger.steps_lost("dpsgd")
     else:
         executed, sizes = result.start_step + result.steps_taken, list(result.batch_sizes)
@@ -76,7 +87,10 @@ def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | 
         trainable_parameters=result.trainable_parameters, model=result.model, nonsensitive_tower=nonsensitive_tower,
         chunks=result.chunks, padded_size=result.padded_size, settings=result.settings, seconds=result.seconds,
         peak_memory=result.peak_memory)
-    return public, DPSGDStats(clipped_fraction=result.clipped_fraction)
+    if not withhold:
+        return public, DPSGDStats(clipped_fraction=result.clipped_fraction)
+    public, held = public.withholding()
+    return public, DPSGDStats(clipped_fraction=result.clipped_fraction, withheld=held)
 
 
 def walr_entry(result, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:
@@ -95,19 +109,30 @@ def baseline_entry(history: dict, *, epochs: int, batch_size: int, model: str) -
 
 def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, seeds: dict, model: dict,
                  training: dict, ledger: LedgerView | None, timings: dict, device: str, algorithm: str | None = None,
-                 notes: tuple[str, ...] = ()) -> RunRecord:
+                 notes: tuple[str, ...] = (), sizes_ledger: LedgerView | None = None) -> RunRecord:
     """The public record and its private part, linked by the private part's hash.
 
     Args:
         plan: the executed plan, or None for a non-private baseline.
         entries: (public entry, private statistics) per phase, in order.
         data: path, format, rows_in, rows_used, capping and the keyed fingerprint.
+        sizes_ledger: the private batch-size ledger of a plan whose N is a DP count.
     """
+    rows_used = data["rows_used"]
+    if plan is not None and plan.count is not None:
+        # The true count and everything timed against it stay with the data owner.
+        rows_used = plan.dataset_size
+        data = {**data, "timings": timings}
+        if sizes_ledger is not None:
+            data["sizes_ledger"] = {"head": sizes_ledger.head, "lines": len(sizes_ledger.entries)}
+        timings = {}
+        notes = notes + ("the plan's N is a DP count: rows_used is that count, and the true count, batch sizes, "
+                         "chunks, memory and timings are in the private record",)
     private_part = PrivateRecord(plan_sha256=plan.sha256 if plan is not None else None, data=data,
                                  phases=tuple(s for _, s in entries), metrics=metrics, encoding=encoding)
     return RunRecord(
         plan_sha256=plan.sha256 if plan is not None else None, private=plan is not None,
-        algorithm=algorithm or plan.scenario.algorithm, rows_used=data["rows_used"], seeds=seeds,
+        algorithm=algorithm or plan.scenario.algorithm, rows_used=rows_used, seeds=seeds,
         phases=tuple(p for p, _ in entries), model=model, training=training,
         ledger={"head": ledger.head, "lines": len(ledger.entries)} if ledger is not None else None,
         code=code_fingerprint(), timings=timings, device=device, versions=versions(),

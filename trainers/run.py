@@ -5,9 +5,10 @@ a plan that does not verify; a plan without a feature spec; a device that does n
 a run directory that already holds a record or cannot be written; data (and the eval
 data, which is read and encoded up front) that is missing, unreadable, without the
 plan's columns, with labels outside {0, 1} (eval: without both classes), NaN features or
-missing unit ids; data whose row count after capping differs from the plan's N. Every
-privacy-relevant number (flip probabilities, cap, N) is read from the plan;
-``TrainSettings`` holds only what cannot change a guarantee.
+missing unit ids; data whose row count after capping differs from the plan's N (unless
+that N is a DP count: refusing would reveal the true count). Every privacy-relevant
+number (flip probabilities, cap, N) is read from the plan; ``TrainSettings`` holds only
+what cannot change a guarantee.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.records import PRIVATE_DIR, RunRecord
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 
 
-# The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR.
+# The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR. A
+# count phase is not executed: the DP count of N was released before the plan was made.
 _EXECUTABLE = {(RRPhase,), (DPSGDPhase,), (RRPhase, DPSGDPhase), (WALRPhase,)}
 
 
@@ -173,12 +175,12 @@ def _prepare_eval(path, spec, settings, device, vocabulary=None) -> _Prepared | 
 
 def _eval(model, prep: _Prepared, path, *, truncated: bool) -> tuple[dict, float]:
     from trainers.fit import predict
-    from trainers.metrics import evaluate
+    from trainers.metrics import evaluate_model
 
     t0 = time.perf_counter()
     p = predict(model, prep.data, truncated=truncated)
     y = prep.data.label.cpu().numpy()
-    metrics = evaluate(y, p)
+    metrics = evaluate_model(y, p)
     metrics["rows"] = int(y.size)
     metrics["path"] = str(path)
     return metrics, prep.timings["eval_prepare_seconds"] + time.perf_counter() - t0
@@ -292,7 +294,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     if spec is None:
         raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
                                     "id and feature columns")
-    kinds = tuple(type(p) for p in plan.phases)
+    kinds = tuple(type(p) for p in plan.phases if not isinstance(p, CountPhase))
     if kinds not in _EXECUTABLE:
         raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
     if resume and out is None:
@@ -306,13 +308,15 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     device = _device(settings.device)
     t0 = time.perf_counter()
     key, new_key = _key(fingerprint_key)
+    size_private = plan.count is not None
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
-                    expected_rows=plan.dataset_size, randomness=rnd, key=key)
+                    expected_rows=None if size_private else plan.dataset_size, randomness=rnd, key=key)
     if kinds == (WALRPhase,):
         _check_walr_columns(spec)
     eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
     # Every refusal is behind us: only now does the run directory come into being.
-    session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every) if out else NullSession()
+    session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every,
+                      rows=prep.data_info["rows_used"]) if out else NullSession()
     try:
         if kinds == (WALRPhase,):
             record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0,
@@ -325,6 +329,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         entries: list = []
         timings = dict(prep.timings)
         for i, phase in enumerate(plan.phases):
+            if isinstance(phase, CountPhase):
+                continue
             if isinstance(phase, RRPhase):
                 if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
                     rr = ckpt["rr_result"]  # trained in an earlier session
@@ -340,7 +346,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 taken = session.dpsgd_steps_taken()
                 resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
                 rr_result = ckpt.get("rr_result") if ckpt is not None else None
-                if rr_result is None and i > 0:
+                if rr_result is None and plan.rr is not None:
                     rr_result = rr
 
                 def save(step_done, opt_state, rr_result=rr_result):
@@ -351,17 +357,21 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                 randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
                                 progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
                                 checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
-                                optimizer_state=ckpt.get("optimizer") if resumed_from else None)
+                                optimizer_state=ckpt.get("optimizer") if resumed_from else None,
+                                size_private=size_private)
                 timings["dpsgd_phase_seconds"] = sgd.seconds
                 entries.append(dpsgd_entry(sgd, session.ledger_view(),
-                                           nonsensitive_tower=phase.params.nonsensitive_tower))
+                                           nonsensitive_tower=phase.params.nonsensitive_tower,
+                                           sizes_ledger=session.sizes_view() if size_private else None,
+                                           withhold=size_private))
         truncated = kinds == (RRPhase,)
         metrics = {}
         if eval_prep is not None:
             metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
             if baseline_auc is not None:
                 metrics["eval"]["baseline_auc"] = baseline_auc
-                metrics["eval"]["relative_auc_loss"] = relative_auc_loss(metrics["eval"]["auc"], baseline_auc)
+                auc = metrics["eval"]["auc"]
+                metrics["eval"]["relative_auc_loss"] = None if auc is None else relative_auc_loss(auc, baseline_auc)
         timings["total_seconds"] = time.perf_counter() - t0
         record = build_record(
             plan=plan, entries=entries, data=prep.data_info, metrics=metrics, encoding=prep.encoding,
@@ -369,7 +379,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
             training={**settings.to_dict(),
                       "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
-            ledger=session.ledger_view(), timings=timings, device=_device_name(device))
+            ledger=session.ledger_view(), timings=timings, device=_device_name(device),
+            sizes_ledger=session.sizes_view() if size_private else None)
         return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
     finally:
         session.close()
@@ -384,7 +395,7 @@ def _check_walr_columns(spec) -> None:
 def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0, session):
     import torch
 
-    from trainers.metrics import evaluate
+    from trainers.metrics import evaluate_model
     from trainers.record import build_record, walr_entry
     from trainers.walr import predict, prepare_rows, run_walr
 
@@ -411,7 +422,7 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
         ev = eval_prep
         xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
                                 row_norm_bound=par.row_norm_bound, expected_features=par.features)
-        metrics["eval"] = evaluate(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
+        metrics["eval"] = evaluate_model(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
         metrics["eval"]["rows"] = len(ev.data)
         timings["eval_seconds"] = ev.timings["eval_prepare_seconds"] + time.perf_counter() - t2
     timings["total_seconds"] = time.perf_counter() - t0

@@ -7,6 +7,8 @@ Layout of ``runs/NAME/``:
     rr_labels.npy    the randomised labels: a release, kept so a resume never re-draws them
     walr_sum.npy     the WALR noisy aggregate, likewise
     checkpoint.pt    model and optimiser state, written after an fsync of the ledger
+    private/ledger.jsonl  the DP-SGD batch sizes, when the plan's N is a DP count: they are
+                     Binomial(true N, q) draws, so the public ledger holds the intents alone
     model.pt, run.json   written last
 
 A one-shot release whose intent is in the ledger but whose result was never persisted
@@ -23,6 +25,7 @@ import numpy as np
 
 from budgetplan._files import atomic_output, remove_stale_temporaries
 from budgetplan.errors import InvalidParameterError
+from budgetplan.records import PRIVATE_DIR
 from trainers.ledger import Ledger, LedgerError, RunLock
 
 __all__ = ["Session", "NullSession"]
@@ -41,10 +44,12 @@ class Session:
         plan: the executed plan.
         resume: continue an interrupted run (its ledger must exist and name the plan).
         checkpoint_every: DP-SGD steps between checkpoints.
+        rows: the rows the data has after capping; noted in the private batch-size ledger
+            (each session) when the plan's N is a DP count, for the auditor's sampling test.
     """
 
     def __init__(self, directory: str | Path, plan, *, resume: bool = False, checkpoint_every: int = 200,
-                 ledger_sync_every: int = 1):
+                 ledger_sync_every: int = 1, rows: int | None = None):
         self.dir = Path(directory)
         ledger_path = self.dir / "ledger.jsonl"
         if resume and not ledger_path.exists():
@@ -66,12 +71,27 @@ class Session:
             _remove(created)
             raise
         try:
-            if not resume and ledger_path.exists():
+            if not resume and (ledger_path.exists() or (self.dir / PRIVATE_DIR / "ledger.jsonl").exists()):
                 raise InvalidParameterError(f"{self.dir} holds an interrupted run: resume it, or choose a new --out")
             # Held by us alone now: what a killed writer left half-written here can go.
             remove_stale_temporaries(self.dir)
+            if plan.count is not None and rows is None:
+                raise InvalidParameterError("a plan whose N is a DP count needs the true row count for its private "
+                                            "ledger")
             write_atomic(self.dir / "plan.json", plan.to_json())
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
+            self.sizes = None
+            if plan.count is not None:
+                (self.dir / PRIVATE_DIR).mkdir(exist_ok=True)
+                self.sizes = Ledger(self.dir / PRIVATE_DIR / "ledger.jsonl", plan_sha256=plan.sha256,
+                                    sync_every=ledger_sync_every)
+                if any(e.get("rows") != int(rows) for e in self.sizes.events("rows")):
+                    self.sizes.close()
+                    self.ledger.close()
+                    # said to the data owner only: the true counts are theirs
+                    raise InvalidParameterError("the interrupted run sampled from data of another size: resume it "
+                                                "on the same data")
+                self.sizes.note("rows", rows=int(rows))
         except BaseException:
             self.lock.release()
             _remove(created)
@@ -120,8 +140,18 @@ class Session:
         """The ledger as a reader sees it now (all sessions of the run)."""
         return self.ledger.view
 
+    def sizes_view(self):
+        """Where the batch sizes are: the private ledger when the plan's N is a DP count, else the ledger."""
+        return self.sizes.view if self.sizes is not None else self.ledger.view
+
     def intend(self, step: int, batch_size: int | None = None) -> None:
-        self.ledger.intend(step, phase="dpsgd", batch_size=batch_size)
+        if self.sizes is None:
+            self.ledger.intend(step, phase="dpsgd", batch_size=batch_size)
+            return
+        # The public intent first: it is what counts the step, so a kill between the two
+        # lines leaves a size missing (as a torn line would), never a step uncounted.
+        self.ledger.intend(step, phase="dpsgd")
+        self.sizes.intend(step, phase="dpsgd", batch_size=batch_size)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -129,6 +159,8 @@ class Session:
         import torch
 
         self.ledger.sync()  # every step the checkpoint reflects is on disk first
+        if self.sizes is not None:
+            self.sizes.sync()
         with atomic_output(self.dir / "checkpoint.pt") as tmp:
             torch.save(state, tmp)
         self.ledger.note("checkpoint", phase=state.get("phase"), step=state.get("step"))
@@ -141,6 +173,8 @@ class Session:
 
     def close(self) -> None:
         self.ledger.close()
+        if self.sizes is not None:
+            self.sizes.close()
         self.lock.release()
 
 
@@ -164,6 +198,8 @@ class NullSession:
 
     def ledger_view(self):
         return None
+
+    sizes_view = ledger_view
 
     def intend(self, step: int, batch_size: int | None = None) -> None:
         self._dpsgd += 1

@@ -10,8 +10,12 @@ RandomizedResponse     exact, pld, rdp                 K-fold composition (exact
 GaussianRelease        exact, pld, rdp, classical      sensitivity K * Delta
 PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove)
 TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
+DiscreteLaplaceCount   exact                           K rows move the count by K
 Composition            pld, basic                      each phase's tight unit accounting
 =====================  ==============================  ==================================
+
+A Composition holding DiscreteLaplaceCount phases (a DP count of N) is composed by mixing
+the counts' finite privacy loss distributions exactly into the other phases' PLD.
 
 ``unit_accounting="group"`` instead applies the generic group-privacy formula to the
 example-level guarantee of the chosen method (see ``group.py``), for every mechanism.
@@ -33,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 
 from budgetplan import _validate
 from budgetplan.accounting import backends, gaussian, group, pld_build, rr
@@ -40,6 +45,7 @@ from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
     Composition,
+    DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
@@ -58,6 +64,7 @@ _DEFAULT_METHOD = {
     GaussianRelease: "exact",
     PoissonDPSGD: "pld",
     TruncatedPoissonDPSGD: "pld",
+    DiscreteLaplaceCount: "exact",
     Composition: "pld",
 }
 _SUPPORTED = {
@@ -65,6 +72,7 @@ _SUPPORTED = {
     GaussianRelease: ("exact", "pld", "rdp", "classical"),
     PoissonDPSGD: ("pld", "rdp", "prv"),
     TruncatedPoissonDPSGD: ("pld",),
+    DiscreteLaplaceCount: ("exact",),
     Composition: ("pld", "basic"),
 }
 _POISSON_NOTE = (
@@ -216,7 +224,8 @@ def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretizati
     if not isinstance(composition, Composition):
         raise UnsupportedError("method 'basic' composes the phases of a Composition; this is a single mechanism")
     leaves = composition.leaves()
-    pure = [isinstance(leaf, RandomizedResponse) and unit_accounting == "tight" for leaf in leaves]
+    pure = [isinstance(leaf, (RandomizedResponse, DiscreteLaplaceCount)) and unit_accounting == "tight"
+            for leaf in leaves]
     impure = len(leaves) - sum(pure)
     if impure and delta == 0:
         raise InvalidParameterError("delta must be > 0 when a phase is not pure DP, got 0.0")
@@ -253,6 +262,10 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
                             delta if smallest is None else smallest)
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
+    if isinstance(mechanism, DiscreteLaplaceCount):
+        return _count_curve(mechanism, unit)
+    if any(isinstance(m, DiscreteLaplaceCount) for m in mechanism.leaves()):
+        return _composed_with_counts(mechanism, adjacency, unit, discretization, delta)
     return _pld_curve(mechanism, adjacency, unit, discretization, delta, "pld",
                       ("PLD composition of all phases under one adjacency",))
 
@@ -372,6 +385,93 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, pr
             f"each of a unit's K={unit.cap} examples sampled independently: sensitivity "
             f"Binomial({unit.cap}, q) (MixtureOfGaussians, arXiv:2310.15526)",))
     return _pld_curve(mech, adjacency, unit, discretization, delta, "pld", notes)
+
+
+def _count_curve(mech: DiscreteLaplaceCount, unit: PrivacyUnit) -> _Curve:
+    """Pure DP: the likelihood ratio of counts c + Z and c' + Z is at most e^{a |c - c'|}, a = eps / sensitivity.
+
+    Exact at every delta: the bound is attained (an output beyond both counts has ratio
+    exactly e^{a |c - c'|}), so the curve is flat. A unit of K rows moves the count by at
+    most K; at K = sensitivity (how the planner draws it) this is ``epsilon`` itself.
+    """
+    k, s = unit.cap, mech.sensitivity
+    eps = mech.epsilon if k == s else mech.epsilon * k / s
+    notes = (f"discrete Laplace count, noise parameter {mech.noise_parameter:.6g}, sensitivity {s}: pure DP "
+             "(Ghosh, Roughgarden and Sundararajan 2009, arXiv:0811.2841)",)
+    if k != s:
+        notes += (f"a unit of {k} rows moves the count by {k}, not the {s} it was drawn for",)
+    return _Curve(epsilon=lambda d: eps, method="exact", bound="exact", notes=notes)
+
+
+def _count_losses(mech: DiscreteLaplaceCount, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """The privacy loss distribution of a count moved by ``shift``: a finite one, the same both ways.
+
+    With a = eps / sensitivity and the output c + shift + Z, the loss is a (|Z + shift| - |Z|):
+    a shift for Z >= 0, -a shift for Z <= -shift, a (shift + 2z) for -shift < z < 0.
+    """
+    a = mech.noise_parameter
+    alpha = math.exp(-a)
+    z = np.arange(-shift + 1, 0)
+    losses = np.concatenate(([-a * shift], a * (shift + 2 * z), [a * shift]))
+    probs = np.concatenate(([alpha**shift / (1 + alpha)], math.tanh(a / 2) * np.exp(-a * np.abs(z)),
+                            [1 / (1 + alpha)]))
+    return losses, probs
+
+
+def _composed_with_counts(mechanism: Composition, adjacency, unit, discretization, delta) -> _Curve:
+    """PLD composition of pure DP counts with the other phases, mixing the counts' losses exactly.
+
+    For independent releases the losses add, so delta(eps) = sum_l P(L = l) delta_rest(eps - l)
+    over the counts' finitely many losses l, with delta_rest the other phases' pessimistic
+    PLD taken at its worse direction for each term (the count's loss is the same both ways):
+    an upper bound on the composed delta at every eps. epsilon(delta) is then found by
+    bisection and rounded up; it never exceeds basic composition.
+    """
+    from budgetplan.accounting import fastpld
+
+    leaves = mechanism.leaves()
+    counts = [m for m in leaves if isinstance(m, DiscreteLaplaceCount)]
+    rest = tuple(m for m in leaves if not isinstance(m, DiscreteLaplaceCount))
+    losses, probs = np.zeros(1), np.ones(1)
+    for c in counts:
+        l_c, p_c = _count_losses(c, unit.cap)
+        losses, probs = (losses[:, None] + l_c).ravel(), (probs[:, None] * p_c).ravel()
+    worst = float(losses.max())
+    notes = ("pure DP counts composed exactly with the other phases' privacy loss distribution",)
+    if not rest:
+        return _Curve(epsilon=lambda d: worst, method="exact", bound="upper", notes=notes)
+    rest_mech = rest[0] if len(rest) == 1 else Composition(phases=rest)
+    built: dict[float, pld_build.BuiltPLD] = {}
+
+    def pld_at(d: float):
+        # Tilted for d (tight there); every entry is an upper bound, so reading it at the
+        # shifted epsilons eps - l stays an upper bound too.
+        if d not in built:
+            built[d] = pld_build.build(rest_mech, adjacency=adjacency, unit=unit, discretization=discretization,
+                                       delta=d)
+        return built[d].pld
+
+    def epsilon(d: float) -> float:
+        if d <= 0:
+            return worst + pld_build.pure_epsilon(rest_mech, unit, discretization)
+        pld = pld_at(d)
+
+        def delta_at(eps: float) -> float:
+            return float(np.dot(probs, fastpld.delta_for_epsilon(pld, eps - losses)))
+
+        alone = fastpld.epsilon_for_delta(pld, d)
+        if not math.isfinite(alone):
+            return math.inf
+        lo, hi = max(0.0, alone - worst), alone + worst  # delta_at(hi) <= d: basic composition
+        if delta_at(lo) <= d:
+            return lo
+        while hi - lo > 1e-12 * max(hi, 1.0):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if delta_at(mid) <= d else (mid, hi)
+        return hi
+
+    return _Curve(epsilon=epsilon, method="pld", bound="upper", discretization=discretization,
+                  notes=("pessimistic PLD (connect-the-dots, arXiv:2207.04380)",) + notes)
 
 
 def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretization) -> _Curve:

@@ -24,6 +24,7 @@ __all__ = [
     "rdp_rr_curve",
     "reference_pld_dpsgd",
     "truncated_single_step",
+    "reference_discrete_laplace_epsilon",
     "prv_dpsgd_curve",
 ]
 
@@ -168,6 +169,21 @@ def _check_prv_size(prv, steps: int, eps_error: float, delta_error: float) -> No
         raise AccountingError(
             f"prv_accountant would need {points:.3g} grid points here (limit {MAX_GRID_POINTS:,}): too many steps, "
             "too little noise or too small an error band; use method 'pld'")
+
+
+def reference_discrete_laplace_epsilon(*, epsilon: float, sensitivity: int, delta: float,
+                                       discretization: float = 1e-4) -> float:
+    """epsilon at ``delta`` of dp_accounting's DiscreteLaplaceDpEvent (add-remove, PLD accountant)."""
+    import dp_accounting as dpa
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant(_relation(Adjacency.ADD_REMOVE),
+                                                      value_discretization_interval=discretization)
+    try:
+        accountant.compose(dpa.dp_event.DiscreteLaplaceDpEvent(epsilon / sensitivity, sensitivity))
+        return float(accountant.get_epsilon(delta))
+    except Exception as exc:  # dp_accounting raises on unsupported events
+        raise AccountingError(f"dp_accounting discrete Laplace PLD failed: {exc}") from None
 
 
 def prv_dpsgd_curve(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from budgetplan.cli._shell import UNIT_CAP, bounded_int, console, emit_json
+from budgetplan.cli._shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
 from budgetplan.limits import MAX_SYNTH_ROWS
 
 __all__ = ["data"]
@@ -88,25 +88,52 @@ def synth(rows, users, out, seed, fmt, as_json):
 
 @data.command()
 @click.argument("data_path", metavar="DATA", type=click.Path(dir_okay=False))
-@click.option("--unit-id", required=True, help="The unit (user) id column.")
-@click.option("--unit-cap", "caps", type=UNIT_CAP, multiple=True, required=True,
-              help="K, the most examples a unit keeps (repeat the option to compare caps).")
+@click.option("--unit-id", help="The unit (user) id column.")
+@click.option("--unit-cap", "caps", type=UNIT_CAP, multiple=True,
+              help="K, the most examples a unit keeps (repeat the option to compare caps; once with --dp-epsilon).")
+@click.option("--dp-epsilon", type=POSITIVE,
+              help="Release one DP count instead (add-remove plans): the count plus discrete Laplace noise of "
+                   "scale K / epsilon. The exact count is never printed.")
+@click.option("--seed", type=click.IntRange(min=0),
+              help="With --dp-epsilon: a reproducible draw for debugging. NOT private: the seed undoes the noise.")
 @click.option("--format", "data_format", default="auto", show_default=True,
               type=click.Choice(["auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display",
                                  "criteo-search"]))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def count(data_path, unit_id, caps, data_format, as_json):
+def count(data_path, unit_id, caps, dp_epsilon, seed, data_format, as_json):
     """Rows left after capping each unit at K: the N a user-level scenario must state.
 
     The count is the same under the `first` and `random` capping rules. It is a statistic
     of the data: N is public under replace-one adjacency, and choosing K by looking at
-    these counts is data-dependent preprocessing that no plan accounts for.
+    these counts is data-dependent preprocessing that no plan accounts for. Under
+    add-remove adjacency N is private: release it once with --dp-epsilon and state the
+    noisy count and its epsilon in the scenario, which then accounts it.
     """
-    from trainers.data.capping import capped_rows, unit_ids
+    if dp_epsilon is None:
+        if seed is not None:
+            raise click.UsageError("--seed applies to --dp-epsilon only: the exact count has no noise")
+        if unit_id is None or not caps:
+            raise click.UsageError("--unit-id and --unit-cap are required without --dp-epsilon")
+        return _exact_count(data_path, unit_id, caps, data_format, as_json)
+    if len(caps) > 1:
+        raise click.UsageError(f"--dp-epsilon releases one count: give --unit-cap once, got {len(caps)}")
+    if (unit_id is None) != (not caps):
+        raise click.UsageError("--unit-id and --unit-cap go together (a capped count needs the unit ids)")
+    return _dp_count(data_path, unit_id, caps[0] if caps else 1, dp_epsilon, seed, data_format, as_json)
+
+
+def _unit_ids(data_path, unit_id, data_format):
+    from trainers.data.capping import unit_ids
     from trainers.data.loaders import read_table
 
-    ids = unit_ids(read_table(data_path, format=data_format, columns=[unit_id]), unit_id)
-    result = {"path": str(data_path), "unit_id": unit_id} | capped_rows(ids, sorted(set(caps)))
+    return unit_ids(read_table(data_path, format=data_format, columns=[unit_id]), unit_id)
+
+
+def _exact_count(data_path, unit_id, caps, data_format, as_json):
+    from trainers.data.capping import capped_rows
+
+    result = {"path": str(data_path), "unit_id": unit_id} | capped_rows(_unit_ids(data_path, unit_id, data_format),
+                                                                        sorted(set(caps)))
     if as_json:
         emit_json(result)
         return
@@ -118,3 +145,49 @@ def count(data_path, unit_id, caps, data_format, as_json):
         [[c["cap"], c["rows"], c["rows_dropped"], c["units_capped"]] for c in result["caps"]]))
     console().print("State N as \\[data] dataset_size; choosing K from these counts is data-dependent "
                     "preprocessing (not covered by a plan).")
+
+
+def _dp_count(data_path, unit_id, cap, epsilon, seed, data_format, as_json):
+    """One release of N~ = N + Z; nothing else about the data (its N, units, drops) is printed."""
+    from budgetplan.dpcount import release_count
+
+    if unit_id is not None:
+        from trainers.data.capping import capped_rows
+
+        n = capped_rows(_unit_ids(data_path, unit_id, data_format), [cap])["caps"][0]["rows"]
+    else:
+        from trainers.data.loaders import read_table
+
+        n = read_table(data_path, format=data_format).num_rows
+    released = release_count(n, epsilon=epsilon, sensitivity=cap, seed=seed)
+    del n  # the one value this command protects: nothing below may read it
+    private = seed is None
+    lines = [f"dataset_size = {released['dataset_size']}", f"size_release_epsilon = {epsilon!r}"]
+    notes = [f"this release costs (epsilon {epsilon:g}, delta 0) of the budget: plan with [data].size_release_epsilon "
+             f"= {epsilon!r} and the plan accounts it as its count phase (add-remove adjacency only)",
+             "release it once: every further release costs its epsilon again, and averaging them reveals N"]
+    if cap > 1:
+        notes.append(f"the count is of the rows after capping each unit at K = {cap}: the scenario's [privacy].cap "
+                     f"must be {cap}")
+    if released["noisy_count"] != released["dataset_size"]:
+        notes.append(f"the noisy count {released['noisy_count']} is below 1; dataset_size states 1 (post-processing)")
+    if not private:
+        notes.append(f"SEEDED with {seed}: a reproducible draw for debugging, NOT private (the seed undoes the "
+                     "noise); do not plan from it")
+    if as_json:
+        emit_json({"path": str(data_path), "unit_id": unit_id, "cap": cap, **released, "private": private,
+                   "cost": {"epsilon": epsilon, "delta": 0.0},
+                   "scenario": {"data": {"dataset_size": released["dataset_size"],
+                                         "size_release_epsilon": epsilon}},
+                   "notes": notes})
+        return
+    from budgetplan.cli._render import params_table
+
+    console().print(params_table(f"{data_path}: a DP count of the rows" + (f" after capping at K = {cap}"
+                                                                           if cap > 1 else ""), [
+        ("noisy count N~", str(released["noisy_count"])), ("epsilon", f"{epsilon:g}"),
+        ("sensitivity K", str(cap)), ("noise", f"discrete Laplace, std {released['noise_std']:.4g}"),
+        ("randomness", "OS CSPRNG" if private else f"SEEDED ({seed}): NOT private")]))
+    click.echo("Paste into the scenario:\n[data]\n" + "\n".join(lines))
+    for note in notes:
+        (warn if note.startswith("SEEDED") else lambda m: click.echo(f"note: {m}"))(note)

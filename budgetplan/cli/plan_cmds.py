@@ -44,6 +44,7 @@ _SHOWN = {  # what `show` lists per phase kind (parameter names of its params ty
     "DPSGDParams": ("noise_multiplier", "noise_std", "clipping_norm", "sampling_rate", "steps", "epochs", "batch_size",
               "max_batch_size"),
     "WALRParams": ("noise_std", "sensitivity", "unit_sensitivity", "features", "row_norm_bound", "weights_bound"),
+    "CountParams": ("dataset_size", "epsilon", "sensitivity", "noise_std"),
 }
 
 

@@ -178,7 +178,10 @@ def _print_record(record, out_dir) -> None:
                  ["calibration mean(p)/mean(y)", fmt(ev["calibration_ratio"])]]
         if "relative_auc_loss" in ev:
             rows.append(["relative AUC loss (%)", fmt(ev["relative_auc_loss"], 4)])
-    rows.append(["seconds", fmt(record.timings["total_seconds"], 3)])
+    # A plan whose N is a DP count keeps its timings private (they grow with the true count).
+    timings = record.timings or (record.private_part.data.get("timings", {}) if record.private_part else {})
+    if "total_seconds" in timings:
+        rows.append(["seconds", fmt(timings["total_seconds"], 3)])
     out.print(results_table(f"Run {out_dir}", ["", "value"], rows))
 
 

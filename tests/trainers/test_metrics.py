@@ -135,3 +135,15 @@ def test_evaluate_dict():
 def test_metrics_do_not_import_torch():
     code = "import sys, trainers.metrics; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_diverged_model_gets_null_metrics_not_an_error():
+    """Its privacy is spent by then: the record must be written, saying the model diverged."""
+    import json
+
+    from trainers.metrics import evaluate_model
+
+    out = evaluate_model([0, 1, 1], [0.2, float("nan"), 0.9])
+    assert out["auc"] is None and out["log_loss"] is None and "1 of 3 predictions" in out["diverged"]
+    json.dumps(out, allow_nan=False)
+    assert evaluate_model([0, 1], [0.2, 0.9])["auc"] == 1.0

@@ -340,7 +340,7 @@ def main() -> None:
 
     rounds: dict[tuple, list[dict]] = {}
     for rnd in range(args.rounds):
-        for shape, batch, reduced in todo:
+        for shape, batch, _ in todo:
             # rotate the mode order each round, so no mode always runs first after a shape change
             for mode in modes[rnd % len(modes):] + modes[:rnd % len(modes)]:
                 key = (shape, batch, mode)
@@ -445,7 +445,8 @@ def _markdown(r: dict) -> str:
         "and the minimum is shown next to it. With 2 torch threads on this 2-core machine any other busy "
         "process stalls every parallel region (steps 5-10x slower, at random), hence the run with --threads 1.",
         "",
-        "| shape | batch | mode | step median (s) | step min (s) | peak memory (MiB) | torch peak (MiB) | load | status |",
+        "| shape | batch | mode | step median (s) | step min (s) | peak memory (MiB) | torch peak (MiB) | load "
+        "| status |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["runs"]:
@@ -462,7 +463,8 @@ def _markdown(r: dict) -> str:
             if row.get("error"):
                 why += f" ({row['error'][:160]})"
             if row.get("opacus_per_sample_gradient_bytes_estimate"):
-                why += f"; per-sample gradients alone: ~{row['opacus_per_sample_gradient_bytes_estimate'] / 2**30:,.0f} GiB"
+                gib = row["opacus_per_sample_gradient_bytes_estimate"] / 2**30
+                why += f"; per-sample gradients alone: ~{gib:,.0f} GiB"
             lines.append(f"| {label} | {row['batch']:,} | {row['mode']} | - | - | - | - | {load} | infeasible: "
                          f"{why.replace('|', '/').replace(chr(10), ' ')} |")
     lines += ["", ("Ratios (same shape and batch; targets: ours / non-private <= 1.3, Opacus / ours >= 3); time "

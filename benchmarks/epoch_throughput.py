@@ -227,7 +227,8 @@ def walr(device: str, rows: int, k: int, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="3 steps at batch 4,096 over 2^18 rows; release over 4M rows")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 steps at batch 4,096 over 2^18 rows; release over 4M rows")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch", type=int, default=None)
@@ -352,7 +353,8 @@ def _markdown(r: dict) -> str:
             extra = f" (chunk {row['padded_size']:,} rows, {row['rows_processed'] / row['rows_real'] - 1:.1%} padding)"
         lines.append(f"| {row['shape']} | {row['mode']} | {row['steps']} | {row['seconds']:.1f} | "
                      f"{row['rows_per_s']:,.0f} | {_duration(row['epoch_40m_seconds_extrapolated'])} | "
-                     f"{row['rows_per_s_at_median_step']:,.0f} | {_duration(row['epoch_40m_seconds_at_median_step'])} | "
+                     f"{row['rows_per_s_at_median_step']:,.0f} | "
+                     f"{_duration(row['epoch_40m_seconds_at_median_step'])} | "
                      f"{ratio} | "
                      f"{h.mib(row['memory']['bytes'])} | {load} | ok{extra} |")
     w = r.get("walr")

@@ -17,7 +17,7 @@ __all__ = ["code_fingerprint", "PACKAGES"]
 PACKAGES = ("budgetplan", "trainers")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _package_digest(package: str) -> str:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:

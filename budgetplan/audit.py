@@ -49,6 +49,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scipy import stats
 
@@ -77,7 +78,7 @@ REACCOUNT_TOLERANCE = 1e-3   # relative agreement required between independent a
 # The one-shot releases a run directory persists, by the ledger's phase name.
 _RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy"}
 _SIZES_LEDGER = Path(PRIVATE_DIR) / "ledger.jsonl"  # batch sizes, when the plan's N is a DP count
-_RUN_OF = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun}
+_RUN_OF: dict[type, Any] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun}
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,7 @@ def _dpsgd_noise(record: RunRecord, plan: Plan) -> Check:
     planned, ran = plan.dpsgd, _entry(record, DPSGDRun)
     if (verdict := _settled(name, planned, ran, "DP-SGD phase")) is not None:
         return verdict
+    assert planned is not None and ran is not None  # settled otherwise
     par, problems = planned.params, []
     for label, have, want in (("noise std", ran.noise_std, par.noise_std),
                               ("noise multiplier", ran.noise_multiplier, par.noise_multiplier),
@@ -449,7 +451,7 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         return [_missing(name, "a DP-SGD phase")]
     if ledger is None:
         return [Check(name, False, "no readable ledger: the batch sizes of the run cannot be read")]
-    if ran is not None:
+    if ran is not None and record is not None:
         ran, problem = _full_dpsgd(record, plan, ran)
         if problem is not None:
             return [Check(name, False, problem)]
@@ -512,6 +514,7 @@ def _flips(record: RunRecord, plan: Plan, alpha: float) -> Check:
     planned, ran = plan.rr, _entry(record, RRRun)
     if (verdict := _settled(name, planned, ran, "RR phase")) is not None:
         return verdict
+    assert planned is not None and ran is not None  # settled otherwise
     par = planned.params
     if ran.labels != plan.dataset_size:
         return Check(name, False, f"{ran.labels} labels randomised; the plan accounts N = {plan.dataset_size}")
@@ -550,6 +553,7 @@ def _walr(record: RunRecord, plan: Plan) -> Check:
     planned, ran = plan.walr, _entry(record, WALRRun)
     if (verdict := _settled(name, planned, ran, "WALR release")) is not None:
         return verdict
+    assert planned is not None and ran is not None  # settled otherwise
     par, problems = planned.params, []
     if ran.releases != 1:
         problems.append(f"{ran.releases} releases; the plan accounts one")

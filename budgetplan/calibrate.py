@@ -19,15 +19,15 @@ second, where dp_accounting's ``calibrate_dp_mechanism`` takes seconds):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from budgetplan import _validate
 from budgetplan.accounting import gaussian, rr
 from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account
-from budgetplan.accounting.pld_build import pld_of
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.limits import MAX_CALIBRATION_EPSILON, MAX_COMPOSITIONS, MAX_STEPS
+from budgetplan.accounting.pld_build import pld_of
 from budgetplan.errors import AccountingError, InfeasibleError, InvalidParameterError
 from budgetplan.mechanisms import GaussianRelease, PoissonDPSGD
 from budgetplan.units import Adjacency, PrivacyUnit

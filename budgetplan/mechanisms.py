@@ -9,7 +9,7 @@ no back-end ever sees NaN or infinity.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Union
+from typing import TypeAlias
 
 from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
@@ -31,7 +31,8 @@ __all__ = [
 def _steps(value: object) -> int:
     steps = _validate.positive_int("steps", value)
     if steps > MAX_STEPS:
-        raise InvalidParameterError(f"steps must be at most {MAX_STEPS:.0e} (budgetplan's stated limit), got {float(steps):.4g}")
+        raise InvalidParameterError(f"steps must be at most {MAX_STEPS:.0e} (budgetplan's stated limit), got "
+                                    f"{float(steps):.4g}")
     return steps
 
 
@@ -207,8 +208,8 @@ class Composition:
 
 
 _LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, DiscreteLaplaceCount)
-Mechanism = Union[RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, DiscreteLaplaceCount,
-                  Composition]
+Mechanism: TypeAlias = (RandomizedResponse | GaussianRelease | PoissonDPSGD | TruncatedPoissonDPSGD
+                        | DiscreteLaplaceCount | Composition)
 _BY_NAME = {cls.__name__: cls for cls in _LEAVES}
 
 

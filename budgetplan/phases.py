@@ -381,7 +381,8 @@ def phase_from_dict(data: object, where: str = "phase") -> Phase:
     if kind is None:
         raise InvalidParameterError(f"{where}.name must be one of {', '.join(map(repr, _KINDS))}, got "
                                     f"{data['name']!r}")
-    params = _typed.from_json_object(_PARAMS[kind], data["parameters"], f"{where}.parameters")
+    params: RRParams | DPSGDParams | WALRParams | CountParams = _typed.from_json_object(
+        _PARAMS[kind], data["parameters"], f"{where}.parameters")
     try:
         mechanism = mechanism_from_dict(data["mechanism"])
         guarantee = Guarantee.from_dict(data["guarantee"])

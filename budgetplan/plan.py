@@ -134,16 +134,16 @@ class Plan:
         return _pretty({**self.content(), "sha256": self.sha256})
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Plan":
+    def from_dict(cls, data: dict) -> Plan:
         version = data.get("schema_version")
-        loader = _LOADERS.get(version)
+        loader = _LOADERS.get(version) if isinstance(version, int) else None
         if loader is None:
             raise PlanMismatchError(
                 f"schema_version {version!r} is not one this budgetplan reads ({', '.join(map(str, _LOADERS))})")
         return loader(data)
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         """Parse and check integrity (schema, hash, canonical form); numbers are not recomputed."""
         data = parse_json(text, "plan")
         stored = data.get("sha256")

@@ -13,6 +13,7 @@ phase's guarantee from its stored parameters alone; ``budgetplan.verify`` uses i
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 from budgetplan import calibrate, dpcount
 from budgetplan.accounting import account
@@ -91,18 +92,21 @@ def build_plan(scenario: Scenario) -> Plan:
 
 def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
     if s.algorithm == "rr":
-        return [_rr_phase(s, unit, run_eps, run_delta, model="non-sensitive features only (RR protects labels, not features)")]
+        return [_rr_phase(s, unit, run_eps, run_delta,
+                          model="non-sensitive features only (RR protects labels, not features)")]
     if s.algorithm == "walr":
         return [_walr_phase(s, unit, run_eps, run_delta, delta)]
     if s.algorithm == "dpsgd":
         return [_dpsgd_phase(s, unit, run_eps, run_delta, delta)]
+    assert s.split is not None  # a hybrid Scenario always has its split rule
     eps1, eps2 = split_budget(run_eps, s.split)
     if eps2 > 0 and run_delta == 0:
         raise InvalidParameterError(f"[budget].delta must be > 0: split {s.split!r} gives the DP-SGD phase "
                                     f"epsilon {eps2:g}, and DP-SGD is not pure DP")
-    phases = []
+    phases: list[Phase] = []
     if eps1 > 0:
-        phases.append(_rr_phase(s, unit, eps1, 0.0, model="the truncated model (non-sensitive tower, sensitive input zeroed)"))
+        phases.append(_rr_phase(s, unit, eps1, 0.0,
+                                model="the truncated model (non-sensitive tower, sensitive input zeroed)"))
     if eps2 > 0:
         phases.append(_dpsgd_phase(s, unit, eps2, run_delta, delta, warm_start=bool(phases)))
     return phases
@@ -117,6 +121,7 @@ def _count_phase(s: Scenario, unit) -> CountPhase:
         raise UnsupportedError("[data].size_release_epsilon needs sampling = \"poisson\": the truncated-Poisson "
                                "accounting depends on the exact N, which a DP count does not give")
     eps, k = s.size_release_epsilon, unit.cap
+    assert eps is not None  # the planner makes a count phase only for such scenarios
     params = CountParams(
         epsilon=eps, sensitivity=k, noise_std=dpcount.noise_std(epsilon=eps, sensitivity=k),
         dataset_size=s.dataset_size, cap=k, capping=unit.capping,
@@ -141,9 +146,10 @@ def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
     if s.algorithm == "hybrid":
         raise UnsupportedError("repeat-and-select accounting covers single-phase runs; use [tuning].selection = "
                                "\"naive\" for hybrid")
-    if s.algorithm == "dpsgd" and s.dpsgd.noise_multiplier is not None:
+    if s.dpsgd is not None and s.algorithm == "dpsgd" and s.dpsgd.noise_multiplier is not None:
         raise UnsupportedError("repeat-and-select tuning calibrates the noise: drop [dpsgd].noise_multiplier")
     t = s.tuning
+    assert t is not None  # only called for declared tuning
     runs: dict[float, list[Phase]] = {}
 
     def total_at(inverse_budget: float) -> float:
@@ -172,7 +178,9 @@ def _round_down_share(total: float, k: int) -> float:
 
 
 def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
-    k, rule = unit.cap, s.rr.per_impression
+    shape = s.rr
+    assert shape is not None  # a Scenario of an RR algorithm always has its [rr] shape
+    k, rule = unit.cap, shape.per_impression
     if rule == "tight" and delta == 0:
         rule_used = "eps/K"  # a pure phase has no delta to trade: tight is the even split
     else:
@@ -185,7 +193,7 @@ def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
     params = RRParams(
         per_impression_rule=rule_used, unit_epsilon=eps, per_impression_epsilon=per,
         flip_probability=rr_math.flip_probability(per), cap=k, capping=unit.capping,
-        epochs=s.rr.epochs, batch_size=s.rr.batch_size, dataset_size=s.dataset_size,
+        epochs=shape.epochs, batch_size=shape.batch_size, dataset_size=s.dataset_size,
         labels_randomised="once per example, before training; all epochs reuse them", model=model,
         per_impression_epsilon_by_count=shares,
         flip_probability_by_count=tuple(rr_math.flip_probability(e) for e in shares) if shares else None)
@@ -196,6 +204,7 @@ def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
 
 def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
     w = s.walr
+    assert w is not None  # a WALR Scenario always has its [walr] shape
     sens = w.weights_bound * w.row_norm_bound
     if s.unit_accounting == "group" and unit.cap > 1:
         sigma = _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
@@ -221,15 +230,20 @@ def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
 
 def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool = False) -> Phase:
     d = s.dpsgd
+    assert d is not None  # a DP-SGD or Hybrid Scenario always has its [dpsgd] shape
     n = s.dataset_size
     q = d.batch_size / n
-    steps = d.steps if d.steps is not None else calibrate.steps_for_epochs(epochs=d.epochs, dataset_size=n,
-                                                                            batch_size=d.batch_size)
+    if d.steps is not None:
+        steps = d.steps
+    else:
+        assert d.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
+        steps = calibrate.steps_for_epochs(epochs=d.epochs, dataset_size=n, batch_size=d.batch_size)
     unit_accounting = s.unit_accounting if unit.cap > 1 else "tight"
     method = s.method
 
     def mech(sigma: float, t: int = steps):
         if d.sampling == "truncated-poisson":
+            assert d.max_batch_size is not None  # required for truncated-poisson sampling
             return TruncatedPoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t, dataset_size=n,
                                          max_batch_size=d.max_batch_size)
         return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t)
@@ -326,7 +340,10 @@ def _placeholder(s, unit) -> Guarantee:
     return Guarantee(epsilon=math.inf, delta=0.0, method="pending", adjacency=s.adjacency, unit=unit)
 
 
-def _with_guarantee(phase: Phase, s: Scenario, unit) -> Phase:
+P = TypeVar("P", RRPhase, DPSGDPhase, WALRPhase, CountPhase)
+
+
+def _with_guarantee(phase: P, s: Scenario, unit) -> P:
     from dataclasses import replace
 
     return replace(phase, guarantee=phase_guarantee(phase, adjacency=s.adjacency, unit=unit,
@@ -463,9 +480,11 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
         elif isinstance(p, WALRPhase):
             sens = p.params.sensitivity
             exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * k)
-            group_sigma = _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
-                                                         adjacency=s.adjacency, unit=unit, method="exact",
-                                                         unit_accounting="group").epsilon, eps, exact)
+            def group_eps(x: float, sens: float = sens, delta: float = delta) -> float:
+                return account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta, adjacency=s.adjacency,
+                               unit=unit, method="exact", unit_accounting="group").epsilon
+
+            group_sigma = _solve_noise(group_eps, eps, exact)
             rows += [_alt(p, "sensitivity K x Delta", "noise_std", exact, eps, delta, "exact for one release"),
                      _alt(p, "group privacy", "noise_std", group_sigma, eps, delta, "generic formula")]
     return rows

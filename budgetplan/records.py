@@ -35,7 +35,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from budgetplan import _typed, _validate
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
@@ -232,7 +232,8 @@ class DPSGDRun:
     def withholding(self) -> tuple[DPSGDRun, dict]:
         """(this entry with :data:`WITHHELD_WITH_N` nulled, the withheld values) for a private N."""
         values = {name: getattr(self, name) for name in WITHHELD_WITH_N}
-        return replace(self, withheld=WITHHELD_WITH_N, **{name: None for name in WITHHELD_WITH_N}), values
+        nulled: dict[str, Any] = dict.fromkeys(WITHHELD_WITH_N)
+        return replace(self, withheld=WITHHELD_WITH_N, **nulled), values
 
     def restored(self, stats: DPSGDStats | None) -> DPSGDRun:
         """The entry with its withheld fields back from the private statistics, validated.
@@ -365,12 +366,13 @@ _STATS_KINDS: dict[str, type] = {k.name: k for k in (RRStats, DPSGDStats, WALRSt
 def _entries(kinds: dict[str, type], items: object, where: str) -> tuple:
     if not isinstance(items, list):
         raise InvalidParameterError(f"{where} must be a list, got {type(items).__name__}")
-    out = []
+    out: list = []
     for i, item in enumerate(items):
         here = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise InvalidParameterError(f"{here} must be a JSON object, got {type(item).__name__}")
-        kind = kinds.get(item.get("name")) if isinstance(item.get("name"), str) else None
+        name = item.get("name")
+        kind = kinds.get(name) if isinstance(name, str) else None
         if kind is None:
             raise InvalidParameterError(f"{here}.name must be one of {', '.join(map(repr, kinds))}, got "
                                         f"{item.get('name')!r}")

@@ -100,7 +100,8 @@ class _Table:
     def __init__(self, raw: dict, name: str):
         if not isinstance(raw, dict):
             raise InvalidParameterError(f"[{name}] must be a table, got {type(raw).__name__}")
-        self.raw, self.name, self.used = raw, name, set()
+        self.raw, self.name = raw, name
+        self.used: set[str] = set()
 
     def _key(self, key: str) -> str:
         return f"[{self.name}].{key}" if self.name else key
@@ -307,8 +308,9 @@ class Tuning:
         _choice("[tuning].distribution", self.distribution, tuple(DISTRIBUTIONS))
 
 
-_SHAPES = (("rr", RRShape, ("rr", "hybrid")), ("dpsgd", DPSGDShape, ("dpsgd", "hybrid")),
-           ("walr", WALRShape, ("walr",)))
+_SHAPES: tuple[tuple[str, type, tuple[str, ...]], ...] = (
+    ("rr", RRShape, ("rr", "hybrid")), ("dpsgd", DPSGDShape, ("dpsgd", "hybrid")), ("walr", WALRShape, ("walr",)))
+_OPTIONAL_TABLES: tuple[tuple[str, type], ...] = (("tuning", Tuning), ("features", FeatureSpec))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -367,17 +369,19 @@ class Scenario:
                                             f"{type(shape).__name__}")
             if self.algorithm not in used_by and shape is not None:
                 raise InvalidParameterError(f"[{key}] does not apply to algorithm {self.algorithm!r}")
-        for key, kind in (("tuning", Tuning), ("features", FeatureSpec)):
-            if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
-                raise InvalidParameterError(f"[{key}] must be a {kind.__name__}, got {type(getattr(self, key)).__name__}")
+        for key, optional_kind in _OPTIONAL_TABLES:
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), optional_kind):
+                raise InvalidParameterError(f"[{key}] must be a {optional_kind.__name__}, got "
+                                            f"{type(getattr(self, key)).__name__}")
         _choice("[accounting].method", self.method, METHODS)
         _set(self, "discretization", _validate.positive("[accounting].discretization", self.discretization))
         _set(self, "size_release_epsilon", _optional(_validate.positive, "[data].size_release_epsilon",
                                                      self.size_release_epsilon))
         if self.algorithm == "hybrid":
-            _set(self, "split", _split_rule("[algorithm].split", self.split or "paper-v1"))
+            split = _split_rule("[algorithm].split", self.split or "paper-v1")
+            _set(self, "split", split)
             _set(self, "tower", _choice("[algorithm].tower", self.tower or "frozen", TOWERS))
-            _check_split(self.split, self.epsilon)
+            _check_split(split, self.epsilon)
         _set(self, "warnings", _check_consistency(self))
 
     @property
@@ -470,8 +474,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         if algorithm in used_by:
             values[key] = _shape(top, key, kind, required=key != "rr")
         top.used.add(key)
-    for key, kind in (("tuning", Tuning), ("features", FeatureSpec)):
-        values[key] = _shape(top, key, kind) if key in raw else None
+    for key, optional_kind in _OPTIONAL_TABLES:
+        values[key] = _shape(top, key, optional_kind) if key in raw else None
         top.used.add(key)
     if "accounting" in raw:
         acc = top.table("accounting")

@@ -72,8 +72,10 @@ def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
     if r.kind == "paper-v1":
         eps1 = min(0.6 * epsilon, 3.0)
     elif r.kind == "alpha":
+        assert r.value is not None  # parse_rule gives every alpha and eps1 rule its number
         eps1 = r.value * epsilon
     else:
+        assert r.value is not None
         eps1 = r.value
         if not epsilon - eps1 >= _NO_PHASE * epsilon:
             raise InvalidParameterError(f"split eps1 must be below the total epsilon {epsilon:g}, got {eps1:g}: the "

@@ -16,13 +16,14 @@ import textwrap
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
+from budgetplan.units import Adjacency
 
 __all__ = ["render_statement", "render_run_statement"]
 
 _WIDTH = 88
 
 
-def _num(x: float, digits: int = 6) -> str:
+def _num(x: float | None, digits: int = 6) -> str:
     if x is None:
         return "none"
     if isinstance(x, float) and math.isinf(x):
@@ -202,7 +203,8 @@ def _not_covered(plan: Plan) -> list[str]:
         out.append(_item(f"The dataset size: N = {plan.dataset_size} is treated as public. The plan states it and "
                          "the trainer uses it (q = B / N, and the division by q N)"
                          + (", so under add-remove adjacency, where the presence of a unit is protected, the exact "
-                            "N is revealed by the plan and not covered by the guarantee." if plan.adjacency.value == "add-remove" else
+                            "N is revealed by the plan and not covered by the guarantee."
+                            if plan.adjacency is Adjacency.ADD_REMOVE else
                             "; under replace-one adjacency N is the same for neighbouring datasets.")))
     out.append(_item("Anything released outside this plan from the same data, including evaluation metrics computed "
                      "on private labels, and other analyses of the same units: they compose with it."))
@@ -379,7 +381,7 @@ def render_run_statement(plan: Plan, record) -> str:
                            "interruptions)" if ph.sessions > 1 else ""))
                 if ph.withheld is not None:
                     text += "; its batch sizes grow with the true row count and are in the private record"
-                elif ph.batch_sizes_observed:
+                elif ph.batch_sizes_observed and ph.batch_size_sum is not None:
                     text += (f"; realised batch sizes mean {_num(ph.batch_size_sum / ph.batch_sizes_observed)} "
                              f"(expected {_num(ph.batch_size_expected)}), min {ph.batch_size_min}, max "
                              f"{ph.batch_size_max} over {ph.batch_sizes_observed} steps")

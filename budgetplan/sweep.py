@@ -11,7 +11,7 @@ plan`` re-checks the cell it plans. Progress shows on stderr.
 from __future__ import annotations
 
 from budgetplan.accounting import rr
-from budgetplan.calibrate import dpsgd_noise_multiplier
+from budgetplan.calibrate import Calibration, dpsgd_noise_multiplier
 from budgetplan.split import split_budget
 
 __all__ = ["sweep"]
@@ -22,7 +22,7 @@ def sweep(epsilons, rules, *, delta: float, sampling_rate: float, steps: int, ad
     """One dict per (epsilon, rule): epsilon1, flip_probability, epsilon2, noise_multiplier, dpsgd_epsilon."""
     cells = [(e, r) for e in epsilons for r in rules]
     out = []
-    calibrated: dict[float, object] = {}
+    calibrated: dict[float, Calibration] = {}
     bar = _progress(len(cells)) if progress else None
     try:
         for eps, rule in cells:

@@ -16,7 +16,7 @@ from budgetplan.errors import InvalidParameterError
 __all__ = ["Adjacency", "PrivacyUnit", "CAPPING_RULES"]
 
 
-class Adjacency(str, enum.Enum):
+class Adjacency(enum.StrEnum):
     """Which datasets are neighbours.
 
     ``ADD_REMOVE``: D' is D with one unit's data added or removed (full DP, the usual DP-SGD
@@ -30,7 +30,7 @@ class Adjacency(str, enum.Enum):
     REPLACE_ONE = "replace-one"
 
     @classmethod
-    def parse(cls, value: "Adjacency | str", name: str = "adjacency") -> "Adjacency":
+    def parse(cls, value: Adjacency | str, name: str = "adjacency") -> Adjacency:
         """Accept an Adjacency or its string form; anything else is an InvalidParameterError."""
         if isinstance(value, cls):
             return value
@@ -39,9 +39,6 @@ class Adjacency(str, enum.Enum):
                 return member
         choices = ", ".join(m.value for m in cls)
         raise InvalidParameterError(f"{name} must be one of {choices}, got {value!r}")
-
-    def __str__(self) -> str:
-        return self.value
 
 
 CAPPING_RULES = ("random", "first")
@@ -81,12 +78,12 @@ class PrivacyUnit:
             )
 
     @classmethod
-    def example(cls, name: str = "example") -> "PrivacyUnit":
+    def example(cls, name: str = "example") -> PrivacyUnit:
         """Example-level privacy (one impression, one row)."""
         return cls(name=name, cap=1)
 
     @classmethod
-    def capped(cls, cap: int, *, name: str = "user", capping: str = "random") -> "PrivacyUnit":
+    def capped(cls, cap: int, *, name: str = "user", capping: str = "random") -> PrivacyUnit:
         """A unit (user, user x time, ...) contributing at most ``cap`` examples."""
         return cls(name=name, cap=cap, capping=capping)
 
@@ -103,5 +100,5 @@ class PrivacyUnit:
         return {"name": self.name, "cap": self.cap, "capping": self.capping}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PrivacyUnit":
+    def from_dict(cls, data: dict) -> PrivacyUnit:
         return cls(name=data["name"], cap=data["cap"], capping=data.get("capping"))

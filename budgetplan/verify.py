@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from budgetplan._typed import to_json_object
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.rr import flip_probability
 from budgetplan.calibrate import steps_for_epochs
-from budgetplan.errors import BudgetplanError, PlanMismatchError
-from budgetplan._typed import to_json_object
-from budgetplan.mechanisms import TruncatedPoissonDPSGD
 from budgetplan.dpcount import noise_std as count_noise_std
+from budgetplan.errors import BudgetplanError, PlanMismatchError
+from budgetplan.mechanisms import TruncatedPoissonDPSGD
 from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.units import Adjacency
@@ -153,6 +153,7 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
                 elif shape.steps is not None:
                     close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
                 else:
+                    assert shape.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
                     close(f"{where}.parameters.steps vs epochs", par.steps,
                           steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
                 if isinstance(m, TruncatedPoissonDPSGD):
@@ -188,6 +189,7 @@ def _check_count(plan: Plan, close, problems: list[str]) -> None:
                         f"first phase and only there, found count phases at {counts}")
         return
     count = plan.phases[0]
+    assert isinstance(count, CountPhase)  # counts == [0]
     close("phases[0] (count).parameters.epsilon vs scenario", count.params.epsilon, wanted)
     spent = count.guarantee.epsilon
     if plan.run_epsilon + spent > plan.epsilon * (1 + 1e-12):
@@ -214,7 +216,7 @@ def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
     tuning = _tuning(plan.scenario, plan.unit, plan.phases, basic, plan.delta)
     if (tuning is None) != (plan.tuning is None):
         close("tuning", plan.tuning, tuning)
-    elif tuning is not None:
+    elif tuning is not None and plan.tuning is not None:
         close("tuning.guarantee.epsilon", Guarantee.from_dict(plan.tuning["guarantee"]).epsilon,
               Guarantee.from_dict(tuning["guarantee"]).epsilon)
 

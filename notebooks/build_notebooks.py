@@ -256,8 +256,8 @@ for k in DPSGD_CAPS:
     dp_rows.append(row)
 print(f"DP-SGD user-level epsilon at delta={DELTA:g}: sigma={NOISE_MULTIPLIER:g}, q={Q:.3g}, T={STEPS}")
 show_table(dp_rows, list(dp_rows[0]))'''),
-    ("code", r'''cli("dpsgd", "--noise-multiplier", NOISE_MULTIPLIER, "--epochs", EPOCHS, "--dataset-size", DATASET_SIZE,
-    "--batch-size", BATCH_SIZE, "--delta", DELTA, "--unit-cap", DPSGD_CAPS[-1])'''),
+    ("code", r'''cli("dpsgd", "--noise-multiplier", NOISE_MULTIPLIER, "--epochs", EPOCHS,
+    "--dataset-size", DATASET_SIZE, "--batch-size", BATCH_SIZE, "--delta", DELTA, "--unit-cap", DPSGD_CAPS[-1])'''),
     ("code", r'''# One figure for both tables (matplotlib directly: there is no library plot for this one).
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullLocator
@@ -364,7 +364,8 @@ DPSGD_LR = 3e-2                   # Adam, DP-SGD phase'''),
 `budgetplan data synth` writes the built-in synthetic data; `trainers.data.synth.synthesize` returns
 the same table in Python (deterministic for a seed). A fixed fifth of the users (by a hash of the
 user id) is held out, so no evaluation user's impressions were trained on.'''),
-    ("code", r'''cli("data", "synth", "--rows", ROWS, "--users", USERS, "--seed", SEED, "--out", WORK / "all.parquet")'''),
+    ("code", r'''cli("data", "synth", "--rows", ROWS, "--users", USERS, "--seed", SEED,
+    "--out", WORK / "all.parquet")'''),
     ("code", r'''from trainers.data.synth import SYNTH_FEATURES, synthesize
 
 table = synthesize(ROWS, USERS, SEED)

@@ -3,7 +3,8 @@
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from budgetplan import (
     InfeasibleError,

@@ -134,13 +134,16 @@ def test_round_trip_every_kind(small_plan, hybrid_plan):
 
 
 def test_verify_against_the_signed_off_scenario(tmp_path, runner):
-    """A forger moves a sensitive column into the non-sensitive group and re-hashes: only the signed scenario shows it."""
+    """A forger moves a sensitive column into the non-sensitive group and re-hashes.
+
+    Only the signed-off scenario shows it.
+    """
     import hashlib
 
     from budgetplan import examples
     from budgetplan.cli import cli
-    from budgetplan.planner import build_plan
     from budgetplan.plan import canonical_json
+    from budgetplan.planner import build_plan
     from budgetplan.scenario import load_scenario
 
     scenario_path = examples.path("synthetic-hybrid")

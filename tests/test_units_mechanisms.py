@@ -54,7 +54,9 @@ def test_constructors_validate(make, match):
 
 def test_mechanisms_are_frozen_and_keyword_only():
     m = PoissonDPSGD(noise_multiplier=1.0, sampling_rate=0.01, steps=10)
-    with pytest.raises(Exception):
+    from dataclasses import FrozenInstanceError
+
+    with pytest.raises(FrozenInstanceError):
         m.steps = 11
     with pytest.raises(TypeError):
         PoissonDPSGD(1.0, 0.01, 10)

@@ -278,10 +278,10 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     record; without one a fresh key is made and saved as ``private/fingerprint.key``.
     """
     from budgetplan.verify import verify_plan
-    from trainers.record import build_record, dpsgd_entry, rr_entry
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.metrics import relative_auc_loss
     from trainers.randomness import Randomness
+    from trainers.record import build_record, dpsgd_entry, rr_entry
     from trainers.rr_phase import run_rr_phase
     from trainers.session import NullSession, Session
 

@@ -172,12 +172,12 @@ def _lse_atoms(log_cdf: np.ndarray, log_w: np.ndarray) -> np.ndarray:
     return safe + np.log(np.exp(a - safe).sum(axis=0))
 
 
-def _exp_minus(x: np.ndarray, mix: "Mixture") -> np.ndarray:
+def _exp_minus(x: np.ndarray, mix: Mixture) -> np.ndarray:
     """e^x - p0 as expm1(x) + (q + bottom), accurate near x = 0; only its sign is read above 0."""
     return np.where(x > 0, 1.0, np.expm1(np.minimum(x, 0.0)) + (mix.q + mix.bottom))
 
 
-def _log_exp_minus(x: np.ndarray, mix: "Mixture") -> np.ndarray:
+def _log_exp_minus(x: np.ndarray, mix: Mixture) -> np.ndarray:
     """ln(e^x - p0) where e^x > p0, without overflow for large x."""
     out = np.empty_like(x)
     big = x > 0

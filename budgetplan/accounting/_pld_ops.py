@@ -33,7 +33,7 @@ loose; account() builds one PLD per delta it reads.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import fft as _fft
@@ -96,13 +96,14 @@ def _int_power(z: np.ndarray, n: int) -> np.ndarray:
     relative error is at most n times that of one multiplication, which the allowance
     counts.
     """
-    result = None
+    result: np.ndarray | None = None
     base = z
     while True:
         if n & 1:
             result = base.copy() if result is None else np.multiply(result, base, out=result)
         n >>= 1
         if not n:
+            assert result is not None  # n >= 1 sets it on the first pass
             return result
         base = base * base if base is z else np.multiply(base, base, out=base)
 
@@ -245,6 +246,7 @@ def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDP
         # The next tilt: centred on the epsilon found if that lies in (lo, hi), else halfway.
         target = _tilt_with_mean(terms, eps) if hi == math.inf else 0.0
         lam = target if lo < target < hi else (0.5 * (lo + hi) if hi < math.inf else 2.0 * lam + 1.0)
+    assert best is not None  # the first composition either fits or raised
     return best
 
 

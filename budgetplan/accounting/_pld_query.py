@@ -26,7 +26,7 @@ _EPS_SCAN_CHUNK = 1 << 13
 # The composition reads epsilon at its own delta to check its rounding allowance, and the
 # caller then reads it again: the last few answers are kept (with their pmfs, so that an id
 # is never reused while its entry lives).
-_RECENT: "OrderedDict[tuple[int, float], tuple[PLDPmf, float]]" = OrderedDict()
+_RECENT: OrderedDict[tuple[int, float], tuple[PLDPmf, float]] = OrderedDict()
 _RECENT_SIZE = 8
 
 

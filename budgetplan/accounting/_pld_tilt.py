@@ -14,8 +14,8 @@ p_ij e^{theta L_j} of the pmfs being composed (``_moments``, exact up to roundin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import special
@@ -41,7 +41,7 @@ class _Term:
     scratch: np.ndarray
 
     @classmethod
-    def of(cls, pmf: PLDPmf, count: int) -> "_Term":
+    def of(cls, pmf: PLDPmf, count: int) -> _Term:
         losses = pmf.losses
         with np.errstate(divide="ignore"):
             return cls(pmf, count, np.log(pmf.probs), losses, np.square(losses), np.empty_like(losses))

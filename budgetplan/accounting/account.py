@@ -34,8 +34,8 @@ value that works; PRV grids are sized and refused before they are allocated.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -396,8 +396,9 @@ def _count_curve(mech: DiscreteLaplaceCount, unit: PrivacyUnit) -> _Curve:
     """
     k, s = unit.cap, mech.sensitivity
     eps = mech.epsilon if k == s else mech.epsilon * k / s
-    notes = (f"discrete Laplace count, noise parameter {mech.noise_parameter:.6g}, sensitivity {s}: pure DP "
-             "(Ghosh, Roughgarden and Sundararajan 2009, arXiv:0811.2841)",)
+    notes: tuple[str, ...] = (
+        f"discrete Laplace count, noise parameter {mech.noise_parameter:.6g}, sensitivity {s}: pure DP "
+        "(Ghosh, Roughgarden and Sundararajan 2009, arXiv:0811.2841)",)
     if k != s:
         notes += (f"a unit of {k} rows moves the count by {k}, not the {s} it was drawn for",)
     return _Curve(epsilon=lambda d: eps, method="exact", bound="exact", notes=notes)
@@ -481,9 +482,7 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
             "use unit_accounting 'group'"
         )
     from budgetplan.accounting import fastpld
-    from budgetplan.accounting.limits import MAX_COMPOSITIONS
-
-    from budgetplan.accounting.limits import MAX_SINGLE_GRID_POINTS
+    from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_SINGLE_GRID_POINTS
 
     steps, rel = mech.steps, adjacency.value
     if steps > MAX_COMPOSITIONS:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from budgetplan.errors import AccountingError
 from budgetplan.units import Adjacency
@@ -95,7 +95,6 @@ def rdp_gaussian_curve(*, noise_multiplier: float) -> Callable[[float], float]:
 def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
     """eps(delta) of ``count`` binary RR releases under REPLACE_ONE, by RDP."""
     import dp_accounting as dpa
-
     from scipy import special
 
     noise_parameter = 2.0 * float(special.expit(-epsilon))  # 2 / (e^eps + 1), no overflow

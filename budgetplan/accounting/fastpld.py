@@ -40,16 +40,16 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import special
 
 from budgetplan import _validate
 from budgetplan.accounting import _mog
+from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
 from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
-from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK
 from budgetplan.errors import InvalidParameterError
@@ -381,7 +381,8 @@ def mixture_of_gaussians(
     if not any(s > 0 and p > 0 for s, p in zip(sens, probs)):
         raise InvalidParameterError("at least one positive sensitivity needs a positive probability")
     return PLD(
-        (_mog_pmf(sigma, sens, probs, bottom, "remove", d, bound), _mog_pmf(sigma, sens, probs, bottom, "add", d, bound)),
+        (_mog_pmf(sigma, sens, probs, bottom, "remove", d, bound),
+         _mog_pmf(sigma, sens, probs, bottom, "add", d, bound)),
         ADD_REMOVE,
     )
 
@@ -396,7 +397,8 @@ def _rr_pmf(epsilon: float, discretization: float) -> PLDPmf:
         log_keep, log_flip = math.log(1 - noise * 1 / 2), math.log(noise / 2)
     else:  # e^eps overflows: the same quantities in log space
         log_keep, log_flip = -float(np.logaddexp(0.0, -epsilon)), -float(np.logaddexp(0.0, epsilon))
-    _check_grid(discretization, log_flip - log_keep, log_keep - log_flip, f"randomized response with epsilon={epsilon:g}")
+    _check_grid(discretization, log_flip - log_keep, log_keep - log_flip,
+                f"randomized response with epsilon={epsilon:g}")
     k_keep = math.ceil((log_keep - log_flip) / discretization)
     k_flip = math.ceil((log_flip - log_keep) / discretization)
     probs = np.zeros(k_keep - k_flip + 1)

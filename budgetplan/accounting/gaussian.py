@@ -51,7 +51,8 @@ def _mu(sigma: object, sensitivity: object) -> float:
     mu = sensitivity / sigma
     if not mu <= MAX_GAUSSIAN_RATIO:
         raise InvalidParameterError(
-            f"noise std sigma must be at least sensitivity / {MAX_GAUSSIAN_RATIO:g} = {sensitivity / MAX_GAUSSIAN_RATIO:.3g} "
+            f"noise std sigma must be at least sensitivity / {MAX_GAUSSIAN_RATIO:g} = "
+            f"{sensitivity / MAX_GAUSSIAN_RATIO:.3g} "
             f"(epsilon beyond 1e199), got {sigma!r}")
     return mu
 

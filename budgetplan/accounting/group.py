@@ -14,7 +14,7 @@ It is offered beside the tight methods so users see what each bounding method co
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from budgetplan import _validate
 

@@ -70,7 +70,7 @@ class Guarantee:
     notes: tuple[str, ...] = ()
     versions: tuple[tuple[str, str], ...] = field(default_factory=library_versions)
 
-    def with_notes(self, *notes: str) -> "Guarantee":
+    def with_notes(self, *notes: str) -> Guarantee:
         return replace(self, notes=self.notes + tuple(n for n in notes if n not in self.notes))
 
     @property
@@ -94,7 +94,7 @@ class Guarantee:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Guarantee":
+    def from_dict(cls, data: dict) -> Guarantee:
         eps = data["epsilon"]
         rng = data.get("epsilon_range")
         return cls(

@@ -71,7 +71,7 @@ def build(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization:
             d = min(MAX_DISCRETIZATION, max(1.5 * d, d * exc.points / exc.limit * 1.05))
     else:
         raise AccountingError(f"no PLD grid up to discretization {d:.3g} fits the engine's limits")
-    notes = ()
+    notes: tuple[str, ...] = ()
     if d > discretization:
         notes = (f"PLD grid coarsened from discretization {discretization:g} to {d:.3g} to stay within the "
                  "engine's size limits (still a pessimistic upper bound, looser by about that much per step)",)

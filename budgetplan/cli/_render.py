@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 __all__ = ["fmt", "params_table", "results_table"]
 
@@ -20,7 +21,7 @@ def fmt(x, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
-def params_table(title: str, rows: list[tuple[str, object]]):
+def params_table(title: str, rows: Sequence[tuple[str, object]]):
     from rich.table import Table
 
     table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)

@@ -14,8 +14,18 @@ import math
 import click
 
 from budgetplan.cli._render import fmt, params_table, results_table
-from budgetplan.cli._shell import (BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, UNIT_CAP,
-                                   console, emit_json, warn)
+from budgetplan.cli._shell import (
+    BATCH_SIZE,
+    DATASET_SIZE,
+    EPOCHS,
+    OPEN_UNIT,
+    POSITIVE,
+    POSITIVE_INT,
+    UNIT_CAP,
+    console,
+    emit_json,
+    warn,
+)
 from budgetplan.cli.release_cmds import _guarantee_table, _head, _result, _row, _unit
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 

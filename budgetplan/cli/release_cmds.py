@@ -55,7 +55,8 @@ def _head(results):
 @_JSON
 def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
     """Randomized response on a binary label (label DP, replace-one adjacency)."""
-    from budgetplan.accounting import account, rr as rr_math
+    from budgetplan.accounting import account
+    from budgetplan.accounting import rr as rr_math
     from budgetplan.calibrate import rr_per_example_epsilon
     from budgetplan.mechanisms import RandomizedResponse
 
@@ -164,7 +165,8 @@ def _guarantee_table(results, title="Guarantee"):
 @_JSON
 def gaussian(epsilon, noise_std, delta, sensitivity, unit_cap, adjacency, accountant, as_json):
     """One Gaussian release (the WALR noisy dot product), exact analytic Gaussian accounting."""
-    from budgetplan.accounting import account, gaussian as gauss
+    from budgetplan.accounting import account
+    from budgetplan.accounting import gaussian as gauss
     from budgetplan.calibrate import gaussian_noise_std
     from budgetplan.mechanisms import GaussianRelease
 

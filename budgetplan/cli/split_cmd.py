@@ -5,8 +5,17 @@ from __future__ import annotations
 import click
 
 from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import (BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, POSITIVE_INT, console,
-                                   emit_json, warn)
+from budgetplan.cli._shell import (
+    BATCH_SIZE,
+    DATASET_SIZE,
+    EPOCHS,
+    OPEN_UNIT,
+    POSITIVE,
+    POSITIVE_INT,
+    console,
+    emit_json,
+    warn,
+)
 from budgetplan.limits import MAX_GRID_CELLS
 
 __all__ = ["split"]

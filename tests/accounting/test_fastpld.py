@@ -20,7 +20,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from budgetplan.accounting import fastpld as F
@@ -184,7 +185,8 @@ MOG_CASES = [(1, 0.02, 1.0), (2, 0.02, 1.0), (4, 0.02, 1.5), (8, 0.01, 2.0)]
 def test_mixture_of_gaussians_matches_dp(k, q, sigma):
     sens, probs = _binomial(k, q)
     ref = dp_pld.from_mixture_gaussian_mechanism(sigma, sens, probs, value_discretization_interval=1e-3)
-    mine = F.mixture_of_gaussians(standard_deviation=sigma, sensitivities=sens, probabilities=probs, discretization=1e-3)
+    mine = F.mixture_of_gaussians(standard_deviation=sigma, sensitivities=sens, probabilities=probs,
+                                  discretization=1e-3)
     assert len(mine.pmfs) == 2
     assert_matches_dp(_builder(mine, 200), ref.self_compose(200))
 
@@ -205,7 +207,8 @@ def test_mixture_with_one_example_is_the_subsampled_gaussian():
                                  1e-8 * F.delta_for_epsilon(b, EPSILONS) + allowance + 1e-13)
 
 
-@pytest.mark.parametrize("eps, copies, d", [(1.0, 5, 1e-4), (0.5, 20, 1e-4), (2.0, 3, 1e-3), (0.1, 100, 1e-4), (1.0, 1, 1e-4)])
+@pytest.mark.parametrize("eps, copies, d", [(1.0, 5, 1e-4), (0.5, 20, 1e-4), (2.0, 3, 1e-3), (0.1, 100, 1e-4),
+                                           (1.0, 1, 1e-4)])
 def test_randomized_response_composed_matches_dp_accountant(eps, copies, d):
     acc = pld_privacy_accountant.PLDAccountant(REPLACE_ONE, value_discretization_interval=d)
     event = dp_event.RandomizedResponseDpEvent(noise_parameter=_rr_noise(eps), num_buckets=2)
@@ -235,7 +238,8 @@ def test_compose_two_subsampled_gaussians_matches_dp_accountant():
     acc = pld_privacy_accountant.PLDAccountant(ADD_REMOVE, value_discretization_interval=1e-4)
     first = dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0))
     second = dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(2.0))
-    acc.compose(dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(first, 300), dp_event.SelfComposedDpEvent(second, 50)]))
+    acc.compose(dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(first, 300),
+                                          dp_event.SelfComposedDpEvent(second, 50)]))
     first_pld = F.gaussian(noise_multiplier=1.0, sampling_rate=0.01)
     second_pld = F.gaussian(noise_multiplier=2.0, sampling_rate=0.05)
     assert_matches_dp(lambda delta: F.compose_all([(first_pld, 300), (second_pld, 50)], delta=delta), acc,
@@ -283,7 +287,8 @@ def test_single_step_pmf_has_total_mass_one(log_q, log_sigma, relation):
         pytest.param(lambda: F.gaussian(noise_multiplier=0.7751, sampling_rate=16384 / 32e6), id="gauss-small-q"),
         pytest.param(lambda: F.gaussian(noise_multiplier=0.8, sampling_rate=0.5), id="gauss-large-q"),
         pytest.param(lambda: F.gaussian(noise_multiplier=1.0), id="gauss-no-sampling"),
-        pytest.param(lambda: F.mixture_of_gaussians(standard_deviation=1.0, sensitivities=range(9), probabilities=_binomial(8, 0.01)[1]), id="mog"),
+        pytest.param(lambda: F.mixture_of_gaussians(standard_deviation=1.0, sensitivities=range(9),
+                                                    probabilities=_binomial(8, 0.01)[1]), id="mog"),
         pytest.param(lambda: F.randomized_response(epsilon=1.0), id="rr"),
     ],
 )
@@ -309,12 +314,14 @@ def test_epsilon_is_non_increasing_in_delta():
 @given(log_q=st.floats(-4, -1), log_count=st.floats(1, 3.5), relation=st.sampled_from(["add-remove", "replace-one"]))
 def test_epsilon_is_non_increasing_in_noise(log_q, log_count, relation):
     q, count = 10**log_q, int(10**log_count)
-    eps = [F.epsilon_for_delta(_mine_gaussian(s, q, 1e-3, relation, count, 1e-6), 1e-6) for s in (0.6, 0.8, 1.0, 1.5, 3.0)]
+    eps = [F.epsilon_for_delta(_mine_gaussian(s, q, 1e-3, relation, count, 1e-6), 1e-6)
+           for s in (0.6, 0.8, 1.0, 1.5, 3.0)]
     assert all(a >= b for a, b in zip(eps, eps[1:]))
 
 
 @settings(max_examples=5, deadline=None, derandomize=True)
-@given(log_q=st.floats(-4, -0.5), log_sigma=st.floats(-0.2, 0.7), relation=st.sampled_from(["add-remove", "replace-one"]))
+@given(log_q=st.floats(-4, -0.5), log_sigma=st.floats(-0.2, 0.7),
+       relation=st.sampled_from(["add-remove", "replace-one"]))
 def test_epsilon_is_non_decreasing_in_count(log_q, log_sigma, relation):
     pld = F.gaussian(noise_multiplier=10**log_sigma, sampling_rate=10**log_q, relation=relation, discretization=1e-3)
     eps = [F.epsilon_for_delta(F.self_compose(pld, t, delta=1e-6), 1e-6) for t in (1, 2, 10, 100, 1000)]

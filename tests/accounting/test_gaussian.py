@@ -2,7 +2,8 @@
 
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from budgetplan.accounting import gaussian as g
 

@@ -13,7 +13,8 @@ import re
 import pytest
 
 from budgetplan import PoissonDPSGD, PrivacyUnit, account, calibrate
-from budgetplan.accounting import _pld_ops, fastpld as F, gaussian, group, limits, pld_build, rr
+from budgetplan.accounting import _pld_ops, gaussian, group, limits, pld_build, rr
+from budgetplan.accounting import fastpld as F
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import GaussianRelease

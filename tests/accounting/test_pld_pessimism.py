@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import fft
 
 from budgetplan import PoissonDPSGD, account

@@ -26,10 +26,10 @@ from budgetplan.phases import DPSGDParams, RRParams, WALRParams
 from tests.trainers.mutants import Mutant
 from trainers import dpsgd
 from trainers.clipping import CLIP_MARGIN_ULPS
-from trainers.empirical import canaries
 from trainers.empirical import (
     DEFAULT_CONFIDENCE,
     Result,
+    canaries,
     epsilon_from_counts,
     rr_lower_bound,
     split_threshold_bound,

@@ -13,8 +13,8 @@ from trainers.rr_phase import flip_probabilities, randomize_labels
 
 def test_policy_is_recorded():
     assert Randomness().record()["policy"] == "csprng"
-    assert Randomness(7).record() == {"policy": "seeded", "seed": 7,
-                                      "note": "reproducible run: noise derived from an explicit seed, for debugging only"}
+    note = "reproducible run: noise derived from an explicit seed, for debugging only"
+    assert Randomness(7).record() == {"policy": "seeded", "seed": 7, "note": note}
     with pytest.raises(ValueError):
         Randomness(-1)
 

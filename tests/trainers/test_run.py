@@ -119,7 +119,8 @@ def test_data_count_gives_the_n_a_user_level_plan_trains_on(data, tmp_path, runn
     assert counted["units"] < n3 < 5000
     rec = execute_plan(rr_plan(n3, extra_privacy='unit = "user"\ncap = 3'), root / "train.parquet", settings=FAST)
     assert rec.rows_used == n3
-    human = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "user_id", "--unit-cap", "3"])
+    human = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "user_id",
+                                "--unit-cap", "3"])
     assert human.exit_code == 0 and f"{n3:,}" in human.stdout and "[data] dataset_size" in human.stdout
     bad = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "uid", "--unit-cap", "3"])
     assert bad.exit_code == 2 and "no column 'uid'" in bad.stderr and bad.stderr.strip().count("\n") == 0
@@ -186,7 +187,8 @@ def test_user_level_dpsgd_mixture_plan(data):
     text = demo_scenario(epsilon=4.0, dataset_size=n, spec=SYNTH_FEATURES).replace(
         'name = "rr"', 'name = "dpsgd"').replace("delta = 0.0", "delta = 1e-6").replace(
         'adjacency = "replace-one"\nunit = "impression"', 'adjacency = "add-remove"\nunit = "user x time"\ncap = 3')
-    text = text.replace("[rr]\nepochs = 3\nbatch_size = 1024\n", "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
+    text = text.replace("[rr]\nepochs = 3\nbatch_size = 1024\n",
+                        "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
     plan = build_plan(parse_scenario(text))
     assert plan.phases[0].guarantee.method == "mixture-of-gaussians(pld)"
     rec = execute_plan(plan, root / "train.parquet", settings=FAST)
@@ -311,7 +313,8 @@ def test_vocabulary_is_refused_where_the_adjacency_protects_the_columns(data, tm
     text = demo_scenario(epsilon=4.0, dataset_size=5000, spec=SYNTH_FEATURES).replace(
         'name = "rr"', 'name = "dpsgd"').replace("delta = 0.0", "delta = 1e-6").replace(
         'adjacency = "replace-one"', 'adjacency = "add-remove"')
-    text = text.replace("[rr]\nepochs = 3\nbatch_size = 1024\n", "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
+    text = text.replace("[rr]\nepochs = 3\nbatch_size = 1024\n",
+                        "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
     full_dp = build_plan(parse_scenario(text))
     assert not full_dp.nonsensitive_fixed
     vocab = dataclasses.replace(FAST, nonsensitive_encoding="vocab")

@@ -4,8 +4,8 @@ Statistical assertions state their false-alarm rate; every one is at most 1e-6 p
 the data are seeded, so a failure means a bug, not bad luck.
 """
 
-import inspect
 import dataclasses
+import inspect
 import math
 import re
 

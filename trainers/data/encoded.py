@@ -43,12 +43,12 @@ class EncodedData:
     def __len__(self) -> int:
         return int(self.label.shape[0])
 
-    def to(self, device) -> "EncodedData":
+    def to(self, device) -> EncodedData:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return EncodedData(move(self.ns_cat), move(self.ns_num), move(self.s_cat), move(self.s_num),
                            move(self.label), move(self.unit), self.ns_vocab, self.s_vocab, dict(self.names))
 
-    def take(self, index) -> "EncodedData":
+    def take(self, index) -> EncodedData:
         """The rows at ``index`` (a tensor of row numbers or a boolean mask)."""
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return EncodedData(pick(self.ns_cat), pick(self.ns_num), pick(self.s_cat), pick(self.s_num),

@@ -423,8 +423,8 @@ def render_run_statement(plan: Plan, record) -> str:
         if ev:
             held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
                               f"{_num(ev['log_loss'])}."))
-        lines += ["Held by the data owner (private record; statistics of the private data that the guarantee "
-                  "does not cover, never to travel with the model):", *held, "",
+        lines += [_para("Held by the data owner (private record; statistics of the private data that the "
+                        "guarantee does not cover, never to travel with the model):"), *held, "",
                   f"Private record sha256: {private.sha256}", ""]
     lines.append(render_statement(plan))
     return "\n".join(lines)

@@ -434,3 +434,11 @@ def test_a_statement_is_refused_for_a_plan_that_does_not_verify(runs, runner, tm
     _f_plan_edited(root, out)
     res = runner.invoke(cli, ["statement", str(out / "plan.json")])
     assert res.exit_code == 1 and "does not verify" in res.stderr and not res.stdout
+
+
+def test_run_statement_lines_fit_88_columns(runs):
+    from budgetplan.statement import render_run_statement
+
+    root, plan = runs
+    text = render_run_statement(plan, load_record(root / "run"))
+    assert max(len(line) for line in text.splitlines()) <= 88

@@ -203,6 +203,18 @@ class TwoTowerMLP(_TowerModel):
         return {**self.shape.as_dict(), "embedding_dim": self._embedding_dim,
                 "tower_hidden": self.tower_hidden, "common_hidden": list(self.common_hidden)}
 
+    @torch.no_grad()
+    def match_truncated(self) -> None:
+        """Make the full model compute the truncated one: the common tower's first layer reads h = 0.
+
+        The weights that read the sensitive tower's output are zeroed, so ``forward`` equals
+        ``forward_truncated`` exactly; the sensitive embeddings keep their values, so those
+        weights get gradients at once and the sensitive tower learns from there (Hybrid's
+        DP-SGD phase starts from the RR model rather than from a random perturbation of it).
+        """
+        first = self.common[0] if len(self.common) else self.head
+        first.weight[:, self.d_ns:].zero_()
+
     def _nonsensitive(self, ns_cat: torch.Tensor, ns_num: torch.Tensor) -> torch.Tensor:
         """g(x°): [B, d°]."""
         parts = []
@@ -310,6 +322,16 @@ class FactorizationMachine(_TowerModel):
 
     def config(self) -> dict:
         return {**self.shape.as_dict(), "embedding_dim": self._embedding_dim}
+
+    @torch.no_grad()
+    def match_truncated(self) -> None:
+        """Make the full model compute the truncated one: every sensitive parameter set to 0.
+
+        Then h = 0 exactly; the gradients of the sensitive vectors are their interactions
+        with the non-sensitive ones, so they learn from the first DP-SGD step.
+        """
+        for name, p in self.named_tower_parameters("sensitive"):
+            p.zero_()
 
     def _tower(self, prefix: str, cat: torch.Tensor, num: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(t_1 [B], t_2.. [B, k]) of one group."""

@@ -51,12 +51,17 @@ class TrainSettings:
     vocab_threshold: int = 16
     device: str = "auto"
     data_format: str = "auto"
+    # Hybrid: "rr-model" starts DP-SGD from exactly the RR model (the weights reading the
+    # sensitive tower zeroed); "as-trained" leaves them at their initial values.
+    hybrid_start: str = "as-trained"
 
     def __post_init__(self):
         if self.model not in ("mlp", "fm"):
             raise InvalidParameterError(f"model must be mlp or fm, got {self.model!r}")
         if self.loss not in ("unbiased", "forward"):
             raise InvalidParameterError(f"loss must be unbiased or forward, got {self.loss!r}")
+        if self.hybrid_start not in ("rr-model", "as-trained"):
+            raise InvalidParameterError(f"hybrid_start must be rr-model or as-trained, got {self.hybrid_start!r}")
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -348,6 +353,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 rr_result = ckpt.get("rr_result") if ckpt is not None else None
                 if rr_result is None and plan.rr is not None:
                     rr_result = rr
+                if plan.rr is not None and not resumed_from and settings.hybrid_start == "rr-model":
+                    model.match_truncated()  # a fresh DP-SGD phase (a resumed one has its checkpoint)
 
                 def save(step_done, opt_state, rr_result=rr_result):
                     session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),

@@ -301,3 +301,20 @@ def test_inputs_with_wrong_columns_are_refused(kind):
         model.forward_truncated(ns_cat[:, :2], ns_num)
     with pytest.raises(ValueError, match="rows"):
         model(ns_cat, ns_num[:3], s_cat, s_num)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "fm"])
+def test_match_truncated_makes_the_full_model_the_truncated_one(kind):
+    """Hybrid's DP-SGD phase starts from exactly the RR model; the sensitive tower still gets gradients."""
+    torch.manual_seed(0)
+    shape = dict(ns_vocab=20, n_ns_cat=2, n_ns_num=1, s_vocab=30, n_s_cat=2, n_s_num=2)
+    model = build_model(kind, **shape, embedding_dim=4, **({"tower_hidden": 8, "common_hidden": (8,)}
+                                                          if kind == "mlp" else {}))
+    x = (torch.randint(0, 20, (16, 2)), torch.rand(16, 1), torch.randint(0, 30, (16, 2)), 3 * torch.rand(16, 2))
+    assert not torch.allclose(model(*x), model.forward_truncated(*x[:2]))
+    model.match_truncated()
+    assert torch.equal(model(*x), model.forward_truncated(*x[:2]))
+    model(*x).sum().backward()
+    sensitive = [p.grad for _, p in model.named_tower_parameters("sensitive")]
+    first = model.common[0].weight.grad[:, model.d_ns:] if kind == "mlp" else None
+    assert any(g is not None and g.abs().sum() > 0 for g in sensitive + [first])

@@ -330,7 +330,7 @@ class FactorizationMachine(_TowerModel):
         Then h = 0 exactly; the gradients of the sensitive vectors are their interactions
         with the non-sensitive ones, so they learn from the first DP-SGD step.
         """
-        for name, p in self.named_tower_parameters("sensitive"):
+        for _name, p in self.named_tower_parameters("sensitive"):
             p.zero_()
 
     def _tower(self, prefix: str, cat: torch.Tensor, num: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,12 +36,17 @@ def _settings(**kw):
 @click.option("--dpsgd-lr", type=LEARNING_RATE, default=0.01, show_default=True, help="DP-SGD phase learning rate.")
 @click.option("--dpsgd-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
               help="DP-SGD learning-rate schedule over the plan's steps.")
-@click.option("--loss", type=click.Choice(["unbiased", "forward"]), default="unbiased", show_default=True,
-              help="RR debiasing: the Hybrid paper's unbiased loss or the forward-corrected loss.")
+@click.option("--loss", type=click.Choice(["forward", "unbiased"]), default="forward", show_default=True,
+              help="RR debiasing: the forward-corrected loss, or the Hybrid paper's unbiased loss (unbounded "
+              "below: it can memorise flipped labels of rare values).")
+@click.option("--hybrid-start", type=click.Choice(["rr-model", "as-trained"]), default="rr-model", show_default=True,
+              help="Hybrid: start DP-SGD from exactly the RR model, or leave the sensitive tower's outlet as "
+              "initialised.")
 @click.option("--batch-size", type=BATCH_SIZE, default=None, help="When the plan does not fix one.")
-@click.option("--encoding", "nonsensitive_encoding", type=click.Choice(["hash", "vocab"]), default="hash",
-              show_default=True, help="Non-sensitive categoricals: hashed, or a vocabulary of values seen at least "
-              "--vocab-threshold times (sensitive ones are always hashed: their counts are private).")
+@click.option("--encoding", "nonsensitive_encoding", type=click.Choice(["auto", "vocab", "hash"]), default="auto",
+              show_default=True, help="Non-sensitive categoricals: a vocabulary of values seen at least "
+              "--vocab-threshold times, or hashed; auto: vocab where the plan leaves those columns unprotected, "
+              "else hash (sensitive ones are always hashed: their counts are private).")
 @click.option("--vocab-threshold", type=bounded_int("vocab_threshold", MAX_DATASET_SIZE), default=16, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
@@ -57,7 +62,7 @@ def _settings(**kw):
               "private/fingerprint.key in the run directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
-          dpsgd_schedule, loss, batch_size,
+          dpsgd_schedule, loss, hybrid_start, batch_size,
           nonsensitive_encoding, vocab_threshold, device, seed, non_private, baseline_run, resume, checkpoint_every,
           key_path, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
@@ -69,7 +74,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
-                         vocab_threshold=vocab_threshold)
+                         vocab_threshold=vocab_threshold, hybrid_start=hybrid_start)
     plan = load_plan(plan_file)
     _refuse_unused(click.get_current_context(), plan, non_private)
     key = None
@@ -103,7 +108,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
 # Options that only some runs read: given explicitly to a run that ignores them, they are
 # refused, so that a setting someone meant to change never silently changes nothing.
 _DPSGD_ONLY = ("dpsgd_optimizer", "dpsgd_lr", "dpsgd_schedule", "checkpoint_every")
-_PRIVATE_ONLY = ("loss", "resume", "baseline_run")
+_PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run")
 _NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold")
 
 
@@ -128,6 +133,8 @@ def _refuse_unused(ctx, plan, non_private: bool) -> None:
             refuse(param, "configures a neural model; a WALR plan fits a logistic regression on its release")
     if "loss" in given and plan.rr is None:
         refuse("loss", f"is the RR phase's debiasing; this plan has {' + '.join(names)}")
+    if "hybrid_start" in given and (plan.rr is None or plan.dpsgd is None):
+        refuse("hybrid_start", f"applies to a Hybrid plan (RR then DP-SGD); this plan has {' + '.join(names)}")
     rr = plan.rr
     if "batch_size" in given and not non_private and (rr is None or rr.params.batch_size):
         refuse("batch_size", "is used by --non-private and by an RR phase whose plan fixes none; this plan "

@@ -56,13 +56,14 @@ def settings_record(script: str, argv: list[str], values: dict) -> dict:
         values: every setting that produced the results, resolved; JSON-plain after a round
             trip (tuples become lists), so that a fresh object and one read back compare equal.
 
-    The commit (and whether the work tree had uncommitted changes to tracked files) and the
-    budgetplan version say which code ran; they are provenance, not settings, and
-    :func:`settings_differences` leaves them out.
+    The commit (and whether the work tree had uncommitted changes to tracked files outside
+    the results) and the budgetplan version say which code ran; they are provenance, not
+    settings, and :func:`settings_differences` leaves them out.
     """
     import budgetplan
 
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # results files are outputs: rewriting them is no change to the code that ran
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
     return {"script": script, "argv": [str(a) for a in argv], "values": json.loads(json.dumps(values)),
             "commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
             "budgetplan_version": budgetplan.__version__}

@@ -19,6 +19,9 @@ ARMS = ["RR", "DP-SGD", "Hybrid", "alpha=0.5"]
 # something; epsilon 0.01: every private arm is close to a coin, the baseline is not.
 ARGV = ["--rows", "4000", "--shapes", "legacy", "--epsilons", "0.01", "--arms", ",".join(ARMS), "--seeds", "2",
         "--device", "cpu", "--name", "tiny"]
+# The library's baseline (3 epochs at 3,200 rows: 9 steps) is too short to rank anything: the
+# tiny runs train it longer on smaller tables, through the frontier's one place for overrides.
+TRAINING = {"baseline_epochs": 20, "hash_bins_nonsensitive": 4096, "hash_bins_sensitive": 4096}
 
 
 def _frontier():
@@ -33,17 +36,12 @@ def _frontier():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """One tiny frontier run; the library's baseline (3 epochs at 3,200 rows: 9 steps) is too
-    short to rank anything, so the run trains it longer on smaller tables, through the
-    frontier's one place for such overrides."""
+    """One tiny frontier run."""
     uf = _frontier()
     out = tmp_path_factory.mktemp("frontier")
-    saved = uf.TRAINING
-    uf.TRAINING = {"baseline_epochs": 20, "hash_bins_nonsensitive": 4096, "hash_bins_sensitive": 4096}
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(uf, "TRAINING", TRAINING)
         state = uf.main([*ARGV, "--out", str(out)])
-    finally:
-        uf.TRAINING = saved
     return uf, out, state
 
 
@@ -89,8 +87,9 @@ def test_the_table_reports_loss_and_calibration_with_spread(tiny):
     assert uf.h.settings_markdown(state["settings"]) in text
 
 
-def test_a_killed_run_resumes_where_it_stopped(tiny, capsys):
+def test_a_killed_run_resumes_where_it_stopped(tiny, monkeypatch):
     uf, out, state = tiny
+    monkeypatch.setattr(uf, "TRAINING", TRAINING)
     dropped = "legacy|1|0.01|Hybrid"
     partial = json.loads(json.dumps(state))
     del partial["cells"][dropped]
@@ -104,9 +103,10 @@ def test_a_killed_run_resumes_where_it_stopped(tiny, capsys):
     assert resumed["baselines"] == state["baselines"]
 
 
-def test_a_run_with_other_settings_is_refused(tiny):
+def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
     uf, out, _ = tiny
-    with pytest.raises(SystemExit, match="rr.epochs"):
+    monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    with pytest.raises(SystemExit, match=r"\(these differ: rr.epochs\)"):
         uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4"])
 
 
@@ -123,7 +123,8 @@ def _arm(mean, std):
 
 
 def test_cells_the_seeds_cannot_order_are_marked():
-    uf = _frontier()
+    _frontier()
+    import _frontier_report as uf
     by_arm = {"RR": _arm(10.0, 1.0), "DP-SGD": _arm(5.0, 1.0), "Hybrid": _arm(5.5, 1.0)}
     uf._readable(by_arm, list(by_arm), "main", "loss")
     # RR is 4.5 away from its nearest arm (std 1): ordered; DP-SGD and Hybrid are 0.5 apart: not

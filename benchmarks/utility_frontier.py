@@ -136,12 +136,23 @@ def settings(args: argparse.Namespace) -> dict:
         "rows": args.rows, "users": args.users, "data_seeds": [1000 + s for s in range(args.seeds)],
         "training_seed": "the data seed", "holdout": HOLDOUT, "epsilons": args.epsilon_list,
         "arms": {a: ARMS[a] for a in args.arm_list},
-        "privacy": {k: PLAN[k] for k in ("delta", "adjacency", "unit")},
-        "rr": {"epochs": args.rr_epochs, "batch_size": PLAN["rr"]["batch_size"]},
-        "dpsgd": {"batch_size": args.dpsgd_batch, "epochs": args.dpsgd_epochs, "clipping_norm": args.clipping_norm,
-                  "tower": PLAN["tower"]},
-        "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
+        "scenario": _shared_scenario(args), "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
         "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True"}})
+
+
+def _shared_scenario(args) -> dict:
+    """What every arm's scenario shares, the planner's defaults resolved (accountant,
+    discretisation, sampling, RR's per-impression rule, ...): the name, epsilon, split, N
+    and features vary by cell and shape."""
+    from budgetplan.scenario import parse_scenario
+    from trainers.data.synth import get_shape
+
+    text = scenario(args, epsilon=max(args.epsilon_list), split=ARMS["Hybrid"], n=args.rows,
+                    spec=get_shape(args.shape_list[0]).features)
+    shared = parse_scenario(text).to_dict()
+    for key in ("name", "epsilon", "split", "dataset_size", "features"):
+        shared.pop(key)
+    return shared
 
 
 def scenario(args, *, epsilon: float, split: str, n: int, spec) -> str:

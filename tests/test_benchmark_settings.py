@@ -127,6 +127,21 @@ def test_a_changed_data_shape_makes_the_frontier_stale(monkeypatch):
     assert differences(recorded) == [f"shapes.{name}.intercept"]
 
 
+def test_a_changed_planner_default_makes_the_frontier_stale(monkeypatch):
+    import budgetplan.scenario
+
+    parse = budgetplan.scenario.parse_scenario
+    monkeypatch.setattr(budgetplan.scenario, "parse_scenario",
+                        lambda text: dataclasses.replace(parse(text), method="rdp"))
+    assert differences(_quick_frontier()) == ["scenario.method"]
+
+
+def test_a_changed_frontier_arm_setting_makes_it_stale(monkeypatch):
+    frontier = _script("utility_frontier.py")
+    monkeypatch.setitem(frontier.PLAN, "rr", {**frontier.PLAN["rr"], "batch_size": 512})
+    assert differences(_quick_frontier()) == ["scenario.rr.batch_size"]
+
+
 def test_a_changed_accounting_default_makes_calibration_and_grid_stale(monkeypatch):
     account = importlib.import_module("budgetplan.accounting.account")  # the package re-exports a function so named
     monkeypatch.setattr(account, "DEFAULT_DISCRETIZATION", account.DEFAULT_DISCRETIZATION / 2)

@@ -160,9 +160,9 @@ def test_an_edited_results_file_is_stale(tmp_path):
     recorded = _quick_frontier()
     edited = json.loads(json.dumps(recorded))
     edited["values"]["epsilons"] = [1.0, 3.0]
-    del edited["values"]["rr"]["epochs"]
+    del edited["values"]["scenario"]["rr"]["epochs"]
     edited["values"]["training"]["loss"] = "forward"
-    assert differences(edited) == ["epsilons", "rr.epochs", "training.loss"]
+    assert differences(edited) == ["epsilons", "scenario.rr.epochs", "training.loss"]
 
 
 def test_differences_compare_values_not_provenance():

@@ -172,6 +172,8 @@ def plot(state: dict, name: str, out: Path) -> list[Path]:
                          label="non-private, non-sensitive only")
         for ax, ylabel in ((left, "relative AUC loss (%)"), (right, "calibration ratio mean(p) / mean(y)")):
             ax.set_xscale("log")
+            ax.set_xticks(sorted(by_eps), [f"{e:g}" for e in sorted(by_eps)])
+            ax.minorticks_off()
             ax.set_xlabel("total epsilon")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3, which="both")

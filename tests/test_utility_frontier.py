@@ -106,7 +106,7 @@ def test_a_killed_run_resumes_where_it_stopped(tiny, monkeypatch):
 def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
     uf, out, _ = tiny
     monkeypatch.setattr(uf, "TRAINING", TRAINING)
-    with pytest.raises(SystemExit, match=r"\(these differ: rr.epochs\)"):
+    with pytest.raises(SystemExit, match=r"\(these differ: scenario.rr.epochs\)"):
         uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4"])
 
 

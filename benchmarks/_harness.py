@@ -1,4 +1,13 @@
-"""Shared pieces of the trainer benchmarks (``dpsgd_step.py``, ``epoch_throughput.py``).
+"""Shared pieces of the benchmarks.
+
+For every benchmark, the ``settings`` object of its results file (:func:`settings_record`):
+every setting that produced the results, resolved (defaults included, library defaults
+read from the library), beside the command line and the commit that ran. Each script's
+``settings(args)`` builds it both when it writes results and when asked what it would use
+today, so tests/test_benchmark_settings.py can tell a stale results file from a current one
+(:func:`settings_differences`) without running anything.
+
+For the trainer benchmarks (``dpsgd_step.py``, ``epoch_throughput.py``):
 
 - the model shapes (Criteo pCTR and Criteo attribution, as in the Hybrid paper, and reduced
   variants that fit Opacus's per-sample gradients in memory);
@@ -28,6 +37,80 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def settings_record(script: str, argv: list[str], values: dict) -> dict:
+    """The ``settings`` object a results file records.
+
+    Args:
+        script: the benchmark's file name (``utility_frontier.py``).
+        argv: the command-line arguments it was given (the test re-parses them).
+        values: every setting that produced the results, resolved; JSON-plain after a round
+            trip (tuples become lists), so that a fresh object and one read back compare equal.
+
+    The commit (and whether the work tree had uncommitted changes to tracked files outside
+    the results) and the budgetplan version say which code ran; they are provenance, not
+    settings, and :func:`settings_differences` leaves them out.
+    """
+    import budgetplan
+
+    # results files are outputs: rewriting them is no change to the code that ran
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return {"script": script, "argv": [str(a) for a in argv], "values": json.loads(json.dumps(values)),
+            "commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "budgetplan_version": budgetplan.__version__}
+
+
+def settings_differences(recorded: dict, today: dict) -> list[str]:
+    """The settings (dotted names under ``values``) that differ between two settings objects.
+
+    A setting present in one and absent from the other differs too; provenance (commit,
+    version, argv) is not compared.
+    """
+    out: list[str] = []
+    if recorded.get("script") != today.get("script"):
+        out.append("script")
+
+    def walk(a, b, name):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key, _ABSENT), b.get(key, _ABSENT), f"{name}.{key}" if name else key)
+        elif a != b or type(a) is not type(b) and not {type(a), type(b)} <= {int, float}:
+            out.append(name)
+
+    walk(recorded.get("values", {}), today.get("values", {}), "")
+    return out
+
+
+_ABSENT = object()
+
+
+def settings_markdown(settings: dict) -> str:
+    """One paragraph for a results table: how to re-run it, the commit, and every setting."""
+    import json as _json
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k} = {_json.dumps(v)}"
+
+    commit = (settings.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if settings.get("dirty") else "")
+    command = " ".join(["python", f"benchmarks/{settings['script']}", *settings["argv"]])
+    version = settings.get("budgetplan_version")
+    head = f"Settings (`{command}`, commit {commit}" + (f", budgetplan {version}" if version else "")
+    if settings.get("reconstructed"):
+        head += f"; reconstructed: {settings['reconstructed']}"
+    return head + "): " + "; ".join(flat(settings["values"])) + "."
 
 # TwoTowerMLP keyword arguments per shape.
 SHAPES = {

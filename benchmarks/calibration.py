@@ -27,15 +27,19 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
-from pathlib import Path
+
+import _harness as h
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 N, B, EPOCHS, TARGET = 32_000_000, 16_384, 64, 2.0
 Q, STEPS, DELTA = B / N, 125_000, 1 / N
 USER = dict(cap=8, epochs=3, target=2.0, delta=1e-7)
-RESULTS = Path(__file__).parent / "results"
+RESULTS = h.RESULTS
+PEER = {"accountant": "PLDAccountant", "discretization": 1e-4, "tol": 1e-3}
+REFERENCE = {"accountant": "PLDAccountant", "discretization": 1e-5, "tol": 1e-5, "bracket": [0.99, 1.01]}
 
 
 def _clear_caches() -> None:
@@ -63,7 +67,7 @@ def peer_calibration() -> tuple[float, float, int]:
         return pa.PLDAccountant()
 
     t0 = time.perf_counter()
-    sigma = mc.calibrate_dp_mechanism(fresh, _event, TARGET, DELTA, tol=1e-3)
+    sigma = mc.calibrate_dp_mechanism(fresh, _event, TARGET, DELTA, tol=PEER["tol"])
     return sigma, time.perf_counter() - t0, calls
 
 
@@ -81,9 +85,10 @@ def reference_sigma(near: float) -> tuple[float, float]:
     from dp_accounting.pld import pld_privacy_accountant as pa
 
     t0 = time.perf_counter()
+    low, high = REFERENCE["bracket"]
     sigma = mc.calibrate_dp_mechanism(
-        lambda: pa.PLDAccountant(value_discretization_interval=1e-5), _event, TARGET, DELTA,
-        mc.ExplicitBracketInterval(near * 0.99, near * 1.01), tol=1e-5)
+        lambda: pa.PLDAccountant(value_discretization_interval=REFERENCE["discretization"]), _event, TARGET, DELTA,
+        mc.ExplicitBracketInterval(near * low, near * high), tol=REFERENCE["tol"])
     return sigma, time.perf_counter() - t0
 
 
@@ -116,20 +121,42 @@ def user_level(quick: bool) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the slow 1e-5 reference and peer MoG run")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """The case, the peer's and the reference's settings, and our calibration's library defaults."""
+    from budgetplan import calibrate
+    from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
+
+    return h.settings_record("calibration.py", args.argv, {
+        "quick": args.quick, "repeats": args.repeats,
+        "case": {"dataset_size": N, "batch_size": B, "epochs": EPOCHS, "steps": STEPS, "sampling_rate": Q,
+                 "target_epsilon": TARGET, "delta": DELTA},
+        "user_level": USER, "peer": PEER, "reference": None if args.quick else REFERENCE,
+        "ours": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL,
+                 "verify": True, "caches_cleared": True}})
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
 
     peer_sigma, peer_s, peer_calls = peer_calibration()
     runs = [ours_calibration() for _ in range(args.repeats)]
     ours_s = statistics.median(t for _, t in runs)
     cal = runs[0][0]
     result = {
+        "settings": settings(args),
         "case": {"dataset_size": N, "batch_size": B, "epochs": EPOCHS, "steps": STEPS, "sampling_rate": Q,
                  "target_epsilon": TARGET, "delta": DELTA},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1min": os.getloadavg()[0]},
         "versions": dict(cal.guarantee.versions),
         "peer": {"what": "dp_accounting calibrate_dp_mechanism, PLDAccountant(1e-4), tol=1e-3",
                  "noise_multiplier": peer_sigma, "seconds": peer_s, "evaluations": peer_calls},
@@ -183,8 +210,10 @@ def _markdown(r: dict) -> str:
     if "peer_single_evaluation_seconds" in u:
         lines.append(f"One dp_accounting mixture-of-Gaussians evaluation at that sigma takes "
                      f"{u['peer_single_evaluation_seconds']:.1f} s (epsilon {u['peer_epsilon_at_ours']:.6f}).")
+    if "settings" in r:
+        lines += ["", h.settings_markdown(r["settings"])]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -300,7 +300,7 @@ def _ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="batch 4,096 everywhere, 1 warm-up + 2 timed steps")
@@ -315,7 +315,34 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated subset of the shapes")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    # what --quick and the defaults resolve to (settings() records them, main() runs them)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    args.steps = args.steps if args.steps is not None else (2 if args.quick else 5)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.mode_list = [m for m in args.modes.split(",") if m]
+    args.todo = cases(args.quick)
+    if args.shapes:
+        keep = set(args.shapes.split(","))
+        args.todo = [c for c in args.todo if c[0] in keep]
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Every setting of the measurement (torch_threads None: torch's default, resolved in ``machine``)."""
+    return h.settings_record("dpsgd_step.py", args.argv, {
+        "device": args.device, "quick": args.quick, "warmup": args.warmup, "steps": args.steps,
+        "timed_budget_seconds": TIMED_BUDGET, "fast_budget_seconds": FAST_BUDGET, "max_steps": MAX_STEPS,
+        "rounds": args.rounds, "repeat_below_seconds": REPEAT_BELOW, "torch_threads": args.threads,
+        "step_limit_seconds": args.step_limit, "clipping_norm": CLIP, "noise_multiplier": SIGMA,
+        "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9}, "modes": args.mode_list,
+        "cases": [{"shape": s, "batch": b, "reduced": r} for s, b, r in args.todo],
+        "shapes": {s: h.SHAPES[s] for s in dict.fromkeys(c[0] for c in args.todo)}})
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     if args.child is not None:
         child(json.loads(args.child))
         return
@@ -327,14 +354,7 @@ def main() -> None:
 
     import torch
 
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    steps = args.steps if args.steps is not None else (2 if args.quick else 5)
-    modes = [m for m in args.modes.split(",") if m]
-    args.rounds = args.rounds or (1 if args.quick else 2)
-    todo = cases(args.quick)
-    if args.shapes:
-        keep = set(args.shapes.split(","))
-        todo = [c for c in todo if c[0] in keep]
+    warmup, steps, modes, todo = args.warmup, args.steps, args.mode_list, args.todo
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
 
@@ -383,15 +403,9 @@ def main() -> None:
             q[name + "_memory"] = _ratio(m_(a), m_(b))
         ratios.append(q)
 
-    result = {"device": h.describe_device(args.device), "device_arg": args.device, "machine": h.machine(),
-              "versions": h.versions(), "quick": args.quick,
-              "settings": {"warmup": warmup, "steps": steps, "timed_budget_seconds": TIMED_BUDGET,
-                           "rounds": args.rounds, "repeat_below_seconds": REPEAT_BELOW,
-                           "torch_threads": args.threads or torch.get_num_threads(),
-                           "step_limit_seconds": args.step_limit, "clipping_norm": CLIP,
-                           "noise_multiplier": SIGMA, "optimizer": "SGD lr 0.1 momentum 0.9"},
-              "shapes": {s: dict(h.SHAPES[s], common_hidden=list(h.SHAPES[s]["common_hidden"]))
-                         for s in {c[0] for c in todo}},
+    result = {"device": h.describe_device(args.device), "device_arg": args.device,
+              "machine": {**h.machine(), "torch_threads": args.threads or torch.get_num_threads()},
+              "versions": h.versions(), "quick": args.quick, "settings": settings(args),
               "targets": {"ours_over_nonprivate_time": "<= 1.3", "ours_over_nonprivate_memory": "<= 1.3",
                           "opacus_over_ours": ">= 3 (time and memory, both Opacus modes)"},
               "runs": runs, "ratios": ratios}
@@ -412,7 +426,7 @@ def _mark(x, ok) -> str:
 
 
 def _markdown(r: dict) -> str:
-    v = r["versions"]
+    v, st = r["versions"], r["settings"]["values"]
     lines = [
         "# DP-SGD step benchmark",
         "",
@@ -422,19 +436,19 @@ def _markdown(r: dict) -> str:
         + (" **Quick run.**" if r["quick"] else ""),
         "",
         f"One training step per (shape, batch, mode), each mode in a fresh process; median of at least "
-        f"{r['settings']['steps']} timed steps (up to {MAX_STEPS} for fast steps, fewer for steps over "
-        f"{TIMED_BUDGET / r['settings']['steps']:.0f} s) after {r['settings']['warmup']} warm-up, torch threads "
-        f"{r['settings']['torch_threads']}. "
-        + (f"Each mode whose first median was under {r['settings']['repeat_below_seconds']:.0f} s was measured in "
-           f"{r['settings']['rounds']} rounds (fresh processes, mode order rotated); the table shows the lowest "
+        f"{st['steps']} timed steps (up to {st['max_steps']} for fast steps, fewer for steps over "
+        f"{st['timed_budget_seconds'] / st['steps']:.0f} s) after {st['warmup']} warm-up, torch threads "
+        f"{st['torch_threads'] or r['machine'].get('torch_threads')}. "
+        + (f"Each mode whose first median was under {st['repeat_below_seconds']:.0f} s was measured in "
+           f"{st['rounds']} rounds (fresh processes, mode order rotated); the table shows the lowest "
            "round median (all of them in the JSON), the minimum over all rounds' steps and the largest peak "
-           "memory. " if r["settings"]["rounds"] > 1 else "")
+           "memory. " if st["rounds"] > 1 else "")
         + "Memory: "
         + ("CUDA max_memory_allocated above the pre-model level." if r["device_arg"].startswith("cuda") else
            "process peak RSS minus the RSS before the model and inputs were built; 'torch peak' is the "
            "CPU allocator's peak during one step above its level at the step's start (profiler memory "
            "events; parameters, inputs and optimizer state excluded).")
-        + f" A mode that needs more than {r['settings']['step_limit_seconds']:.0f} s for a step or runs out of "
+        + f" A mode that needs more than {st['step_limit_seconds']:.0f} s for a step or runs out of "
         "memory is listed as infeasible with the reason. Rows marked *reduced* use 5k-row tables so that "
         "Opacus's default mode fits; they are not the paper's shapes.",
         "",
@@ -489,9 +503,9 @@ def _markdown(r: dict) -> str:
     lines += ["", "n/a: one side of the ratio was infeasible (see the first table). 'ours 4 chunks' is the same "
               "logical batch clipped in four fixed-size chunks whose clipped sums add before the single noise draw "
               "(DPSGDSettings.padded_size = batch / 4): a performance setting that trades a little time for "
-              "memory and changes no guarantee."]
+              "memory and changes no guarantee.", "", h.settings_markdown(r["settings"])]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

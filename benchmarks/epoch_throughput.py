@@ -47,6 +47,8 @@ import _harness as h
 EPOCH_ROWS = 40_000_000
 STEP_LIMIT = 120.0
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
+DPSGD = {"optimizer": "sgd", "lr": LR, "cosine_decay": True}  # the DP-SGD phase as the Hybrid paper runs it
+WALR_FEATURES, BANDWIDTH_BYTES, BANDWIDTH_REPEATS = 20, 2 << 30, 5
 
 
 def child(spec: dict) -> None:
@@ -138,7 +140,7 @@ def _dpsgd(model, tensors, cfg, batch, steps, warmup, device) -> dict:
                            epochs=n_steps * batch / rows, dataset_size=rows, sampling="poisson",
                            max_batch_size=None, cap=1, capping=None, normalise_by="q*N", model="full")
 
-    settings = DPSGDSettings(optimizer="sgd", lr=LR, cosine_decay=True)
+    settings = DPSGDSettings(**DPSGD)
     if warmup:
         run_dpsgd(model, data, params(warmup), trainable=trainable, randomness=Randomness(1), settings=settings,
                   ledger=_Beacon(device))
@@ -150,11 +152,11 @@ def _dpsgd(model, tensors, cfg, batch, steps, warmup, device) -> dict:
     h.sync(device)
     seconds = time.perf_counter() - t0
     marks = beacon.marks + [t0 + seconds]
-    return {"steps": rec["steps_this_session"], "rows_real": rec["batch_size_sum"],
-            "rows_processed": rec["chunks"] * rec["padded_size"], "padded_size": rec["padded_size"],
-            "chunks": rec["chunks"], "seconds": seconds, "engine_seconds": rec["seconds"],
+    return {"steps": rec.steps_taken, "rows_real": sum(rec.batch_sizes),
+            "rows_processed": rec.chunks * rec.padded_size, "padded_size": rec.padded_size,
+            "chunks": rec.chunks, "seconds": seconds, "engine_seconds": rec.seconds,
             "step_seconds_median": statistics.median(b - a for a, b in itertools.pairwise(marks)),
-            "clipped_fraction": rec["clipped_fraction"], "trainable_parameters": rec["trainable_parameters"]}
+            "clipped_fraction": rec.clipped_fraction, "trainable_parameters": rec.trainable_parameters}
 
 
 # ----------------------------------------------------------------------------------------- WALR
@@ -224,7 +226,7 @@ def walr(device: str, rows: int, k: int, repeats: int) -> dict:
 # --------------------------------------------------------------------------------------- parent
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true",
@@ -242,7 +244,36 @@ def main() -> None:
                         help="torch.set_num_threads in the training children (the WALR part keeps all threads)")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    # what --quick and the defaults resolve to (settings() records them, main() runs them)
+    args.steps = args.steps or (3 if args.quick else 20)
+    args.batch = args.batch or (4096 if args.quick else 16384)
+    args.rows = args.rows or (1 << 18 if args.quick else 1 << 20)
+    args.walr_rows = args.walr_rows or (4_000_000 if args.quick else 16_000_000)
+    args.walr_repeats = 2 if args.quick else args.walr_repeats
+    args.shape_list = [s for s in args.shapes.split(",") if s]
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Every setting (torch threads None: torch's default, resolved in ``machine``); DP-SGD's from the library."""
+    from trainers.dpsgd import DPSGDSettings
+
+    return h.settings_record("epoch_throughput.py", args.argv, {
+        "device": args.device, "quick": args.quick, "steps": args.steps, "warmup_steps": args.warmup,
+        "batch": args.batch, "rows_in_memory": args.rows, "extrapolated_to_rows": EPOCH_ROWS,
+        "clipping_norm": CLIP, "noise_multiplier": SIGMA, "nonprivate_optimizer": {"name": "sgd", "lr": LR,
+                                                                                     "momentum": 0.9},
+        "dpsgd_settings": DPSGDSettings(**DPSGD).to_dict(), "step_limit_seconds": args.step_limit,
+        "torch_threads_training": args.threads, "shapes": {s: h.SHAPES[s] for s in args.shape_list},
+        "walr": None if args.skip_walr else {"rows": args.walr_rows, "features": WALR_FEATURES,
+                                             "repeats": args.walr_repeats, "bandwidth_bytes": BANDWIDTH_BYTES,
+                                             "bandwidth_repeats": BANDWIDTH_REPEATS}})
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     if args.child is not None:
         child(json.loads(args.child))
         return
@@ -256,13 +287,10 @@ def main() -> None:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
-    steps = args.steps or (3 if args.quick else 20)
-    batch = args.batch or (4096 if args.quick else 16384)
-    rows = args.rows or (1 << 18 if args.quick else 1 << 20)
-    walr_rows = args.walr_rows or (4_000_000 if args.quick else 16_000_000)
+    steps, batch, rows, walr_rows = args.steps, args.batch, args.rows, args.walr_rows
 
     runs = []
-    for shape in [s for s in args.shapes.split(",") if s]:
+    for shape in args.shape_list:
         for mode in ("non-private", "dpsgd"):
             spec = {"shape": shape, "mode": mode, "device": args.device, "batch": batch, "steps": steps,
                     "warmup": args.warmup, "rows": rows, "threads": args.threads}
@@ -285,20 +313,17 @@ def main() -> None:
     release = None
     if not args.skip_walr:
         print("[epoch_throughput] memory bandwidth and WALR release ...", file=sys.stderr, flush=True)
-        bw = bandwidth(args.device)
-        rel = walr(args.device, walr_rows, 20, 2 if args.quick else args.walr_repeats)
+        bw = bandwidth(args.device, BANDWIDTH_BYTES, BANDWIDTH_REPEATS)
+        rel = walr(args.device, walr_rows, WALR_FEATURES, args.walr_repeats)
         rel["fraction_of_read_bandwidth"] = rel["bytes_per_s"] / bw["read_bytes_per_s"]
         rel["best_fraction_of_read_bandwidth"] = rel["best_bytes_per_s"] / bw["read_bytes_per_s"]
         release = {"bandwidth": bw, "release": rel}
 
-    result = {"device": h.describe_device(args.device), "device_arg": args.device, "machine": h.machine(),
+    result = {"device": h.describe_device(args.device), "device_arg": args.device,
+              "machine": {**h.machine(), "torch_threads_training": args.threads or torch.get_num_threads(),
+                          "torch_threads_walr": torch.get_num_threads()},
               "versions": h.versions(), "quick": args.quick, "extrapolated_to_rows": EPOCH_ROWS,
-              "settings": {"steps": steps, "warmup_steps": args.warmup, "batch": batch, "rows_in_memory": rows,
-                           "clipping_norm": CLIP, "noise_multiplier": SIGMA, "optimizer": "SGD lr 0.1 momentum 0.9",
-                           "step_limit_seconds": args.step_limit,
-                           "torch_threads_training": args.threads or torch.get_num_threads(),
-                           "torch_threads_walr": torch.get_num_threads()},
-              "runs": runs, "walr": release}
+              "settings": settings(args), "runs": runs, "walr": release}
     h.RESULTS.mkdir(exist_ok=True)
     name = "epoch_throughput"
     (h.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -311,7 +336,7 @@ def _duration(s: float) -> str:
 
 
 def _markdown(r: dict) -> str:
-    v, st = r["versions"], r["settings"]
+    v, st, m = r["versions"], r["settings"]["values"], r["machine"]
     gpu = r["device_arg"].startswith("cuda")
     lines = [
         "# Epoch throughput benchmark",
@@ -321,7 +346,7 @@ def _markdown(r: dict) -> str:
         "",
         f"{st['steps']} timed steps (after {st['warmup_steps']} warm-up) at batch {st['batch']:,} over "
         f"{st['rows_in_memory']:,} synthetic rows, each (shape, mode) in a fresh process with torch threads "
-        f"{st['torch_threads_training']}. `dpsgd` is the real "
+        f"{st['torch_threads_training'] or m.get('torch_threads_training')}. `dpsgd` is the real "
         "engine (`run_dpsgd`: Poisson sampling, padded chunk, clipping C = 1, noise multiplier 1, SGD momentum "
         "0.9); `non-private` a plain shuffled loop. rows/s counts real rows only. "
         f"**The 40M-row epoch times are extrapolated{' CPU figures' if not gpu else ''} "
@@ -362,7 +387,7 @@ def _markdown(r: dict) -> str:
         bw, rel = w["bandwidth"], w["release"]
         lines += ["", "## WALR release", "",
                   (f"`release_throughput({rel['rows']:,}, {rel['k']})`: median and best of {rel['repeats']} run(s), "
-                  f"torch threads {st['torch_threads_walr']}."), "",
+                  f"torch threads {m.get('torch_threads_walr')}."), "",
                   "| what | seconds | rows/s | GB/s |", "|---|---|---|---|",
                   (f"| WALR release, median (reads {rel['bytes_read'] / 1e9:.2f} GB) | {rel['seconds_median']:.3f} | "
                   f"{rel['rows_per_s']:,.0f} | {rel['bytes_per_s'] / 1e9:.2f} |"),
@@ -378,8 +403,8 @@ def _markdown(r: dict) -> str:
                   f"({bw['read_bytes_per_s'] / 1e9:.2f} GB/s, best-of-5 sum) for the median run, "
                   f"{rel['best_fraction_of_read_bandwidth']:.0%} for the best run (the bandwidth figures are "
                   f"best-of-5 too). Run times: {', '.join(f'{x:.2f}' for x in rel['seconds_all'])} s.")]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", h.settings_markdown(r["settings"])]) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

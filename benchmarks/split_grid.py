@@ -9,22 +9,46 @@ Not a test: run it with ``python benchmarks/split_grid.py``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import sys
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+import _harness as h
+
+RESULTS = h.RESULTS
 ARGS = ["split", "--rule", "grid", "--delta", "1e-8", "--dataset-size", "32000000", "--batch-size", "16384",
         "--epochs", "3", "--json"]
+TARGET_SECONDS = 15.0
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    args.argv = list(argv)
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Every setting of the grid, the CLI's defaults read from the library."""
+    from budgetplan import calibrate
+    from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
+    from budgetplan.split import PAPER_ALPHAS, PAPER_EPSILONS
+
+    return h.settings_record("split_grid.py", args.argv, {
+        "command": ARGS, "epsilons": PAPER_EPSILONS, "alphas": PAPER_ALPHAS, "adjacency": "replace-one",
+        "accountant": "pld", "discretization": DEFAULT_DISCRETIZATION,
+        "relative_tolerance": calibrate._REL_TOL, "target_seconds": TARGET_SECONDS})
+
+
+def main(argv: list[str]) -> None:
     from click.testing import CliRunner
 
     from budgetplan.accounting import fastpld
     from budgetplan.cli import cli
+
+    args = parse_args(argv)
 
     for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):
         getattr(fastpld, name).cache_clear()
@@ -34,8 +58,10 @@ def main() -> None:
     if result.exit_code != 0:
         raise SystemExit(result.output)
     grid = json.loads(result.stdout)
-    out = {"command": "budgetplan " + " ".join(ARGS), "seconds": seconds, "target_seconds": 15.0,
-           "cells": len(grid["results"]), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    out = {"settings": settings(args), "command": "budgetplan " + " ".join(ARGS), "seconds": seconds,
+           "target_seconds": TARGET_SECONDS, "cells": len(grid["results"]),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                       "load_average_1min": os.getloadavg()[0]},
            "results": grid["results"]}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "split_grid.json").write_text(json.dumps(out, indent=2) + "\n")
@@ -48,9 +74,10 @@ def main() -> None:
     for eps in sorted({c["epsilon"] for c in grid["results"]}):
         cells = [f"{by[(eps, a)]:.4f}" if by[(eps, a)] is not None else "-" for a in alphas]
         lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
+    lines += ["", h.settings_markdown(out["settings"])]
     (RESULTS / "split_grid.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

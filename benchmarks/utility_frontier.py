@@ -1,152 +1,336 @@
-"""The utility frontier of the Hybrid paper's tables: RR, DP-SGD and Hybrid against epsilon.
+"""The utility frontier per data shape: RR, DP-SGD, Hybrid and the alpha grid against epsilon.
 
-For each seed: synthesise semi-sensitive ads data (``trainers.data.synth``), hold out a
-fifth of the users, train the non-private baseline (all features), then for every total
-epsilon of the paper's grid (1, 3, 5, 10, 20, 30, 50) plan and train the three arms of one
-plan family: RR (Hybrid with alpha = 1: the truncated model on randomised labels), DP-SGD
-(alpha = 0: all features) and Hybrid (the paper-v1 split, eps1 = min(0.6 eps, 3)), all
-semi-sensitive DP (replace-one) per impression with delta = 0.1/N. The table has the
-paper's layout: rows epsilon, columns RR, DP-SGD, Hybrid, each the relative AUC loss (%)
-against the baseline as mean +- std over the seeds.
+For every data shape (``trainers.data.shapes``: where the signal sits between the feature
+groups) and every seed: synthesise ``--rows`` rows and hold out a fifth of the users; train
+the two non-private baselines with the trainer's own entry point (``run_baseline``): all
+features (the reference of every loss) and the non-sensitive features alone (the truncated
+model: the ceiling of any RR model); then, for every total epsilon, plan and train
+(``execute_plan``) every arm of the Hybrid plan family: RR (alpha = 1: the truncated model
+on randomised labels), DP-SGD (alpha = 0: all features), Hybrid (paper-v1: eps1 = min(0.6
+eps, 3)) and alpha = 0.25, 0.5, 0.75, all semi-sensitive DP (replace-one) per impression
+with delta = 0.1/N. The arms and their plans are set in one place (``ARMS``, ``PLAN``);
+training uses the library's defaults (``TrainSettings``, ``DPSGDSettings``) unless
+``TRAINING``/``DPSGD_TRAINING`` or an option says otherwise. Every setting is recorded
+(``settings()``) and checked against today's by tests/test_benchmark_settings.py.
 
-Not a test: ``python benchmarks/utility_frontier.py`` (minutes on CPU at the defaults;
-``--quick`` for a smoke run; ``--rows``/``--device cuda`` toward the paper's sizes).
-Writes benchmarks/results/utility_frontier.json and .md, and the frontier PNG.
+Reported per (shape, epsilon, arm): the relative AUC loss (%) against the baseline trained on
+the same data (arXiv:2401.15246) and the calibration ratio mean(p) / mean(y), each as mean +-
+std over the seeds. A cell is marked ``~`` where the seeds cannot order it against some other
+arm of its table (|mean difference| < the larger std of the two); a private model that beats
+the baseline is called out (the baseline is then no ceiling: under-trained). Two tables per
+shape and metric: the three arms, and the alpha grid (alpha 0 and 1 are the DP-SGD and RR
+runs).
+
+Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
+that finds a JSON made with the same settings continues where it stopped (one made with other
+settings is refused, naming what differs; ``--fresh`` starts over; one marked stale is
+replaced). Writes ``<out>/<name>.json``, ``<name>.md`` and one ``<name>_<shape>.png`` per
+shape (``--out`` defaults to benchmarks/results).
+
+Not a test: ``python benchmarks/utility_frontier.py`` (1,000,000 rows x 3 shapes x 3 seeds x
+6 epsilons x 6 arms: many hours on 2 CPU cores; the results' ``seconds`` say how many);
+``--quick`` for a smoke run (20,000 rows, epsilons 1 and 8, one seed); ``--rows``,
+``--shapes``, ``--seeds``, ``--epsilons``, ``--arms`` for a smaller one (``--name`` keeps it
+apart from the default results).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import statistics
+import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
-EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
-ARMS = (("RR", "alpha=1"), ("DP-SGD", "alpha=0"), ("Hybrid", "paper-v1"))
+import _harness as h
+from _frontier_report import plot, render, summarise
+
+__all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "plot", "render", "run", "settings",
+           "summarise"]
+
+EPSILONS = (1.0, 3.0, 5.0, 8.0, 12.0, 20.0)
+SHAPES = ("nonsensitive", "balanced", "sensitive")
+# The arms and everything that sets them, in one place. ARMS: arm -> the scenario's split.
+ARMS = {"RR": "alpha=1", "DP-SGD": "alpha=0", "Hybrid": "paper-v1", "alpha=0.25": "alpha=0.25",
+        "alpha=0.5": "alpha=0.5", "alpha=0.75": "alpha=0.75"}
+# What every arm's plan shares (the command-line options of the same names override the phases').
+PLAN = {"delta": "0.1/N", "adjacency": "replace-one", "unit": "impression", "tower": "fine-tune",
+        "rr": {"epochs": 3, "batch_size": 1024},
+        "dpsgd": {"batch_size": 2048, "epochs": 3, "clipping_norm": 1.0}}
+# Overrides of the trainer's defaults (TrainSettings, DPSGDSettings) for every run, baselines
+# included; empty: the library's defaults, so that a better default reaches the frontier (and
+# makes the committed results stale) without an edit here.
+TRAINING: dict = {}
+DPSGD_TRAINING: dict = {}
+HOLDOUT = "users whose id * 0x9E3779B97F4A7C15 (mod 2^64) is 0 mod 5"
+QUICK = {"rows": 20_000, "seeds": 1, "epsilons": "1,8"}
 
 
-def scenario(*, epsilon: float, split: str, n: int, spec, dpsgd_batch: int, dpsgd_epochs: int, rr_epochs: int) -> str:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from trainers.data.synth import SHAPES as KNOWN
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per shape and seed")
+    ap.add_argument("--users", type=int, default=None, help="default: a fifth of the rows")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--shapes", "--shape", default=",".join(SHAPES), help=f"comma-separated; of {', '.join(KNOWN)}")
+    ap.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--rr-epochs", type=int, default=PLAN["rr"]["epochs"])
+    ap.add_argument("--dpsgd-batch", type=int, default=PLAN["dpsgd"]["batch_size"])
+    ap.add_argument("--dpsgd-epochs", type=int, default=PLAN["dpsgd"]["epochs"])
+    ap.add_argument("--clipping-norm", type=float, default=PLAN["dpsgd"]["clipping_norm"])
+    ap.add_argument("--dpsgd-lr", type=float, default=None, help="default: DPSGDSettings' default")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK['rows']:,} rows, epsilons {QUICK['epsilons']}, {QUICK['seeds']} seed (every shape)")
+    ap.add_argument("--name", default=None, help="results file stem (default utility_frontier, _quick with --quick)")
+    ap.add_argument("--out", type=Path, default=h.RESULTS, help="results folder (default benchmarks/results)")
+    ap.add_argument("--fresh", action="store_true", help="discard finished cells of an earlier run")
+    ap.add_argument("--render", action="store_true", help="rewrite the .md and PNGs from the existing .json")
+    args = ap.parse_args(argv)
+    args.argv = list(argv)
+    if args.quick:
+        given = {a.split("=")[0] for a in argv}
+        for key, value in QUICK.items():
+            if f"--{key}" not in given:
+                setattr(args, key, value)
+    args.users = args.users or max(1, args.rows // 5)
+    args.name = args.name or ("utility_frontier_quick" if args.quick else "utility_frontier")
+    args.shape_list = [s for s in args.shapes.split(",") if s]
+    args.arm_list = [a for a in args.arms.split(",") if a]
+    try:
+        args.epsilon_list = [float(e) for e in args.epsilons.split(",") if e]
+    except ValueError:
+        ap.error(f"--epsilons: not a comma-separated list of numbers: {args.epsilons!r}")
+    for what, given, known in (("--shapes", args.shape_list, KNOWN), ("--arms", args.arm_list, ARMS)):
+        bad = [x for x in given if x not in known] or ([] if given else ["(none)"])
+        if bad:
+            ap.error(f"{what}: unknown {bad[0]!r}; known: {', '.join(known)}")
+    for what, value in (("--rows", args.rows), ("--users", args.users), ("--seeds", args.seeds)):
+        if value < 1:
+            ap.error(f"{what} must be at least 1, got {value}")
+    if not args.epsilon_list or not all(0 < e < float("inf") for e in args.epsilon_list):
+        ap.error(f"--epsilons must be positive and finite, got {args.epsilons!r}")
+    return args
+
+
+def _train_settings(args):
+    """The trainer's settings for every run: its defaults, TRAINING's and the options' overrides."""
+    from trainers.dpsgd import DPSGDSettings
+    from trainers.run import TrainSettings
+
+    dp = dict(DPSGD_TRAINING, **({} if args.dpsgd_lr is None else {"lr": args.dpsgd_lr}))
+    return TrainSettings(**dict(TRAINING, device=args.device)), DPSGDSettings(**dp)
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Every setting of the run: data, plans, training (the library's defaults resolved)."""
+    from trainers.data.synth import get_shape
+
+    train, dp = _train_settings(args)
+    return h.settings_record("utility_frontier.py", args.argv, {
+        "shapes": {s: get_shape(s).parameters() for s in args.shape_list},
+        "rows": args.rows, "users": args.users, "data_seeds": [1000 + s for s in range(args.seeds)],
+        "training_seed": "the data seed", "holdout": HOLDOUT, "epsilons": args.epsilon_list,
+        "arms": {a: ARMS[a] for a in args.arm_list},
+        "scenario": _shared_scenario(args), "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
+        "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True"}})
+
+
+def _shared_scenario(args) -> dict:
+    """What every arm's scenario shares, the planner's defaults resolved (accountant,
+    discretisation, sampling, RR's per-impression rule, ...): the name, epsilon, split, N
+    and features vary by cell and shape."""
+    from budgetplan.scenario import parse_scenario
+    from trainers.data.synth import get_shape
+
+    text = scenario(args, epsilon=max(args.epsilon_list), split=ARMS["Hybrid"], n=args.rows,
+                    spec=get_shape(args.shape_list[0]).features)
+    shared = parse_scenario(text).to_dict()
+    for key in ("name", "epsilon", "split", "dataset_size", "features"):
+        shared.pop(key)
+    return shared
+
+
+def scenario(args, *, epsilon: float, split: str, n: int, spec) -> str:
     return f"""name = "frontier-{split}-eps{epsilon:g}"
 [budget]
 epsilon = {epsilon!r}
-delta = "0.1/N"
+delta = "{PLAN['delta']}"
 [privacy]
-adjacency = "replace-one"
-unit = "impression"
+adjacency = "{PLAN['adjacency']}"
+unit = "{PLAN['unit']}"
 [data]
 dataset_size = {n}
 [algorithm]
 name = "hybrid"
 split = "{split}"
-tower = "fine-tune"
+tower = "{PLAN['tower']}"
 [rr]
-epochs = {rr_epochs}
-batch_size = 1024
+epochs = {args.rr_epochs}
+batch_size = {PLAN['rr']['batch_size']}
 [dpsgd]
-batch_size = {dpsgd_batch}
-epochs = {dpsgd_epochs}
-clipping_norm = 1.0
+batch_size = {args.dpsgd_batch}
+epochs = {args.dpsgd_epochs}
+clipping_norm = {args.clipping_norm!r}
 {spec.to_toml()}"""
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------- running
+
+
+def _key(*parts) -> str:
+    return "|".join(str(p) for p in parts)
+
+
+def _load_state(path: Path, today: dict, fresh: bool) -> dict:
+    """The finished baselines and cells of an earlier run with today's settings, or a new state."""
+    if path.exists() and not fresh:
+        state = json.loads(path.read_text())
+        recorded = state.get("settings", {})
+        if recorded.get("stale"):  # a file kept only until this run replaces it: nothing to resume
+            return _new_state(today)
+        diff = h.settings_differences(recorded, today)
+        if diff:
+            raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
+                             "--fresh to start over, or --name to keep both")
+        state["commits"] = sorted({*state.get("commits", []), recorded.get("commit") or "unknown"})
+        state["settings"] = today
+        return state
+    return _new_state(today)
+
+
+def _new_state(today: dict) -> dict:
+    return {"settings": today, "baselines": {}, "cells": {}, "seconds": 0.0, "complete": False}
+
+
+def _save(path: Path, state: dict) -> None:
+    from budgetplan._files import write_atomic
+
+    write_atomic(path, json.dumps(state, indent=2) + "\n")
+
+
+def _data(shape: str, seed: int, args, work: Path):
+    """Train and eval files of one (shape, seed); the training N."""
     import numpy as np
     import pyarrow.parquet as pq
 
-    from budgetplan.planner import build_plan
-    from budgetplan.plots import frontier, plot_frontier
-    from budgetplan.scenario import parse_scenario
-    from trainers.data.synth import SYNTH_FEATURES, synthesize
-    from trainers.dpsgd import DPSGDSettings
-    from trainers.run import TrainSettings, execute_plan, run_baseline
+    from trainers.data.synth import get_shape, synthesize
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--users", type=int, default=40_000)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
-    ap.add_argument("--dpsgd-batch", type=int, default=2048)
-    ap.add_argument("--dpsgd-epochs", type=int, default=3)
-    ap.add_argument("--dpsgd-lr", type=float, default=3e-2, help="Adam, DP-SGD phase")
-    ap.add_argument("--rr-epochs", type=int, default=3)
-    ap.add_argument("--hash-bins", type=int, default=4096,
-                    help="rows per hashed table: the synthetic features have at most a few thousand values, and "
-                         "DP-SGD noises every row of a table, so oversized tables cost utility")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--quick", action="store_true", help="30k rows, epsilons 1, 10, 50, two seeds")
-    args = ap.parse_args()
-    if args.quick:
-        args.rows, args.users, args.seeds, args.epsilons = 30_000, 6_000, 2, "1,10,50"
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    settings = TrainSettings(device=args.device, hash_bins_nonsensitive=args.hash_bins,
-                             hash_bins_sensitive=args.hash_bins)
-    dp = DPSGDSettings(optimizer="adam", lr=args.dpsgd_lr)
+    spec = get_shape(shape).features
+    table = synthesize(args.rows, args.users, 1000 + seed, shape=shape)
+    users = table.column(spec.unit_id).to_numpy().astype(np.uint64)
+    held = (users * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(5) == 0
+    root = work / f"{shape}-{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.filter(~held), root / "train.parquet")
+    pq.write_table(table.filter(held), root / "eval.parquet")
+    return root / "train.parquet", root / "eval.parquet", int((~held).sum())
+
+
+def _metrics(record) -> dict:
+    ev = record.metrics["eval"]
+    return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss")}
+
+
+def _baselines(plan, train, evaluation, settings, seed: int) -> dict:
+    """The non-private models on the same data: all features (the reference of every loss) and
+    the non-sensitive features alone (the truncated model: the ceiling of RR)."""
+    from trainers.metrics import relative_auc_loss
+    from trainers.run import run_baseline
+
+    out = {}
+    for label, truncated in (("all", False), ("nonsensitive", True)):
+        t0 = time.perf_counter()
+        rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, seed=seed, truncated=truncated)
+        out[label] = {**_metrics(rec), "seconds": time.perf_counter() - t0}
+    if out["nonsensitive"]["auc"] is not None and out["all"]["auc"] is not None:
+        out["nonsensitive"]["relative_auc_loss"] = relative_auc_loss(out["nonsensitive"]["auc"], out["all"]["auc"])
+    return out
+
+
+def run(args) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from budgetplan.planner import build_plan
+    from budgetplan.plots import arm_of
+    from budgetplan.scenario import parse_scenario
+    from trainers.data.synth import get_shape
+    from trainers.run import execute_plan
+
+    path = args.out / f"{args.name}.json"
+    state = _load_state(path, settings(args), args.fresh)
+    train_settings, dp = _train_settings(args)
+    todo = [(s, seed, e, a) for s in args.shape_list for seed in range(args.seeds) for e in args.epsilon_list
+            for a in args.arm_list if _key(s, seed, e, a) not in state["cells"]]
+    bases = [(s, seed) for s in args.shape_list for seed in range(args.seeds)
+             if _key(s, seed) not in state["baselines"]]
     work = Path(tempfile.mkdtemp(prefix="frontier-"))
-    rows, baselines, t0 = [], [], time.perf_counter()
-    for seed in range(args.seeds):
-        table = synthesize(args.rows, args.users, 1000 + seed)
-        users = table.column(SYNTH_FEATURES.unit_id).to_numpy().astype(np.uint64)
-        held = (users * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(5) == 0
-        root = work / f"seed{seed}"
-        root.mkdir()
-        pq.write_table(table.filter(~held), root / "train.parquet")
-        pq.write_table(table.filter(held), root / "eval.parquet")
-        n = int((~held).sum())
-        plans = {(arm, eps): build_plan(parse_scenario(scenario(
-            epsilon=eps, split=split, n=n, spec=SYNTH_FEATURES, dpsgd_batch=args.dpsgd_batch,
-            dpsgd_epochs=args.dpsgd_epochs, rr_epochs=args.rr_epochs))) for arm, split in ARMS for eps in epsilons}
-        base = run_baseline(next(iter(plans.values())), root / "train.parquet", eval_path=root / "eval.parquet",
-                            settings=settings)
-        base_auc = base.metrics["eval"]["auc"]
-        baselines.append(base_auc)
-        runs = []
-        for (arm, eps), plan in plans.items():
-            out = root / f"{arm}-{eps:g}"
-            execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", out_dir=out,
-                         settings=settings, dpsgd_settings=dp, baseline_auc=base_auc)
-            runs.append(out)
-            print(f"seed {seed} {arm:7s} eps {eps:g}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
-        for r in frontier(runs):
-            r["seed"] = seed
-            r["arm"] = {"RR": "RR", "DP-SGD": "DP-SGD", "Hybrid": "Hybrid"}[r["arm"]]
-            rows.append(r)
-    seconds = time.perf_counter() - t0
-    table = {}
-    for eps in epsilons:
-        for arm, _ in ARMS:
-            vals = [r["relative_auc_loss"] for r in rows if r["epsilon"] == eps and r["arm"] == arm]
-            table[(eps, arm)] = (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0)
-    RESULTS.mkdir(exist_ok=True)
-    plot_frontier(rows, RESULTS / "utility_frontier.png",
-                  title=f"relative AUC loss, synthetic data ({args.rows:,} rows, {args.seeds} seeds)")
-    out = {"rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilons": epsilons,
-           "arms": {a: s for a, s in ARMS}, "baseline_auc": baselines, "seconds": seconds,
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": settings.device},
-           "runs": rows,
-           "table": {f"{e:g}": {a: {"mean": table[(e, a)][0], "std": table[(e, a)][1]} for a, _ in ARMS}
-                     for e in epsilons}}
-    (RESULTS / "utility_frontier.json").write_text(json.dumps(out, indent=2) + "\n")
-    lines = ["# Utility frontier (synthetic data)", "",
-             f"Relative AUC loss (%) against the non-private model with all features, mean +- std over "
-             f"{args.seeds} seeds; {args.rows:,} synthetic rows ({args.users:,} users), a fifth of the users held "
-             f"out; semi-sensitive DP per impression, delta = 0.1/N. RR = Hybrid alpha 1 (truncated model), "
-             f"DP-SGD = alpha 0, Hybrid = paper-v1 split. Two-tower MLP (embedding 8, 128 / 128-64 units, "
-             f"{args.hash_bins}-row hashed tables); RR and baseline Adam 1e-3, {args.rr_epochs} epochs; DP-SGD "
-             f"Adam {args.dpsgd_lr:g}, batch {args.dpsgd_batch}, {args.dpsgd_epochs} epochs, C = 1, tower "
-             f"fine-tuned. Baseline AUC "
-             f"{statistics.fmean(baselines):.4f}. {seconds:.0f} s on {os.cpu_count()} CPUs.", "",
-             "| epsilon | RR | DP-SGD | Hybrid |", "|---|---|---|---|"]
-    for e in epsilons:
-        lines.append(f"| {e:g} | " + " | ".join(f"{table[(e, a)][0]:.2f} +- {table[(e, a)][1]:.2f}"
-                                                 for a, _ in ARMS) + " |")
-    (RESULTS / "utility_frontier.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=Console(stderr=True)) as bar:
+            task = bar.add_task("utility frontier", total=len(todo) + len(bases))
+            for shape in args.shape_list:
+                spec = get_shape(shape).features
+                for seed in range(args.seeds):
+                    mine = [c for c in todo if c[:2] == (shape, seed)]
+                    if not mine and _key(shape, seed) in state["baselines"]:
+                        continue
+                    bar.update(task, description=f"{shape} seed {seed}: data")
+                    train, evaluation, n = _data(shape, seed, args, work)
+                    if _key(shape, seed) not in state["baselines"]:
+                        bar.update(task, description=f"{shape} seed {seed}: non-private baselines")
+                        first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0],
+                                                                   split=ARMS["Hybrid"], n=n, spec=spec)))
+                        base = _baselines(first, train, evaluation, train_settings, 1000 + seed)
+                        state["baselines"][_key(shape, seed)] = {**base, "dataset_size": n}
+                        state["seconds"] += sum(b["seconds"] for b in base.values())
+                        _save(path, state)
+                        bar.advance(task)
+                    base_auc = state["baselines"][_key(shape, seed)]["all"]["auc"]
+                    for _, _, eps, arm in mine:
+                        bar.update(task, description=f"{shape} seed {seed}: {arm} eps {eps:g}")
+                        t0 = time.perf_counter()
+                        plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=ARMS[arm], n=n,
+                                                                  spec=spec)))
+                        rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings,
+                                           dpsgd_settings=dp, seed=1000 + seed, baseline_auc=base_auc)
+                        seconds = time.perf_counter() - t0
+                        state["cells"][_key(shape, seed, eps, arm)] = {
+                            "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": ARMS[arm],
+                            "alpha": arm_of(plan)[1], "delta": plan.delta, "dataset_size": plan.dataset_size,
+                            "flip_probability": plan.rr.params.flip_probability if plan.rr else None,
+                            "noise_multiplier": plan.dpsgd.params.noise_multiplier if plan.dpsgd else None,
+                            "dpsgd_steps": plan.dpsgd.params.steps if plan.dpsgd else None,
+                            **_metrics(rec), "seconds": seconds, "plan_sha256": plan.sha256}
+                        state["seconds"] += seconds
+                        _save(path, state)
+                        bar.advance(task)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    state["complete"] = True
+    state["machine"] = {**h.machine(), "device": train_settings.device}
+    _save(path, state)
+    return state
+
+
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
+    path = args.out / f"{args.name}.json"
+    state = json.loads(path.read_text()) if args.render else run(args)
+    from budgetplan._files import write_atomic
+
+    text = render(state, args.name)
+    write_atomic(args.out / f"{args.name}.md", text)
+    plot(state, args.name, args.out)
+    print(text)
+    return state
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

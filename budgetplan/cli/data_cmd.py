@@ -9,6 +9,10 @@ import click
 from budgetplan.cli._shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
 from budgetplan.limits import MAX_SYNTH_ROWS
 
+# The names of trainers.data.synth.SHAPES, spelled here so that `--help` imports no numpy
+# (tests/trainers/test_data_cli.py checks that the two agree).
+SHAPE_NAMES = ("legacy", "nonsensitive", "balanced", "sensitive")
+
 __all__ = ["data"]
 
 
@@ -36,12 +40,16 @@ def _format_for(out: Path, given: str | None) -> str:
               help="Seed of the data (the true model is fixed).")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]),
               help="Output format (default: csv for a .csv name, else parquet).")
+@click.option("--shape", type=click.Choice(SHAPE_NAMES), default="legacy", show_default=True,
+              help="Where the signal sits: legacy (the original generator), or the Criteo-like nonsensitive, "
+                   "balanced (the non-sensitive features alone lose about 10% relative AUC) or sensitive.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def synth(rows, users, out, seed, fmt, as_json):
+def synth(rows, users, out, seed, fmt, shape, as_json):
     """Write the built-in synthetic ads data (user_id, label, non-sensitive and sensitive features).
 
-    Conversions follow a known logistic model in which both feature groups and their
-    interactions carry signal; see trainers.data.synth.
+    Conversions follow a known logistic model in which both feature groups carry signal;
+    --shape picks how it splits between them and the columns; see trainers.data.synth and
+    trainers.data.shapes.
     """
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
@@ -54,22 +62,24 @@ def synth(rows, users, out, seed, fmt, as_json):
 
     from rich.console import Console
 
-    from trainers.data.synth import SYNTH_FEATURES, write_synthetic
+    from trainers.data.synth import SHAPES, write_synthetic
 
-    status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users") if not as_json else None
+    spec = SHAPES[shape].features
+    status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users ({shape})") \
+        if not as_json else None
     if status is not None:
         status.start()
     try:
-        summary = write_synthetic(out, rows, users, seed, format=fmt)
+        summary = write_synthetic(out, rows, users, seed, format=fmt, shape=shape)
     finally:
         if status is not None:
             status.stop()
     summary["features"] = {
-        "label": SYNTH_FEATURES.label, "unit_id": SYNTH_FEATURES.unit_id,
-        "nonsensitive_categorical": list(SYNTH_FEATURES.nonsensitive_categorical),
-        "nonsensitive_numeric": list(SYNTH_FEATURES.nonsensitive_numeric),
-        "sensitive_categorical": list(SYNTH_FEATURES.sensitive_categorical),
-        "sensitive_numeric": list(SYNTH_FEATURES.sensitive_numeric),
+        "label": spec.label, "unit_id": spec.unit_id,
+        "nonsensitive_categorical": list(spec.nonsensitive_categorical),
+        "nonsensitive_numeric": list(spec.nonsensitive_numeric),
+        "sensitive_categorical": list(spec.sensitive_categorical),
+        "sensitive_numeric": list(spec.sensitive_numeric),
     }
     if as_json:
         emit_json(summary)
@@ -77,12 +87,13 @@ def synth(rows, users, out, seed, fmt, as_json):
     from budgetplan.cli._render import params_table
 
     console().print(params_table(f"Synthetic data written to {summary['path']}", [
-        ("format", summary["format"]), ("rows", summary["rows"]), ("users", summary["users"]),
+        ("format", summary["format"]), ("shape", summary["shape"]), ("rows", summary["rows"]),
+        ("users", summary["users"]),
         ("seed", str(summary["seed"])), ("conversion rate", f"{summary['conversion_rate']:.4f}"),
         ("size", f"{summary['bytes'] / 1e6:.1f} MB"), ("seconds", f"{summary['seconds']:.1f}"),
-        ("label", SYNTH_FEATURES.label), ("unit id", SYNTH_FEATURES.unit_id),
-        ("non-sensitive", ", ".join(SYNTH_FEATURES.nonsensitive)),
-        ("sensitive", ", ".join(SYNTH_FEATURES.sensitive)),
+        ("label", spec.label), ("unit id", spec.unit_id),
+        ("non-sensitive", ", ".join(spec.nonsensitive)),
+        ("sensitive", ", ".join(spec.sensitive)),
     ]))
 
 

@@ -107,6 +107,10 @@ CASES = (
     ("synth-seed-negative", ("data", "synth", "--rows", "50", "--users", "5", "--out", "d.parquet", "--seed", "-1"),
      "reject"),
     ("synth-rows-limit", ("data", "synth", "--rows", "100000001", "--users", "5", "--out", "d.parquet"), "reject"),
+    ("synth-shape-csv", ("data", "synth", "--rows", "50", "--users", "5", "--shape", "balanced", "--out", "d.csv"),
+     "accept", (), ("d.csv",)),
+    ("synth-shape-unknown", ("data", "synth", "--rows", "50", "--users", "5", "--shape", "Balanced", "--out",
+                             "d.parquet"), "reject"),
     # train: options the run would ignore, devices, the reviewer's eval-file findings
     ("train-device-tpu", _TRAIN + ("--device", "tpu"), "reject", _TRAIN_IN),
     ("train-device-empty", _TRAIN + ("--device", ""), "reject", _TRAIN_IN),

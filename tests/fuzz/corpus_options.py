@@ -135,6 +135,13 @@ COMMANDS = (
         Opt("--rows", accept=""),
         Opt("--users", accept=""),
         Opt("--seed", accept="zero huge 2^63"),
+        Opt("--shape", accept=""),  # a name from a fixed list: no number is one
+    ), outputs=("d.parquet",)),
+    # a Criteo-like shape (100k-value columns): the sizes are checked the same way
+    Cmd("data-synth-shape", ("data", "synth", "--rows", "200", "--users", "20", "--shape", "sensitive", "--out",
+                             "d.parquet", "--json"), (
+        Opt("--rows", accept=""),
+        Opt("--users", accept=""),
     ), outputs=("d.parquet",)),
     Cmd("data-count", ("data", "count", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--json"), (
         Opt("--unit-cap", accept=""),

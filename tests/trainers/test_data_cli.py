@@ -8,7 +8,7 @@ pytest.importorskip("pyarrow")
 
 from budgetplan.cli import cli  # noqa: E402
 from trainers.data.loaders import read_table  # noqa: E402
-from trainers.data.synth import SYNTH_FEATURES  # noqa: E402
+from trainers.data.synth import SHAPES, SYNTH_FEATURES, true_probability  # noqa: E402
 
 
 def run(runner, *args):
@@ -45,6 +45,8 @@ def test_synth_json_is_alone_on_stdout(runner, tmp_path):
     (["--rows", "ten", "--users", 1], "--rows must be a number"),
     (["--rows", 10, "--users", 1, "--seed", -1], "--seed"),
     (["--rows", 10, "--users", 1, "--format", "json"], "--format"),
+    (["--rows", 10, "--users", 1, "--shape", "criteo"], "--shape"),
+    (["--rows", 10, "--users", 1, "--shape", ""], "--shape"),
 ])
 def test_synth_refuses_bad_sizes(runner, tmp_path, args, fragment):
     out = tmp_path / "d.parquet"
@@ -67,3 +69,26 @@ def test_synth_refuses_a_missing_directory_or_a_directory(runner, tmp_path):
 def test_help_lists_the_data_group(runner):
     result = runner.invoke(cli, ["--help"])
     assert result.exit_code == 0 and "data" in result.stdout
+
+
+def test_shape_names_match_the_generator():
+    from budgetplan.cli.data_cmd import SHAPE_NAMES
+
+    assert SHAPE_NAMES == tuple(SHAPES)
+
+
+@pytest.mark.parametrize("shape", ["balanced", "sensitive"])
+def test_synth_writes_the_named_shape(runner, tmp_path, shape):
+    out = tmp_path / "d.parquet"
+    result = run(runner, "--rows", 3000, "--users", 300, "--out", out, "--seed", 2, "--shape", shape, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    spec = SHAPES[shape].features
+    assert summary["shape"] == shape
+    assert summary["features"]["sensitive_categorical"] == list(spec.sensitive_categorical)
+    assert summary["features"]["nonsensitive_categorical"] == list(spec.nonsensitive_categorical)
+    table = read_table(out)
+    assert table.num_rows == 3000 and set(table.column_names) == set(spec.columns)
+    assert "advertiser" in table.column_names and "campaign" not in table.column_names
+    p = true_probability(table, shape)  # the file reads back under its own shape's model
+    assert p.shape == (3000,) and 0.01 < p.mean() < 0.15

@@ -1,0 +1,185 @@
+"""The utility frontier's tables and plots (benchmarks/utility_frontier.py writes the results).
+
+Per shape: the two non-private baselines, then, per table (the three arms; the alpha grid)
+and metric (relative AUC loss; calibration ratio), epsilon against arm, each cell the mean
++- std over the seeds. A cell is marked ``~`` where the seeds cannot order it against some
+other arm of its table: for some pair, |mean difference| < the larger of the two stds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import _harness as h
+
+MAIN = ("RR", "DP-SGD", "Hybrid")
+GRID = ("DP-SGD", "alpha=0.25", "alpha=0.5", "alpha=0.75", "RR")  # alpha 0 .. 1
+
+
+def _mean_std(values: list) -> tuple[float | None, float | None]:
+    xs = [v for v in values if v is not None]
+    return (statistics.fmean(xs) if xs else None), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def summarise(state: dict) -> dict:
+    """Per shape: ``baselines`` (mean, std of the two non-private models) and ``cells``
+    {epsilon: {arm: {n, diverged, loss_mean, loss_std, cal_mean, cal_std, beat_baseline,
+    readable: {(table, metric): bool | None}}}}."""
+    out: dict = {}
+    for key, b in state["baselines"].items():
+        mine = out.setdefault(key.split("|")[0], {"baselines": {}, "cells": {}})["baselines"]
+        for label in ("all", "nonsensitive"):
+            for metric in ("auc", "relative_auc_loss", "calibration_ratio"):
+                mine.setdefault(label, {}).setdefault(metric, []).append(b[label][metric])
+    for shape in out.values():
+        shape["baselines"] = {label: {m: _mean_std(v) for m, v in by.items()}
+                              for label, by in shape["baselines"].items()}
+    for c in state["cells"].values():
+        by_eps = out.setdefault(c["shape"], {"baselines": {}, "cells": {}})["cells"]
+        by_eps.setdefault(c["epsilon"], {}).setdefault(c["arm"], []).append(c)
+    for shape in out.values():
+        for by_arm in shape["cells"].values():
+            for arm, cells in by_arm.items():
+                loss = [c["relative_auc_loss"] for c in cells]
+                lm, ls = _mean_std(loss)
+                cm, cs = _mean_std([c["calibration_ratio"] for c in cells])
+                by_arm[arm] = {"n": len(cells), "diverged": sum(v is None for v in loss), "loss_mean": lm,
+                               "loss_std": ls, "cal_mean": cm, "cal_std": cs,
+                               "beat_baseline": sum(v is not None and v < 0 for v in loss), "readable": {}}
+            for table, arms in (("main", MAIN), ("grid", GRID)):
+                for metric in ("loss", "cal"):
+                    _readable(by_arm, [a for a in arms if a in by_arm], table, metric)
+    return out
+
+
+def _readable(by_arm: dict, arms: list[str], table: str, metric: str) -> None:
+    """Whether the seeds order an arm against every other arm of its table: for each pair,
+    |mean difference| >= the larger of the two stds. None where there is no spread (one seed)
+    or nothing to compare."""
+    for arm in arms:
+        me = by_arm[arm]
+        others = [by_arm[a] for a in arms if a != arm and by_arm[a][f"{metric}_mean"] is not None]
+        if me[f"{metric}_mean"] is None or me[f"{metric}_std"] is None or not others:
+            me["readable"][f"{table}/{metric}"] = None
+            continue
+        me["readable"][f"{table}/{metric}"] = all(
+            abs(me[f"{metric}_mean"] - o[f"{metric}_mean"]) >= max(me[f"{metric}_std"], o[f"{metric}_std"] or 0.0)
+            for o in others)
+
+
+def _pm(mean, std, digits: int) -> str:
+    if mean is None:
+        return "-"
+
+    def num(x):  # a calibration ratio of 4e-8 (a model that predicts no conversion) must not read 0.000
+        return f"{x:.{digits}f}" if x == 0 or abs(x) >= 10 ** -digits else f"{x:.1e}"
+
+    return num(mean) + ("" if std is None else f" +- {num(std)}")
+
+
+def _cell(s: dict | None, table: str, metric: str) -> str:
+    if s is None:
+        return "-"
+    if s[f"{metric}_mean"] is None:
+        return "diverged"
+    mark = "~" if s["readable"].get(f"{table}/{metric}") is False else ""
+    digits = 2 if metric == "loss" else 3
+    text = mark + _pm(s[f"{metric}_mean"], s[f"{metric}_std"], digits)
+    if s["diverged"]:
+        text += f" ({s['diverged']} of {s['n']} diverged)"
+    return text
+
+
+def render(state: dict, name: str) -> str:
+    st = state["settings"]["values"]
+    summary = summarise(state)
+    seeds = len(st["data_seeds"])
+    lines = [f"# Utility frontier by data shape{'' if state.get('complete') else ' (INCOMPLETE: a run in progress)'}",
+             "", f"{st['rows']:,} synthetic rows per shape and seed ({st['users']:,} users, a fifth held out), "
+             f"{seeds} seed{'s' if seeds > 1 else ''}; semi-sensitive DP per impression, delta = 0.1/N (N: each "
+             "seed's training rows). Each cell: mean +- std over the seeds. Relative AUC loss (%) is against the "
+             "non-private model with all features trained on the same data (arXiv:2401.15246); the calibration "
+             "ratio is mean(p) / mean(y) on the held-out users. `~` marks a cell whose order against another arm "
+             "of its table the seeds cannot tell: their mean difference is smaller than the larger of their two "
+             "stds." + (" **One seed: no spread, so no cell can be judged readable or not.**" if seeds == 1 else ""),
+             ""]
+    for shape, summ in summary.items():
+        by_eps, bl = summ["cells"], summ["baselines"]
+        par = st["shapes"][shape]
+        lines += [f"## {shape}", "",
+                  f"Shape parameters: {', '.join(f'{k} {v}' for k, v in par.items() if k != 'cardinalities')}.", ""]
+        if bl:
+            lines += ["| non-private model | AUC | relative AUC loss (%) | calibration ratio |", "|---|---|---|---|",
+                      f"| all features (the reference) | {_pm(*bl['all']['auc'], 4)} | 0 | "
+                      f"{_pm(*bl['all']['calibration_ratio'], 3)} |",
+                      f"| non-sensitive features only (the RR ceiling) | {_pm(*bl['nonsensitive']['auc'], 4)} | "
+                      f"{_pm(*bl['nonsensitive']['relative_auc_loss'], 2)} | "
+                      f"{_pm(*bl['nonsensitive']['calibration_ratio'], 3)} |", ""]
+        for title, arms, table in (("Arms", MAIN, "main"), ("Alpha grid (eps1 = alpha eps)", GRID, "grid")):
+            arms = [a for a in arms if any(a in v for v in by_eps.values())]
+            if not arms:
+                continue
+            for metric, label in (("loss", "relative AUC loss (%)"), ("cal", "calibration ratio")):
+                lines += [f"{title}: {label}", "", "| epsilon | " + " | ".join(arms) + " |",
+                          "|---" * (len(arms) + 1) + "|"]
+                for eps in sorted(by_eps):
+                    lines.append(f"| {eps:g} | " + " | ".join(_cell(by_eps[eps].get(a), table, metric)
+                                                              for a in arms) + " |")
+                lines.append("")
+        unreadable = [f"{eps:g}" for eps in sorted(by_eps)
+                      if any(v["readable"].get("main/loss") is False for a, v in by_eps[eps].items() if a in MAIN)]
+        if seeds > 1:
+            lines += [("The order of RR, DP-SGD and Hybrid (relative AUC loss) is not readable from these seeds at "
+                       "epsilon " + ", ".join(unreadable) + "." if unreadable else
+                       "The order of RR, DP-SGD and Hybrid (relative AUC loss) is readable at every epsilon."), ""]
+        beat = [f"{a} at {eps:g} ({v['beat_baseline']} of {v['n']})" for eps in sorted(by_eps)
+                for a, v in by_eps[eps].items() if v["beat_baseline"]]
+        if beat:
+            lines += ["**The non-private baseline is no ceiling here**: a private model beat it on the same data "
+                      "(negative loss) for " + ", ".join(beat) + ". The baseline is under-trained at these settings, "
+                      "and every loss in this section is measured against it.", ""]
+        lines += [f"![{shape}]({name}_{shape}.png)", ""]
+    cells = list(state["cells"].values())
+    if cells:
+        median = statistics.median(c["seconds"] for c in cells)
+        lines += [f"{len(cells)} cells and {len(state['baselines'])} baseline pairs in "
+                  f"{state['seconds'] / 3600:.2f} h of training (median {median:.0f} s a cell).", ""]
+    lines.append(h.settings_markdown(state["settings"]))
+    return "\n".join(lines) + "\n"
+
+
+def plot(state: dict, name: str, out: Path) -> list[Path]:
+    from budgetplan.plots import _pyplot, _save
+
+    plt = _pyplot()
+    written = []
+    n = len(state["settings"]["values"]["data_seeds"])
+    for shape, summ in summarise(state).items():
+        by_eps, bl = summ["cells"], summ["baselines"]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+        for arm in dict.fromkeys(MAIN + GRID):
+            xs = [e for e in sorted(by_eps) if arm in by_eps[e] and by_eps[e][arm]["loss_mean"] is not None]
+            if not xs:
+                continue
+            style = {"marker": "o", "capsize": 3, "label": arm} if arm in MAIN else \
+                {"marker": ".", "capsize": 2, "label": arm, "linestyle": "--", "alpha": 0.6}
+            for ax, m, s in ((left, "loss_mean", "loss_std"), (right, "cal_mean", "cal_std")):
+                ax.errorbar(xs, [by_eps[e][arm][m] for e in xs], yerr=[by_eps[e][arm][s] or 0.0 for e in xs],
+                            **style)
+        if bl and bl["nonsensitive"]["relative_auc_loss"][0] is not None:
+            left.axhline(bl["nonsensitive"]["relative_auc_loss"][0], color="grey", linestyle=":", linewidth=1,
+                         label="non-private, non-sensitive only")
+        for ax, ylabel in ((left, "relative AUC loss (%)"), (right, "calibration ratio mean(p) / mean(y)")):
+            ax.set_xscale("log")
+            ax.set_xticks(sorted(by_eps), [f"{e:g}" for e in sorted(by_eps)])
+            ax.minorticks_off()
+            ax.set_xlabel("total epsilon")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3, which="both")
+        left.axhline(0.0, color="black", linewidth=0.8)
+        right.axhline(1.0, color="black", linewidth=0.8)
+        left.legend(fontsize=7)
+        fig.suptitle(f"{shape}: {state['settings']['values']['rows']:,} rows, mean +- std over {n} seed(s)")
+        written.append(_save(fig, out / f"{name}_{shape}.png"))
+    return written

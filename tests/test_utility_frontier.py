@@ -1,0 +1,138 @@
+"""benchmarks/utility_frontier.py at a tiny size: its results' structure, the baseline as the
+ceiling of every private arm, resuming, and the readability rule of its tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+ARMS = ["RR", "DP-SGD", "Hybrid", "alpha=0.5"]
+# legacy: columns of at most 5,000 values, so that 3,200 training rows can teach a model
+# something; epsilon 0.01: every private arm is close to a coin, the baseline is not.
+ARGV = ["--rows", "4000", "--shapes", "legacy", "--epsilons", "0.01", "--arms", ",".join(ARMS), "--seeds", "2",
+        "--device", "cpu", "--name", "tiny"]
+# The library's baseline (3 epochs at 3,200 rows: 9 steps) is too short to rank anything: the
+# tiny runs train it longer on smaller tables, through the frontier's one place for overrides.
+TRAINING = {"baseline_epochs": 20, "hash_bins_nonsensitive": 4096, "hash_bins_sensitive": 4096}
+
+
+def _frontier():
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    if "_benchmark_utility_frontier" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_benchmark_utility_frontier", BENCH / "utility_frontier.py")
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules["_benchmark_utility_frontier"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One tiny frontier run."""
+    uf = _frontier()
+    out = tmp_path_factory.mktemp("frontier")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(uf, "TRAINING", TRAINING)
+        state = uf.main([*ARGV, "--out", str(out)])
+    return uf, out, state
+
+
+def test_every_cell_and_baseline_is_there(tiny):
+    uf, out, state = tiny
+    assert state["complete"]
+    assert sorted(state["baselines"]) == ["legacy|0", "legacy|1"]
+    assert sorted(state["cells"]) == sorted(f"legacy|{s}|0.01|{a}" for s in (0, 1) for a in ARMS)
+    for c in state["cells"].values():
+        assert c["split"] == uf.ARMS[c["arm"]] and c["dataset_size"] == state["baselines"][f"legacy|{c['seed']}"][
+            "dataset_size"]
+        assert 0 < c["calibration_ratio"] and 0 <= c["auc"] <= 1
+    alphas = {c["arm"]: c["alpha"] for c in state["cells"].values()}
+    assert alphas["RR"] == 1 and alphas["DP-SGD"] == 0 and alphas["alpha=0.5"] == pytest.approx(0.5)
+    assert alphas["Hybrid"] == pytest.approx(0.6)  # paper-v1: eps1 = min(0.6 eps, 3)
+    assert json.loads((out / "tiny.json").read_text()) == json.loads(json.dumps(state))
+    assert (out / "tiny_legacy.png").stat().st_size > 0
+
+
+def test_the_baseline_is_the_ceiling(tiny):
+    _, _, state = tiny
+    for key, b in state["baselines"].items():
+        assert b["nonsensitive"]["auc"] < b["all"]["auc"], key  # the truncated model is below all features
+        assert b["nonsensitive"]["relative_auc_loss"] > 0
+        for c in state["cells"].values():
+            if f"{c['shape']}|{c['seed']}" == key:
+                assert c["auc"] < b["all"]["auc"] and c["relative_auc_loss"] > 0, c["arm"]
+
+
+def test_the_table_reports_loss_and_calibration_with_spread(tiny):
+    uf, out, state = tiny
+    summary = uf.summarise(state)["legacy"]
+    cell = summary["cells"][0.01]["RR"]
+    losses = [c["relative_auc_loss"] for c in state["cells"].values() if c["arm"] == "RR"]
+    assert cell["n"] == 2 and cell["loss_mean"] == pytest.approx(sum(losses) / 2)
+    assert cell["loss_std"] == pytest.approx(abs(losses[0] - losses[1]) / 2 ** 0.5)
+    assert cell["cal_std"] is not None and set(cell["readable"]) == {"main/loss", "main/cal", "grid/loss", "grid/cal"}
+    text = (out / "tiny.md").read_text()
+    for heading in ("Arms: relative AUC loss (%)", "Arms: calibration ratio", "Alpha grid (eps1 = alpha eps): "
+                    "relative AUC loss (%)", "non-sensitive features only (the RR ceiling)"):
+        assert heading in text
+    assert f"{cell['loss_mean']:.2f} +- {cell['loss_std']:.2f}" in text
+    assert uf.h.settings_markdown(state["settings"]) in text
+
+
+def test_a_killed_run_resumes_where_it_stopped(tiny, monkeypatch):
+    uf, out, state = tiny
+    monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    dropped = "legacy|1|0.01|Hybrid"
+    partial = json.loads(json.dumps(state))
+    del partial["cells"][dropped]
+    partial["complete"] = False
+    (out / "tiny.json").write_text(json.dumps(partial))
+    resumed = uf.main([*ARGV, "--out", str(out), "--arms", "RR,DP-SGD,Hybrid,alpha=0.5"])
+    assert sorted(resumed["cells"]) == sorted(state["cells"]) and resumed["complete"]
+    for key, cell in state["cells"].items():
+        if key != dropped:
+            assert resumed["cells"][key] == cell  # kept, not trained again
+    assert resumed["baselines"] == state["baselines"]
+
+
+def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
+    uf, out, _ = tiny
+    monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    with pytest.raises(SystemExit, match=r"\(these differ: scenario.rr.epochs\)"):
+        uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4"])
+
+
+@pytest.mark.parametrize("argv, what", [(["--shapes", "nope"], "--shapes"), (["--arms", "RR,X"], "--arms"),
+                                        (["--epsilons", "1,inf"], "--epsilons"), (["--rows", "0"], "--rows")])
+def test_bad_options_are_refused_in_one_line(argv, what, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _frontier().parse_args(argv)
+    assert exc.value.code == 2 and what in capsys.readouterr().err.splitlines()[-1]
+
+
+def _arm(mean, std):
+    return {"loss_mean": mean, "loss_std": std, "readable": {}}
+
+
+def test_cells_the_seeds_cannot_order_are_marked():
+    _frontier()
+    import _frontier_report as uf
+    by_arm = {"RR": _arm(10.0, 1.0), "DP-SGD": _arm(5.0, 1.0), "Hybrid": _arm(5.5, 1.0)}
+    uf._readable(by_arm, list(by_arm), "main", "loss")
+    # RR is 4.5 away from its nearest arm (std 1): ordered; DP-SGD and Hybrid are 0.5 apart: not
+    assert [by_arm[a]["readable"]["main/loss"] for a in by_arm] == [True, False, False]
+    by_arm["Hybrid"]["loss_std"] = 6.0  # the larger std of a pair decides: RR against Hybrid too
+    uf._readable(by_arm, list(by_arm), "main", "loss")
+    assert by_arm["RR"]["readable"]["main/loss"] is False
+    assert uf._cell({**by_arm["RR"], "diverged": 0, "n": 3}, "main", "loss") == "~10.00 +- 1.00"
+    one_seed = {"RR": _arm(10.0, None), "DP-SGD": _arm(5.0, None)}
+    uf._readable(one_seed, list(one_seed), "main", "loss")
+    assert one_seed["RR"]["readable"]["main/loss"] is None  # no spread: no judgement either way

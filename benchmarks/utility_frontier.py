@@ -61,6 +61,7 @@ def main() -> None:
     from budgetplan.planner import build_plan
     from budgetplan.plots import frontier, plot_frontier
     from budgetplan.scenario import parse_scenario
+    from trainers.baseline import reference
     from trainers.data.synth import SYNTH_FEATURES, synthesize
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import TrainSettings, execute_plan, run_baseline
@@ -102,13 +103,14 @@ def main() -> None:
             dpsgd_epochs=args.dpsgd_epochs, rr_epochs=args.rr_epochs))) for arm, split in ARMS for eps in epsilons}
         base = run_baseline(next(iter(plans.values())), root / "train.parquet", eval_path=root / "eval.parquet",
                             settings=settings)
-        base_auc = base.metrics["eval"]["auc"]
+        base_auc, tolerance = reference(base)
         baselines.append(base_auc)
         runs = []
         for (arm, eps), plan in plans.items():
             out = root / f"{arm}-{eps:g}"
             execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", out_dir=out,
-                         settings=settings, dpsgd_settings=dp, baseline_auc=base_auc)
+                         settings=settings, dpsgd_settings=dp, baseline_auc=base_auc,
+                         baseline_tolerance=tolerance)
             runs.append(out)
             print(f"seed {seed} {arm:7s} eps {eps:g}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
         for r in frontier(runs):

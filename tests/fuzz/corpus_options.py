@@ -67,8 +67,8 @@ class Cmd:
 _PLAN_TRAIN = Artefact("plan.json", "plan-train")
 _DPSGD_TRAIN = (Artefact("plan.json", "plan-train-dpsgd"), Artefact("train.parquet", "train-parquet"))
 _TRAIN_DATA = Artefact("train.parquet", "train-parquet")
-_NON_PRIVATE = ("train", "plan.json", "--data", "train.parquet", "--out", "run", "--non-private", "--embedding-dim", "1",
-                "--baseline-epochs", "2", "--json")
+_NON_PRIVATE = ("train", "plan.json", "--data", "train.parquet", "--out", "run", "--non-private", "--embedding-dim",
+                "1", "--baseline-epochs", "2", "--json")
 
 COMMANDS = (
     Cmd("rr", ("rr", "--epsilon", "1", "--json"), (

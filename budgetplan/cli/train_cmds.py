@@ -18,6 +18,7 @@ from budgetplan.cli._shell import (
     bounded_non_negative,
     console,
     emit_json,
+    warn,
 )
 from budgetplan.limits import (
     MAX_DATASET_SIZE,
@@ -220,7 +221,7 @@ def _fresh_directory(name: str, path: str):
 
 def _print_record(record, out_dir) -> None:
     out = console()
-    from budgetplan.records import RRRun
+    from budgetplan.records import BaselineStats, RRRun
 
     rows = [["algorithm", record.algorithm], ["rows used", fmt(record.rows_used)],
             ["device", record.device], ["seeds", record.seeds["policy"]]]
@@ -233,6 +234,16 @@ def _print_record(record, out_dir) -> None:
                  ["calibration mean(p)/mean(y)", fmt(ev["calibration_ratio"])]]
         if "relative_auc_loss" in ev:
             rows.append(["relative AUC loss (%)", fmt(ev["relative_auc_loss"], 4)])
+        if ev.get("beats_baseline"):
+            warn(f"this run's eval AUC exceeds the baseline's ({fmt(ev['baseline_auc'])}) by more than "
+                 f"{fmt(ev['baseline_auc_tolerance'])}, more than noise: the baseline is probably "
+                 "undertrained, or not comparable")
+    stats = next((s for s in record.private_part.phases if isinstance(s, BaselineStats)), None) \
+        if record.private_part is not None else None
+    if stats is not None:
+        best = "none (diverged)" if stats.best is None else fmt(stats.checked_at[stats.best])
+        rows += [["baseline: epochs trained", fmt(stats.checked_at[-1]) if stats.checked_at else "0"],
+                 ["baseline: kept epoch", best], ["baseline: stopped by", stats.stopped]]
     # A plan whose N is a DP count keeps its timings private (they grow with the true count).
     timings = record.timings or (record.private_part.data.get("timings", {}) if record.private_part else {})
     if "total_seconds" in timings:

@@ -248,3 +248,17 @@ def test_cli_refuses_baseline_options_on_a_dp_run_and_a_baseline_that_is_no_ceil
     not_a_ceiling = _train(runner, root, tmp_path / "y", "--baseline", str(tmp_path / "rr" / "run.json"))
     assert not_a_ceiling.exit_code == 2 and "not a non-private baseline" in not_a_ceiling.stderr
     assert not_a_ceiling.stderr.strip().count("\n") == 0
+
+
+def test_cli_warns_when_a_dp_run_beats_an_undertrained_baseline(data, tmp_path, runner):
+    """Weight decay 1 pins every weight near 0: a ceiling at AUC 1/2 that an RR run must beat."""
+    root, _, _ = data
+    weak = _train(runner, root, tmp_path / "weak", "--non-private", "--baseline-epochs", "1", "--weight-decay", "1",
+                  "--seed", "0")
+    assert weak.exit_code == 0, weak.output
+    assert "kept epoch" in weak.stdout and "stopped by" in weak.stdout
+    rr = _train(runner, root, tmp_path / "rr", "--baseline", str(tmp_path / "weak" / "run.json"), "--seed", "0")
+    assert rr.exit_code == 0, rr.output
+    ev = load_record(tmp_path / "rr", private=True).metrics["eval"]
+    assert ev["beats_baseline"] is True and ev["auc"] - ev["baseline_auc"] > ev["baseline_auc_tolerance"] > 0
+    assert "exceeds the baseline's" in rr.stderr and ev["relative_auc_loss"] < 0

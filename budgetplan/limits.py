@@ -16,6 +16,8 @@ __all__ = [
     "MAX_CURVES",
     "MAX_SYNTH_ROWS",
     "MAX_EMBEDDING_DIM",
+    "MAX_HASH_BINS",
+    "MAX_WEIGHT_DECAY",
     "MAX_LEARNING_RATE",
     "MAX_GRID_CELLS",
     "MAX_WALR_FEATURES",
@@ -46,9 +48,18 @@ MAX_CURVES = 50
 # so 5 GB here) before it is written.
 MAX_SYNTH_ROWS = 10**8
 
-# Embedding width: the two hashed embedding tables have 2**16 rows each, so 1024 columns are
-# already 2 x 256 MiB of float32 parameters (and as much again for Adam's moments).
+# Embedding width: the two hashed embedding tables have 2**16 rows each by default, so 1024
+# columns are already 2 x 256 MiB of float32 parameters (and as much again for Adam's moments).
 MAX_EMBEDDING_DIM = 1_024
+
+# Rows of a hashed embedding table (--hash-bins). The Hybrid paper uses 50,000 to 100,000;
+# 2**24 (16.8M) rows at width 8 are 512 MiB per table before the optimiser's copies, and
+# beyond it the tables outgrow any categorical vocabulary of a tabular ads log.
+MAX_HASH_BINS = 2**24
+
+# Adam's L2 weight decay for the non-private baseline. At 1 the penalty on unit-sized weights
+# outweighs the whole log loss (about 0.7 per example at most); useful values are 1e-6 to 1e-3.
+MAX_WEIGHT_DECAY = 1.0
 
 # Learning rates (Adam, momentum SGD): training diverges far below this; beyond it the loss
 # overflows and the run ends with nothing to record.

@@ -11,7 +11,8 @@ A run writes two records:
 * ``private/record.json``, the *data owner's* record, which stays with the data: the data
   path and row counts, capping statistics, the keyed data fingerprint (HMAC-SHA256 with a
   key that never leaves the data owner), data-dependent phase statistics (the fraction of
-  clipped examples, WALR's clipped rows), the encoding and metrics on private labels.
+  clipped examples, WALR's clipped rows, a baseline's validation curve), the encoding and
+  metrics on private labels.
 
 When the plan's N is a DP count (a ``count`` phase), the true row count is what is
 protected, so everything that grows with it moves to the private record: the public
@@ -276,19 +277,29 @@ class WALRRun:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BaselineRun:
-    """A non-private baseline's training: no guarantee applies."""
+    """A non-private baseline's training rule: no guarantee applies.
+
+    Only the rule is here (early stopping on a validation split of the training data, by
+    ``validation_split`` "unit" or "row"); how long it trained and its validation curve are
+    statistics of the data, in :class:`BaselineStats`.
+    """
 
     name: ClassVar[str] = "non-private"
-    epochs: int
+    max_epochs: int
+    patience: int
+    validation_fraction: float
+    validation_split: str
+    selection: str
     batch_size: int
-    batches: int
     model: str
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size"):
+        for name in ("max_epochs", "patience", "batch_size"):
             _set(self, name, _validate.positive_int(name, getattr(self, name)))
-        _set(self, "batches", _count("batches", self.batches))
-        _typed.text("model", self.model)
+        _set(self, "validation_fraction", _validate.open_unit("validation_fraction", self.validation_fraction))
+        _typed.choice("validation_split", self.validation_split, ("unit", "row"))
+        _typed.text("selection", self.selection)
+        _typed.choice("model", self.model, ("full", "truncated"))
 
 
 PhaseRun: TypeAlias = RRRun | DPSGDRun | WALRRun | BaselineRun
@@ -350,13 +361,49 @@ class WALRStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BaselineStats:
-    """The baseline's training loss per epoch (clean labels)."""
+    """The baseline's training curve on clean labels, and the split it was validated on.
+
+    The validation split was scored ``len(checked_at)`` times, at ``checked_at`` epochs
+    (fractional when it was scored within epochs), with ``train_loss`` the training loss
+    since the previous check; ``best`` indexes the kept state (None if no check was finite:
+    the model diverged).
+    """
 
     name: ClassVar[str] = "non-private"
-    epoch_loss: tuple[float | None, ...]
+    checked_at: tuple[float, ...]
+    train_loss: tuple[float | None, ...]
+    validation_log_loss: tuple[float | None, ...]
+    validation_auc: tuple[float | None, ...]
+    best: int | None
+    stopped: str
+    batches: int
+    train_rows: int
+    validation_rows: int
+    validation_units: int | None
+    validation_positives: int
 
     def __post_init__(self) -> None:
-        _set(self, "epoch_loss", _losses("epoch_loss", self.epoch_loss))
+        _set(self, "checked_at", _typed.float_tuple("checked_at", self.checked_at, _validate.positive))
+        checks = len(self.checked_at)
+        for name in ("train_loss", "validation_log_loss", "validation_auc"):
+            _set(self, name, _losses(name, getattr(self, name)))
+            if len(getattr(self, name)) != checks:
+                raise InvalidParameterError(f"{name} has {len(getattr(self, name))} entries, checked_at {checks}")
+        if self.best is not None:
+            best = _count("best", self.best)
+            if best >= checks or self.validation_log_loss[best] is None:
+                raise InvalidParameterError(f"best must index a check with a finite validation loss, got {best}")
+            _set(self, "best", best)
+        _typed.choice("stopped", self.stopped, ("patience", "max_epochs"))
+        for name in ("batches", "train_rows", "validation_rows"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _set(self, "validation_units", _typed.optional(_validate.positive_int, "validation_units",
+                                                       self.validation_units))
+        positives = _count("validation_positives", self.validation_positives)
+        if positives > self.validation_rows:
+            raise InvalidParameterError(f"validation_positives ({positives}) exceeds validation_rows "
+                                        f"({self.validation_rows})")
+        _set(self, "validation_positives", positives)
 
 
 PhaseStats: TypeAlias = RRStats | DPSGDStats | WALRStats | BaselineStats

@@ -49,36 +49,58 @@ def _logits(model, data, idx, truncated: bool):
 
 
 def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, truncated: bool,
-        generator: torch.Generator, progress: str | None = None) -> dict:
+        generator: torch.Generator, progress: str | None = None, check=None, check_every: int | None = None) -> dict:
     """Train ``model`` on (data, targets) with ``loss_fn(logits, targets)``; returns a history.
 
     Args:
         truncated: train the truncated model (non-sensitive features only).
         progress: a label to show a rich progress bar on stderr, or None.
+        check: called as ``check(epochs_done, train_loss)`` at the end of every epoch, or
+            every ``check_every`` batches (and at the end of the last epoch); ``epochs_done``
+            counts batches as fractions of an epoch, ``train_loss`` is the mean loss since the
+            previous call. Training stops when it returns True: early stopping.
+
+    Returns:
+        ``{"epoch_loss": mean loss per epoch (the last one over the batches it ran),
+        "batches", "seconds", "stopped_early"}``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _optimizer(params, settings)
     n = len(data)
     batches = math.ceil(n / settings.batch_size)
-    history = {"epoch_loss": [], "seconds": 0.0, "batches": 0}
+    history = {"epoch_loss": [], "seconds": 0.0, "batches": 0, "stopped_early": False}
     pbar = bar(progress, settings.epochs * batches)
     t0 = time.perf_counter()
     model.train()
+    since_check, rows_since_check = 0.0, 0
     try:
-        for _ in range(settings.epochs):
+        for epoch in range(settings.epochs):
             order = torch.randperm(n, generator=generator, device="cpu").to(data.label.device)
-            total = 0.0
+            total, rows = 0.0, 0
             for b in range(batches):
                 idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
                 loss = loss_fn(_logits(model, data, idx, truncated), targets[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                total += float(loss.detach()) * idx.numel()
+                batch_loss = float(loss.detach()) * idx.numel()
+                total, rows = total + batch_loss, rows + idx.numel()
+                since_check, rows_since_check = since_check + batch_loss, rows_since_check + idx.numel()
+                history["batches"] += 1
                 if pbar is not None:
                     pbar[0].advance(pbar[1])
-            history["epoch_loss"].append(total / n)
-            history["batches"] += batches
+                due = b == batches - 1 if check_every is None else (
+                    history["batches"] % check_every == 0 or (b == batches - 1 and epoch == settings.epochs - 1))
+                if check is not None and due:
+                    stop = check(epoch + (b + 1) / batches, since_check / rows_since_check)
+                    model.train()  # the check may have evaluated the model
+                    since_check, rows_since_check = 0.0, 0
+                    if stop:
+                        history["stopped_early"] = True
+                        break
+            history["epoch_loss"].append(total / rows)
+            if history["stopped_early"]:
+                break
     finally:
         if pbar is not None:
             pbar[0].stop()

@@ -14,9 +14,10 @@ import numbers
 
 import numpy as np
 
+from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["auc", "calibration_ratio", "evaluate", "log_loss", "relative_auc_loss"]
+__all__ = ["auc", "auc_standard_error", "calibration_ratio", "evaluate", "log_loss", "relative_auc_loss"]
 
 LOG_LOSS_EPS = 1e-15
 
@@ -75,6 +76,27 @@ def auc(y_true, scores) -> float:
     neg_below = np.cumsum(neg_g) - neg_g
     twice_u = 2 * int(np.dot(pos_g, neg_below)) + int(np.dot(pos_g, neg_g))
     return twice_u / (2 * positives * negatives)
+
+
+def auc_standard_error(area: float, positives: int, negatives: int) -> float:
+    """Hanley and McNeil's standard error of an AUC estimated on ``positives`` and ``negatives`` examples.
+
+    ``SE^2 = (A(1-A) + (n1-1)(Q1-A^2) + (n2-1)(Q2-A^2)) / (n1 n2)`` with ``Q1 = A/(2-A)``
+    (two positives both above one negative) and ``Q2 = 2A^2/(1+A)`` (one positive above two
+    negatives): the exact variance of the Mann-Whitney estimate when the scores of each class
+    are exponential, and close to it for other smooth score distributions (Hanley and
+    McNeil, Radiology 143:29-36, 1982).
+
+    Args:
+        area: the AUC, in [0, 1].
+        positives, negatives: n1 and n2, each at least 1.
+    """
+    a = _validate.probability("auc", area, allow_zero=True, allow_one=True)
+    n1 = _validate.positive_int("positives", positives)
+    n2 = _validate.positive_int("negatives", negatives)
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    variance = (a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n2 - 1) * (q2 - a * a)) / (n1 * n2)
+    return float(np.sqrt(variance))  # both Q - A^2 terms are >= 0: A(1-A)^2/(2-A) and A^2(1-A)/(1+A)
 
 
 def log_loss(y_true, p) -> float:

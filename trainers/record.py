@@ -102,9 +102,25 @@ def walr_entry(result, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:
                              max_contribution=result.max_contribution)
 
 
-def baseline_entry(history: dict, *, epochs: int, batch_size: int, model: str) -> tuple[BaselineRun, BaselineStats]:
-    return (BaselineRun(epochs=epochs, batch_size=batch_size, batches=history["batches"], model=model),
-            BaselineStats(epoch_loss=tuple(finite_or_none(x) for x in history["epoch_loss"])))
+def baseline_entry(history: dict, settings, *, batch_size: int, model: str, split: str, train_rows: int,
+                   validation_rows: int, validation_units: int | None) -> tuple[BaselineRun, BaselineStats]:
+    """The baseline: its early-stopping rule (public) and its curve on the data (private).
+
+    Args:
+        history: ``trainers.baseline.train_baseline``'s result.
+        settings: the ``BaselineSettings`` it ran with.
+    """
+    public = BaselineRun(max_epochs=settings.max_epochs, patience=settings.patience,
+                         validation_fraction=settings.validation_fraction, validation_split=split,
+                         selection="lowest validation log loss", batch_size=batch_size, model=model)
+    stats = BaselineStats(
+        checked_at=tuple(history["checked_at"]),
+        train_loss=tuple(finite_or_none(x) for x in history["train_loss"]),
+        validation_log_loss=tuple(history["validation_log_loss"]), validation_auc=tuple(history["validation_auc"]),
+        best=history["best"], stopped=history["stopped"], batches=history["batches"], train_rows=train_rows,
+        validation_rows=validation_rows, validation_units=validation_units,
+        validation_positives=history["validation_positives"])
+    return public, stats
 
 
 def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, seeds: dict, model: dict,

@@ -44,7 +44,6 @@ class TrainSettings:
     optimizer: str = "adam"
     loss: str = "forward"        # bounded below; the unbiased loss is not (see CHANGELOG 0.13)
     batch_size: int = 1024
-    baseline_epochs: int = 3
     hash_bins_nonsensitive: int = 2**16
     hash_bins_sensitive: int = 2**16
     # "vocab": non-sensitive values seen >= vocab_threshold times; "hash"; "auto" (the default):
@@ -283,8 +282,8 @@ def _trainable(model, plan, phase_index: int) -> list:
 
 def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
                  dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
-                 progress: bool = False, resume: bool = False, checkpoint_every: int = 200,
-                 fingerprint_key: bytes | None = None) -> RunRecord:
+                 baseline_tolerance: float | None = None, progress: bool = False, resume: bool = False,
+                 checkpoint_every: int = 200, fingerprint_key: bytes | None = None) -> RunRecord:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
 
     Phases run in the plan's order: RR (labels randomised once, the truncated model trained
@@ -295,10 +294,14 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
 
     ``fingerprint_key`` is the data owner's key for the data fingerprint in the private
     record; without one a fresh key is made and saved as ``private/fingerprint.key``.
+
+    ``baseline_auc`` (the non-private baseline's eval AUC) adds the relative AUC loss to the
+    eval metrics; with ``baseline_tolerance`` (``trainers.baseline.reference``) also the flag
+    ``beats_baseline``, set when this run's AUC exceeds the baseline's by more than it.
     """
     from budgetplan.verify import verify_plan
+    from trainers.baseline import compare
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
-    from trainers.metrics import relative_auc_loss
     from trainers.randomness import Randomness
     from trainers.record import build_record, dpsgd_entry, rr_entry
     from trainers.rr_phase import run_rr_phase
@@ -390,9 +393,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         if eval_prep is not None:
             metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
             if baseline_auc is not None:
-                metrics["eval"]["baseline_auc"] = baseline_auc
-                auc = metrics["eval"]["auc"]
-                metrics["eval"]["relative_auc_loss"] = None if auc is None else relative_auc_loss(auc, baseline_auc)
+                compare(metrics["eval"], baseline_auc, baseline_tolerance)
         timings["total_seconds"] = time.perf_counter() - t0
         record = build_record(
             plan=plan, entries=entries, data=prep.data_info, metrics=metrics, encoding=prep.encoding,
@@ -457,21 +458,25 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
 
 
 def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
-                 seed: int | None = None, truncated: bool = False, progress: bool = False,
+                 baseline=None, seed: int | None = None, truncated: bool = False, progress: bool = False,
                  fingerprint_key: bytes | None = None) -> RunRecord:
-    """The non-private baseline on the plan's feature spec: clean labels, all rows.
+    """The non-private baseline on the plan's feature spec: clean labels, trained to convergence.
 
-    With ``truncated=True`` it trains the truncated model (non-sensitive features only):
-    the ceiling an RR-only model can reach, since RR may not use sensitive features.
+    The same model and encoding as the DP arms (``settings``), trained with early stopping
+    on a validation split of the training data (``baseline``, a ``BaselineSettings``; see
+    ``trainers.baseline``). With ``truncated=True`` it trains the truncated model
+    (non-sensitive features only): the ceiling an RR-only model can reach, since RR may not
+    use sensitive features.
     """
     import torch
 
-    from trainers import losses
-    from trainers.fit import FitSettings, fit
+    from trainers.baseline import BaselineSettings, train_baseline, validation_split
+    from trainers.fit import FitSettings
     from trainers.randomness import Randomness
     from trainers.record import baseline_entry, build_record
 
     settings = (settings or TrainSettings()).for_plan(plan)
+    baseline = baseline or BaselineSettings()
     out = _check_out(out_dir)
     spec = plan.scenario.features
     if spec is None:
@@ -482,24 +487,29 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     key, new_key = _key(fingerprint_key)
     prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd,
                     key=key)
+    held, split, units = validation_split(prep.table, spec.unit_id, baseline.validation_fraction)
     eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
+    mask = torch.from_numpy(held).to(device)
+    train, validation = prep.data.take(~mask), prep.data.take(mask)
     model = _model(prep, settings, rnd.torch_seed()).to(device)
     gen = torch.Generator().manual_seed(rnd.torch_seed())
-    fit_settings = FitSettings(epochs=settings.baseline_epochs, batch_size=settings.batch_size, lr=settings.lr,
-                               optimizer=settings.optimizer)
-    history = fit(model, prep.data, prep.data.label, losses.bce, fit_settings, truncated=truncated, generator=gen,
-                  progress="baseline" if progress else None)
+    fit_settings = FitSettings(epochs=baseline.max_epochs, batch_size=settings.batch_size, lr=settings.lr,
+                               optimizer=settings.optimizer, weight_decay=baseline.weight_decay)
+    history = train_baseline(model, train, validation, fit_settings, baseline, truncated=truncated, generator=gen,
+                             progress="baseline" if progress else None)
     metrics, timings = {}, dict(prep.timings)
     if eval_prep is not None:
         metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
     timings["train_seconds"] = history["seconds"]
     timings["total_seconds"] = time.perf_counter() - t0
+    final = "truncated" if truncated else "full"
     record = build_record(
         plan=None, algorithm="non-private",
-        entries=[baseline_entry(history, epochs=fit_settings.epochs, batch_size=fit_settings.batch_size,
-                                model="truncated" if truncated else "full")],
+        entries=[baseline_entry(history, baseline, batch_size=fit_settings.batch_size, model=final, split=split,
+                                train_rows=len(train), validation_rows=len(validation), validation_units=units)],
         data=prep.data_info, metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
-        model={"kind": settings.model, "config": model.config()},
-        training={**settings.to_dict(), "fit": fit_settings.to_dict()}, ledger=None, timings=timings,
-        device=_device_name(device), notes=("non-private: no privacy guarantee applies to this run",))
-    return _finish(record, model.state_dict(), out, new_key=new_key if out else None)
+        model={"kind": settings.model, "config": model.config(), "final": final},
+        training={**settings.to_dict(), "fit": fit_settings.to_dict(), "baseline": baseline.to_dict()}, ledger=None,
+        timings=timings, device=_device_name(device),
+        notes=("non-private: no privacy guarantee applies to this run",))
+    return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)

@@ -22,7 +22,7 @@ from budgetplan import _validate, limits
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 
 __all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "DATASET_SIZE", "BATCH_SIZE", "EPOCHS",
-           "UNIT_CAP", "LEARNING_RATE", "bounded_int", "emit_json", "warn", "console"]
+           "UNIT_CAP", "LEARNING_RATE", "bounded_int", "bounded_non_negative", "emit_json", "warn", "console"]
 
 
 class Group(click.Group):
@@ -134,6 +134,11 @@ def _bounded(check, limit):
 def bounded_int(name: str, limit: int) -> _Checked:
     """An integer in [1, limit], ``limit`` one of ``budgetplan.limits``."""
     return _Checked(name, _bounded(_validate.positive_int, limit))
+
+
+def bounded_non_negative(name: str, limit: float) -> _Checked:
+    """A finite number in [0, limit], ``limit`` one of ``budgetplan.limits``."""
+    return _Checked(name, _bounded(_validate.non_negative, limit))
 
 
 DATASET_SIZE = bounded_int("dataset_size", limits.MAX_DATASET_SIZE)

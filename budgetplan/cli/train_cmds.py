@@ -8,8 +8,26 @@ from __future__ import annotations
 import click
 
 from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import BATCH_SIZE, LEARNING_RATE, POSITIVE, POSITIVE_INT, bounded_int, console, emit_json
-from budgetplan.limits import MAX_DATASET_SIZE, MAX_EMBEDDING_DIM, MAX_SYNTH_ROWS
+from budgetplan.cli._shell import (
+    BATCH_SIZE,
+    LEARNING_RATE,
+    OPEN_UNIT,
+    POSITIVE,
+    POSITIVE_INT,
+    bounded_int,
+    bounded_non_negative,
+    console,
+    emit_json,
+    warn,
+)
+from budgetplan.limits import (
+    MAX_DATASET_SIZE,
+    MAX_EMBEDDING_DIM,
+    MAX_EPOCHS,
+    MAX_HASH_BINS,
+    MAX_SYNTH_ROWS,
+    MAX_WEIGHT_DECAY,
+)
 
 __all__ = ["train", "demo"]
 
@@ -48,12 +66,27 @@ def _settings(**kw):
               "--vocab-threshold times, or hashed; auto: vocab where the plan leaves those columns unprotected, "
               "else hash (sensitive ones are always hashed: their counts are private).")
 @click.option("--vocab-threshold", type=bounded_int("vocab_threshold", MAX_DATASET_SIZE), default=16, show_default=True)
+@click.option("--hash-bins", type=bounded_int("hash_bins", MAX_HASH_BINS), default=2**16, show_default=True,
+              help="Rows of each hashed embedding table (non-sensitive and sensitive).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Reproducible run (debugging only): privacy noise derived from this seed, recorded as such.")
-@click.option("--non-private", is_flag=True, help="Train the non-private baseline on the plan's features instead.")
+@click.option("--non-private", is_flag=True, help="Train the non-private baseline on the plan's features instead, with "
+              "early stopping on a validation split of --data.")
+@click.option("--baseline-epochs", type=bounded_int("baseline_epochs", MAX_EPOCHS), default=20, show_default=True,
+              help="--non-private: the most epochs.")
+@click.option("--patience", type=bounded_int("patience", MAX_EPOCHS), default=2, show_default=True,
+              help="--non-private: epochs without a lower validation log loss before stopping.")
+@click.option("--validation-fraction", type=OPEN_UNIT, default=0.1, show_default=True,
+              help="--non-private: the share of units (or rows, without a unit id) of --data held out for "
+              "early stopping.")
+@click.option("--weight-decay", type=bounded_non_negative("weight_decay", MAX_WEIGHT_DECAY), default=1e-4,
+              show_default=True, help="--non-private: L2 penalty on every parameter.")
+@click.option("--truncated", is_flag=True, help="--non-private: non-sensitive features only (the ceiling of RR, "
+              "whose model may not use sensitive features).")
 @click.option("--baseline", "baseline_run", type=click.Path(dir_okay=False),
-              help="A baseline run.json: its eval AUC gives the relative AUC loss.")
+              help="A --non-private run.json of the same model and encoding: the relative AUC loss against its "
+              "eval AUC, and a flag if this run beats it by more than noise.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (ledger count, fresh noise).")
 @click.option("--checkpoint-every", type=POSITIVE_INT, default=200, show_default=True,
               help="DP-SGD steps between checkpoints.")
@@ -62,19 +95,19 @@ def _settings(**kw):
               "private/fingerprint.key in the run directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
-          dpsgd_schedule, loss, hybrid_start, batch_size,
-          nonsensitive_encoding, vocab_threshold, device, seed, non_private, baseline_run, resume, checkpoint_every,
-          key_path, as_json):
+          dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
+          seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated, baseline_run,
+          resume, checkpoint_every, key_path, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
     from budgetplan.plan import load_plan
-    from budgetplan.records import load_record
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import execute_plan, run_baseline
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
-                         vocab_threshold=vocab_threshold, hybrid_start=hybrid_start)
+                         vocab_threshold=vocab_threshold, hash_bins_nonsensitive=hash_bins,
+                         hash_bins_sensitive=hash_bins, hybrid_start=hybrid_start)
     plan = load_plan(plan_file)
     _refuse_unused(click.get_current_context(), plan, non_private)
     key = None
@@ -83,17 +116,20 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
 
         key = read_key(key_path)
     if non_private:
-        record = run_baseline(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
-                              progress=not as_json, fingerprint_key=key)
+        from trainers.baseline import BaselineSettings
+
+        baseline = BaselineSettings(max_epochs=baseline_epochs, patience=patience,
+                                    validation_fraction=validation_fraction, weight_decay=weight_decay)
+        record = run_baseline(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings,
+                              baseline=baseline, seed=seed, truncated=truncated, progress=not as_json,
+                              fingerprint_key=key)
     else:
-        base_auc = None
+        base_auc = tolerance = None
         if baseline_run:
-            base = load_record(baseline_run, private=True)
-            base_auc = base.metrics.get("eval", {}).get("auc")
-            if base_auc is None:
-                raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
+            base_auc, tolerance = _baseline_reference(baseline_run, plan, settings)
         record = execute_plan(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
-                              baseline_auc=base_auc, progress=not as_json, resume=resume,
+                              baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
+                              resume=resume,
                               dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
                                                            cosine_decay=dpsgd_schedule == "cosine"),
                               checkpoint_every=checkpoint_every, fingerprint_key=key)
@@ -105,11 +141,28 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     _print_record(record, out_dir)
 
 
+def _baseline_reference(path, plan, settings) -> tuple[float, float]:
+    """(eval AUC, tolerance) of the --baseline run, refused unless it is a ceiling for this plan's model."""
+    from budgetplan.errors import InvalidParameterError
+    from budgetplan.records import load_record
+    from trainers.baseline import check_comparable, reference
+
+    base = load_record(path, private=True)
+    try:
+        out = reference(base)
+        if plan.walr is None:  # WALR's logistic regression is compared with the neural ceiling as it is
+            check_comparable(base, settings, full_model=plan.dpsgd is not None)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"--baseline {path}: {exc}") from None
+    return out
+
+
 # Options that only some runs read: given explicitly to a run that ignores them, they are
 # refused, so that a setting someone meant to change never silently changes nothing.
 _DPSGD_ONLY = ("dpsgd_optimizer", "dpsgd_lr", "dpsgd_schedule", "checkpoint_every")
 _PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run")
-_NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold")
+_BASELINE_ONLY = ("baseline_epochs", "patience", "validation_fraction", "weight_decay", "truncated")
+_NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold", "hash_bins")
 
 
 def _refuse_unused(ctx, plan, non_private: bool) -> None:
@@ -125,6 +178,9 @@ def _refuse_unused(ctx, plan, non_private: bool) -> None:
     for param in _PRIVATE_ONLY + _DPSGD_ONLY:
         if param in given and non_private:
             refuse(param, "does not apply to --non-private (the baseline trains on clean labels)")
+    for param in _BASELINE_ONLY:
+        if param in given and not non_private:
+            refuse(param, "applies to the non-private baseline (--non-private) only")
     for param in _DPSGD_ONLY:
         if param in given and plan.dpsgd is None:
             refuse(param, f"applies to a DP-SGD phase; this plan has {' + '.join(names)}")
@@ -172,7 +228,7 @@ def _fresh_directory(name: str, path: str):
 
 def _print_record(record, out_dir) -> None:
     out = console()
-    from budgetplan.records import RRRun
+    from budgetplan.records import BaselineStats, RRRun
 
     rows = [["algorithm", record.algorithm], ["rows used", fmt(record.rows_used)],
             ["device", record.device], ["seeds", record.seeds["policy"]]]
@@ -185,6 +241,16 @@ def _print_record(record, out_dir) -> None:
                  ["calibration mean(p)/mean(y)", fmt(ev["calibration_ratio"])]]
         if "relative_auc_loss" in ev:
             rows.append(["relative AUC loss (%)", fmt(ev["relative_auc_loss"], 4)])
+        if ev.get("beats_baseline"):
+            warn(f"this run's eval AUC exceeds the baseline's ({fmt(ev['baseline_auc'])}) by more than "
+                 f"{fmt(ev['baseline_auc_tolerance'])}, more than noise: the baseline is probably "
+                 "undertrained, or not comparable")
+    stats = next((s for s in record.private_part.phases if isinstance(s, BaselineStats)), None) \
+        if record.private_part is not None else None
+    if stats is not None:
+        best = "none (diverged)" if stats.best is None else fmt(stats.checked_at[stats.best])
+        rows += [["baseline: epochs trained", fmt(stats.checked_at[-1]) if stats.checked_at else "0"],
+                 ["baseline: kept epoch", best], ["baseline: stopped by", stats.stopped]]
     # A plan whose N is a DP count keeps its timings private (they grow with the true count).
     timings = record.timings or (record.private_part.data.get("timings", {}) if record.private_part else {})
     if "total_seconds" in timings:

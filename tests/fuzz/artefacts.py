@@ -297,7 +297,7 @@ def _train_csv(a: Artefacts) -> Path:
     return path
 
 
-_FAST = dict(embedding_dim=2, tower_hidden=8, common_hidden=(8,), baseline_epochs=1, batch_size=64)
+_FAST = dict(embedding_dim=2, tower_hidden=8, common_hidden=(8,), batch_size=64)
 
 
 def _run_rr(a: Artefacts) -> Path:
@@ -312,11 +312,12 @@ def _run_rr(a: Artefacts) -> Path:
 
 def _run_baseline(a: Artefacts) -> Path:
     from budgetplan.plan import load_plan
+    from trainers.baseline import BaselineSettings
     from trainers.run import TrainSettings, run_baseline
 
     out = a.root / "run-baseline"
     run_baseline(load_plan(a.path("plan-train")), a.path("train-parquet"), eval_path=a.path("eval-parquet"),
-                 out_dir=out, settings=TrainSettings(**_FAST), seed=7)
+                 out_dir=out, settings=TrainSettings(**_FAST), baseline=BaselineSettings(max_epochs=1), seed=7)
     return out
 
 

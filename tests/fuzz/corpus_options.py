@@ -67,6 +67,8 @@ class Cmd:
 _PLAN_TRAIN = Artefact("plan.json", "plan-train")
 _DPSGD_TRAIN = (Artefact("plan.json", "plan-train-dpsgd"), Artefact("train.parquet", "train-parquet"))
 _TRAIN_DATA = Artefact("train.parquet", "train-parquet")
+_NON_PRIVATE = ("train", "plan.json", "--data", "train.parquet", "--out", "run", "--non-private", "--embedding-dim",
+                "1", "--baseline-epochs", "2", "--json")
 
 COMMANDS = (
     Cmd("rr", ("rr", "--epsilon", "1", "--json"), (
@@ -156,6 +158,10 @@ COMMANDS = (
         Opt("--checkpoint-every", accept="big", skip="huge 2^63", inputs=_DPSGD_TRAIN),
         Opt("--seed", accept="zero huge 2^63"),
         Opt("--embedding-dim", accept=""),
+        Opt("--hash-bins", accept=""),
+        *(Opt(name, accept=accept, base=_NON_PRIVATE) for name, accept in (
+            ("--baseline-epochs", ""), ("--patience", ""), ("--validation-fraction", ""),
+            ("--weight-decay", "zero tiny"))),
     ), inputs=(_PLAN_TRAIN, _TRAIN_DATA), outputs=("run",)),
     Cmd("demo", ("demo", "--rows", "200", "--users", "40", "--epsilon", "1", "--out", "demo", "--json"), (
         Opt("--rows", accept=""),

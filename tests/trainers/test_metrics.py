@@ -11,7 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from trainers.metrics import auc, calibration_ratio, evaluate, log_loss, relative_auc_loss
+from budgetplan.errors import InvalidParameterError
+from trainers.metrics import auc, auc_standard_error, calibration_ratio, evaluate, log_loss, relative_auc_loss
 
 
 def brute_force_auc(y, s) -> float:
@@ -147,3 +148,44 @@ def test_a_diverged_model_gets_null_metrics_not_an_error():
     assert out["auc"] is None and out["log_loss"] is None and "1 of 3 predictions" in out["diverged"]
     json.dumps(out, allow_nan=False)
     assert evaluate_model([0, 1], [0.2, 0.9])["auc"] == 1.0
+
+
+def _exponential_scores(rng, positives, negatives, rate_pos, rate_neg):
+    y = np.r_[np.ones(positives), np.zeros(negatives)]
+    return y, np.r_[rng.exponential(1 / rate_pos, positives), rng.exponential(1 / rate_neg, negatives)]
+
+
+def test_auc_standard_error_is_the_spread_of_the_auc_over_replicate_samples():
+    """Hanley-McNeil is exact for exponential scores: Monte Carlo over 3000 replicate data sets.
+
+    Scores Exp(rate 1) for positives and Exp(rate 4) for negatives have AUC = 4/5 exactly.
+    With 20 positives and 200 negatives the two Q terms weigh very differently, so swapping
+    them (or the class counts) moves the error by a third: 0.041 instead of 0.061.
+    """
+    rng = np.random.default_rng(1)
+    areas = [auc(*_exponential_scores(rng, 20, 200, 1.0, 4.0)) for _ in range(3000)]
+    assert np.mean(areas) == pytest.approx(0.8, abs=0.003)
+    # the sample standard deviation of 3000 draws is within 3% of the truth (its own error ~1.3%)
+    assert auc_standard_error(0.8, 20, 200) == pytest.approx(np.std(areas, ddof=1), rel=0.03)
+    assert auc_standard_error(0.8, 200, 20) < 0.8 * np.std(areas, ddof=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_auc_standard_error_agrees_with_a_stratified_bootstrap(seed):
+    """One data set, its AUC's error by resampling each class (1000 times) against the formula."""
+    rng = np.random.default_rng(seed)
+    y, s = _exponential_scores(rng, 300, 3000, 1.0, 3.0)
+    boot = [auc(y, np.r_[rng.choice(s[:300], 300), rng.choice(s[300:], 3000)]) for _ in range(1000)]
+    assert auc_standard_error(auc(y, s), 300, 3000) == pytest.approx(np.std(boot, ddof=1), rel=0.1)
+
+
+def test_auc_standard_error_closed_forms_and_bad_input():
+    # A = 1/2 with one example per class: A(1-A) / 1 = 1/4, both Q terms multiplied by zero.
+    assert auc_standard_error(0.5, 1, 1) == pytest.approx(0.5)
+    # A perfect (or perfectly reversed) ranking has no spread to estimate.
+    assert auc_standard_error(1.0, 50, 50) == 0.0 and auc_standard_error(0.0, 50, 50) == 0.0
+    # More examples, less error: 1/sqrt(n) once both classes grow together.
+    assert auc_standard_error(0.7, 400, 4000) == pytest.approx(auc_standard_error(0.7, 100, 1000) / 2, rel=0.01)
+    for args in ((float("nan"), 5, 5), (1.2, 5, 5), (0.7, 0, 5), (0.7, 5, 2.5)):
+        with pytest.raises(InvalidParameterError):
+            auc_standard_error(*args)

@@ -12,10 +12,11 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.planner import build_plan
 from budgetplan.records import RunRecord, load_record
 from budgetplan.scenario import parse_scenario
+from trainers.baseline import BaselineSettings
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import TrainSettings, execute_plan, run_baseline
 
-FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), baseline_epochs=1, batch_size=512)
+FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
 ROWS, USERS = 6000, 1500
 
 
@@ -40,7 +41,8 @@ def rr_plan(n, *, eps=2.0, extra_privacy="", rr_extra=""):
 def test_rr_run_writes_a_complete_record(data, tmp_path):
     root, _ = data
     plan = rr_plan(5000)
-    base = run_baseline(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST)
+    base = run_baseline(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST,
+                        baseline=BaselineSettings(max_epochs=1))
     rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", out_dir=tmp_path / "run",
                        settings=FAST, baseline_auc=base.metrics["eval"]["auc"])
     assert (tmp_path / "run" / "run.json").exists() and (tmp_path / "run" / "model.pt").exists()

@@ -19,8 +19,10 @@ ARMS = ["RR", "DP-SGD", "Hybrid", "alpha=0.5"]
 # something; epsilon 0.01: every private arm is close to a coin, the baseline is not.
 ARGV = ["--rows", "4000", "--shapes", "legacy", "--epsilons", "0.01", "--arms", ",".join(ARMS), "--seeds", "2",
         "--device", "cpu", "--name", "tiny"]
-# Smaller tables for 3,200 training rows, through the frontier's one place for overrides.
-TRAINING = {"hash_bins_nonsensitive": 4096, "hash_bins_sensitive": 4096}
+# Smaller hashed tables for 4,000 rows (a vocabulary of values seen 16 times keeps little), through the frontier's one place for overrides.
+TRAINING = {"hash_bins_nonsensitive": 4096, "hash_bins_sensitive": 4096, "nonsensitive_encoding": "hash"}
+# 20 epochs, the best on a validation split large enough to tell (30% of 4,000 rows).
+BASELINE = {"validation_fraction": 0.3, "patience": 20, "weight_decay": 0.0}
 
 
 def _frontier():
@@ -40,6 +42,7 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("frontier")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(uf, "TRAINING", TRAINING)
+        mp.setattr(uf, "BASELINE", BASELINE)
         state = uf.main([*ARGV, "--out", str(out)])
     return uf, out, state
 
@@ -89,6 +92,7 @@ def test_the_table_reports_loss_and_calibration_with_spread(tiny):
 def test_a_killed_run_resumes_where_it_stopped(tiny, monkeypatch):
     uf, out, state = tiny
     monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    monkeypatch.setattr(uf, "BASELINE", BASELINE)
     dropped = "legacy|1|0.01|Hybrid"
     partial = json.loads(json.dumps(state))
     del partial["cells"][dropped]
@@ -105,6 +109,7 @@ def test_a_killed_run_resumes_where_it_stopped(tiny, monkeypatch):
 def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
     uf, out, _ = tiny
     monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    monkeypatch.setattr(uf, "BASELINE", BASELINE)
     with pytest.raises(SystemExit, match=r"\(these differ: scenario.rr.epochs\)"):
         uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4"])
 

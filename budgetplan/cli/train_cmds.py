@@ -151,7 +151,7 @@ def _baseline_reference(path, plan, settings) -> tuple[float, float]:
     try:
         out = reference(base)
         if plan.walr is None:  # WALR's logistic regression is compared with the neural ceiling as it is
-            check_comparable(base, settings, full_model=plan.dpsgd is not None)
+            check_comparable(base, settings.for_plan(plan), full_model=plan.dpsgd is not None)
     except InvalidParameterError as exc:
         raise InvalidParameterError(f"--baseline {path}: {exc}") from None
     return out

@@ -43,7 +43,7 @@ from budgetplan.phases import (
 )
 from budgetplan.plan import Plan, current_versions
 from budgetplan.scenario import Scenario
-from budgetplan.split import split_budget
+from budgetplan.split import choose_split, parse_rule, split_budget
 from budgetplan.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.units import PrivacyUnit
 
@@ -79,12 +79,19 @@ def build_plan(scenario: Scenario) -> Plan:
     total_pld, pld_note = _pld_total(phases, s, unit, total.delta)
     tuning = _tuning(s, unit, phases, total, delta)
     alternatives = _unit_alternatives(s, unit, phases)
-    return Plan(
+    return Plan(split=split_record(s, run_eps),
         scenario=s, epsilon=s.epsilon, delta=delta, adjacency=s.adjacency, unit=unit, dataset_size=s.dataset_size,
         run_epsilon=run_eps, run_delta=run_delta, phases=tuple(phases), total=total, total_pld=total_pld,
         total_pld_note=pld_note, tuning=tuning, unit_alternatives=tuple(alternatives), warnings=s.warnings,
         versions=current_versions(),
     )
+
+
+def split_record(s: Scenario, run_eps: float) -> dict | None:
+    """What a table-driven split rule resolved to at the run's epsilon; None for fixed rules."""
+    if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
+        return None
+    return choose_split(run_eps, s.split).to_dict()
 
 
 # ----------------------------------------------------------------------- phases

@@ -120,8 +120,17 @@ def _pair_target(p) -> str:
     return f"({_num(p.target_epsilon)}, {_num(p.target_delta, 4)})"
 
 
+def _split_words(choice: dict) -> str:
+    """What a table-driven split rule chose, and why."""
+    return (f"The split rule {choice['rule']} chose alpha = {_num(choice['alpha'])} at the run's epsilon "
+            f"{_num(choice['epsilon'])} (randomized response eps1 = {_num(choice['epsilon1'])}, DP-SGD eps2 = "
+            f"{_num(choice['epsilon2'])}): {choice['reason']}.")
+
+
 def _composition_lines(plan: Plan) -> list[str]:
     lines = []
+    if plan.split is not None:
+        lines.append(_item(_split_words(plan.split)))
     if len(plan.phases) > 1:
         lines.append(_item(
             f"The phases run one after another on the same data (later phases may use earlier outputs) and "

@@ -125,6 +125,7 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
     close("budget.delta vs scenario", plan.delta, plan.scenario.resolved_delta)
     close("budget.epsilon vs scenario", plan.epsilon, plan.scenario.epsilon)
     _check_count(plan, close, problems)
+    _check_split(plan, problems)
     for i, p in enumerate(plan.phases):
         where = f"phases[{i}] ({p.name})"
         close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
@@ -173,6 +174,27 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
                 close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
                 close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
                 close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+
+
+def _check_split(plan: Plan, problems: list[str]) -> None:
+    """A table-driven split's record is what the rule gives at the run's epsilon, and the phases follow it."""
+    from budgetplan.planner import split_record
+
+    try:
+        wanted = split_record(plan.scenario, plan.run_epsilon)
+    except BudgetplanError as exc:
+        problems.append(f"split: re-deriving the split failed: {exc}")
+        return
+    if plan.split != wanted:
+        problems.append(f"split: stored {plan.split!r}, the rule gives {wanted!r}")
+        return
+    if wanted is None:
+        return
+    targets = {p.name: p.target_epsilon for p in plan.phases}
+    for name, key in (("rr", "epsilon1"), ("dpsgd", "epsilon2")):
+        if targets.get(name, 0.0) != wanted[key]:
+            problems.append(f"split: the {name} phase is planned to {targets.get(name, 0.0)!r}, the rule's {key} "
+                            f"is {wanted[key]!r}")
 
 
 def _check_count(plan: Plan, close, problems: list[str]) -> None:

@@ -116,7 +116,10 @@ _PHASE = {"name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCA
           "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
               v, (int, float, str, bool, list)))),
           "guarantee": _GUARANTEE}
-_TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE)},
+_TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE),
+                              # a grid's configurations (phases read strictly by budgetplan.grid) and selection
+                              "grid": _List(_Map(_T("any JSON value", lambda v: True))),
+                              "noisy_max": _Map(SCALAR)},
                required=("configurations", "selection", "guarantee"))
 _PLAN = {
     "schema_version": INT, "versions": _Map(STR),

@@ -83,7 +83,7 @@ def build_plan(scenario: Scenario) -> Plan:
     if s.tuning is not None and s.tuning.is_grid:
         from budgetplan import grid
 
-        tuning = grid.accounting(s, unit, runs, delta)
+        tuning: dict | None = grid.accounting(s, unit, runs, delta)
     else:
         tuning = _tuning(s, unit, phases, total, delta)
     alternatives = _unit_alternatives(s, unit, phases)

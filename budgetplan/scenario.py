@@ -318,7 +318,8 @@ class Tuning:
     1 - prediction_clip]``. The grid keys are None (and absent from the plan) without a grid.
     """
 
-    configurations: int | None = None
+    # An int once constructed: None (not given) becomes the grid's count.
+    configurations: int = None  # type: ignore[assignment]
     selection: str = "naive"
     distribution: str = "poisson"
     split: tuple[str, ...] | None = None

@@ -169,9 +169,9 @@ def _composition_lines(plan: Plan) -> list[str]:
 
 def _grid_lines(plan: Plan, g: Guarantee) -> list[str]:
     """A declared grid: what is varied, what each run and the selection cost, and their total."""
-    t, sel = plan.tuning, plan.tuning["noisy_max"]
-    tuning = plan.scenario.tuning
+    t, tuning = plan.tuning, plan.scenario.tuning
     assert t is not None and tuning is not None  # a grid plan's scenario declares its grid
+    sel = t["noisy_max"]
     varied = [f"{words} in {{{', '.join(v if isinstance(v, str) else _num(v) for v in values)}}}"
               for words, values in (("split", tuning.split), ("clipping norm", tuning.clipping_norm),
                                     ("DP-SGD learning rate", tuning.dpsgd_learning_rate)) if values is not None]

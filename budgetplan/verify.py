@@ -278,6 +278,7 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
         problems.append(f"tuning.grid: the plan lists {[c.label for c, _ in runs]}, the scenario's grid is "
                         f"{[c.label for c in wanted]}")
         return True
+    assert t.selection_share is not None  # a grid Tuning has its defaults filled in
     eps_sel, eps_run, delta_run = grid.budgets(plan.epsilon, plan.delta, len(wanted), t.selection_share)
     close("run_budget.epsilon", plan.run_epsilon, eps_run)
     close("run_budget.delta", plan.run_delta, delta_run)
@@ -294,7 +295,7 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
                                 f"target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
             close(f"{where}.guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
             close(f"{where}.guarantee.delta", p.guarantee.delta, g.delta)
-            if isinstance(p, DPSGDPhase):
+            if isinstance(p, DPSGDPhase) and plan.scenario.dpsgd is not None:
                 close(f"{where}.parameters.clipping_norm vs the grid", p.params.clipping_norm,
                       c.clipping_norm if c.clipping_norm is not None else plan.scenario.dpsgd.clipping_norm)
         spent = (math.fsum(p.target_epsilon for p in phases), math.fsum(p.target_delta for p in phases))

@@ -451,6 +451,12 @@ def render_run_statement(plan: Plan, record) -> str:
             case WALRRun():
                 items.append(_item(f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std "
                                    f"{_num(ph.noise_std)})."))
+    if record.tuning is not None:
+        sel = record.tuning.get("selection") or {}
+        items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
+                           f"declared configurations trained on the training part; report-noisy-max (epsilon "
+                           f"{_num(sel.get('epsilon'))}) selected configuration {sel.get('selected')}, whose phases "
+                           "are the ones above; the other configurations' phases are in the record."))
     items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
                        f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
     lines += ["What ran (public record):", *items, "", f"Run record sha256: {record.sha256}", ""]

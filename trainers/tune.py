@@ -15,9 +15,10 @@ The plan (``budgetplan.grid``) accounts n runs and one selection; this runs exac
    eps_sel) is selected: the ledger logs the selection's intent and its one release (the
    index), and only the selected model is kept.
 
-The public record lists every configuration's phase entries and the selected index; the
-scores, the noise and the validation metrics are statistics of private labels and go to
-the private record. A tuned run cannot be resumed: an interrupted one has spent what its
+The public record lists every configuration's phase entries, the training part's row count
+(its RR entries and batch sizes show it anyway) and the selected index; the scores, the
+noise and the validation metrics are statistics of private labels and go to the private
+record. A tuned run cannot be resumed: an interrupted one has spent what its
 ledger shows, and a new run is a new plan's budget.
 """
 
@@ -197,7 +198,7 @@ def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, s
             notes=(f"tuned: {len(runs)} configurations trained on the training part, configuration {selected} "
                    "selected by report-noisy-max on the validation part",))
         record = replace(record, tuning={
-            "configurations": plan.tuning["configurations"], "runs": public_runs,
+            "configurations": plan.tuning["configurations"], "runs": public_runs, "training_rows": len(train_idx),
             "selection": {"phase": "selection", "mechanism": sel["mechanism"], "noise": sel["noise"],
                           "epsilon": sel["epsilon"], "gumbel_scale": sel["gumbel_scale"], "candidates": len(runs),
                           "selected": selected}})

@@ -339,6 +339,16 @@ def _artifacts(plan: Plan) -> list[str]:
                          "guarantee), indexed by row: it stays with the data."))
     if plan.walr is not None:
         out.append(_item("walr_sum.npy: the one noisy release (covered)."))
+    if plan.tuning is not None and "grid" in plan.tuning:
+        out.append(_item(
+            "A tuned run: run.json lists every configuration's phases as above, the selected configuration (the "
+            "selection's one release) and the training part's row count, which its randomized-response labels and "
+            "batch sizes show anyway"
+            + (f"; with up to {plan.unit.cap} examples per {plan.unit.name} that count depends on the units' sizes, "
+               "a statistic of the data the guarantee does not cover" if plan.unit.cap > 1 else
+               " (each row joins the validation part by an independent coin flip)")
+            + ". The validation scores and the selection's noise are in private/; model.pt is the selected "
+            "configuration's model, and c<i>_rr_labels.npy each configuration's randomised labels (covered)."))
     return out
 
 

@@ -668,19 +668,27 @@ def _check_derived(s: Scenario) -> None:
     from budgetplan.calibrate import SIGMA_RANGE
 
     if s.dpsgd is not None:
-        d = s.dpsgd
-        sigma = max(d.noise_multiplier or 0.0, d.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
-        factor = (2 if s.adjacency is Adjacency.REPLACE_ONE else 1) * s.cap * sigma
-        if not math.isfinite(d.clipping_norm * factor):
-            raise InvalidParameterError(
-                f"[dpsgd].clipping_norm = {d.clipping_norm!r} is too large: the sensitivity and noise std "
-                f"derived from it (up to {factor:g} x the clipping norm) are not finite numbers")
+        _check_clipping_norm(s, s.dpsgd.clipping_norm, "[dpsgd].clipping_norm")
     if s.walr is not None and not math.isfinite(s.walr.row_norm_bound * s.walr.weights_bound * s.cap
                                                 * SIGMA_RANGE[1]):
         raise InvalidParameterError(
             f"[walr].row_norm_bound = {s.walr.row_norm_bound!r} times [walr].weights_bound = "
             f"{s.walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
             f"{s.cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
+
+
+def _check_clipping_norm(s: Scenario, clipping_norm: float, key: str) -> None:
+    """A clipping norm whose sensitivity and noise std (see ``_check_derived``) are finite numbers."""
+    from budgetplan.calibrate import SIGMA_RANGE
+
+    assert s.dpsgd is not None  # only scenarios with a DP-SGD phase have a clipping norm
+    d = s.dpsgd
+    sigma = max(d.noise_multiplier or 0.0, d.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
+    factor = (2 if s.adjacency is Adjacency.REPLACE_ONE else 1) * s.cap * sigma
+    if not math.isfinite(clipping_norm * factor):
+        raise InvalidParameterError(
+            f"{key} = {clipping_norm!r} is too large: the sensitivity and noise std derived from it (up to "
+            f"{factor:g} x the clipping norm) are not finite numbers")
 
 
 def _check_consistency(s: Scenario) -> tuple[str, ...]:
@@ -746,6 +754,8 @@ def _check_grid(s: Scenario) -> None:
         if getattr(t, key) is not None and s.dpsgd is None:
             raise InvalidParameterError(f"[tuning].{key} applies to algorithms with a DP-SGD phase (dpsgd, hybrid), "
                                         f"not {s.algorithm!r}")
+    for i, c in enumerate(t.clipping_norm or ()):
+        _check_clipping_norm(s, c, f"[tuning].clipping_norm[{i}]")
     if s.dpsgd is not None and s.dpsgd.sampling == "truncated-poisson":
         raise InvalidParameterError(
             '[tuning] grid needs [dpsgd].sampling = "poisson": each configuration trains on the training part of '

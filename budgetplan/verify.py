@@ -9,8 +9,12 @@ Checks, in order (each failure names what differs):
    count of N is the scenario's, first, and the training phases share what it leaves);
 3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
    basic and PLD totals and the tuning accounting recomputed, all within tolerance of
-   what the plan states and within the plan's budget;
-4. the scenario: re-planning the embedded scenario gives the same parameters;
+   what the plan states and within the plan's budget; for a grid of configurations
+   (``budgetplan.grid``) every configuration's phases likewise, each within the per-run
+   budget, and the selection's cost and the total re-derived; a table-driven split's
+   recorded alpha re-derived from its rule;
+4. the scenario: re-planning the embedded scenario gives the same parameters (every
+   configuration's, for a grid);
 5. given the scenario the privacy engineer signed off (``signed``), the plan's embedded
    scenario is that one, field by field. A plan is its own authority on everything but
    this: a forger who re-hashes a plan after moving a sensitive column into the

@@ -53,6 +53,7 @@ from typing import Any
 
 from scipy import stats
 
+from budgetplan.audit_tuned import audit_tuned, audit_tuned_interrupted, is_tuned
 from budgetplan.errors import BudgetplanError
 from budgetplan.ledger import LedgerView, read_ledger
 from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse
@@ -150,7 +151,10 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     record_file = record_path if record_path.suffix == ".json" and not record_path.is_dir() else run_dir / "run.json"
     if not record_file.exists() and (run_dir / "ledger.jsonl").exists():
         report.status = "interrupted"
-        _audit_interrupted(report, plan, run_dir, alpha)
+        if is_tuned(plan):
+            audit_tuned_interrupted(report, plan, run_dir)
+        else:
+            _audit_interrupted(report, plan, run_dir, alpha)
         return report
     try:
         record = load_record(record_file)
@@ -160,6 +164,21 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     add(Check("record is well-formed", True, "public record" + (" and private record" if record.private_part
                                                                 else "") + " read strictly; hashes hold"))
     add(_names_plan(record, plan))
+    if is_tuned(plan):  # n runs and a selection: checked configuration by configuration
+        audit_tuned(report, record, plan, run_dir, alpha)
+    else:
+        _audit_single(report, record, plan, run_dir, alpha)
+    if data_path is not None:
+        add(_fingerprint(record, plan, run_dir, data_path, data_format, fingerprint_key))
+    if empirical:
+        add(_code(record))
+        report.empirical = run_empirical(plan)
+    return report
+
+
+def _audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Path, alpha: float) -> None:
+    """The checks of one run of the plan's phases."""
+    add = report.checks.append
     ledger = _ledger_check(record, plan, run_dir, add)
     add(_steps(record, plan, ledger))
     add(_dpsgd_noise(record, plan))
@@ -170,12 +189,6 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     add(_flips(record, plan, alpha))
     add(_walr(record, plan))
     add(_reaccount(record, plan))
-    if data_path is not None:
-        add(_fingerprint(record, plan, run_dir, data_path, data_format, fingerprint_key))
-    if empirical:
-        add(_code(record))
-        report.empirical = run_empirical(plan)
-    return report
 
 
 # --------------------------------------------------------------------------- the record
@@ -193,7 +206,11 @@ def _names_plan(record: RunRecord, plan: Plan) -> Check:
         problems.append(f"the run used {record.rows_used} rows; the plan accounts N = {plan.dataset_size}")
     expected = [_RUN_OF[type(p)].name for p in plan.phases if not isinstance(p, CountPhase)]
     shown = [p.name for p in record.phases]
-    if shown != expected:
+    if record.tuning is not None and not is_tuned(plan):
+        problems.append("the record shows a tuned run; the plan declares no grid of configurations")
+    if is_tuned(plan):
+        expected = shown  # the selected configuration's: checked by "tuned runs within plan"
+    elif shown != expected:
         problems.append(f"the record shows the phases {shown}; the plan has {expected}")
     detail = "; ".join(problems) or (f"plan {plan.sha256[:12]}..., phases {expected}, N = {plan.dataset_size}")
     return Check("record names the plan", not problems, detail)

@@ -50,6 +50,9 @@ class Plan:
         unit_alternatives: for units capped at K > 1, what each way of bounding a unit costs.
         warnings: doubtful but legal settings.
         versions: budgetplan and its back-ends, as planned.
+        split: Hybrid under a table-driven split rule (``alpha-by-eps``): the rule, the
+            epsilon it split, the alpha it resolved to and why (``split.SplitChoice``);
+            None otherwise (a fixed rule's alpha is in its spelling).
     """
 
     scenario: Scenario
@@ -68,6 +71,7 @@ class Plan:
     unit_alternatives: tuple[dict, ...]
     warnings: tuple[str, ...]
     versions: dict
+    split: dict | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -107,8 +111,8 @@ class Plan:
         return next((p for p in self.phases if isinstance(p, WALRPhase)), None)
 
     def content(self) -> dict:
-        """Everything the hash covers."""
-        return {
+        """Everything the hash covers (``split`` only where there is one: other plans keep their bytes)."""
+        out = {
             "schema_version": self.schema_version,
             "versions": self.versions,
             "scenario": self.scenario.to_dict(),
@@ -124,6 +128,9 @@ class Plan:
             "unit_alternatives": list(self.unit_alternatives),
             "warnings": list(self.warnings),
         }
+        if self.split is not None:
+            out["split"] = self.split
+        return out
 
     @property
     def sha256(self) -> str:
@@ -176,7 +183,7 @@ def _load_v1(d: dict) -> Plan:
         total_pld=Guarantee.from_dict(total["pld"]) if total["pld"] else None,
         total_pld_note=total["pld_note"], tuning=d["tuning"],
         unit_alternatives=tuple(d["unit_alternatives"]), warnings=tuple(d["warnings"]),
-        versions=d["versions"], schema_version=1,
+        versions=d["versions"], split=d.get("split"), schema_version=1,
     )
 
 

@@ -80,16 +80,28 @@ class _Map:
             _check(self.known.get(key, self.values), item, f"{where}.{key}")
 
 
+class _MayLack:
+    """A key of an exact object that may be absent (added in a way that keeps older files' bytes)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def check(self, value, where: str) -> None:
+        _check(self.inner, value, where)
+
+
 def _check(spec, value, where: str) -> None:
     if isinstance(spec, dict):  # an object with exactly these keys
         if not isinstance(value, dict):
             raise PlanMismatchError(f"plan field {where} must be an object")
-        missing, extra = sorted(set(spec) - set(value)), sorted(set(value) - set(spec))
+        required = {k for k, v in spec.items() if not isinstance(v, _MayLack)}
+        missing, extra = sorted(required - set(value)), sorted(set(value) - set(spec))
         if missing or extra:
             raise PlanMismatchError(f"plan field {where} " + (f"lacks {missing[0]!r}" if missing
                                                              else f"has an unknown key {extra[0]!r}"))
         for key, inner in spec.items():
-            _check(inner, value[key], f"{where}.{key}" if where else key)
+            if key in value:
+                _check(inner, value[key], f"{where}.{key}" if where else key)
     else:
         spec.check(value, where)
 
@@ -104,7 +116,10 @@ _PHASE = {"name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCA
           "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
               v, (int, float, str, bool, list)))),
           "guarantee": _GUARANTEE}
-_TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE)},
+_TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE),
+                              # a grid's configurations (phases read strictly by budgetplan.grid) and selection
+                              "grid": _List(_Map(_T("any JSON value", lambda v: True))),
+                              "noisy_max": _Map(SCALAR)},
                required=("configurations", "selection", "guarantee"))
 _PLAN = {
     "schema_version": INT, "versions": _Map(STR),
@@ -117,6 +132,7 @@ _PLAN = {
     "tuning": _Optional(_TUNING),
     "unit_alternatives": _List(_Map(SCALAR, required=("phase", "bounding"))),
     "warnings": _List(STR),
+    "split": _MayLack({"rule": STR, "epsilon": NUM, "alpha": NUM, "epsilon1": NUM, "epsilon2": NUM, "reason": STR}),
     "sha256": STR,
 }
 

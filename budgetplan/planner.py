@@ -43,7 +43,7 @@ from budgetplan.phases import (
 )
 from budgetplan.plan import Plan, current_versions
 from budgetplan.scenario import Scenario
-from budgetplan.split import split_budget
+from budgetplan.split import choose_split, parse_rule, split_budget
 from budgetplan.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.units import PrivacyUnit
 
@@ -65,6 +65,9 @@ def build_plan(scenario: Scenario) -> Plan:
         count = _count_phase(s, unit)
         run_eps, run_delta = _rest_of(s.epsilon, count.guarantee.epsilon), delta
         phases = [count, *_plan_phases(s, unit, run_eps, run_delta, delta)]
+    elif s.tuning is not None and s.tuning.is_grid:
+        runs, run_eps, run_delta = _grid_runs(s, unit, delta)
+        phases = list(runs[0][1])
     elif s.tuning is not None and s.tuning.selection == "naive":
         n = s.tuning.configurations
         run_eps, run_delta = s.epsilon / n, delta / n
@@ -77,14 +80,44 @@ def build_plan(scenario: Scenario) -> Plan:
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
     total = _basic_total(phases, s, unit)
     total_pld, pld_note = _pld_total(phases, s, unit, total.delta)
-    tuning = _tuning(s, unit, phases, total, delta)
+    if s.tuning is not None and s.tuning.is_grid:
+        from budgetplan import grid
+
+        tuning: dict | None = grid.accounting(s, unit, runs, delta)
+    else:
+        tuning = _tuning(s, unit, phases, total, delta)
     alternatives = _unit_alternatives(s, unit, phases)
-    return Plan(
+    return Plan(split=split_record(s, run_eps),
         scenario=s, epsilon=s.epsilon, delta=delta, adjacency=s.adjacency, unit=unit, dataset_size=s.dataset_size,
         run_epsilon=run_eps, run_delta=run_delta, phases=tuple(phases), total=total, total_pld=total_pld,
         total_pld_note=pld_note, tuning=tuning, unit_alternatives=tuple(alternatives), warnings=s.warnings,
         versions=current_versions(),
     )
+
+
+def _grid_runs(s: Scenario, unit, delta: float):
+    """Every configuration of the declared grid planned to the per-run budget (``budgetplan.grid``)."""
+    from budgetplan import grid
+
+    t = s.tuning
+    assert t is not None and t.selection_share is not None  # a grid Tuning has its defaults filled in
+    _, run_eps, run_delta = grid.budgets(s.epsilon, delta, t.configurations, t.selection_share)
+    runs = []
+    for c in grid.configurations(t):
+        try:
+            phases = _plan_phases(grid.configured(s, c), unit, run_eps, run_delta, delta)
+        except BudgetplanError as exc:
+            exc.args = (f"[tuning] configuration {c.label} at the run budget epsilon {run_eps:.6g}: {exc}",)
+            raise
+        runs.append((c, phases))
+    return runs, run_eps, run_delta
+
+
+def split_record(s: Scenario, run_eps: float) -> dict | None:
+    """What a table-driven split rule resolved to at the run's epsilon; None for fixed rules."""
+    if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
+        return None
+    return choose_split(run_eps, s.split).to_dict()
 
 
 # ----------------------------------------------------------------------- phases

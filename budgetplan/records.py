@@ -58,6 +58,8 @@ __all__ = [
     "PrivateRecord",
     "RunRecord",
     "load_record",
+    "phase_runs",
+    "phase_run_dict",
     "PRIVATE_DIR",
     "WITHHELD_WITH_N",
 ]
@@ -431,6 +433,16 @@ def _entry_dict(entry) -> dict:
     return {"name": entry.name, **_typed.to_json_object(entry)}
 
 
+def phase_runs(items: object, where: str) -> tuple[PhaseRun, ...]:
+    """Public phase entries read strictly from their JSON objects (a tuned run lists each configuration's)."""
+    return _entries(_RUN_KINDS, items, where)
+
+
+def phase_run_dict(entry: PhaseRun) -> dict:
+    """A public phase entry's JSON object, as records hold it."""
+    return _entry_dict(entry)
+
+
 def _object(name: str, value: object) -> dict:
     if not isinstance(value, dict):
         raise InvalidParameterError(f"{name} must be a JSON object, got {value!r}")
@@ -538,6 +550,10 @@ class RunRecord:
         timings, device, versions: seconds by stage, where it ran, library versions.
         private_sha256: the hash of the data owner's private record.
         status: "completed".
+        tuning: a run of a plan with a grid of configurations (``budgetplan.grid``):
+            {"configurations": declared, "runs": [{"index", "phases": [entries]}], one per
+            configuration trained, "selection": {"selected", "epsilon", "gumbel_scale", ...}};
+            ``phases`` are then the selected configuration's. None (and absent) otherwise.
         private_part: the private record, when this process holds it (not part of the
             public JSON; written to ``private/record.json``).
     """
@@ -558,6 +574,7 @@ class RunRecord:
     private_sha256: str
     status: str = "completed"
     notes: tuple[str, ...] = ()
+    tuning: dict | None = None
     schema_version: int = RECORD_SCHEMA_VERSION
     private_part: PrivateRecord | None = field(default=None, compare=False)
 
@@ -581,6 +598,8 @@ class RunRecord:
         _set(self, "notes", tuple(_typed.text("notes[]", n) for n in self.notes))
         if self.private_part is not None and self.private_part.sha256 != self.private_sha256:
             raise InvalidParameterError("the private record is not the one this record names")
+        if self.tuning is not None:
+            _object("tuning", self.tuning)
 
     @property
     def metrics(self) -> dict:
@@ -591,7 +610,7 @@ class RunRecord:
         return next((p for p in self.phases if isinstance(p, kind)), None)
 
     def content(self) -> dict:
-        return {
+        out = {
             "schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "private": self.private,
             "algorithm": self.algorithm, "rows_used": self.rows_used, "seeds": self.seeds,
             "phases": [_entry_dict(p) for p in self.phases], "model": self.model, "training": self.training,
@@ -599,6 +618,9 @@ class RunRecord:
             "versions": self.versions, "private_sha256": self.private_sha256, "status": self.status,
             "notes": list(self.notes),
         }
+        if self.tuning is not None:  # only tuned runs have it: other records keep their bytes
+            out["tuning"] = self.tuning
+        return out
 
     @property
     def sha256(self) -> str:

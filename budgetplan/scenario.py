@@ -29,7 +29,7 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [algorithm]
     name = "hybrid"                           # rr | walr | dpsgd | hybrid
-    split = "paper-v1"                        # hybrid: "paper-v1", "alpha=<a>", or "eps1=<e>"
+    split = "paper-v1"                        # hybrid: "paper-v1", "alpha-by-eps", "alpha=<a>", "eps1=<e>"
     tower = "frozen"                          # hybrid: non-sensitive tower in phase 2 ("fine-tune")
 
     [rr]                                      # rr, hybrid
@@ -63,6 +63,13 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     configurations = 8
     selection = "naive"                       # or "repeat-and-select"
     distribution = "poisson"                  # repeat-and-select: poisson | geometric | logarithmic
+    # or a grid (naive only; configurations = the product of the lists, see budgetplan.grid):
+    split = ["alpha=0.25", "alpha=0.5"]       # hybrid: one rule per configuration
+    clipping_norm = [5.0, 20.0]               # dpsgd, hybrid
+    dpsgd_learning_rate = [0.003, 0.01]       # dpsgd, hybrid: the DP-SGD optimiser's step size
+    selection_share = 0.05                    # epsilon share of the noisy-max selection
+    validation_fraction = 0.1                 # share of units held out to score configurations
+    prediction_clip = 0.001                   # scores clip predictions to [p, 1 - p]
 
     [accounting]                              # optional
     method = "pld"                            # pld | rdp | prv (DP-SGD and Gaussian phases)
@@ -295,17 +302,122 @@ class FeatureSpec:
         return "\n".join(lines) + "\n"
 
 
+GRID_KEYS = ("split", "clipping_norm", "dpsgd_learning_rate")
+GRID_DEFAULTS = {"selection_share": 0.05, "validation_fraction": 0.1, "prediction_clip": 1e-3}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
-    configurations: int
+    """Declared tuning: ``configurations`` runs, or a grid of them (``budgetplan.grid``).
+
+    A grid lists values of ``split`` (Hybrid), ``clipping_norm`` and ``dpsgd_learning_rate``
+    (DP-SGD, Hybrid); its configurations are the product of the lists, ``configurations``
+    (if given) must equal that count. The selection among them is a report-noisy-max on a
+    validation part of ``validation_fraction`` of the units, costing ``selection_share`` of
+    epsilon, each example's log loss bounded by clipping predictions to ``[prediction_clip,
+    1 - prediction_clip]``. The grid keys are None (and absent from the plan) without a grid.
+    """
+
+    # An int once constructed: None (not given) becomes the grid's count.
+    configurations: int = None  # type: ignore[assignment]
     selection: str = "naive"
     distribution: str = "poisson"
+    split: tuple[str, ...] | None = None
+    clipping_norm: tuple[float, ...] | None = None
+    dpsgd_learning_rate: tuple[float, ...] | None = None
+    selection_share: float | None = None
+    validation_fraction: float | None = None
+    prediction_clip: float | None = None
 
     def __post_init__(self) -> None:
-        _set(self, "configurations", _bounded_int("[tuning].configurations", self.configurations,
-                                                  limits.MAX_CONFIGURATIONS))
         _choice("[tuning].selection", self.selection, SELECTIONS)
         _choice("[tuning].distribution", self.distribution, tuple(DISTRIBUTIONS))
+        _set(self, "split", _optional(_grid_rules, "[tuning].split", self.split))
+        for key in ("clipping_norm", "dpsgd_learning_rate"):
+            _set(self, key, _optional(_grid_numbers, f"[tuning].{key}", getattr(self, key)))
+        if self.dpsgd_learning_rate is not None:
+            for v in self.dpsgd_learning_rate:
+                _validate.at_most("[tuning].dpsgd_learning_rate", v, limits.MAX_LEARNING_RATE)
+        if not self.is_grid:
+            for key in GRID_DEFAULTS:
+                if getattr(self, key) is not None:
+                    raise InvalidParameterError(f"[tuning].{key} applies to a grid of configurations only (list "
+                                                f"{', '.join(GRID_KEYS)})")
+            if self.configurations is None:
+                raise InvalidParameterError("missing required key [tuning].configurations (or a grid: "
+                                            f"{', '.join(GRID_KEYS)})")
+        else:
+            if self.selection != "naive":
+                raise InvalidParameterError(
+                    f"[tuning].selection = {self.selection!r} with a grid is not supported: a grid's selection is "
+                    "accounted as naive composition plus a report-noisy-max; use selection = \"naive\"")
+            n = self.grid_size
+            if self.configurations is not None and self.configurations != n:
+                raise InvalidParameterError(f"[tuning].configurations = {self.configurations!r} disagrees with the "
+                                            f"grid, whose lists give {n} configurations")
+            if n < 2:
+                raise InvalidParameterError("[tuning] grid has 1 configuration: there is nothing to select; list "
+                                            "at least two values or drop the grid")
+            _set(self, "configurations", n)
+            _set(self, "selection_share", _validate.open_unit(
+                "[tuning].selection_share", _default(self.selection_share, "selection_share")))
+            _set(self, "validation_fraction", _validate.open_unit(
+                "[tuning].validation_fraction", _default(self.validation_fraction, "validation_fraction")))
+            clip = _validate.open_unit("[tuning].prediction_clip", _default(self.prediction_clip, "prediction_clip"))
+            if not clip < 0.5:
+                raise InvalidParameterError(f"[tuning].prediction_clip must be below 0.5, got {clip!r}")
+            _set(self, "prediction_clip", clip)
+        _set(self, "configurations", _bounded_int("[tuning].configurations", self.configurations,
+                                                  limits.MAX_CONFIGURATIONS))
+
+    @property
+    def is_grid(self) -> bool:
+        return any(getattr(self, key) is not None for key in GRID_KEYS)
+
+    @property
+    def grid_size(self) -> int:
+        return math.prod(len(getattr(self, key)) for key in GRID_KEYS if getattr(self, key) is not None)
+
+    def to_dict(self) -> dict:
+        """Without the grid keys when there is no grid: plans of plain tuning keep their bytes."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()
+                if v is not None or k not in GRID_KEYS + tuple(GRID_DEFAULTS)}
+
+
+def _default(value, key: str):
+    return GRID_DEFAULTS[key] if value is None else value
+
+
+def _grid_list(name: str, value) -> tuple:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InvalidParameterError(f"{name} must be a non-empty list, got {value!r}")
+    if len(value) > limits.MAX_CONFIGURATIONS:
+        raise InvalidParameterError(f"{name} lists {len(value)} values: at most {limits.MAX_CONFIGURATIONS}")
+    return tuple(value)
+
+
+def _grid_rules(name: str, value) -> tuple[str, ...]:
+    from budgetplan.split import parse_rule
+
+    rules = _grid_list(name, value)
+    parsed = [parse_rule(_string(f"{name}[{i}]", r), f"{name}[{i}]") for i, r in enumerate(rules)]
+    _no_repeats(name, rules, parsed)
+    return rules
+
+
+def _grid_numbers(name: str, value) -> tuple[float, ...]:
+    numbers = tuple(_validate.positive(f"{name}[{i}]", v) for i, v in enumerate(_grid_list(name, value)))
+    _no_repeats(name, numbers, numbers)
+    return numbers
+
+
+def _no_repeats(name: str, given: tuple, keys) -> None:
+    seen: dict = {}
+    for g, k in zip(given, keys):
+        if k in seen:
+            raise InvalidParameterError(f"{name} lists the same value twice: {seen[k]!r} and {g!r}")
+        seen[k] = g
 
 
 _SHAPES: tuple[tuple[str, type, tuple[str, ...]], ...] = (
@@ -377,11 +489,20 @@ class Scenario:
         _set(self, "discretization", _validate.positive("[accounting].discretization", self.discretization))
         _set(self, "size_release_epsilon", _optional(_validate.positive, "[data].size_release_epsilon",
                                                      self.size_release_epsilon))
+        grid_split = self.tuning is not None and self.tuning.split is not None
         if self.algorithm == "hybrid":
-            split = _split_rule("[algorithm].split", self.split or "paper-v1")
-            _set(self, "split", split)
+            if grid_split:  # each configuration has its own rule; there is no single one
+                if self.split is not None:
+                    raise InvalidParameterError(f"[algorithm].split = {self.split!r} and [tuning].split are both "
+                                                "given: the grid's rules replace the single one; drop one")
+                assert self.tuning is not None and self.tuning.split is not None
+                for rule in self.tuning.split:
+                    _check_split(rule, self.epsilon, "[tuning].split")
+            else:
+                split = _split_rule("[algorithm].split", self.split or "paper-v1")
+                _set(self, "split", split)
+                _check_split(split, self.epsilon)
             _set(self, "tower", _choice("[algorithm].tower", self.tower or "frozen", TOWERS))
-            _check_split(split, self.epsilon)
         _set(self, "warnings", _check_consistency(self))
 
     @property
@@ -397,6 +518,8 @@ class Scenario:
         if out["size_release_epsilon"] is None:
             out.pop("size_release_epsilon")  # plans without a DP count keep their bytes
         out["adjacency"] = self.adjacency.value
+        if self.tuning is not None:
+            out["tuning"] = self.tuning.to_dict()
         return out
 
     @classmethod
@@ -510,14 +633,14 @@ def _split_rule(name: str, value) -> str:
     return value
 
 
-def _check_split(split: str, epsilon: float) -> None:
+def _check_split(split: str, epsilon: float, key: str = "[algorithm].split") -> None:
     """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.split``)."""
     from budgetplan.split import split_budget
 
     try:
         split_budget(epsilon, split)
     except InvalidParameterError as exc:
-        raise InvalidParameterError(f"[algorithm].split = {split!r}: {exc}") from None
+        raise InvalidParameterError(f"{key} = {split!r}: {exc}") from None
 
 
 def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int, *,
@@ -545,19 +668,27 @@ def _check_derived(s: Scenario) -> None:
     from budgetplan.calibrate import SIGMA_RANGE
 
     if s.dpsgd is not None:
-        d = s.dpsgd
-        sigma = max(d.noise_multiplier or 0.0, d.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
-        factor = (2 if s.adjacency is Adjacency.REPLACE_ONE else 1) * s.cap * sigma
-        if not math.isfinite(d.clipping_norm * factor):
-            raise InvalidParameterError(
-                f"[dpsgd].clipping_norm = {d.clipping_norm!r} is too large: the sensitivity and noise std "
-                f"derived from it (up to {factor:g} x the clipping norm) are not finite numbers")
+        _check_clipping_norm(s, s.dpsgd.clipping_norm, "[dpsgd].clipping_norm")
     if s.walr is not None and not math.isfinite(s.walr.row_norm_bound * s.walr.weights_bound * s.cap
                                                 * SIGMA_RANGE[1]):
         raise InvalidParameterError(
             f"[walr].row_norm_bound = {s.walr.row_norm_bound!r} times [walr].weights_bound = "
             f"{s.walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
             f"{s.cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
+
+
+def _check_clipping_norm(s: Scenario, clipping_norm: float, key: str) -> None:
+    """A clipping norm whose sensitivity and noise std (see ``_check_derived``) are finite numbers."""
+    from budgetplan.calibrate import SIGMA_RANGE
+
+    assert s.dpsgd is not None  # only scenarios with a DP-SGD phase have a clipping norm
+    d = s.dpsgd
+    sigma = max(d.noise_multiplier or 0.0, d.max_noise_multiplier or 0.0, SIGMA_RANGE[1])
+    factor = (2 if s.adjacency is Adjacency.REPLACE_ONE else 1) * s.cap * sigma
+    if not math.isfinite(clipping_norm * factor):
+        raise InvalidParameterError(
+            f"{key} = {clipping_norm!r} is too large: the sensitivity and noise std derived from it (up to "
+            f"{factor:g} x the clipping norm) are not finite numbers")
 
 
 def _check_consistency(s: Scenario) -> tuple[str, ...]:
@@ -606,9 +737,29 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
         if s.features.weight is not None and algorithm != "walr":
             raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
     _check_size_release(s)
+    _check_grid(s)
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)
+
+
+def _check_grid(s: Scenario) -> None:
+    """A grid names only what its algorithm has, and only for runs it can train on a part of the data."""
+    t = s.tuning
+    if t is None or not t.is_grid:
+        return
+    if t.split is not None and s.algorithm != "hybrid":
+        raise InvalidParameterError(f"[tuning].split applies to hybrid only, not {s.algorithm!r}")
+    for key in ("clipping_norm", "dpsgd_learning_rate"):
+        if getattr(t, key) is not None and s.dpsgd is None:
+            raise InvalidParameterError(f"[tuning].{key} applies to algorithms with a DP-SGD phase (dpsgd, hybrid), "
+                                        f"not {s.algorithm!r}")
+    for i, c in enumerate(t.clipping_norm or ()):
+        _check_clipping_norm(s, c, f"[tuning].clipping_norm[{i}]")
+    if s.dpsgd is not None and s.dpsgd.sampling == "truncated-poisson":
+        raise InvalidParameterError(
+            '[tuning] grid needs [dpsgd].sampling = "poisson": each configuration trains on the training part of '
+            "the data, whose size is not the planned N that truncated-Poisson accounting depends on")
 
 
 def _check_size_release(s: Scenario) -> None:

@@ -7,7 +7,11 @@ Semi-Sensitive Features", arXiv:2401.15246):
   eps1 ~ 3, and above eps1 = 4 the rest is better spent on DP-SGD);
 - ``alpha=<a>``: eps1 = a eps for a in [0, 1] (v2; a is tuned per eps from
   {0, .25, .5, .75, 1}); a = 0 is plain DP-SGD, a = 1 plain RR on the truncated model;
-- ``eps1=<e>``: an explicit eps1 strictly between 0 and eps.
+- ``eps1=<e>``: an explicit eps1 strictly between 0 and eps;
+- ``alpha-by-eps``: alpha read from ``ALPHA_BY_EPSILON``, a step function of the epsilon
+  being split (the run's epsilon when tuning divides the budget). The table is the
+  measured frontier: the v2 paper's Fig. 3 until the project's own measurements replace
+  it, here and nowhere else.
 
 A rule is read strictly: no spaces, a plain decimal number (``alpha=0.5``, ``eps1=1.5e0``),
 nothing else. The two arms without a split are spelled with alpha only: ``alpha=0`` (no RR
@@ -20,39 +24,102 @@ delta goes to DP-SGD.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["SplitRule", "parse_rule", "split_budget", "PAPER_ALPHAS", "PAPER_EPSILONS"]
+__all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget", "choose_split", "alpha_by_epsilon",
+           "ALPHA_BY_EPSILON", "ALPHA_BY_EPSILON_SOURCE", "PAPER_ALPHAS", "PAPER_EPSILONS"]
 
 PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 _RULE = re.compile(r"^(alpha|eps1)=((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
-_FORMS = '"paper-v1", "alpha=<a>" or "eps1=<e>" (no spaces)'
+_FORMS = '"paper-v1", "alpha-by-eps", "alpha=<a>" or "eps1=<e>" (no spaces)'
+_TABLE_RULE = "alpha-by-eps"
+
+
+@dataclass(frozen=True, slots=True)
+class AlphaStep:
+    """One step of ``ALPHA_BY_EPSILON``: ``alpha`` for from_epsilon <= eps < the next step's from_epsilon."""
+
+    from_epsilon: float
+    alpha: float
+    evidence: str
+
+
+ALPHA_BY_EPSILON_SOURCE = ("Chua et al., arXiv:2401.15246 v2, Fig. 3 (FM models on two Criteo data sets, alpha "
+                           "tuned from {0, 0.25, 0.5, 0.75, 1} per epsilon)")
+# The paper measured eps = 1, 4, 8 and 12; the steps change at the geometric midpoints of
+# the measured epsilons where the best alpha changes (sqrt(1 x 4) = 2, sqrt(8 x 12) ~ 9.8,
+# rounded to 10). Above 12 nothing was measured: the last measured alpha is kept. When the
+# project's own frontier is measured, it replaces these rows (and the source above).
+ALPHA_BY_EPSILON: tuple[AlphaStep, ...] = (
+    AlphaStep(0.0, 0.0, "alpha = 0 (plain DP-SGD) was best at eps = 1"),
+    AlphaStep(2.0, 0.5, "the best alpha was >= 0.5 for 4 <= eps <= 8"),
+    AlphaStep(10.0, 0.25, "alpha = 0.25 was best at eps = 12"),
+)
+
+
+def _check_table(table: tuple[AlphaStep, ...]) -> tuple[AlphaStep, ...]:
+    """A table starts at 0, steps strictly upward in eps, and gives each step an alpha in [0, 1]."""
+    if not table or table[0].from_epsilon != 0.0:
+        raise ValueError("ALPHA_BY_EPSILON must start at from_epsilon = 0")
+    for a, b in zip(table, table[1:]):
+        if not b.from_epsilon > a.from_epsilon:
+            raise ValueError(f"ALPHA_BY_EPSILON must step upward in eps: {a.from_epsilon} then {b.from_epsilon}")
+    for step in table:
+        if not (0.0 <= step.alpha <= 1.0 and math.isfinite(step.from_epsilon)):
+            raise ValueError(f"ALPHA_BY_EPSILON step {step} is out of range")
+    return table
+
+
+_check_table(ALPHA_BY_EPSILON)
+
+
+def alpha_by_epsilon(epsilon: float, table: tuple[AlphaStep, ...] = ALPHA_BY_EPSILON) -> AlphaStep:
+    """The table's step for ``epsilon`` (> 0)."""
+    epsilon = _validate.positive("epsilon", epsilon)
+    return [step for step in _check_table(table) if step.from_epsilon <= epsilon][-1]
 
 
 @dataclass(frozen=True, slots=True)
 class SplitRule:
-    """A parsed split rule: ``kind`` is "paper-v1", "alpha" or "eps1"; ``value`` its number."""
+    """A parsed split rule: ``kind`` is "paper-v1", "alpha-by-eps", "alpha" or "eps1"; ``value`` its number."""
 
     kind: str
     value: float | None = None
 
     def __str__(self) -> str:
-        return "paper-v1" if self.kind == "paper-v1" else f"{self.kind}={self.value:g}"
+        return self.kind if self.value is None else f"{self.kind}={self.value:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class SplitChoice:
+    """What a rule gives at one epsilon: the alpha = eps1 / epsilon it resolved to, and why."""
+
+    rule: str
+    epsilon: float
+    alpha: float
+    epsilon1: float
+    epsilon2: float
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "epsilon": self.epsilon, "alpha": self.alpha, "epsilon1": self.epsilon1,
+                "epsilon2": self.epsilon2, "reason": self.reason}
 
 
 def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
-    """Read ``"paper-v1"``, ``"alpha=<a>"`` or ``"eps1=<e>"``."""
+    """Read ``"paper-v1"``, ``"alpha-by-eps"``, ``"alpha=<a>"`` or ``"eps1=<e>"``."""
     if isinstance(rule, SplitRule):
         return rule
     if not isinstance(rule, str):
         raise InvalidParameterError(f"{name} must be {_FORMS}, got {rule!r}")
-    if rule == "paper-v1":
-        return SplitRule("paper-v1")
+    if rule in ("paper-v1", _TABLE_RULE):
+        return SplitRule(rule)
     m = _RULE.match(rule)
     if not m:
         raise InvalidParameterError(f"{name} must be {_FORMS}, got {rule!r}")
@@ -67,23 +134,38 @@ def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
 
 def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
     """(eps1, eps2) with eps1 + eps2 = epsilon exactly (eps2 is computed as the remainder)."""
+    choice = choose_split(epsilon, rule)
+    return choice.epsilon1, choice.epsilon2
+
+
+def choose_split(epsilon: float, rule: str | SplitRule) -> SplitChoice:
+    """The split of ``epsilon`` by ``rule``, with the alpha it resolved to and the reason in words."""
     epsilon = _validate.positive("epsilon", epsilon)
     r = parse_rule(rule)
     if r.kind == "paper-v1":
         eps1 = min(0.6 * epsilon, 3.0)
+        reason = "paper-v1: eps1 = min(0.6 eps, 3) (v1 of arXiv:2401.15246)"
+    elif r.kind == _TABLE_RULE:
+        step = alpha_by_epsilon(epsilon)
+        eps1 = step.alpha * epsilon
+        reason = (f"alpha-by-eps: alpha = {step.alpha:g} for eps >= {step.from_epsilon:g} in ALPHA_BY_EPSILON "
+                  f"({step.evidence}; {ALPHA_BY_EPSILON_SOURCE})")
     elif r.kind == "alpha":
         assert r.value is not None  # parse_rule gives every alpha and eps1 rule its number
         eps1 = r.value * epsilon
+        reason = f"a fixed alpha = {r.value:g}"
     else:
         assert r.value is not None
         eps1 = r.value
         if not epsilon - eps1 >= _NO_PHASE * epsilon:
             raise InvalidParameterError(f"split eps1 must be below the total epsilon {epsilon:g}, got {eps1:g}: the "
                                         "arm without a DP-SGD phase is spelled alpha=1")
+        reason = f"a fixed eps1 = {eps1:g}"
     eps2 = epsilon - eps1
     if eps2 < _NO_PHASE * epsilon:  # alpha = 1: no DP-SGD phase at all
-        return epsilon, 0.0
-    return eps1, eps2
+        eps1, eps2 = epsilon, 0.0
+    return SplitChoice(rule=str(r), epsilon=epsilon, alpha=eps1 / epsilon, epsilon1=eps1, epsilon2=eps2,
+                       reason=reason)
 
 
 _NO_PHASE = 1e-12  # relative: a DP-SGD share below this is no phase (alpha within rounding of 1)

@@ -61,6 +61,10 @@ def _adjacency_words(plan: Plan) -> str:
 
 def _mechanism_lines(plan: Plan) -> list[str]:
     out = []
+    if plan.tuning is not None and "grid" in plan.tuning:
+        out.append(_item("A grid of configurations is declared: the phases below are configuration 0's, each run on "
+                         "the training part of the data; every configuration's phases are listed under "
+                         "Composition, with the selection among them."))
     for i, p in enumerate(plan.phases, 1):
         match p:
             case RRPhase(params=rr):
@@ -120,8 +124,17 @@ def _pair_target(p) -> str:
     return f"({_num(p.target_epsilon)}, {_num(p.target_delta, 4)})"
 
 
+def _split_words(choice: dict) -> str:
+    """What a table-driven split rule chose, and why."""
+    return (f"The split rule {choice['rule']} chose alpha = {_num(choice['alpha'])} at the run's epsilon "
+            f"{_num(choice['epsilon'])} (randomized response eps1 = {_num(choice['epsilon1'])}, DP-SGD eps2 = "
+            f"{_num(choice['epsilon2'])}): {choice['reason']}.")
+
+
 def _composition_lines(plan: Plan) -> list[str]:
     lines = []
+    if plan.split is not None:
+        lines.append(_item(_split_words(plan.split)))
     if len(plan.phases) > 1:
         lines.append(_item(
             f"The phases run one after another on the same data (later phases may use earlier outputs) and "
@@ -137,6 +150,9 @@ def _composition_lines(plan: Plan) -> list[str]:
     if plan.tuning is not None:
         t = plan.tuning
         g = Guarantee.from_dict(t["guarantee"])
+        if "grid" in t:
+            lines += _grid_lines(plan, g)
+            return lines
         if t["selection"] == "naive":
             text = (f"Hyperparameter tuning is declared: {t['configurations']} configurations are trained, each "
                     f"within ({_num(plan.run_epsilon)}, {_num(plan.run_delta, 4)}), and the best is kept; their "
@@ -149,6 +165,51 @@ def _composition_lines(plan: Plan) -> list[str]:
                     f"by repeat-and-select accounting (Papernot and Steinke 2022) this is {_pair(g)}.")
         lines.append(_item(text))
     return lines
+
+
+def _grid_lines(plan: Plan, g: Guarantee) -> list[str]:
+    """A declared grid: what is varied, what each run and the selection cost, and their total."""
+    t, tuning = plan.tuning, plan.scenario.tuning
+    assert t is not None and tuning is not None  # a grid plan's scenario declares its grid
+    sel = t["noisy_max"]
+    varied = [f"{words} in {{{', '.join(v if isinstance(v, str) else _num(v) for v in values)}}}"
+              for words, values in (("split", tuning.split), ("clipping norm", tuning.clipping_norm),
+                                    ("DP-SGD learning rate", tuning.dpsgd_learning_rate)) if values is not None]
+    out = [_item(
+        f"Hyperparameter tuning over a declared grid of {t['configurations']} configurations ({'; '.join(varied)}). "
+        f"The units are divided once at random, independently of the data, into a training part and a validation "
+        f"part ({_num(100 * sel['validation_fraction'])}% of the units; never the evaluation data). Every "
+        f"configuration is trained on the training part within the per-run budget ({_num(plan.run_epsilon)}, "
+        f"{_num(plan.run_delta, 4)}), its phases as listed below.")]
+    for entry in t["grid"]:
+        phases = "; ".join(_grid_phase(p) for p in entry["phases"])
+        choice = entry.get("split_choice")
+        why = f" The rule chose alpha = {_num(choice['alpha'])}: {choice['reason']}." if choice else ""
+        lr = entry.get("dpsgd_learning_rate")
+        out.append(_item(f"Configuration {entry['index']}"
+                         + (f", split {entry['split']}" if entry.get("split") else "")
+                         + (f", DP-SGD learning rate {_num(lr)}" if lr is not None else "")
+                         + f": {phases}; the run is {_pair(Guarantee.from_dict(entry['total']))}.{why}"))
+    out.append(_item(
+        f"Selection: each trained model is scored by {sel['score']} (p = {_num(sel['prediction_clip'])}), so one "
+        f"{plan.unit.name} moves a score by at most {_num(sel['sensitivity'])}; the best configuration is picked by "
+        f"{sel['reference']}, Gumbel noise of scale {_num(sel['gumbel_scale'])}: ({_num(sel['epsilon'])}, 0)-DP, "
+        f"{_num(100 * sel['share'])}% of the budget. Only the selected model is kept; the selection's noisy "
+        "release (the index chosen) is in the run record."))
+    out.append(_item(
+        f"Total by basic composition of the {t['configurations']} runs and the selection: {_pair(g)}. No parallel "
+        "composition between the training and validation parts is claimed: under replace-one a replaced unit may "
+        "move from one part to the other."))
+    return out
+
+
+def _grid_phase(p: dict) -> str:
+    par = p["parameters"]
+    if p["name"] == "rr":
+        return (f"randomized response at epsilon {_num(p['target_epsilon'])} (flip probability "
+                f"{_num(par['flip_probability'])})")
+    return (f"DP-SGD at ({_num(p['target_epsilon'])}, {_num(p['target_delta'], 4)}), noise multiplier "
+            f"{_num(par['noise_multiplier'])}, clipping norm {_num(par['clipping_norm'])}")
 
 
 def _assumptions(plan: Plan) -> list[str]:
@@ -278,6 +339,16 @@ def _artifacts(plan: Plan) -> list[str]:
                          "guarantee), indexed by row: it stays with the data."))
     if plan.walr is not None:
         out.append(_item("walr_sum.npy: the one noisy release (covered)."))
+    if plan.tuning is not None and "grid" in plan.tuning:
+        out.append(_item(
+            "A tuned run: run.json lists every configuration's phases as above, the selected configuration (the "
+            "selection's one release) and the training part's row count, which its randomized-response labels and "
+            "batch sizes show anyway"
+            + (f"; with up to {plan.unit.cap} examples per {plan.unit.name} that count depends on the units' sizes, "
+               "a statistic of the data the guarantee does not cover" if plan.unit.cap > 1 else
+               " (each row joins the validation part by an independent coin flip)")
+            + ". The validation scores and the selection's noise are in private/; model.pt is the selected "
+            "configuration's model, and c<i>_rr_labels.npy each configuration's randomised labels (covered)."))
     return out
 
 
@@ -390,6 +461,12 @@ def render_run_statement(plan: Plan, record) -> str:
             case WALRRun():
                 items.append(_item(f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std "
                                    f"{_num(ph.noise_std)})."))
+    if record.tuning is not None:
+        sel = record.tuning.get("selection") or {}
+        items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
+                           f"declared configurations trained on the training part; report-noisy-max (epsilon "
+                           f"{_num(sel.get('epsilon'))}) selected configuration {sel.get('selected')}, whose phases "
+                           "are the ones above; the other configurations' phases are in the record."))
     items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
                        f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
     lines += ["What ran (public record):", *items, "", f"Run record sha256: {record.sha256}", ""]

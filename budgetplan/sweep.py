@@ -12,22 +12,24 @@ from __future__ import annotations
 
 from budgetplan.accounting import rr
 from budgetplan.calibrate import Calibration, dpsgd_noise_multiplier
-from budgetplan.split import split_budget
+from budgetplan.split import choose_split
 
 __all__ = ["sweep"]
 
 
 def sweep(epsilons, rules, *, delta: float, sampling_rate: float, steps: int, adjacency: str = "replace-one",
           method: str = "pld", progress: bool = False) -> list[dict]:
-    """One dict per (epsilon, rule): epsilon1, flip_probability, epsilon2, noise_multiplier, dpsgd_epsilon."""
+    """One dict per (epsilon, rule): alpha (resolved), epsilon1, flip_probability, epsilon2, noise_multiplier,
+    dpsgd_epsilon."""
     cells = [(e, r) for e in epsilons for r in rules]
     out = []
     calibrated: dict[float, Calibration] = {}
     bar = _progress(len(cells)) if progress else None
     try:
         for eps, rule in cells:
-            eps1, eps2 = split_budget(eps, rule)
-            cell = {"epsilon": eps, "rule": str(rule), "epsilon1": eps1,
+            choice = choose_split(eps, rule)
+            eps1, eps2 = choice.epsilon1, choice.epsilon2
+            cell = {"epsilon": eps, "rule": str(rule), "alpha": choice.alpha, "epsilon1": eps1,
                     "flip_probability": rr.flip_probability(eps1) if eps1 > 0 else None,
                     "epsilon2": eps2, "noise_multiplier": None, "dpsgd_epsilon": None}
             if eps2 > 0:

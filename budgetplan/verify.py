@@ -9,8 +9,12 @@ Checks, in order (each failure names what differs):
    count of N is the scenario's, first, and the training phases share what it leaves);
 3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
    basic and PLD totals and the tuning accounting recomputed, all within tolerance of
-   what the plan states and within the plan's budget;
-4. the scenario: re-planning the embedded scenario gives the same parameters;
+   what the plan states and within the plan's budget; for a grid of configurations
+   (``budgetplan.grid``) every configuration's phases likewise, each within the per-run
+   budget, and the selection's cost and the total re-derived; a table-driven split's
+   recorded alpha re-derived from its rule;
+4. the scenario: re-planning the embedded scenario gives the same parameters (every
+   configuration's, for a grid);
 5. given the scenario the privacy engineer signed off (``signed``), the plan's embedded
    scenario is that one, field by field. A plan is its own authority on everything but
    this: a forger who re-hashes a plan after moving a sensitive column into the
@@ -125,54 +129,81 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
     close("budget.delta vs scenario", plan.delta, plan.scenario.resolved_delta)
     close("budget.epsilon vs scenario", plan.epsilon, plan.scenario.epsilon)
     _check_count(plan, close, problems)
+    _check_split(plan, problems)
     for i, p in enumerate(plan.phases):
-        where = f"phases[{i}] ({p.name})"
-        close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
-        close(f"{where}.parameters.cap", p.params.cap, plan.unit.cap)
-        match p:
-            case RRPhase(mechanism=m, params=par):
-                close(f"{where}.mechanism.epsilon", m.epsilon, par.per_impression_epsilon)
-                close(f"{where}.parameters.flip_probability", par.flip_probability, flip_probability(m.epsilon))
-                if par.per_impression_epsilon_by_count is not None and par.flip_probability_by_count is not None:
-                    for k, (e, rho) in enumerate(zip(par.per_impression_epsilon_by_count,
-                                                     par.flip_probability_by_count), 1):
-                        close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
-                        if k * e > par.unit_epsilon * (1 + 1e-12):
-                            problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par.unit_epsilon!r}")
-            case DPSGDPhase(mechanism=m, params=par):
-                close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
-                close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
-                close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par.sampling_rate)
-                close(f"{where}.parameters.sampling_rate", par.sampling_rate, par.batch_size / n)
-                close(f"{where}.mechanism.steps", m.steps, par.steps)
-                close(f"{where}.parameters.sensitivity", par.sensitivity,
-                      par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
-                shape = plan.scenario.dpsgd
-                if shape is None:
-                    problems.append(f"{where}: the scenario has no [dpsgd] table")
-                elif shape.steps is not None:
-                    close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
-                else:
-                    assert shape.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
-                    close(f"{where}.parameters.steps vs epochs", par.steps,
-                          steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
-                if isinstance(m, TruncatedPoissonDPSGD):
-                    close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par.max_batch_size)
-                    close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
-                    close(f"{where}.parameters.sampling", par.sampling, "truncated-poisson")
-                else:
-                    close(f"{where}.parameters.sampling", par.sampling, "poisson")
-            case CountPhase(mechanism=m, params=par):
-                close(f"{where}.mechanism.epsilon", m.epsilon, par.epsilon)
-                close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
-                close(f"{where}.target_epsilon", p.target_epsilon, par.epsilon)
-                close(f"{where}.parameters.noise_std", par.noise_std,
-                      count_noise_std(epsilon=par.epsilon, sensitivity=par.sensitivity))
-            case WALRPhase(mechanism=m, params=par):
-                close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
-                close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
-                close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
-                close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+        _check_phase(plan, f"phases[{i}] ({p.name})", p, close, problems)
+
+
+def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
+    """One phase's derived parameters agree with the ones they derive from and with the plan."""
+    n = plan.dataset_size
+    close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
+    close(f"{where}.parameters.cap", p.params.cap, plan.unit.cap)
+    match p:
+        case RRPhase(mechanism=m, params=par):
+            close(f"{where}.mechanism.epsilon", m.epsilon, par.per_impression_epsilon)
+            close(f"{where}.parameters.flip_probability", par.flip_probability, flip_probability(m.epsilon))
+            if par.per_impression_epsilon_by_count is not None and par.flip_probability_by_count is not None:
+                for k, (e, rho) in enumerate(zip(par.per_impression_epsilon_by_count,
+                                                 par.flip_probability_by_count), 1):
+                    close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
+                    if k * e > par.unit_epsilon * (1 + 1e-12):
+                        problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par.unit_epsilon!r}")
+        case DPSGDPhase(mechanism=m, params=par):
+            close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
+            close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
+            close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par.sampling_rate)
+            close(f"{where}.parameters.sampling_rate", par.sampling_rate, par.batch_size / n)
+            close(f"{where}.mechanism.steps", m.steps, par.steps)
+            close(f"{where}.parameters.sensitivity", par.sensitivity,
+                  par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
+            shape = plan.scenario.dpsgd
+            if shape is None:
+                problems.append(f"{where}: the scenario has no [dpsgd] table")
+            elif shape.steps is not None:
+                close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
+            else:
+                assert shape.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
+                close(f"{where}.parameters.steps vs epochs", par.steps,
+                      steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
+            if isinstance(m, TruncatedPoissonDPSGD):
+                close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par.max_batch_size)
+                close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
+                close(f"{where}.parameters.sampling", par.sampling, "truncated-poisson")
+            else:
+                close(f"{where}.parameters.sampling", par.sampling, "poisson")
+        case CountPhase(mechanism=m, params=par):
+            close(f"{where}.mechanism.epsilon", m.epsilon, par.epsilon)
+            close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+            close(f"{where}.target_epsilon", p.target_epsilon, par.epsilon)
+            close(f"{where}.parameters.noise_std", par.noise_std,
+                  count_noise_std(epsilon=par.epsilon, sensitivity=par.sensitivity))
+        case WALRPhase(mechanism=m, params=par):
+            close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
+            close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+            close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
+            close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+
+
+def _check_split(plan: Plan, problems: list[str]) -> None:
+    """A table-driven split's record is what the rule gives at the run's epsilon, and the phases follow it."""
+    from budgetplan.planner import split_record
+
+    try:
+        wanted = split_record(plan.scenario, plan.run_epsilon)
+    except BudgetplanError as exc:
+        problems.append(f"split: re-deriving the split failed: {exc}")
+        return
+    if plan.split != wanted:
+        problems.append(f"split: stored {plan.split!r}, the rule gives {wanted!r}")
+        return
+    if wanted is None:
+        return
+    targets = {p.name: p.target_epsilon for p in plan.phases}
+    for name, key in (("rr", "epsilon1"), ("dpsgd", "epsilon2")):
+        if targets.get(name, 0.0) != wanted[key]:
+            problems.append(f"split: the {name} phase is planned to {targets.get(name, 0.0)!r}, the rule's {key} "
+                            f"is {wanted[key]!r}")
 
 
 def _check_count(plan: Plan, close, problems: list[str]) -> None:
@@ -213,12 +244,82 @@ def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
     close("total.basic.delta", plan.total.delta, basic.delta)
     pld, _ = _pld_total(plan.phases, plan.scenario, plan.unit, basic.delta)
     close("total.pld.epsilon", plan.total_pld.epsilon if plan.total_pld else None, pld.epsilon if pld else None)
+    if _check_grid(plan, close, problems):
+        return
     tuning = _tuning(plan.scenario, plan.unit, plan.phases, basic, plan.delta)
     if (tuning is None) != (plan.tuning is None):
         close("tuning", plan.tuning, tuning)
     elif tuning is not None and plan.tuning is not None:
         close("tuning.guarantee.epsilon", Guarantee.from_dict(plan.tuning["guarantee"]).epsilon,
               Guarantee.from_dict(tuning["guarantee"]).epsilon)
+
+
+def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
+    """A declared grid: its configurations, each one's phases and guarantees, the selection, the total.
+
+    Returns whether the plan's scenario declares a grid (then this was its tuning check).
+    """
+    from budgetplan import grid
+    from budgetplan.phases import phase_to_dict
+    from budgetplan.planner import _EPS_SLACK, phase_guarantee
+
+    t = plan.scenario.tuning
+    stored = plan.tuning
+    if t is None or not t.is_grid:
+        if stored is not None and ("grid" in stored or "noisy_max" in stored):
+            problems.append("tuning: the plan lists a grid of configurations that its scenario does not declare")
+        return False
+    if stored is None or "grid" not in stored or "noisy_max" not in stored:
+        problems.append("tuning: the scenario declares a grid; the plan lists no configurations or no selection")
+        return True
+    try:
+        runs = grid.runs_of(plan)
+    except PlanMismatchError as exc:
+        problems.append(str(exc))
+        return True
+    wanted = grid.configurations(t)
+    if [c for c, _ in runs] != wanted:
+        problems.append(f"tuning.grid: the plan lists {[c.label for c, _ in runs]}, the scenario's grid is "
+                        f"{[c.label for c in wanted]}")
+        return True
+    assert t.selection_share is not None  # a grid Tuning has its defaults filled in
+    eps_sel, eps_run, delta_run = grid.budgets(plan.epsilon, plan.delta, len(wanted), t.selection_share)
+    close("run_budget.epsilon", plan.run_epsilon, eps_run)
+    close("run_budget.delta", plan.run_delta, delta_run)
+    if [phase_to_dict(p) for p in plan.phases] != stored["grid"][0]["phases"]:
+        problems.append("phases: a grid plan's phases must be its first configuration's")
+    for c, phases in runs:
+        for j, p in enumerate(phases):
+            where = f"tuning.grid[{c.index}].phases[{j}] ({p.name})"
+            _check_phase(plan, where, p, close, problems)
+            g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit,
+                                discretization=plan.scenario.discretization)
+            if g.epsilon > p.target_epsilon * (1 + _EPS_SLACK) or g.delta > p.target_delta * (1 + _EPS_SLACK):
+                problems.append(f"{where}: the recomputed guarantee ({g.epsilon:.6g}, {g.delta:.3g}) exceeds its "
+                                f"target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
+            close(f"{where}.guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
+            close(f"{where}.guarantee.delta", p.guarantee.delta, g.delta)
+            if isinstance(p, DPSGDPhase) and plan.scenario.dpsgd is not None:
+                close(f"{where}.parameters.clipping_norm vs the grid", p.params.clipping_norm,
+                      c.clipping_norm if c.clipping_norm is not None else plan.scenario.dpsgd.clipping_norm)
+        spent = (math.fsum(p.target_epsilon for p in phases), math.fsum(p.target_delta for p in phases))
+        if spent[0] > eps_run * (1 + _EPS_SLACK) or spent[1] > delta_run * (1 + _EPS_SLACK):
+            problems.append(f"tuning.grid[{c.index}]: its phases are planned to ({spent[0]:.6g}, {spent[1]:.3g}), "
+                            f"above the run budget ({eps_run:.6g}, {delta_run:.3g})")
+    fresh = grid.accounting(plan.scenario, plan.unit, [(c, list(ph)) for c, ph in runs], plan.delta)
+    for key in ("epsilon", "delta"):
+        close(f"tuning.guarantee.{key}", Guarantee.from_dict(stored["guarantee"]).to_dict()[key],
+              fresh["guarantee"][key])
+    close("tuning.configurations", stored["configurations"], fresh["configurations"])
+    for key in sorted(set(stored["noisy_max"]) | set(fresh["noisy_max"])):
+        close(f"tuning.noisy_max.{key}", stored["noisy_max"].get(key), fresh["noisy_max"].get(key))
+    for entry, again in zip(stored["grid"], fresh["grid"]):
+        for key in sorted(set(entry) | set(again)):
+            if key not in ("phases", "total"):
+                close(f"tuning.grid[{again['index']}].{key}", entry.get(key), again.get(key))
+        close(f"tuning.grid[{again['index']}].total.epsilon", (entry.get("total") or {}).get("epsilon"),
+              again["total"]["epsilon"])
+    return True
 
 
 def _check_replan(plan: Plan, close, problems: list[str]) -> None:
@@ -239,4 +340,25 @@ def _check_replan(plan: Plan, close, problems: list[str]) -> None:
         mine, theirs = to_json_object(a.params), to_json_object(b.params)
         for key in sorted(set(mine) | set(theirs)):
             close(f"phases[{i}] ({a.name}).parameters.{key} vs its scenario", mine.get(key), theirs.get(key))
+    _check_replan_grid(plan, fresh, close, problems)
+
+
+def _check_replan_grid(plan: Plan, fresh: Plan, close, problems: list[str]) -> None:
+    """Every configuration of a grid plans, from the scenario, to the parameters the plan lists."""
+    from budgetplan.grid import runs_of
+
+    mine, theirs = runs_of(plan), runs_of(fresh)
+    if len(mine) != len(theirs):
+        problems.append(f"tuning.grid: the plan has {len(mine)} configurations, its scenario plans {len(theirs)}")
+        return
+    for (c, a_phases), (_, b_phases) in zip(mine, theirs):
+        if [type(p) for p in a_phases] != [type(p) for p in b_phases]:
+            problems.append(f"tuning.grid[{c.index}]: the plan has phases {[p.name for p in a_phases]}, its "
+                            f"scenario plans {[p.name for p in b_phases]}")
+            continue
+        for j, (a, b) in enumerate(zip(a_phases, b_phases)):
+            pa, pb = to_json_object(a.params), to_json_object(b.params)
+            for key in sorted(set(pa) | set(pb)):
+                close(f"tuning.grid[{c.index}].phases[{j}] ({a.name}).parameters.{key} vs its scenario",
+                      pa.get(key), pb.get(key))
 

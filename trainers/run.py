@@ -326,6 +326,12 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             f"--encoding vocab counts values in the training data; under this plan's {plan.adjacency.value} "
             f"{plan.scenario.algorithm} adjacency the non-sensitive columns are protected too, so a vocabulary "
             "built from them would be data-dependent preprocessing no plan accounts for: use --encoding hash")
+    if plan.tuning is not None and "grid" in plan.tuning:  # every configuration, then the selection
+        from trainers.tune import execute_grid
+
+        return execute_grid(plan, data_path, eval_path=eval_path, out=out, settings=settings,
+                            dpsgd_settings=dpsgd_settings, seed=seed, progress=progress,
+                            fingerprint_key=fingerprint_key, baseline_auc=baseline_auc, resume=resume)
     rnd = Randomness(seed)
     device = _device(settings.device)
     t0 = time.perf_counter()

@@ -50,7 +50,8 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--epochs", type=EPOCHS, help="DP-SGD epochs.")
 @click.option("--steps", type=POSITIVE_INT, help="DP-SGD steps (instead of --epochs).")
 @click.option("--rule", default="paper-v1", show_default=True,
-              help='"paper-v1" (eps1 = min(0.6 eps, 3)), "alpha=<a>", "eps1=<e>", or "grid".')
+              help='"paper-v1" (eps1 = min(0.6 eps, 3)), "alpha-by-eps" (alpha from the measured table by eps), '
+                   '"alpha=<a>", "eps1=<e>", or "grid".')
 @click.option("--adjacency", type=click.Choice(["replace-one", "add-remove"]), default="replace-one",
               show_default=True, help="Hybrid's semi-sensitive DP is replace-one.")
 @click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
@@ -105,6 +106,10 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
         f"Hybrid split, delta={fmt(delta)}, N={fmt(dataset_size)}, batch {fmt(batch_size)}, {fmt(steps)} steps "
         f"({adjacency}, {accountant})",
         ["epsilon", "rule", "eps1 (RR)", "flip prob", "eps2 (DP-SGD)", "noise multiplier", "DP-SGD eps"], rows))
+    if rule != "grid" and parse_rule(rule).kind == "alpha-by-eps":
+        from budgetplan.split import choose_split
+
+        out.print(choose_split(epsilon, rule).reason)
     if rule == "grid":
         table = {}
         for c in cells:

@@ -232,6 +232,9 @@ def _print_record(record, out_dir) -> None:
 
     rows = [["algorithm", record.algorithm], ["rows used", fmt(record.rows_used)],
             ["device", record.device], ["seeds", record.seeds["policy"]]]
+    if record.tuning is not None:
+        rows.append(["tuning: selected (noisy max)", f"configuration {record.tuning['selection']['selected']} of "
+                                                     f"{len(record.tuning['runs'])}"])
     for ph in record.phases:
         if isinstance(ph, RRRun) and ph.labels_flipped is not None:
             rows.append(["rr: labels flipped", f"{ph.labels_flipped:,} of {ph.labels:,}"])

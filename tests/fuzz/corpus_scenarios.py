@@ -53,6 +53,7 @@ _TRUNCATED = _set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "sampling", '"truncated-poi
 _TRUNCATED = _set(_TRUNCATED, "dpsgd", "max_batch_size", "200")
 _DPSGD_EPOCHS = _set(_drop(SMALL_SCENARIOS["dpsgd"], "steps"), "dpsgd", "epochs", "0.2")
 _TUNED = SMALL_SCENARIOS["rr"] + "\n[tuning]\nconfigurations = 4\n"
+_GRID = SMALL_SCENARIOS["dpsgd"] + "\n[tuning]\nclipping_norm = [1.0, 2.0]\n"
 
 
 # (id, base scenario, table, key, accepted values, values that may be answered or refused ("clean"));
@@ -198,6 +199,26 @@ TEXTS = (
     ("tuning-bad-distribution", _TUNED.replace("configurations = 4", "configurations = 4\nselection = "
                                                "\"repeat-and-select\"\ndistribution = \"uniform\""), "reject"),
     ("tuning-empty", _RR + "\n[tuning]\n", "reject"),
+    ("grid-ok", _GRID, "accept"),
+    ("grid-clipping-overflow", _GRID.replace("[1.0, 2.0]", "[1.0, 1e305]"), "reject"),
+    ("grid-duplicate", _GRID.replace("[1.0, 2.0]", "[1.0, 1.0]"), "reject"),
+    ("grid-of-one", _GRID.replace("[1.0, 2.0]", "[1.0]"), "reject"),
+    ("grid-empty", _GRID.replace("[1.0, 2.0]", "[]"), "reject"),
+    ("grid-not-a-list", _GRID.replace("[1.0, 2.0]", "1.0"), "reject"),
+    ("grid-nested", _GRID.replace("[1.0, 2.0]", "[[1.0], [2.0]]"), "reject"),
+    ("grid-nan", _GRID.replace("[1.0, 2.0]", "[1.0, nan]"), "reject"),
+    ("grid-string", _GRID.replace("[1.0, 2.0]", '[1.0, "2"]'), "reject"),
+    ("grid-lr-inf", _GRID + "dpsgd_learning_rate = [0.01, inf]\n", "reject"),
+    ("grid-lr-too-big", _GRID + "dpsgd_learning_rate = [0.01, 100.0]\n", "reject"),
+    ("grid-split-not-hybrid", _GRID + 'split = ["alpha=0.5", "alpha=0.25"]\n', "reject"),
+    ("grid-count-disagrees", _GRID + "configurations = 3\n", "reject"),
+    ("grid-repeat-and-select", _GRID + 'selection = "repeat-and-select"\n', "reject"),
+    ("grid-share-one", _GRID + "selection_share = 1.0\n", "reject"),
+    ("grid-share-nan", _GRID + "selection_share = nan\n", "reject"),
+    ("grid-clip-half", _GRID + "prediction_clip = 0.5\n", "reject"),
+    ("grid-validation-zero", _GRID + "validation_fraction = 0.0\n", "reject"),
+    ("grid-share-without-grid", _TUNED + "selection_share = 0.1\n", "reject"),
+    ("grid-truncated", _TRUNCATED + "\n[tuning]\nclipping_norm = [1.0, 2.0]\n", "reject"),
     ("accounting-method-bad", _set(SMALL_SCENARIOS["dpsgd"], "accounting", "method", '"moments"'), "reject"),
     ("features-no-label", _RR + '\n[features]\nnonsensitive_numeric = ["a"]\n', "reject"),
     ("features-empty-label", _RR + '\n[features]\nlabel = ""\nnonsensitive_numeric = ["a"]\n', "reject"),

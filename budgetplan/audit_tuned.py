@@ -1,0 +1,213 @@
+"""Audit a tuned run: every configuration of the plan's grid, and the one selection, as accounted.
+
+A plan with a grid (``budgetplan.grid``) accounts n runs on the training part and one
+report-noisy-max selection; the run (``trainers.tune``) logs configuration i's phases in
+the ledger as ``c<i>/rr`` and ``c<i>/dpsgd`` and the selection as ``selection``. The audit
+fails closed on anything it cannot match to the plan:
+
+- ``tuned runs within plan``: the record lists exactly the plan's configurations, each
+  once and in order, never more than declared, each with its planned phases; the record's
+  own phases are the selected configuration's;
+- ``configuration ledgers``: the ledger is intact, names the plan and ends where the
+  record says; it opens exactly the declared configurations, spends under no other phase
+  name, and holds each configuration's RR release (with the record's digest);
+- ``selection released``: one selection intent and one release, naming the record's
+  selected index among the declared number of candidates, at the plan's epsilon and
+  Gumbel scale;
+- per configuration (``#i ...``): the checks of a single run (steps, DP-SGD noise, Poisson
+  batch sizes, RR flips, independent re-accounting) against that configuration's phases,
+  its ledger lines and its record entries, with the training part's row count as N for
+  the sampling and flip tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+from budgetplan.errors import BudgetplanError
+from budgetplan.ledger import LedgerView, read_ledger
+from budgetplan.phases import RRPhase
+
+__all__ = ["audit_tuned", "audit_tuned_interrupted", "is_tuned"]
+
+_PHASE = re.compile(r"^c([0-9]+)/(rr|dpsgd)$")
+
+
+def is_tuned(plan) -> bool:
+    return plan.tuning is not None and "grid" in plan.tuning
+
+
+def _config_view(view: LedgerView, index: int) -> LedgerView:
+    """Configuration ``index``'s ledger lines with their phases named as in a single run."""
+    out, last = [], None
+    for entry in view.entries:
+        phase = entry.get("phase")
+        if entry.get("event") == "intent":
+            last = phase
+        m = _PHASE.match(phase) if isinstance(phase, str) else None
+        if m is not None:
+            if int(m.group(1)) == index:
+                out.append({**entry, "phase": m.group(2)})
+        elif entry.get("event") == "torn":
+            m = _PHASE.match(last) if isinstance(last, str) else None
+            if m is not None and int(m.group(1)) == index:
+                out.append(entry)
+        elif phase is None:  # open, resume: the sessions
+            out.append(entry)
+    return LedgerView(path=view.path, entries=tuple(out), torn=view.torn)
+
+
+def _ledger(record, plan, run_dir: Path, runs) -> tuple[LedgerView | None, list[str]]:
+    if not (run_dir / "ledger.jsonl").exists():
+        return None, [f"no write-ahead ledger at {run_dir / 'ledger.jsonl'}: the runs cannot be confirmed"]
+    try:
+        view = read_ledger(run_dir / "ledger.jsonl", plan_sha256=plan.sha256)
+    except BudgetplanError as exc:
+        return None, [str(exc)]
+    problems = []
+    if record is not None and (record.ledger is None or record.ledger.get("head") != view.head
+                               or record.ledger.get("lines") != len(view.entries)):
+        problems.append("the ledger does not end where the record says: it was cut or extended after the run")
+    planned = {f"c{c.index}/{p.name}" for c, phases in runs for p in phases} | {"selection"}
+    for entry in view.entries:
+        phase = entry.get("phase")
+        if entry.get("event") in ("intent", "released") and phase not in planned:
+            problems.append(f"the ledger spends under {phase!r}, which no declared configuration has")
+            break
+    opened = [e.get("index") for e in view.events("configuration")]
+    limit = len(runs)
+    if len(opened) > limit or opened != list(range(len(opened))):
+        problems.append(f"the ledger opens configurations {opened}; the plan declares {limit} (0 to {limit - 1}), "
+                        "each once, in order")
+    for c, phases in runs:
+        if not any(isinstance(p, RRPhase) for p in phases):
+            continue
+        mine = _config_view(view, c.index)
+        intents, notes = mine.events("intent", "rr"), mine.events("released", "rr")
+        if record is None and not intents:
+            continue
+        if len(intents) != 1 or len(notes) != 1:
+            problems.append(f"configuration {c.index}: the ledger shows {len(intents)} RR release intent(s) and "
+                            f"{len(notes)} release(s); exactly one of each is planned")
+            continue
+        path = run_dir / f"c{c.index}_rr_labels.npy"
+        from budgetplan.audit import _array_sha256
+
+        if path.exists() and _array_sha256(path) != notes[0].get("sha256"):
+            problems.append(f"{path.name} does not match the digest the ledger recorded for it")
+    return view, problems
+
+
+def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
+    """Append the checks of a tuned run (``record`` read strictly already) to ``report``."""
+    from budgetplan import audit as single
+    from budgetplan.grid import runs_of
+    from budgetplan.records import phase_run_dict, phase_runs
+
+    add = report.checks.append
+    runs = runs_of(plan)
+    t = record.tuning
+    problems: list[str] = []
+    listed: list = []
+    if t is None:
+        add(single.Check("tuned runs within plan", False, "the plan declares a grid of configurations but the record "
+                                                          "shows no tuning: nothing to check the runs against"))
+        return
+    try:
+        listed = [(r["index"], phase_runs(r["phases"], f"tuning.runs[{i}].phases")) for i, r in enumerate(t["runs"])]
+        selected = t["selection"]["selected"]
+        training_rows = t["training_rows"]
+    except (KeyError, TypeError, BudgetplanError) as exc:
+        add(single.Check("tuned runs within plan", False, f"the record's tuning does not read: {exc}"))
+        return
+    n = len(runs)
+    if t.get("configurations") != plan.tuning["configurations"]:
+        problems.append(f"the record declares {t.get('configurations')!r} configurations, the plan "
+                        f"{plan.tuning['configurations']}")
+    if len(listed) > n:
+        problems.append(f"{len(listed)} runs recorded, more than the {n} configurations declared")
+    elif [i for i, _ in listed] != list(range(n)):
+        problems.append(f"the record lists configurations {[i for i, _ in listed]}; the plan's grid is 0 to {n - 1}, "
+                        "each once (a completed tuned run trains them all)")
+    for (c, phases), (_, entries) in zip(runs, listed):
+        if [e.name for e in entries] != [p.name for p in phases]:
+            problems.append(f"configuration {c.index} ran {[e.name for e in entries]}, planned "
+                            f"{[p.name for p in phases]}")
+    if not (isinstance(selected, int) and 0 <= selected < len(listed)):
+        problems.append(f"the selected configuration {selected!r} is not one that ran")
+    elif [phase_run_dict(p) for p in record.phases] != [phase_run_dict(p) for p in listed[selected][1]]:
+        problems.append(f"the record's phases are not those of the selected configuration {selected}")
+    if not (isinstance(training_rows, int) and 0 < training_rows < plan.dataset_size):
+        problems.append(f"the training part has {training_rows!r} rows; it must hold some but not all of the "
+                        f"N = {plan.dataset_size}")
+    add(single.Check("tuned runs within plan", not problems, "; ".join(problems) or
+                     f"{len(listed)} of {n} declared configurations, each with its planned phases; configuration "
+                     f"{selected} selected"))
+    view, ledger_problems = _ledger(record, plan, run_dir, runs)
+    add(single.Check("configuration ledgers", view is not None and not ledger_problems,
+                     "; ".join(ledger_problems) or f"{len(view.entries) if view else 0} lines, hash chain intact; "
+                                                   f"{n} configurations opened, each spending only its own phases"))
+    add(_selection(view, t, plan, n))
+    if problems:
+        return
+    for (c, phases), (_, entries) in zip(runs, listed):
+        mine = dataclasses.replace(plan, phases=phases, tuning=None)
+        sized = dataclasses.replace(plan, dataset_size=training_rows, tuning=None, phases=tuple(
+            dataclasses.replace(p, params=dataclasses.replace(p.params, dataset_size=training_rows))
+            for p in phases))
+        sub = dataclasses.replace(record, phases=entries, tuning=None)
+        cview = _config_view(view, c.index) if view is not None else None
+        for check in [single._steps(sub, mine, cview), single._dpsgd_noise(sub, mine),
+                      *single._sampling(sized, cview, sub, alpha), single._flips(sub, sized, alpha),
+                      single._reaccount(sub, mine)]:
+            add(dataclasses.replace(check, name=f"#{c.index} {check.name}"))
+
+
+def _selection(view: LedgerView | None, t: dict, plan, n: int):
+    from budgetplan.audit import Check
+
+    name = "selection released"
+    if view is None:
+        return Check(name, False, "no readable ledger: the selection's release cannot be confirmed")
+    want, sel = plan.tuning["noisy_max"], t.get("selection")
+    problems = []
+    if not isinstance(sel, dict):
+        return Check(name, False, "the record shows no selection")
+    intents, notes = view.events("intent", "selection"), view.events("released", "selection")
+    if len(intents) != 1 or len(notes) != 1:
+        problems.append(f"the ledger shows {len(intents)} selection intent(s) and {len(notes)} release(s); exactly "
+                        "one of each is planned (a selection without its noisy release is not accounted)")
+    elif notes[0].get("selected") != sel.get("selected") or notes[0].get("candidates") != n:
+        problems.append(f"the ledger released configuration {notes[0].get('selected')!r} of "
+                        f"{notes[0].get('candidates')!r}; the record says {sel.get('selected')!r} of {n}")
+    for key in ("epsilon", "gumbel_scale"):
+        have = sel.get(key)
+        if not (isinstance(have, (int, float)) and math.isclose(have, want[key], rel_tol=1e-12)):
+            problems.append(f"the selection's {key} is {have!r}, the plan's {want[key]!r}")
+    return Check(name, not problems, "; ".join(problems) or
+                 f"one report-noisy-max release (configuration {sel.get('selected')} of {n}) at epsilon "
+                 f"{want['epsilon']:.6g}, Gumbel scale {want['gumbel_scale']:.6g}")
+
+
+def audit_tuned_interrupted(report, plan, run_dir: Path) -> None:
+    """A tuned run without a record: its ledger spent nothing beyond the plan so far."""
+    from budgetplan.audit import Check
+    from budgetplan.grid import runs_of
+
+    runs = runs_of(plan)
+    view, problems = _ledger(None, plan, run_dir, runs)
+    if view is not None:
+        for c, phases in runs:
+            mine = _config_view(view, c.index)
+            for p in phases:
+                planned = p.params.steps if p.name == "dpsgd" else 1
+                if mine.count(p.name) > planned:
+                    problems.append(f"configuration {c.index}: {mine.count(p.name)} {p.name} intents, more than the "
+                                    f"{planned} planned")
+        if view.count("selection") > 1:
+            problems.append(f"{view.count('selection')} selection intents; one is planned")
+    report.checks.append(Check("configuration ledgers", view is not None and not problems,
+                               "; ".join(problems) or "interrupted: nothing beyond the plan spent so far"))

@@ -19,7 +19,8 @@ ARMS = ["RR", "DP-SGD", "Hybrid", "alpha=0.5"]
 # something; epsilon 0.01: every private arm is close to a coin, the baseline is not.
 ARGV = ["--rows", "4000", "--shapes", "legacy", "--epsilons", "0.01", "--arms", ",".join(ARMS), "--seeds", "2",
         "--device", "cpu", "--name", "tiny"]
-# Smaller hashed tables for 4,000 rows (a vocabulary of values seen 16 times keeps little), through the frontier's one place for overrides.
+# Smaller hashed tables for 4,000 rows (a vocabulary of values seen 16 times keeps little),
+# through the frontier's one place for overrides.
 TRAINING = {"hash_bins_nonsensitive": 4096, "hash_bins_sensitive": 4096, "nonsensitive_encoding": "hash"}
 # 20 epochs, the best on a validation split large enough to tell (30% of 4,000 rows).
 BASELINE = {"validation_fraction": 0.3, "patience": 20, "weight_decay": 0.0}

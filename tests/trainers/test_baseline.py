@@ -19,7 +19,8 @@ from trainers.fit import FitSettings, predict
 from trainers.metrics import auc_standard_error, log_loss
 from trainers.run import TrainSettings, execute_plan, run_baseline
 
-SMALL = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=256, nonsensitive_encoding="vocab")
+SMALL = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=256,
+                      nonsensitive_encoding="vocab")
 ROWS = 4000
 
 

@@ -59,6 +59,13 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     sensitive_categorical = ["cat1"]          # protected (semi-sensitive DP); hashed, never
     sensitive_numeric = []                    # given a data-dependent vocabulary
 
+    [calibration]                             # dpsgd, hybrid; optional (absent: the intercept
+    share = 0.05                              # stays as trained). Shift the trained model's
+                                              # intercept so its mean prediction is the base
+                                              # rate, from one Gaussian release that takes this
+                                              # share of the run's epsilon and delta (the
+                                              # training phases get the rest)
+
     [tuning]                                  # optional
     configurations = 8
     selection = "naive"                       # or "repeat-and-select"
@@ -80,6 +87,7 @@ from pathlib import Path
 
 from budgetplan import _validate, limits
 from budgetplan.errors import InvalidParameterError
+from budgetplan.intercept import SHARE
 from budgetplan.units import CAPPING_RULES, Adjacency
 
 __all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
@@ -90,6 +98,8 @@ SAMPLING = ("poisson", "truncated-poisson")
 SELECTIONS = ("naive", "repeat-and-select")
 DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 TOWERS = ("frozen", "fine-tune")
+MAX_SHARE = 0.5
+CALIBRATED = ("dpsgd", "hybrid")
 METHODS = ("pld", "rdp", "prv")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
 
@@ -296,6 +306,27 @@ class FeatureSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationShape:
+    """The intercept calibration after training (``budgetplan.intercept``).
+
+    A scenario without one leaves the intercept as trained.
+
+    Attributes:
+        share: the fraction of the run's epsilon and of its delta spent on the one Gaussian
+            release the shift is solved from; the training phases are planned to the rest.
+    """
+
+    share: float = SHARE
+
+    def __post_init__(self) -> None:
+        share = _validate.probability("[calibration].share", self.share)
+        if share > MAX_SHARE:
+            raise InvalidParameterError(f"[calibration].share must be at most {MAX_SHARE:g} (the training phases get "
+                                        f"what it leaves), got {share!r}")
+        _set(self, "share", share)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
     configurations: int
     selection: str = "naive"
@@ -347,6 +378,7 @@ class Scenario:
     method: str = "pld"
     discretization: float = 1e-4
     size_release_epsilon: float | None = None
+    calibration: CalibrationShape | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -369,7 +401,7 @@ class Scenario:
                                             f"{type(shape).__name__}")
             if self.algorithm not in used_by and shape is not None:
                 raise InvalidParameterError(f"[{key}] does not apply to algorithm {self.algorithm!r}")
-        for key, optional_kind in _OPTIONAL_TABLES:
+        for key, optional_kind in _OPTIONAL_TABLES + (("calibration", CalibrationShape),):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), optional_kind):
                 raise InvalidParameterError(f"[{key}] must be a {optional_kind.__name__}, got "
                                             f"{type(getattr(self, key)).__name__}")
@@ -394,8 +426,9 @@ class Scenario:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("warnings")
-        if out["size_release_epsilon"] is None:
-            out.pop("size_release_epsilon")  # plans without a DP count keep their bytes
+        for key in ("size_release_epsilon", "calibration"):
+            if out[key] is None:
+                out.pop(key)  # plans without a DP count or a calibration keep their bytes
         out["adjacency"] = self.adjacency.value
         return out
 
@@ -408,7 +441,7 @@ class Scenario:
             raise InvalidParameterError(f"scenario must be a JSON object, got {type(data).__name__}")
         data = dict(data)
         for key, kind in (("rr", RRShape), ("dpsgd", DPSGDShape), ("walr", WALRShape), ("tuning", Tuning),
-                          ("features", FeatureSpec)):
+                          ("features", FeatureSpec), ("calibration", CalibrationShape)):
             if data.get(key) is not None:
                 data[key] = from_json_object(kind, data[key], f"scenario.{key}")
         if "warnings" in data:
@@ -477,6 +510,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     for key, optional_kind in _OPTIONAL_TABLES:
         values[key] = _shape(top, key, optional_kind) if key in raw else None
         top.used.add(key)
+    values["calibration"] = _calibration(top, algorithm)
     if "accounting" in raw:
         acc = top.table("accounting")
         values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4))
@@ -501,6 +535,22 @@ def _shape(top: _Table, key: str, kind, *, required: bool = False):
         missing = next(f.name for f in fields(kind) if f.name not in values
                        and f.default is MISSING and f.default_factory is MISSING)
         raise InvalidParameterError(f"missing required key [{key}].{missing}") from None
+
+
+def _calibration(top: _Table, algorithm) -> CalibrationShape | None:
+    """``[calibration]``: opt-in, for the runs whose model DP-SGD trains (clipping biases its intercept)."""
+    if not top.has("calibration"):
+        top.used.add("calibration")
+        return None
+    t = top.table("calibration")
+    share = t.get("share", default=SHARE)
+    t.finish()
+    if algorithm not in CALIBRATED:
+        why = (": the RR trainer's unbiased loss already brings the mean prediction to the debiased base rate"
+               if algorithm == "rr" else "")
+        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}{why}; it calibrates "
+                                    "the intercept of a model trained by dpsgd or hybrid")
+    return CalibrationShape(share=share)
 
 
 def _split_rule(name: str, value) -> str:
@@ -606,6 +656,9 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
         if s.features.weight is not None and algorithm != "walr":
             raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
     _check_size_release(s)
+    if s.calibration is not None and algorithm not in CALIBRATED:
+        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
+                                    "intercept of a model trained by dpsgd or hybrid")
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)

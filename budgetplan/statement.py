@@ -14,7 +14,7 @@ import math
 import textwrap
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
 from budgetplan.units import Adjacency
 
@@ -97,6 +97,17 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                 if sgd.warm_start is not None:
                     text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
                              f"tower {sgd.nonsensitive_tower}.")
+            case CalibrationPhase(params=cal):
+                target = ("that count" if cal.target == "positives" else
+                          "that count combined with the debiased count of the randomized labels")
+                text = (f"Phase {i}, the intercept calibration: one Gaussian release, after training, of "
+                        f"{cal.coordinates} numbers over the training rows: the sum of sigmoid(z_i + d) of the "
+                        f"trained model's logits z_i for each of the {cal.coordinates - 1} shifts d from "
+                        f"{_num(cal.shifts[0])} to {_num(cal.shifts[-1])}, and the count of positive labels. "
+                        f"Each row moves each number by at most 1, so the release moves by at most "
+                        f"{_num(cal.sensitivity)} per example; Gaussian noise of standard deviation "
+                        f"{_num(cal.noise_std)} is added once to each number. The shift of the model's intercept "
+                        f"that brings its mean prediction to {target} is post-processing and free.")
             case WALRPhase(params=walr):
                 text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
                         f"({walr.features} features, intercept included) clipped to L2 norm "

@@ -361,7 +361,16 @@ def render_run_statement(plan: Plan, record) -> str:
             the plan the run executed.
     """
     from budgetplan.errors import PlanMismatchError
-    from budgetplan.records import DPSGDRun, DPSGDStats, RRRun, RRStats, WALRRun, WALRStats
+    from budgetplan.records import (
+        CalibrationRun,
+        CalibrationStats,
+        DPSGDRun,
+        DPSGDStats,
+        RRRun,
+        RRStats,
+        WALRRun,
+        WALRStats,
+    )
 
     if not record.private:
         raise PlanMismatchError("the record is of a non-private run: no privacy guarantee applies to it, so there is "
@@ -401,6 +410,10 @@ def render_run_statement(plan: Plan, record) -> str:
             case WALRRun():
                 items.append(_item(f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std "
                                    f"{_num(ph.noise_std)})."))
+            case CalibrationRun():
+                items.append(_item(f"The intercept calibration released its {ph.coordinates} noisy sums once "
+                                   f"({ph.noise_draws} noise draws of std {_num(ph.noise_std)}) and shifted the "
+                                   "model's intercept by what it solved from them."))
     items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
                        f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
     lines += ["What ran (public record):", *items, "", f"Run record sha256: {record.sha256}", ""]
@@ -430,6 +443,12 @@ def render_run_statement(plan: Plan, record) -> str:
                 case WALRStats():
                     held.append(_item(f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the "
                                       "declared bounds."))
+                case CalibrationStats():
+                    held.append(_item(
+                        f"The intercept calibration moved the intercept by {_num(st.shift)}"
+                        + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
+                        + f": the noisy mean prediction {_num(st.mean_prediction_before)} as trained, the target "
+                        f"{_num(st.target_positives)} positives (variance {_num(st.target_variance)})."))
         ev = private.metrics.get("eval")
         if ev:
             held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "

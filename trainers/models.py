@@ -203,6 +203,10 @@ class TwoTowerMLP(_TowerModel):
         return {**self.shape.as_dict(), "embedding_dim": self._embedding_dim,
                 "tower_hidden": self.tower_hidden, "common_hidden": list(self.common_hidden)}
 
+    def output_bias(self) -> torch.Tensor:
+        """The one number added to every logit, full and truncated (the head's bias)."""
+        return self.head.bias
+
     def _nonsensitive(self, ns_cat: torch.Tensor, ns_num: torch.Tensor) -> torch.Tensor:
         """g(x°): [B, d°]."""
         parts = []
@@ -310,6 +314,10 @@ class FactorizationMachine(_TowerModel):
 
     def config(self) -> dict:
         return {**self.shape.as_dict(), "embedding_dim": self._embedding_dim}
+
+    def output_bias(self) -> torch.Tensor:
+        """The one number added to every logit, full and truncated (the global bias b)."""
+        return self.bias.weight
 
     def _tower(self, prefix: str, cat: torch.Tensor, num: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(t_1 [B], t_2.. [B, k]) of one group."""

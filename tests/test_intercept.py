@@ -297,3 +297,23 @@ def test_combine_weights_by_inverse_variance():
     value, var = intercept.combine((10.0, 1.0), (20.0, 4.0))
     assert value == pytest.approx((10 / 1 + 20 / 4) / (1 + 1 / 4)) and var == pytest.approx(1 / (1 + 1 / 4))
     assert intercept.combine((7.0, 2.0)) == (7.0, 2.0)
+
+
+@pytest.mark.parametrize("selection", ["naive", "repeat-and-select"])
+def test_tuned_plans_account_the_release_in_every_run(selection):
+    tuning = f'[tuning]\nconfigurations = 4\nselection = "{selection}"\n'
+    p = build_plan(scenario(eps=4.0, extra=tuning))
+    sgd, cal = p.phases
+    assert cal.target_epsilon == pytest.approx(0.05 * (sgd.target_epsilon + cal.target_epsilon))
+    assert p.guarantee.epsilon <= 4.0 and verify_plan(p).ok
+    if selection == "repeat-and-select":  # the release is composed into the run that is repeated
+        bare = build_plan(scenario(eps=4.0, calibration=None, extra=tuning))
+        assert sgd.mechanism.noise_multiplier > bare.dpsgd.mechanism.noise_multiplier
+
+
+def test_repeat_and_select_refuses_hybrid_with_its_release():
+    from budgetplan.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="naive"):
+        build_plan(scenario(eps=8.0, algorithm="hybrid", adjacency="replace-one",
+                            extra='[tuning]\nconfigurations = 4\nselection = "repeat-and-select"\n'))

@@ -116,6 +116,11 @@ class Plan:
         return next((p for p in self.phases if isinstance(p, CalibrationPhase)), None)
 
     @property
+    def free_calibration(self) -> bool:
+        """Whether the trainer shifts the intercept at no cost: a calibrated run with RR and no DP-SGD phase."""
+        return self.scenario.calibration is not None and self.rr is not None and self.dpsgd is None
+
+    @property
     def walr(self) -> WALRPhase | None:
         """The WALR release, if the plan has one."""
         return next((p for p in self.phases if isinstance(p, WALRPhase)), None)

@@ -381,11 +381,14 @@ class WALRStats:
 class CalibrationStats:
     """The intercept calibration's release and what was solved from it (``budgetplan.intercept``).
 
+    An RR-only run's free calibration has no release and no public entry: only this.
+
     Attributes:
-        release: the noisy sums of sigmoids, one per shift, then the noisy count of positives.
+        release: the noisy sums of sigmoids, one per shift, then the noisy count of positives
+            (empty for the free calibration).
         target_positives: the count of positives the shift met (noisy, or combined with the
             debiased count of the RR labels), and ``target_variance`` its (public) variance.
-        mean_prediction_before: the noisy mean prediction of the model as trained (shift 0).
+        mean_prediction_before: the (noisy) mean prediction of the model as trained (shift 0).
         shift: what was added to the model's output bias; ``clamped`` when the target lay
             beyond the grid and the shift is the grid's end.
     """

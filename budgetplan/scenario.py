@@ -59,12 +59,13 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     sensitive_categorical = ["cat1"]          # protected (semi-sensitive DP); hashed, never
     sensitive_numeric = []                    # given a data-dependent vocabulary
 
-    [calibration]                             # dpsgd, hybrid; optional (absent: the intercept
-    share = 0.05                              # stays as trained). Shift the trained model's
-                                              # intercept so its mean prediction is the base
-                                              # rate, from one Gaussian release that takes this
-                                              # share of the run's epsilon and delta (the
-                                              # training phases get the rest)
+    [calibration]                             # rr, dpsgd, hybrid; optional (absent: the
+    share = 0.05                              # intercept stays as trained). Shift the trained
+                                              # model's intercept so its mean prediction is the
+                                              # base rate. With DP-SGD, from one Gaussian release
+                                              # that takes this share of the run's epsilon and
+                                              # delta (the training phases get the rest); RR
+                                              # alone: free, and no share
 
     [tuning]                                  # optional
     configurations = 8
@@ -99,7 +100,7 @@ SELECTIONS = ("naive", "repeat-and-select")
 DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 TOWERS = ("frozen", "fine-tune")
 MAX_SHARE = 0.5
-CALIBRATED = ("dpsgd", "hybrid")
+CALIBRATED = ("rr", "dpsgd", "hybrid")
 METHODS = ("pld", "rdp", "prv")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
 
@@ -313,7 +314,8 @@ class CalibrationShape:
 
     Attributes:
         share: the fraction of the run's epsilon and of its delta spent on the one Gaussian
-            release the shift is solved from; the training phases are planned to the rest.
+            release the shift is solved from, when the run has a DP-SGD phase; the training
+            phases are planned to the rest. An RR-only run calibrates for free.
     """
 
     share: float = SHARE
@@ -538,19 +540,20 @@ def _shape(top: _Table, key: str, kind, *, required: bool = False):
 
 
 def _calibration(top: _Table, algorithm) -> CalibrationShape | None:
-    """``[calibration]``: opt-in, for the runs whose model DP-SGD trains (clipping biases its intercept)."""
+    """``[calibration]``: opt-in, for the runs that train a model with an intercept (RR, DP-SGD, Hybrid)."""
     if not top.has("calibration"):
         top.used.add("calibration")
         return None
     t = top.table("calibration")
-    share = t.get("share", default=SHARE)
+    share = t.get("share")
     t.finish()
     if algorithm not in CALIBRATED:
-        why = (": the RR trainer's unbiased loss already brings the mean prediction to the debiased base rate"
-               if algorithm == "rr" else "")
-        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}{why}; it calibrates "
-                                    "the intercept of a model trained by dpsgd or hybrid")
-    return CalibrationShape(share=share)
+        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
+                                    "intercept of a model trained by rr, dpsgd or hybrid")
+    if algorithm == "rr" and share is not None:
+        raise InvalidParameterError("[calibration].share applies to plans with a DP-SGD phase: an RR-only plan "
+                                    "calibrates its intercept for free (post-processing of the RR release)")
+    return CalibrationShape() if share is None else CalibrationShape(share=share)
 
 
 def _split_rule(name: str, value) -> str:
@@ -658,7 +661,7 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
     _check_size_release(s)
     if s.calibration is not None and algorithm not in CALIBRATED:
         raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
-                                    "intercept of a model trained by dpsgd or hybrid")
+                                    "intercept of a model trained by rr, dpsgd or hybrid")
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)

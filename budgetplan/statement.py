@@ -72,6 +72,11 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                 if rr.per_impression_rule == "eps/K_i":
                     text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
                              f"{_num(rr.unit_epsilon)}/K_i per example.")
+                if plan.free_calibration:
+                    text += (" After training, the model's intercept is shifted so that its mean prediction over "
+                             "the training rows (a function of the released model and the non-sensitive "
+                             "features, which this adjacency holds fixed) equals the debiased count of the "
+                             "randomized labels: post-processing, at no cost.")
             case CountPhase(params=c):
                 text = (f"Phase {i}, the dataset size: N = {c.dataset_size} is a differentially private count, "
                         f"released {c.released}. The noise Z has P(Z = z) proportional to exp(-{_num(c.epsilon)} "
@@ -445,10 +450,12 @@ def render_run_statement(plan: Plan, record) -> str:
                                       "declared bounds."))
                 case CalibrationStats():
                     held.append(_item(
-                        f"The intercept calibration moved the intercept by {_num(st.shift)}"
+                        f"The intercept calibration{'' if st.release else ' (free, from the RR labels)'} moved the "
+                        f"intercept by {_num(st.shift)}"
                         + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
-                        + f": the noisy mean prediction {_num(st.mean_prediction_before)} as trained, the target "
-                        f"{_num(st.target_positives)} positives (variance {_num(st.target_variance)})."))
+                        + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
+                        f"as trained, the target {_num(st.target_positives)} positives (variance "
+                        f"{_num(st.target_variance)})."))
         ev = private.metrics.get("eval")
         if ev:
             held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "

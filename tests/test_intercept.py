@@ -139,14 +139,33 @@ def test_bad_calibration_tables_are_refused_in_one_line(kwargs, fragment):
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
 
 
-@pytest.mark.parametrize("example, fragment", [("walr", "'walr'"), ("rr-impression", "unbiased loss already")])
-def test_rr_and_walr_refuse_the_table(example, fragment):
+@pytest.mark.parametrize("example, table, fragment", [
+    ("walr", "", "does not apply to algorithm 'walr'"),
+    ("rr-impression", "share = 0.05\n", "calibrates its intercept for free"),
+])
+def test_tables_that_do_not_apply_are_refused(example, table, fragment):
     from budgetplan import examples
 
     text = open(examples.path(example)).read()
-    with pytest.raises(InvalidParameterError, match=r"\[calibration\] does not apply") as exc:
-        parse_scenario(text + "\n[calibration]\nshare = 0.05\n")
+    with pytest.raises(InvalidParameterError, match=r"\[calibration\]") as exc:
+        parse_scenario(text + "\n[calibration]\n" + table)
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _rr_text():
+    from budgetplan import examples
+
+    return open(examples.path("rr-impression")).read() + "\n[calibration]\n"  # RR is replace-one: labels only
+
+
+def test_rr_alone_calibrates_for_free():
+    p = build_plan(parse_scenario(_rr_text()))
+    bare = build_plan(parse_scenario(_rr_text().replace("[calibration]", "")))
+    assert p.free_calibration and p.calibration is None and not bare.free_calibration
+    # the same RR phase at the same epsilon: nothing spent
+    assert [phase_to_dict(x) for x in p.phases] == [phase_to_dict(x) for x in bare.phases]
+    assert p.guarantee.epsilon == bare.guarantee.epsilon and verify_plan(p).ok
+    assert "at no cost" in " ".join(render_statement(p).split())
 
 
 def test_plan_json_round_trips_with_its_calibration_phase(plan):
@@ -291,6 +310,22 @@ def test_rr_estimate_is_unbiased_with_its_stated_variance():
     assert var == pytest.approx(y.size * rho * (1 - rho) / (1 - 2 * rho) ** 2)
     assert abs(np.mean(draws) - y.sum()) < 4 * math.sqrt(var / 400)
     assert np.var(draws) == pytest.approx(var, rel=0.2)
+
+
+def test_solve_free_is_the_exact_shift():
+    rng = np.random.default_rng(4)
+    z = rng.normal(-2.0, 1.5, 10_000)
+    for rate in (0.05, 0.2, 0.4):
+        d, clamped = intercept.solve_free(z, target=rate * z.size)
+        assert not clamped and d == pytest.approx(_exact_shift(z, rate), abs=1e-9)
+    assert intercept.solve_free(z, target=0.0) == (-3.0, True)
+    assert intercept.solve_free(z, target=float(z.size)) == (3.0, True)
+    # a NaN logit counts as 1/2 at every shift, as in the release
+    d, _ = intercept.solve_free(np.array([np.nan, 0.0]), target=1.0)
+    assert d == pytest.approx(0.0, abs=1e-9)
+    for bad in (dict(logits=[], target=1.0), dict(logits=[0.0], target=math.nan)):
+        with pytest.raises(InvalidParameterError):
+            intercept.solve_free(**bad)
 
 
 def test_combine_weights_by_inverse_variance():

@@ -1,5 +1,8 @@
 """Execute a plan's calibration phase: one Gaussian release after training, then shift the intercept.
 
+An RR-only plan's calibration is free and has no phase: its exact shift is solved from the
+truncated model's logits and the RR labels' debiased count (``budgetplan.intercept``).
+
 The release and the solve are specified in ``budgetplan.intercept``; this module computes
 the exact vector on the trained model, adds the plan's noise once (persisted through the
 run's session, so a resumed run reloads it rather than draws again), solves for the shift
@@ -109,10 +112,13 @@ def run_calibration(model, data, phase, *, randomness, session, rr_result=None) 
 def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=None) -> list:
     """The run's calibration, if its plan has one: ``[(public entry, private statistics)]``, else ``[]``.
 
-    Called once, after the training phases.
+    Called once, after the training phases. An RR-only plan's free calibration has no public
+    entry (None): it releases nothing.
     """
     from budgetplan.records import CalibrationRun, CalibrationStats
 
+    if plan.free_calibration:
+        return [(None, _free(model, data, rr_result))]
     phase = plan.calibration
     if phase is None:
         return []
@@ -124,3 +130,23 @@ def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=No
                              target_variance=r.target_variance, mean_prediction_before=r.mean_prediction_before,
                              shift=r.shift, clamped=r.clamped)
     return [(public, stats)]
+
+
+@torch.no_grad()
+def _free(model, data, rr_result):
+    """An RR-only run's exact shift: its truncated logits over the training rows meet the RR labels' debiased count."""
+    from budgetplan.records import CalibrationStats
+    from trainers.fit import _logits
+
+    if rr_result is None or rr_result.debiased_positives is None:
+        raise InvalidParameterError("the plan calibrates the intercept from the RR labels, but the run has no RR "
+                                    "result to take their debiased count from")
+    model.eval()
+    z = torch.cat([_logits(model, data, torch.arange(i, min(len(data), i + 65536), device=data.label.device), True)
+                   .double().cpu() for i in range(0, len(data), 65536)]).numpy()
+    target, variance = rr_result.debiased_positives
+    shift, clamped = intercept.solve_free(z, target=target)
+    before = float(np.mean(np.where(np.isnan(z), 0.5, 0.5 * (1.0 + np.tanh(0.5 * z)))))
+    model.output_bias().add_(shift)
+    return CalibrationStats(release=(), target_positives=target, target_variance=variance,
+                            mean_prediction_before=before, shift=shift, clamped=clamped)

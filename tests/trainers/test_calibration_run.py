@@ -76,8 +76,8 @@ def runs(root):
     return out
 
 
-def _train_ratio(root, run_dir, record):
-    """mean_i s(z_i) / mean_i y_i of the saved model over the training rows, exactly."""
+def _train_sums(root, run_dir, record, *, truncated=False):
+    """(sum_i s(z_i), sum_i y_i) of the saved model over the training rows, exactly."""
     from trainers.models import build_model
     from trainers.run import _prepare
 
@@ -86,7 +86,11 @@ def _train_ratio(root, run_dir, record):
                     expected_rows=N, randomness=None)
     model = build_model("mlp", record.model["config"])
     model.load_state_dict(torch.load(run_dir / "model.pt"))
-    sums = exact_release(model, prep.data, (0.0,))
+    return exact_release(model, prep.data, (0.0,), truncated=truncated)
+
+
+def _train_ratio(root, run_dir, record):
+    sums = _train_sums(root, run_dir, record)
     return sums[0] / sums[1]
 
 
@@ -128,6 +132,26 @@ def test_an_honest_calibrated_run_audits_clean(root, runs):
     assert names["intercept calibration"].passed and "calibration" in names["independent re-accounting"].detail
     # an uncalibrated plan's audit has no calibration row at all
     assert "intercept calibration" not in {c.name for c in audit_run(root / "without").checks}
+
+
+def test_rr_alone_shifts_for_free_to_the_debiased_count(root):
+    from budgetplan.demo import demo_scenario
+
+    text = demo_scenario(epsilon=2.0, dataset_size=N, spec=SYNTH_FEATURES, epochs=2) + "\n[calibration]\n"
+    plan = build_plan(parse_scenario(text))
+    assert plan.free_calibration and plan.calibration is None
+    record = execute_plan(plan, root / "train.parquet", out_dir=root / "rr", settings=FAST, seed=13)
+    assert [p.name for p in record.phases] == ["rr"]  # nothing released, nothing public
+    stats = record.private_part.phases[-1]
+    assert isinstance(stats, CalibrationStats) and stats.release == () and not stats.clamped
+    debiased, variance = intercept.rr_estimate(np.load(root / "rr" / "rr_labels.npy"),
+                                               plan.rr.params.flip_probability)
+    assert (stats.target_positives, stats.target_variance) == pytest.approx((debiased, variance))
+    mean = _train_sums(root, root / "rr", record, truncated=True)[0]
+    assert mean == pytest.approx(debiased, rel=1e-6)  # exact, not a noisy estimate
+    assert abs(stats.mean_prediction_before * N / debiased - 1) > 0.05  # training alone left it off
+    report = audit_run(root / "rr")
+    assert report.passed, [c for c in report.checks if not c.passed]
 
 
 # ------------------------------------------------------------------------------ forgeries

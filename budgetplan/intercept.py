@@ -33,8 +33,9 @@ Gaussian mechanism, and the phases compose adaptively. It is accounted as a
 Everything after the release is post-processing (:func:`solve_shift`): the noisy sums are
 turned into mean predictions, made non-decreasing in d, and the shift that brings the mean
 prediction to the target rate is read off by linear interpolation of their logits (the
-logit of a mean of sigmoids is close to linear in d, so 13 points 0.5 apart are within
-0.3% of the exact shift on spread-out logits), clamped to the grid. The target is the
+logit of a mean of sigmoids is close to linear in d: without noise, 13 points 0.5 apart
+bring the mean prediction within 0.15% of the target on normal logits of sd 0.3 to 3),
+clamped to the grid. The target is the
 noisy count of positives, combined, when the plan has a randomized-response phase, with
 the debiased count from the RR labels (:func:`rr_estimate`) by inverse-variance weights
 (:func:`combine`); both variances are public (the release's sigma, and the flip

@@ -23,6 +23,9 @@ evidence is absent. Each check is named and independent:
 8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
    with it (two-sided binomial test at ``alpha``).
 9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
+   ``intercept calibration`` (plans or records with one): one release, with the plan's
+   noise std, sensitivity and number of coordinates; the private record's released vector,
+   when present, is the one whose digest the public record and the ledger hold.
    ``N kept private`` (plans whose N is a DP count): the public record and ledger show
    nothing that grows with the true row count; the private batch-size ledger is intact,
    names the plan, ends where the private record says and was written on that one count.
@@ -57,11 +60,13 @@ from budgetplan.audit_tuned import audit_tuned, audit_tuned_interrupted, is_tune
 from budgetplan.errors import BudgetplanError
 from budgetplan.ledger import LedgerView, read_ledger
 from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse
-from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, load_plan
 from budgetplan.records import (
     PRIVATE_DIR,
     WITHHELD_WITH_N,
+    CalibrationRun,
+    CalibrationStats,
     DPSGDRun,
     DPSGDStats,
     RRRun,
@@ -77,9 +82,10 @@ ALPHA = 1e-6                 # false-alarm rate of each statistical test
 REACCOUNT_TOLERANCE = 1e-3   # relative agreement required between independent accountings
 
 # The one-shot releases a run directory persists, by the ledger's phase name.
-_RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy"}
+_RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy", "calibration": "calibration_release.npy"}
 _SIZES_LEDGER = Path(PRIVATE_DIR) / "ledger.jsonl"  # batch sizes, when the plan's N is a DP count
-_RUN_OF: dict[type, Any] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun}
+_RUN_OF: dict[type, Any] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun,
+                            CalibrationPhase: CalibrationRun}
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,8 @@ def _audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: P
     report.checks.extend(_sampling(plan, ledger, record, alpha, sizes))
     add(_flips(record, plan, alpha))
     add(_walr(record, plan))
+    if plan.calibration is not None or _entry(record, CalibrationRun) is not None:
+        add(_calibration(record, plan))
     add(_reaccount(record, plan))
 
 
@@ -587,6 +595,43 @@ def _walr(record: RunRecord, plan: Plan) -> Check:
     return Check(name, not problems, detail)
 
 
+def _calibration(record: RunRecord, plan: Plan) -> Check:
+    name = "intercept calibration"
+    planned, ran = plan.calibration, _entry(record, CalibrationRun)
+    if (verdict := _settled(name, planned, ran, "calibration release")) is not None:
+        return verdict
+    assert planned is not None and ran is not None  # settled otherwise
+    par, problems = planned.params, []
+    if ran.releases != 1:
+        problems.append(f"{ran.releases} releases; the plan accounts one")
+    if ran.noise_std != par.noise_std:
+        problems.append(f"noise std {ran.noise_std!r}, the plan's {par.noise_std!r}")
+    if ran.sensitivity != par.sensitivity:
+        problems.append(f"sensitivity {ran.sensitivity!r}, the plan's {par.sensitivity!r}")
+    if not ran.coordinates == ran.noise_draws == par.coordinates:
+        problems.append(f"{ran.noise_draws} noise draws for {ran.coordinates} coordinates; the plan releases "
+                        f"{par.coordinates}")
+    if ran.rows != plan.dataset_size:
+        problems.append(f"{ran.rows} rows summed; the plan accounts N = {plan.dataset_size}")
+    stats_ = next((s for s in record.private_part.phases if isinstance(s, CalibrationStats)), None) \
+        if record.private_part is not None else None
+    if record.private_part is not None:
+        import numpy as np
+
+        if stats_ is None:
+            problems.append("the private record holds no calibration statistics")
+        elif hashlib.sha256(np.asarray(stats_.release, dtype=np.float64).tobytes()).hexdigest() != \
+                ran.release_sha256:
+            problems.append("the private record's released vector is not the one whose digest the run recorded")
+        elif len(stats_.release) != par.coordinates:
+            problems.append(f"the private record's release has {len(stats_.release)} coordinates, the plan "
+                            f"{par.coordinates}")
+    detail = "; ".join(problems) or (
+        f"one release of {par.coordinates} coordinates with noise std {par.noise_std:.6g} (sensitivity "
+        f"{par.sensitivity:.6g})" + (f"; intercept shifted by {stats_.shift:+.4g}" if stats_ is not None else ""))
+    return Check(name, not problems, detail)
+
+
 # ----------------------------------------------------------------------- re-accounting
 
 
@@ -640,6 +685,18 @@ def _reaccount(record: RunRecord, plan: Plan) -> Check:
                     if par.per_impression_rule != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
                         problems.append(f"rr: PLD gives {other:.6g}, the exact closed form {g.epsilon:.6g}")
                     notes.append(f"rr {other:.6g} by PLD (exact {g.epsilon:.6g})")
+                case CalibrationPhase(mechanism=m):
+                    other = analytic_epsilon(sigma=m.noise_std, delta=g.delta,
+                                             sensitivity=m.sensitivity * plan.unit.cap)
+                    if plan.unit.cap > 1 and phase.unit_accounting == "group":
+                        # group privacy is looser than the exact Gaussian at K times the sensitivity
+                        if other > g.epsilon * (1 + REACCOUNT_TOLERANCE):
+                            problems.append(f"calibration: the analytic Gaussian gives {other:.6g}, more than the "
+                                            f"plan's group bound {g.epsilon:.6g}")
+                    elif abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
+                        problems.append(f"calibration: the analytic Gaussian gives {other:.6g}, the plan "
+                                        f"{g.epsilon:.6g}")
+                    notes.append(f"calibration {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})")
                 case WALRPhase(mechanism=m):
                     other = analytic_epsilon(sigma=m.noise_std, delta=g.delta,
                                              sensitivity=m.sensitivity * plan.unit.cap)

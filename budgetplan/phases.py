@@ -8,6 +8,8 @@ was accounted as, its share of the budget and the guarantee:
     DPSGDPhase  DP-SGD with (truncated) Poisson sampling  DPSGDParams
     WALRPhase   one Gaussian release of sum y_i w_i x_i   WALRParams
     CountPhase  the DP count of N, released before planning  CountParams
+    CalibrationPhase  one Gaussian release of the trained model's mean prediction over a
+                grid of intercept shifts, and of the count of positives  CalibrationParams
 
 Code that treats kinds differently matches on the type (``match phase: case RRPhase():``);
 the JSON tag ``"name"`` is read and written only here. The JSON form is the one plan files
@@ -39,10 +41,12 @@ __all__ = [
     "DPSGDParams",
     "WALRParams",
     "CountParams",
+    "CalibrationParams",
     "RRPhase",
     "DPSGDPhase",
     "WALRPhase",
     "CountPhase",
+    "CalibrationPhase",
     "Phase",
     "phase_from_dict",
     "phase_to_dict",
@@ -266,6 +270,56 @@ class CountParams:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationParams:
+    """What the intercept calibration's one Gaussian release executes (``budgetplan.intercept``).
+
+    Attributes:
+        shifts: the grid of logit shifts d_1 < ... < d_m the sums of sigmoids are taken at.
+        coordinates: m + 1, the sums and the count of positives.
+        sensitivity: sqrt(coordinates), what one example moves the released vector by in L2
+            under either adjacency (every coordinate of its contribution lies in [0, 1]);
+            ``unit_sensitivity`` is K times that.
+        noise_std: the std of the noise added once to every coordinate.
+        share: the fraction of the run's epsilon and delta the release takes.
+        target: what the shift is solved for: ``"positives"`` (the noisy count), or
+            ``"positives and rr labels"`` (combined with the debiased count of the RR labels).
+        model, release: plain-language descriptions for the statement.
+    """
+
+    shifts: tuple[float, ...]
+    coordinates: int
+    sensitivity: float
+    unit_sensitivity: float
+    noise_std: float
+    share: float
+    dataset_size: int
+    cap: int
+    capping: str | None
+    target: str
+    model: str
+    release: str
+
+    def __post_init__(self) -> None:
+        shifts = _typed.float_tuple("shifts", self.shifts)
+        if len(shifts) < 2 or any(b <= a for a, b in zip(shifts, shifts[1:])) or 0.0 not in shifts:
+            raise InvalidParameterError(f"shifts must be at least two increasing numbers, 0 among them, got "
+                                        f"{list(shifts)!r}")
+        _set(self, "shifts", shifts)
+        for name in ("coordinates", "dataset_size", "cap"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        for name in ("sensitivity", "unit_sensitivity", "noise_std"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        _set(self, "share", _validate.probability("share", self.share))
+        _capping(self, self.cap)
+        _typed.choice("target", self.target, CALIBRATION_TARGETS)
+        _typed.text("model", self.model)
+        _typed.text("release", self.release)
+
+
+CALIBRATION_TARGETS = ("positives", "positives and rr labels")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _PhaseBase:
     """What every phase has: its share of the budget, how it was accounted, the guarantee."""
 
@@ -338,10 +392,25 @@ class CountPhase(_PhaseBase):
             raise InvalidParameterError(f"a count phase is pure DP: target_delta must be 0, got {self.target_delta!r}")
 
 
-Phase: TypeAlias = RRPhase | DPSGDPhase | WALRPhase | CountPhase
-_KINDS: dict[str, type[RRPhase] | type[DPSGDPhase] | type[WALRPhase] | type[CountPhase]] = {
-    RRPhase.name: RRPhase, DPSGDPhase.name: DPSGDPhase, WALRPhase.name: WALRPhase, CountPhase.name: CountPhase}
-_PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams, CountPhase: CountParams}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationPhase(_PhaseBase):
+    """The intercept calibration's one Gaussian release after training; the shift solved from it is free."""
+
+    name: ClassVar[str] = "calibration"
+    mechanism: GaussianRelease
+    params: CalibrationParams
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        _expect(self, GaussianRelease, CalibrationParams)
+
+
+Phase: TypeAlias = RRPhase | DPSGDPhase | WALRPhase | CountPhase | CalibrationPhase
+_KINDS: dict[str, type[RRPhase] | type[DPSGDPhase] | type[WALRPhase] | type[CountPhase] | type[CalibrationPhase]] = {
+    RRPhase.name: RRPhase, DPSGDPhase.name: DPSGDPhase, WALRPhase.name: WALRPhase, CountPhase.name: CountPhase,
+    CalibrationPhase.name: CalibrationPhase}
+_PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams, CountPhase: CountParams,
+           CalibrationPhase: CalibrationParams}
 
 
 def _expect(phase, mechanism_types, params_type) -> None:
@@ -381,7 +450,7 @@ def phase_from_dict(data: object, where: str = "phase") -> Phase:
     if kind is None:
         raise InvalidParameterError(f"{where}.name must be one of {', '.join(map(repr, _KINDS))}, got "
                                     f"{data['name']!r}")
-    params: RRParams | DPSGDParams | WALRParams | CountParams = _typed.from_json_object(
+    params: RRParams | DPSGDParams | WALRParams | CountParams | CalibrationParams = _typed.from_json_object(
         _PARAMS[kind], data["parameters"], f"{where}.parameters")
     try:
         mechanism = mechanism_from_dict(data["mechanism"])

@@ -21,7 +21,16 @@ from pathlib import Path
 from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.phases import CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase, phase_from_dict, phase_to_dict
+from budgetplan.phases import (
+    CalibrationPhase,
+    CountPhase,
+    DPSGDPhase,
+    Phase,
+    RRPhase,
+    WALRPhase,
+    phase_from_dict,
+    phase_to_dict,
+)
 from budgetplan.plan_schema import check_plan_types
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
@@ -104,6 +113,16 @@ class Plan:
     def count(self) -> CountPhase | None:
         """The DP count of N the plan accounts, if its N is one (then N is not the exact row count)."""
         return next((p for p in self.phases if isinstance(p, CountPhase)), None)
+
+    @property
+    def calibration(self) -> CalibrationPhase | None:
+        """The intercept calibration's release, if the plan has one (plans with a DP-SGD phase)."""
+        return next((p for p in self.phases if isinstance(p, CalibrationPhase)), None)
+
+    @property
+    def free_calibration(self) -> bool:
+        """Whether the trainer shifts the intercept at no cost: a calibrated run with RR and no DP-SGD phase."""
+        return self.scenario.calibration is not None and self.rr is not None and self.dpsgd is None
 
     @property
     def walr(self) -> WALRPhase | None:

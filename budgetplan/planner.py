@@ -1,7 +1,10 @@
 """Scenario -> Plan: split the budget, calibrate each phase, account the whole.
 
 A scenario whose N is a DP count (``[data].size_release_epsilon``) gets a first ``count``
-phase accounting that release, and its training phases are planned to what is left.
+phase accounting that release, and its training phases are planned to what is left. A run
+with a DP-SGD phase and ``[calibration]`` ends with a ``calibration`` phase, the Gaussian
+release the intercept shift is solved from (``budgetplan.intercept``): it takes its share
+of the run's epsilon and delta, and the training phases are planned to the rest.
 
 Each phase is planned to its share of the run budget at the plan's unit and adjacency;
 the phases' guarantees are then composed (basic, and PLD where the adjacencies agree),
@@ -15,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import TypeVar
 
-from budgetplan import calibrate, dpcount
+from budgetplan import calibrate, dpcount, intercept
 from budgetplan.accounting import account
 from budgetplan.accounting import gaussian as gauss
 from budgetplan.accounting import rr as rr_math
@@ -31,6 +34,8 @@ from budgetplan.mechanisms import (
     TruncatedPoissonDPSGD,
 )
 from budgetplan.phases import (
+    CalibrationParams,
+    CalibrationPhase,
     CountParams,
     CountPhase,
     DPSGDParams,
@@ -74,7 +79,8 @@ def build_plan(scenario: Scenario) -> Plan:
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
     elif s.tuning is not None:
         phases = _repeat_and_select_run(s, unit, delta)
-        run_eps, run_delta = phases[0].target_epsilon, phases[0].target_delta
+        run_eps = math.fsum(p.target_epsilon for p in phases)
+        run_delta = math.fsum(p.target_delta for p in phases)
     else:
         run_eps, run_delta = s.epsilon, delta
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
@@ -124,6 +130,37 @@ def split_record(s: Scenario, run_eps: float) -> dict | None:
 
 
 def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
+    """The run's phases: the training phases, then the calibration release when the run needs one."""
+    if not _calibration_released(s, run_eps):
+        return _training_phases(s, unit, run_eps, run_delta, delta)
+    assert s.calibration is not None  # released only when calibrated
+    share = s.calibration.share
+    cal_eps, cal_delta = share * run_eps, share * run_delta
+    train_eps, train_delta = _rest_of(run_eps, cal_eps), _rest_of(run_delta, cal_delta)
+    if s.algorithm == "hybrid":
+        assert s.split is not None  # a hybrid Scenario always has its split rule
+        try:
+            split_budget(train_eps, s.split)
+        except InvalidParameterError:
+            raise InvalidParameterError(
+                f"[algorithm].split = {s.split!r} leaves the DP-SGD phase nothing once [calibration] takes its share "
+                f"{share:g} of the run's epsilon {run_eps:g}: lower eps1 or [calibration].share") from None
+    phases = _training_phases(s, unit, train_eps, train_delta, delta)
+    return [*phases, _calibration_phase(s, unit, cal_eps, cal_delta,
+                                        rr=any(isinstance(p, RRPhase) for p in phases))]
+
+
+def _calibration_released(s: Scenario, run_eps: float) -> bool:
+    """Whether the run's intercept calibration needs a release: it does after DP-SGD (RR alone is free)."""
+    if s.calibration is None or s.algorithm not in ("dpsgd", "hybrid"):
+        return False
+    if s.algorithm == "dpsgd":
+        return True
+    assert s.split is not None  # a hybrid Scenario always has its split rule
+    return parse_rule(s.split).kind != "alpha" or split_budget(run_eps, s.split)[1] > 0
+
+
+def _training_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
     if s.algorithm == "rr":
         return [_rr_phase(s, unit, run_eps, run_delta,
                           model="non-sensitive features only (RR protects labels, not features)")]
@@ -188,7 +225,7 @@ def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
     def total_at(inverse_budget: float) -> float:
         budget = 1.0 / inverse_budget
         runs[inverse_budget] = phases = _plan_phases(s, unit, budget, delta, delta)
-        return repeat_and_select_epsilon(phases[0].mechanism, adjacency=s.adjacency, unit=unit, delta=delta,
+        return repeat_and_select_epsilon(_run_mechanism(phases), adjacency=s.adjacency, unit=unit, delta=delta,
                                          mean=t.configurations, distribution=t.distribution)
 
     # the tuned total grows with the run budget: search 1/budget, smallest that meets it
@@ -200,6 +237,11 @@ def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
             f"no run budget down to epsilon {s.epsilon * 1e-6:g} keeps {t.configurations} repeat-and-select "
             f"runs within epsilon {s.epsilon:g}: lower [tuning].configurations", knob="configurations") from None
     return runs[best] if best in runs else _plan_phases(s, unit, 1.0 / best, delta, delta)
+
+
+def _run_mechanism(phases):
+    """What one run releases: its one phase's mechanism, or their composition (DP-SGD and its calibration)."""
+    return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
 
 
 def _round_down_share(total: float, k: int) -> float:
@@ -235,17 +277,41 @@ def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
     return _with_guarantee(phase, s, unit)
 
 
+def _gaussian_noise(s: Scenario, unit, sens: float, eps: float, delta: float) -> float:
+    """The noise std of one Gaussian release of per-example sensitivity ``sens`` at (eps, delta) for the unit."""
+    exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
+    if s.unit_accounting == "group" and unit.cap > 1:
+        return _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
+                                              adjacency=s.adjacency, unit=unit, method="exact",
+                                              unit_accounting="group").epsilon, eps, exact)
+    return exact
+
+
+def _calibration_phase(s: Scenario, unit, eps, delta, *, rr: bool) -> Phase:
+    """The intercept calibration's release: m + 1 coordinates, each moved at most 1 by an example."""
+    assert s.calibration is not None  # planned only for calibrated scenarios
+    sens = intercept.sensitivity()
+    sigma = _gaussian_noise(s, unit, sens, eps, delta)
+    params = CalibrationParams(
+        shifts=intercept.SHIFTS, coordinates=intercept.coordinates(), sensitivity=sens,
+        unit_sensitivity=sens * unit.cap, noise_std=sigma, share=s.calibration.share, dataset_size=s.dataset_size,
+        cap=unit.cap, capping=unit.capping, target="positives and rr labels" if rr else "positives",
+        model="the trained full model: every logit is shifted by the same d (its intercept), the ranking kept",
+        release="once, after training, over every training row: sum_i sigmoid(z_i + d) for each shift d of the "
+                "grid and the count of positives sum_i y_i; one row moves each coordinate by at most 1 (a non-finite "
+                "logit counts as 1/2)")
+    phase = CalibrationPhase(mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
+                             target_delta=delta, method="exact",
+                             unit_accounting=s.unit_accounting if unit.cap > 1 else "tight", params=params,
+                             guarantee=_placeholder(s, unit))
+    return _with_guarantee(phase, s, unit)
+
+
 def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
     w = s.walr
     assert w is not None  # a WALR Scenario always has its [walr] shape
     sens = w.weights_bound * w.row_norm_bound
-    if s.unit_accounting == "group" and unit.cap > 1:
-        sigma = _solve_noise(lambda x: account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta,
-                                               adjacency=s.adjacency, unit=unit, method="exact",
-                                               unit_accounting="group").epsilon,
-                             eps, gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap))
-    else:
-        sigma = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
+    sigma = _gaussian_noise(s, unit, sens, eps, delta)
     classical = gauss.classical_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
     params = WALRParams(
         noise_std=sigma, sensitivity=sens, unit_sensitivity=sens * unit.cap, features=w.features,
@@ -373,7 +439,7 @@ def _placeholder(s, unit) -> Guarantee:
     return Guarantee(epsilon=math.inf, delta=0.0, method="pending", adjacency=s.adjacency, unit=unit)
 
 
-P = TypeVar("P", RRPhase, DPSGDPhase, WALRPhase, CountPhase)
+P = TypeVar("P", RRPhase, DPSGDPhase, WALRPhase, CountPhase, CalibrationPhase)
 
 
 def _with_guarantee(phase: P, s: Scenario, unit) -> P:
@@ -452,10 +518,10 @@ def _tuning(s: Scenario, unit, phases, total: Guarantee, delta: float) -> dict |
             except BudgetplanError:
                 pass
         return out
-    if len(phases) != 1:
-        raise UnsupportedError("repeat-and-select accounting covers single-phase runs; use [tuning].selection = "
-                               "\"naive\" for hybrid")
-    eps = repeat_and_select_epsilon(phases[0].mechanism, adjacency=s.adjacency, unit=unit, delta=delta, mean=n,
+    if any(isinstance(p, (RRPhase, CountPhase)) for p in phases) and len(phases) > 1:
+        raise UnsupportedError("repeat-and-select accounting covers runs of DP-SGD and Gaussian releases, or RR "
+                               "alone; use [tuning].selection = \"naive\" for hybrid")
+    eps = repeat_and_select_epsilon(_run_mechanism(phases), adjacency=s.adjacency, unit=unit, delta=delta, mean=n,
                                     distribution=t.distribution)
     g = Guarantee(epsilon=eps, delta=delta, method="repeat-and-select(rdp)", adjacency=s.adjacency, unit=unit,
                   notes=(f"the number of runs is drawn from a {t.distribution} distribution with mean {n}; only "
@@ -510,16 +576,19 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
                                      cal.guarantee.delta, cal.guarantee.method))
                 except BudgetplanError as exc:
                     rows.append({"phase": p.name, "bounding": label, "applies": False, "note": str(exc)})
-        elif isinstance(p, WALRPhase):
+        elif isinstance(p, (WALRPhase, CalibrationPhase)):
             sens = p.params.sensitivity
             exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * k)
             def group_eps(x: float, sens: float = sens, delta: float = delta) -> float:
                 return account(GaussianRelease(noise_std=x, sensitivity=sens), delta=delta, adjacency=s.adjacency,
                                unit=unit, method="exact", unit_accounting="group").epsilon
 
-            group_sigma = _solve_noise(group_eps, eps, exact)
-            rows += [_alt(p, "sensitivity K x Delta", "noise_std", exact, eps, delta, "exact for one release"),
-                     _alt(p, "group privacy", "noise_std", group_sigma, eps, delta, "generic formula")]
+            rows.append(_alt(p, "sensitivity K x Delta", "noise_std", exact, eps, delta, "exact for one release"))
+            try:
+                rows.append(_alt(p, "group privacy", "noise_std", _solve_noise(group_eps, eps, exact), eps, delta,
+                                 "generic formula"))
+            except BudgetplanError as exc:  # the looser bound may need more noise than the search allows
+                rows.append({"phase": p.name, "bounding": "group privacy", "applies": False, "note": str(exc)})
     return rows
 
 

@@ -48,11 +48,13 @@ __all__ = [
     "RRRun",
     "DPSGDRun",
     "WALRRun",
+    "CalibrationRun",
     "BaselineRun",
     "PhaseRun",
     "RRStats",
     "DPSGDStats",
     "WALRStats",
+    "CalibrationStats",
     "BaselineStats",
     "PhaseStats",
     "PrivateRecord",
@@ -278,6 +280,33 @@ class WALRRun:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationRun:
+    """The intercept calibration's one release, as the public record shows it.
+
+    The released sums, the shift solved from them and the target it met are in the private
+    record (:class:`CalibrationStats`).
+    """
+
+    name: ClassVar[str] = "calibration"
+    rows: int
+    releases: int
+    release_sha256: str
+    coordinates: int
+    noise_std: float
+    noise_draws: int
+    sensitivity: float
+    seconds: float
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "releases", "coordinates", "noise_draws"):
+            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        _hex("release_sha256", self.release_sha256)
+        for name in ("noise_std", "sensitivity"):
+            _set(self, name, _validate.positive(name, getattr(self, name)))
+        _set(self, "seconds", _seconds("seconds", self.seconds))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BaselineRun:
     """A non-private baseline's training rule: no guarantee applies.
 
@@ -304,8 +333,8 @@ class BaselineRun:
         _typed.choice("model", self.model, ("full", "truncated"))
 
 
-PhaseRun: TypeAlias = RRRun | DPSGDRun | WALRRun | BaselineRun
-_RUN_KINDS: dict[str, type] = {k.name: k for k in (RRRun, DPSGDRun, WALRRun, BaselineRun)}
+PhaseRun: TypeAlias = RRRun | DPSGDRun | WALRRun | CalibrationRun | BaselineRun
+_RUN_KINDS: dict[str, type] = {k.name: k for k in (RRRun, DPSGDRun, WALRRun, CalibrationRun, BaselineRun)}
 
 
 # ----------------------------------------------------------------- private phase statistics
@@ -362,6 +391,39 @@ class WALRStats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationStats:
+    """The intercept calibration's release and what was solved from it (``budgetplan.intercept``).
+
+    An RR-only run's free calibration has no release and no public entry: only this.
+
+    Attributes:
+        release: the noisy sums of sigmoids, one per shift, then the noisy count of positives
+            (empty for the free calibration).
+        target_positives: the count of positives the shift met (noisy, or combined with the
+            debiased count of the RR labels), and ``target_variance`` its (public) variance.
+        mean_prediction_before: the (noisy) mean prediction of the model as trained (shift 0).
+        shift: what was added to the model's output bias; ``clamped`` when the target lay
+            beyond the grid and the shift is the grid's end.
+    """
+
+    name: ClassVar[str] = "calibration"
+    release: tuple[float, ...]
+    target_positives: float
+    target_variance: float
+    mean_prediction_before: float
+    shift: float
+    clamped: bool
+
+    def __post_init__(self) -> None:
+        _set(self, "release", _typed.float_tuple("release", self.release))
+        for name in ("target_positives", "mean_prediction_before", "shift"):
+            _set(self, name, _validate.finite(name, getattr(self, name)))
+        _set(self, "target_variance", _validate.positive("target_variance", self.target_variance))
+        if not isinstance(self.clamped, bool):
+            raise InvalidParameterError(f"clamped must be true or false, got {self.clamped!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BaselineStats:
     """The baseline's training curve on clean labels, and the split it was validated on.
 
@@ -408,8 +470,9 @@ class BaselineStats:
         _set(self, "validation_positives", positives)
 
 
-PhaseStats: TypeAlias = RRStats | DPSGDStats | WALRStats | BaselineStats
-_STATS_KINDS: dict[str, type] = {k.name: k for k in (RRStats, DPSGDStats, WALRStats, BaselineStats)}
+PhaseStats: TypeAlias = RRStats | DPSGDStats | WALRStats | CalibrationStats | BaselineStats
+_STATS_KINDS: dict[str, type] = {k.name: k for k in (RRStats, DPSGDStats, WALRStats, CalibrationStats,
+                                                     BaselineStats)}
 
 
 def _entries(kinds: dict[str, type], items: object, where: str) -> tuple:

@@ -59,6 +59,14 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     sensitive_categorical = ["cat1"]          # protected (semi-sensitive DP); hashed, never
     sensitive_numeric = []                    # given a data-dependent vocabulary
 
+    [calibration]                             # rr, dpsgd, hybrid; optional (absent: the
+    share = 0.05                              # intercept stays as trained). Shift the trained
+                                              # model's intercept so its mean prediction is the
+                                              # base rate. With DP-SGD, from one Gaussian release
+                                              # that takes this share of the run's epsilon and
+                                              # delta (the training phases get the rest); RR
+                                              # alone: free, and no share
+
     [tuning]                                  # optional
     configurations = 8
     selection = "naive"                       # or "repeat-and-select"
@@ -87,6 +95,7 @@ from pathlib import Path
 
 from budgetplan import _validate, limits
 from budgetplan.errors import InvalidParameterError
+from budgetplan.intercept import SHARE
 from budgetplan.units import CAPPING_RULES, Adjacency
 
 __all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
@@ -97,6 +106,8 @@ SAMPLING = ("poisson", "truncated-poisson")
 SELECTIONS = ("naive", "repeat-and-select")
 DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 TOWERS = ("frozen", "fine-tune")
+MAX_SHARE = 0.5
+CALIBRATED = ("rr", "dpsgd", "hybrid")
 METHODS = ("pld", "rdp", "prv")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
 
@@ -307,6 +318,28 @@ GRID_DEFAULTS = {"selection_share": 0.05, "validation_fraction": 0.1, "predictio
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationShape:
+    """The intercept calibration after training (``budgetplan.intercept``).
+
+    A scenario without one leaves the intercept as trained.
+
+    Attributes:
+        share: the fraction of the run's epsilon and of its delta spent on the one Gaussian
+            release the shift is solved from, when the run has a DP-SGD phase; the training
+            phases are planned to the rest. An RR-only run calibrates for free.
+    """
+
+    share: float = SHARE
+
+    def __post_init__(self) -> None:
+        share = _validate.probability("[calibration].share", self.share)
+        if share > MAX_SHARE:
+            raise InvalidParameterError(f"[calibration].share must be at most {MAX_SHARE:g} (the training phases get "
+                                        f"what it leaves), got {share!r}")
+        _set(self, "share", share)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
     """Declared tuning: ``configurations`` runs, or a grid of them (``budgetplan.grid``).
 
@@ -459,6 +492,7 @@ class Scenario:
     method: str = "pld"
     discretization: float = 1e-4
     size_release_epsilon: float | None = None
+    calibration: CalibrationShape | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -481,7 +515,7 @@ class Scenario:
                                             f"{type(shape).__name__}")
             if self.algorithm not in used_by and shape is not None:
                 raise InvalidParameterError(f"[{key}] does not apply to algorithm {self.algorithm!r}")
-        for key, optional_kind in _OPTIONAL_TABLES:
+        for key, optional_kind in _OPTIONAL_TABLES + (("calibration", CalibrationShape),):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), optional_kind):
                 raise InvalidParameterError(f"[{key}] must be a {optional_kind.__name__}, got "
                                             f"{type(getattr(self, key)).__name__}")
@@ -515,8 +549,9 @@ class Scenario:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("warnings")
-        if out["size_release_epsilon"] is None:
-            out.pop("size_release_epsilon")  # plans without a DP count keep their bytes
+        for key in ("size_release_epsilon", "calibration"):
+            if out[key] is None:
+                out.pop(key)  # plans without a DP count or a calibration keep their bytes
         out["adjacency"] = self.adjacency.value
         if self.tuning is not None:
             out["tuning"] = self.tuning.to_dict()
@@ -531,7 +566,7 @@ class Scenario:
             raise InvalidParameterError(f"scenario must be a JSON object, got {type(data).__name__}")
         data = dict(data)
         for key, kind in (("rr", RRShape), ("dpsgd", DPSGDShape), ("walr", WALRShape), ("tuning", Tuning),
-                          ("features", FeatureSpec)):
+                          ("features", FeatureSpec), ("calibration", CalibrationShape)):
             if data.get(key) is not None:
                 data[key] = from_json_object(kind, data[key], f"scenario.{key}")
         if "warnings" in data:
@@ -600,6 +635,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     for key, optional_kind in _OPTIONAL_TABLES:
         values[key] = _shape(top, key, optional_kind) if key in raw else None
         top.used.add(key)
+    values["calibration"] = _calibration(top, algorithm)
     if "accounting" in raw:
         acc = top.table("accounting")
         values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4))
@@ -624,6 +660,23 @@ def _shape(top: _Table, key: str, kind, *, required: bool = False):
         missing = next(f.name for f in fields(kind) if f.name not in values
                        and f.default is MISSING and f.default_factory is MISSING)
         raise InvalidParameterError(f"missing required key [{key}].{missing}") from None
+
+
+def _calibration(top: _Table, algorithm) -> CalibrationShape | None:
+    """``[calibration]``: opt-in, for the runs that train a model with an intercept (RR, DP-SGD, Hybrid)."""
+    if not top.has("calibration"):
+        top.used.add("calibration")
+        return None
+    t = top.table("calibration")
+    share = t.get("share")
+    t.finish()
+    if algorithm not in CALIBRATED:
+        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
+                                    "intercept of a model trained by rr, dpsgd or hybrid")
+    if algorithm == "rr" and share is not None:
+        raise InvalidParameterError("[calibration].share applies to plans with a DP-SGD phase: an RR-only plan "
+                                    "calibrates its intercept for free (post-processing of the RR release)")
+    return CalibrationShape() if share is None else CalibrationShape(share=share)
 
 
 def _split_rule(name: str, value) -> str:
@@ -738,6 +791,12 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
             raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
     _check_size_release(s)
     _check_grid(s)
+    if s.calibration is not None and s.tuning is not None and s.tuning.is_grid:
+        raise InvalidParameterError("[calibration] with a [tuning] grid is not supported yet: the grid plans its "
+                                    "configurations without the calibration release; drop one of them")
+    if s.calibration is not None and algorithm not in CALIBRATED:
+        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
+                                    "intercept of a model trained by rr, dpsgd or hybrid")
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)

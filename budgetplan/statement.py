@@ -14,7 +14,7 @@ import math
 import textwrap
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
 from budgetplan.units import Adjacency
 
@@ -76,6 +76,11 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                 if rr.per_impression_rule == "eps/K_i":
                     text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
                              f"{_num(rr.unit_epsilon)}/K_i per example.")
+                if plan.free_calibration:
+                    text += (" After training, the model's intercept is shifted so that its mean prediction over "
+                             "the training rows (a function of the released model and the non-sensitive "
+                             "features, which this adjacency holds fixed) equals the debiased count of the "
+                             "randomized labels: post-processing, at no cost.")
             case CountPhase(params=c):
                 text = (f"Phase {i}, the dataset size: N = {c.dataset_size} is a differentially private count, "
                         f"released {c.released}. The noise Z has P(Z = z) proportional to exp(-{_num(c.epsilon)} "
@@ -101,6 +106,17 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                 if sgd.warm_start is not None:
                     text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
                              f"tower {sgd.nonsensitive_tower}.")
+            case CalibrationPhase(params=cal):
+                target = ("that count" if cal.target == "positives" else
+                          "that count combined with the debiased count of the randomized labels")
+                text = (f"Phase {i}, the intercept calibration: one Gaussian release, after training, of "
+                        f"{cal.coordinates} numbers over the training rows: the sum of sigmoid(z_i + d) of the "
+                        f"trained model's logits z_i for each of the {cal.coordinates - 1} shifts d from "
+                        f"{_num(cal.shifts[0])} to {_num(cal.shifts[-1])}, and the count of positive labels. "
+                        f"Each row moves each number by at most 1, so the release moves by at most "
+                        f"{_num(cal.sensitivity)} per example; Gaussian noise of standard deviation "
+                        f"{_num(cal.noise_std)} is added once to each number. The shift of the model's intercept "
+                        f"that brings its mean prediction to {target} is post-processing and free.")
             case WALRPhase(params=walr):
                 text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
                         f"({walr.features} features, intercept included) clipped to L2 norm "
@@ -421,7 +437,16 @@ def render_run_statement(plan: Plan, record) -> str:
             the plan the run executed.
     """
     from budgetplan.errors import PlanMismatchError
-    from budgetplan.records import DPSGDRun, DPSGDStats, RRRun, RRStats, WALRRun, WALRStats
+    from budgetplan.records import (
+        CalibrationRun,
+        CalibrationStats,
+        DPSGDRun,
+        DPSGDStats,
+        RRRun,
+        RRStats,
+        WALRRun,
+        WALRStats,
+    )
 
     if not record.private:
         raise PlanMismatchError("the record is of a non-private run: no privacy guarantee applies to it, so there is "
@@ -461,6 +486,10 @@ def render_run_statement(plan: Plan, record) -> str:
             case WALRRun():
                 items.append(_item(f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std "
                                    f"{_num(ph.noise_std)})."))
+            case CalibrationRun():
+                items.append(_item(f"The intercept calibration released its {ph.coordinates} noisy sums once "
+                                   f"({ph.noise_draws} noise draws of std {_num(ph.noise_std)}) and shifted the "
+                                   "model's intercept by what it solved from them."))
     if record.tuning is not None:
         sel = record.tuning.get("selection") or {}
         items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
@@ -496,6 +525,14 @@ def render_run_statement(plan: Plan, record) -> str:
                 case WALRStats():
                     held.append(_item(f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the "
                                       "declared bounds."))
+                case CalibrationStats():
+                    held.append(_item(
+                        f"The intercept calibration{'' if st.release else ' (free, from the RR labels)'} moved the "
+                        f"intercept by {_num(st.shift)}"
+                        + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
+                        + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
+                        f"as trained, the target {_num(st.target_positives)} positives (variance "
+                        f"{_num(st.target_variance)})."))
         ev = private.metrics.get("eval")
         if ev:
             held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "

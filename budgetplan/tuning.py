@@ -10,7 +10,8 @@ Two accountings, named in every plan and statement that declares tuning:
   "Hyperparameter Tuning with Renyi Differential Privacy" (arXiv:2110.03620), bound it in
   RDP; dp_accounting's ``RepeatAndSelectDpEvent`` implements the bound. It needs a run
   that RDP can account under the plan's adjacency: DP-SGD under add-remove at example
-  level, one Gaussian release, or randomized response. The trainer must draw the number of
+  level, Gaussian releases (a DP-SGD run's intercept calibration among them, composed with
+  it), or randomized response. The trainer must draw the number of
   runs from the stated distribution; a fixed count voids this accounting.
 """
 
@@ -20,7 +21,7 @@ import math
 
 from budgetplan.accounting.backends import RDP_CONVERSION, _quiet_absl, _relation
 from budgetplan.errors import AccountingError, UnsupportedError
-from budgetplan.mechanisms import GaussianRelease, PoissonDPSGD, RandomizedResponse
+from budgetplan.mechanisms import Composition, GaussianRelease, PoissonDPSGD, RandomizedResponse
 from budgetplan.scenario import DISTRIBUTIONS
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -35,6 +36,12 @@ REPEAT_AND_SELECT_REFERENCE = (
 def _event(mechanism, adjacency: Adjacency, unit: PrivacyUnit):
     import dp_accounting as dpa
 
+    if isinstance(mechanism, Composition):
+        leaves = mechanism.leaves()
+        if any(isinstance(leaf, RandomizedResponse) for leaf in leaves):
+            raise UnsupportedError("repeat-and-select accounting does not cover runs mixing randomized response with "
+                                   "other phases; use [tuning].selection = \"naive\"")
+        return dpa.ComposedDpEvent([_event(leaf, adjacency, unit) for leaf in leaves])
     if unit.cap > 1 and not isinstance(mechanism, RandomizedResponse):
         raise UnsupportedError(
             "repeat-and-select accounting is available at example level only for DP-SGD and Gaussian "

@@ -6,7 +6,9 @@ Checks, in order (each failure names what differs):
 2. parameters: derived values agree with the ones they derive from (flip probability
    from the per-impression epsilon, noise std = sigma C, q = B/N, steps from epochs, the
    mechanism's fields = the trainer parameters, N and the cap everywhere the same; a DP
-   count of N is the scenario's, first, and the training phases share what it leaves);
+   count of N is the scenario's, first, and the training phases share what it leaves; a
+   calibration release is the scenario's share of the run, last, of sensitivity sqrt(m + 1)
+   over the code's grid of shifts);
 3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
    basic and PLD totals and the tuning accounting recomputed, all within tolerance of
    what the plan states and within the plan's budget; for a grid of configurations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from budgetplan import intercept
 from budgetplan._typed import to_json_object
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.rr import flip_probability
@@ -37,7 +40,7 @@ from budgetplan.calibrate import steps_for_epochs
 from budgetplan.dpcount import noise_std as count_noise_std
 from budgetplan.errors import BudgetplanError, PlanMismatchError
 from budgetplan.mechanisms import TruncatedPoissonDPSGD
-from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.units import Adjacency
 
@@ -130,6 +133,7 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
     close("budget.epsilon vs scenario", plan.epsilon, plan.scenario.epsilon)
     _check_count(plan, close, problems)
     _check_split(plan, problems)
+    _check_calibration(plan, close, problems)
     for i, p in enumerate(plan.phases):
         _check_phase(plan, f"phases[{i}] ({p.name})", p, close, problems)
 
@@ -178,6 +182,13 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
             close(f"{where}.target_epsilon", p.target_epsilon, par.epsilon)
             close(f"{where}.parameters.noise_std", par.noise_std,
                   count_noise_std(epsilon=par.epsilon, sensitivity=par.sensitivity))
+        case CalibrationPhase(mechanism=m, params=par):
+            close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
+            close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+            close(f"{where}.parameters.shifts", list(par.shifts), list(intercept.SHIFTS))
+            close(f"{where}.parameters.coordinates", par.coordinates, intercept.coordinates(par.shifts))
+            close(f"{where}.parameters.sensitivity", par.sensitivity, intercept.sensitivity(par.shifts))
+            close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
         case WALRPhase(mechanism=m, params=par):
             close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
             close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
@@ -226,6 +237,33 @@ def _check_count(plan: Plan, close, problems: list[str]) -> None:
     if plan.run_epsilon + spent > plan.epsilon * (1 + 1e-12):
         problems.append(f"run_budget.epsilon {plan.run_epsilon!r} plus the count's {spent!r} exceeds the budget "
                         f"{plan.epsilon!r}")
+
+
+def _check_calibration(plan: Plan, close, problems: list[str]) -> None:
+    """A calibrated scenario's release, when its run has DP-SGD, is the last phase and takes its share of the run."""
+    at = [i for i, p in enumerate(plan.phases) if isinstance(p, CalibrationPhase)]
+    cal = plan.scenario.calibration
+    wanted = cal is not None and plan.dpsgd is not None
+    if not wanted:
+        if at:
+            problems.append(f"phases[{at[0]}]: a calibration phase, but " + (
+                "the scenario's intercept is not calibrated" if cal is None else "the run has no DP-SGD phase"))
+        return
+    assert cal is not None  # wanted
+    last = len(plan.phases) - 1
+    if at != [last]:
+        problems.append(f"the scenario calibrates the intercept after DP-SGD: the plan must end with its calibration "
+                        f"phase, and have only that one, found calibration phases at {at}")
+        return
+    phase = plan.phases[last]
+    assert isinstance(phase, CalibrationPhase)  # found above
+    close(f"phases[{last}] (calibration).parameters.share vs scenario", phase.params.share, cal.share)
+    close(f"phases[{last}] (calibration).target_epsilon", phase.target_epsilon, cal.share * plan.run_epsilon)
+    close(f"phases[{last}] (calibration).target_delta", phase.target_delta, cal.share * plan.run_delta)
+    spent = math.fsum(p.target_epsilon for p in plan.phases if not isinstance(p, CountPhase))
+    if spent > plan.run_epsilon * (1 + 1e-12):
+        problems.append(f"the run's phases are planned to epsilon {spent!r} in all, more than the run budget "
+                        f"{plan.run_epsilon!r}")
 
 
 def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:

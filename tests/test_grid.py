@@ -223,3 +223,8 @@ def test_cli_plans_verifies_and_states_a_grid(runner, tmp_path):
     assert runner.invoke(cli, ["verify", str(plan_path)]).exit_code == 0
     stmt = runner.invoke(cli, ["statement", str(plan_path)])
     assert stmt.exit_code == 0 and "report-noisy-max" in stmt.stdout
+
+
+def test_a_grid_with_a_calibration_release_is_refused_in_one_line():
+    with pytest.raises(InvalidParameterError, match=r"^\[calibration\] with a \[tuning\] grid is not supported"):
+        parse_scenario(HYBRID_GRID + "\n[calibration]\nshare = 0.05\n")

@@ -215,6 +215,10 @@ class TwoTowerMLP(_TowerModel):
         first = self.common[0] if len(self.common) else self.head
         first.weight[:, self.d_ns:].zero_()
 
+    def output_bias(self) -> torch.Tensor:
+        """The one number added to every logit, full and truncated (the head's bias)."""
+        return self.head.bias
+
     def _nonsensitive(self, ns_cat: torch.Tensor, ns_num: torch.Tensor) -> torch.Tensor:
         """g(x°): [B, d°]."""
         parts = []
@@ -332,6 +336,10 @@ class FactorizationMachine(_TowerModel):
         """
         for _name, p in self.named_tower_parameters("sensitive"):
             p.zero_()
+
+    def output_bias(self) -> torch.Tensor:
+        """The one number added to every logit, full and truncated (the global bias b)."""
+        return self.bias.weight
 
     def _tower(self, prefix: str, cat: torch.Tensor, num: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(t_1 [B], t_2.. [B, k]) of one group."""

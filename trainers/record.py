@@ -130,7 +130,8 @@ def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, se
 
     Args:
         plan: the executed plan, or None for a non-private baseline.
-        entries: (public entry, private statistics) per phase, in order.
+        entries: (public entry, private statistics) per phase, in order; a public entry of
+            None for what ran at no cost (an RR-only run's free intercept calibration).
         data: path, format, rows_in, rows_used, capping and the keyed fingerprint.
         sizes_ledger: the private batch-size ledger of a plan whose N is a DP count.
     """
@@ -149,7 +150,7 @@ def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, se
     return RunRecord(
         plan_sha256=plan.sha256 if plan is not None else None, private=plan is not None,
         algorithm=algorithm or plan.scenario.algorithm, rows_used=rows_used, seeds=seeds,
-        phases=tuple(p for p, _ in entries), model=model, training=training,
+        phases=tuple(p for p, _ in entries if p is not None), model=model, training=training,
         ledger={"head": ledger.head, "lines": len(ledger.entries)} if ledger is not None else None,
         code=code_fingerprint(), timings=timings, device=device, versions=versions(),
         private_sha256=private_part.sha256, notes=notes, private_part=private_part)

@@ -29,6 +29,8 @@ class RRResult:
         flip_probability_mean: the mean over rows (eps/K_i: depends on the unit sizes).
         release_sha256: the digest of the noisy labels (the release), as the ledger records it.
         epoch_loss: training loss per epoch, on the noisy labels.
+        debiased_positives: (the debiased count of positives from the noisy labels, its
+            variance), post-processing of the release, for the intercept calibration.
     """
 
     labels: int
@@ -43,6 +45,7 @@ class RRResult:
     loss: str
     epoch_loss: tuple[float, ...]
     seconds: float
+    debiased_positives: tuple[float, float] | None = None
 
 
 def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np.ndarray:
@@ -86,6 +89,7 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     """
     import torch
 
+    from budgetplan.intercept import rr_estimate
     from trainers import losses
     from trainers.fit import FitSettings, fit
     from trainers.session import NullSession
@@ -117,4 +121,5 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
         flip_probability_mean=float(rho.mean()), per_impression_rule=phase.params.per_impression_rule,
         release_sha256=note["sha256"], epochs=settings.epochs,
         batch_size=settings.batch_size, batches=history["batches"], loss=loss,
-        epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"])
+        epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"],
+        debiased_positives=rr_estimate(noisy, rho))

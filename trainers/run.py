@@ -21,14 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.phases import CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.records import PRIVATE_DIR, RunRecord
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 
 
 # The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR. A
-# count phase is not executed: the DP count of N was released before the plan was made.
+# count phase is not executed: the DP count of N was released before the plan was made; a
+# calibration phase runs after the training phases (``trainers.calibration``).
 _EXECUTABLE = {(RRPhase,), (DPSGDPhase,), (RRPhase, DPSGDPhase), (WALRPhase,)}
 
 
@@ -301,6 +302,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     """
     from budgetplan.verify import verify_plan
     from trainers.baseline import compare
+    from trainers.calibration import calibrate_if_planned
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.randomness import Randomness
     from trainers.record import build_record, dpsgd_entry, rr_entry
@@ -316,7 +318,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     if spec is None:
         raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
                                     "id and feature columns")
-    kinds = tuple(type(p) for p in plan.phases if not isinstance(p, CountPhase))
+    kinds = tuple(type(p) for p in plan.phases if not isinstance(p, (CountPhase, CalibrationPhase)))
     if kinds not in _EXECUTABLE:
         raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
     if resume and out is None:
@@ -357,7 +359,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         entries: list = []
         timings = dict(prep.timings)
         for i, phase in enumerate(plan.phases):
-            if isinstance(phase, CountPhase):
+            if isinstance(phase, (CountPhase, CalibrationPhase)):
                 continue
             if isinstance(phase, RRPhase):
                 if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
@@ -394,6 +396,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                            nonsensitive_tower=phase.params.nonsensitive_tower,
                                            sizes_ledger=session.sizes_view() if size_private else None,
                                            withhold=size_private))
+        entries += calibrate_if_planned(plan, model, prep.data, randomness=rnd, session=session,
+                                        rr_result=rr if plan.rr is not None else None)
         truncated = kinds == (RRPhase,)
         metrics = {}
         if eval_prep is not None:

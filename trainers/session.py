@@ -6,6 +6,7 @@ Layout of ``runs/NAME/``:
     ledger.jsonl     the write-ahead intent log (``ledger.py``)
     rr_labels.npy    the randomised labels: a release, kept so a resume never re-draws them
     walr_sum.npy     the WALR noisy aggregate, likewise
+    calibration_release.npy  the intercept calibration's noisy sums and count, likewise
     checkpoint.pt    model and optimiser state, written after an fsync of the ledger
     private/ledger.jsonl  the DP-SGD batch sizes, when the plan's N is a DP count: they are
                      Binomial(true N, q) draws, so the public ledger holds the intents alone
@@ -130,6 +131,9 @@ class Session:
     def walr_sum(self, make):
         return self._release("walr", "walr_sum.npy", make)
 
+    def calibration_release(self, make):
+        return self._release("calibration", "calibration_release.npy", make)
+
     # ---------------------------------------------------------- DP-SGD steps
 
     def dpsgd_steps_taken(self) -> int:
@@ -192,6 +196,7 @@ class NullSession:
         return data, {"phase": "rr", "sha256": _sha256(np.asarray(data)), **info}
 
     walr_sum = rr_labels
+    calibration_release = rr_labels
 
     def dpsgd_steps_taken(self) -> int:
         return 0

@@ -45,6 +45,7 @@ _SHOWN = {  # what `show` lists per phase kind (parameter names of its params ty
               "max_batch_size"),
     "WALRParams": ("noise_std", "sensitivity", "unit_sensitivity", "features", "row_norm_bound", "weights_bound"),
     "CountParams": ("dataset_size", "epsilon", "sensitivity", "noise_std"),
+    "CalibrationParams": ("share", "coordinates", "sensitivity", "unit_sensitivity", "noise_std", "target"),
 }
 
 

@@ -22,7 +22,7 @@ from trainers.randomness import Randomness
 from trainers.run import TrainSettings, execute_plan
 from trainers.tune import clipped_log_loss_sum, gumbel, noisy_max, split_units
 
-FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), baseline_epochs=1, batch_size=512)
+FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
 ROWS = 3000
 
 

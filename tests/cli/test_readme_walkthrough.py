@@ -35,9 +35,11 @@ def test_readme_plan_then_train_runs_as_written(runner, tmp_path, monkeypatch):
         assert result.exit_code == 0, f"budgetplan {' '.join(args)}: {result.output}"
     record = json.loads((tmp_path / "runs" / "hybrid" / "run.json").read_text())
     assert record["algorithm"] == "hybrid"
-    assert [p["name"] for p in record["phases"]] == ["rr", "dpsgd"]
+    assert [p["name"] for p in record["phases"]] == ["rr", "dpsgd", "calibration"]
     assert record["phases"][1]["steps_executed"] == record["phases"][1]["steps_planned"]
     assert "metrics" not in record  # metrics on private labels stay with the data owner
     metrics = json.loads((tmp_path / "runs" / "hybrid" / "private" / "record.json").read_text())["metrics"]["eval"]
     # a private model that has learnt something, compared against the baseline the README trains
     assert metrics["auc"] > 0.6 and metrics["relative_auc_loss"] is not None
+    # the intercept calibration brings the mean prediction to the base rate (about 0.7 without it)
+    assert abs(metrics["calibration_ratio"] - 1) < 0.1, metrics["calibration_ratio"]

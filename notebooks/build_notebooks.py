@@ -493,9 +493,10 @@ for (eps, alpha), plan in plans.items():
           f"({record.timings['total_seconds']:.1f} s)")
 print(f"{len(run_dirs)} runs in {time.perf_counter() - t0:.0f} s")'''),
     ("code", r'''# The same from the CLI, for one plan (written to a separate directory, not part of the figure).
+# The CLI trains its default tower sizes, so the baseline above (MODEL) is not this model's
+# ceiling: --baseline would refuse it. A ceiling for it is `train --non-private` with the same options.
 cli("train", WORK / "plans" / f"eps{EPSILONS[1]:g}-alpha1.json", "--data", TRAIN, "--eval", EVAL,
-    "--out", WORK / "cli-run", "--baseline", RUNS / "non-private" / "run.json",
-    "--embedding-dim", 4, "--lr", LR, "--device", DEVICE)'''),
+    "--out", WORK / "cli-run", "--embedding-dim", 4, "--lr", LR, "--device", DEVICE)'''),
     ("md", r'''## The frontier
 
 `frontier` reads each run directory (record and plan) and returns one row per run with its arm

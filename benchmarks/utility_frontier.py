@@ -23,9 +23,9 @@ runs).
 
 Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
 that finds a JSON made with the same settings continues where it stopped (one made with other
-settings is refused, naming what differs; ``--fresh`` starts over; one marked stale is
-replaced). Writes ``<out>/<name>.json``, ``<name>.md`` and one ``<name>_<shape>.png`` per
-shape (``--out`` defaults to benchmarks/results).
+settings is refused, naming what differs; ``--fresh`` starts over). Writes
+``<out>/<name>.json``, ``<name>.md`` and one ``<name>_<shape>.png`` per shape (``--out``
+defaults to benchmarks/results).
 
 Not a test: ``python benchmarks/utility_frontier.py`` (1,000,000 rows x 3 shapes x 3 seeds x
 6 epsilons x 6 arms: many hours on 2 CPU cores; the results' ``seconds`` say how many);
@@ -53,13 +53,14 @@ __all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "
 EPSILONS = (1.0, 3.0, 5.0, 8.0, 12.0, 20.0)
 SHAPES = ("nonsensitive", "balanced", "sensitive")
 # The arms and everything that sets them, in one place. ARMS: arm -> the scenario's split.
-ARMS = {"RR": "alpha=1", "DP-SGD": "alpha=0", "Hybrid": "paper-v1", "alpha=0.25": "alpha=0.25",
+ARMS = {"RR": "alpha=1", "DP-SGD": "alpha=0", "Hybrid": "alpha-by-eps", "alpha=0.25": "alpha=0.25",
         "alpha=0.5": "alpha=0.5", "alpha=0.75": "alpha=0.75"}
 # What every arm's plan shares (the command-line options of the same names override the phases').
 # C = 5 and the frozen tower as measured (CHANGELOG: at C = 1 clipping bias took the mean
 # prediction to 1-5% of the base rate at 1M rows); one RR epoch as the scenario default.
+# Every arm calibrates its intercept: 5% of the budget after DP-SGD, free for RR.
 PLAN = {"delta": "0.1/N", "adjacency": "replace-one", "unit": "impression", "tower": "frozen",
-        "rr": {"epochs": 1, "batch_size": 1024},
+        "calibration_share": 0.05, "rr": {"epochs": 1, "batch_size": 1024},
         "dpsgd": {"batch_size": 4096, "epochs": 3, "clipping_norm": 5.0}}
 # Overrides of the trainer's defaults (TrainSettings, DPSGDSettings) for every run, baselines
 # included; empty: the library's defaults, so that a better default reaches the frontier (and
@@ -186,6 +187,8 @@ batch_size = {PLAN['rr']['batch_size']}
 batch_size = {args.dpsgd_batch}
 epochs = {args.dpsgd_epochs}
 clipping_norm = {args.clipping_norm!r}
+[calibration]
+share = {PLAN['calibration_share']!r}
 {spec.to_toml()}"""
 
 
@@ -201,8 +204,6 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
     if path.exists() and not fresh:
         state = json.loads(path.read_text())
         recorded = state.get("settings", {})
-        if recorded.get("stale"):  # a file kept only until this run replaces it: nothing to resume
-            return _new_state(today)
         diff = h.settings_differences(recorded, today)
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "

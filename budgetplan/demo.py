@@ -70,7 +70,8 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     runs = []
     first_plan = None
     for eps in epsilons:
-        text = demo_scenario(epsilon=float(eps), dataset_size=train.num_rows, spec=SYNTH_FEATURES)
+        # the free intercept calibration of RR: the mean prediction meets the debiased label count
+        text = demo_scenario(epsilon=float(eps), dataset_size=train.num_rows, spec=SYNTH_FEATURES) + "\n[calibration]\n"
         plan = build_plan(parse_scenario(text, default_name=f"demo-rr-eps{eps:g}"))
         first_plan = first_plan or plan
         write_atomic(out / f"plan-eps{eps:g}.json", plan.to_json())

@@ -120,10 +120,22 @@ def _grid_runs(s: Scenario, unit, delta: float):
 
 
 def split_record(s: Scenario, run_eps: float) -> dict | None:
-    """What a table-driven split rule resolved to at the run's epsilon; None for fixed rules."""
+    """What a table-driven split rule resolved to at the epsilon it splits; None for fixed rules.
+
+    That epsilon is the run's, less the intercept calibration's share when the run releases one
+    (the training phases are planned to the rest; see :func:`_plan_phases`).
+    """
     if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
         return None
-    return choose_split(run_eps, s.split).to_dict()
+    return choose_split(_training_epsilon(s, run_eps), s.split).to_dict()
+
+
+def _training_epsilon(s: Scenario, run_eps: float) -> float:
+    """The run's epsilon left to its training phases (all of it unless a calibration release takes a share)."""
+    if not _calibration_released(s, run_eps):
+        return run_eps
+    assert s.calibration is not None  # released only when calibrated
+    return _rest_of(run_eps, s.calibration.share * run_eps)
 
 
 # ----------------------------------------------------------------------- phases
@@ -136,7 +148,7 @@ def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
     assert s.calibration is not None  # released only when calibrated
     share = s.calibration.share
     cal_eps, cal_delta = share * run_eps, share * run_delta
-    train_eps, train_delta = _rest_of(run_eps, cal_eps), _rest_of(run_delta, cal_delta)
+    train_eps, train_delta = _training_epsilon(s, run_eps), _rest_of(run_delta, cal_delta)
     if s.algorithm == "hybrid":
         assert s.split is not None  # a hybrid Scenario always has its split rule
         try:

@@ -52,7 +52,7 @@ class AlphaStep:
 
 ALPHA_BY_EPSILON_SOURCE = (
     "budgetplan's measurements on its balanced synthetic shape (200,000 training rows, 3 seeds, alpha from "
-    "{0, 0.25, 0.5, 0.75, 1} at eps 1, 3, 8 and 12; CHANGELOG 0.13), in line with Chua et al., arXiv:2401.15246 v2, "
+    "{0, 0.25, 0.5, 0.75, 1} at eps 1, 3, 8 and 12; CHANGELOG), in line with Chua et al., arXiv:2401.15246 v2, "
     "Fig. 3 (plain DP-SGD best at eps 1, alpha >= 0.5 for 4 <= eps <= 8, a smaller alpha at eps 12)")
 # The steps change between measured epsilons where the best alpha changes: at 2 (between 1
 # and 3) and at 10 (between 8 and 12). Above 12 nothing was measured: the last alpha is kept.

@@ -5,8 +5,7 @@ Every ``benchmarks/results/*.json`` carries a ``settings`` object (benchmarks/_h
 the script named there re-parses the recorded command line and says, through its
 ``settings(args)``, what it would use now, library defaults included. A difference fails the
 test with the command that regenerates the file. Nothing is run: only settings are compared.
-A file may carry ``stale`` (why it is kept although no run of today's script made it): it is
-reported as an expected failure with that reason, and only while it really differs.
+There is no way to keep a stale file: regenerate it or delete it.
 """
 
 from __future__ import annotations
@@ -68,9 +67,6 @@ def test_results_match_todays_settings(path):
     assert "settings" in data, f"{path.name} records no settings: re-run its benchmark"
     recorded = data["settings"]
     diff = differences(recorded)
-    if recorded.get("stale"):
-        assert diff, f"{path.name} is marked stale but matches today's settings: drop the mark"
-        pytest.xfail(f"STALE {path.name} ({', '.join(diff[:4])} differ): {recorded['stale']}")
     assert not diff, (f"{path.name} is stale: these settings changed since it was made: {', '.join(diff)}; "
                       f"regenerate it with `{_rerun(recorded)}`")
 
@@ -78,7 +74,7 @@ def test_results_match_todays_settings(path):
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_results_table_states_the_settings(path):
     recorded = json.loads(path.read_text()).get("settings")
-    if recorded is None or recorded.get("stale"):
+    if recorded is None:
         pytest.skip("checked by test_results_match_todays_settings")
     table = path.with_suffix(".md")
     assert table.exists(), f"{path.name} has no {table.name}"

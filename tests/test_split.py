@@ -116,3 +116,13 @@ def test_cli_split_accepts_the_rule(runner):
     assert human.exit_code == 0 and "alpha = 0 for eps >= 0" in " ".join(human.stdout.split())
     bad = runner.invoke(cli, [*base, "--epsilon", "8", "--rule", "alpha-by-eps=2"])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "alpha-by-eps" in bad.stderr
+
+
+def test_with_a_calibration_release_the_rule_splits_what_the_training_phases_get():
+    text = HYBRID.format(eps=8.0, split="alpha-by-eps") + "\n[calibration]\nshare = 0.05\n"
+    plan = build_plan(parse_scenario(text))
+    assert plan.split["epsilon"] == pytest.approx(0.95 * 8.0) and plan.split["alpha"] == pytest.approx(0.75)
+    rr, dpsgd, calibration = plan.phases
+    assert rr.target_epsilon == plan.split["epsilon1"] and dpsgd.target_epsilon == plan.split["epsilon2"]
+    assert rr.target_epsilon + dpsgd.target_epsilon + calibration.target_epsilon <= 8.0
+    assert verify_plan(plan).ok, verify_plan(plan).problems

@@ -43,7 +43,7 @@ class TrainSettings:
     common_hidden: tuple = (128, 64)
     lr: float = 1e-3
     optimizer: str = "adam"
-    loss: str = "forward"        # bounded below; the unbiased loss is not (see CHANGELOG 0.13)
+    loss: str = "forward"        # bounded below; the unbiased loss is not (see CHANGELOG)
     batch_size: int = 1024
     hash_bins_nonsensitive: int = 2**16
     hash_bins_sensitive: int = 2**16
@@ -77,7 +77,7 @@ class TrainSettings:
     def for_plan(self, plan) -> TrainSettings:
         """These settings with ``"auto"`` resolved for ``plan``: a vocabulary over the non-sensitive
         columns where its adjacency leaves them unprotected (vocab beat hashing by 0.2-4.7 AUC
-        points on the synthetic shapes, see CHANGELOG 0.13), hashing where a vocabulary would leak."""
+        points on the synthetic shapes, see CHANGELOG), hashing where a vocabulary would leak."""
         if self.nonsensitive_encoding != "auto":
             return self
         return replace(self, nonsensitive_encoding="vocab" if plan.nonsensitive_fixed else "hash")

@@ -82,8 +82,8 @@ def _train_sums(root, run_dir, record, *, truncated=False):
     from trainers.run import _prepare
 
     plan = load_plan(run_dir / "plan.json")
-    prep = _prepare(root / "train.parquet", plan.scenario.features, FAST, torch.device("cpu"), cap=1, capping=None,
-                    expected_rows=N, randomness=None)
+    prep = _prepare(root / "train.parquet", plan.scenario.features, FAST.for_plan(plan), torch.device("cpu"), cap=1,
+                    capping=None, expected_rows=N, randomness=None)
     model = build_model("mlp", record.model["config"])
     model.load_state_dict(torch.load(run_dir / "model.pt"))
     return exact_release(model, prep.data, (0.0,), truncated=truncated)

@@ -104,10 +104,13 @@ def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> P
 
 def arm_of(plan) -> tuple[str, float | None]:
     """The paper's arm of a plan: ("RR" | "DP-SGD" | "Hybrid" | algorithm, alpha or None)."""
-    names = [p.name for p in plan.phases if p.name != "count"]  # a DP count of N is no arm
+    # a DP count of N and an intercept calibration are no arm; alpha is the RR share of the
+    # training phases' epsilon (a calibration release takes its share before the split)
+    names = [p.name for p in plan.phases if p.name not in ("count", "calibration")]
     if plan.scenario.algorithm == "hybrid":
         eps1 = plan.rr.target_epsilon if plan.rr is not None else 0.0
-        alpha = eps1 / plan.run_epsilon if plan.run_epsilon else None
+        eps2 = plan.dpsgd.target_epsilon if plan.dpsgd is not None else 0.0
+        alpha = eps1 / (eps1 + eps2) if eps1 + eps2 > 0 else None
     else:
         alpha = None
     if names == ["rr"]:

@@ -157,7 +157,7 @@ def test_an_edited_results_file_is_stale(tmp_path):
     edited = json.loads(json.dumps(recorded))
     edited["values"]["epsilons"] = [1.0, 3.0]
     del edited["values"]["scenario"]["rr"]["epochs"]
-    edited["values"]["training"]["loss"] = "forward"
+    edited["values"]["training"]["loss"] = "unbiased"
     assert differences(edited) == ["epsilons", "scenario.rr.epochs", "training.loss"]
 
 

@@ -9,7 +9,16 @@ import pytest
 from budgetplan import examples
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.mechanisms import GaussianRelease
-from budgetplan.phases import DPSGDParams, DPSGDPhase, RRParams, RRPhase, WALRPhase, phase_from_dict, phase_to_dict
+from budgetplan.phases import (
+    CalibrationPhase,
+    DPSGDParams,
+    DPSGDPhase,
+    RRParams,
+    RRPhase,
+    WALRPhase,
+    phase_from_dict,
+    phase_to_dict,
+)
 from budgetplan.plan import Plan, canonical_json
 from budgetplan.planner import build_plan
 from budgetplan.scenario import load_scenario
@@ -37,8 +46,9 @@ def test_every_phase_round_trips(plans):
 
 def test_phase_kinds_are_types(plans):
     hybrid = plans["synthetic-hybrid"]
-    assert [type(p) for p in hybrid.phases] == [RRPhase, DPSGDPhase]
+    assert [type(p) for p in hybrid.phases] == [RRPhase, DPSGDPhase, CalibrationPhase]
     assert hybrid.rr is hybrid.phases[0] and hybrid.dpsgd is hybrid.phases[1] and hybrid.walr is None
+    assert hybrid.calibration is hybrid.phases[2]
     assert isinstance(plans["walr"].walr, WALRPhase)
 
 

@@ -345,7 +345,19 @@ def main(argv: list[str]) -> dict:
     write_atomic(args.out / f"{args.name}.md", text)
     plot(state, args.name, args.out)
     print(text)
+    check_ceiling(state)
     return state
+
+
+def check_ceiling(state: dict) -> None:
+    """Fail the benchmark (exit 1, after its results are written) when a DP arm beat its baseline
+    by more than the baseline's AUC tolerance (2 Hanley-McNeil standard errors): the ceiling is
+    under-trained there, and no relative loss against it means anything."""
+    flagged = sorted(k for k, c in state["cells"].items() if c.get("beats_baseline"))
+    if flagged:
+        raise SystemExit(f"a DP arm beat its non-private baseline beyond the AUC tolerance in {len(flagged)} cells "
+                         f"({', '.join(flagged[:4])}{', ...' if len(flagged) > 4 else ''}): the baseline is no "
+                         "ceiling there")
 
 
 if __name__ == "__main__":

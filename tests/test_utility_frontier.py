@@ -141,3 +141,13 @@ def test_cells_the_seeds_cannot_order_are_marked():
     one_seed = {"RR": _arm(10.0, None), "DP-SGD": _arm(5.0, None)}
     uf._readable(one_seed, list(one_seed), "main", "loss")
     assert one_seed["RR"]["readable"]["main/loss"] is None  # no spread: no judgement either way
+
+
+def test_a_dp_arm_beyond_its_baseline_fails_the_benchmark(tiny):
+    uf, _, state = tiny
+    assert not any(c["beats_baseline"] for c in state["cells"].values())
+    uf.check_ceiling(state)  # the tiny run's arms stay below their ceiling
+    beaten = json.loads(json.dumps(state))
+    beaten["cells"]["legacy|0|0.01|RR"]["beats_baseline"] = True
+    with pytest.raises(SystemExit, match=r"in 1 cells \(legacy\|0\|0.01\|RR\): the baseline is no ceiling"):
+        uf.check_ceiling(beaten)

@@ -1,10 +1,11 @@
 """Planted defects in the training loops fail `budgetplan audit --empirical` at the README's plans.
 
 The run is the README's: ``example:synthetic-hybrid`` (Hybrid at (8, 0.1/N), N = 200,000; RR
-at eps1 = 3, then DP-SGD with batch 4,096 for 3 epochs, 147 steps at sigma 0.761, C = 5)
-trained once on the built-in synthetic data (a smaller model than the default: the model
-is not what is audited). WALR has no trainable example (``example:walr`` has no features),
-so its plan is audited through ``audit_plan``, the driver ``audit --empirical`` calls.
+at eps1 = 3, then DP-SGD with batch 4,096 for 3 epochs, 147 steps at sigma 0.789, C = 5; 0.761
+before the plan gained its intercept calibration release) trained once on the built-in
+synthetic data (a smaller model than the default: the model is not what is audited). WALR
+has no trainable example (``example:walr`` has no features), so its plan is audited through
+``audit_plan``, the driver ``audit --empirical`` calls.
 
 The audit measures the trainer code installed when it runs, not the code that trained the
 run: each defect is planted (``mutants.py``) after the run exists, and the audit of the same
@@ -89,7 +90,8 @@ def rows(report_or_rows) -> dict:
 
 def test_the_readme_plan_is_the_one_described(readme_run):
     _, plan = readme_run
-    rr, dp = plan.phases
+    assert [p.name for p in plan.phases] == ["rr", "dpsgd", "calibration"]
+    rr, dp = plan.rr, plan.dpsgd
     assert (rr.params.per_impression_epsilon, plan.dataset_size) == (3.0, 200_000)
     par = dp.params
     assert (par.steps, par.clipping_norm, par.sampling_rate, par.sampling) == (147, 5.0, 0.02048, "poisson")

@@ -573,19 +573,26 @@ def _flips(record: RunRecord, plan: Plan, alpha: float) -> Check:
                                    f"normal p = {p:.3g} (fails below {alpha:g})")
 
 
-def _walr(record: RunRecord, plan: Plan) -> Check:
-    name = "WALR release"
-    planned, ran = plan.walr, _entry(record, WALRRun)
-    if (verdict := _settled(name, planned, ran, "WALR release")) is not None:
-        return verdict
-    assert planned is not None and ran is not None  # settled otherwise
-    par, problems = planned.params, []
+def _gaussian_release_problems(ran, par) -> list[str]:
+    """What every one-shot Gaussian release (WALR's, the calibration's) must match: one release at
+    the plan's noise std and sensitivity."""
+    problems = []
     if ran.releases != 1:
         problems.append(f"{ran.releases} releases; the plan accounts one")
     if ran.noise_std != par.noise_std:
         problems.append(f"noise std {ran.noise_std!r}, the plan's {par.noise_std!r}")
     if ran.sensitivity != par.sensitivity:
         problems.append(f"sensitivity {ran.sensitivity!r}, the plan's {par.sensitivity!r}")
+    return problems
+
+
+def _walr(record: RunRecord, plan: Plan) -> Check:
+    name = "WALR release"
+    planned, ran = plan.walr, _entry(record, WALRRun)
+    if (verdict := _settled(name, planned, ran, "WALR release")) is not None:
+        return verdict
+    assert planned is not None and ran is not None  # settled otherwise
+    par, problems = planned.params, _gaussian_release_problems(ran, planned.params)
     if ran.noise_draws != par.features:
         problems.append(f"{ran.noise_draws} noise draws for a {par.features}-dimensional sum")
     if ran.rows != plan.dataset_size:
@@ -601,13 +608,7 @@ def _calibration(record: RunRecord, plan: Plan) -> Check:
     if (verdict := _settled(name, planned, ran, "calibration release")) is not None:
         return verdict
     assert planned is not None and ran is not None  # settled otherwise
-    par, problems = planned.params, []
-    if ran.releases != 1:
-        problems.append(f"{ran.releases} releases; the plan accounts one")
-    if ran.noise_std != par.noise_std:
-        problems.append(f"noise std {ran.noise_std!r}, the plan's {par.noise_std!r}")
-    if ran.sensitivity != par.sensitivity:
-        problems.append(f"sensitivity {ran.sensitivity!r}, the plan's {par.sensitivity!r}")
+    par, problems = planned.params, _gaussian_release_problems(ran, planned.params)
     if not ran.coordinates == ran.noise_draws == par.coordinates:
         problems.append(f"{ran.noise_draws} noise draws for {ran.coordinates} coordinates; the plan releases "
                         f"{par.coordinates}")

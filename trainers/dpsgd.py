@@ -42,7 +42,7 @@ class DPSGDSettings:
     optimizer: str = "adam"         # "adam", or "sgd" (momentum 0.9, as the Hybrid paper)
     lr: float = 0.01
     cosine_decay: bool = False
-    padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E), at most max_chunk
+    padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E) in equal chunks <= max_chunk
     # A batch is clipped in chunks of at most this many rows whose clipped sums add before the
     # one noise draw: the book-keeping state (activations and output gradients) then covers a
     # chunk, not the batch. Measured on CPU at the pCTR shape (batch 16,384): 4 chunks took
@@ -174,10 +174,10 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     device = data.label.device
     trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     padded = settings.padded_size
-    if padded is None and settings.max_chunk is not None:
-        from trainers.sampling import default_padded_size
+    if padded is None:
+        from trainers.sampling import chunk_size
 
-        padded = min(default_padded_size(q * n), int(settings.max_chunk))
+        padded = chunk_size(q * n, settings.max_chunk)
     # Every row the data has is sampled at q (the padding above is from the plan's N only).
     sampler = PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
                              device=device)

@@ -24,13 +24,31 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PoissonSampler", "Batch", "default_padded_size"]
+__all__ = ["PoissonSampler", "Batch", "chunk_size", "default_padded_size"]
 
 
 def default_padded_size(expected: float) -> int:
     """A chunk that holds a Poisson batch with overwhelming probability: E + 6 sqrt(E), rounded up to 8."""
     size = int(math.ceil(expected + 6.0 * math.sqrt(max(expected, 1.0)) + 8))
     return max(8, (size + 7) // 8 * 8)
+
+
+def chunk_size(expected: float, max_chunk: int | None) -> int:
+    """The chunk of a Poisson batch of mean ``expected`` when no chunk may exceed ``max_chunk``.
+
+    The padded batch (``default_padded_size``) is split into the fewest chunks of at most
+    ``max_chunk`` rows, of equal size (rounded up to 8): a batch of mean 4,096 under a cap of
+    4,096 takes two chunks of 2,248 (1.10 rows processed per real row) where capping one chunk
+    at 4,096 overflowed into a second, mostly padded one half the time (1.50).
+    """
+    full = default_padded_size(expected)
+    if max_chunk is None or full <= max_chunk:
+        return full
+    if max_chunk < 8:
+        raise ValueError(f"max_chunk must be at least 8, got {max_chunk!r}")
+    pieces = math.ceil(full / max_chunk)
+    size = (math.ceil(full / pieces) + 7) // 8 * 8
+    return size if size <= max_chunk else max_chunk // 8 * 8
 
 
 @dataclass

@@ -31,7 +31,9 @@ Not a test: ``python benchmarks/utility_frontier.py`` (1,000,000 rows x 3 shapes
 6 epsilons x 6 arms: many hours on 2 CPU cores; the results' ``seconds`` say how many);
 ``--quick`` for a smoke run (20,000 rows, epsilons 1 and 8, one seed); ``--rows``,
 ``--shapes``, ``--seeds``, ``--epsilons``, ``--arms`` for a smaller one (``--name`` keeps it
-apart from the default results).
+apart from the default results); ``--jobs 2`` trains two (shape, seed) pairs at once in
+forked workers of one torch thread each (on 2 cores about twice the throughput of one
+process: small models gain little from a second intra-op thread).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ __all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "
            "summarise"]
 
 EPSILONS = (1.0, 3.0, 5.0, 8.0, 12.0, 20.0)
-SHAPES = ("nonsensitive", "balanced", "sensitive")
+SHAPES = ("balanced", "nonsensitive", "sensitive")  # balanced first: the shape the issue is judged on
 # The arms and everything that sets them, in one place. ARMS: arm -> the scenario's split.
 ARMS = {"RR": "alpha=1", "DP-SGD": "alpha=0", "Hybrid": "alpha-by-eps", "alpha=0.25": "alpha=0.25",
         "alpha=0.5": "alpha=0.5", "alpha=0.75": "alpha=0.75"}
@@ -88,6 +90,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--clipping-norm", type=float, default=PLAN["dpsgd"]["clipping_norm"])
     ap.add_argument("--dpsgd-lr", type=float, default=None, help="default: DPSGDSettings' default")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--jobs", type=int, default=1, help="(shape, seed) pairs trained at once, one torch thread each "
+                    "(a speed setting: the results are the same)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK['rows']:,} rows, epsilons {QUICK['epsilons']}, {QUICK['seeds']} seed (every shape)")
     ap.add_argument("--name", default=None, help="results file stem (default utility_frontier, _quick with --quick)")
@@ -113,7 +117,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         bad = [x for x in given if x not in known] or ([] if given else ["(none)"])
         if bad:
             ap.error(f"{what}: unknown {bad[0]!r}; known: {', '.join(known)}")
-    for what, value in (("--rows", args.rows), ("--users", args.users), ("--seeds", args.seeds)):
+    for what, value in (("--rows", args.rows), ("--users", args.users), ("--seeds", args.seeds),
+                        ("--jobs", args.jobs)):
         if value < 1:
             ap.error(f"{what} must be at least 1, got {value}")
     if not args.epsilon_list or not all(0 < e < float("inf") for e in args.epsilon_list):
@@ -247,7 +252,7 @@ def _metrics(record) -> dict:
     return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
-def _baselines(plan, train, evaluation, settings, seed: int) -> dict:
+def _baselines(plan, train, evaluation, settings, baseline, seed: int) -> dict:
     """The non-private models on the same data: all features (the reference of every loss) and
     the non-sensitive features alone (the truncated model: the ceiling of RR)."""
     from trainers.baseline import reference
@@ -257,8 +262,8 @@ def _baselines(plan, train, evaluation, settings, seed: int) -> dict:
     out = {}
     for label, truncated in (("all", False), ("nonsensitive", True)):
         t0 = time.perf_counter()
-        rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, baseline=_baseline_settings(),
-                           seed=seed, truncated=truncated)
+        rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, baseline=baseline, seed=seed,
+                           truncated=truncated)
         out[label] = {**_metrics(rec), "seconds": time.perf_counter() - t0,
                       "auc_tolerance": reference(rec)[1] if rec.metrics["eval"].get("auc") is not None else None}
     if out["nonsensitive"]["auc"] is not None and out["all"]["auc"] is not None:
@@ -266,73 +271,129 @@ def _baselines(plan, train, evaluation, settings, seed: int) -> dict:
     return out
 
 
-def run(args) -> dict:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, report) -> None:
+    """Train one (shape, seed): its data, its baselines unless given, then ``cells`` ((eps, arm)
+    pairs); ``report(kind, key, value)`` after each ("status", "baseline", "cell")."""
     from budgetplan.planner import build_plan
     from budgetplan.plots import arm_of
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import execute_plan
 
-    path = args.out / f"{args.name}.json"
-    state = _load_state(path, settings(args), args.fresh)
     train_settings, dp = _train_settings(args)
-    todo = [(s, seed, e, a) for s in args.shape_list for seed in range(args.seeds) for e in args.epsilon_list
-            for a in args.arm_list if _key(s, seed, e, a) not in state["cells"]]
-    bases = [(s, seed) for s in args.shape_list for seed in range(args.seeds)
-             if _key(s, seed) not in state["baselines"]]
+    spec = get_shape(shape).features
     work = Path(tempfile.mkdtemp(prefix="frontier-"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
-        with Progress(*columns, console=Console(stderr=True)) as bar:
-            task = bar.add_task("utility frontier", total=len(todo) + len(bases))
-            for shape in args.shape_list:
-                spec = get_shape(shape).features
-                for seed in range(args.seeds):
-                    mine = [c for c in todo if c[:2] == (shape, seed)]
-                    if not mine and _key(shape, seed) in state["baselines"]:
-                        continue
-                    bar.update(task, description=f"{shape} seed {seed}: data")
-                    train, evaluation, n = _data(shape, seed, args, work)
-                    if _key(shape, seed) not in state["baselines"]:
-                        bar.update(task, description=f"{shape} seed {seed}: non-private baselines")
-                        first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0],
-                                                                   split=ARMS["Hybrid"], n=n, spec=spec)))
-                        base = _baselines(first, train, evaluation, train_settings, 1000 + seed)
-                        state["baselines"][_key(shape, seed)] = {**base, "dataset_size": n}
-                        state["seconds"] += sum(b["seconds"] for b in base.values())
-                        _save(path, state)
-                        bar.advance(task)
-                    base_auc = state["baselines"][_key(shape, seed)]["all"]["auc"]
-                    tolerance = state["baselines"][_key(shape, seed)]["all"]["auc_tolerance"]
-                    for _, _, eps, arm in mine:
-                        bar.update(task, description=f"{shape} seed {seed}: {arm} eps {eps:g}")
-                        t0 = time.perf_counter()
-                        plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=ARMS[arm], n=n,
-                                                                  spec=spec)))
-                        rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings,
-                                           dpsgd_settings=dp, seed=1000 + seed, baseline_auc=base_auc,
-                                           baseline_tolerance=tolerance)
-                        seconds = time.perf_counter() - t0
-                        state["cells"][_key(shape, seed, eps, arm)] = {
-                            "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": ARMS[arm],
-                            "alpha": arm_of(plan)[1], "delta": plan.delta, "dataset_size": plan.dataset_size,
-                            "flip_probability": plan.rr.params.flip_probability if plan.rr else None,
-                            "noise_multiplier": plan.dpsgd.params.noise_multiplier if plan.dpsgd else None,
-                            "dpsgd_steps": plan.dpsgd.params.steps if plan.dpsgd else None,
-                            **_metrics(rec), "seconds": seconds, "plan_sha256": plan.sha256}
-                        state["seconds"] += seconds
-                        _save(path, state)
-                        bar.advance(task)
+        report("status", None, f"{shape} seed {seed}: data")
+        train, evaluation, n = _data(shape, seed, args, work)
+        if baseline is None:
+            report("status", None, f"{shape} seed {seed}: non-private baselines")
+            first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0], split=ARMS["Hybrid"], n=n,
+                                                       spec=spec)))
+            baseline = {**_baselines(first, train, evaluation, train_settings, _baseline_settings(), 1000 + seed),
+                        "dataset_size": n}
+            report("baseline", _key(shape, seed), baseline)
+        for eps, arm in cells:
+            report("status", None, f"{shape} seed {seed}: {arm} eps {eps:g}")
+            t0 = time.perf_counter()
+            plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=ARMS[arm], n=n, spec=spec)))
+            rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings, dpsgd_settings=dp,
+                               seed=1000 + seed, baseline_auc=baseline["all"]["auc"],
+                               baseline_tolerance=baseline["all"]["auc_tolerance"])
+            report("cell", _key(shape, seed, eps, arm), {
+                "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": ARMS[arm],
+                "alpha": arm_of(plan)[1], "delta": plan.delta, "dataset_size": plan.dataset_size,
+                "flip_probability": plan.rr.params.flip_probability if plan.rr else None,
+                "noise_multiplier": plan.dpsgd.params.noise_multiplier if plan.dpsgd else None,
+                "dpsgd_steps": plan.dpsgd.params.steps if plan.dpsgd else None,
+                **_metrics(rec), "seconds": time.perf_counter() - t0, "plan_sha256": plan.sha256})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+_QUEUE = None  # a worker's channel to the parent (--jobs > 1)
+
+
+def _start_worker(queue) -> None:
+    """A --jobs worker: one torch thread (its siblings hold the other cores), and the queue."""
+    import torch
+
+    global _QUEUE
+    _QUEUE = queue
+    torch.set_num_threads(1)
+
+
+def _queued_unit(args, shape, seed, cells, baseline) -> None:
+    _unit(args, shape, seed, cells, baseline, lambda *message: _QUEUE.put(message))
+
+
+def run(args) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    path = args.out / f"{args.name}.json"
+    state = _load_state(path, settings(args), args.fresh)
+    units = []  # (shape, seed, cells still to train, its baselines if already trained)
+    for shape in args.shape_list:
+        for seed in range(args.seeds):
+            cells = [(e, a) for e in args.epsilon_list for a in args.arm_list
+                     if _key(shape, seed, e, a) not in state["cells"]]
+            known = state["baselines"].get(_key(shape, seed))
+            if cells or known is None:
+                units.append((shape, seed, cells, known))
+    total = sum(len(u[2]) + (u[3] is None) for u in units)
+    args.out.mkdir(parents=True, exist_ok=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task("utility frontier", total=total)
+
+        def report(kind, key, value):
+            if kind == "status":
+                bar.update(task, description=value)
+                return
+            (state["baselines"] if kind == "baseline" else state["cells"])[key] = value
+            state["seconds"] += (sum(value[b]["seconds"] for b in ("all", "nonsensitive")) if kind == "baseline"
+                                 else value["seconds"])
+            _save(path, state)
+            bar.advance(task)
+
+        if args.jobs == 1 or len(units) <= 1:
+            for unit in units:
+                _unit(args, *unit, report)
+        else:
+            _run_parallel(args, units, report)
     state["complete"] = True
-    state["machine"] = {**h.machine(), "device": train_settings.device}
+    state["machine"] = {**h.machine(), "device": args.device, "jobs": args.jobs}
     _save(path, state)
     return state
+
+
+def _run_parallel(args, units, report) -> None:
+    """Each (shape, seed) in a forked worker of one torch thread, at most ``--jobs`` at once;
+    the parent saves every result as it arrives, so a stop loses only cells in flight."""
+    import multiprocessing
+    import queue as queues
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("fork")  # the workers inherit this module's settings as they are
+    channel = context.Queue()
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(units)), mp_context=context,
+                             initializer=_start_worker, initargs=(channel,)) as pool:
+        pending = {pool.submit(_queued_unit, args, *unit) for unit in units}
+        while pending:
+            try:
+                report(*channel.get(timeout=1.0))
+                continue
+            except queues.Empty:
+                pass
+            done, pending = wait(pending, timeout=0, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()  # a worker's error stops the run here (what arrived is saved)
+        while True:  # what the last workers sent just before they finished
+            try:
+                report(*channel.get(timeout=0.5))
+            except queues.Empty:
+                break
 
 
 def main(argv: list[str]) -> dict:

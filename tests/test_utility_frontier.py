@@ -107,6 +107,19 @@ def test_a_killed_run_resumes_where_it_stopped(tiny, monkeypatch):
     assert resumed["baselines"] == state["baselines"]
 
 
+def test_parallel_jobs_give_the_same_results(tiny, tmp_path, monkeypatch):
+    uf, _, state = tiny
+    monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    monkeypatch.setattr(uf, "BASELINE", BASELINE)
+    parallel = uf.run(uf.parse_args([*ARGV, "--out", str(tmp_path), "--jobs", "2"]))
+    assert parallel["complete"] and sorted(parallel["cells"]) == sorted(state["cells"])
+    assert parallel["settings"]["values"] == state["settings"]["values"]  # --jobs is no setting of the results
+    for key, cell in state["cells"].items():  # seeded runs: the same models, up to one thread's summation order
+        assert parallel["cells"][key]["auc"] == pytest.approx(cell["auc"], abs=2e-3), key
+        assert parallel["cells"][key]["plan_sha256"] == cell["plan_sha256"]
+    assert json.loads((tmp_path / "tiny.json").read_text())["cells"] == parallel["cells"]
+
+
 def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
     uf, out, _ = tiny
     monkeypatch.setattr(uf, "TRAINING", TRAINING)
@@ -116,7 +129,8 @@ def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, what", [(["--shapes", "nope"], "--shapes"), (["--arms", "RR,X"], "--arms"),
-                                        (["--epsilons", "1,inf"], "--epsilons"), (["--rows", "0"], "--rows")])
+                                        (["--epsilons", "1,inf"], "--epsilons"), (["--rows", "0"], "--rows"),
+                                        (["--jobs", "0"], "--jobs")])
 def test_bad_options_are_refused_in_one_line(argv, what, capsys):
     with pytest.raises(SystemExit) as exc:
         _frontier().parse_args(argv)

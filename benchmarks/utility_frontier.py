@@ -252,7 +252,7 @@ def _metrics(record) -> dict:
     return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
-def _baselines(plan, train, evaluation, settings, baseline, seed: int) -> dict:
+def _baselines(plan, train, evaluation, settings, baseline, seed: int, threads) -> dict:
     """The non-private models on the same data: all features (the reference of every loss) and
     the non-sensitive features alone (the truncated model: the ceiling of RR)."""
     from trainers.baseline import reference
@@ -263,7 +263,7 @@ def _baselines(plan, train, evaluation, settings, baseline, seed: int) -> dict:
     for label, truncated in (("all", False), ("nonsensitive", True)):
         t0 = time.perf_counter()
         rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, baseline=baseline, seed=seed,
-                           truncated=truncated)
+                           truncated=truncated, threads=threads)
         out[label] = {**_metrics(rec), "seconds": time.perf_counter() - t0,
                       "auc_tolerance": reference(rec)[1] if rec.metrics["eval"].get("auc") is not None else None}
     if out["nonsensitive"]["auc"] is not None and out["all"]["auc"] is not None:
@@ -281,6 +281,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
     from trainers.run import execute_plan
 
     train_settings, dp = _train_settings(args)
+    threads = 1 if args.jobs > 1 else "auto"  # a worker's siblings hold the other cores
     spec = get_shape(shape).features
     work = Path(tempfile.mkdtemp(prefix="frontier-"))
     try:
@@ -290,8 +291,8 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
             report("status", None, f"{shape} seed {seed}: non-private baselines")
             first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0], split=ARMS["Hybrid"], n=n,
                                                        spec=spec)))
-            baseline = {**_baselines(first, train, evaluation, train_settings, _baseline_settings(), 1000 + seed),
-                        "dataset_size": n}
+            baseline = {**_baselines(first, train, evaluation, train_settings, _baseline_settings(), 1000 + seed,
+                                     threads), "dataset_size": n}
             report("baseline", _key(shape, seed), baseline)
         for eps, arm in cells:
             report("status", None, f"{shape} seed {seed}: {arm} eps {eps:g}")
@@ -299,7 +300,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
             plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=ARMS[arm], n=n, spec=spec)))
             rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings, dpsgd_settings=dp,
                                seed=1000 + seed, baseline_auc=baseline["all"]["auc"],
-                               baseline_tolerance=baseline["all"]["auc_tolerance"])
+                               baseline_tolerance=baseline["all"]["auc_tolerance"], threads=threads)
             report("cell", _key(shape, seed, eps, arm), {
                 "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": ARMS[arm],
                 "alpha": arm_of(plan)[1], "delta": plan.delta, "dataset_size": plan.dataset_size,
@@ -315,12 +316,8 @@ _QUEUE = None  # a worker's channel to the parent (--jobs > 1)
 
 
 def _start_worker(queue) -> None:
-    """A --jobs worker: one torch thread (its siblings hold the other cores), and the queue."""
-    import torch
-
     global _QUEUE
     _QUEUE = queue
-    torch.set_num_threads(1)
 
 
 def _queued_unit(args, shape, seed, cells, baseline) -> None:

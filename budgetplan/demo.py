@@ -43,8 +43,11 @@ batch_size = 1024
 
 
 def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), out_dir=None, seed: int = 0,
-             progress: bool = True) -> dict:
-    """Run the demo; returns {"out_dir", "train_rows", "eval_rows", "runs": [...]}."""
+             progress: bool = True, threads: int | str = "auto") -> dict:
+    """Run the demo; returns {"out_dir", "train_rows", "eval_rows", "runs": [...]}.
+
+    ``threads``: torch's CPU threads (``trainers.threads``), resolved once for every run.
+    """
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -55,6 +58,9 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
     from trainers.baseline import reference
     from trainers.data.synth import SYNTH_FEATURES, synthesize
     from trainers.run import TrainSettings, execute_plan, run_baseline
+    from trainers.threads import resolve_threads
+
+    threads = resolve_threads(threads)  # before the demo's own work adds to the load
 
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="budgetplan-demo-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -78,13 +84,14 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
         write_atomic(out / f"statement-eps{eps:g}.txt", render_statement(plan))
     t0 = time.perf_counter()
     base = run_baseline(first_plan, out / "train.parquet", eval_path=out / "eval.parquet",
-                        out_dir=out / "run-baseline", settings=settings, progress=progress)
+                        out_dir=out / "run-baseline", settings=settings, progress=progress,
+                        threads=threads)
     runs.append(_row("non-private", None, base, time.perf_counter() - t0))
     base_auc, tolerance = reference(base)
     t0 = time.perf_counter()
     ceiling = run_baseline(first_plan, out / "train.parquet", eval_path=out / "eval.parquet",
                            out_dir=out / "run-baseline-nonsensitive", settings=settings, truncated=True,
-                           progress=progress)
+                           progress=progress, threads=threads)
     row = _row("non-private, non-sensitive features", None, ceiling, time.perf_counter() - t0)
     from trainers.metrics import relative_auc_loss
 
@@ -98,7 +105,7 @@ def run_demo(*, rows: int = 300_000, users: int = 60_000, epsilons=(1.0, 3.0), o
         t0 = time.perf_counter()
         rec = execute_plan(plan, out / "train.parquet", eval_path=out / "eval.parquet",
                            out_dir=out / f"run-rr-eps{eps:g}", settings=settings, baseline_auc=base_auc,
-                           baseline_tolerance=tolerance, progress=progress)
+                           baseline_tolerance=tolerance, progress=progress, threads=threads)
         runs.append(_row(f"RR eps={eps:g} (label DP)", float(eps), rec, time.perf_counter() - t0))
     return {"out_dir": str(out), "train_rows": train.num_rows, "eval_rows": test.num_rows,
             "conversion_rate": float(np.mean(table.column(SYNTH_FEATURES.label).to_numpy())), "runs": runs}

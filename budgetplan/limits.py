@@ -23,6 +23,7 @@ __all__ = [
     "MAX_WALR_FEATURES",
     "MAX_CONFIGURATIONS",
     "MAX_STEPS",
+    "MAX_THREADS",
 ]
 
 # N, rows after capping. A trillion is 200x the largest public ads log (Criteo's 1TB click
@@ -79,3 +80,7 @@ MAX_GRID_CELLS = 200
 # Noisy DP-SGD steps a mechanism may describe: the count must stay an exact float64 integer
 # for the back-ends (2**53 is 9e15), and 10^15 steps at a millisecond each are 30,000 years.
 MAX_STEPS = 10**15
+
+# CPU threads torch may use in a run. The largest machines have a few hundred cores; more
+# threads than that only oversubscribe them.
+MAX_THREADS = 1_024

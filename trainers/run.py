@@ -23,6 +23,7 @@ import numpy as np
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.records import PRIVATE_DIR, RunRecord
+from trainers.threads import torch_threads
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 
@@ -284,7 +285,8 @@ def _trainable(model, plan, phase_index: int) -> list:
 def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
                  dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
                  baseline_tolerance: float | None = None, progress: bool = False, resume: bool = False,
-                 checkpoint_every: int = 200, fingerprint_key: bytes | None = None) -> RunRecord:
+                 checkpoint_every: int = 200, fingerprint_key: bytes | None = None,
+                 threads: int | str = "auto") -> RunRecord:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
 
     Phases run in the plan's order: RR (labels randomised once, the truncated model trained
@@ -299,6 +301,10 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     ``baseline_auc`` (the non-private baseline's eval AUC) adds the relative AUC loss to the
     eval metrics; with ``baseline_tolerance`` (``trainers.baseline.reference``) also the flag
     ``beats_baseline``, set when this run's AUC exceeds the baseline's by more than it.
+
+    ``threads``: torch's CPU threads for the run (``trainers.threads``: ``"auto"`` does not
+    oversubscribe a shared machine), restored afterwards; the count goes in the record's
+    timings.
     """
     from budgetplan.verify import verify_plan
     from trainers.baseline import compare
@@ -309,113 +315,115 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     from trainers.rr_phase import run_rr_phase
     from trainers.session import NullSession, Session
 
-    settings = (settings or TrainSettings()).for_plan(plan)
-    out = _check_out(out_dir)
-    report = verify_plan(plan)
-    if not report.ok:
-        raise PlanMismatchError(f"the plan does not verify: {report.problems[0]}", report.problems)
-    spec = plan.scenario.features
-    if spec is None:
-        raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, unit "
-                                    "id and feature columns")
-    kinds = tuple(type(p) for p in plan.phases if not isinstance(p, (CountPhase, CalibrationPhase)))
-    if kinds not in _EXECUTABLE:
-        raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
-    if resume and out is None:
-        raise InvalidParameterError("resume needs the run directory (--out) of the interrupted run")
-    if settings.nonsensitive_encoding == "vocab" and not plan.nonsensitive_fixed:
-        raise UnsupportedError(
-            f"--encoding vocab counts values in the training data; under this plan's {plan.adjacency.value} "
-            f"{plan.scenario.algorithm} adjacency the non-sensitive columns are protected too, so a vocabulary "
-            "built from them would be data-dependent preprocessing no plan accounts for: use --encoding hash")
-    if plan.tuning is not None and "grid" in plan.tuning:  # every configuration, then the selection
-        from trainers.tune import execute_grid
+    with torch_threads(threads) as n_threads:
+        settings = (settings or TrainSettings()).for_plan(plan)
+        out = _check_out(out_dir)
+        report = verify_plan(plan)
+        if not report.ok:
+            raise PlanMismatchError(f"the plan does not verify: {report.problems[0]}", report.problems)
+        spec = plan.scenario.features
+        if spec is None:
+            raise InvalidParameterError("the plan's scenario has no [features] table: the trainer needs the label, "
+                                        "unit id and feature columns")
+        kinds = tuple(type(p) for p in plan.phases if not isinstance(p, (CountPhase, CalibrationPhase)))
+        if kinds not in _EXECUTABLE:
+            raise UnsupportedError(f"no executor for the phases {[p.name for p in plan.phases]}")
+        if resume and out is None:
+            raise InvalidParameterError("resume needs the run directory (--out) of the interrupted run")
+        if settings.nonsensitive_encoding == "vocab" and not plan.nonsensitive_fixed:
+            raise UnsupportedError(
+                f"--encoding vocab counts values in the training data; under this plan's {plan.adjacency.value} "
+                f"{plan.scenario.algorithm} adjacency the non-sensitive columns are protected too, so a vocabulary "
+                "built from them would be data-dependent preprocessing no plan accounts for: use --encoding hash")
+        if plan.tuning is not None and "grid" in plan.tuning:  # every configuration, then the selection
+            from trainers.tune import execute_grid
 
-        return execute_grid(plan, data_path, eval_path=eval_path, out=out, settings=settings,
-                            dpsgd_settings=dpsgd_settings, seed=seed, progress=progress,
-                            fingerprint_key=fingerprint_key, baseline_auc=baseline_auc, resume=resume)
-    rnd = Randomness(seed)
-    device = _device(settings.device)
-    t0 = time.perf_counter()
-    key, new_key = _key(fingerprint_key)
-    size_private = plan.count is not None
-    prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
-                    expected_rows=None if size_private else plan.dataset_size, randomness=rnd, key=key)
-    if kinds == (WALRPhase,):
-        _check_walr_columns(spec)
-    eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
-    # Every refusal is behind us: only now does the run directory come into being.
-    session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every,
-                      rows=prep.data_info["rows_used"]) if out else NullSession()
-    try:
+            return execute_grid(plan, data_path, eval_path=eval_path, out=out, settings=settings,
+                                dpsgd_settings=dpsgd_settings, seed=seed, progress=progress,
+                                fingerprint_key=fingerprint_key, baseline_auc=baseline_auc, resume=resume)
+        rnd = Randomness(seed)
+        device = _device(settings.device)
+        t0 = time.perf_counter()
+        key, new_key = _key(fingerprint_key)
+        size_private = plan.count is not None
+        prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
+                        expected_rows=None if size_private else plan.dataset_size, randomness=rnd, key=key)
+        prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
         if kinds == (WALRPhase,):
-            record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0,
-                                          session)
-            return _finish(record, state, out, new_key=new_key if out else None)
-        model = _model(prep, settings, rnd.torch_seed()).to(device)
-        ckpt = session.load_checkpoint()
-        if ckpt is not None:
-            model.load_state_dict(ckpt["model"])
-        entries: list = []
-        timings = dict(prep.timings)
-        for i, phase in enumerate(plan.phases):
-            if isinstance(phase, (CountPhase, CalibrationPhase)):
-                continue
-            if isinstance(phase, RRPhase):
-                if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
-                    rr = ckpt["rr_result"]  # trained in an earlier session
-                else:
-                    rr = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
-                                      lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
-                                      randomness=rnd, session=session, progress="RR phase" if progress else None)
-                    if len(plan.phases) > 1:
-                        session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
-                timings["rr_phase_seconds"] = rr.seconds
-                entries.append(rr_entry(rr))
-            elif isinstance(phase, DPSGDPhase):
-                taken = session.dpsgd_steps_taken()
-                resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
-                rr_result = ckpt.get("rr_result") if ckpt is not None else None
-                if rr_result is None and plan.rr is not None:
-                    rr_result = rr
-                if plan.rr is not None and not resumed_from and settings.hybrid_start == "rr-model":
-                    model.match_truncated()  # a fresh DP-SGD phase (a resumed one has its checkpoint)
+            _check_walr_columns(spec)
+        eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
+        # Every refusal is behind us: only now does the run directory come into being.
+        session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every,
+                          rows=prep.data_info["rows_used"]) if out else NullSession()
+        try:
+            if kinds == (WALRPhase,):
+                record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0,
+                                              session)
+                return _finish(record, state, out, new_key=new_key if out else None)
+            model = _model(prep, settings, rnd.torch_seed()).to(device)
+            ckpt = session.load_checkpoint()
+            if ckpt is not None:
+                model.load_state_dict(ckpt["model"])
+            entries: list = []
+            timings = dict(prep.timings)
+            for i, phase in enumerate(plan.phases):
+                if isinstance(phase, (CountPhase, CalibrationPhase)):
+                    continue
+                if isinstance(phase, RRPhase):
+                    if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
+                        rr = ckpt["rr_result"]  # trained in an earlier session
+                    else:
+                        rr = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
+                                          lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
+                                          randomness=rnd, session=session, progress="RR phase" if progress else None)
+                        if len(plan.phases) > 1:
+                            session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
+                    timings["rr_phase_seconds"] = rr.seconds
+                    entries.append(rr_entry(rr))
+                elif isinstance(phase, DPSGDPhase):
+                    taken = session.dpsgd_steps_taken()
+                    resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
+                    rr_result = ckpt.get("rr_result") if ckpt is not None else None
+                    if rr_result is None and plan.rr is not None:
+                        rr_result = rr
+                    if plan.rr is not None and not resumed_from and settings.hybrid_start == "rr-model":
+                        model.match_truncated()  # a fresh DP-SGD phase (a resumed one has its checkpoint)
 
-                def save(step_done, opt_state, rr_result=rr_result):
-                    session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),
-                                             "optimizer": opt_state, "rr_result": rr_result})
+                    def save(step_done, opt_state, rr_result=rr_result):
+                        session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),
+                                                 "optimizer": opt_state, "rr_result": rr_result})
 
-                sgd = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
-                                randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
-                                progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
-                                checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
-                                optimizer_state=ckpt.get("optimizer") if resumed_from else None,
-                                size_private=size_private)
-                timings["dpsgd_phase_seconds"] = sgd.seconds
-                entries.append(dpsgd_entry(sgd, session.ledger_view(),
-                                           nonsensitive_tower=phase.params.nonsensitive_tower,
-                                           sizes_ledger=session.sizes_view() if size_private else None,
-                                           withhold=size_private))
-        entries += calibrate_if_planned(plan, model, prep.data, randomness=rnd, session=session,
-                                        rr_result=rr if plan.rr is not None else None)
-        truncated = kinds == (RRPhase,)
-        metrics = {}
-        if eval_prep is not None:
-            metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
-            if baseline_auc is not None:
-                compare(metrics["eval"], baseline_auc, baseline_tolerance)
-        timings["total_seconds"] = time.perf_counter() - t0
-        record = build_record(
-            plan=plan, entries=entries, data=prep.data_info, metrics=metrics, encoding=prep.encoding,
-            seeds=rnd.record(),
-            model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
-            training={**settings.to_dict(),
-                      "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
-            ledger=session.ledger_view(), timings=timings, device=_device_name(device),
-            sizes_ledger=session.sizes_view() if size_private else None)
-        return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
-    finally:
-        session.close()
+                    sgd = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
+                                    randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
+                                    progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
+                                    checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
+                                    optimizer_state=ckpt.get("optimizer") if resumed_from else None,
+                                    size_private=size_private)
+                    timings["dpsgd_phase_seconds"] = sgd.seconds
+                    entries.append(dpsgd_entry(sgd, session.ledger_view(),
+                                               nonsensitive_tower=phase.params.nonsensitive_tower,
+                                               sizes_ledger=session.sizes_view() if size_private else None,
+                                               withhold=size_private))
+            entries += calibrate_if_planned(plan, model, prep.data, randomness=rnd, session=session,
+                                            rr_result=rr if plan.rr is not None else None)
+            truncated = kinds == (RRPhase,)
+            metrics = {}
+            if eval_prep is not None:
+                metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
+                if baseline_auc is not None:
+                    compare(metrics["eval"], baseline_auc, baseline_tolerance)
+            timings["total_seconds"] = time.perf_counter() - t0
+            record = build_record(
+                plan=plan, entries=entries, data=prep.data_info, metrics=metrics, encoding=prep.encoding,
+                seeds=rnd.record(),
+                model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
+                training={**settings.to_dict(),
+                          "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
+                ledger=session.ledger_view(), timings=timings, device=_device_name(device),
+                sizes_ledger=session.sizes_view() if size_private else None)
+            return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
+        finally:
+            session.close()
 
 
 def _check_walr_columns(spec) -> None:
@@ -469,14 +477,14 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
 
 def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
                  baseline=None, seed: int | None = None, truncated: bool = False, progress: bool = False,
-                 fingerprint_key: bytes | None = None) -> RunRecord:
+                 fingerprint_key: bytes | None = None, threads: int | str = "auto") -> RunRecord:
     """The non-private baseline on the plan's feature spec: clean labels, trained to convergence.
 
     The same model and encoding as the DP arms (``settings``), trained with early stopping
     on a validation split of the training data (``baseline``, a ``BaselineSettings``; see
     ``trainers.baseline``). With ``truncated=True`` it trains the truncated model
     (non-sensitive features only): the ceiling an RR-only model can reach, since RR may not
-    use sensitive features.
+    use sensitive features. ``threads`` as for ``execute_plan``.
     """
     import torch
 
@@ -485,41 +493,43 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     from trainers.randomness import Randomness
     from trainers.record import baseline_entry, build_record
 
-    settings = (settings or TrainSettings()).for_plan(plan)
-    baseline = baseline or BaselineSettings()
-    out = _check_out(out_dir)
-    spec = plan.scenario.features
-    if spec is None:
-        raise InvalidParameterError("the plan's scenario has no [features] table")
-    rnd = Randomness(seed)
-    device = _device(settings.device)
-    t0 = time.perf_counter()
-    key, new_key = _key(fingerprint_key)
-    prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd,
-                    key=key)
-    held, split, units = validation_split(prep.table, spec.unit_id, baseline.validation_fraction)
-    eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
-    mask = torch.from_numpy(held).to(device)
-    train, validation = prep.data.take(~mask), prep.data.take(mask)
-    model = _model(prep, settings, rnd.torch_seed()).to(device)
-    gen = torch.Generator().manual_seed(rnd.torch_seed())
-    fit_settings = FitSettings(epochs=baseline.max_epochs, batch_size=settings.batch_size, lr=settings.lr,
-                               optimizer=settings.optimizer, weight_decay=baseline.weight_decay)
-    history = train_baseline(model, train, validation, fit_settings, baseline, truncated=truncated, generator=gen,
-                             progress="baseline" if progress else None)
-    metrics, timings = {}, dict(prep.timings)
-    if eval_prep is not None:
-        metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
-    timings["train_seconds"] = history["seconds"]
-    timings["total_seconds"] = time.perf_counter() - t0
-    final = "truncated" if truncated else "full"
-    record = build_record(
-        plan=None, algorithm="non-private",
-        entries=[baseline_entry(history, baseline, batch_size=fit_settings.batch_size, model=final, split=split,
-                                train_rows=len(train), validation_rows=len(validation), validation_units=units)],
-        data=prep.data_info, metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
-        model={"kind": settings.model, "config": model.config(), "final": final},
-        training={**settings.to_dict(), "fit": fit_settings.to_dict(), "baseline": baseline.to_dict()}, ledger=None,
-        timings=timings, device=_device_name(device),
-        notes=("non-private: no privacy guarantee applies to this run",))
-    return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
+    with torch_threads(threads) as n_threads:
+        settings = (settings or TrainSettings()).for_plan(plan)
+        baseline = baseline or BaselineSettings()
+        out = _check_out(out_dir)
+        spec = plan.scenario.features
+        if spec is None:
+            raise InvalidParameterError("the plan's scenario has no [features] table")
+        rnd = Randomness(seed)
+        device = _device(settings.device)
+        t0 = time.perf_counter()
+        key, new_key = _key(fingerprint_key)
+        prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd,
+                        key=key)
+        prep.timings["torch_threads"] = n_threads
+        held, split, units = validation_split(prep.table, spec.unit_id, baseline.validation_fraction)
+        eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
+        mask = torch.from_numpy(held).to(device)
+        train, validation = prep.data.take(~mask), prep.data.take(mask)
+        model = _model(prep, settings, rnd.torch_seed()).to(device)
+        gen = torch.Generator().manual_seed(rnd.torch_seed())
+        fit_settings = FitSettings(epochs=baseline.max_epochs, batch_size=settings.batch_size, lr=settings.lr,
+                                   optimizer=settings.optimizer, weight_decay=baseline.weight_decay)
+        history = train_baseline(model, train, validation, fit_settings, baseline, truncated=truncated, generator=gen,
+                                 progress="baseline" if progress else None)
+        metrics, timings = {}, dict(prep.timings)
+        if eval_prep is not None:
+            metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
+        timings["train_seconds"] = history["seconds"]
+        timings["total_seconds"] = time.perf_counter() - t0
+        final = "truncated" if truncated else "full"
+        record = build_record(
+            plan=None, algorithm="non-private",
+            entries=[baseline_entry(history, baseline, batch_size=fit_settings.batch_size, model=final, split=split,
+                                    train_rows=len(train), validation_rows=len(validation), validation_units=units)],
+            data=prep.data_info, metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
+            model={"kind": settings.model, "config": model.config(), "final": final},
+            training={**settings.to_dict(), "fit": fit_settings.to_dict(), "baseline": baseline.to_dict()}, ledger=None,
+            timings=timings, device=_device_name(device),
+            notes=("non-private: no privacy guarantee applies to this run",))
+        return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)

@@ -69,6 +69,9 @@ def _settings(**kw):
 @click.option("--hash-bins", type=bounded_int("hash_bins", MAX_HASH_BINS), default=2**16, show_default=True,
               help="Rows of each hashed embedding table (non-sensitive and sensitive).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("--threads", default="auto", show_default=True,
+              help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this '
+              "process may use less the machine's load: never more threads than free cores).")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Reproducible run (debugging only): privacy noise derived from this seed, recorded as such.")
 @click.option("--non-private", is_flag=True, help="Train the non-private baseline on the plan's features instead, with "
@@ -96,14 +99,15 @@ def _settings(**kw):
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
           dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
-          seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated, baseline_run,
-          resume, checkpoint_every, key_path, as_json):
+          threads, seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated,
+          baseline_run, resume, checkpoint_every, key_path, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
     from budgetplan.plan import load_plan
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import execute_plan, run_baseline
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
+    threads = _threads_option(threads)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
                          vocab_threshold=vocab_threshold, hash_bins_nonsensitive=hash_bins,
@@ -122,7 +126,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                                     validation_fraction=validation_fraction, weight_decay=weight_decay)
         record = run_baseline(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings,
                               baseline=baseline, seed=seed, truncated=truncated, progress=not as_json,
-                              fingerprint_key=key)
+                              fingerprint_key=key, threads=threads)
     else:
         base_auc = tolerance = None
         if baseline_run:
@@ -132,7 +136,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                               resume=resume,
                               dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
                                                            cosine_decay=dpsgd_schedule == "cosine"),
-                              checkpoint_every=checkpoint_every, fingerprint_key=key)
+                              checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads)
     if as_json:
         private = record.private_part
         emit_json(record.content() | {"sha256": record.sha256, "private_record": private.content() | {
@@ -195,6 +199,12 @@ def _refuse_unused(ctx, plan, non_private: bool) -> None:
     if "batch_size" in given and not non_private and (rr is None or rr.params.batch_size):
         refuse("batch_size", "is used by --non-private and by an RR phase whose plan fixes none; this plan "
                + ("fixes the RR batch size" if rr is not None else "has no RR phase"))
+
+
+def _threads_option(text: str) -> int | str:
+    from budgetplan.limits import MAX_THREADS
+
+    return "auto" if text == "auto" else _int_option("--threads", text, MAX_THREADS)
 
 
 def _int_option(name: str, text: str, limit: int) -> int:
@@ -268,17 +278,21 @@ def _print_record(record, out_dir) -> None:
 @click.option("--epsilon", "epsilons", type=POSITIVE, multiple=True, help="RR budgets to compare (default 1, 3).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Keep data, plans and runs here.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Synthetic data seed.")
+@click.option("--threads", default="auto", show_default=True,
+              help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this '
+              "process may use less the machine's load: never more threads than free cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-def demo(rows, users, epsilons, out_dir, seed, as_json):
+def demo(rows, users, epsilons, out_dir, seed, threads, as_json):
     """Plan-then-train on built-in synthetic data: RR label DP against a non-private baseline."""
     from budgetplan.demo import run_demo
 
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
+    threads = _threads_option(threads)
     created = _fresh_directory("--out", out_dir) if out_dir is not None else None
     try:
         result = run_demo(rows=rows, users=users, epsilons=epsilons or (1.0, 3.0), out_dir=out_dir, seed=seed,
-                          progress=not as_json)
+                          progress=not as_json, threads=threads)
     except BaseException:
         if created is not None:  # the directory is ours alone: a failed demo leaves nothing behind
             import shutil

@@ -1,0 +1,198 @@
+"""torch's CPU threads against the machine's load: the evidence behind ``--threads auto``.
+
+Two conditions: the machine as it is (``idle``), and ``loaded``: one busy process on every
+CPU but one, as when another job shares the machine. In each, the same two runs at each
+thread count (1; every CPU, torch's own default; and ``auto``, resolved by the run itself
+after the load average has had ``--settle`` seconds to see the busy processes):
+
+- ``non-private``: ``run_baseline`` for ``--epochs`` full epochs (no early stop) on
+  ``--rows`` rows of the balanced synthetic shape;
+- ``dp-sgd``: ``execute_plan`` of a plain DP-SGD plan (one epoch at batch 4,096, C = 5) on
+  the same rows.
+
+Reported: median wall seconds over ``--rounds`` (min and max beside it), each count's ratio
+to one thread, the count ``auto`` chose, and the load average at each condition's start
+and end. Not a test: ``python benchmarks/threads.py`` (about 15 minutes on 2 cores); writes
+``results/threads.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _harness as h
+
+WORKLOADS = ("non-private", "dp-sgd")
+SHAPE = "balanced"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--epochs", type=int, default=1, help="non-private epochs")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=60.0,
+                    help="seconds the busy processes run before the loaded measurements")
+    ap.add_argument("--out", type=Path, default=h.RESULTS)
+    args = ap.parse_args(argv)
+    args.argv = list(argv)
+    for what, value in (("--rows", args.rows), ("--epochs", args.epochs), ("--rounds", args.rounds)):
+        if value < 1:
+            ap.error(f"{what} must be at least 1, got {value}")
+    if not 0 <= args.settle < float("inf"):
+        ap.error(f"--settle must be a finite number of seconds >= 0, got {args.settle!r}")
+    return args
+
+
+def _cpus() -> int:
+    from trainers.threads import available_cpus
+
+    return available_cpus()
+
+
+def settings(args: argparse.Namespace) -> dict:
+    from trainers.baseline import BaselineSettings
+    from trainers.data.synth import get_shape
+    from trainers.dpsgd import DPSGDSettings
+    from trainers.run import TrainSettings
+
+    return h.settings_record("threads.py", args.argv, {
+        "rows": args.rows, "shape": get_shape(SHAPE).parameters(), "epochs": args.epochs, "rounds": args.rounds,
+        "settle_seconds": args.settle, "threads": ["1", "every CPU", "auto"], "workloads": list(WORKLOADS),
+        "scenario": _scenario(args.rows), "training": TrainSettings().to_dict(),
+        "dpsgd_settings": DPSGDSettings().to_dict(),
+        "baseline": BaselineSettings(max_epochs=args.epochs, patience=args.epochs).to_dict()})
+
+
+def _scenario(n: int) -> str:
+    from trainers.data.synth import get_shape
+
+    return f"""name = "threads"
+[budget]
+epsilon = 8.0
+delta = 1e-7
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+[data]
+dataset_size = {n}
+[algorithm]
+name = "dpsgd"
+[dpsgd]
+batch_size = {min(4096, max(1, n // 4))}
+epochs = 1
+clipping_norm = 5.0
+{get_shape(SHAPE).features.to_toml()}"""
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _measure(args, path: Path, plan, threads) -> dict:
+    from trainers.baseline import BaselineSettings
+    from trainers.run import execute_plan, run_baseline
+
+    out = {}
+    for workload in WORKLOADS:
+        times, used = [], None
+        for r in range(args.rounds):
+            t0 = time.perf_counter()
+            if workload == "non-private":
+                rec = run_baseline(plan, path, baseline=BaselineSettings(max_epochs=args.epochs, patience=args.epochs),
+                                   seed=r, threads=threads)
+            else:
+                rec = execute_plan(plan, path, seed=r, threads=threads)
+            times.append(time.perf_counter() - t0)
+            used = rec.timings.get("torch_threads")
+        out[workload] = {"threads_used": used, "seconds": times, "median": statistics.median(times),
+                         "min": min(times), "max": max(times)}
+    return out
+
+
+def run(args) -> dict:
+    import pyarrow.parquet as pq
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+    from trainers.data.synth import synthesize
+
+    cpus = _cpus()
+    counts = [("1", 1), ("every CPU", cpus), ("auto", "auto")]
+    work = Path(tempfile.mkdtemp(prefix="threads-"))
+    path = work / "train.parquet"
+    pq.write_table(synthesize(args.rows, max(1, args.rows // 5), 7, shape=SHAPE), path)
+    plan = build_plan(parse_scenario(_scenario(args.rows)))
+    result: dict = {"settings": settings(args), "cpus": cpus, "conditions": {}}
+    context = multiprocessing.get_context("fork")
+    with Progress(console=Console(stderr=True)) as bar:
+        task = bar.add_task("threads", total=2 * len(counts))
+        for condition in ("idle", "loaded"):
+            spinners = [context.Process(target=_spin, daemon=True) for _ in range(cpus - 1 if condition == "loaded"
+                                                                                  else 0)]
+            for p in spinners:
+                p.start()
+            try:
+                if spinners:
+                    bar.update(task, description=f"{len(spinners)} busy processes settling")
+                    time.sleep(args.settle)
+                rows = {"load_before": os.getloadavg()[0], "busy_processes": len(spinners), "by_threads": {}}
+                for label, threads in counts:
+                    bar.update(task, description=f"{condition}: {label} threads")
+                    rows["by_threads"][label] = _measure(args, path, plan, threads)
+                    bar.advance(task)
+                rows["load_after"] = os.getloadavg()[0]
+            finally:
+                for p in spinners:
+                    p.terminate()
+                    p.join()
+            result["conditions"][condition] = rows
+    result["machine"] = h.machine()
+    return result
+
+
+def render(result: dict) -> str:
+    lines = ["# torch threads against the machine's load", "",
+             f"{result['cpus']} CPUs available. Median wall seconds over the rounds (min-max), and the ratio to one "
+             "thread (above 1: slower). `loaded`: a busy process on every CPU but one. `auto` is what "
+             "`--threads auto` (the default) chose in that condition.", "",
+             "| condition | workload | threads | used | seconds | vs 1 thread |", "|---|---|---|---|---|---|"]
+    for condition, rows in result["conditions"].items():
+        for workload in WORKLOADS:
+            one = rows["by_threads"]["1"][workload]["median"]
+            for label, by in rows["by_threads"].items():
+                w = by[workload]
+                lines.append(f"| {condition} | {workload} | {label} | {w['threads_used']} | {w['median']:.1f} "
+                             f"({w['min']:.1f}-{w['max']:.1f}) | {w['median'] / one:.2f}x |")
+    lines += ["", "Load average (1 min) at the start and end of each condition: " + "; ".join(
+        f"{c} {r['load_before']:.2f} -> {r['load_after']:.2f}" for c, r in result["conditions"].items()) + ".", "",
+        h.settings_markdown(result["settings"]), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> dict:
+    from budgetplan._files import write_atomic
+
+    args = parse_args(argv)
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out / "threads.json", json.dumps(result, indent=2) + "\n")
+    text = render(result)
+    write_atomic(args.out / "threads.md", text)
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

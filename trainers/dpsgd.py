@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "noisy_gradient", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,10 @@ class DPSGDResult:
         clipped: real rows whose gradient was clipped (a data-dependent count: private).
         chunks, padded_size: how batches were laid out (static shapes).
         noise_std, noise_draws: the std of the noise added to each clipped sum, and how many
-            Gaussian draws this session made.
+            Gaussian draws this session made (over all ranks: rank 0 draws them all).
+        world_size, rank_batch_sizes: the processes that ran the phase together, and (with
+            more than one) each rank's own batch sizes, in rank order; ``batch_sizes`` and
+            ``clipped`` are then totals over the ranks.
     """
 
     steps_planned: int
@@ -88,6 +91,8 @@ class DPSGDResult:
     settings: dict
     seconds: float
     peak_memory: dict
+    world_size: int = 1
+    rank_batch_sizes: tuple | None = None  # with several processes: each rank's batch sizes, in rank order
 
     @property
     def clipped_fraction(self) -> float:
@@ -113,12 +118,15 @@ def peak_memory(device) -> dict:
 
 
 def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float, noise_std: float,
-                   expected_batch: float, noise_generator, loss_fn, truncated: bool = False) -> int:
+                   expected_batch: float, noise_generator, loss_fn, truncated: bool = False,
+                   collective=None) -> int:
     """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
 
     The batch's chunks are clipped and summed separately and added up before the noise,
     which is drawn once per parameter element: one noisy update however many chunks. An
-    empty batch gets the noise alone. Returns how many real rows were clipped.
+    empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
+    sum covers every rank's rows and the noise is drawn by rank 0 alone, once. Returns how
+    many of this rank's real rows were clipped.
     """
     from trainers.clipping import clipped_gradient_sum
 
@@ -131,16 +139,38 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
         for a, p in zip(acc, trainable):
             a.add_(p.grad)
         clipped += int(out["clipped"])
+    if collective is None or collective.draws_noise:
+        for a in acc:
+            a.add_(torch.randn(a.shape, generator=noise_generator, device=a.device, dtype=a.dtype), alpha=noise_std)
+    if collective is not None:
+        collective.sum_(acc)
     for a, p in zip(acc, trainable):
-        noise = torch.randn(a.shape, generator=noise_generator, device=a.device, dtype=a.dtype)
-        p.grad = (a + noise_std * noise) / expected_batch
+        p.grad = a / expected_batch
     return clipped
+
+
+def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False):
+    """The phase's Poisson sampler over the rows of ``data`` (this rank's shard, ``distributed``).
+
+    Every row the data has is sampled at the plan's q, from a generator seeded by this
+    process's randomness; the chunk holds the plan's expected batch (q N), or this shard's
+    share of it (q times its rows).
+    """
+    from trainers.sampling import PoissonSampler, chunk_size
+
+    q = params.sampling_rate
+    padded = settings.padded_size
+    if padded is None:
+        padded = chunk_size(q * (len(data) if distributed else params.dataset_size), settings.max_chunk)
+    trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
+    return PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
+                          device=data.label.device)
 
 
 def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
               truncated: bool = False, ledger=None, progress: str | None = None, start_step: int = 0,
               checkpoint=None, checkpoint_every: int = 0, optimizer_state: dict | None = None,
-              size_private: bool = False) -> dict:
+              size_private: bool = False, collective=None) -> DPSGDResult:
     """Run the plan's DP-SGD phase on ``model`` in place; returns what this session ran.
 
     Args:
@@ -156,31 +186,35 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         optimizer_state: optimiser and schedule state from a checkpoint, to resume with.
         size_private: the plan's N is a DP count: do not refuse another row count (that
             refusal would reveal the true one); q, q N and the chunk size stay the plan's.
+        collective: this rank's ``trainers.distributed.Collective`` when several processes
+            run the phase together, each on its shard of the rows (``data``): the plan's N is
+            then the rows of all ranks, the batch sizes are global, and only rank 0 should
+            be given a ledger.
     """
     from trainers.losses import bce
-    from trainers.sampling import PoissonSampler
 
     settings = settings or DPSGDSettings()
     if not isinstance(params, DPSGDParams):
         raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
     n, q, steps = params.dataset_size, params.sampling_rate, params.steps
     c, sigma = params.clipping_norm, params.noise_multiplier
-    if len(data) != n and not size_private:
-        raise InvalidParameterError(f"the DP-SGD phase has {len(data)} rows; the plan accounts N = {n}")
+    if collective is not None and params.sampling == "truncated-poisson":
+        raise UnsupportedError("truncated Poisson sampling cuts the global batch: it is not run over several "
+                               "processes (plan Poisson sampling, or run one process)")
+    rows = len(data) if collective is None else collective.total(len(data), like=data.label)
+    if rows != n and not size_private:
+        raise InvalidParameterError(f"the DP-SGD phase has {rows} rows; the plan accounts N = {n}")
     if params.sampling == "truncated-poisson" and size_private:
         raise PlanMismatchError("truncated-Poisson accounting needs the exact N; a plan with a DP count has none")
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
+    if collective is not None:
+        collective.agree("the DP-SGD phase's steps", steps)
+        collective.agree("the steps already taken", start_step)
+        collective.broadcast_(model)  # identical replicas from the first step on
     device = data.label.device
     trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
-    padded = settings.padded_size
-    if padded is None:
-        from trainers.sampling import chunk_size
-
-        padded = chunk_size(q * n, settings.max_chunk)
-    # Every row the data has is sampled at q (the padding above is from the plan's N only).
-    sampler = PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
-                             device=device)
+    sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
     opt = _optimizer(trainable, settings)
     schedule = None
@@ -193,7 +227,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     loss_fn = functools.partial(bce, reduction="none")
     expected = q * n
     noise_std = sigma * c
-    sizes, clipped, chunks_run, noise_draws, truncated_count = [], 0, 0, 0, 0
+    sizes, local_sizes, clipped, chunks_run, noise_draws, truncated_count = [], [], 0, 0, 0, 0
     model.train()
     pbar = bar(progress, steps - start_step)
     t0 = time.perf_counter()
@@ -202,17 +236,20 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             # Which rows a Poisson batch holds depends on no data, so its size may go into the
             # intent; the noisy gradient, which does, comes only after the intent is logged.
             batch = sampler.sample()
+            size = batch.size if collective is None else collective.total(batch.size, like=data.label)
             if ledger is not None:
-                ledger.intend(step, batch.size)
+                ledger.intend(step, size)
             clipped += noisy_gradient(model, data, batch, trainable, clipping_norm=c, noise_std=noise_std,
                                       expected_batch=expected, noise_generator=noise_gen, loss_fn=loss_fn,
-                                      truncated=truncated)
+                                      truncated=truncated, collective=collective)
             chunks_run += len(batch.chunks)
-            noise_draws += sum(p.numel() for p in trainable)
+            if collective is None or collective.draws_noise:
+                noise_draws += sum(p.numel() for p in trainable)
             opt.step()
             if schedule is not None:
                 schedule.step()
-            sizes.append(batch.size)
+            sizes.append(size)
+            local_sizes.append(batch.size)
             truncated_count += batch.truncated
             if checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
                 checkpoint(step + 1, {"optimizer": opt.state_dict(),
@@ -224,13 +261,19 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             pbar[0].stop()
         for p in trainable:
             p.grad = None
+    per_rank = None
+    if collective is not None:
+        clipped = collective.total(clipped, like=data.label)
+        chunks_run = collective.total(chunks_run, like=data.label)
+        per_rank = tuple(tuple(r) for r in collective.gather(local_sizes))
     return DPSGDResult(
         steps_planned=steps, start_step=start_step, steps_taken=len(sizes), batch_sizes=tuple(sizes),
         batches_truncated=truncated_count, clipped=clipped, chunks=chunks_run, padded_size=sampler.padded_size,
         noise_std=noise_std, noise_draws=noise_draws, clipping_norm=c, noise_multiplier=sigma, sampling_rate=q,
         expected_batch_size=expected, truncated=bool(trunc), model="truncated" if truncated else "full",
         trainable_parameters=int(sum(p.numel() for p in trainable)), settings=settings.to_dict(),
-        seconds=time.perf_counter() - t0, peak_memory=peak_memory(device))
+        seconds=time.perf_counter() - t0, peak_memory=peak_memory(device),
+        world_size=1 if collective is None else collective.world_size, rank_batch_sizes=per_rank)
 
 
 

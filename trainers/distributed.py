@@ -1,0 +1,173 @@
+"""DP-SGD over several processes (torch.distributed), with the guarantee of one.
+
+Each rank holds a shard of the rows; together they run the plan's DP-SGD phase exactly as a
+single process would:
+
+- **Sampling.** Poisson sampling includes every example independently with probability q,
+  so each rank sampling its own shard at q (from its own unpredictable generator) is the
+  accounted sample of the whole dataset, whatever the sharding. The global batch size (the
+  sum over ranks) is what the ledger and the record hold.
+- **One sum.** Each rank clips its rows per example and sums them (``trainers.clipping``);
+  the sums are added across ranks with one all-reduce over one flat buffer.
+- **One noise draw.** Gaussian noise of std sigma C is drawn by rank 0 alone and added to
+  its sum before the all-reduce: the reduced sum holds it exactly once (never once per
+  rank, which would be sigma C sqrt(ranks): more noise than planned, or, if each rank drew
+  sigma C / sqrt(ranks) from generators an adversary could align, less).
+- **Division by the plan's q N**, never the realised batch, on every rank.
+- **Identical replicas.** Rank 0's parameters are broadcast before the first step; every
+  rank then applies the same reduced noisy gradient with the same optimiser.
+
+A rank that dies makes the collective calls of the others fail (gloo reports the closed
+connection; a timeout catches the rest), so the run stops instead of taking a step with a
+missing shard. Ranks that disagree on the plan, the step count or the rows refuse to start.
+
+Only rank 0 keeps the ledger and writes the record. Truncated Poisson sampling (a cap on the
+global batch) is not distributed: its truncation needs the global batch before the sample is
+cut, and is refused rather than approximated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue as queues
+import socket
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from budgetplan.errors import PlanMismatchError
+
+__all__ = ["Collective", "RankFailed", "launch"]
+
+
+class RankFailed(RuntimeError):
+    """A rank of a distributed run died or raised: the run stops, and no rank's result is used."""
+
+
+class Collective:
+    """This process's place in the torch.distributed group that runs one DP-SGD phase.
+
+    Args:
+        group: the process group (default: the world, which ``dist.init_process_group``
+            must have set up).
+    """
+
+    def __init__(self, group=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: call dist.init_process_group first")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    @property
+    def draws_noise(self) -> bool:
+        """Whether this rank draws the step's noise (rank 0 only: one draw per step)."""
+        return self.rank == 0
+
+    def _device(self, like: torch.Tensor | None = None):
+        if like is not None:
+            return like.device
+        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else "cpu"
+
+    def total(self, value: int, like: torch.Tensor | None = None) -> int:
+        """The sum of an integer over ranks (rows, a batch size, a count)."""
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self._device(like))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return int(t.item())
+
+    def gather(self, values: list[int]) -> list[list[int]]:
+        """Every rank's list of integers (the same length on every rank), in rank order."""
+        t = torch.tensor(list(values), dtype=torch.int64, device=self._device())
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t, group=self.group)
+        return [o.tolist() for o in out]
+
+    def agree(self, what: str, value: int) -> None:
+        """Refuse to go on unless every rank holds the same ``value`` (a step count, a hash prefix)."""
+        seen = self.gather([int(value)])
+        if any(v != seen[0] for v in seen):
+            raise PlanMismatchError(f"the ranks disagree on {what}: {[v[0] for v in seen]}")
+
+    def sum_(self, tensors: list[torch.Tensor]) -> None:
+        """Add ``tensors`` across ranks in place, with one all-reduce over one flat buffer."""
+        if not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def broadcast_(self, module: torch.nn.Module) -> None:
+        """Make every rank's parameters and buffers rank 0's."""
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=0, group=self.group)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(rank, nproc, address, backend, timeout_s, threads, results, fn, args):
+    try:
+        torch.set_num_threads(threads)
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=nproc,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            results.put((rank, "ok", fn(Collective(), *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # the parent reports it; the exit code says it failed
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+        raise SystemExit(1) from None
+
+
+def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.0, threads: int = 1) -> list:
+    """Run ``fn(collective, *args)`` in ``nproc`` fresh processes of one group; their results in rank order.
+
+    Each process starts clean (``spawn``), sets ``threads`` torch threads, and joins a group
+    on a free local port (``backend`` gloo on CPU, nccl on GPUs). ``fn`` and ``args`` must be
+    picklable (a module-level function). A rank that raises or dies fails the whole run with
+    ``RankFailed``: the other ranks' collective calls fail too (or time out after
+    ``timeout_s``), and nothing any rank returned is used.
+    """
+    import torch.multiprocessing as mp
+
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [context.Process(target=_rank_main, args=(r, nproc, address, backend, timeout_s, threads, results, fn,
+                                                      args), daemon=True) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple] = {}
+    deadline = time.monotonic() + timeout_s + 60.0
+    try:
+        while len(got) < nproc and time.monotonic() < deadline:
+            try:
+                rank, status, value = results.get(timeout=0.5)
+                got[rank] = (status, value)
+                continue
+            except queues.Empty:
+                pass
+            if any(p.exitcode not in (None, 0) for p in procs) and all(p.exitcode is not None for p in procs):
+                break  # every process is gone, some of them failed: nothing more will arrive
+    finally:
+        for p in procs:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    failed = [f"rank {r}: {v[1].splitlines()[0]}" for r, v in sorted(got.items()) if v[0] == "error"]
+    failed += [f"rank {r}: exited with code {p.exitcode} before reporting" for r, p in enumerate(procs)
+               if r not in got]
+    if failed:
+        raise RankFailed("the distributed run failed, no result is used: " + "; ".join(failed))
+    return [got[r][1] for r in range(nproc)]

@@ -137,6 +137,7 @@ def _train_settings(args):
 
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the run: data, plans, training (the library's defaults resolved)."""
+    from budgetplan.split import ALPHA_BY_EPSILON
     from trainers.data.synth import get_shape
 
     train, dp = _train_settings(args)
@@ -145,6 +146,8 @@ def settings(args: argparse.Namespace) -> dict:
         "rows": args.rows, "users": args.users, "data_seeds": [1000 + s for s in range(args.seeds)],
         "training_seed": "the data seed", "holdout": HOLDOUT, "epsilons": args.epsilon_list,
         "arms": {a: ARMS[a] for a in args.arm_list},
+        # what "alpha-by-eps" means today: a new table changes the Hybrid arm's plans
+        "alpha_by_epsilon": [{"from_epsilon": s.from_epsilon, "alpha": s.alpha} for s in ALPHA_BY_EPSILON],
         "scenario": _shared_scenario(args), "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
         "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True",
                       "settings": _baseline_settings().to_dict()}})

@@ -176,3 +176,11 @@ def test_settings_survive_a_json_round_trip():
     today = todays_settings(recorded)
     assert json.loads(json.dumps(today))["values"] == today["values"]
     assert today["script"] == "utility_frontier.py" and today["argv"] == recorded["argv"]
+
+
+def test_a_changed_split_table_makes_the_frontier_stale(monkeypatch):
+    from budgetplan import split
+
+    table = split.ALPHA_BY_EPSILON
+    monkeypatch.setattr(split, "ALPHA_BY_EPSILON", (dataclasses.replace(table[0], alpha=1.0), *table[1:]))
+    assert differences(_quick_frontier()) == ["alpha_by_epsilon"]

@@ -12,6 +12,7 @@ from budgetplan import __version__
 from budgetplan.cli._shell import Group
 from budgetplan.cli.data_cmd import data
 from budgetplan.cli.dpsgd_cmd import dpsgd
+from budgetplan.cli.export_cmd import export
 from budgetplan.cli.plan_cmds import audit, examples, plan, show, statement, verify
 from budgetplan.cli.plot_cmds import plot
 from budgetplan.cli.release_cmds import gaussian, group, rr
@@ -36,6 +37,7 @@ cli.add_command(plan)
 cli.add_command(show)
 cli.add_command(verify)
 cli.add_command(statement)
+cli.add_command(export)
 cli.add_command(examples)
 cli.add_command(data)
 cli.add_command(train)

@@ -55,7 +55,11 @@ ALPHA_BY_EPSILON_SOURCE = (
     "{0, 0.25, 0.5, 0.75, 1} at eps 1, 3, 8 and 12; CHANGELOG), in line with Chua et al., arXiv:2401.15246 v2, "
     "Fig. 3 (plain DP-SGD best at eps 1, alpha >= 0.5 for 4 <= eps <= 8, a smaller alpha at eps 12)")
 # The steps change between measured epsilons where the best alpha changes: at 2 (between 1
-# and 3) and at 10 (between 8 and 12). Above 12 nothing was measured: the last alpha is kept.
+# and 3) and at 10 (between 8 and 12). The 1M-row frontier (benchmarks/results/
+# utility_frontier.md, 3 seeds) confirms the table on the balanced shape: alpha 0.75 best at
+# eps 3, 5 and 8, 0.5 at 12 and 20. Below eps 2 the best arm depends on the shape (RR on the
+# balanced and non-sensitive shapes at 1M rows, plain DP-SGD on the sensitive one and on the
+# balanced shape at 200,000 rows); alpha 0 loses least across them.
 # On data whose signal sits mostly in sensitive features the best alpha is lower (plain
 # DP-SGD led at eps 1 and 3 on the sensitive shape and tied Hybrid at 8 and 12): tune the
 # split with a [tuning] grid where that may be so.

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -25,7 +26,11 @@ TARGET_SECONDS = 15.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    args = argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="timed runs, each from cleared caches")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     args.argv = list(argv)
     return args
 
@@ -39,7 +44,7 @@ def settings(args: argparse.Namespace) -> dict:
     return h.settings_record("split_grid.py", args.argv, {
         "command": ARGS, "epsilons": PAPER_EPSILONS, "alphas": PAPER_ALPHAS, "adjacency": "replace-one",
         "accountant": "pld", "discretization": DEFAULT_DISCRETIZATION,
-        "relative_tolerance": calibrate._REL_TOL, "target_seconds": TARGET_SECONDS})
+        "relative_tolerance": calibrate._REL_TOL, "target_seconds": TARGET_SECONDS, "rounds": args.rounds})
 
 
 def main(argv: list[str]) -> None:
@@ -50,24 +55,30 @@ def main(argv: list[str]) -> None:
 
     args = parse_args(argv)
 
-    for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):
-        getattr(fastpld, name).cache_clear()
-    t0 = time.perf_counter()
-    result = CliRunner().invoke(cli, ARGS)
-    seconds = time.perf_counter() - t0
-    if result.exit_code != 0:
-        raise SystemExit(result.output)
+    load_before, times = os.getloadavg()[0], []
+    for _ in range(args.rounds):
+        for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):  # nothing carried over between rounds
+            getattr(fastpld, name).cache_clear()
+        t0 = time.perf_counter()
+        result = CliRunner().invoke(cli, ARGS)
+        times.append(time.perf_counter() - t0)
+        if result.exit_code != 0:
+            raise SystemExit(result.output)
+    seconds = statistics.median(times)
     grid = json.loads(result.stdout)
     out = {"settings": settings(args), "command": "budgetplan " + " ".join(ARGS), "seconds": seconds,
-           "target_seconds": TARGET_SECONDS, "cells": len(grid["results"]),
+           "seconds_all": times, "target_seconds": TARGET_SECONDS, "cells": len(grid["results"]),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "load_average_1min": os.getloadavg()[0]},
+                       "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]},
            "results": grid["results"]}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "split_grid.json").write_text(json.dumps(out, indent=2) + "\n")
     alphas = sorted({c["rule"] for c in grid["results"]}, key=lambda r: float(r.split("=")[1]))
+    m = out["machine"]
     lines = ["# Split grid benchmark", "", f"`{out['command']}`: {seconds:.1f} s for {out['cells']} cells "
-             f"(target < 15 s), {out['machine']['cpus']} CPUs.", "", "Noise multiplier of the DP-SGD phase "
+             f"(median of {len(times)} runs from cleared caches, {min(times):.1f}-{max(times):.1f} s; target < 15 s), "
+             f"{m['cpus']} CPUs, load average (1 min) {m['load_average_1min_before']:.2f} before and "
+             f"{m['load_average_1min_after']:.2f} after.", "", "Noise multiplier of the DP-SGD phase "
              "(rows: total epsilon; columns: alpha = eps1 / eps; - : no DP-SGD phase):", "",
              "| epsilon | " + " | ".join(alphas) + " |", "|---" * (len(alphas) + 1) + "|"]
     by = {(c["epsilon"], c["rule"]): c["noise_multiplier"] for c in grid["results"]}

@@ -1,6 +1,7 @@
 """torch's CPU threads against the machine's load: the evidence behind ``--threads auto``.
 
-Two conditions: the machine as it is (``idle``), and ``loaded``: one busy process on every
+Two conditions: ``idle`` (once the 1-minute load average has fallen below ``--idle-below``,
+waiting at most 5 minutes), and ``loaded``: one busy process on every
 CPU but one, as when another job shares the machine. In each, the same two runs at each
 thread count (1; every CPU, torch's own default; and ``auto``, resolved by the run itself
 after the load average has had ``--settle`` seconds to see the busy processes):
@@ -41,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settle", type=float, default=60.0,
                     help="seconds the busy processes run before the loaded measurements")
+    ap.add_argument("--idle-below", type=float, default=0.5,
+                    help="before the idle condition, wait (at most 5 minutes) for the 1-minute load average to "
+                    "fall below this")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
     args = ap.parse_args(argv)
     args.argv = list(argv)
@@ -49,6 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             ap.error(f"{what} must be at least 1, got {value}")
     if not 0 <= args.settle < float("inf"):
         ap.error(f"--settle must be a finite number of seconds >= 0, got {args.settle!r}")
+    if not 0 <= args.idle_below < float("inf"):
+        ap.error(f"--idle-below must be a finite load >= 0, got {args.idle_below!r}")
     return args
 
 
@@ -66,7 +72,8 @@ def settings(args: argparse.Namespace) -> dict:
 
     return h.settings_record("threads.py", args.argv, {
         "rows": args.rows, "shape": get_shape(SHAPE).parameters(), "epochs": args.epochs, "rounds": args.rounds,
-        "settle_seconds": args.settle, "threads": ["1", "every CPU", "auto"], "workloads": list(WORKLOADS),
+        "settle_seconds": args.settle, "idle_below": args.idle_below, "threads": ["1", "every CPU", "auto"],
+        "workloads": list(WORKLOADS),
         "scenario": _scenario(args.rows), "training": TrainSettings().to_dict(),
         "dpsgd_settings": DPSGDSettings().to_dict(),
         "baseline": BaselineSettings(max_epochs=args.epochs, patience=args.epochs).to_dict()})
@@ -91,6 +98,13 @@ batch_size = {min(4096, max(1, n // 4))}
 epochs = 1
 clipping_norm = 5.0
 {get_shape(SHAPE).features.to_toml()}"""
+
+
+def _wait_idle(below: float, most: float = 300.0) -> None:
+    """Wait until the 1-minute load average is below ``below`` (at most ``most`` seconds)."""
+    end = time.monotonic() + most
+    while os.getloadavg()[0] >= below and time.monotonic() < end:
+        time.sleep(5.0)
 
 
 def _spin() -> None:
@@ -147,6 +161,9 @@ def run(args) -> dict:
                 if spinners:
                     bar.update(task, description=f"{len(spinners)} busy processes settling")
                     time.sleep(args.settle)
+                else:
+                    bar.update(task, description=f"waiting for the load average to fall below {args.idle_below}")
+                    _wait_idle(args.idle_below)
                 rows = {"load_before": os.getloadavg()[0], "busy_processes": len(spinners), "by_threads": {}}
                 for label, threads in counts:
                     bar.update(task, description=f"{condition}: {label} threads")

@@ -25,7 +25,8 @@ def _script():
 
 def test_tiny_run_measures_every_count_in_both_conditions(tmp_path):
     bench = _script()
-    result = bench.main(["--rows", "4000", "--rounds", "1", "--settle", "0", "--out", str(tmp_path)])
+    result = bench.main(["--rows", "4000", "--rounds", "1", "--settle", "0", "--idle-below", "1000",
+                           "--out", str(tmp_path)])
     assert json.loads((tmp_path / "threads.json").read_text()) == json.loads(json.dumps(result))
     cpus = result["cpus"]
     for condition, rows in result["conditions"].items():
@@ -39,7 +40,8 @@ def test_tiny_run_measures_every_count_in_both_conditions(tmp_path):
 
 
 @pytest.mark.parametrize("argv, what", [(["--rows", "0"], "--rows"), (["--rounds", "0"], "--rounds"),
-                                        (["--settle", "nan"], "--settle")])
+                                        (["--settle", "nan"], "--settle"),
+                                        (["--idle-below", "-1"], "--idle-below")])
 def test_bad_options_are_refused(argv, what, capsys):
     with pytest.raises(SystemExit) as exc:
         _script().parse_args(argv)

@@ -12,8 +12,11 @@ hundred hidden units), so an extra thread buys little even on an idle machine.
 
 1. ``OMP_NUM_THREADS``, when the environment sets it: the operator's choice;
 2. otherwise the CPUs this process may run on (its affinity mask, and a cgroup CPU quota,
-   as containers set) less the load the other processes already put on them (the 1-minute
-   load average, rounded), and at least one.
+   as containers set) less the threads other work is running on them now (the kernel's
+   count of runnable threads, median of 10 readings over 0.1 s, less this one), and at
+   least one. Not the load averages: they remember the last minute, this process's own
+   work included, and kept ``auto`` at one thread on an idle 2-core machine right after a
+   run.
 
 An explicit count is used as given. Threads change only speed (and, through the order of
 floating-point sums, the last bits of a model): never what a plan accounts.
@@ -59,20 +62,43 @@ def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
     return max(1, cpus)
 
 
-def auto_threads(*, cpus: int | None = None, load: float | None = None, environ=os.environ) -> int:
-    """The ``"auto"`` rule (module docstring); ``cpus`` and ``load`` default to this machine's."""
+def busy_elsewhere(samples: int = 10, interval: float = 0.01, path: Path = Path("/proc/loadavg")) -> float:
+    """How many other threads are runnable now: the median over ``samples`` readings of the
+    kernel's count of runnable threads (``/proc/loadavg``'s fourth field) less this one.
+
+    An instantaneous count, unlike the load averages, which remember the last minute, this
+    process's own work included. Without ``/proc`` (not Linux): the 1-minute load average.
+    """
+    import statistics
+    import time
+
+    counts = []
+    for i in range(samples):
+        try:
+            counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            break
+        if i + 1 < samples:
+            time.sleep(interval)
+    if counts:
+        return max(0.0, float(statistics.median(counts)))
+    try:
+        return max(0.0, os.getloadavg()[0])
+    except OSError:
+        return 0.0
+
+
+def auto_threads(*, cpus: int | None = None, busy: float | None = None, environ=os.environ) -> int:
+    """The ``"auto"`` rule (module docstring); ``cpus`` and ``busy`` (threads runnable besides
+    this one) default to this machine's now."""
     given = environ.get("OMP_NUM_THREADS", "").strip()
     if given.isdigit() and int(given) >= 1:
         return min(int(given), MAX_THREADS)
     cpus = available_cpus() if cpus is None else cpus
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = 0.0
-    if not math.isfinite(load) or load < 0:
-        load = 0.0
-    return max(1, min(cpus, cpus - round(load)))
+    busy = busy_elsewhere() if busy is None else busy
+    if not math.isfinite(busy) or busy < 0:
+        busy = 0.0
+    return max(1, min(cpus, cpus - round(busy)))
 
 
 def resolve_threads(threads: int | str | None) -> int:

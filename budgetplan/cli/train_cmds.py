@@ -71,7 +71,7 @@ def _settings(**kw):
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--threads", default="auto", show_default=True,
               help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this '
-              "process may use less the machine's load: never more threads than free cores).")
+              "process may use less the threads other work runs now: never more threads than free cores).")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Reproducible run (debugging only): privacy noise derived from this seed, recorded as such.")
 @click.option("--non-private", is_flag=True, help="Train the non-private baseline on the plan's features instead, with "
@@ -280,7 +280,7 @@ def _print_record(record, out_dir) -> None:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Synthetic data seed.")
 @click.option("--threads", default="auto", show_default=True,
               help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this '
-              "process may use less the machine's load: never more threads than free cores).")
+              "process may use less the threads other work runs now: never more threads than free cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def demo(rows, users, epsilons, out_dir, seed, threads, as_json):
     """Plan-then-train on built-in synthetic data: RR label DP against a non-private baseline."""

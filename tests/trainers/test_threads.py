@@ -12,21 +12,52 @@ from budgetplan.limits import MAX_THREADS  # noqa: E402
 from trainers.threads import auto_threads, available_cpus, resolve_threads, torch_threads  # noqa: E402
 
 
-@pytest.mark.parametrize("load, expected", [(0.0, 4), (0.4, 4), (1.4, 3), (2.6, 1), (3.0, 1), (40.0, 1),
+@pytest.mark.parametrize("busy, expected", [(0.0, 4), (0.4, 4), (1.4, 3), (2.6, 1), (3.0, 1), (40.0, 1),
                                             (float("nan"), 4), (-1.0, 4)])
-def test_auto_leaves_the_cores_others_are_using(load, expected):
-    assert auto_threads(cpus=4, load=load, environ={}) == expected
+def test_auto_leaves_the_cores_others_are_using(busy, expected):
+    assert auto_threads(cpus=4, busy=busy, environ={}) == expected
 
 
 def test_auto_on_a_loaded_two_core_machine_is_one_thread():
-    # the measured case: another job on one of two cores made torch's default 7.3x slower
-    assert auto_threads(cpus=2, load=1.0, environ={}) == 1
-    assert auto_threads(cpus=2, load=0.2, environ={}) == 2
+    # the measured case: another job on one of two cores made torch's default 2-7x slower
+    assert auto_threads(cpus=2, busy=1.0, environ={}) == 1
+    assert auto_threads(cpus=2, busy=0.0, environ={}) == 2
 
 
 @pytest.mark.parametrize("given, expected", [("3", 3), (" 1 ", 1), ("0", 2), ("many", 2), ("", 2)])
 def test_auto_takes_omp_num_threads_when_the_environment_sets_it(given, expected):
-    assert auto_threads(cpus=2, load=0.0, environ={"OMP_NUM_THREADS": given}) == expected
+    assert auto_threads(cpus=2, busy=0.0, environ={"OMP_NUM_THREADS": given}) == expected
+
+
+def test_busy_elsewhere_reads_the_runnable_count_less_this_thread(tmp_path):
+    from trainers.threads import busy_elsewhere
+
+    path = tmp_path / "loadavg"
+    path.write_text("1.92 1.40 1.09 3/412 20461\n")  # three runnable threads, this one among them
+    assert busy_elsewhere(samples=3, interval=0.0, path=path) == 2.0
+    path.write_text("0.00 0.01 0.05 1/300 1\n")
+    assert busy_elsewhere(samples=1, path=path) == 0.0
+
+
+def test_busy_elsewhere_sees_a_busy_process():
+    import multiprocessing
+    import time
+
+    from trainers.threads import busy_elsewhere
+
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    spinner.start()
+    try:
+        time.sleep(1.0)  # the spawned interpreter is up and spinning
+        assert busy_elsewhere(samples=20) >= 1.0  # the spinner is always runnable
+    finally:
+        spinner.terminate()
+        spinner.join()
+
+
+def _spin():
+    while True:
+        pass
 
 
 def test_available_cpus_follows_a_cgroup_quota(tmp_path):

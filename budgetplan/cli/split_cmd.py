@@ -55,9 +55,12 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--adjacency", type=click.Choice(["replace-one", "add-remove"]), default="replace-one",
               show_default=True, help="Hybrid's semi-sensitive DP is replace-one.")
 @click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
+@click.option("--jobs", default="auto", show_default=True,
+              help='Calibrations run at once, in separate processes: an integer, or "auto" (the CPUs free now). '
+              "The results do not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, steps, rule, adjacency, accountant,
-          as_json):
+          jobs, as_json):
     """Split a total budget between Hybrid's RR phase (eps1, 0) and DP-SGD phase (eps2, delta)."""
     from budgetplan.calibrate import steps_for_epochs
     from budgetplan.split import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
@@ -65,6 +68,12 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
 
     if (epochs is None) == (steps is None):
         raise click.UsageError("give exactly one of --epochs or --steps")
+    if jobs != "auto":
+        from budgetplan.limits import MAX_THREADS
+
+        if not jobs.strip().isdigit() or not 1 <= int(jobs) <= MAX_THREADS:
+            raise click.UsageError(f'--jobs must be an integer in [1, {MAX_THREADS}] or "auto", got {jobs!r}')
+        jobs = int(jobs)
     if batch_size > dataset_size:
         raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
     if adjacency != "replace-one":
@@ -89,7 +98,8 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
         parse_rule(rule, "--rule")
         eps_list, rules = (epsilon,), [rule]
     cells = sweep(eps_list, rules, delta=delta, sampling_rate=batch_size / dataset_size, steps=steps,
-                  adjacency=adjacency, method=accountant, progress=not as_json and len(eps_list) * len(rules) > 1)
+                  adjacency=adjacency, method=accountant, progress=not as_json and len(eps_list) * len(rules) > 1,
+                  jobs=jobs)
     shape = {"delta": delta, "dataset_size": dataset_size, "batch_size": batch_size, "steps": steps,
              "epochs": epochs, "sampling_rate": batch_size / dataset_size, "adjacency": adjacency,
              "accountant": accountant}

@@ -44,7 +44,8 @@ def settings(args: argparse.Namespace) -> dict:
     return h.settings_record("split_grid.py", args.argv, {
         "command": ARGS, "epsilons": PAPER_EPSILONS, "alphas": PAPER_ALPHAS, "adjacency": "replace-one",
         "accountant": "pld", "discretization": DEFAULT_DISCRETIZATION,
-        "relative_tolerance": calibrate._REL_TOL, "target_seconds": TARGET_SECONDS, "rounds": args.rounds})
+        "relative_tolerance": calibrate._REL_TOL, "target_seconds": TARGET_SECONDS, "rounds": args.rounds,
+        "jobs": "auto (the CLI's default: the free CPUs, in separate processes)"})
 
 
 def main(argv: list[str]) -> None:

@@ -145,7 +145,17 @@ def _plan_cases() -> list[Case]:
         Case("plan-dpsgd-verify", ("verify", "plan.json"), "accept",
              inputs=(Artefact("plan.json", "plan-small-dpsgd"),)),
         Case("plan-walr-statement", ("statement", "plan.json"), "accept", inputs=(Artefact("plan.json", "plan-walr"),)),
+        Case("plan-dpsgd-export", ("export", "plan.json", "--json"), "accept",
+             inputs=(Artefact("plan.json", "plan-small-dpsgd"),)),
+        Case("plan-rr-export", ("export", "plan.json"), "reject", inputs=(plan,)),  # no DP-SGD phase
+        Case("plan-missing-export", ("export", "nope.json"), "reject"),
+        Case("plan-directory-export", ("export", "d"), "reject", inputs=(Dir("d"),)),
+        Case("plan-export-to-nothing", ("export", "plan.json", "--to", "tf-privacy"), "reject",
+             inputs=(Artefact("plan.json", "plan-small-dpsgd"),)),
     ]
+    for name, edit in BROKEN_JSON[:6] + PLAN_EDITS[:3]:
+        cases.append(Case(id=f"plan-{name}-export", argv=("export", "plan.json"), expect="reject",
+                          inputs=(Artefact("plan.json", "plan-small-dpsgd", edit),)))
     return cases
 
 

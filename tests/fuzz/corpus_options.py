@@ -122,6 +122,7 @@ COMMANDS = (
             base=("split", "--epsilon", "8", "--delta", "1e-6", "--dataset-size", "10000", "--batch-size", "100",
                   "--epochs", "1", "--json")),
         Opt("--steps", accept="", either=""),
+        Opt("--jobs", accept=""),
     )),
     Cmd("plot-curve", ("plot", "curve", "--noise-multiplier", "1", "--dataset-size", "1000", "--batch-size", "10",
                        "--max-epochs", "1", "--points", "2", "--delta", "1e-6", "--accountant", "rdp", "-o",
@@ -159,6 +160,7 @@ COMMANDS = (
         Opt("--seed", accept="zero huge 2^63"),
         Opt("--embedding-dim", accept=""),
         Opt("--hash-bins", accept=""),
+        Opt("--threads", accept=""),
         *(Opt(name, accept=accept, base=_NON_PRIVATE) for name, accept in (
             ("--baseline-epochs", ""), ("--patience", ""), ("--validation-fraction", ""),
             ("--weight-decay", "zero tiny"))),
@@ -168,6 +170,7 @@ COMMANDS = (
         Opt("--users", accept=""),
         Opt("--epsilon", accept="frac", skip="big tiny huge 2^63"),
         Opt("--seed", accept="", skip="zero huge 2^63"),
+        Opt("--threads", accept=""),
     ), outputs=("demo",)),
 )
 

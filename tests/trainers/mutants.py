@@ -51,8 +51,8 @@ class Mutant:
 
 NOISE_HALVED = Mutant(
     "noise halved", "trainers.dpsgd",
-    "p.grad = (a + noise_std * noise) / expected_batch",
-    "p.grad = (a + noise_std / 2 * noise) / expected_batch", ("noisy_gradient",))
+    "device=a.device, dtype=a.dtype), alpha=noise_std)",
+    "device=a.device, dtype=a.dtype), alpha=noise_std / 2)", ("noisy_gradient",))
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",

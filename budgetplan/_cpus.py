@@ -66,6 +66,11 @@ def busy_elsewhere(samples: int = 10, interval: float = 0.01, path: Path = Path(
         return 0.0
 
 
-def free_cpus() -> int:
-    """The CPUs this process may use less the threads other work runs on them now, at least one."""
-    return max(1, available_cpus() - round(busy_elsewhere()))
+def free_cpus(*, cpus: int | None = None, busy: float | None = None) -> int:
+    """The CPUs this process may use less the threads other work runs on them now, at least one;
+    ``cpus`` and ``busy`` default to this machine's now (a NaN or negative ``busy`` counts as 0)."""
+    cpus = available_cpus() if cpus is None else cpus
+    busy = busy_elsewhere() if busy is None else busy
+    if not math.isfinite(busy) or busy < 0:
+        busy = 0.0
+    return max(1, min(cpus, cpus - round(busy)))

@@ -24,11 +24,10 @@ floating-point sums, the last bits of a model): never what a plan accounts.
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import contextmanager
 
-from budgetplan._cpus import available_cpus, busy_elsewhere
+from budgetplan._cpus import available_cpus, busy_elsewhere, free_cpus
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_THREADS
 
@@ -41,11 +40,7 @@ def auto_threads(*, cpus: int | None = None, busy: float | None = None, environ=
     given = environ.get("OMP_NUM_THREADS", "").strip()
     if given.isdigit() and int(given) >= 1:
         return min(int(given), MAX_THREADS)
-    cpus = available_cpus() if cpus is None else cpus
-    busy = busy_elsewhere() if busy is None else busy
-    if not math.isfinite(busy) or busy < 0:
-        busy = 0.0
-    return max(1, min(cpus, cpus - round(busy)))
+    return free_cpus(cpus=cpus, busy=busy)
 
 
 def resolve_threads(threads: int | str | None) -> int:

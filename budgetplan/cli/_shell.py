@@ -22,7 +22,8 @@ from budgetplan import _validate, limits
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 
 __all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "DATASET_SIZE", "BATCH_SIZE", "EPOCHS",
-           "UNIT_CAP", "LEARNING_RATE", "bounded_int", "bounded_non_negative", "emit_json", "warn", "console"]
+           "UNIT_CAP", "LEARNING_RATE", "THREADS_OR_AUTO", "bounded_int", "bounded_non_negative", "emit_json", "warn",
+           "console"]
 
 
 class Group(click.Group):
@@ -146,6 +147,17 @@ BATCH_SIZE = bounded_int("batch_size", limits.MAX_DATASET_SIZE)  # a batch is ne
 UNIT_CAP = bounded_int("unit_cap", limits.MAX_UNIT_CAP)
 EPOCHS = _Checked("epochs", _bounded(_validate.positive, limits.MAX_EPOCHS))
 LEARNING_RATE = _Checked("learning_rate", _bounded(_validate.positive, limits.MAX_LEARNING_RATE))
+
+
+class _OrAuto(_Checked):
+    """``"auto"``, or what the wrapped check accepts."""
+
+    def convert(self, value: Any, param, ctx):
+        return "auto" if value == "auto" else super().convert(value, param, ctx)
+
+
+# CPU threads or worker processes: a count up to MAX_THREADS, or "auto" (the free CPUs)
+THREADS_OR_AUTO = _OrAuto("threads_or_auto", _bounded(_validate.positive_int, limits.MAX_THREADS))
 
 
 def _clean(value):

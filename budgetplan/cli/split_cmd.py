@@ -12,6 +12,7 @@ from budgetplan.cli._shell import (
     OPEN_UNIT,
     POSITIVE,
     POSITIVE_INT,
+    THREADS_OR_AUTO,
     console,
     emit_json,
     warn,
@@ -55,7 +56,7 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--adjacency", type=click.Choice(["replace-one", "add-remove"]), default="replace-one",
               show_default=True, help="Hybrid's semi-sensitive DP is replace-one.")
 @click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
-@click.option("--jobs", default="auto", show_default=True,
+@click.option("--jobs", type=THREADS_OR_AUTO, default="auto", show_default=True,
               help='Calibrations run at once, in separate processes: an integer, or "auto" (the CPUs free now). '
               "The results do not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -68,12 +69,6 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
 
     if (epochs is None) == (steps is None):
         raise click.UsageError("give exactly one of --epochs or --steps")
-    if jobs != "auto":
-        from budgetplan.limits import MAX_THREADS
-
-        if not jobs.strip().isdigit() or not 1 <= int(jobs) <= MAX_THREADS:
-            raise click.UsageError(f'--jobs must be an integer in [1, {MAX_THREADS}] or "auto", got {jobs!r}')
-        jobs = int(jobs)
     if batch_size > dataset_size:
         raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
     if adjacency != "replace-one":

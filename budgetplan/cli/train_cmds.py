@@ -14,6 +14,7 @@ from budgetplan.cli._shell import (
     OPEN_UNIT,
     POSITIVE,
     POSITIVE_INT,
+    THREADS_OR_AUTO,
     bounded_int,
     bounded_non_negative,
     console,
@@ -30,6 +31,11 @@ from budgetplan.limits import (
 )
 
 __all__ = ["train", "demo"]
+
+_THREADS = click.option(
+    "--threads", type=THREADS_OR_AUTO, default="auto", show_default=True,
+    help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this process may use '
+    "less the threads other work runs now: never more threads than free cores).")
 
 
 def _settings(**kw):
@@ -69,9 +75,7 @@ def _settings(**kw):
 @click.option("--hash-bins", type=bounded_int("hash_bins", MAX_HASH_BINS), default=2**16, show_default=True,
               help="Rows of each hashed embedding table (non-sensitive and sensitive).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
-@click.option("--threads", default="auto", show_default=True,
-              help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this '
-              "process may use less the threads other work runs now: never more threads than free cores).")
+@_THREADS
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Reproducible run (debugging only): privacy noise derived from this seed, recorded as such.")
 @click.option("--non-private", is_flag=True, help="Train the non-private baseline on the plan's features instead, with "
@@ -107,7 +111,6 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     from trainers.run import execute_plan, run_baseline
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
-    threads = _threads_option(threads)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
                          vocab_threshold=vocab_threshold, hash_bins_nonsensitive=hash_bins,
@@ -201,12 +204,6 @@ def _refuse_unused(ctx, plan, non_private: bool) -> None:
                + ("fixes the RR batch size" if rr is not None else "has no RR phase"))
 
 
-def _threads_option(text: str) -> int | str:
-    from budgetplan.limits import MAX_THREADS
-
-    return "auto" if text == "auto" else _int_option("--threads", text, MAX_THREADS)
-
-
 def _int_option(name: str, text: str, limit: int) -> int:
     try:
         value = int(text)
@@ -278,9 +275,7 @@ def _print_record(record, out_dir) -> None:
 @click.option("--epsilon", "epsilons", type=POSITIVE, multiple=True, help="RR budgets to compare (default 1, 3).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Keep data, plans and runs here.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Synthetic data seed.")
-@click.option("--threads", default="auto", show_default=True,
-              help='CPU threads for torch: an integer, or "auto" (OMP_NUM_THREADS if set, else the CPUs this '
-              "process may use less the threads other work runs now: never more threads than free cores).")
+@_THREADS
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def demo(rows, users, epsilons, out_dir, seed, threads, as_json):
     """Plan-then-train on built-in synthetic data: RR label DP against a non-private baseline."""
@@ -288,7 +283,6 @@ def demo(rows, users, epsilons, out_dir, seed, threads, as_json):
 
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
-    threads = _threads_option(threads)
     created = _fresh_directory("--out", out_dir) if out_dir is not None else None
     try:
         result = run_demo(rows=rows, users=users, epsilons=epsilons or (1.0, 3.0), out_dir=out_dir, seed=seed,

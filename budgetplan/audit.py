@@ -20,6 +20,9 @@ evidence is absent. Each check is named and independent:
    and noise was drawn for every trainable parameter at every step of the session.
 7. ``Poisson batch sizes``: every step's batch size, from the ledger across all sessions,
    is consistent with Poisson sampling at q (total and spread, two-sided, at ``alpha``).
+   A run over several processes also gets ``Poisson batch sizes per rank``
+   (``budgetplan.audit_ranks``): the ranks agree on the step count, their sizes add up to
+   each step's, and each rank's batches are Poisson at q over its rows.
 8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
    with it (two-sided binomial test at ``alpha``).
 9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
@@ -56,6 +59,7 @@ from typing import Any
 
 from scipy import stats
 
+from budgetplan.audit_ranks import rank_checks
 from budgetplan.audit_tuned import audit_tuned, audit_tuned_interrupted, is_tuned
 from budgetplan.errors import BudgetplanError
 from budgetplan.ledger import LedgerView, read_ledger
@@ -528,7 +532,7 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         checks.append(Check(f"{name}: spread", p_var >= alpha,
                             f"variance {var:.2f} against {var1:.2f}; two-sided chi-square p = {p_var:.3g} "
                             "(fixed-size or shuffled batches have no spread)"))
-    return checks
+    return checks + rank_checks(sized, ran, rows=n, q=q, alpha=alpha, two_sided_binomial=_two_sided_binomial)
 
 
 # -------------------------------------------------------------------------- RR and WALR

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_CONFIGURATIONS",
     "MAX_STEPS",
     "MAX_THREADS",
+    "MAX_PROCESSES",
 ]
 
 # N, rows after capping. A trillion is 200x the largest public ads log (Criteo's 1TB click
@@ -84,3 +85,5 @@ MAX_STEPS = 10**15
 # CPU threads torch may use in a run. The largest machines have a few hundred cores; more
 # threads than that only oversubscribe them.
 MAX_THREADS = 1_024
+# Processes of one distributed run (--nproc, torchrun's world): beyond this, a typo.
+MAX_PROCESSES = 1_024

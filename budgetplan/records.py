@@ -170,6 +170,10 @@ class DPSGDRun:
     before any data is read, so their sizes reveal nothing beyond N. When N is private (a
     DP count), ``withheld`` names :data:`WITHHELD_WITH_N`, those fields are null here and
     the private statistics hold them (:meth:`restored` puts them back).
+
+    A phase run by several processes says how many (``processes``) and how many noisy
+    steps each of them counted on its own this session (``rank_steps``, in rank order);
+    the ledger holds each step's per-rank batch sizes. Both are absent for one process.
     """
 
     name: ClassVar[str] = "dpsgd"
@@ -200,8 +204,18 @@ class DPSGDRun:
     seconds: float
     peak_memory: dict | None
     withheld: tuple[str, ...] | None = _typed.omit_if_none()
+    processes: int | None = _typed.omit_if_none()
+    rank_steps: tuple[int, ...] | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
+        if (self.processes is None) != (self.rank_steps is None):
+            raise InvalidParameterError("processes and rank_steps go together (a phase run by several processes)")
+        if self.processes is not None:
+            _set(self, "processes", _validate.positive_int("processes", self.processes))
+            steps = tuple(_count("rank_steps", s) for s in self.rank_steps or ())
+            if len(steps) != self.processes:
+                raise InvalidParameterError(f"rank_steps has {len(steps)} entries for {self.processes} processes")
+            _set(self, "rank_steps", steps)
         for name in ("steps_planned", "sessions", "trainable_parameters", "padded_size"):
             _set(self, name, _validate.positive_int(name, getattr(self, name)))
         for name in ("steps_executed", "steps_this_session", "steps_lost_to_interruptions", "batches_truncated",

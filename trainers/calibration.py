@@ -63,7 +63,7 @@ def exact_release(model, data, shifts, *, truncated: bool = False, batch_size: i
     return torch.cat([sums, positives[None]]).cpu().numpy()
 
 
-def run_calibration(model, data, phase, *, randomness, session, rr_result=None) -> CalibrationResult:
+def run_calibration(model, data, phase, *, randomness, session, rr_result=None, collective=None) -> CalibrationResult:
     """Release the plan's noisy vector once, solve for the shift and add it to the model's output bias.
 
     The means divide by the plan's N: the data's row count when N is exact (the run checked
@@ -73,19 +73,30 @@ def run_calibration(model, data, phase, *, randomness, session, rr_result=None) 
         phase: the plan's ``CalibrationPhase``.
         rr_result: the run's ``RRResult`` when the plan has an RR phase (its debiased count
             joins the target), else None.
+        collective: with several processes (``data`` this rank's rows), the exact vectors
+            are added across ranks and rank 0 alone adds the noise, once; every rank then
+            solves the same shift from the same noisy vector.
     """
+    from trainers.distributed import release_once
+
     par = phase.params
     t0 = time.perf_counter()
     shifts = par.shifts
 
     def draw():
         exact = exact_release(model, data, shifts)
+        if collective is not None:
+            pooled = torch.from_numpy(exact)
+            collective.sum_([pooled])
+            if collective.rank != 0:
+                return None
+            exact = pooled.numpy()
         u = randomness.uniform_u64(2)
         gen = np.random.Generator(np.random.PCG64((int(u[0]) << 64) | int(u[1])))
         exact += gen.standard_normal(exact.size) * par.noise_std  # in place: the exact vector is gone
         return exact, {"noise_draws": int(exact.size), "noise_std": par.noise_std}
 
-    noisy, note = session.calibration_release(draw)
+    noisy, note = release_once(collective, session, "calibration", draw)
     noisy = np.asarray(noisy, dtype=np.float64)
     if noisy.shape != (par.coordinates,):
         raise InvalidParameterError(f"the run's saved calibration release has shape {noisy.shape}, the plan "
@@ -109,7 +120,7 @@ def run_calibration(model, data, phase, *, randomness, session, rr_result=None) 
         shift=shift, clamped=clamped)
 
 
-def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=None) -> list:
+def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=None, collective=None) -> list:
     """The run's calibration, if its plan has one: ``[(public entry, private statistics)]``, else ``[]``.
 
     Called once, after the training phases. An RR-only plan's free calibration has no public
@@ -118,11 +129,12 @@ def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=No
     from budgetplan.records import CalibrationRun, CalibrationStats
 
     if plan.free_calibration:
-        return [(None, _free(model, data, rr_result))]
+        return [(None, _free(model, data, rr_result, collective))]
     phase = plan.calibration
     if phase is None:
         return []
-    r = run_calibration(model, data, phase, randomness=randomness, session=session, rr_result=rr_result)
+    r = run_calibration(model, data, phase, randomness=randomness, session=session, rr_result=rr_result,
+                        collective=collective)
     public = CalibrationRun(rows=r.rows, releases=1, release_sha256=r.release_sha256, coordinates=r.coordinates,
                             noise_std=r.noise_std, noise_draws=r.coordinates, sensitivity=r.sensitivity,
                             seconds=r.seconds)
@@ -133,8 +145,12 @@ def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=No
 
 
 @torch.no_grad()
-def _free(model, data, rr_result):
-    """An RR-only run's exact shift: its truncated logits over the training rows meet the RR labels' debiased count."""
+def _free(model, data, rr_result, collective=None):
+    """An RR-only run's exact shift: its truncated logits over the training rows meet the RR labels' debiased count.
+
+    With several processes rank 0 solves on every rank's logits (gathered in rank order) and
+    every rank applies rank 0's shift.
+    """
     from budgetplan.records import CalibrationStats
     from trainers.fit import _logits
 
@@ -145,8 +161,17 @@ def _free(model, data, rr_result):
     z = torch.cat([_logits(model, data, torch.arange(i, min(len(data), i + 65536), device=data.label.device), True)
                    .double().cpu() for i in range(0, len(data), 65536)]).numpy()
     target, variance = rr_result.debiased_positives
-    shift, clamped = intercept.solve_free(z, target=target)
-    before = float(np.mean(np.where(np.isnan(z), 0.5, 0.5 * (1.0 + np.tanh(0.5 * z)))))
+    solved = None
+    if collective is not None:
+        blocks = collective.gather_object(z)
+        z = np.concatenate(blocks) if blocks is not None else z
+    if collective is None or collective.rank == 0:
+        shift, clamped = intercept.solve_free(z, target=target)
+        before = float(np.mean(np.where(np.isnan(z), 0.5, 0.5 * (1.0 + np.tanh(0.5 * z)))))
+        solved = (shift, clamped, before)
+    if collective is not None:
+        solved = collective.broadcast_object(solved)
+    shift, clamped, before = solved
     model.output_bias().add_(shift)
     return CalibrationStats(release=(), target_positives=target, target_variance=variance,
                             mean_prediction_before=before, shift=shift, clamped=clamped)

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from budgetplan.errors import PlanMismatchError
 
-__all__ = ["Collective", "RankFailed", "launch"]
+__all__ = ["Collective", "RankFailed", "launch", "release_once", "from_environment"]
 
 
 class RankFailed(RuntimeError):
@@ -106,6 +106,64 @@ class Collective:
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src=0, group=self.group)
 
+    def broadcast_object(self, value):
+        """Rank 0's ``value`` (any picklable object) on every rank; what other ranks pass is ignored."""
+        box = [value if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather_object(self, value) -> list | None:
+        """Every rank's ``value`` on rank 0, in rank order; None on the other ranks."""
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(value, out, dst=0, group=self.group)
+        return out
+
+    def shard(self, rows: int) -> slice:
+        """This rank's contiguous block of ``rows`` rows: ranks in order, sizes differing by at most one."""
+        base, extra = divmod(int(rows), self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (self.rank < extra))
+
+
+def release_once(collective: Collective | None, session, phase: str, make):
+    """A one-shot release (RR labels, a noisy sum) made once for all ranks, persisted by rank 0.
+
+    ``make()`` draws the release; it is called on every rank when the release is fresh and
+    may run collectives (gather the ranks' randomised labels, sum their exact vectors), but
+    only rank 0's return value is kept: rank 0's session logs the intent first, then calls
+    it, persists the result and logs its digest, exactly as one process does. A resumed run
+    reloads rank 0's saved release instead. Every rank returns ``(array, note)`` from rank 0.
+    """
+    release = getattr(session, {"rr": "rr_labels", "walr": "walr_sum", "calibration": "calibration_release"}[phase])
+    if collective is None:
+        return release(make)
+    fresh = collective.broadcast_object(not session.released(phase) if collective.rank == 0 else None)
+    if collective.rank == 0:
+        result = release(make)  # make() runs inside, after the intent is logged
+    else:
+        if fresh:
+            make()  # the other ranks' side of make's collectives
+        result = None
+    return collective.broadcast_object(result)
+
+
+def from_environment(backend: str | None = None) -> Collective | None:
+    """Join the group a launcher such as ``torchrun`` describes (RANK, WORLD_SIZE, MASTER_ADDR...), or None.
+
+    Returns None when the environment names no group of more than one process. The backend
+    is NCCL when CUDA is available, else gloo, unless given.
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    if not dist.is_initialized():
+        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if chosen == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(chosen, init_method="env://")
+    return Collective()
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -123,8 +181,27 @@ def _rank_main(rank, nproc, address, backend, timeout_s, threads, results, fn, a
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # the parent reports it; the exit code says it failed
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+        from budgetplan.errors import BudgetplanError
+
+        own = f"{type(exc).__module__}:{type(exc).__qualname__}" if isinstance(exc, BudgetplanError) else None
+        results.put((rank, "error", (f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}", own,
+                                     str(exc))))
         raise SystemExit(1) from None
+
+
+def _own_error(where: str, message: str) -> Exception:
+    """budgetplan's error class ``module:name`` with ``message`` (its base class if it cannot be rebuilt)."""
+    import importlib
+
+    from budgetplan.errors import BudgetplanError
+
+    module, _, name = where.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        error = cls(message)
+    except Exception:  # a class whose constructor wants more than the message
+        error = BudgetplanError(message)
+    return error if isinstance(error, BudgetplanError) else BudgetplanError(message)
 
 
 def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.0, threads: int = 1) -> list:
@@ -134,7 +211,9 @@ def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.
     on a free local port (``backend`` gloo on CPU, nccl on GPUs). ``fn`` and ``args`` must be
     picklable (a module-level function). A rank that raises or dies fails the whole run with
     ``RankFailed``: the other ranks' collective calls fail too (or time out after
-    ``timeout_s``), and nothing any rank returned is used.
+    ``timeout_s``), and nothing any rank returned is used. When the first rank to fail
+    raised one of budgetplan's own errors (a refusal: bad input, a plan mismatch), the same
+    error is raised here with its message, so a caller sees one refusal, not a crash.
     """
     import torch.multiprocessing as mp
 
@@ -148,24 +227,42 @@ def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.
     for p in procs:
         p.start()
     got: dict[int, tuple] = {}
-    deadline = time.monotonic() + timeout_s + 60.0
+    first_error: tuple | None = None
+    failed_since: float | None = None  # the run has no deadline; a failed one gets timeout_s to wind down
+
+    def take(rank, status, value):
+        nonlocal first_error
+        got[rank] = (status, value)
+        if status == "error" and first_error is None:
+            first_error = value
+
     try:
-        while len(got) < nproc and time.monotonic() < deadline:
+        while len(got) < nproc:
             try:
-                rank, status, value = results.get(timeout=0.5)
-                got[rank] = (status, value)
+                take(*results.get(timeout=0.5))
                 continue
             except queues.Empty:
                 pass
-            if any(p.exitcode not in (None, 0) for p in procs) and all(p.exitcode is not None for p in procs):
-                break  # every process is gone, some of them failed: nothing more will arrive
+            if all(p.exitcode is not None for p in procs):
+                while True:  # what the last processes put before they exited
+                    try:
+                        take(*results.get(timeout=1.0))
+                    except queues.Empty:
+                        break
+                break
+            if failed_since is None and (first_error is not None or any(p.exitcode not in (None, 0) for p in procs)):
+                failed_since = time.monotonic()
+            if failed_since is not None and time.monotonic() - failed_since > timeout_s + 60.0:
+                break
     finally:
         for p in procs:
             p.join(timeout=5.0)
             if p.is_alive():
                 p.terminate()
                 p.join()
-    failed = [f"rank {r}: {v[1].splitlines()[0]}" for r, v in sorted(got.items()) if v[0] == "error"]
+    if first_error is not None and first_error[1] is not None:
+        raise _own_error(*first_error[1:])
+    failed = [f"rank {r}: {v[1][0].splitlines()[0]}" for r, v in sorted(got.items()) if v[0] == "error"]
     failed += [f"rank {r}: exited with code {p.exitcode} before reporting" for r, p in enumerate(procs)
                if r not in got]
     if failed:

@@ -69,6 +69,8 @@ class DPSGDResult:
         world_size, rank_batch_sizes: the processes that ran the phase together, and (with
             more than one) each rank's own batch sizes, in rank order; ``batch_sizes`` and
             ``clipped`` are then totals over the ranks.
+        rank_steps: with more than one process, the steps each rank counted on its own
+            (the auditor refuses a run whose ranks disagree).
     """
 
     steps_planned: int
@@ -93,6 +95,7 @@ class DPSGDResult:
     peak_memory: dict
     world_size: int = 1
     rank_batch_sizes: tuple | None = None  # with several processes: each rank's batch sizes, in rank order
+    rank_steps: tuple | None = None        # with several processes: the steps each rank counted itself
 
     @property
     def clipped_fraction(self) -> float:
@@ -212,6 +215,9 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         collective.agree("the DP-SGD phase's steps", steps)
         collective.agree("the steps already taken", start_step)
         collective.broadcast_(model)  # identical replicas from the first step on
+        rank_rows = [r[0] for r in collective.gather([len(data)])]
+        if ledger is not None and hasattr(ledger, "note_ranks"):
+            ledger.note_ranks(rank_rows)  # the auditor tests each rank's batches against its rows
     device = data.label.device
     trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
@@ -236,9 +242,13 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             # Which rows a Poisson batch holds depends on no data, so its size may go into the
             # intent; the noisy gradient, which does, comes only after the intent is logged.
             batch = sampler.sample()
-            size = batch.size if collective is None else collective.total(batch.size, like=data.label)
+            parts = None if collective is None else [r[0] for r in collective.gather([batch.size])]
+            size = batch.size if parts is None else sum(parts)
             if ledger is not None:
-                ledger.intend(step, size)
+                if parts is None:
+                    ledger.intend(step, size)
+                else:
+                    ledger.intend(step, size, rank_batch_sizes=parts)
             clipped += noisy_gradient(model, data, batch, trainable, clipping_norm=c, noise_std=noise_std,
                                       expected_batch=expected, noise_generator=noise_gen, loss_fn=loss_fn,
                                       truncated=truncated, collective=collective)
@@ -249,7 +259,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             if schedule is not None:
                 schedule.step()
             sizes.append(size)
-            local_sizes.append(batch.size)
+            local_sizes.append(parts)
             truncated_count += batch.truncated
             if checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
                 checkpoint(step + 1, {"optimizer": opt.state_dict(),
@@ -261,11 +271,12 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             pbar[0].stop()
         for p in trainable:
             p.grad = None
-    per_rank = None
+    per_rank = rank_steps = None
     if collective is not None:
         clipped = collective.total(clipped, like=data.label)
         chunks_run = collective.total(chunks_run, like=data.label)
-        per_rank = tuple(tuple(r) for r in collective.gather(local_sizes))
+        per_rank = tuple(zip(*local_sizes)) if local_sizes else tuple(() for _ in range(collective.world_size))
+        rank_steps = tuple(r[0] for r in collective.gather([len(local_sizes)]))  # each rank's own count
     return DPSGDResult(
         steps_planned=steps, start_step=start_step, steps_taken=len(sizes), batch_sizes=tuple(sizes),
         batches_truncated=truncated_count, clipped=clipped, chunks=chunks_run, padded_size=sampler.padded_size,
@@ -273,7 +284,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         expected_batch_size=expected, truncated=bool(trunc), model="truncated" if truncated else "full",
         trainable_parameters=int(sum(p.numel() for p in trainable)), settings=settings.to_dict(),
         seconds=time.perf_counter() - t0, peak_memory=peak_memory(device),
-        world_size=1 if collective is None else collective.world_size, rank_batch_sizes=per_rank)
+        world_size=1 if collective is None else collective.world_size, rank_batch_sizes=per_rank,
+        rank_steps=rank_steps)
 
 
 

@@ -49,7 +49,8 @@ def _logits(model, data, idx, truncated: bool):
 
 
 def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, truncated: bool,
-        generator: torch.Generator, progress: str | None = None, check=None, check_every: int | None = None) -> dict:
+        generator: torch.Generator, progress: str | None = None, check=None, check_every: int | None = None,
+        collective=None) -> dict:
     """Train ``model`` on (data, targets) with ``loss_fn(logits, targets)``; returns a history.
 
     Args:
@@ -59,6 +60,13 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
             every ``check_every`` batches (and at the end of the last epoch); ``epochs_done``
             counts batches as fractions of an epoch, ``train_loss`` is the mean loss since the
             previous call. Training stops when it returns True: early stopping.
+        collective: this rank's ``trainers.distributed.Collective`` when several processes
+            train together, each on its shard of the rows (``data``, ``targets``): every
+            epoch has the batches one process would have over all the rows, each rank
+            contributing an equal share of its shuffled shard to each, and the gradients
+            are added across ranks weighted by rows, so every step is the mean over the
+            global batch and the replicas stay identical (rank 0's parameters are broadcast
+            first). The loss history is over all ranks.
 
     Returns:
         ``{"epoch_loss": mean loss per epoch (the last one over the batches it ran),
@@ -68,6 +76,16 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
     opt = _optimizer(params, settings)
     n = len(data)
     batches = math.ceil(n / settings.batch_size)
+    shares = None
+    if collective is not None:
+        if check is not None:
+            raise ValueError("early stopping is not run over several processes")
+        collective.broadcast_(model)
+        shards = [r[0] for r in collective.gather([n])]
+        batches = max(1, math.ceil(sum(shards) / settings.batch_size))
+        # Batch b holds the b-th of `batches` near-equal parts of each rank's shuffled shard
+        # (torch.tensor_split's sizes); its global size weighs this rank's mean loss.
+        shares = [sum(m // batches + (b < m % batches) for m in shards) for b in range(batches)]
     history = {"epoch_loss": [], "seconds": 0.0, "batches": 0, "stopped_early": False}
     pbar = bar(progress, settings.epochs * batches)
     t0 = time.perf_counter()
@@ -77,11 +95,16 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
         for epoch in range(settings.epochs):
             order = torch.randperm(n, generator=generator, device="cpu").to(data.label.device)
             total, rows = 0.0, 0
+            parts = torch.tensor_split(order, batches) if shares is not None else None
             for b in range(batches):
-                idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
-                loss = loss_fn(_logits(model, data, idx, truncated), targets[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                if parts is None:
+                    idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
+                    loss = loss_fn(_logits(model, data, idx, truncated), targets[idx])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                else:
+                    idx = parts[b]
+                    loss = _shared_backward(model, data, targets, loss_fn, idx, shares[b], opt, truncated, collective)
                 opt.step()
                 batch_loss = float(loss.detach()) * idx.numel()
                 total, rows = total + batch_loss, rows + idx.numel()
@@ -98,6 +121,10 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
                     if stop:
                         history["stopped_early"] = True
                         break
+            if collective is not None:
+                pooled = torch.tensor([total, float(rows)], dtype=torch.float64)
+                collective.sum_([pooled])
+                total, rows = float(pooled[0]), int(pooled[1])
             history["epoch_loss"].append(total / rows)
             if history["stopped_early"]:
                 break
@@ -106,6 +133,21 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
             pbar[0].stop()
     history["seconds"] = time.perf_counter() - t0
     return history
+
+
+def _shared_backward(model, data, targets, loss_fn, idx, share: int, opt, truncated: bool, collective):
+    """This rank's part of one global batch: its mean loss weighed by its rows, gradients added over ranks.
+
+    Returns the local mean loss (for the history). A rank with no rows in this batch takes
+    one row at weight 0, so that every rank's gradients exist for the same parameters.
+    """
+    rows = idx.numel()
+    pick = idx if rows else torch.zeros(1, dtype=idx.dtype, device=idx.device)
+    loss = loss_fn(_logits(model, data, pick, truncated), targets[pick])
+    opt.zero_grad(set_to_none=True)
+    (loss * (rows / share)).backward()
+    collective.sum_([p.grad for p in model.parameters() if p.grad is not None])
+    return loss if rows else loss.detach() * 0.0
 
 
 @torch.no_grad()

@@ -78,11 +78,18 @@ class Ledger:
         self.entries.append(entry)
         return entry
 
-    def intend(self, step: int, phase: str = "dpsgd", batch_size: int | None = None) -> None:
-        """Record the intent to take noisy step ``step`` of ``phase`` (before taking it)."""
+    def intend(self, step: int, phase: str = "dpsgd", batch_size: int | None = None,
+               rank_batch_sizes=None) -> None:
+        """Record the intent to take noisy step ``step`` of ``phase`` (before taking it).
+
+        ``rank_batch_sizes``: in a run over several processes, each rank's part of the
+        batch, in rank order (they add up to ``batch_size``).
+        """
         fields: dict = {"event": "intent", "phase": phase, "step": int(step)}
         if batch_size is not None:
             fields["batch_size"] = int(batch_size)
+        if rank_batch_sizes is not None:
+            fields["rank_batch_sizes"] = [int(b) for b in rank_batch_sizes]
         self._append(fields)
         self._unsynced += 1
         if self._unsynced >= self.sync_every:

@@ -22,13 +22,19 @@ class Randomness:
 
     Args:
         seed: None for the CSPRNG policy (the default), or an integer for a reproducible run.
+        stream: which of the seed's independent streams (a rank of a distributed run: ranks
+            that shared one stream would sample and flip their shards in lockstep). Stream 0
+            is the seed's own stream, so a one-process run is unchanged. Ignored without a seed
+            (every process draws afresh from its CSPRNG).
     """
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, seed: int | None = None, *, stream: int = 0):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         self.seed = seed
-        self._seeded = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
+        self.stream = int(stream)
+        source = seed if self.stream == 0 else np.random.SeedSequence(seed, spawn_key=(self.stream,))
+        self._seeded = np.random.Generator(np.random.PCG64(source)) if seed is not None else None
 
     @property
     def policy(self) -> str:

@@ -81,16 +81,24 @@ def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomnes
 
 
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
-                 randomness, session=None, progress: str | None = None) -> dict:
+                 randomness, session=None, progress: str | None = None, collective=None) -> RRResult:
     """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
     reloads them instead of drawing new ones.
+
+    With a ``collective`` (several processes, ``data`` this rank's block of rows, in rank
+    order): each rank flips its own rows from its own generator, so every label is
+    randomised exactly once whatever the sharding; rank 0 gathers the blocks into the one
+    release its session persists (only rank 0 has a session), every rank trains on its
+    block of that release (``trainers.fit`` adds the gradients across ranks), and the
+    counts and the debiased estimate cover all rows.
     """
     import torch
 
     from budgetplan.intercept import rr_estimate
     from trainers import losses
+    from trainers.distributed import release_once
     from trainers.fit import FitSettings, fit
     from trainers.session import NullSession
 
@@ -101,11 +109,21 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
 
     def draw():
         noisy, flipped = randomize_labels(labels, rho, randomness)
-        return noisy.astype(np.int8), {"labels_flipped": flipped, "labels": int(labels.size)}
+        noisy = noisy.astype(np.int8)
+        if collective is None:
+            return noisy, {"labels_flipped": flipped, "labels": int(labels.size)}
+        blocks = collective.gather_object((noisy, flipped))
+        if blocks is None:
+            return None
+        return (np.concatenate([b[0] for b in blocks]),
+                {"labels_flipped": sum(b[1] for b in blocks), "labels": sum(b[0].size for b in blocks)})
 
-    noisy, note = session.rr_labels(draw)
-    if noisy.shape != labels.shape:
-        raise InvalidParameterError(f"the run's saved RR labels have {noisy.size} rows, the data {labels.size}")
+    noisy, note = release_once(collective, session, "rr", draw)
+    rows = labels.size if collective is None else collective.total(labels.size)
+    if noisy.size != rows:
+        raise InvalidParameterError(f"the run's saved RR labels have {noisy.size} rows, the data {rows}")
+    if collective is not None:
+        noisy = noisy[collective.shard(rows)]
     flipped = int(note["labels_flipped"])
     targets = torch.stack([torch.as_tensor(noisy, dtype=torch.float32, device=device),
                            torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
@@ -114,12 +132,17 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     settings = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size,
                            lr=lr, optimizer=optimizer)
     history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
-                  truncated=True, generator=gen, progress=progress)
+                  truncated=True, generator=gen, progress=progress, collective=collective)
+    debiased, rho_sum = rr_estimate(noisy, rho), float(rho.sum())
+    if collective is not None:
+        pooled = torch.tensor([*debiased, rho_sum], dtype=torch.float64)
+        collective.sum_([pooled])
+        debiased, rho_sum = (float(pooled[0]), float(pooled[1])), float(pooled[2])
     return RRResult(
-        labels=int(labels.size), labels_flipped=flipped,
+        labels=int(rows), labels_flipped=flipped,
         flip_probability=phase.params.flip_probability if phase.params.flip_probability_by_count is None else None,
-        flip_probability_mean=float(rho.mean()), per_impression_rule=phase.params.per_impression_rule,
+        flip_probability_mean=rho_sum / rows, per_impression_rule=phase.params.per_impression_rule,
         release_sha256=note["sha256"], epochs=settings.epochs,
         batch_size=settings.batch_size, batches=history["batches"], loss=loss,
         epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"],
-        debiased_positives=rr_estimate(noisy, rho))
+        debiased_positives=debiased)

@@ -286,7 +286,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                  dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
                  baseline_tolerance: float | None = None, progress: bool = False, resume: bool = False,
                  checkpoint_every: int = 200, fingerprint_key: bytes | None = None,
-                 threads: int | str = "auto") -> RunRecord:
+                 threads: int | str = "auto", nproc: int = 1, collective=None) -> RunRecord | None:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
 
     Phases run in the plan's order: RR (labels randomised once, the truncated model trained
@@ -304,7 +304,15 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
 
     ``threads``: torch's CPU threads for the run (``trainers.threads``: ``"auto"`` does not
     oversubscribe a shared machine), restored afterwards; the count goes in the record's
-    timings.
+    timings. With ``nproc`` processes they are shared out between them.
+
+    ``nproc``: run the phases in that many local processes (``trainers.distributed``, gloo),
+    each on its block of the rows, with the guarantee of one process: Poisson sampling at q
+    on every rank's rows, one all-reduce of the clipped sums, the noise drawn once by rank
+    0; each label randomised once by the rank holding it; the calibration's exact vectors
+    summed before its one noise draw. Rank 0 keeps the ledger, evaluates and writes the
+    record. ``collective``: this process's place in a group already formed (``torchrun``:
+    ``trainers.distributed.from_environment``); ranks other than 0 return None.
     """
     from budgetplan.verify import verify_plan
     from trainers.baseline import compare
@@ -315,6 +323,14 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     from trainers.rr_phase import run_rr_phase
     from trainers.session import NullSession, Session
 
+    if collective is None and nproc != 1:
+        from trainers.ranks import launch_plan
+
+        return launch_plan(plan, data_path, nproc, threads, dict(
+            eval_path=eval_path, out_dir=out_dir, settings=settings, dpsgd_settings=dpsgd_settings,
+            walr_settings=walr_settings, seed=seed, baseline_auc=baseline_auc, baseline_tolerance=baseline_tolerance,
+            progress=progress, resume=resume, checkpoint_every=checkpoint_every, fingerprint_key=fingerprint_key))
+    lead = collective is None or collective.rank == 0  # the process that keeps the ledger and writes the record
     with torch_threads(threads) as n_threads:
         settings = (settings or TrainSettings()).for_plan(plan)
         out = _check_out(out_dir)
@@ -341,20 +357,30 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             return execute_grid(plan, data_path, eval_path=eval_path, out=out, settings=settings,
                                 dpsgd_settings=dpsgd_settings, seed=seed, progress=progress,
                                 fingerprint_key=fingerprint_key, baseline_auc=baseline_auc, resume=resume)
-        rnd = Randomness(seed)
+        if collective is not None:
+            from trainers.ranks import check_distributable, keep_shard
+
+            check_distributable(plan, kinds)
+        rnd = Randomness(seed, stream=0 if collective is None else collective.rank)
         device = _device(settings.device)
         t0 = time.perf_counter()
         key, new_key = _key(fingerprint_key)
         size_private = plan.count is not None
+        # Capping must keep the same rows on every rank: one secret seed, drawn by rank 0.
+        capping_rnd = rnd if collective is None else Randomness(collective.broadcast_object(rnd.torch_seed()))
         prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
-                        expected_rows=None if size_private else plan.dataset_size, randomness=rnd, key=key)
+                        expected_rows=None if size_private else plan.dataset_size, randomness=capping_rnd,
+                        key=key if lead else None)
         prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
+        if collective is not None:
+            keep_shard(prep, collective)
+            prep.timings["processes"] = collective.world_size
         if kinds == (WALRPhase,):
             _check_walr_columns(spec)
-        eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
+        eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary) if lead else None
         # Every refusal is behind us: only now does the run directory come into being.
         session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every,
-                          rows=prep.data_info["rows_used"]) if out else NullSession()
+                          rows=prep.data_info["rows_used"]) if out and lead else NullSession()
         try:
             if kinds == (WALRPhase,):
                 record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0,
@@ -362,6 +388,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 return _finish(record, state, out, new_key=new_key if out else None)
             model = _model(prep, settings, rnd.torch_seed()).to(device)
             ckpt = session.load_checkpoint()
+            if collective is not None:
+                ckpt = collective.broadcast_object(ckpt)  # rank 0's run directory holds it
             if ckpt is not None:
                 model.load_state_dict(ckpt["model"])
             entries: list = []
@@ -375,13 +403,16 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                     else:
                         rr = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
                                           lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
-                                          randomness=rnd, session=session, progress="RR phase" if progress else None)
+                                          randomness=rnd, session=session,
+                                          progress="RR phase" if progress and lead else None, collective=collective)
                         if len(plan.phases) > 1:
                             session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
                     timings["rr_phase_seconds"] = rr.seconds
                     entries.append(rr_entry(rr))
                 elif isinstance(phase, DPSGDPhase):
                     taken = session.dpsgd_steps_taken()
+                    if collective is not None:
+                        taken = collective.broadcast_object(taken)  # rank 0's ledger counts
                     resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
                     rr_result = ckpt.get("rr_result") if ckpt is not None else None
                     if rr_result is None and plan.rr is not None:
@@ -395,17 +426,20 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
 
                     sgd = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
                                     randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
-                                    progress="DP-SGD phase" if progress else None, ledger=session, start_step=taken,
-                                    checkpoint=save if out else None, checkpoint_every=session.checkpoint_every,
+                                    progress="DP-SGD phase" if progress and lead else None, ledger=session,
+                                    start_step=taken, checkpoint=save if out and lead else None,
+                                    checkpoint_every=session.checkpoint_every if lead else 0,
                                     optimizer_state=ckpt.get("optimizer") if resumed_from else None,
-                                    size_private=size_private)
+                                    size_private=size_private, collective=collective)
                     timings["dpsgd_phase_seconds"] = sgd.seconds
                     entries.append(dpsgd_entry(sgd, session.ledger_view(),
                                                nonsensitive_tower=phase.params.nonsensitive_tower,
                                                sizes_ledger=session.sizes_view() if size_private else None,
                                                withhold=size_private))
             entries += calibrate_if_planned(plan, model, prep.data, randomness=rnd, session=session,
-                                            rr_result=rr if plan.rr is not None else None)
+                                            rr_result=rr if plan.rr is not None else None, collective=collective)
+            if not lead:
+                return None  # rank 0 evaluates and writes the record
             truncated = kinds == (RRPhase,)
             metrics = {}
             if eval_prep is not None:

@@ -124,6 +124,10 @@ class Session:
         self.ledger.sync()
         return data, note
 
+    def released(self, phase: str) -> bool:
+        """Whether the run has made ``phase``'s one-shot release already (a resumed run reloads it)."""
+        return bool(self.ledger.events("released", phase))
+
     def rr_labels(self, make):
         """(noisy labels, ledger note): drawn once per run, reloaded on resume."""
         return self._release("rr", "rr_labels.npy", make)
@@ -148,14 +152,18 @@ class Session:
         """Where the batch sizes are: the private ledger when the plan's N is a DP count, else the ledger."""
         return self.sizes.view if self.sizes is not None else self.ledger.view
 
-    def intend(self, step: int, batch_size: int | None = None) -> None:
+    def intend(self, step: int, batch_size: int | None = None, rank_batch_sizes=None) -> None:
         if self.sizes is None:
-            self.ledger.intend(step, phase="dpsgd", batch_size=batch_size)
+            self.ledger.intend(step, phase="dpsgd", batch_size=batch_size, rank_batch_sizes=rank_batch_sizes)
             return
         # The public intent first: it is what counts the step, so a kill between the two
         # lines leaves a size missing (as a torn line would), never a step uncounted.
         self.ledger.intend(step, phase="dpsgd")
-        self.sizes.intend(step, phase="dpsgd", batch_size=batch_size)
+        self.sizes.intend(step, phase="dpsgd", batch_size=batch_size, rank_batch_sizes=rank_batch_sizes)
+
+    def note_ranks(self, rank_rows) -> None:
+        """A DP-SGD session over several processes: each rank's rows, where the batch sizes are kept."""
+        (self.sizes or self.ledger).note("ranks", world_size=len(rank_rows), rank_rows=[int(r) for r in rank_rows])
 
     # ------------------------------------------------------------ checkpoints
 
@@ -206,8 +214,14 @@ class NullSession:
 
     sizes_view = ledger_view
 
-    def intend(self, step: int, batch_size: int | None = None) -> None:
+    def released(self, phase: str) -> bool:
+        return False
+
+    def intend(self, step: int, batch_size: int | None = None, rank_batch_sizes=None) -> None:
         self._dpsgd += 1
+
+    def note_ranks(self, rank_rows) -> None:
+        pass
 
     def save_checkpoint(self, state: dict) -> None:
         pass

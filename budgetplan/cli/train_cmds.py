@@ -26,6 +26,7 @@ from budgetplan.limits import (
     MAX_EMBEDDING_DIM,
     MAX_EPOCHS,
     MAX_HASH_BINS,
+    MAX_PROCESSES,
     MAX_SYNTH_ROWS,
     MAX_WEIGHT_DECAY,
 )
@@ -100,12 +101,20 @@ def _settings(**kw):
 @click.option("--fingerprint-key", "key_path", type=click.Path(dir_okay=False),
               help="The data owner's key for the keyed data fingerprint (default: a fresh key, saved as "
               "private/fingerprint.key in the run directory).")
+@click.option("--nproc", type=bounded_int("nproc", MAX_PROCESSES), default=1, show_default=True,
+              help="Processes on this machine, each on its block of the rows (gloo), with one process's guarantee: "
+                   "Poisson sampling on every rank, one noise draw per step. --threads is then per process. Under "
+                   "torchrun leave it at 1: the group comes from the environment.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
           dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
           threads, seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated,
-          baseline_run, resume, checkpoint_every, key_path, as_json):
-    """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline)."""
+          baseline_run, resume, checkpoint_every, key_path, nproc, as_json):
+    """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline).
+
+    Under torchrun (WORLD_SIZE > 1 in the environment) every process runs this command and
+    joins the group; rank 0 keeps the ledger, writes --out and prints the record.
+    """
     from budgetplan.plan import load_plan
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import execute_plan, run_baseline
@@ -134,18 +143,36 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
         base_auc = tolerance = None
         if baseline_run:
             base_auc, tolerance = _baseline_reference(baseline_run, plan, settings)
+        collective = _torchrun_group(nproc)
         record = execute_plan(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
                               baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
                               resume=resume,
                               dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
                                                            cosine_decay=dpsgd_schedule == "cosine"),
-                              checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads)
+                              checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
+                              collective=collective)
+        if record is None:
+            return  # a rank other than 0 under torchrun: rank 0 reports
     if as_json:
         private = record.private_part
         emit_json(record.content() | {"sha256": record.sha256, "private_record": private.content() | {
             "sha256": private.sha256} if private is not None else None})
         return
     _print_record(record, out_dir)
+
+
+def _torchrun_group(nproc: int):
+    """This process's place in the group torchrun describes, or None (one process, or --nproc here)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    if nproc != 1:
+        raise click.UsageError(f"--nproc {nproc} under torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}): the group "
+                               "comes from torchrun; leave --nproc at 1")
+    from trainers.distributed import from_environment
+
+    return from_environment()
 
 
 def _baseline_reference(path, plan, settings) -> tuple[float, float]:
@@ -167,7 +194,7 @@ def _baseline_reference(path, plan, settings) -> tuple[float, float]:
 # Options that only some runs read: given explicitly to a run that ignores them, they are
 # refused, so that a setting someone meant to change never silently changes nothing.
 _DPSGD_ONLY = ("dpsgd_optimizer", "dpsgd_lr", "dpsgd_schedule", "checkpoint_every")
-_PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run")
+_PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run", "nproc")
 _BASELINE_ONLY = ("baseline_epochs", "patience", "validation_fraction", "weight_decay", "truncated")
 _NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold", "hash_bins")
 

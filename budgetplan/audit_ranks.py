@@ -1,0 +1,104 @@
+"""The audit of a DP-SGD phase run by several processes: did the ranks sample as one process would?
+
+A distributed run (``budgetplan train --nproc``, ``torchrun``) samples each rank's rows at the
+plan's q; its write-ahead ledger notes each session's ranks and their rows (a ``ranks``
+event) and, at every noisy step, each rank's part of the batch (``rank_batch_sizes``). The
+record says how many steps each rank counted on its own. This check fails when:
+
+- the ranks counted different numbers of steps, or a number other than the session's;
+- a step's per-rank sizes are missing, are not one per rank, or do not add up to the step's
+  batch size;
+- the ranks' rows do not add up to the N the batches were drawn from;
+- a rank's batches are not Poisson at q over its rows: the sum of its sizes over the steps
+  is tested against Binomial(rows_r T, q), two-sided, each rank at ``alpha / ranks``
+  (Bonferroni) so that an honest run fails at most ``alpha`` of the time in all.
+
+A one-process run has none of this and gets no check.
+"""
+
+from __future__ import annotations
+
+__all__ = ["rank_checks"]
+
+NAME = "Poisson batch sizes per rank"
+
+
+def _sessions(view) -> list[dict]:
+    """Each distributed session of the phase: its ranks' rows and the per-rank sizes of its steps."""
+    sessions: list[dict] = []
+    current: dict | None = None
+    for entry in view.entries:
+        event = entry.get("event")
+        if event == "ranks":
+            current = {"rows": list(entry.get("rank_rows") or []), "steps": [], "sizes": []}
+            sessions.append(current)
+        elif event == "resume":
+            current = None  # a resumed session notes its own ranks, or runs as one process
+        elif event == "intent" and entry.get("phase") == "dpsgd" and "rank_batch_sizes" in entry:
+            if current is None:
+                current = {"rows": None, "steps": [], "sizes": []}
+                sessions.append(current)
+            current["steps"].append(entry.get("batch_size"))
+            current["sizes"].append(entry.get("rank_batch_sizes"))
+    return sessions
+
+
+def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided_binomial) -> list:
+    """The per-rank checks of one DP-SGD phase (``[]`` for a one-process run).
+
+    Args:
+        sized_view: the ledger that holds the batch sizes (the private one for a DP-count N).
+        ran: the record's ``DPSGDRun`` entry, or None (an interrupted run: the ledger alone).
+        rows: the N the batches were drawn from.
+        q: the plan's sampling rate.
+        two_sided_binomial: ``p(k, n, q)``, the audit's binomial test.
+    """
+    from budgetplan.audit import Check
+
+    sessions = _sessions(sized_view)
+    recorded = ran is not None and ran.processes is not None
+    if not sessions and not recorded:
+        return []
+    problems: list[str] = []
+    if ran is not None and not recorded:
+        problems.append("the ledger holds per-rank batch sizes but the record names no processes")
+    if recorded and ran is not None:
+        steps = set(ran.rank_steps or ())
+        if steps != {ran.steps_this_session}:
+            problems.append(f"the ranks disagree on the step count: {list(ran.rank_steps or ())} against the "
+                            f"session's {ran.steps_this_session}")
+        if not sessions:
+            problems.append(f"the record names {ran.processes} processes but the ledger holds no per-rank batch sizes")
+        elif sessions[-1]["rows"] is not None and len(sessions[-1]["rows"]) != ran.processes:
+            problems.append(f"the record names {ran.processes} processes, the ledger's last session "
+                            f"{len(sessions[-1]['rows'])}")
+    for i, s in enumerate(sessions, 1):
+        if s["rows"] is None:
+            problems.append(f"session {i} took per-rank steps without noting its ranks and their rows")
+            continue
+        if sum(s["rows"]) != rows:
+            problems.append(f"session {i}'s ranks hold {sum(s['rows'])} rows in all, the batches were drawn from "
+                            f"{rows}")
+        width = len(s["rows"])
+        for total, parts in zip(s["steps"], s["sizes"]):
+            if not isinstance(parts, list) or len(parts) != width:
+                problems.append(f"session {i} has a step with {len(parts) if isinstance(parts, list) else 'no'} "
+                                f"per-rank sizes for {width} ranks")
+                break
+            if sum(parts) != total:
+                problems.append(f"session {i} has a step of {total} rows whose ranks add up to {sum(parts)}")
+                break
+    if problems:
+        return [Check(NAME, False, "; ".join(problems))]
+    worst, details = 1.0, []
+    for s in sessions:
+        width, t = len(s["rows"]), len(s["sizes"])
+        for r in range(width):
+            k = sum(parts[r] for parts in s["sizes"])
+            p = two_sided_binomial(k, s["rows"][r] * t, q)
+            worst = min(worst, p * width)
+            details.append(f"rank {r}: {k} rows over {t} steps from {s['rows'][r]}, expected "
+                           f"{s['rows'][r] * t * q:.1f}, p = {p:.3g}")
+    passed = worst >= alpha
+    return [Check(NAME, passed, f"{len(sessions)} distributed session(s); " + "; ".join(details)
+                  + f"; each rank two-sided binomial at {alpha:g}/ranks (Bonferroni)")]

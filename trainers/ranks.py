@@ -1,0 +1,76 @@
+"""``execute_plan`` over several local processes: launch the ranks, give each its block of rows.
+
+``execute_plan(..., nproc=N)`` comes here: N fresh processes join one gloo group
+(``trainers.distributed.launch``) and each runs ``execute_plan`` with its ``Collective``.
+What keeps the guarantee that of one process is in the phases (``trainers.dpsgd``,
+``trainers.rr_phase``, ``trainers.calibration``, ``trainers.fit``); here are only the
+launch, the split of the rows and what is not run over several processes yet.
+
+Every rank reads and caps the whole file with the same secret capping seed (so every rank
+keeps the same rows and the plan's N is checked on all of them), encodes it, then keeps
+its contiguous block (``Collective.shard``): on one machine the encoding is held once per
+process until the blocks are cut.
+"""
+
+from __future__ import annotations
+
+from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.limits import MAX_PROCESSES
+
+__all__ = ["check_nproc", "launch_plan", "check_distributable", "keep_shard"]
+
+
+def check_nproc(nproc) -> int:
+    """``nproc`` as an integer in [1, MAX_PROCESSES], or a one-line refusal naming it."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= MAX_PROCESSES:
+        raise InvalidParameterError(f"nproc must be an integer in [1, {MAX_PROCESSES}], got {nproc!r}")
+    return nproc
+
+
+def check_distributable(plan, kinds: tuple) -> None:
+    """Refuse, before anything is spent, what is not run over several processes yet."""
+    from budgetplan.phases import WALRPhase
+
+    if kinds == (WALRPhase,):
+        raise UnsupportedError("WALR's release is not run over several processes yet: train this plan with one "
+                               "process (--nproc 1)")
+    if plan.tuning is not None and "grid" in plan.tuning:
+        raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
+                               "(--nproc 1)")
+    if plan.dpsgd is not None and plan.dpsgd.params.sampling == "truncated-poisson":
+        raise UnsupportedError("truncated Poisson sampling cuts the global batch: it is not run over several "
+                               "processes (plan Poisson sampling, or train with --nproc 1)")
+
+
+def keep_shard(prep, collective) -> None:
+    """Cut the prepared rows (and their unit counts) down to this rank's block, in place."""
+    import torch
+
+    block = collective.shard(len(prep.data))
+    prep.data = prep.data.take(torch.arange(block.start, block.stop, device=prep.data.label.device))
+    if prep.unit_counts is not None:
+        prep.unit_counts = prep.unit_counts[block]
+    prep.table = None  # the baseline's validation split needs it; a plan's run does not
+    prep.data_info["rank_rows"] = [r[0] for r in collective.gather([block.stop - block.start])]
+
+
+def _rank(collective, plan, data_path, threads: int, kwargs: dict):
+    from trainers.run import execute_plan
+
+    return execute_plan(plan, data_path, threads=threads, collective=collective, **kwargs)
+
+
+def launch_plan(plan, data_path, nproc, threads, kwargs: dict):
+    """Run ``execute_plan`` in ``nproc`` processes; rank 0's run record.
+
+    ``threads`` is per process; ``"auto"`` shares the free CPUs between the processes (at
+    least one each).
+    """
+    from budgetplan.phases import CalibrationPhase, CountPhase
+    from trainers.distributed import launch
+    from trainers.threads import resolve_threads
+
+    nproc = check_nproc(nproc)
+    per_rank = max(1, resolve_threads(threads) // nproc) if threads in (None, "auto") else resolve_threads(threads)
+    check_distributable(plan, tuple(type(p) for p in plan.phases if not isinstance(p, (CountPhase, CalibrationPhase))))
+    return launch(_rank, nproc, plan, data_path, per_rank, kwargs, threads=per_rank)[0]

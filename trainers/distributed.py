@@ -37,13 +37,13 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from budgetplan.errors import PlanMismatchError
+from budgetplan.errors import BudgetplanError, PlanMismatchError
 
 __all__ = ["Collective", "RankFailed", "launch", "release_once", "from_environment"]
 
 
-class RankFailed(RuntimeError):
-    """A rank of a distributed run died or raised: the run stops, and no rank's result is used."""
+class RankFailed(BudgetplanError, RuntimeError):
+    """A rank of a distributed run died or raised: the run stops, and no rank's result is used (exit code 1)."""
 
 
 class Collective:
@@ -171,8 +171,23 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when the launcher dies (Linux), so that no orphan rank goes on
+    spending steps of a run nobody will finish; elsewhere the collectives' timeout ends it."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 def _rank_main(rank, nproc, address, backend, timeout_s, threads, results, fn, args):
     try:
+        _die_with_parent()
         torch.set_num_threads(threads)
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=nproc,
                                 timeout=datetime.timedelta(seconds=timeout_s))

@@ -320,3 +320,56 @@ def test_the_rank_check_refuses_sizes_that_do_not_add_up_and_rows_that_are_not_n
 def test_a_one_process_run_gets_no_rank_check():
     assert rank_checks(SimpleNamespace(entries=[]), SimpleNamespace(processes=None, rank_steps=None), rows=10, q=0.1,
                        alpha=1e-6, two_sided_binomial=_binomial) == []
+
+
+# ------------------------------------------------------------------ kill and resume
+
+
+def _intents(path):
+    try:
+        return sum('"event":"intent"' in line and '"phase":"dpsgd"' in line for line in open(path))
+    except FileNotFoundError:
+        return 0
+
+
+def test_a_killed_two_process_run_stops_and_resumes_with_the_ledger_count(root, tmp_path):
+    """kill -9 of the launcher takes its ranks with it; --resume --nproc 2 finishes the plan, and it audits clean."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from budgetplan.ledger import read_ledger
+
+    plan = build_plan(parse_scenario(hybrid_text().replace("batch_size = 300\nsteps = 30", "batch_size = 30\n"
+                                                                                            "steps = 300")))
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "budgetplan", "train", str(tmp_path / "plan.json"), "--data",
+           str(root / "train.parquet"), "--out", str(out), "--embedding-dim", "4", "--checkpoint-every", "10",
+           "--nproc", "2", "--threads", "1", "--json"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 180
+    while _intents(out / "ledger.jsonl") < 40 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)
+    before = _intents(out / "ledger.jsonl")
+    time.sleep(2.0)
+    assert _intents(out / "ledger.jsonl") == before, "a rank went on after its launcher died"
+    assert 0 < before < 300 and not (out / "run.json").exists()
+    taken = read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256).count("dpsgd")  # a torn line counts too
+    assert taken >= before
+    done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = load_record(out)
+    dpsgd = next(p for p in record.phases if p.name == "dpsgd")
+    assert dpsgd.steps_executed == 300 and dpsgd.sessions == 2 and dpsgd.processes == 2
+    assert dpsgd.steps_this_session == 300 - taken  # only what the ledger had not counted
+    assert dpsgd.rank_steps == (300 - taken, 300 - taken)
+    assert len(read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256).events("released", "rr")) == 1
+    report = audit_run(out)
+    assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]

@@ -60,6 +60,7 @@ class Collective:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self._nccl = dist.get_backend(group) == "nccl"
 
     @property
     def draws_noise(self) -> bool:
@@ -69,7 +70,7 @@ class Collective:
     def _device(self, like: torch.Tensor | None = None):
         if like is not None:
             return like.device
-        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else "cpu"
+        return torch.device("cuda", torch.cuda.current_device()) if self._nccl else torch.device("cpu")
 
     def total(self, value: int, like: torch.Tensor | None = None) -> int:
         """The sum of an integer over ranks (rows, a batch size, a count)."""
@@ -94,7 +95,9 @@ class Collective:
         """Add ``tensors`` across ranks in place, with one all-reduce over one flat buffer."""
         if not tensors:
             return
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        # NCCL reduces device tensors only: a host-side sum (a loss, the calibration's
+        # float64 vector) makes the trip to the device and back.
+        flat = torch.cat([t.reshape(-1) for t in tensors]).to(self._device() if self._nccl else tensors[0].device)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         offset = 0
         for t in tensors:

@@ -27,13 +27,8 @@ def check_nproc(nproc) -> int:
     return nproc
 
 
-def check_distributable(plan, kinds: tuple) -> None:
+def check_distributable(plan) -> None:
     """Refuse, before anything is spent, what is not run over several processes yet."""
-    from budgetplan.phases import WALRPhase
-
-    if kinds == (WALRPhase,):
-        raise UnsupportedError("WALR's release is not run over several processes yet: train this plan with one "
-                               "process (--nproc 1)")
     if plan.tuning is not None and "grid" in plan.tuning:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
@@ -50,7 +45,8 @@ def keep_shard(prep, collective) -> None:
     prep.data = prep.data.take(torch.arange(block.start, block.stop, device=prep.data.label.device))
     if prep.unit_counts is not None:
         prep.unit_counts = prep.unit_counts[block]
-    prep.table = None  # the baseline's validation split needs it; a plan's run does not
+    if prep.table is not None:  # WALR's weights are read from it
+        prep.table = prep.table.slice(block.start, block.stop - block.start)
     prep.data_info["rank_rows"] = [r[0] for r in collective.gather([block.stop - block.start])]
 
 
@@ -66,11 +62,10 @@ def launch_plan(plan, data_path, nproc, threads, kwargs: dict):
     ``threads`` is per process; ``"auto"`` shares the free CPUs between the processes (at
     least one each).
     """
-    from budgetplan.phases import CalibrationPhase, CountPhase
     from trainers.distributed import launch
     from trainers.threads import resolve_threads
 
     nproc = check_nproc(nproc)
     per_rank = max(1, resolve_threads(threads) // nproc) if threads in (None, "auto") else resolve_threads(threads)
-    check_distributable(plan, tuple(type(p) for p in plan.phases if not isinstance(p, (CountPhase, CalibrationPhase))))
+    check_distributable(plan)
     return launch(_rank, nproc, plan, data_path, per_rank, kwargs, threads=per_rank)[0]

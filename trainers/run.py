@@ -32,6 +32,9 @@ __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
 # count phase is not executed: the DP count of N was released before the plan was made; a
 # calibration phase runs after the training phases (``trainers.calibration``).
 _EXECUTABLE = {(RRPhase,), (DPSGDPhase,), (RRPhase, DPSGDPhase), (WALRPhase,)}
+# The seed stream of the capping choice shared by the ranks of a run over several processes
+# (ranks draw from streams 0, 1, ...: this one is far beyond any world size).
+_CAPPING_STREAM = 2**32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,14 +363,16 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         if collective is not None:
             from trainers.ranks import check_distributable, keep_shard
 
-            check_distributable(plan, kinds)
+            check_distributable(plan)
         rnd = Randomness(seed, stream=0 if collective is None else collective.rank)
         device = _device(settings.device)
         t0 = time.perf_counter()
         key, new_key = _key(fingerprint_key)
         size_private = plan.count is not None
         # Capping must keep the same rows on every rank: one secret seed, drawn by rank 0.
-        capping_rnd = rnd if collective is None else Randomness(collective.broadcast_object(rnd.torch_seed()))
+        # (a stream of its own: rank 0's privacy draws stay those of one process from the same seed)
+        capping_rnd = rnd if collective is None else Randomness(collective.broadcast_object(
+            Randomness(seed, stream=_CAPPING_STREAM).torch_seed()))
         prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                         expected_rows=None if size_private else plan.dataset_size, randomness=capping_rnd,
                         key=key if lead else None)
@@ -384,7 +389,9 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         try:
             if kinds == (WALRPhase,):
                 record, state = _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0,
-                                              session)
+                                              session, collective)
+                if not lead:
+                    return None  # rank 0 evaluates and writes the record
                 return _finish(record, state, out, new_key=new_key if out else None)
             model = _model(prep, settings, rnd.torch_seed()).to(device)
             ckpt = session.load_checkpoint()
@@ -466,9 +473,10 @@ def _check_walr_columns(spec) -> None:
                                     "columns from [features]")
 
 
-def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0, session):
+def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_prep, t0, session, collective=None):
     import torch
 
+    from trainers.distributed import release_once
     from trainers.metrics import evaluate_model
     from trainers.record import build_record, walr_entry
     from trainers.walr import predict, prepare_rows, run_walr
@@ -483,12 +491,14 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
 
     def persist(draw):
         def as_array():
-            noisy, info = draw()
-            return noisy.cpu().numpy(), info
-        return session.walr_sum(as_array)
+            drawn = draw()  # None on a rank other than 0: rank 0 noises the summed release
+            return None if drawn is None else (drawn[0].cpu().numpy(), drawn[1])
+        return release_once(collective, session, "walr", as_array)
 
     theta, res = run_walr(torch.cat([d.ns_num, d.s_num], 1).double(), d.label.double(), weights, par, rnd,
-                          steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr, persist=persist)
+                          steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr, persist=persist, collective=collective)
+    if collective is not None and collective.rank != 0:
+        return None, None
     timings = dict(prep.timings, walr_fit_seconds=res.fit_seconds)
     metrics = {}
     if eval_prep is not None:

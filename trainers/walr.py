@@ -186,7 +186,7 @@ def _exact_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_row
 
 
 def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomness,
-            sensitivity: float | None = None, chunk_rows: int | None = None):
+            sensitivity: float | None = None, chunk_rows: int | None = None, collective=None):
     """The one private release: sum_i y_i w_i x_i + N(0, noise_std^2 I_k).
 
     Args:
@@ -199,6 +199,9 @@ def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomne
         sensitivity: the plan's sensitivity; when given, the release is refused (nothing is
             returned) if the realised max ||w_i x_i|| exceeds it.
         chunk_rows: rows per float64 block (performance only; default by device).
+        collective: with several processes (``Xc`` this rank's rows), every rank checks its
+            own rows against the sensitivity, the exact sums are added across ranks, and
+            rank 0 alone adds the noise, once; the other ranks return None.
 
     Returns:
         (noisy_sum [k] float64 on Xc's device, not divided by N, info) where info has
@@ -222,6 +225,12 @@ def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomne
     if sensitivity is not None and not largest <= sensitivity:
         raise PlanMismatchError(f"a row contributes {largest!r} to the sum, more than the planned sensitivity "
                                 f"{sensitivity!r}: the rows were not clipped to the plan's bounds")
+    if collective is not None:
+        collective.sum_([noisy])
+        everyone = collective.gather_object(largest)
+        if everyone is None:
+            return None  # rank 0 noises the sum
+        largest = max(everyone)
     u = randomness.uniform_u64(2)
     gen = np.random.Generator(np.random.PCG64((int(u[0]) << 64) | int(u[1])))
     noise = torch.as_tensor(gen.standard_normal(k), dtype=torch.float64) * sigma
@@ -231,7 +240,7 @@ def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomne
 
 
 def fit(Xc: torch.Tensor, noisy_sum: torch.Tensor, *, n_rows: int, steps: int, minibatch: int, lr: float,
-        generator: torch.Generator) -> torch.Tensor:
+        generator: torch.Generator, collective=None) -> torch.Tensor:
     """Hybrid-minibatch gradient descent on the released vector (post-processing; reads no labels).
 
     theta <- theta - lr ((1/m) sum_{j in batch} sigmoid(theta . x_j) x_j - noisy_sum / N),
@@ -245,11 +254,20 @@ def fit(Xc: torch.Tensor, noisy_sum: torch.Tensor, *, n_rows: int, steps: int, m
         minibatch: m, rows per step.
         lr: learning rate.
         generator: torch generator for the minibatch indices.
+        collective: with several processes (``Xc`` this rank's block of the N rows, every
+            rank's ``generator`` seeded alike): every rank draws the same global indices,
+            sums its own rows' terms, and the partial sums are added across ranks, so each
+            step is the one-process step and every rank ends with the same theta.
 
     Returns:
         theta [k] float64 on Xc's device (last coordinate: the intercept).
     """
     n, k = Xc.shape
+    block = slice(0, n)
+    if collective is not None:
+        block, n = collective.shard(collective.total(n)), collective.total(n)
+        if block.stop - block.start != Xc.shape[0]:
+            raise InvalidParameterError(f"this rank holds {Xc.shape[0]} rows, its block {block.stop - block.start}")
     if _count("n_rows", n_rows, low=1) != n:
         raise InvalidParameterError(f"n_rows is {n_rows} but Xc has {n} rows")
     steps, m = _count("steps", steps, low=0), _count("minibatch", minibatch, low=1)
@@ -262,8 +280,13 @@ def fit(Xc: torch.Tensor, noisy_sum: torch.Tensor, *, n_rows: int, steps: int, m
     gen_device = generator.device
     for _ in range(steps):
         idx = torch.randint(0, n, (m,), generator=generator, device=gen_device).to(Xc.device)
+        if collective is not None:
+            idx = idx[(idx >= block.start) & (idx < block.stop)] - block.start
         xb = Xc.index_select(0, idx).to(torch.float64)
-        theta -= rate * (xb.T @ torch.sigmoid(xb @ theta) / m - target)
+        term = xb.T @ torch.sigmoid(xb @ theta)
+        if collective is not None:
+            collective.sum_([term])
+        theta -= rate * (term / m - target)
     return theta
 
 
@@ -295,7 +318,7 @@ class WALRResult:
 
 
 def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, steps: int, minibatch: int,
-             lr: float, persist=None):
+             lr: float, persist=None, collective=None):
     """Execute a WALR phase as planned: prepare, release once, fit.
 
     Args:
@@ -307,7 +330,11 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
         steps, minibatch, lr: optimisation settings (free: post-processing).
         persist: optional ``persist(draw) -> (noisy_sum, info)`` through which the release goes
             (the trainer's run session logs its intent, saves it, and on a resumed run returns
-            the saved release instead of drawing a second one).
+            the saved release instead of drawing a second one). With a ``collective`` it
+            must give every rank rank 0's release (``trainers.distributed.release_once``).
+        collective: several processes, each with its block of the rows in rank order: the
+            exact sums are added before rank 0's one noise draw, and the fit adds the ranks'
+            terms at every step (``release``, ``fit``); counts are over all ranks.
 
     Returns:
         (theta [k], WALRResult).
@@ -319,7 +346,7 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
         raise PlanMismatchError(f"the plan's sensitivity {sens!r} is below weights_bound * row_norm_bound = {W * R!r}")
     if not isinstance(X, torch.Tensor):
         raise InvalidParameterError(f"X must be a torch tensor, got {type(X).__name__}")
-    n = X.shape[0]
+    n = X.shape[0] if collective is None else collective.total(X.shape[0])
     if n != params.dataset_size:
         raise InvalidParameterError(f"the data has {n} rows; the plan accounts N = {params.dataset_size}: re-plan "
                                     "with this N or supply the planned data")
@@ -327,13 +354,23 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
                                 expected_features=params.features)
 
     def draw():
-        return release(Xc, y, wc, noise_std=params.noise_std, randomness=randomness, sensitivity=sens)
+        return release(Xc, y, wc, noise_std=params.noise_std, randomness=randomness, sensitivity=sens,
+                       collective=collective)
 
-    noisy, rel = draw() if persist is None else persist(draw)
+    if persist is not None:
+        noisy, rel = persist(draw)
+    elif collective is None:
+        noisy, rel = draw()
+    else:
+        noisy, rel = collective.broadcast_object(draw())
     noisy = torch.as_tensor(noisy, dtype=torch.float64, device=Xc.device)
     t0 = time.perf_counter()
-    gen = torch.Generator(device=Xc.device).manual_seed(randomness.torch_seed())
-    theta = fit(Xc, noisy, n_rows=n, steps=steps, minibatch=minibatch, lr=lr, generator=gen)
+    seed = randomness.torch_seed()
+    if collective is not None:
+        seed = collective.broadcast_object(seed)  # one stream of minibatch indices for all ranks
+        prep = {key: collective.total(prep[key]) for key in ("rows_clipped", "weights_clipped")}
+    gen = torch.Generator(device=Xc.device).manual_seed(seed)
+    theta = fit(Xc, noisy, n_rows=n, steps=steps, minibatch=minibatch, lr=lr, generator=gen, collective=collective)
     fit_seconds = time.perf_counter() - t0
     return theta, WALRResult(
         rows=n, rows_clipped=prep["rows_clipped"], weights_clipped=prep["weights_clipped"],

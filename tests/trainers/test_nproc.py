@@ -21,7 +21,6 @@ if not torch.distributed.is_available():  # pragma: no cover - every CPU build o
 from budgetplan.audit import audit_run  # noqa: E402
 from budgetplan.audit_ranks import rank_checks  # noqa: E402
 from budgetplan.cli import cli  # noqa: E402
-from budgetplan.errors import UnsupportedError  # noqa: E402
 from budgetplan.planner import build_plan  # noqa: E402
 from budgetplan.records import load_record  # noqa: E402
 from budgetplan.scenario import parse_scenario  # noqa: E402
@@ -215,8 +214,7 @@ def test_the_calibration_release_sums_the_ranks_and_draws_its_noise_once(root):
 # ------------------------------------------------------------------ refusals
 
 
-def test_walr_is_refused_over_several_processes(root):
-    text = f"""[budget]
+WALR_TEXT = f"""[budget]
 epsilon = 1.0
 delta = 1e-6
 [privacy]
@@ -234,8 +232,24 @@ label = "label"
 nonsensitive_numeric = ["bid_floor", "slot_position"]
 sensitive_numeric = ["days_since_visit", "visits_7d"]
 """
-    with pytest.raises(UnsupportedError, match="WALR's release is not run over several processes"):
-        execute_plan(build_plan(parse_scenario(text)), root / "train.parquet", nproc=2)
+
+
+def test_walr_over_two_processes_is_the_one_process_release_and_fit(root, tmp_path):
+    """Rank 0's noise from the same seed: the same released vector, the same theta, an audit that passes."""
+    plan = build_plan(parse_scenario(WALR_TEXT))
+    alone = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", seed=4, threads=1,
+                         out_dir=tmp_path / "one")
+    two = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", seed=4, threads=1, nproc=2,
+                       out_dir=tmp_path / "two")
+    a, b = np.load(tmp_path / "one" / "walr_sum.npy"), np.load(tmp_path / "two" / "walr_sum.npy")
+    np.testing.assert_allclose(b, a, rtol=1e-9)  # summed over ranks, noised once
+    theta_a = torch.load(tmp_path / "one" / "model.pt")["theta"]
+    theta_b = torch.load(tmp_path / "two" / "model.pt")["theta"]
+    np.testing.assert_allclose(theta_b.numpy(), theta_a.numpy(), rtol=1e-6, atol=1e-9)
+    assert two.phases[0].rows == N and two.phases[0].releases == 1
+    assert two.private_part.phases[0].max_contribution == alone.private_part.phases[0].max_contribution
+    report = audit_run(tmp_path / "two")
+    assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -230,7 +230,7 @@ def test_one_label_moves_the_sum_by_w_i_x_i_within_the_bound(n, d, scale, R, W, 
 
 def test_fit_takes_no_labels():
     params = set(inspect.signature(fit).parameters)
-    assert params == {"Xc", "noisy_sum", "n_rows", "steps", "minibatch", "lr", "generator"}
+    assert params == {"Xc", "noisy_sum", "n_rows", "steps", "minibatch", "lr", "generator", "collective"}
 
 
 def _logistic_data(n=20000, seed=4):

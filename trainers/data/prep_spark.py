@@ -28,7 +28,7 @@ _STAGING = "_staging"
 _INTEGER = ("ByteType", "ShortType", "IntegerType", "LongType")
 
 
-def session(master: str | None):
+def session(master: str | None, conf: dict | None = None):
     """(a SparkSession, whether it was started here): the active one, or a new one whose logs go to a file.
 
     A new session's JVM is started with stdout and stderr pointing at a log file in the
@@ -54,6 +54,8 @@ def session(master: str | None):
         os.dup2(fd, 2)
         builder = (SparkSession.builder.appName("budgetplan-data").master(master or "local[*]")
                    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
+        for name, value in (conf or {}).items():
+            builder = builder.config(name, value)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
     finally:

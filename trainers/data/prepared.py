@@ -18,7 +18,8 @@ from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["MANIFEST", "FORMAT", "Output", "write_manifest", "read_manifest", "is_prepared", "shard_name"]
+__all__ = ["MANIFEST", "FORMAT", "Output", "write_manifest", "read_manifest", "is_prepared", "shard_name", "reconcile",
+           "verified_cap"]
 
 MANIFEST = "manifest.json"
 FORMAT = "budgetplan-prepared"
@@ -140,3 +141,41 @@ def read_manifest(directory) -> dict:
         raise InvalidParameterError(f"{path}: its shards hold {sum(listed.values())} rows, it says "
                                     f"{manifest['rows']}")
     return manifest
+
+
+def reconcile(path, *, cap: int, expected_rows: int | None) -> dict | None:
+    """The manifest when ``path`` is a prepared directory, checked against the plan; None for plain data.
+
+    Refuses a prepared directory whose N (the manifest's rows) is not the plan's N
+    (``expected_rows``; None when N is a DP count, which a refusal would reveal), and one
+    capped at another K than the plan's (for a plan with K > 1; under K = 1 each row is
+    its own unit and a cap ahead of training only drops rows, which the N check sees).
+    """
+    if not is_prepared(path):
+        return None
+    manifest = read_manifest(path)
+    if expected_rows is not None and manifest["rows"] != expected_rows:
+        raise InvalidParameterError(f"the prepared data {path} holds N = {manifest['rows']} rows (its manifest); the "
+                                    f"plan accounts N = {expected_rows}: plan with the prepared N or prepare again")
+    if cap > 1 and manifest["cap"] is not None and manifest["cap"] != cap:
+        raise InvalidParameterError(f"the prepared data {path} was capped at K = {manifest['cap']}; the plan caps "
+                                    f"each unit at K = {cap}: cap the data at {cap} or plan with K = {manifest['cap']}")
+    return manifest
+
+
+def verified_cap(units, cap: int, manifest: dict, path) -> dict:
+    """Capping info for data capped ahead of training, after checking that no unit has more than ``cap`` rows.
+
+    The manifest's word is not taken for it: one ``np.unique`` over the unit ids proves the
+    bound the accounting relies on.
+    """
+    import numpy as np
+
+    ids = np.asarray(units)
+    counts = np.unique(ids, return_counts=True)[1] if ids.size else np.zeros(0, dtype=np.int64)
+    worst = int(counts.max()) if counts.size else 0
+    if worst > cap:
+        raise InvalidParameterError(f"the prepared data {path} has a unit with {worst} rows, more than the plan's "
+                                    f"K = {cap}: its manifest's cap does not hold")
+    return {"rows_in": int(ids.size), "rows_kept": int(ids.size), "rows_dropped": 0, "units": int(counts.size),
+            "units_capped": 0, "cap": cap, "rule": manifest["rule"], "capped_ahead": True}

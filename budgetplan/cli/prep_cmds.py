@@ -44,7 +44,7 @@ class _Key:
             if not key_path.exists():
                 raise click.UsageError(f"--key {key_path}: no such file; make a fresh key with --new-key {key_path}")
             self.key = read_key(key_path)
-        else:
+        elif new_key is not None:
             if new_key.exists():
                 raise click.UsageError(f"--new-key {new_key} exists: it may be the key of earlier work; use --key")
             self.key, self.saved = fresh(), new_key

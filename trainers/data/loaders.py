@@ -251,7 +251,8 @@ def iter_batches(path: str | os.PathLike, *, format: str = "auto", columns=None,
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            handle = pq.ParquetFile(str(path))
+            # No pre-buffering: it would read whole row groups (a million rows, say) at once.
+            handle = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=1 << 20)
             wanted = _wanted(path, columns, handle.schema_arrow.names)
             yield from handle.iter_batches(batch_size=batch_rows, columns=wanted)
             return

@@ -18,11 +18,11 @@ from budgetplan.errors import InvalidParameterError
 __all__ = ["unit_counts", "cap_into", "split_into", "refuse_empty_side"]
 
 _BATCH_ROWS = 1 << 16
-_MERGE_EVERY = 32  # partial per-unit counts merged after this many batches: bounded memory, few merges
+_MERGE_EVERY = 8  # partial per-unit counts merged after this many batches: bounded memory, few merges
 
 
 def _text(column, name: str, shard):
-    """The unit id column as Arrow strings, refusing a type whose text is ambiguous and missing ids."""
+    """The unit id column as int64 or string, refusing a type whose text is ambiguous and missing ids."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -34,7 +34,8 @@ def _text(column, name: str, shard):
                                     "its unit to be capped or split")
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    return column if pa.types.is_string(column.type) else pc.cast(column, pa.string())
+    # Integers are counted as int64 (8 bytes, cheap to hash); their text is made only for the rows hashed.
+    return pc.cast(column, pa.int64() if pa.types.is_integer(column.type) else pa.string())
 
 
 def _rows_total(shards) -> int | None:
@@ -87,12 +88,16 @@ def _unit_batches(shards, unit_id, progress):
 def _merge(parts):
     import pyarrow as pa
 
-    table = pa.concat_tables(parts).group_by("unit").aggregate([("n", "sum")])
+    try:
+        table = pa.concat_tables(parts).group_by("unit").aggregate([("n", "sum")])
+    except pa.ArrowInvalid:
+        raise InvalidParameterError("the unit id column is integer in some shards and text in others: give it "
+                                    "one type") from None
     return table.rename_columns(["unit", "n"])
 
 
 def unit_counts(shards, unit_id: str, progress=None):
-    """(unit texts as an Arrow array, their row counts as int64 numpy, rows of each shard) in one pass."""
+    """(the units as an Arrow array, their row counts as int64 numpy, rows of each shard) in one pass."""
     import pyarrow as pa
 
     progress = progress or _Progress(None, shards, 1)
@@ -104,7 +109,7 @@ def unit_counts(shards, unit_id: str, progress=None):
         if len(parts) >= _MERGE_EVERY:
             parts = [_merge(parts)]
     if not parts:
-        return pa.array([], pa.string()), np.zeros(0, dtype=np.int64), per_shard
+        return pa.array([], pa.int64()), np.zeros(0, dtype=np.int64), per_shard
     merged = _merge(parts)
     return merged.column("unit").combine_chunks(), merged.column("n").to_numpy().astype(np.int64), per_shard
 
@@ -163,7 +168,7 @@ def cap_into(shards, unit_id: str, cap: int, key: bytes, out, *, progress_label:
             if rows.size == 0:
                 continue
             codes.append(index.take(rows).to_numpy().astype(np.int32))
-            units = text.take(rows).cast("binary").to_pylist()
+            units = text.take(rows).cast("string").cast("binary").to_pylist()
             prios.append(cap_priorities(key, units, np.full(rows.size, i), start + rows))
             where.append(offsets[i] + start + rows)
         dropped = np.zeros(0, dtype=np.int64)
@@ -205,7 +210,7 @@ def split_into(shards, unit_id: str, fraction: float, key: bytes, train, held_ou
     progress = _Progress(progress_label, shards, 2)
     try:
         values, counts, per_shard = unit_counts(shards, unit_id, progress)
-        held = split_scores(key, values.cast("binary").to_pylist()) < threshold
+        held = split_scores(key, values.cast("string").cast("binary").to_pylist()) < threshold
         stats = {"rows_in": int(sum(per_shard)), "units": int(counts.size),
                  "train": {"rows": int(counts[~held].sum()), "units": int((~held).sum())},
                  "held_out": {"rows": int(counts[held].sum()), "units": int(held.sum())}}

@@ -144,11 +144,15 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
     from trainers.data.encode import encode
     from trainers.data.fingerprint import fingerprint
     from trainers.data.loaders import read_table
+    from trainers.data.prepared import reconcile, verified_cap
 
     t0 = time.perf_counter()
+    manifest = reconcile(path, cap=cap, expected_rows=expected_rows)  # None unless a prepared directory
     table = read_table(path, format=settings.data_format, columns=list(spec.columns))
     rows_in = table.num_rows
     info: dict = {"path": str(path), "format": settings.data_format, "rows_in": rows_in, "capping": None}
+    if manifest is not None:
+        info["prepared"] = {k: manifest[k] for k in ("kind", "rows", "rows_in", "cap", "rule", "key_id", "engine")}
     if key is not None:
         # The file as given, before capping: the auditor can recompute it whatever rows capping kept.
         info["fingerprint"] = fingerprint(table, list(spec.columns), key)
@@ -158,8 +162,11 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             raise InvalidParameterError(f"the plan caps each unit at {cap} examples but the data has no unit id "
                                         f"column {spec.unit_id!r}")
         units = unit_ids(table, spec.unit_id)
-        kept, cap_info = cap_units(np.asarray(units), cap, rule=capping, rng=randomness.generator())
-        table = table.take(kept)
+        if manifest is not None and manifest["cap"] is not None:  # capped ahead of training: verified, not again
+            kept, cap_info = np.arange(table.num_rows), verified_cap(units, cap, manifest, path)
+        else:
+            kept, cap_info = cap_units(np.asarray(units), cap, rule=capping, rng=randomness.generator())
+            table = table.take(kept)
         info["capping"] = cap_info
         _, inverse, counts = np.unique(np.asarray(units)[kept], return_inverse=True, return_counts=True)
         unit_counts = counts[inverse]

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from budgetplan.cli._shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
+from budgetplan.cli.prep_cmds import ENGINE, SPARK_MASTER, cap, split
 from budgetplan.limits import MAX_SYNTH_ROWS
 
 # The names of trainers.data.synth.SHAPES, spelled here so that `--help` imports no numpy
@@ -18,7 +19,11 @@ __all__ = ["data"]
 
 @click.group()
 def data():
-    """Data for the trainers: synthetic semi-sensitive ads data, row counts under a cap."""
+    """Data for the trainers: synthetic ads data, row counts under a cap, capping and splitting ahead of training."""
+
+
+data.add_command(cap)
+data.add_command(split)
 
 
 def _format_for(out: Path, given: str | None) -> str:
@@ -98,7 +103,7 @@ def synth(rows, users, out, seed, fmt, shape, as_json):
 
 
 @data.command()
-@click.argument("data_path", metavar="DATA", type=click.Path(dir_okay=False))
+@click.argument("data_path", metavar="DATA", type=click.Path())
 @click.option("--unit-id", help="The unit (user) id column.")
 @click.option("--unit-cap", "caps", type=UNIT_CAP, multiple=True,
               help="K, the most examples a unit keeps (repeat the option to compare caps; once with --dp-epsilon).")
@@ -110,27 +115,36 @@ def synth(rows, users, out, seed, fmt, shape, as_json):
 @click.option("--format", "data_format", default="auto", show_default=True,
               type=click.Choice(["auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display",
                                  "criteo-search"]))
+@ENGINE
+@SPARK_MASTER
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def count(data_path, unit_id, caps, dp_epsilon, seed, data_format, as_json):
+def count(data_path, unit_id, caps, dp_epsilon, seed, data_format, engine, spark_master, as_json):
     """Rows left after capping each unit at K: the N a user-level scenario must state.
 
     The count is the same under the `first` and `random` capping rules. It is a statistic
     of the data: N is public under replace-one adjacency, and choosing K by looking at
-    these counts is data-dependent preprocessing that no plan accounts for. Under
+    these counts is data-dependent preprocessing that no plan accounts for. DATA is a file or
+    a directory of shards (a prepared directory, say). Under
     add-remove adjacency N is private: release it once with --dp-epsilon and state the
     noisy count and its epsilon in the scenario, which then accounts it.
     """
+    spark = (engine, spark_master if engine == "spark" else None)
+    if engine == "spark":
+        if unit_id is None:
+            raise click.UsageError("--engine spark counts the rows after capping: give --unit-id and --unit-cap")
+        if data_format not in ("auto", "parquet"):
+            raise click.UsageError(f"--engine spark reads Parquet only, got --format {data_format}")
     if dp_epsilon is None:
         if seed is not None:
             raise click.UsageError("--seed applies to --dp-epsilon only: the exact count has no noise")
         if unit_id is None or not caps:
             raise click.UsageError("--unit-id and --unit-cap are required without --dp-epsilon")
-        return _exact_count(data_path, unit_id, caps, data_format, as_json)
+        return _exact_count(data_path, unit_id, caps, data_format, as_json, spark)
     if len(caps) > 1:
         raise click.UsageError(f"--dp-epsilon releases one count: give --unit-cap once, got {len(caps)}")
     if (unit_id is None) != (not caps):
         raise click.UsageError("--unit-id and --unit-cap go together (a capped count needs the unit ids)")
-    return _dp_count(data_path, unit_id, caps[0] if caps else 1, dp_epsilon, seed, data_format, as_json)
+    return _dp_count(data_path, unit_id, caps[0] if caps else 1, dp_epsilon, seed, data_format, as_json, spark)
 
 
 def _unit_ids(data_path, unit_id, data_format):
@@ -140,11 +154,20 @@ def _unit_ids(data_path, unit_id, data_format):
     return unit_ids(read_table(data_path, format=data_format, columns=[unit_id]), unit_id)
 
 
-def _exact_count(data_path, unit_id, caps, data_format, as_json):
-    from trainers.data.capping import capped_rows
+def _capped(data_path, unit_id, caps, data_format, spark) -> dict:
+    """``capped_rows`` of the data; ``spark`` is (the engine, the Spark master or None)."""
+    engine, master = spark
+    if engine == "local":
+        from trainers.data.capping import capped_rows
 
-    result = {"path": str(data_path), "unit_id": unit_id} | capped_rows(_unit_ids(data_path, unit_id, data_format),
-                                                                        sorted(set(caps)))
+        return capped_rows(_unit_ids(data_path, unit_id, data_format), sorted(set(caps)))
+    from trainers.data.prepare import count as engine_count
+
+    return engine_count(data_path, unit_id=unit_id, caps=caps, engine=engine, spark_master=master)
+
+
+def _exact_count(data_path, unit_id, caps, data_format, as_json, spark):
+    result = {"path": str(data_path), "unit_id": unit_id} | _capped(data_path, unit_id, caps, data_format, spark)
     if as_json:
         emit_json(result)
         return
@@ -158,14 +181,12 @@ def _exact_count(data_path, unit_id, caps, data_format, as_json):
                     "preprocessing (not covered by a plan).")
 
 
-def _dp_count(data_path, unit_id, cap, epsilon, seed, data_format, as_json):
+def _dp_count(data_path, unit_id, cap, epsilon, seed, data_format, as_json, spark):
     """One release of N~ = N + Z; nothing else about the data (its N, units, drops) is printed."""
     from budgetplan.dpcount import release_count
 
     if unit_id is not None:
-        from trainers.data.capping import capped_rows
-
-        n = capped_rows(_unit_ids(data_path, unit_id, data_format), [cap])["caps"][0]["rows"]
+        n = _capped(data_path, unit_id, [cap], data_format, spark)["caps"][0]["rows"]
     else:
         from trainers.data.loaders import read_table
 

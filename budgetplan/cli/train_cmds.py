@@ -47,8 +47,9 @@ def _settings(**kw):
 
 @click.command()
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False), help="Training data.")
-@click.option("--eval", "eval_path", type=click.Path(dir_okay=False), help="Held-out data for metrics.")
+@click.option("--data", "data_path", required=True, type=click.Path(),
+              help="Training data: a file, or a directory of shards (a prepared one from `data cap`).")
+@click.option("--eval", "eval_path", type=click.Path(), help="Held-out data for metrics (a file or a directory).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory to create.")
 @click.option("--format", "data_format", default="auto", show_default=True,
               type=click.Choice(["auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display",

@@ -73,7 +73,7 @@ def test_default_generator_is_fresh_from_the_os():
 def test_bad_input_is_refused():
     with pytest.raises(InvalidParameterError, match="cap must be an integer >= 1, got 0"):
         cap_units(np.array([1, 2]), 0)
-    with pytest.raises(InvalidParameterError, match="capping rule must be one of first, random, got 'last'"):
+    with pytest.raises(InvalidParameterError, match="capping rule must be one of first, random, keyed, got 'last'"):
         cap_units(np.array([1, 2]), 1, rule="last")
     with pytest.raises(InvalidParameterError, match="one-dimensional"):
         cap_units(np.zeros((2, 2)), 1)

@@ -161,8 +161,9 @@ def test_errors_name_the_path_and_the_problem(tmp_path, small):
     empty.write_text("")
     with pytest.raises(InvalidParameterError, match=r"empty\.csv"):
         read_table(empty)
-    with pytest.raises(InvalidParameterError, match="is a directory"):
-        read_table(tmp_path, format="parquet")
+    (tmp_path / "no_shards").mkdir()
+    with pytest.raises(InvalidParameterError, match="no_shards: the directory holds no .parquet"):
+        read_table(tmp_path / "no_shards", format="parquet")
 
 
 def test_errors_are_one_line(tmp_path):

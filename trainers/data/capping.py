@@ -2,11 +2,16 @@
 
 A user-level plan accounts for at most K examples per unit (group privacy, per-impression
 eps/K, a mixture of Gaussians for Poisson DP-SGD); the trainer makes that true by dropping the
-rest before training. Two rules, as in ``budgetplan.units.CAPPING_RULES``:
+rest before training. Two rules, as in ``budgetplan.units.CAPPING_RULES``, and a third for
+data prepared ahead of training (``budgetplan data cap``):
 
 - ``first``: the first K rows of the unit in data order (e.g. the earliest impressions of a
   time-sorted log);
-- ``random``: K of the unit's rows chosen uniformly at random without replacement.
+- ``random``: K of the unit's rows chosen uniformly at random without replacement;
+- ``keyed``: the K rows of smallest keyed priority (``trainers.data.keyed``: HMAC-SHA256 of
+  the row's unit and position under a secret key), ties broken by data order. Pseudo-random
+  to whoever lacks the key, and reproducible by whoever holds it: the local and the Spark
+  engine keep the same rows.
 
 Which rows are kept depends on the data only through the unit ids and row order, never on
 labels or features, so capping costs no privacy; under ``random`` the choice must still be
@@ -26,9 +31,9 @@ import numpy as np
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["cap_units", "capped_rows", "unit_ids", "secure_rng", "RULES"]
+__all__ = ["cap_units", "capped_rows", "rows_per_cap", "unit_ids", "secure_rng", "RULES"]
 
-RULES = ("first", "random")
+RULES = ("first", "random", "keyed")
 
 
 def secure_rng() -> np.random.Generator:
@@ -65,23 +70,29 @@ def capped_rows(unit_ids, caps) -> dict:
     for a user-level scenario can be read off before training. Returns ``{"rows", "units",
     "max_per_unit", "caps": [{"cap", "rows", "rows_dropped", "units_capped"}]}``.
     """
-    from budgetplan import _validate
-
     ids = np.asarray(unit_ids)
     if ids.ndim != 1:
         raise InvalidParameterError(f"unit ids must be one-dimensional, got shape {ids.shape}")
+    return rows_per_cap(np.unique(ids, return_counts=True)[1] if ids.size else np.zeros(0, dtype=np.int64), caps)
+
+
+def rows_per_cap(counts, caps) -> dict:
+    """:func:`capped_rows` from the rows of each unit (``counts``), however they were counted."""
+    from budgetplan import _validate
+
+    counts = np.asarray(counts, dtype=np.int64)
     ks = [_validate.positive_int("cap", k) for k in caps]
-    counts = np.unique(ids, return_counts=True)[1] if ids.size else np.zeros(0, dtype=np.int64)
+    total = int(counts.sum())
     out = []
     for k in ks:
-        kept = int(np.minimum(counts, min(k, ids.size)).sum())  # K above the rows is no cap (and fits int64)
-        out.append({"cap": k, "rows": kept, "rows_dropped": int(ids.size) - kept,
-                    "units_capped": int((counts > k).sum())})
-    return {"rows": int(ids.size), "units": int(counts.size),
-            "max_per_unit": int(counts.max()) if counts.size else 0, "caps": out}
+        kept = int(np.minimum(counts, min(k, total)).sum())  # K above the rows is no cap (and fits int64)
+        out.append({"cap": k, "rows": kept, "rows_dropped": total - kept, "units_capped": int((counts > k).sum())})
+    return {"rows": total, "units": int(counts.size), "max_per_unit": int(counts.max()) if counts.size else 0,
+            "caps": out}
 
 
-def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Generator | None = None):
+def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Generator | None = None,
+              priorities=None):
     """Rows to keep so that no unit has more than ``cap`` of them.
 
     Args:
@@ -92,7 +103,11 @@ def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Genera
             uniformly random rows of each unit with more than K.
         rng: the generator for ``"random"``. None draws a fresh one from the OS CSPRNG
             (:func:`secure_rng`), which is what production runs should do. Ignored by
-            ``"first"``.
+            ``"first"`` and ``"keyed"``.
+        priorities: for ``"keyed"`` (and only there), one uint64 per row from
+            ``trainers.data.keyed.cap_priorities``; the rows must be in data order, which
+            breaks ties. Priorities computed from labels or features would void the
+            privacy argument: they must come from unit ids, positions and the key alone.
 
     Returns:
         ``(kept_rows, info)``: ``kept_rows`` is a sorted int64 array of row numbers (data
@@ -100,7 +115,8 @@ def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Genera
         ``units``, ``units_capped`` (units that had more than ``cap`` rows), ``cap``, ``rule``.
 
     Raises:
-        InvalidParameterError: a bad cap or rule, or unit ids that are not one-dimensional.
+        InvalidParameterError: a bad cap or rule, unit ids that are not one-dimensional, or
+            priorities missing for ``"keyed"``, given for another rule, or of another length.
     """
     from budgetplan import _validate
 
@@ -111,6 +127,13 @@ def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Genera
     if ids.ndim != 1:
         raise InvalidParameterError(f"unit ids must be one-dimensional, got shape {ids.shape}")
     n = ids.shape[0]
+    if (rule == "keyed") != (priorities is not None):
+        raise InvalidParameterError("priorities go with the keyed capping rule, and only with it")
+    if priorities is not None:
+        priorities = np.asarray(priorities, dtype=np.uint64)
+        if priorities.shape != ids.shape:
+            raise InvalidParameterError(f"priorities must have one value per row ({n}), got shape "
+                                        f"{priorities.shape}")
     if n == 0:
         return np.zeros(0, dtype=np.int64), {"rows_in": 0, "rows_kept": 0, "rows_dropped": 0, "units": 0,
                                              "units_capped": 0, "cap": cap, "rule": rule}
@@ -120,6 +143,8 @@ def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Genera
         # so its first K rows are a uniformly random K-subset.
         order = rng.permutation(n)
         order = order[np.argsort(ids[order], kind="stable")]
+    elif rule == "keyed":
+        order = np.lexsort((np.arange(n), priorities, ids))  # by unit, then priority, then position
     else:
         order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]

@@ -41,6 +41,8 @@ from budgetplan.errors import InvalidParameterError
 
 __all__ = [
     "read_table",
+    "iter_batches",
+    "list_shards",
     "FORMATS",
     "CRITEO_ATTRIBUTION_COLUMNS",
     "CRITEO_DISPLAY_COLUMNS",
@@ -148,7 +150,8 @@ def _read_parquet(path: Path, columns):
     return pq.read_table(str(path), columns=wanted)
 
 
-def _read_delimited(path: Path, fmt: str, columns):
+def _delimited_options(path: Path, fmt: str, columns):
+    """(the columns wanted, read, parse and convert options) for a delimited file of layout ``fmt``."""
     import pyarrow.csv as pacsv
 
     delimiter = "," if fmt == "csv" else "\t"
@@ -176,15 +179,103 @@ def _read_delimited(path: Path, fmt: str, columns):
         nulls = ["", "NULL", "null", "NaN", "nan", "NA", "N/A"]
     convert = pacsv.ConvertOptions(include_columns=wanted, column_types=types, null_values=nulls,
                                    strings_can_be_null=True, quoted_strings_can_be_null=True)
+    return wanted, read, parse, convert
+
+
+def _read_delimited(path: Path, fmt: str, columns):
+    import pyarrow.csv as pacsv
+
+    wanted, read, parse, convert = _delimited_options(path, fmt, columns)
     table = pacsv.read_csv(str(path), read_options=read, parse_options=parse, convert_options=convert)
     return table.select(wanted) if table.column_names != wanted else table
+
+
+def _is_shard(p: Path) -> bool:
+    """A data file in a directory of shards: not hidden, not ``_``-prefixed (``_SUCCESS``), of a known format."""
+    if p.name.startswith((".", "_")) or not p.is_file():
+        return False
+    try:
+        _detect(p)
+    except InvalidParameterError:
+        return False
+    return True
+
+
+def list_shards(paths) -> list[Path]:
+    """The data files behind ``paths`` (a file, a directory of shards, or a list of them), in shard order.
+
+    A directory contributes the data files directly inside it (``.parquet``, ``.pq``,
+    ``.csv``, ``.tsv``, compressed or not), skipping hidden and ``_``-prefixed names as Spark
+    does; a manifest or a ``_SUCCESS`` marker beside the shards is ignored. Shard order, on
+    which row positions (and so keyed capping) depend, is the sorted order of the absolute
+    paths: the same however the paths were listed.
+
+    Raises:
+        InvalidParameterError: a path is missing, a directory holds no data file, or one
+            file is named twice.
+    """
+    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not given:
+        raise InvalidParameterError("no data path given")
+    shards: list[Path] = []
+    for p in map(Path, given):
+        if not p.exists():
+            raise InvalidParameterError(f"{p}: no such file or directory")
+        if p.is_dir():
+            found = [q for q in p.iterdir() if _is_shard(q)]
+            if not found:
+                raise InvalidParameterError(f"{p}: the directory holds no .parquet, .csv or .tsv file")
+            shards += found
+        else:
+            shards.append(p)
+    absolute = [Path(a) for a in sorted(os.path.abspath(s) for s in shards)]  # as strings, as Spark sorts
+    for a, b in zip(absolute, absolute[1:]):
+        if a == b:
+            raise InvalidParameterError(f"{a}: the data file is named twice")
+    return absolute
+
+
+def iter_batches(path: str | os.PathLike, *, format: str = "auto", columns=None, batch_rows: int = 1 << 16):
+    """Stream ``columns`` of one file as ``pyarrow.RecordBatch`` es of at most about ``batch_rows`` rows.
+
+    Never holds the whole file: Parquet is read row group by row group, delimited text block
+    by block. Same formats, column checks and errors as :func:`read_table`.
+    """
+    import pyarrow as pa
+
+    path = Path(path)
+    fmt = _detect(path) if format == "auto" else format
+    if fmt not in FORMATS[1:]:
+        raise InvalidParameterError(f"{path}: unknown format {format!r}; expected one of {', '.join(FORMATS)}")
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            # No pre-buffering: it would read whole row groups (a million rows, say) at once.
+            handle = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=1 << 20)
+            wanted = _wanted(path, columns, handle.schema_arrow.names)
+            yield from handle.iter_batches(batch_size=batch_rows, columns=wanted)
+            return
+        import pyarrow.csv as pacsv
+
+        wanted, read, parse, convert = _delimited_options(path, fmt, columns)
+        with pacsv.open_csv(str(path), read_options=read, parse_options=parse, convert_options=convert) as reader:
+            for batch in reader:
+                yield batch.select(wanted) if batch.schema.names != wanted else batch
+    except InvalidParameterError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, UnicodeError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise InvalidParameterError(f"{path}: cannot read as {fmt}: {message[:300]}") from None
 
 
 def read_table(path: str | os.PathLike, *, format: str = "auto", columns=None):
     """Read ``columns`` of the file at ``path`` into a ``pyarrow.Table``.
 
     Args:
-        path: the file. Text formats may be compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``).
+        path: the file, or a directory of shards (:func:`list_shards`: a prepared
+            directory's Parquet shards, say), read in shard order as one table. Text
+            formats may be compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``).
         format: one of :data:`FORMATS`. ``auto`` picks parquet, csv or tsv from the
             extension; the Criteo layouts are never guessed.
         columns: the column names to read, in the order wanted (repeats dropped); ``None``
@@ -205,7 +296,13 @@ def read_table(path: str | os.PathLike, *, format: str = "auto", columns=None):
     if not path.exists():
         raise InvalidParameterError(f"{path}: no such file")
     if path.is_dir():
-        raise InvalidParameterError(f"{path}: is a directory, expected a file")
+        shards = list_shards(path)
+        tables = [read_table(s, format=format, columns=columns) for s in shards]
+        try:
+            return pa.concat_tables(tables)
+        except pa.ArrowInvalid:
+            raise InvalidParameterError(f"{path}: its shards do not share one schema ({shards[0].name} and "
+                                        "another differ)") from None
     fmt = _detect(path) if format == "auto" else format
     try:
         if fmt == "parquet":

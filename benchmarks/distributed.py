@@ -170,7 +170,7 @@ def render(result: dict) -> str:
         return f"{d['mean'] * scale:.{digits}f} +- {d['std'] * scale:.{digits}f}"
 
     for c, row in s["by_processes"].items():
-        lines.append(f"| {c} | {pm(row['auc'])} | {pm(row['relative_auc_loss'], 100, 2)} | "
+        lines.append(f"| {c} | {pm(row['auc'])} | {pm(row['relative_auc_loss'], 1, 2)} | "
                      f"{pm(row['calibration_ratio'], 1, 3)} | {pm(row['wall_seconds'], 1, 1)} | "
                      f"{pm(row['dpsgd_seconds'], 1, 1)} | {row['dpsgd_rows_per_second']['mean']:,.0f} | "
                      f"{row['audits_passed']} of {row['runs']} |")

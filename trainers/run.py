@@ -141,6 +141,7 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
              randomness, vocabulary: dict | None = None, key: bytes | None = None) -> _Prepared:
     """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping)."""
     from trainers.data.capping import cap_units, unit_ids
+    from trainers.data.columns import parquet_source
     from trainers.data.encode import encode
     from trainers.data.fingerprint import fingerprint
     from trainers.data.loaders import read_table
@@ -148,7 +149,10 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
 
     t0 = time.perf_counter()
     manifest = reconcile(path, cap=cap, expected_rows=expected_rows)  # None unless a prepared directory
-    table = read_table(path, format=settings.data_format, columns=list(spec.columns))
+    # Parquet is read a column at a time (never the whole table); other formats whole.
+    table = parquet_source(path, settings.data_format, list(spec.columns))
+    if table is None:
+        table = read_table(path, format=settings.data_format, columns=list(spec.columns))
     rows_in = table.num_rows
     info: dict = {"path": str(path), "format": settings.data_format, "rows_in": rows_in, "capping": None}
     if manifest is not None:

@@ -12,8 +12,9 @@ type, the column order or the row order and the digest changes.
 
 It does not depend on how the table is laid out in memory: rows are re-batched into fixed
 windows of :data:`WINDOW` rows with freshly built buffers (a slice would otherwise serialise
-bytes of its parent), dictionary-encoded columns are hashed as their values, and schema and
-field metadata (pandas metadata from Parquet, for instance) are dropped. Columns not selected
+bytes of its parent), the bytes a null hides are zeroed and its validity bitmap rebuilt (a
+reader leaves whatever it likes there), dictionary-encoded columns are hashed as their values,
+and schema and field metadata (pandas metadata from Parquet, for instance) are dropped. Columns not selected
 never enter the digest, so adding an unused column to a file leaves it unchanged.
 """
 
@@ -89,11 +90,44 @@ class _HashSink:
         return True
 
 
+def _canonical(array):
+    """``array`` with what its nulls hide made canonical: zero (or empty) values under them, and a
+    validity bitmap built afresh (zero padding).
+
+    The bytes under a null are whatever the producer left there: the same column read whole or
+    in batches can carry different ones, and the digest would differ for equal data. Nested
+    types are serialised as they are.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if array.null_count == 0:
+        return array
+    kind = array.type
+    flat = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \
+        pa.types.is_large_binary(kind)
+    if not (flat or pa.types.is_primitive(kind)):
+        return array
+    try:
+        if flat:
+            empty = pa.scalar("" if pa.types.is_string(kind) or pa.types.is_large_string(kind) else b"", type=kind)
+        else:
+            empty = pa.scalar(False) if pa.types.is_boolean(kind) else pa.scalar(0, type=pa.int64()).cast(kind)
+        filled = pc.fill_null(array, empty)
+    except (pa.ArrowException, TypeError):
+        return array
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.Array.from_buffers(kind, len(array), [bitmap, *filled.buffers()[1:]], null_count=array.null_count)
+
+
 def fingerprint(table, columns, key: bytes) -> dict:
     """``{"rows": N, "hmac_sha256": hex, "key_id": id, "columns": [...]}`` over ``columns`` of ``table``.
 
     Args:
-        table: a ``pyarrow.Table``.
+        table: a ``pyarrow.Table``, or a ``trainers.data.columns.ParquetColumns`` (digested a
+            window at a time, never whole; the same digest as its table).
         columns: the column names to cover, in order (e.g. ``FeatureSpec.columns``); repeats
             are dropped.
         key: the data owner's secret key (``new_key()``, ``read_key(path)``).
@@ -101,31 +135,41 @@ def fingerprint(table, columns, key: bytes) -> dict:
     Raises:
         InvalidParameterError: a named column is not in the table.
     """
+    import hmac
+
     import pyarrow as pa
 
     names = list(dict.fromkeys([columns] if isinstance(columns, str) else columns))
     for name in names:
         if name not in table.column_names:
             raise InvalidParameterError(f"fingerprint: column {name!r} is not in the table")
-    selected = table.select(names)
-    # Dictionary encoding is a storage detail: hash the values, not the dictionary layout.
-    selected = pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
-                         for c in selected.columns], names=names)
-    # A canonical schema: no metadata, every field nullable, so only names, types and
-    # values count.
-    schema = pa.schema([pa.field(f.name, f.type) for f in selected.schema])
-    import hmac
-
     if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
         raise InvalidParameterError(f"fingerprint: the key must be at least {MIN_KEY_BYTES} bytes")
+
+    def plain(selected):
+        # Dictionary encoding is a storage detail: hash the values, not the dictionary layout.
+        return pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
+                         for c in selected.columns], names=names)
+
+    if hasattr(table, "windows"):  # trainers.data.columns.ParquetColumns: streamed, a window at a time
+        stored = table.schema()
+        fields = [stored.field(n) for n in names]
+        fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type) for f in fields]
+        windows = (plain(w.select(names)) for w in table.windows(WINDOW))
+    else:
+        selected = plain(table.select(names))
+        fields = list(selected.schema)
+        windows = (selected.slice(start, WINDOW) for start in range(0, selected.num_rows, WINDOW))
+    # A canonical schema: no metadata, every field nullable, so only names, types and
+    # values count.
+    schema = pa.schema([pa.field(f.name, f.type) for f in fields])
     digest = hmac.new(key, digestmod=hashlib.sha256)
     sink = pa.PythonFile(_HashSink(digest), mode="w")
     with pa.ipc.new_stream(sink, schema) as writer:
-        for start in range(0, selected.num_rows, WINDOW):
-            window = selected.slice(start, WINDOW)
+        for window in windows:
             # concat_arrays rebuilds each column with offset 0 and trimmed buffers: a slice
             # would otherwise serialise its parent's bytes, so equal values could differ.
-            batch = pa.record_batch([pa.concat_arrays(c.chunks) if c.num_chunks else pa.array([], c.type)
+            batch = pa.record_batch([_canonical(pa.concat_arrays(c.chunks)) if c.num_chunks else pa.array([], c.type)
                                      for c in window.columns], schema=schema)
             writer.write_batch(batch)
     return {"rows": int(table.num_rows), "hmac_sha256": digest.hexdigest(), "key_id": key_id(key), "columns": names}

@@ -47,7 +47,7 @@ from torch import nn
 from budgetplan._validate import positive
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 
-__all__ = ["clipped_gradient_sum"]
+__all__ = ["clipped_gradient_sum", "refuse_batch_statistics"]
 
 # Every example is scaled to at most C (1 - CLIP_MARGIN_ULPS eps), eps the machine epsilon of the
 # dtype the norms are computed in (float32: 7.6e-6 relative; float64: 1.4e-14): the rounding of
@@ -113,7 +113,7 @@ def _hookable(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and kind.forward is nn.Linear.forward
 
 
-def _refuse_batch_statistics(model: nn.Module) -> None:
+def refuse_batch_statistics(model: nn.Module) -> None:
     """Refuse a normalisation that reads or writes statistics over the batch: no clipping bounds it.
 
     A BatchNorm in training mode (or without running statistics) normalises each example by
@@ -152,7 +152,7 @@ def _select(model: nn.Module, parameters) -> tuple[list[_Layer], list[tuple[str,
                                             "requires_grad=False")
     if not chosen:
         raise InvalidParameterError(f"the {type(model).__name__} has no trainable parameters, got 0")
-    _refuse_batch_statistics(model)
+    refuse_batch_statistics(model)
 
     owners = defaultdict(list)
     for mname, module in model.named_modules():

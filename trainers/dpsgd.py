@@ -246,12 +246,13 @@ class DPSGDStep:
             world_size=1 if coll is None else coll.world_size, rank_batch_sizes=per_rank)
 
 
-def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False):
+def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False,
+                  device=None):
     """The phase's Poisson sampler over the rows of ``data`` (this rank's shard, ``distributed``).
 
     Every row the data has is sampled at the plan's q, from a generator seeded by this
     process's randomness; the chunk holds the plan's expected batch (q N), or this shard's
-    share of it (q times its rows).
+    share of it (q times its rows). The indices live on ``device`` (default the labels').
     """
     from trainers.sampling import PoissonSampler, chunk_size
 
@@ -261,7 +262,7 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
         padded = chunk_size(q * (len(data) if distributed else params.dataset_size), settings.max_chunk)
     trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     return PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
-                          device=data.label.device)
+                          device=data.label.device if device is None else device)
 
 
 def check_rows(params: DPSGDParams, rows: int, *, size_private: bool) -> None:

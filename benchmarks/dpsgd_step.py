@@ -125,7 +125,7 @@ def child(spec: dict) -> None:
     except ImportError:
         pass
 
-    from trainers.dpsgd import noisy_gradient
+    from trainers.dpsgd import encoded_rows, noisy_gradient
     from trainers.losses import bce
     from trainers.models import build_model
 
@@ -172,7 +172,7 @@ def child(spec: dict) -> None:
         loss_fn = functools.partial(bce, reduction="none")
 
         def step(check=False):
-            noisy_gradient(model, data, full, params, clipping_norm=CLIP, noise_std=SIGMA * CLIP,
+            noisy_gradient(model, encoded_rows(data), full, params, clipping_norm=CLIP, noise_std=SIGMA * CLIP,
                            expected_batch=float(batch), noise_generator=gen, loss_fn=loss_fn)
             opt.step()
             if check:

@@ -10,14 +10,18 @@ example; the embedding tables alone make that impossible at useful batch sizes. 
   ``<a_i a_i^T, G_i G_i^T>`` (two T x T Gram matrices) for T rows per example. An Embedding's
   per-example gradient adds the output-gradient rows of each distinct id the example looked
   up, so its squared norm is ``sum_{l,l'} [id_l = id_l'] <G_il, G_il'>``: an L x L mask times a
-  Gram matrix, which deduplicates ids shared by several columns of one table.
+  Gram matrix, which deduplicates ids shared by several columns of one table. An EmbeddingBag
+  (sum or mean, per-sample weights, offsets) puts ``w_j G_b`` on each id of bag b: rows of
+  equal (bag, id) are summed by a segment sum before the norm. A LayerNorm's per-example
+  gradients are ``sum_t G_t * xhat_t`` and ``sum_t G_t``, from the normalised input
+  recomputed from the stored input: the size of one activation row, so they are formed.
 - *Book-keeping* (Bu, Mao, Xu, arXiv:2210.00038): the same stored activations and output
   gradients give the clipped sum directly, ``(c G)^T a`` for a weight, ``sum_i c_i G_i`` for a
   bias, an ``index_add`` of ``c_i G_il`` for a table. There is no second backward pass, and the
   one backward asks autograd for the layer *outputs'* gradients only, so it skips the
   weight-gradient matmuls that the book-keeping step then does once, already clipped.
 
-Parameters of any other module (a LayerNorm, a bare ``nn.Parameter``, a Linear whose weight
+Parameters of any other module (a convolution, a bare ``nn.Parameter``, a Linear whose weight
 is read directly rather than by calling the layer, a parameter shared by two layers) take
 the fallback: per-example gradients from ``torch.func`` (``vmap`` of ``grad`` of a
 ``functional_call``), for those parameters only, folded into the same norms and sum. The
@@ -27,7 +31,9 @@ model's forward under ``vmap``; the two-tower models of ``trainers.models`` neve
 Assumptions, all true of ``trainers.models``: dimension 0 of every layer input is the example;
 example i's loss depends on the batch only through row i of the logits; a hooked layer's input
 and output are not modified in place (checked); an Embedding does not scale gradients by
-batch frequency (refused: that couples examples, so clipping would not bound sensitivity).
+batch frequency (refused: that couples examples, so clipping would not bound sensitivity); no
+BatchNorm in training mode, nor any norm layer updating running statistics (refused, with the
+module's name: batch statistics couple examples, and running ones are un-noised releases).
 """
 
 from __future__ import annotations
@@ -35,12 +41,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from budgetplan._validate import positive
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 
-__all__ = ["clipped_gradient_sum"]
+__all__ = ["clipped_gradient_sum", "refuse_batch_statistics"]
 
 # Every example is scaled to at most C (1 - CLIP_MARGIN_ULPS eps), eps the machine epsilon of the
 # dtype the norms are computed in (float32: 7.6e-6 relative; float64: 1.4e-14): the rounding of
@@ -51,9 +58,10 @@ CLIP_MARGIN_ULPS = 64
 class _Layer:
     """A trainable Linear or Embedding: which of its parameters are trained, and its forward calls.
 
-    ``calls`` holds ``(input, output, input version, output version)`` per call of the module
-    during the one forward; a module called twice is one layer whose example rows are the
-    rows of both calls (its per-example gradient is the sum over calls, cross terms included).
+    ``calls`` holds ``(input, output, input version, output version, (other arguments, keyword
+    arguments))`` per call of the module during the one forward; a module called twice is one
+    layer whose example rows are the rows of both calls (its per-example gradient is the sum
+    over calls, cross terms included).
     """
 
     __slots__ = ("bias", "calls", "module", "name", "weight")
@@ -62,7 +70,7 @@ class _Layer:
         self.name, self.module = name, module
         self.weight: nn.Parameter | None = None
         self.bias: nn.Parameter | None = None
-        self.calls: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, int, int, tuple]] = []
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -77,13 +85,13 @@ class _Layer:
 
     def record(self, module, args, kwargs, output):
         x = args[0] if args else kwargs["input"]
-        self.calls.append((x, output, x._version, output._version))
+        self.calls.append((x, output, x._version, output._version, (args[1:], kwargs)))
 
     def check_unmodified(self) -> None:
         # Autograd returns the gradient of a tensor's *current* value: after an in-place op
         # (ReLU(inplace=True)) that is no longer the layer's output, and the norms would be
         # silently wrong.
-        for x, out, vx, vo in self.calls:
+        for x, out, vx, vo, _ in self.calls:
             if x._version != vx or out._version != vo:
                 raise UnsupportedError(
                     f"the input or output of layer {self.label!r} was modified in place after the layer ran; "
@@ -91,13 +99,39 @@ class _Layer:
 
 
 def _hookable(module: nn.Module) -> bool:
-    """A Linear or Embedding that computes exactly what the formulas above assume."""
-    if isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward:
+    """A Linear, Embedding, EmbeddingBag (sum or mean) or LayerNorm that computes exactly what the formulas assume."""
+    kind = type(module)
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and kind.forward in (nn.Embedding.forward,
+                                                                                   nn.EmbeddingBag.forward):
         if module.scale_grad_by_freq:
-            raise UnsupportedError("an nn.Embedding with scale_grad_by_freq=True scales each example's gradient by "
-                                   "id counts over the whole batch, so clipping would not bound one example's effect")
-        return True
-    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+            raise UnsupportedError(f"an nn.{kind.__name__} with scale_grad_by_freq=True scales each example's "
+                                   "gradient by id counts over the whole batch, so clipping would not bound one "
+                                   "example's effect")
+        return not isinstance(module, nn.EmbeddingBag) or module.mode in ("sum", "mean")
+    if isinstance(module, nn.LayerNorm):
+        return kind.forward is nn.LayerNorm.forward
+    return isinstance(module, nn.Linear) and kind.forward is nn.Linear.forward
+
+
+def refuse_batch_statistics(model: nn.Module) -> None:
+    """Refuse a normalisation that reads or writes statistics over the batch: no clipping bounds it.
+
+    A BatchNorm in training mode (or without running statistics) normalises each example by
+    the batch's mean and variance, so one example's gradient depends on every other row and
+    its own contribution reaches the others'; any norm layer updating running statistics in
+    training mode writes un-noised statistics of the private rows into the model's buffers.
+    """
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.modules.batchnorm._NormBase):
+            continue
+        mixes = isinstance(module, nn.modules.batchnorm._BatchNorm) and (module.training or
+                                                                         not module.track_running_stats)
+        if mixes or (module.training and module.track_running_stats):
+            raise UnsupportedError(
+                f"module {name or type(model).__name__!r} ({type(module).__name__}) "
+                + ("normalises over the batch, so one example's gradient depends on the others and clipping "
+                   "cannot bound it" if mixes else "updates running statistics of the private rows") +
+                ": use GroupNorm or LayerNorm, or put it in eval mode with running statistics (module.eval())")
 
 
 def _select(model: nn.Module, parameters) -> tuple[list[_Layer], list[tuple[str, nn.Parameter]]]:
@@ -118,6 +152,7 @@ def _select(model: nn.Module, parameters) -> tuple[list[_Layer], list[tuple[str,
                                             "requires_grad=False")
     if not chosen:
         raise InvalidParameterError(f"the {type(model).__name__} has no trainable parameters, got 0")
+    refuse_batch_statistics(model)
 
     owners = defaultdict(list)
     for mname, module in model.named_modules():
@@ -273,6 +308,102 @@ class _EmbeddingPieces:
             0, self.ids.reshape(-1), rows)
 
 
+class _BagPieces:
+    """An EmbeddingBag's looked-up ids, the bag (example) of each, and each id's gradient row ``w G_bag``.
+
+    A bag's output is ``sum_j w_j E[id_j]`` (w = 1, the per-sample weight, or 1 / bag length
+    for ``mean``; 0 for ``padding_idx``), so example b's gradient puts ``sum_{j in b, id_j = r}
+    w_j G_b`` on row r: rows of equal (bag, id) add up before the norm is taken, as for an
+    Embedding, here by a segment sum over the looked-up ids (never [P, vocabulary, dim]).
+    """
+
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+        self.layer, self.batch = layer, batch
+        module = layer.module
+        ids, bags, rows = [], [], []
+        for (x, _, _, _, (rest, kw)), g in zip(layer.calls, grads):
+            offsets = rest[0] if rest else kw.get("offsets")
+            weights = rest[1] if len(rest) > 1 else kw.get("per_sample_weights")
+            if x.dim() == 2:
+                count = x.shape[0]
+                bag = torch.arange(count, device=x.device).repeat_interleave(x.shape[1])
+            else:
+                starts = (offsets[:-1] if module.include_last_offset else offsets).to(torch.int64)
+                count = starts.shape[0]
+                bag = torch.searchsorted(starts, torch.arange(x.shape[0], device=x.device), right=True) - 1
+            if count != batch:
+                raise UnsupportedError(f"layer {layer.label!r} formed {count} bags from a batch of {batch}; "
+                                       "per-example gradients need one bag per example")
+            flat = x.reshape(-1)
+            w = torch.ones(flat.shape, dtype=dtype, device=x.device) if weights is None else \
+                weights.reshape(-1).to(dtype)
+            if module.padding_idx is not None:
+                w = torch.where(flat == module.padding_idx, 0, w)  # torch skips it, in the mean's count too
+            if module.mode == "mean":
+                length = torch.zeros(batch, dtype=dtype, device=x.device).index_add_(0, bag, (w != 0).to(dtype))
+                w = w / length.clamp_min(1)[bag]
+            ids.append(flat)
+            bags.append(bag)
+            rows.append(g.to(dtype)[bag] * w[:, None])
+        self.ids, self.bag, self.g = torch.cat(ids), torch.cat(bags), torch.cat(rows)
+
+    def squared_norms(self) -> torch.Tensor:
+        vocab = self.layer.module.num_embeddings
+        keys, inverse = torch.unique(self.bag * vocab + self.ids, return_inverse=True)
+        groups = self.g.new_zeros(keys.shape[0], self.g.shape[1]).index_add_(0, inverse, self.g)
+        return self.g.new_zeros(self.batch).index_add_(0, keys // vocab, groups.square().sum(1))
+
+    def set_grads(self, c: torch.Tensor) -> None:
+        weight = self.layer.weight
+        weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format).index_add_(
+            0, self.ids, self.g * c[self.bag, None])
+
+
+class _NormPieces:
+    """A LayerNorm's per-example gradients: ``sum_t G_t * xhat_t`` (weight) and ``sum_t G_t`` (bias).
+
+    ``xhat`` is the normalised input, recomputed from the stored input without the affine
+    part; each example's gradient has the size of the normalised shape, so materialising it
+    costs no more than one activation row.
+    """
+
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+        self.layer = layer
+        module = layer.module
+        trailing = len(module.normalized_shape)
+        self.gw: torch.Tensor | None = None
+        self.gb: torch.Tensor | None = None
+        for (x, *_), g in zip(layer.calls, grads):
+            g = _rows(g, batch, trailing, layer).to(dtype)
+            if layer.weight is not None:
+                xhat = F.layer_norm(_rows(x, batch, trailing, layer).to(dtype), module.normalized_shape,
+                                    eps=module.eps)
+                w = (g * xhat).sum(1)
+                self.gw = w if self.gw is None else self.gw + w
+            if layer.bias is not None:
+                self.gb = g.sum(1) if self.gb is None else self.gb + g.sum(1)
+        self.g = g
+
+    def _parts(self):
+        return [(p, g) for p, g in ((self.layer.weight, self.gw), (self.layer.bias, self.gb)) if g is not None]
+
+    def squared_norms(self) -> torch.Tensor:
+        return sum(torch.linalg.vector_norm(g.flatten(1), dim=1).square() for _, g in self._parts())
+
+    def set_grads(self, c: torch.Tensor) -> None:
+        for p, g in self._parts():
+            p.grad = (c @ g.flatten(1)).reshape(p.shape)
+
+
+def _pieces(layer: _Layer, grads: list[torch.Tensor], batch: int):
+    """The book-keeping of one hooked layer, by its kind."""
+    module = layer.module
+    kind = (_EmbeddingPieces if isinstance(module, nn.Embedding) else _BagPieces
+            if isinstance(module, nn.EmbeddingBag) else _NormPieces if isinstance(module, nn.LayerNorm)
+            else _LinearPieces)
+    return kind(layer, grads, batch, layer.parameters()[0].dtype)
+
+
 def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, mask: torch.Tensor,
                          clipping_norm: float, parameters=None, truncated: bool = False) -> dict:
     """Set each trainable parameter's ``.grad`` to the clipped sum ``sum_i c_i g_i`` of one padded batch.
@@ -333,7 +464,7 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
         for handle in handles:
             handle.remove()
 
-    pieces: list[_LinearPieces | _EmbeddingPieces] = []
+    pieces: list = []
     try:
         losses = loss_fn(logits, targets)
         if not isinstance(losses, torch.Tensor) or losses.shape != (batch,):
@@ -351,8 +482,7 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
             sq = torch.zeros(batch, dtype=dtype, device=mask.device)
             for layer, grads in zip(layers, layer_grads):
                 if layer.calls:
-                    kind = _EmbeddingPieces if isinstance(layer.module, nn.Embedding) else _LinearPieces
-                    pieces.append(kind(layer, grads, batch, layer.parameters()[0].dtype))
+                    pieces.append(_pieces(layer, grads, batch))
                     sq = sq + pieces[-1].squared_norms()
 
             # A hooked layer the forward never called is either unused (its gradient is zero)

@@ -29,7 +29,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "check_rows", "encoded_rows", "noisy_gradient", "phase_sampler",
+           "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +121,12 @@ def peak_memory(device) -> dict:
     return {"kind": "process max RSS", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
 
-def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float, noise_std: float,
+def encoded_rows(data):
+    """``rows(idx) -> (model inputs, targets)`` over EncodedData, for ``noisy_gradient`` and ``DPSGDStep``."""
+    return lambda idx: ((data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx]), data.label[idx])
+
+
+def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float, noise_std: float,
                    expected_batch: float, noise_generator, loss_fn, truncated: bool = False,
                    collective=None) -> int:
     """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
@@ -130,14 +136,18 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
     empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
     sum covers every rank's rows and the noise is drawn by rank 0 alone, once. Returns how
     many of this rank's real rows were clipped.
+
+    Args:
+        rows: ``rows(idx)`` -> ``(inputs, targets)``, the model's positional inputs and the
+            loss's targets at the row indices ``idx`` (``encoded_rows(data)`` for EncodedData).
     """
     from trainers.clipping import clipped_gradient_sum
 
     acc = [torch.zeros_like(p) for p in trainable]
     clipped = 0
     for idx, mask in batch.chunks:
-        inputs = (data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx])
-        out = clipped_gradient_sum(model, loss_fn, inputs, data.label[idx], mask=mask, clipping_norm=clipping_norm,
+        inputs, targets = rows(idx)
+        out = clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
                                    parameters=trainable, truncated=truncated)
         for a, p in zip(acc, trainable):
             a.add_(p.grad)
@@ -152,12 +162,104 @@ def noisy_gradient(model, data, batch, trainable: list, *, clipping_norm: float,
     return clipped
 
 
-def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False):
+class DPSGDStep:
+    """The plan's DP-SGD phase, one noisy step per call: what every DP-SGD loop here runs.
+
+    A call takes one Poisson batch: logs the intent (with the batch size, which depends on
+    no data) before any gradient is touched, sets the noisy gradient (``noisy_gradient``:
+    clipped sum, one noise draw of std sigma C, divided by q N) and steps the optimiser. A
+    call beyond the plan's T steps is refused. ``run_dpsgd`` and ``trainers.private``'s
+    user-facing step are both loops over it.
+
+    Args:
+        params: the plan's DP-SGD phase parameters.
+        trainable: the parameters the noise is drawn for and the optimiser updates.
+        optimizer: a torch optimiser over (a subset of) ``trainable``.
+        loss_fn: ``loss_fn(outputs, targets)`` -> per-example losses.
+        noise_generator: the torch generator of the noise (seeded from the run's randomness).
+        ledger: optional object with ``intend(step, batch_size)``.
+        start_step: steps already counted (a resumed run).
+        truncated: clip through ``model.forward_truncated``.
+        collective: this rank's ``trainers.distributed.Collective``, or None.
+    """
+
+    def __init__(self, model, params: DPSGDParams, *, trainable: list, optimizer, loss_fn, noise_generator,
+                 ledger=None, start_step: int = 0, truncated: bool = False, collective=None):
+        if not isinstance(params, DPSGDParams):
+            raise PlanMismatchError(f"the DP-SGD step needs the plan's DPSGDParams, got {type(params).__name__}")
+        if not 0 <= start_step <= params.steps:
+            raise InvalidParameterError(f"start_step must be in [0, {params.steps}], got {start_step}")
+        self.model, self.params, self.trainable, self.optimizer = model, params, list(trainable), optimizer
+        self.loss_fn, self.noise_generator, self.ledger = loss_fn, noise_generator, ledger
+        self.truncated, self.collective = truncated, collective
+        self.noise_std = params.noise_multiplier * params.clipping_norm
+        self.expected_batch = params.sampling_rate * params.dataset_size
+        self.start_step = self.step = start_step  # the next step's index
+        self.sizes: list[int] = []        # global batch sizes, as the ledger holds them
+        self.local_sizes: list = []       # with a collective: every rank's part of each step
+        self.clipped = self.chunks = self.noise_draws = self.batches_truncated = 0
+        self.t0 = time.perf_counter()
+
+    @property
+    def remaining(self) -> int:
+        return self.params.steps - self.step
+
+    def __call__(self, batch, rows) -> None:
+        """Take one noisy step on ``batch`` (a ``sampling.Batch``) of ``rows`` (see ``noisy_gradient``)."""
+        steps, coll = self.params.steps, self.collective
+        if self.step >= steps:
+            raise PlanMismatchError(f"the plan's DP-SGD phase accounts {steps} noisy steps and all {steps} are "
+                                    "taken: one more would spend budget the plan does not hold")
+        parts = None if coll is None else [r[0] for r in coll.gather([batch.size])]
+        size = batch.size if parts is None else sum(parts)
+        # Which rows a Poisson batch holds depends on no data, so its size may go into the
+        # intent; the noisy gradient, which does, comes only after the intent is logged.
+        if self.ledger is not None:
+            if parts is None:
+                self.ledger.intend(self.step, size)
+            else:
+                self.ledger.intend(self.step, size, rank_batch_sizes=parts)
+        self.clipped += noisy_gradient(self.model, rows, batch, self.trainable,
+                                       clipping_norm=self.params.clipping_norm, noise_std=self.noise_std,
+                                       expected_batch=self.expected_batch, noise_generator=self.noise_generator,
+                                       loss_fn=self.loss_fn, truncated=self.truncated, collective=coll)
+        self.chunks += len(batch.chunks)
+        if coll is None or coll.draws_noise:
+            self.noise_draws += sum(p.numel() for p in self.trainable)
+        self.optimizer.step()
+        self.step += 1
+        self.sizes.append(size)
+        self.local_sizes.append(parts)
+        self.batches_truncated += batch.truncated
+
+    def result(self, *, padded_size: int, settings: dict, device) -> DPSGDResult:
+        """What this session ran (totals over the ranks with a collective: call it on every rank)."""
+        par, coll = self.params, self.collective
+        clipped, chunks, per_rank, rank_steps = self.clipped, self.chunks, None, None
+        if coll is not None:
+            like = self.trainable[0] if self.trainable else None
+            clipped, chunks = coll.total(clipped, like=like), coll.total(chunks, like=like)
+            per_rank = tuple(zip(*self.local_sizes)) if self.local_sizes else tuple(() for _ in range(coll.world_size))
+            rank_steps = tuple(r[0] for r in coll.gather([len(self.local_sizes)]))  # each rank's own count
+        return DPSGDResult(
+            steps_planned=par.steps, start_step=self.start_step, steps_taken=len(self.sizes),
+            batch_sizes=tuple(self.sizes), batches_truncated=self.batches_truncated, clipped=clipped, chunks=chunks,
+            padded_size=padded_size, noise_std=self.noise_std, noise_draws=self.noise_draws,
+            clipping_norm=par.clipping_norm, noise_multiplier=par.noise_multiplier, sampling_rate=par.sampling_rate,
+            expected_batch_size=self.expected_batch, truncated=par.sampling == "truncated-poisson",
+            model="truncated" if self.truncated else "full",
+            trainable_parameters=int(sum(p.numel() for p in self.trainable)), settings=settings,
+            seconds=time.perf_counter() - self.t0, peak_memory=peak_memory(device),
+            world_size=1 if coll is None else coll.world_size, rank_batch_sizes=per_rank, rank_steps=rank_steps)
+
+
+def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False,
+                  device=None):
     """The phase's Poisson sampler over the rows of ``data`` (this rank's shard, ``distributed``).
 
     Every row the data has is sampled at the plan's q, from a generator seeded by this
     process's randomness; the chunk holds the plan's expected batch (q N), or this shard's
-    share of it (q times its rows).
+    share of it (q times its rows). The indices live on ``device`` (default the labels').
     """
     from trainers.sampling import PoissonSampler, chunk_size
 
@@ -167,7 +269,15 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
         padded = chunk_size(q * (len(data) if distributed else params.dataset_size), settings.max_chunk)
     trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     return PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
-                          device=data.label.device)
+                          device=data.label.device if device is None else device)
+
+
+def check_rows(params: DPSGDParams, rows: int, *, size_private: bool) -> None:
+    """Refuse data the phase was not accounted for: another N (unless N is a DP count)."""
+    if rows != params.dataset_size and not size_private:
+        raise InvalidParameterError(f"the DP-SGD phase has {rows} rows; the plan accounts N = {params.dataset_size}")
+    if params.sampling == "truncated-poisson" and size_private:
+        raise PlanMismatchError("truncated-Poisson accounting needs the exact N; a plan with a DP count has none")
 
 
 def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
@@ -199,16 +309,12 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     settings = settings or DPSGDSettings()
     if not isinstance(params, DPSGDParams):
         raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
-    n, q, steps = params.dataset_size, params.sampling_rate, params.steps
-    c, sigma = params.clipping_norm, params.noise_multiplier
+    steps = params.steps
     if collective is not None and params.sampling == "truncated-poisson":
         raise UnsupportedError("truncated Poisson sampling cuts the global batch: it is not run over several "
                                "processes (plan Poisson sampling, or run one process)")
-    rows = len(data) if collective is None else collective.total(len(data), like=data.label)
-    if rows != n and not size_private:
-        raise InvalidParameterError(f"the DP-SGD phase has {rows} rows; the plan accounts N = {n}")
-    if params.sampling == "truncated-poisson" and size_private:
-        raise PlanMismatchError("truncated-Poisson accounting needs the exact N; a plan with a DP count has none")
+    check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
+               size_private=size_private)
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     if collective is not None:
@@ -219,7 +325,6 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         if ledger is not None and hasattr(ledger, "note_ranks"):
             ledger.note_ranks(rank_rows)  # the auditor tests each rank's batches against its rows
     device = data.label.device
-    trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
     opt = _optimizer(trainable, settings)
@@ -230,37 +335,18 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         opt.load_state_dict(optimizer_state["optimizer"])
         if schedule is not None and optimizer_state.get("schedule") is not None:
             schedule.load_state_dict(optimizer_state["schedule"])
-    loss_fn = functools.partial(bce, reduction="none")
-    expected = q * n
-    noise_std = sigma * c
-    sizes, local_sizes, clipped, chunks_run, noise_draws, truncated_count = [], [], 0, 0, 0, 0
+    engine = DPSGDStep(model, params, trainable=trainable, optimizer=opt,
+                       loss_fn=functools.partial(bce, reduction="none"), noise_generator=noise_gen, ledger=ledger,
+                       start_step=start_step, truncated=truncated, collective=collective)
+    rows = encoded_rows(data)
     model.train()
     pbar = bar(progress, steps - start_step)
-    t0 = time.perf_counter()
     try:
         for step in range(start_step, steps):
-            # Which rows a Poisson batch holds depends on no data, so its size may go into the
-            # intent; the noisy gradient, which does, comes only after the intent is logged.
             batch = sampler.sample()
-            parts = None if collective is None else [r[0] for r in collective.gather([batch.size])]
-            size = batch.size if parts is None else sum(parts)
-            if ledger is not None:
-                if parts is None:
-                    ledger.intend(step, size)
-                else:
-                    ledger.intend(step, size, rank_batch_sizes=parts)
-            clipped += noisy_gradient(model, data, batch, trainable, clipping_norm=c, noise_std=noise_std,
-                                      expected_batch=expected, noise_generator=noise_gen, loss_fn=loss_fn,
-                                      truncated=truncated, collective=collective)
-            chunks_run += len(batch.chunks)
-            if collective is None or collective.draws_noise:
-                noise_draws += sum(p.numel() for p in trainable)
-            opt.step()
+            engine(batch, rows)
             if schedule is not None:
                 schedule.step()
-            sizes.append(size)
-            local_sizes.append(parts)
-            truncated_count += batch.truncated
             if checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
                 checkpoint(step + 1, {"optimizer": opt.state_dict(),
                                       "schedule": schedule.state_dict() if schedule is not None else None})
@@ -271,22 +357,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             pbar[0].stop()
         for p in trainable:
             p.grad = None
-    per_rank = rank_steps = None
-    if collective is not None:
-        clipped = collective.total(clipped, like=data.label)
-        chunks_run = collective.total(chunks_run, like=data.label)
-        per_rank = tuple(zip(*local_sizes)) if local_sizes else tuple(() for _ in range(collective.world_size))
-        rank_steps = tuple(r[0] for r in collective.gather([len(local_sizes)]))  # each rank's own count
-    return DPSGDResult(
-        steps_planned=steps, start_step=start_step, steps_taken=len(sizes), batch_sizes=tuple(sizes),
-        batches_truncated=truncated_count, clipped=clipped, chunks=chunks_run, padded_size=sampler.padded_size,
-        noise_std=noise_std, noise_draws=noise_draws, clipping_norm=c, noise_multiplier=sigma, sampling_rate=q,
-        expected_batch_size=expected, truncated=bool(trunc), model="truncated" if truncated else "full",
-        trainable_parameters=int(sum(p.numel() for p in trainable)), settings=settings.to_dict(),
-        seconds=time.perf_counter() - t0, peak_memory=peak_memory(device),
-        world_size=1 if collective is None else collective.world_size, rank_batch_sizes=per_rank,
-        rank_steps=rank_steps)
-
+    return engine.result(padded_size=sampler.padded_size, settings=settings.to_dict(), device=device)
 
 
 def expected_chunks(n: int, q: float, padded_size: int) -> float:

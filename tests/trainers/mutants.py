@@ -67,10 +67,13 @@ NOISE_ONCE_PER_EPOCH_IN_STEP = Mutant(
     "    acc = [torch.zeros_like(p) for p in trainable]\n",
     ("noisy_gradient",), preamble="_CALLS = 0\n")
 
+# DPSGDStep is the step object of every DP-SGD loop (run_dpsgd's and trainers.private's): its
+# defects are planted in the class, which run_dpsgd looks up on the module at call time.
 NOISE_ONCE_PER_EPOCH_IN_LOOP = Mutant(
-    "noise once per epoch in the loop", "trainers.dpsgd",
-    "clipping_norm=c, noise_std=noise_std,",
-    "clipping_norm=c, noise_std=noise_std if step % math.ceil(1 / q) == 0 else 0.0,", ("run_dpsgd",))
+    "noise once per epoch in the step object", "trainers.dpsgd",
+    "clipping_norm=self.params.clipping_norm, noise_std=self.noise_std,",
+    "clipping_norm=self.params.clipping_norm, noise_std=self.noise_std if self.step % "
+    "math.ceil(1 / self.params.sampling_rate) == 0 else 0.0,", ("DPSGDStep",))
 
 NOISE_REUSED_EVERY_STEP = Mutant(
     "noise generator reseeded every step", "trainers.dpsgd",
@@ -79,8 +82,8 @@ NOISE_REUSED_EVERY_STEP = Mutant(
 
 REALISED_BATCH = Mutant(
     "normalised by the realised batch size", "trainers.dpsgd",
-    "expected_batch=expected, noise_generator=noise_gen",
-    "expected_batch=max(batch.size, 1), noise_generator=noise_gen", ("run_dpsgd",))
+    "expected_batch=self.expected_batch, noise_generator=self.noise_generator",
+    "expected_batch=max(batch.size, 1), noise_generator=self.noise_generator", ("DPSGDStep",))
 
 RR_FLIP_08_IN_PHASE = Mutant(
     "RR flip probability 0.8x in the phase", "trainers.rr_phase",

@@ -20,7 +20,7 @@ from scipy import stats  # noqa: E402
 from budgetplan.errors import PlanMismatchError, UnsupportedError  # noqa: E402
 from tests.trainers.test_dpsgd import params, tiny_data, tiny_model  # noqa: E402
 from trainers.distributed import RankFailed, launch  # noqa: E402
-from trainers.dpsgd import DPSGDSettings, noisy_gradient, phase_sampler, run_dpsgd  # noqa: E402
+from trainers.dpsgd import DPSGDSettings, encoded_rows, noisy_gradient, phase_sampler, run_dpsgd  # noqa: E402
 from trainers.losses import bce  # noqa: E402
 from trainers.randomness import Randomness  # noqa: E402
 from trainers.sampling import Batch  # noqa: E402
@@ -48,14 +48,14 @@ def _engine_checks(coll, steps):
     out = {}
     # 1. the clipped sum of every rank's rows, no noise
     model = tiny_model()
-    noisy_gradient(model, data, _whole(data, range(len(data))), list(model.parameters()), clipping_norm=0.5,
-                   noise_std=0.0, expected_batch=1.0, noise_generator=torch.Generator().manual_seed(0), loss_fn=LOSS,
-                   collective=coll)
+    noisy_gradient(model, encoded_rows(data), _whole(data, range(len(data))), list(model.parameters()),
+                   clipping_norm=0.5, noise_std=0.0, expected_batch=1.0,
+                   noise_generator=torch.Generator().manual_seed(0), loss_fn=LOSS, collective=coll)
     out["clipped_sum"] = _flat(model)
     # 2. noise alone (empty batches on every rank), a different generator on each rank
     model = tiny_model()
     empty = Batch(chunks=[(torch.zeros(8, dtype=torch.int64), torch.zeros(8))], size=0, drawn=0, truncated=False)
-    noisy_gradient(model, data, empty, list(model.parameters()), clipping_norm=1.0, noise_std=2.0,
+    noisy_gradient(model, encoded_rows(data), empty, list(model.parameters()), clipping_norm=1.0, noise_std=2.0,
                    expected_batch=1.0, noise_generator=torch.Generator().manual_seed(100 + coll.rank), loss_fn=LOSS,
                    collective=coll)
     out["noise"] = _flat(model)
@@ -90,8 +90,8 @@ def ranks():
 
 def test_the_distributed_clipped_sum_is_the_single_process_sum(ranks):
     data, model = tiny_data(N), tiny_model()
-    noisy_gradient(model, data, _whole(data, range(N)), list(model.parameters()), clipping_norm=0.5, noise_std=0.0,
-                   expected_batch=1.0, noise_generator=torch.Generator().manual_seed(0), loss_fn=LOSS)
+    noisy_gradient(model, encoded_rows(data), _whole(data, range(N)), list(model.parameters()), clipping_norm=0.5,
+                   noise_std=0.0, expected_batch=1.0, noise_generator=torch.Generator().manual_seed(0), loss_fn=LOSS)
     single = np.array(_flat(model))
     for r in ranks:
         np.testing.assert_allclose(np.array(r["clipped_sum"]), single, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ from scipy import stats
 from budgetplan.errors import InvalidParameterError
 from budgetplan.phases import DPSGDParams
 from trainers.data.encoded import EncodedData
-from trainers.dpsgd import DPSGDSettings, noisy_gradient, run_dpsgd
+from trainers.dpsgd import DPSGDSettings, encoded_rows, noisy_gradient, run_dpsgd
 from trainers.losses import bce
 from trainers.models import build_model
 from trainers.randomness import Randomness
@@ -52,7 +52,7 @@ def test_empty_batch_adds_exactly_the_planned_noise():
     trainable = list(model.parameters())
     gen = torch.Generator().manual_seed(3)
     sigma_c, expected = 2.0, 10.0
-    noisy_gradient(model, data, empty_batch(), trainable, clipping_norm=1.0, noise_std=sigma_c,
+    noisy_gradient(model, encoded_rows(data), empty_batch(), trainable, clipping_norm=1.0, noise_std=sigma_c,
                    expected_batch=expected, noise_generator=gen, loss_fn=functools.partial(bce, reduction="none"))
     g = torch.cat([p.grad.flatten() for p in trainable]).numpy() * expected  # undo the division
     assert g.size > 500 and np.all(g != 0)
@@ -70,7 +70,7 @@ def test_noise_is_added_to_the_clipped_sum_once():
     idx = torch.arange(16)
     batch = Batch(chunks=[(idx[:8], torch.ones(8)), (idx[8:], torch.ones(8))], size=16, drawn=16, truncated=False)
     loss_fn = functools.partial(bce, reduction="none")
-    noisy_gradient(model, data, batch, trainable, clipping_norm=0.5, noise_std=0.0, expected_batch=4.0,
+    noisy_gradient(model, encoded_rows(data), batch, trainable, clipping_norm=0.5, noise_std=0.0, expected_batch=4.0,
                    noise_generator=torch.Generator(), loss_fn=loss_fn)
     two_chunks = [p.grad.clone() for p in trainable]
     clipped_gradient_sum(model, loss_fn, (data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx]),

@@ -6,10 +6,11 @@ What keeps the guarantee that of one process is in the phases (``trainers.dpsgd`
 ``trainers.rr_phase``, ``trainers.calibration``, ``trainers.fit``); here are only the
 launch, the split of the rows and what is not run over several processes yet.
 
-Every rank reads and caps the whole file with the same secret capping seed (so every rank
-keeps the same rows and the plan's N is checked on all of them), encodes it, then keeps
-its contiguous block (``Collective.shard``): on one machine the encoding is held once per
-process until the blocks are cut.
+Every rank reads the unit ids and caps the whole file with the same secret capping seed (so
+every rank keeps the same rows and the plan's N is checked on all of them), then encodes only
+its contiguous block (``Collective.shard``): Parquet is read a column at a time
+(``trainers.data.columns``), so a rank holds its block's tensors and one column at a time. A
+vocabulary is counted over every rank's rows first, so that all ranks encode alike.
 """
 
 from __future__ import annotations
@@ -38,16 +39,9 @@ def check_distributable(plan) -> None:
 
 
 def keep_shard(prep, collective) -> None:
-    """Cut the prepared rows (and their unit counts) down to this rank's block, in place."""
-    import torch
-
-    block = collective.shard(len(prep.data))
-    prep.data = prep.data.take(torch.arange(block.start, block.stop, device=prep.data.label.device))
-    if prep.unit_counts is not None:
-        prep.unit_counts = prep.unit_counts[block]
-    if prep.table is not None:  # WALR's weights are read from it
-        prep.table = prep.table.slice(block.start, block.stop - block.start)
-    prep.data_info["rank_rows"] = [r[0] for r in collective.gather([block.stop - block.start])]
+    """Note every rank's rows (``_prepare`` encoded only this rank's block)."""
+    prep.data_info["rank_rows"] = [r[0] for r in collective.gather([len(prep.data)])]
+    prep.encoding["rows"] = prep.data_info["rows_used"]  # every rank's; the per-column counts are rank 0's
 
 
 def _rank(collective, plan, data_path, threads: int, kwargs: dict):

@@ -138,11 +138,16 @@ def _device_name(device) -> str:
 
 
 def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
-             randomness, vocabulary: dict | None = None, key: bytes | None = None) -> _Prepared:
-    """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping)."""
+             randomness, vocabulary: dict | None = None, key: bytes | None = None, shard=None) -> _Prepared:
+    """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping).
+
+    ``shard``: a rank's ``rows -> slice`` (``Collective.shard``): the rows are capped and
+    counted whole, then only this rank's block is encoded (a vocabulary is still built from
+    every rank's rows, so that all ranks encode alike).
+    """
     from trainers.data.capping import cap_units, unit_ids
     from trainers.data.columns import parquet_source
-    from trainers.data.encode import encode
+    from trainers.data.encode import build_vocabulary, encode
     from trainers.data.fingerprint import fingerprint
     from trainers.data.loaders import read_table
     from trainers.data.prepared import reconcile, verified_cap
@@ -181,6 +186,12 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             f"the data has {table.num_rows} rows" + (f" after capping ({rows_in} before, {dropped} dropped)"
                                                      if cap > 1 else "")
             + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
+    if shard is not None:
+        if settings.nonsensitive_encoding == "vocab" and vocabulary is None:
+            vocabulary = build_vocabulary(table, spec, settings.vocab_threshold)
+        block = shard(table.num_rows)
+        table = table.take(np.arange(block.start, block.stop, dtype=np.int64))
+        unit_counts = None if unit_counts is None else unit_counts[block]
     t1 = time.perf_counter()
     data, encoding = encode(table, spec, nonsensitive_encoding=settings.nonsensitive_encoding,
                             hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
@@ -386,7 +397,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             Randomness(seed, stream=_CAPPING_STREAM).torch_seed()))
         prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                         expected_rows=None if size_private else plan.dataset_size, randomness=capping_rnd,
-                        key=key if lead else None)
+                        key=key if lead else None, shard=None if collective is None else collective.shard)
         prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
         if collective is not None:
             keep_shard(prep, collective)

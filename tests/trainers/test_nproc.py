@@ -387,3 +387,35 @@ def test_a_killed_two_process_run_stops_and_resumes_with_the_ledger_count(root, 
     assert len(read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256).events("released", "rr")) == 1
     report = audit_run(out)
     assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]
+
+
+# ------------------------------------------------------------------ each rank encodes its block
+
+
+def _prepare_rank(coll, path, encoding):
+    from trainers.run import _prepare
+
+    settings = TrainSettings(nonsensitive_encoding=encoding, vocab_threshold=3)
+    from trainers.randomness import Randomness
+
+    prep = _prepare(path, SYNTH_FEATURES, settings, "cpu", cap=2, capping="first", expected_rows=None,
+                    randomness=Randomness(0), shard=coll.shard)
+    d = prep.data
+    return [t.numpy() for t in (d.ns_cat, d.ns_num, d.s_cat, d.s_num, d.label)], prep.unit_counts
+
+
+@pytest.mark.parametrize("encoding", ["vocab", "hash"])
+def test_the_ranks_blocks_are_the_one_process_encoding(root, encoding):
+    """Capped whole, encoded by block: the blocks in rank order are the one-process tensors (a
+    vocabulary counted over every rank's rows)."""
+    from trainers.randomness import Randomness
+    from trainers.run import _prepare
+
+    settings = TrainSettings(nonsensitive_encoding=encoding, vocab_threshold=3)
+    alone = _prepare(root / "train.parquet", SYNTH_FEATURES, settings, "cpu", cap=2, capping="first",
+                     expected_rows=None, randomness=Randomness(0))
+    ranks = launch(_prepare_rank, 2, root / "train.parquet", encoding, timeout_s=60)
+    d = alone.data
+    for i, whole in enumerate((d.ns_cat, d.ns_num, d.s_cat, d.s_num, d.label)):
+        np.testing.assert_array_equal(np.concatenate([r[0][i] for r in ranks]), whole.numpy())
+    np.testing.assert_array_equal(np.concatenate([r[1] for r in ranks]), alone.unit_counts)

@@ -35,8 +35,8 @@ import numpy as np
 from budgetplan.errors import InvalidParameterError
 from trainers.data.encoded import EncodedData
 
-__all__ = ["encode", "ENCODINGS", "HASH_BINS_NONSENSITIVE", "HASH_BINS_SENSITIVE", "VOCAB_THRESHOLD",
-           "hash_value"]
+__all__ = ["encode", "build_vocabulary", "ENCODINGS", "HASH_BINS_NONSENSITIVE", "HASH_BINS_SENSITIVE",
+           "VOCAB_THRESHOLD", "hash_value"]
 
 ENCODINGS = ("hash", "vocab")
 HASH_BINS_NONSENSITIVE = 100_000
@@ -108,14 +108,15 @@ def _hashed(table, names, bins: int):
     return out, columns
 
 
-def _vocabulary(table, names, threshold: int, given: dict | None = None):
+def _vocabulary(table, names, threshold: int, given: dict | None = None, *, rows: bool = True):
     """Vocabulary ids [N, len(names)]: per column an OOV row, then its frequent values.
 
     With ``given`` (a vocabulary returned by an earlier call, e.g. on the training data) the
     same ids are applied and nothing is counted: held-out data must encode as training did.
-    Returns (ids, per-column info, table size, the vocabulary).
+    Returns (ids, per-column info, table size, the vocabulary); with ``rows=False`` only the
+    vocabulary is built (ids None, no per-row array).
     """
-    out = np.empty((table.num_rows, len(names)), dtype=np.int64)
+    out = np.empty((table.num_rows, len(names)), dtype=np.int64) if rows else None
     columns, offset, vocab = {}, 0, {}
     for j, name in enumerate(names):
         dictionary, index = _dictionary(_column(table, name, "categorical"), name)
@@ -135,14 +136,26 @@ def _vocabulary(table, names, threshold: int, given: dict | None = None):
             mapping = {v: i for v, i in given[name]["values"]}
             vocab[name] = given[name]
             distinct = None
-        lookup = np.array([mapping.get(t, offset) for t in tokens], dtype=np.int64)
-        ids = lookup[index + 1]
-        out[:, j] = ids
+        oov_rows = None
+        if out is not None:
+            lookup = np.array([mapping.get(t, offset) for t in tokens], dtype=np.int64)
+            ids = lookup[index + 1]
+            out[:, j] = ids
+            oov_rows = int(np.count_nonzero(ids == offset))
         columns[name] = {"encoding": "vocab", "distinct": distinct, "kept": len(mapping), "oov_id": offset,
-                         "oov_rows": int(np.count_nonzero(ids == offset))}
+                         "oov_rows": oov_rows}
         offset = max(offset + 1 + len(mapping), max(mapping.values(), default=offset) + 1)
     size = max([offset] + [v["oov"] + 1 + len(v["values"]) for v in vocab.values()] + [1])
     return out, columns, size, vocab
+
+
+def build_vocabulary(table, spec, threshold: int = VOCAB_THRESHOLD) -> dict:
+    """The vocabulary ``encode(..., nonsensitive_encoding="vocab")`` builds from ``table``, without
+    encoding a row: what every rank of a run over several processes encodes its block with."""
+    from budgetplan import _validate
+
+    return _vocabulary(table, list(spec.nonsensitive_categorical), _validate.positive_int("vocab_threshold", threshold),
+                       rows=False)[3]
 
 
 def _numeric(table, names, role: str):

@@ -736,7 +736,12 @@ def _fingerprint(record: RunRecord, plan: Plan, run_dir: Path, data_path, data_f
     spec = plan.scenario.features
     if spec is None:
         return Check(name, False, "the plan's scenario has no [features] table naming the columns")
-    table = read_table(data_path, format=data_format, columns=list(spec.columns))
+    from trainers.data.columns import parquet_source
+
+    # Parquet is digested a window at a time (as the trainer does): a 40M-row file is never read whole.
+    table = parquet_source(data_path, data_format, list(spec.columns))
+    if table is None:
+        table = read_table(data_path, format=data_format, columns=list(spec.columns))
     again = fingerprint(table, list(fp.get("columns") or spec.columns), key)
     if again["hmac_sha256"] != fp.get("hmac_sha256"):
         return Check(name, False, f"the data at {data_path} is not the data the run read")

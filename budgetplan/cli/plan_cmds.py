@@ -228,7 +228,7 @@ def examples(name, as_json):
 @click.command()
 @click.argument("run", metavar="runs/NAME[/run.json]", type=click.Path())
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="The plan (default: plan.json beside it).")
-@click.option("--data", "data_path", type=click.Path(dir_okay=False),
+@click.option("--data", "data_path", type=click.Path(),
               help="Recompute the keyed data fingerprint from here (needs the private record and the key).")
 @click.option("--fingerprint-key", "key_path", type=click.Path(dir_okay=False),
               help="The data owner's fingerprint key (default: private/fingerprint.key in the run directory).")

@@ -125,3 +125,19 @@ def test_strings_with_nulls_digest_alike_streamed_and_whole(tmp_path, monkeypatc
     monkeypatch.setattr(fp, "WINDOW", 333)
     lean = parquet_source(tmp_path, "auto", ["s", "v"])
     assert fp.fingerprint(lean, ["s", "v"], KEY) == fp.fingerprint(table, ["s", "v"], KEY)
+
+
+def test_a_run_on_shards_audits_its_fingerprint_from_the_directory(shards, tmp_path, runner):
+    from budgetplan.cli import cli
+    from budgetplan.demo import demo_scenario
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+    from trainers.run import TrainSettings, execute_plan
+
+    plan = build_plan(parse_scenario(demo_scenario(epsilon=2.0, dataset_size=7000, spec=SYNTH_FEATURES, epochs=1)))
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    execute_plan(plan, shards, out_dir=tmp_path / "run", settings=TrainSettings(embedding_dim=4, tower_hidden=8,
+                                                                                  common_hidden=(8,)))
+    result = runner.invoke(cli, ["audit", str(tmp_path / "run"), "--data", str(shards)])
+    assert result.exit_code == 0, result.output
+    assert "7000 rows" in result.output and "match the keyed fingerprint" in result.output

@@ -1,0 +1,214 @@
+"""The paper's sizes, measured end to end: one DP-SGD epoch over 40M Criteo-layout rows on this machine.
+
+The commands a user runs, each in its own process and timed, its peak memory sampled (the
+sum over the process and its children, every 0.5 s):
+
+1. ``budgetplan data synth --shape pctr --rows R --users R/5 --out DIR/`` (skipped when the
+   directory exists: ``--data``);
+2. ``budgetplan plan``: DP-SGD over the R rows, one epoch at batch ``--batch``, C = 5, eps 8,
+   delta 1/N, replace-one, per impression;
+3. ``budgetplan train plan.json --data DIR --out RUN --threads auto --nproc P`` for each P in
+   ``--nproc``, the record's own timings beside the wall time (read, encode, DP-SGD phase,
+   its rows per second);
+4. ``budgetplan audit RUN --data DIR``.
+
+Not a test: ``python benchmarks/paper_sizes.py`` (about 40 minutes at 40M rows on 2 cores);
+writes ``results/paper_sizes.json`` and ``.md``. ``--rows 4000000 --nproc 1,2 --name
+paper_sizes_4m`` gives the processes' scaling table at a size two processes fit twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import _harness as h
+
+SHAPE = "pctr"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=40_000_000)
+    ap.add_argument("--batch", type=int, default=16_384, help="expected DP-SGD batch (q N)")
+    ap.add_argument("--epsilon", type=float, default=8.0)
+    ap.add_argument("--nproc", default="1", help="comma-separated process counts, each a run")
+    ap.add_argument("--data", type=Path, default=None, help="an existing `data synth --shape pctr` directory")
+    ap.add_argument("--work", type=Path, default=None, help="where data and runs go (default: a fresh temp dir)")
+    ap.add_argument("--name", default="paper_sizes")
+    ap.add_argument("--out", type=Path, default=h.RESULTS)
+    args = ap.parse_args(argv)
+    args.argv = list(argv)
+    if args.rows < 1 or args.batch < 1:
+        ap.error("--rows and --batch must be at least 1")
+    try:
+        args.counts = [int(c) for c in args.nproc.split(",") if c]
+    except ValueError:
+        ap.error(f"--nproc: not a comma-separated list of integers: {args.nproc!r}")
+    if not args.counts or min(args.counts) < 1:
+        ap.error(f"--nproc counts must be at least 1, got {args.nproc!r}")
+    return args
+
+
+def scenario(args) -> str:
+    from trainers.data.synth import get_shape
+
+    return f"""name = "paper-sizes"
+[budget]
+epsilon = {args.epsilon!r}
+delta = "1/N"
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+[data]
+dataset_size = {args.rows}
+[algorithm]
+name = "dpsgd"
+[dpsgd]
+batch_size = {args.batch}
+epochs = 1
+clipping_norm = 5.0
+{get_shape(SHAPE).features.to_toml()}"""
+
+
+def settings(args: argparse.Namespace) -> dict:
+    from trainers.data.synth import get_shape
+    from trainers.dpsgd import DPSGDSettings
+    from trainers.run import TrainSettings
+
+    return h.settings_record("paper_sizes.py", args.argv, {
+        "rows": args.rows, "users": args.rows // 5, "shape": get_shape(SHAPE).parameters(), "batch": args.batch,
+        "epsilon": args.epsilon, "processes": args.counts, "scenario": scenario(args),
+        "training": TrainSettings().to_dict(), "dpsgd_settings": DPSGDSettings().to_dict(), "threads": "auto"})
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _run(cmd: list[str], log: Path) -> dict:
+    """Run ``cmd``; wall seconds, peak RSS of its process tree (MiB), stdout, return code."""
+    t0 = time.perf_counter()
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        peak = [0]
+
+        def sample():
+            while proc.poll() is None:
+                peak[0] = max(peak[0], _tree_rss(proc.pid))
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        out = proc.communicate()[0]
+        sampler.join()
+    return {"command": " ".join(cmd[2:]), "seconds": time.perf_counter() - t0, "peak_mib": peak[0] / 2**20,
+            "returncode": proc.returncode, "stdout": out, "load_after": os.getloadavg()[0]}
+
+
+def run(args) -> dict:
+    from rich.console import Console
+
+    say = Console(stderr=True).print
+    work = args.work or Path(tempfile.mkdtemp(prefix="paper-sizes-"))
+    work.mkdir(parents=True, exist_ok=True)
+    py = [sys.executable, "-m"]
+    result: dict = {"settings": settings(args), "stages": {}, "runs": []}
+    data = args.data or work / "data"
+    if args.data is None:
+        say(f"synthesising {args.rows:,} rows of the {SHAPE} layout into {data}/")
+        stage = _run(py + ["budgetplan", "data", "synth", "--shape", SHAPE, "--rows", str(args.rows), "--users",
+                           str(args.rows // 5), "--out", f"{data}/", "--json"], work / "synth.log")
+        result["stages"]["synth"] = {k: v for k, v in stage.items() if k != "stdout"}
+        if stage["returncode"]:
+            raise SystemExit(f"data synth failed: see {work / 'synth.log'}")
+    (work / "scenario.toml").write_text(scenario(args))
+    stage = _run(py + ["budgetplan", "plan", str(work / "scenario.toml"), "--output", str(work / "plan.json")],
+                 work / "plan.log")
+    result["stages"]["plan"] = {k: v for k, v in stage.items() if k != "stdout"}
+    if stage["returncode"]:
+        raise SystemExit(f"plan failed: see {work / 'plan.log'}")
+    for nproc in args.counts:
+        run_dir = work / f"run-{nproc}"
+        say(f"training one DP-SGD epoch over {args.rows:,} rows with {nproc} process(es)")
+        load = os.getloadavg()[0]
+        stage = _run(py + ["budgetplan", "train", str(work / "plan.json"), "--data", str(data), "--out",
+                           str(run_dir), "--threads", "auto", "--nproc", str(nproc), "--encoding", "hash", "--json"],
+                     work / f"train-{nproc}.log")
+        if stage["returncode"]:
+            raise SystemExit(f"train --nproc {nproc} failed: see {work / f'train-{nproc}.log'}")
+        record = json.loads(stage["stdout"])
+        timings = record["private_record"]["timings"]
+        dp = next(p for p in record["phases"] if p["name"] == "dpsgd")
+        audit = _run(py + ["budgetplan", "audit", str(run_dir), "--data", str(data), "--json"],
+                     work / f"audit-{nproc}.log")
+        verdict = json.loads(audit["stdout"]) if audit["stdout"].strip() else {}
+        result["runs"].append({
+            "processes": nproc, "load_before": load, "wall_seconds": stage["seconds"], "peak_mib": stage["peak_mib"],
+            "load_seconds": timings.get("load_seconds"), "encode_seconds": timings.get("encode_seconds"),
+            "dpsgd_seconds": dp["seconds"], "steps": dp["steps_executed"], "rows_sampled": dp["batch_size_sum"],
+            "dpsgd_rows_per_second": dp["batch_size_sum"] / dp["seconds"], "torch_threads": timings.get("torch_threads"),
+            "audit_seconds": audit["seconds"], "audit_passed": audit["returncode"] == 0,
+            "audit_failed": [c["name"] for c in verdict.get("checks", []) if not c.get("passed")],
+            "load_after": stage["load_after"]})
+    result["machine"] = h.machine()
+    result["work"] = str(work)
+    return result
+
+
+def render(result: dict) -> str:
+    cfg = result["settings"]["values"]
+    lines = [f"# The paper's sizes: one DP-SGD epoch over {cfg['rows']:,} rows ({SHAPE} layout)", "",
+             f"Criteo pCTR layout (13 numeric, 26 categorical columns), {cfg['users']:,} users; a DP-SGD plan at eps "
+             f"{cfg['epsilon']:g}, one epoch at an expected batch of {cfg['batch']:,}, C = 5; the trainer's default "
+             "model, hashed categoricals, `--threads auto`. Each command in its own process; peak memory is the sum "
+             "over its process tree, sampled every 0.5 s.", ""]
+    for name, s in result["stages"].items():
+        lines.append(f"- `{name}`: {s['seconds']:.0f} s, peak {s['peak_mib']:,.0f} MiB.")
+    lines += ["", "| processes | wall s | read s | encode s | DP-SGD s | steps | DP-SGD rows/s | peak MiB | threads "
+              "| audit | load before/after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        lines.append(f"| {r['processes']} | {r['wall_seconds']:.0f} | {r['load_seconds'] or 0:.0f} | "
+                     f"{r['encode_seconds'] or 0:.0f} | {r['dpsgd_seconds']:.0f} | {r['steps']:,} | "
+                     f"{r['dpsgd_rows_per_second']:,.0f} | {r['peak_mib']:,.0f} | {r['torch_threads']} | "
+                     f"{'passed' if r['audit_passed'] else 'FAILED ' + ', '.join(r['audit_failed'])} "
+                     f"({r['audit_seconds']:.0f} s) | {r['load_before']:.2f}/{r['load_after']:.2f} |")
+    lines += ["", h.settings_markdown(result["settings"]), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> dict:
+    from budgetplan._files import write_atomic
+
+    args = parse_args(argv)
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out / f"{args.name}.json", json.dumps(result, indent=2) + "\n")
+    text = render(result)
+    write_atomic(args.out / f"{args.name}.md", text)
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

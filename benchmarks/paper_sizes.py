@@ -167,7 +167,8 @@ def run(args) -> dict:
             "processes": nproc, "load_before": load, "wall_seconds": stage["seconds"], "peak_mib": stage["peak_mib"],
             "load_seconds": timings.get("load_seconds"), "encode_seconds": timings.get("encode_seconds"),
             "dpsgd_seconds": dp["seconds"], "steps": dp["steps_executed"], "rows_sampled": dp["batch_size_sum"],
-            "dpsgd_rows_per_second": dp["batch_size_sum"] / dp["seconds"], "torch_threads": timings.get("torch_threads"),
+            "dpsgd_rows_per_second": dp["batch_size_sum"] / dp["seconds"],
+            "torch_threads": timings.get("torch_threads"),
             "audit_seconds": audit["seconds"], "audit_passed": audit["returncode"] == 0,
             "audit_failed": [c["name"] for c in verdict.get("checks", []) if not c.get("passed")],
             "load_after": stage["load_after"]})

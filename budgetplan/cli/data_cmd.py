@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -12,7 +13,7 @@ from budgetplan.limits import MAX_SYNTH_ROWS
 
 # The names of trainers.data.synth.SHAPES, spelled here so that `--help` imports no numpy
 # (tests/trainers/test_data_cli.py checks that the two agree).
-SHAPE_NAMES = ("legacy", "nonsensitive", "balanced", "sensitive")
+SHAPE_NAMES = ("legacy", "nonsensitive", "balanced", "sensitive", "pctr", "attribution")
 
 __all__ = ["data"]
 
@@ -39,46 +40,61 @@ def _format_for(out: Path, given: str | None) -> str:
 @click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), required=True, help="Impressions to generate.")
 @click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), required=True,
               help="Users (privacy units); at most --rows.")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output file; written atomically.")
+@click.option("--out", "out", type=click.Path(), required=True,
+              help="Output file, written atomically; or, ending in /, a new (or empty) directory of Parquet shards "
+                   "written chunk by chunk.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the data (the true model is fixed).")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]),
-              help="Output format (default: csv for a .csv name, else parquet).")
+              help="Output format (default: csv for a .csv name, else parquet; a directory is Parquet).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default="legacy", show_default=True,
               help="Where the signal sits: legacy (the original generator), or the Criteo-like nonsensitive, "
-                   "balanced (the non-sensitive features alone lose about 10% relative AUC) or sensitive.")
+                   "balanced (the non-sensitive features alone lose about 10% relative AUC) or sensitive; or the "
+                   "paper's layouts: pctr (Criteo Display: 13 numeric, 26 categorical) or attribution.")
+@click.option("--shard-rows", type=bounded_int("shard-rows", MAX_SYNTH_ROWS), default=2_000_000, show_default=True,
+              help="With a directory --out: the most rows a shard holds (and a chunk in memory).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def synth(rows, users, out, seed, fmt, shape, as_json):
+def synth(rows, users, out, seed, fmt, shape, shard_rows, as_json):
     """Write the built-in synthetic ads data (user_id, label, non-sensitive and sensitive features).
 
     Conversions follow a known logistic model in which both feature groups carry signal;
-    --shape picks how it splits between them and the columns; see trainers.data.synth and
-    trainers.data.shapes.
+    --shape picks how it splits between them and the columns; see trainers.data.synth,
+    trainers.data.shapes and trainers.data.layouts. The rows depend on --seed, --rows,
+    --users and --shape only, not on --shard-rows.
     """
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
-    directory = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        raise click.UsageError(f"--out is a directory: {out}")
-    if not directory.is_dir():
-        raise click.UsageError(f"--out directory does not exist: {directory}")
-    fmt = _format_for(out, fmt)
+    directory_out = out.endswith(("/", os.sep))
+    out = Path(out)
+    if directory_out:
+        if fmt == "csv":
+            raise click.UsageError("--format csv writes one file; a directory --out (ending in /) holds Parquet "
+                                   "shards")
+    else:
+        directory = out.parent if str(out.parent) else Path(".")
+        if out.is_dir():
+            raise click.UsageError(f"--out is a directory: {out} (end it with / to write shards into it)")
+        if not directory.is_dir():
+            raise click.UsageError(f"--out directory does not exist: {directory}")
+        fmt = _format_for(out, fmt)
 
     from rich.console import Console
 
-    from trainers.data.synth import SHAPES, write_synthetic
+    from trainers.data.synth import SHAPES, write_synthetic, write_synthetic_shards
 
     spec = SHAPES[shape].features
-    status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users ({shape})") \
-        if not as_json else None
-    if status is not None:
-        status.start()
-    try:
-        summary = write_synthetic(out, rows, users, seed, format=fmt, shape=shape)
-    finally:
+    if directory_out:
+        summary = write_synthetic_shards(out, rows, users, seed, shape, shard_rows=shard_rows, progress=not as_json)
+    else:
+        status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users ({shape})") \
+            if not as_json else None
         if status is not None:
-            status.stop()
+            status.start()
+        try:
+            summary = write_synthetic(out, rows, users, seed, format=fmt, shape=shape)
+        finally:
+            if status is not None:
+                status.stop()
     summary["features"] = {
         "label": spec.label, "unit_id": spec.unit_id,
         "nonsensitive_categorical": list(spec.nonsensitive_categorical),
@@ -91,9 +107,11 @@ def synth(rows, users, out, seed, fmt, shape, as_json):
         return
     from budgetplan.cli._render import params_table
 
+    shards = [("shards", f"{len(summary['shards'])} of at most {summary['shard_rows']:,} rows")] \
+        if directory_out else []
     console().print(params_table(f"Synthetic data written to {summary['path']}", [
         ("format", summary["format"]), ("shape", summary["shape"]), ("rows", summary["rows"]),
-        ("users", summary["users"]),
+        ("users", summary["users"]), *shards,
         ("seed", str(summary["seed"])), ("conversion rate", f"{summary['conversion_rate']:.4f}"),
         ("size", f"{summary['bytes'] / 1e6:.1f} MB"), ("seconds", f"{summary['seconds']:.1f}"),
         ("label", spec.label), ("unit id", spec.unit_id),

@@ -79,3 +79,21 @@ def test_spark_refuses_csv_and_a_missing_column(spark, tmp_path):
     with pytest.raises(Exception, match="no unit id column 'nope'"):
         prepare.cap(tmp_path / "pq", unit_id="nope", cap=CAP, key=KEY, out=tmp_path / "o", engine="spark")
     assert not (tmp_path / "o").exists()
+
+
+def test_spark_caps_a_synthesized_pctr_directory_as_the_local_engine_does(spark, tmp_path):
+    from trainers.data.loaders import read_table
+    from trainers.data.synth import write_synthetic_shards
+
+    write_synthetic_shards(tmp_path / "gen", 9_000, 1_800, seed=1, shape="pctr", shard_rows=4_000)
+    local = prepare.cap(tmp_path / "gen", unit_id="user_id", cap=CAP, key=KEY, out=tmp_path / "local")
+    remote = prepare.cap(tmp_path / "gen", unit_id="user_id", cap=CAP, key=KEY, out=tmp_path / "spark",
+                         engine="spark")
+    assert {k: remote[k] for k in _SAME} == {k: local[k] for k in _SAME} and local["rows"] < 9_000
+
+    def rows(path):
+        t = read_table(path)
+        return sorted(zip(*(t.column(c).to_pylist() for c in ("user_id", "c3", "c12", "i1", "label"))),
+                      key=repr)
+
+    assert rows(tmp_path / "spark") == rows(tmp_path / "local")

@@ -152,6 +152,16 @@ class Shape:
                 out[name] = pa.array(values, self.dtypes[name])
         return pa.table(out)
 
+    def chunks(self, rows: int, users: int, seed: int, chunk_rows: int):
+        """The rows of :meth:`synthesize` as tables of at most ``chunk_rows`` consecutive rows.
+
+        Here the whole table is drawn first (this generator's draws span every row); a shape
+        that draws by blocks (:class:`trainers.data.layouts.LayoutShape`) streams instead.
+        """
+        table = self.synthesize(rows, users, seed)
+        for start in range(0, rows, chunk_rows):
+            yield table.slice(start, chunk_rows)
+
     def columns_of(self, table) -> dict[str, np.ndarray]:
         """The arrays :meth:`logit` reads, from any table with this shape's columns (e.g. read back)."""
         import pyarrow as pa

@@ -51,6 +51,11 @@ the conversion rate near 7%. :func:`true_probability` evaluates the model of any
 with its columns (e.g. one read back from disk); :func:`oracle_aucs` ranks rows by it and by
 the best score from the non-sensitive features alone (:func:`nonsensitive_probability`).
 
+The paper's layouts, ``pctr`` and ``attribution`` (:mod:`trainers.data.layouts`), are drawn
+by blocks: :func:`write_synthetic_shards` writes them as a directory of Parquet shards chunk by
+chunk, in memory bounded by a chunk (and 4 bytes a row for the users' rows), the same rows
+whatever the chunking. Other shapes are written to a directory too, drawn whole first.
+
 Everything is vectorised numpy and deterministic for a given seed; this module never imports
 torch.
 """
@@ -66,10 +71,12 @@ import numpy as np
 from budgetplan._files import atomic_output
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario import FeatureSpec
+from trainers.data.layouts import LAYOUTS
 from trainers.data.shapes import CRITEO_LIKE, Shape, heavy_tailed_users, sigmoid, zipf
 
-__all__ = ["synthesize", "write_synthetic", "true_logit", "true_probability", "nonsensitive_probability",
-           "oracle_aucs", "get_shape", "SHAPES", "DEFAULT_SHAPE", "SYNTH_FEATURES", "INTERCEPT", "MODEL_SEED"]
+__all__ = ["synthesize", "write_synthetic", "write_synthetic_shards", "SHARD_ROWS", "SIDECAR", "true_logit",
+           "true_probability", "nonsensitive_probability", "oracle_aucs", "get_shape", "SHAPES", "DEFAULT_SHAPE",
+           "SYNTH_FEATURES", "INTERCEPT", "MODEL_SEED"]
 
 SYNTH_FEATURES = FeatureSpec(
     label="label",
@@ -180,7 +187,9 @@ class _Legacy(Shape):
 
 
 DEFAULT_SHAPE = "legacy"
-SHAPES: dict[str, Shape] = {"legacy": _Legacy(), **CRITEO_LIKE}
+SHARD_ROWS = 2_000_000
+SIDECAR = "_synthetic.json"  # "_"-prefixed: readers of the directory's shards skip it (trainers.data.loaders, Spark)
+SHAPES: dict[str, Shape] = {"legacy": _Legacy(), **CRITEO_LIKE, **LAYOUTS}
 
 
 def get_shape(shape: str | Shape) -> Shape:
@@ -304,3 +313,57 @@ def write_synthetic(path, rows: int, users: int, seed: int = 0, format: str = "p
     return {"path": str(path), "format": format, "shape": s.name, "rows": rows, "users": users, "seed": seed,
             "conversion_rate": float(label.mean()), "bytes": path.stat().st_size,
             "seconds": time.perf_counter() - start}
+
+
+def write_synthetic_shards(out, rows: int, users: int, seed: int = 0, shape: str | Shape = DEFAULT_SHAPE, *,
+                           shard_rows: int = SHARD_ROWS, progress: bool = False) -> dict:
+    """Synthesise into the directory ``out`` as Parquet shards of at most ``shard_rows`` rows, chunk by chunk.
+
+    ``out`` must be new or empty; on failure what was written is removed. The shards are
+    ``part-00000.parquet``, ... in row order (read back in order, they are
+    :func:`synthesize`'s table), and ``_synthetic.json`` beside them, written last, says
+    what they hold. ``progress`` shows a bar on stderr.
+
+    Returns:
+        The summary written to ``_synthetic.json``: path, format, shape, rows, users, seed,
+        conversion_rate, bytes, seconds, shard_rows, shards (name and rows of each),
+        parameters (the shape's model).
+
+    Raises:
+        InvalidParameterError: bad sizes, an unknown shape, or an output that is not a new or
+            empty directory.
+    """
+    import json
+
+    import pyarrow.parquet as pq
+
+    from budgetplan import _validate
+    from budgetplan._files import write_atomic
+    from trainers.data.prepared import Output, shard_name
+    from trainers.progress import bar
+
+    start = time.perf_counter()
+    rows, users, seed, s = _check(rows, users, seed, shape)
+    shard_rows = _validate.positive_int("shard_rows", shard_rows)
+    output = Output(out)
+    shards, converted, size = [], 0, 0
+    with output:
+        shown = bar(f"synthesising {rows:,} rows ({s.name})", rows) if progress else None
+        try:
+            for i, table in enumerate(s.chunks(rows, users, seed, shard_rows)):
+                path = output.path / shard_name(i)
+                pq.write_table(table, str(path))
+                converted += int(table.column(s.features.label).to_numpy().sum())
+                size += path.stat().st_size
+                shards.append({"name": path.name, "rows": table.num_rows})
+                if shown is not None:
+                    shown[0].advance(shown[1], table.num_rows)
+        finally:
+            if shown is not None:
+                shown[0].stop()
+        summary = {"path": str(output.path), "format": "parquet", "shape": s.name, "rows": rows, "users": users,
+                   "seed": seed, "conversion_rate": converted / rows, "bytes": size, "shard_rows": shard_rows,
+                   "shards": shards, "parameters": s.parameters() if hasattr(s, "parameters") else {"shape": s.name}}
+        summary["seconds"] = time.perf_counter() - start
+        write_atomic(output.path / SIDECAR, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary

@@ -86,7 +86,7 @@ def settings(args: argparse.Namespace) -> dict:
     return h.settings_record("paper_sizes.py", args.argv, {
         "rows": args.rows, "users": args.rows // 5, "shape": get_shape(SHAPE).parameters(), "batch": args.batch,
         "epsilon": args.epsilon, "processes": args.counts, "scenario": scenario(args),
-        "training": TrainSettings().to_dict(), "dpsgd_settings": DPSGDSettings().to_dict(), "threads": "auto"})
+        "training": TrainSettings(nonsensitive_encoding="hash").to_dict(), "dpsgd_settings": DPSGDSettings().to_dict(), "threads": "auto"})
 
 
 def _tree_rss(pid: int) -> int:
@@ -158,7 +158,7 @@ def run(args) -> dict:
         if stage["returncode"]:
             raise SystemExit(f"train --nproc {nproc} failed: see {work / f'train-{nproc}.log'}")
         record = json.loads(stage["stdout"])
-        timings = record["private_record"]["timings"]
+        timings = record["timings"]
         dp = next(p for p in record["phases"] if p["name"] == "dpsgd")
         audit = _run(py + ["budgetplan", "audit", str(run_dir), "--data", str(data), "--json"],
                      work / f"audit-{nproc}.log")
@@ -189,8 +189,8 @@ def render(result: dict) -> str:
     lines += ["", "| processes | wall s | read s | encode s | DP-SGD s | steps | DP-SGD rows/s | peak MiB | threads "
               "| audit | load before/after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
-        lines.append(f"| {r['processes']} | {r['wall_seconds']:.0f} | {r['load_seconds'] or 0:.0f} | "
-                     f"{r['encode_seconds'] or 0:.0f} | {r['dpsgd_seconds']:.0f} | {r['steps']:,} | "
+        lines.append(f"| {r['processes']} | {r['wall_seconds']:.0f} | {r['load_seconds'] or 0:.1f} | "
+                     f"{r['encode_seconds'] or 0:.1f} | {r['dpsgd_seconds']:.0f} | {r['steps']:,} | "
                      f"{r['dpsgd_rows_per_second']:,.0f} | {r['peak_mib']:,.0f} | {r['torch_threads']} | "
                      f"{'passed' if r['audit_passed'] else 'FAILED ' + ', '.join(r['audit_failed'])} "
                      f"({r['audit_seconds']:.0f} s) | {r['load_before']:.2f}/{r['load_after']:.2f} |")

@@ -93,6 +93,18 @@ def settings_differences(recorded: dict, today: dict) -> list[str]:
 _ABSENT = object()
 
 
+def save_results(out: Path, name: str, result: dict, render) -> str:
+    """Write ``out/name.json`` (the result) and ``out/name.md`` (``render(result)``), atomically;
+    returns the markdown."""
+    from budgetplan._files import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / f"{name}.json", json.dumps(result, indent=2) + "\n")
+    text = render(result)
+    write_atomic(out / f"{name}.md", text)
+    return text
+
+
 def settings_markdown(settings: dict) -> str:
     """One paragraph for a results table: how to re-run it, the commit, and every setting."""
     import json as _json

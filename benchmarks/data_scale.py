@@ -225,7 +225,7 @@ def run(args) -> dict:
             shutil.rmtree(data, ignore_errors=True)
             bar.advance(task)
             result["sizes"].append(size)
-            _save(args, result)  # a long run keeps what it has measured
+            h.save_results(args.out, "data_scale", result, render)  # a long run keeps what it has measured
     result["machine"] = h.machine()
     return result
 
@@ -268,19 +268,10 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _save(args, result: dict) -> None:
-    from budgetplan._files import write_atomic
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / "data_scale.json", json.dumps(result, indent=2) + "\n")
-    write_atomic(args.out / "data_scale.md", render(result))
-
-
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     result = run(args)
-    _save(args, result)
-    print(render(result))
+    print(h.save_results(args.out, "data_scale", result, render))
     return result
 
 

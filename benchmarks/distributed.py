@@ -17,7 +17,6 @@ defaults); writes ``results/distributed.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -191,15 +190,9 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str]) -> dict:
-    from budgetplan._files import write_atomic
-
     args = parse_args(argv)
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / "distributed.json", json.dumps(result, indent=2) + "\n")
-    text = render(result)
-    write_atomic(args.out / "distributed.md", text)
-    print(text)
+    print(h.save_results(args.out, "distributed", result, render))
     return result
 
 

@@ -86,7 +86,8 @@ def settings(args: argparse.Namespace) -> dict:
     return h.settings_record("paper_sizes.py", args.argv, {
         "rows": args.rows, "users": args.rows // 5, "shape": get_shape(SHAPE).parameters(), "batch": args.batch,
         "epsilon": args.epsilon, "processes": args.counts, "scenario": scenario(args),
-        "training": TrainSettings(nonsensitive_encoding="hash").to_dict(), "dpsgd_settings": DPSGDSettings().to_dict(), "threads": "auto"})
+        "training": TrainSettings(nonsensitive_encoding="hash").to_dict(),
+        "dpsgd_settings": DPSGDSettings().to_dict(), "threads": "auto"})
 
 
 def _tree_rss(pid: int) -> int:
@@ -199,15 +200,9 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str]) -> dict:
-    from budgetplan._files import write_atomic
-
     args = parse_args(argv)
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / f"{args.name}.json", json.dumps(result, indent=2) + "\n")
-    text = render(result)
-    write_atomic(args.out / f"{args.name}.md", text)
-    print(text)
+    print(h.save_results(args.out, args.name, result, render))
     return result
 
 

@@ -20,7 +20,6 @@ and end. Not a test: ``python benchmarks/threads.py`` (about 15 minutes on 2 cor
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
@@ -199,15 +198,9 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str]) -> dict:
-    from budgetplan._files import write_atomic
-
     args = parse_args(argv)
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / "threads.json", json.dumps(result, indent=2) + "\n")
-    text = render(result)
-    write_atomic(args.out / "threads.md", text)
-    print(text)
+    print(h.save_results(args.out, "threads", result, render))
     return result
 
 

@@ -24,6 +24,7 @@ from budgetplan.cli import cli  # noqa: E402
 from budgetplan.planner import build_plan  # noqa: E402
 from budgetplan.records import load_record  # noqa: E402
 from budgetplan.scenario import parse_scenario  # noqa: E402
+from tests.trainers.test_run import WALR_SCENARIO  # noqa: E402
 from trainers.data.synth import SYNTH_FEATURES, synthesize  # noqa: E402
 from trainers.distributed import launch  # noqa: E402
 from trainers.run import TrainSettings, execute_plan  # noqa: E402
@@ -214,24 +215,7 @@ def test_the_calibration_release_sums_the_ranks_and_draws_its_noise_once(root):
 # ------------------------------------------------------------------ refusals
 
 
-WALR_TEXT = f"""[budget]
-epsilon = 1.0
-delta = 1e-6
-[privacy]
-adjacency = "replace-one"
-[data]
-dataset_size = {N}
-[algorithm]
-name = "walr"
-[walr]
-features = 5
-row_norm_bound = 8.0
-weights_bound = 1.0
-[features]
-label = "label"
-nonsensitive_numeric = ["bid_floor", "slot_position"]
-sensitive_numeric = ["days_since_visit", "visits_7d"]
-"""
+WALR_TEXT = WALR_SCENARIO.replace("dataset_size = 5000", f"dataset_size = {N}")
 
 
 def test_walr_over_two_processes_is_the_one_process_release_and_fit(root, tmp_path):

@@ -197,9 +197,7 @@ def test_user_level_dpsgd_mixture_plan(data):
     assert rec.rows_used == n and rec.phases[0].steps_executed == plan.phases[0].params.steps
 
 
-def test_walr_plan_runs(data):
-    root, _ = data
-    text = """
+WALR_SCENARIO = """
 [budget]
 epsilon = 1.0
 delta = 1e-6
@@ -219,7 +217,11 @@ label = "label"
 nonsensitive_numeric = ["bid_floor", "slot_position"]
 sensitive_numeric = ["days_since_visit", "visits_7d"]
 """
-    plan = build_plan(parse_scenario(text))
+
+
+def test_walr_plan_runs(data):
+    root, _ = data
+    plan = build_plan(parse_scenario(WALR_SCENARIO))
     rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet")
     ph, stats = rec.phases[0], rec.private_part.phases[0]
     assert ph.name == "walr" and ph.noise_draws == 5 and ph.rows == 5000 and ph.releases == 1

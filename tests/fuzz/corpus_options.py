@@ -149,6 +149,19 @@ COMMANDS = (
     Cmd("data-count", ("data", "count", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--json"), (
         Opt("--unit-cap", accept=""),
     ), inputs=(_TRAIN_DATA,)),
+    Cmd("data-cap", ("data", "cap", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--new-key", "k.key",
+                     "--out", "capped", "--json"), (
+        Opt("--unit-cap", accept=""),
+    ), inputs=(_TRAIN_DATA,), outputs=("capped", "k.key")),
+    Cmd("data-split", ("data", "split", "train.parquet", "--unit-id", "user_id", "--held-out", "0.3", "--new-key",
+                       "k.key", "--out", "sets", "--json"), (
+        Opt("--held-out", accept="", either="tiny"),  # a fraction no unit falls under: refused, nothing written
+    ), inputs=(_TRAIN_DATA,), outputs=("sets", "k.key")),
+    Cmd("data-synth-shards", ("data", "synth", "--rows", "200", "--users", "20", "--shape", "pctr", "--out", "d/",
+                              "--json"), (
+        Opt("--shard-rows", accept=""),
+        Opt("--rows", accept=""),
+    ), outputs=("d",)),
     # --embedding-dim 1: the hashed tables (2**16 rows) dominate a step's cost on this tiny data
     Cmd("train", ("train", "plan.json", "--data", "train.parquet", "--out", "run", "--embedding-dim", "1", "--json"), (
         Opt("--lr", accept="tiny frac"),
@@ -161,6 +174,7 @@ COMMANDS = (
         Opt("--embedding-dim", accept=""),
         Opt("--hash-bins", accept=""),
         Opt("--threads", accept=""),
+        Opt("--nproc", accept=""),
         *(Opt(name, accept=accept, base=_NON_PRIVATE) for name, accept in (
             ("--baseline-epochs", ""), ("--patience", ""), ("--validation-fraction", ""),
             ("--weight-decay", "zero tiny"))),

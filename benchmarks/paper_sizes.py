@@ -6,7 +6,7 @@ sum over the process and its children, every 0.5 s):
 1. ``budgetplan data synth --shape pctr --rows R --users R/5 --out DIR/`` (skipped when the
    directory exists: ``--data``);
 2. ``budgetplan plan``: DP-SGD over the R rows, one epoch at batch ``--batch``, C = 5, eps 8,
-   delta 1/N, replace-one, per impression;
+   delta 0.1/N, replace-one, per impression;
 3. ``budgetplan train plan.json --data DIR --out RUN --threads auto --nproc P`` for each P in
    ``--nproc``, the record's own timings beside the wall time (read, encode, DP-SGD phase,
    its rows per second);
@@ -63,7 +63,7 @@ def scenario(args) -> str:
     return f"""name = "paper-sizes"
 [budget]
 epsilon = {args.epsilon!r}
-delta = "1/N"
+delta = "0.1/N"
 [privacy]
 adjacency = "replace-one"
 unit = "impression"

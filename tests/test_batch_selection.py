@@ -182,3 +182,18 @@ def test_the_audit_catches_a_sampler_that_is_not_the_plans(data, monkeypatch, pl
     report = _train(data, f"{planned}-ran-{ran}", plan, monkeypatch, _sampler_of(ran))
     assert not report.passed
     assert [c.passed for c in report.checks if c.name == failing] == [False]
+
+
+def test_epoch_samplings_resume_at_epoch_boundaries_and_run_in_one_process():
+    from budgetplan.errors import UnsupportedError
+    from trainers.dpsgd import check_resume
+    from trainers.ranks import check_distributable
+
+    for sampling, why in [("allocation", "random allocation"), ("shuffle", "one permutation")]:
+        plan = build_plan(scenario(sampling))
+        check_resume(plan.dpsgd.params, 20)  # a whole epoch of 20 steps is done
+        with pytest.raises(UnsupportedError, match="epoch boundary"):
+            check_resume(plan.dpsgd.params, 27)
+        with pytest.raises(UnsupportedError, match=why):
+            check_distributable(plan)
+    check_resume(build_plan(scenario("poisson")).dpsgd.params, 27)

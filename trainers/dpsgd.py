@@ -29,8 +29,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "check_resume", "check_rows", "encoded_rows", "noisy_gradient",
-           "phase_sampler", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
+           "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,6 +284,14 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
                           device=device)
 
 
+# Why each non-Poisson sampling needs one process: it draws over all N rows at once.
+GLOBAL_SAMPLING = {
+    "truncated-poisson": "truncated Poisson sampling cuts the global batch",
+    "allocation": "random allocation assigns every row of the global data to a step of each epoch",
+    "shuffle": "shuffled batches cut one permutation of the global rows",
+}
+
+
 def check_resume(params: DPSGDParams, start_step: int) -> None:
     """Allocation and shuffled batches resume only at an epoch boundary.
 
@@ -336,8 +344,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
     steps = params.steps
     if collective is not None and params.sampling != "poisson":
-        raise UnsupportedError(f"{params.sampling} batches are drawn over the global rows: they are not run over "
-                               "several processes (plan Poisson sampling, or run one process)")
+        raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
+                               "(plan Poisson sampling, or run one process)")
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
                size_private=size_private)
     if not 0 <= start_step <= steps:

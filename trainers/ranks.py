@@ -34,8 +34,10 @@ def check_distributable(plan) -> None:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
     if plan.dpsgd is not None and plan.dpsgd.params.sampling != "poisson":
-        raise UnsupportedError(f"{plan.dpsgd.params.sampling} batches are drawn over the global rows: they are not "
-                               "run over several processes (plan Poisson sampling, or train with --nproc 1)")
+        from trainers.dpsgd import GLOBAL_SAMPLING
+
+        raise UnsupportedError(f"{GLOBAL_SAMPLING[plan.dpsgd.params.sampling]}: it is not run over several processes "
+                               "(plan Poisson sampling, or train with --nproc 1)")
 
 
 def keep_shard(prep, collective) -> None:

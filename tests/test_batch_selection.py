@@ -114,6 +114,8 @@ def test_cli_batch_selection(runner):
     bad = run("--noise-multiplier", "1.5", "--epochs", "1.5", "--batch-selection", "allocation")
     assert bad.exit_code == 2 and "--epochs must be a whole number" in bad.output
     assert "Traceback" not in bad.output
+    other = run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "shuffle", "--accountant", "rdp")
+    assert other.exit_code == 2 and "--accountant applies to --batch-selection poisson" in other.output
 
 
 # ------------------------------------------------------------------ training and the audit

@@ -67,6 +67,9 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
     if epochs is not None and steps is not None:
         raise click.UsageError("give at most one of --epochs or --steps")
     if batch_selection != "poisson":
+        if accountant != "pld":
+            raise click.UsageError(f"--accountant applies to --batch-selection poisson; {batch_selection} batches have "
+                                   "their own accounting (allocation: rdp, shuffle: exact)")
         _epoch_selection(batch_selection, noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps,
                          max_batch_size, unit_cap, unit_accounting, adjacency, discretization, as_json)
         return

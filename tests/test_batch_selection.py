@@ -199,3 +199,22 @@ def test_epoch_samplings_resume_at_epoch_boundaries_and_run_in_one_process():
         with pytest.raises(UnsupportedError, match=why):
             check_distributable(plan)
     check_resume(build_plan(scenario("poisson")).dpsgd.params, 27)
+
+
+def test_allocation_spread_check_against_the_multinomial():
+    # N = 2000 rows over T = 20 steps, 50 epochs: multinomial sizes pass; fixed sizes (which also total N)
+    # and Poisson sizes (which do not) fail, each on the check that sees them
+    import numpy as np
+
+    from budgetplan.audit import _epoch_sizes
+
+    par = build_plan(scenario("allocation")).dpsgd.params
+    rng = np.random.default_rng(5)
+    honest = rng.multinomial(2000, [1 / 20] * 20, size=50).ravel().tolist()
+    checks = {c.name: c.passed for c in _epoch_sizes("A", honest, len(honest), par, 1e-6)}
+    assert checks == {"A: epoch totals": True, "A: spread": True}
+    fixed = [100] * 1000
+    checks = {c.name: c.passed for c in _epoch_sizes("A", fixed, len(fixed), par, 1e-6)}
+    assert checks == {"A: epoch totals": True, "A: spread": False}
+    poisson = rng.binomial(2000, 1 / 20, size=1000).tolist()
+    assert not {c.name: c.passed for c in _epoch_sizes("A", poisson, len(poisson), par, 1e-6)}["A: epoch totals"]

@@ -24,6 +24,8 @@ _EXPORTS = {
     "GaussianRelease": "budgetplan.mechanisms",
     "PoissonDPSGD": "budgetplan.mechanisms",
     "TruncatedPoissonDPSGD": "budgetplan.mechanisms",
+    "AllocationDPSGD": "budgetplan.mechanisms",
+    "ShuffledDPSGD": "budgetplan.mechanisms",
     "Composition": "budgetplan.mechanisms",
     "BudgetplanError": "budgetplan.errors",
     "InvalidParameterError": "budgetplan.errors",

@@ -20,6 +20,8 @@ evidence is absent. Each check is named and independent:
    and noise was drawn for every trainable parameter at every step of the session.
 7. ``Poisson batch sizes``: every step's batch size, from the ledger across all sessions,
    is consistent with Poisson sampling at q (total and spread, two-sided, at ``alpha``).
+   A plan that allocates or shuffles gets ``Allocation batch sizes`` (every whole epoch
+   totals exactly N; multinomial spread) or ``Shuffled batch sizes`` (every batch exactly B).
    A run over several processes also gets ``Poisson batch sizes per rank``
    (``budgetplan.audit_ranks``): the ranks agree on the step count, their sizes add up to
    each step's, and each rank's batches are Poisson at q over its rows.
@@ -469,12 +471,57 @@ def _support(n: int, q: float, cap: int) -> list[int]:
     return list(range(lo, hi + 1))
 
 
+_EPOCH_NAMES = {"allocation": "Allocation batch sizes", "shuffle": "Shuffled batch sizes"}
+
+
+def _epoch_sizes(name: str, sizes: list[int], counted: int, par, alpha: float) -> list[Check]:
+    """The batch sizes of an allocation or shuffled run against the plan's epochs of T = N // B steps.
+
+    Shuffle: every batch is exactly B, so an epoch totals T B. Allocation: every row is in
+    exactly one step of an epoch, so each whole epoch totals exactly N, and its sizes are
+    multinomial(N; 1/T, ..., 1/T): Pearson's X^2 = sum_t (s_t - N/T)^2 / (N/T) has mean
+    exactly T - 1 and variance 2 (T - 1)(1 - 1/N), so the sum over E whole epochs is tested,
+    two-sided, against chi-square with E (T - 1) degrees of freedom (fixed-size batches have
+    none of that spread, Poisson batches miss the exact totals).
+    """
+    n, t = par.dataset_size, par.steps_per_epoch
+    if len(sizes) != counted:
+        return [Check(name, False, f"{len(sizes)} batch sizes for {counted} counted steps: the sizes cannot be "
+                                   f"cut into the plan's epochs of {t} steps")]
+    whole = [sizes[i:i + t] for i in range(0, len(sizes) - len(sizes) % t, t)]
+    part = sizes[len(whole) * t:]
+    if par.sampling == "shuffle":
+        wrong = [(i, x) for i, x in enumerate(sizes) if x != par.batch_size]
+        detail = (f"{len(sizes)} batches, every one of exactly B = {par.batch_size}" if not wrong else
+                  f"{len(wrong)} of {len(sizes)} batches are not of exactly B = {par.batch_size} (step {wrong[0][0]}: "
+                  f"{wrong[0][1]}); shuffled batches have no spread")
+        return [Check(f"{name}: fixed size", not wrong, detail)]
+    bad = [i for i, epoch in enumerate(whole) if sum(epoch) != n]
+    over = sum(part) > n
+    detail = (f"{len(whole)} whole epoch(s) of {t} steps, each totals exactly N = {n}" if not bad else
+              f"{len(bad)} of {len(whole)} whole epochs do not total N = {n} (epoch {bad[0]}: {sum(whole[bad[0]])}): "
+              "every row is used exactly once per epoch under allocation")
+    if over:
+        detail += f"; the unfinished epoch already uses {sum(part)} > N rows"
+    checks = [Check(f"{name}: epoch totals", not bad and not over, detail)]
+    if whole and t >= 2:
+        expected = n / t
+        stat = math.fsum((x - expected) ** 2 / expected for epoch in whole for x in epoch)
+        df = len(whole) * (t - 1)
+        p_var = float(2 * min(stats.chi2.cdf(stat, df), stats.chi2.sf(stat, df)))
+        checks.append(Check(f"{name}: spread", p_var >= alpha,
+                            f"Pearson X^2 = {stat:.1f} over {len(whole)} epoch(s) against chi-square({df}) "
+                            f"(multinomial sizes, mean N/T = {expected:.2f}); two-sided p = {p_var:.3g} "
+                            f"(fails below {alpha:g})"))
+    return checks
+
+
 def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, alpha: float,
               evidence: _Sizes | None = None) -> list[Check]:
-    name = "Poisson batch sizes"
     planned = plan.dpsgd
     if planned is None:
         return []
+    name = _EPOCH_NAMES.get(planned.params.sampling, "Poisson batch sizes")
     ran = _entry(record, DPSGDRun) if record is not None else None
     if record is not None and ran is None:
         return [_missing(name, "a DP-SGD phase")]
@@ -504,6 +551,9 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
     if len(sizes) > counted:
         problems.append(f"{len(sizes)} batch sizes for {counted} counted steps")
     par = planned.params
+    if par.sampling in _EPOCH_NAMES and not problems:
+        return _epoch_sizes(name, sizes, counted, par, alpha) if sizes else [Check(name, True,
+                                                                                  "no noisy step taken yet")]
     cap = par.max_batch_size if par.sampling == "truncated-poisson" else None
     if cap is not None and sizes and max(sizes) > cap:
         problems.append(f"a batch of {max(sizes)} exceeds the plan's maximum {cap}")
@@ -672,7 +722,7 @@ def _reaccount(record: RunRecord, plan: Plan) -> Check:
                                         f"{phase.target_epsilon:.6g}")
                     notes.append(f"dpsgd {other:.6g} by {how} (plan {g.epsilon:.6g})")
                 case DPSGDPhase():
-                    notes.append("dpsgd (truncated Poisson): no second accountant exists; the plan's dp_accounting "
+                    notes.append(f"dpsgd ({phase.params.sampling}): no second accountant exists; the plan's "
                                  "figure stands")
                 case CountPhase(mechanism=m):
                     # dp_accounting's event for the K the plan's unit has (its own sensitivity check aside)

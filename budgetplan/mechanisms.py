@@ -20,6 +20,8 @@ __all__ = [
     "GaussianRelease",
     "PoissonDPSGD",
     "TruncatedPoissonDPSGD",
+    "AllocationDPSGD",
+    "ShuffledDPSGD",
     "DiscreteLaplaceCount",
     "Composition",
     "Mechanism",
@@ -153,6 +155,73 @@ class TruncatedPoissonDPSGD:
             )
 
 
+class _EpochDPSGD:
+    """Shared validation of the epoch-structured DP-SGD mechanisms (whole epochs of T steps)."""
+
+    __slots__ = ()
+    noise_multiplier: float
+    steps_per_epoch: int
+    epochs: int
+
+    def _check(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
+        )
+        object.__setattr__(self, "steps_per_epoch", _validate.positive_int("steps_per_epoch", self.steps_per_epoch))
+        object.__setattr__(self, "epochs", _validate.positive_int("epochs", self.epochs))
+        _steps(self.steps_per_epoch * self.epochs)
+
+    @property
+    def steps(self) -> int:
+        """The noisy updates: T per epoch."""
+        return self.steps_per_epoch * self.epochs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocationDPSGD(_EpochDPSGD):
+    """DP-SGD with random allocation ("balls in bins"): in every epoch each example joins
+    exactly one of the epoch's T steps, chosen uniformly and independently of the others.
+
+    Batch sizes vary (multinomial); accounted by ``budgetplan.accounting.allocation``
+    (Feldman and Shenfeld, arXiv:2502.08202). The guarantee holds only if the trainer
+    allocates so, from an unpredictable generator.
+
+    Attributes:
+        noise_multiplier: sigma in units of the clipping norm.
+        steps_per_epoch: T.
+        epochs: E whole epochs.
+    """
+
+    noise_multiplier: float
+    steps_per_epoch: int
+    epochs: int
+
+    def __post_init__(self) -> None:
+        self._check()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShuffledDPSGD(_EpochDPSGD):
+    """DP-SGD over shuffled fixed-size batches: each epoch a random permutation cut into T batches.
+
+    No amplification is claimed: accounted as one Gaussian release per epoch (each example
+    is in at most one batch of an epoch), with Chua et al.'s lower bound beside it
+    (``budgetplan.accounting.shuffle``).
+
+    Attributes:
+        noise_multiplier: sigma in units of the clipping norm.
+        steps_per_epoch: T.
+        epochs: E whole epochs.
+    """
+
+    noise_multiplier: float
+    steps_per_epoch: int
+    epochs: int
+
+    def __post_init__(self) -> None:
+        self._check()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiscreteLaplaceCount:
     """A count released once plus discrete Laplace (two-sided geometric) noise.
@@ -207,9 +276,10 @@ class Composition:
         return tuple(out)
 
 
-_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, DiscreteLaplaceCount)
+_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD, ShuffledDPSGD,
+           DiscreteLaplaceCount)
 Mechanism: TypeAlias = (RandomizedResponse | GaussianRelease | PoissonDPSGD | TruncatedPoissonDPSGD
-                        | DiscreteLaplaceCount | Composition)
+                        | AllocationDPSGD | ShuffledDPSGD | DiscreteLaplaceCount | Composition)
 _BY_NAME = {cls.__name__: cls for cls in _LEAVES}
 
 

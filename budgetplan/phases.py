@@ -5,7 +5,7 @@ a trainer needs that touches privacy, and its own phase type, holding the mechan
 was accounted as, its share of the budget and the guarantee:
 
     RRPhase     randomized response on labels             RRParams
-    DPSGDPhase  DP-SGD with (truncated) Poisson sampling  DPSGDParams
+    DPSGDPhase  DP-SGD: (truncated) Poisson, allocation or shuffled batches  DPSGDParams
     WALRPhase   one Gaussian release of sum y_i w_i x_i   WALRParams
     CountPhase  the DP count of N, released before planning  CountParams
     CalibrationPhase  one Gaussian release of the trained model's mean prediction over a
@@ -26,10 +26,12 @@ from budgetplan import _typed, _validate
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import (
+    AllocationDPSGD,
     DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
+    ShuffledDPSGD,
     TruncatedPoissonDPSGD,
     mechanism_from_dict,
     mechanism_to_dict,
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 PER_IMPRESSION_RULES = ("eps/K", "eps/K_i", "tight")
-SAMPLING = ("poisson", "truncated-poisson")
+SAMPLING = ("poisson", "truncated-poisson", "allocation", "shuffle")
 TOWERS = ("frozen", "fine-tune", "trained")
 METHODS = ("exact", "pld", "rdp", "prv")
 UNIT_ACCOUNTING = ("tight", "group")
@@ -145,9 +147,13 @@ class DPSGDParams:
     Attributes:
         noise_multiplier: sigma; ``noise_std`` = sigma C is the std added to the clipped sum.
         clipping_norm: C; ``sensitivity`` is C (add-remove) or 2C (replace-one).
-        sampling_rate: q = batch_size / dataset_size, each example's inclusion probability.
-        steps: T noisy updates; ``epochs`` = T B / N.
-        sampling: ``"poisson"`` or ``"truncated-poisson"`` (then ``max_batch_size``).
+        sampling_rate: q = batch_size / dataset_size, each example's inclusion probability
+            (Poisson); for allocation and shuffled batches only what fixes the divisor q N = B.
+        steps: T noisy updates; ``epochs`` = T B / N (Poisson), or T / (N // B) whole epochs.
+        sampling: ``"poisson"``, ``"truncated-poisson"`` (then ``max_batch_size``),
+            ``"allocation"`` (each example in one uniformly random step of every epoch of
+            N // B steps) or ``"shuffle"`` (every epoch a random permutation cut into N // B
+            batches of exactly B; the N mod B rows left over sit that epoch out).
         cap, capping: K examples per unit after capping, and the rule.
         normalise_by, model: plain-language descriptions for the statement.
         warm_start, nonsensitive_tower: Hybrid only: what phase 2 starts from and whether
@@ -195,8 +201,20 @@ class DPSGDParams:
 
     @property
     def expected_batch_size(self) -> float:
-        """q N, what every noisy sum is divided by (never the realised batch size)."""
+        """q N = B, what every noisy sum is divided by (never the realised batch size).
+
+        For Poisson batches it is the mean batch. For shuffled batches every batch is exactly
+        B. For allocation the mean batch is N / (N // B), which is B when B divides N and
+        otherwise a little larger; B is kept because the divisor must be a constant fixed by
+        the plan (dividing by the realised size would leak it), and any constant leaves the
+        privacy accounting unchanged (post-processing): it only scales the step.
+        """
         return self.sampling_rate * self.dataset_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """N // B (at least 1): the steps of one epoch of allocation or shuffled batches."""
+        return max(1, self.dataset_size // self.batch_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -356,12 +374,12 @@ class DPSGDPhase(_PhaseBase):
     """DP-SGD over the plan's steps."""
 
     name: ClassVar[str] = "dpsgd"
-    mechanism: PoissonDPSGD | TruncatedPoissonDPSGD
+    mechanism: PoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD
     params: DPSGDParams
 
     def __post_init__(self) -> None:
         self._check_common()
-        _expect(self, (PoissonDPSGD, TruncatedPoissonDPSGD), DPSGDParams)
+        _expect(self, (PoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD, ShuffledDPSGD), DPSGDParams)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import TypeVar
 
-from budgetplan import calibrate, dpcount, intercept
+from budgetplan import batch_selection, calibrate, dpcount, intercept
 from budgetplan.accounting import account
 from budgetplan.accounting import gaussian as gauss
 from budgetplan.accounting import rr as rr_math
@@ -344,41 +344,46 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
     assert d is not None  # a DP-SGD or Hybrid Scenario always has its [dpsgd] shape
     n = s.dataset_size
     q = d.batch_size / n
-    if d.steps is not None:
+    epochs: float
+    if d.sampling in batch_selection.EPOCH_SAMPLINGS:
+        steps, whole = batch_selection.epoch_steps(dataset_size=n, batch_size=d.batch_size, epochs=d.epochs,
+                                                   steps=d.steps, names=("[dpsgd].epochs", "[dpsgd].steps"))
+        epochs = float(whole)
+    elif d.steps is not None:
         steps = d.steps
+        epochs = steps * d.batch_size / n
     else:
         assert d.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
         steps = calibrate.steps_for_epochs(epochs=d.epochs, dataset_size=n, batch_size=d.batch_size)
+        epochs = d.epochs
     unit_accounting = s.unit_accounting if unit.cap > 1 else "tight"
-    method = s.method
+    method = batch_selection.method_for(d.sampling, s.method)
 
     def mech(sigma: float, t: int = steps):
-        if d.sampling == "truncated-poisson":
-            assert d.max_batch_size is not None  # required for truncated-poisson sampling
-            return TruncatedPoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t, dataset_size=n,
+        return batch_selection.mechanism(d.sampling, sigma, dataset_size=n, batch_size=d.batch_size, steps=t,
                                          max_batch_size=d.max_batch_size)
-        return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t)
 
     def eps_of(sigma: float, t: int = steps) -> float:
         return account(mech(sigma, t), delta=delta, adjacency=s.adjacency, unit=unit, method=method,
                        unit_accounting=unit_accounting, discretization=s.discretization).epsilon
 
+    epoch_eps = eps_of if d.sampling in batch_selection.EPOCH_SAMPLINGS else None
     if d.noise_multiplier is not None:
         sigma = d.noise_multiplier
         have = eps_of(sigma)
         if have > eps * (1 + _EPS_SLACK):
-            raise _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method)
+            raise _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method, epoch_eps)
     else:
         sigma = _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accounting, method)
         if d.max_noise_multiplier is not None and sigma > d.max_noise_multiplier:
-            raise _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method)
+            raise _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method, epoch_eps)
     sens = d.clipping_norm * (2 if s.adjacency.value == "replace-one" else 1)
     hybrid = s.algorithm == "hybrid"
     params = DPSGDParams(
         noise_multiplier=sigma, noise_std=sigma * d.clipping_norm, clipping_norm=d.clipping_norm,
         sensitivity=sens, sampling_rate=q, steps=steps, batch_size=d.batch_size,
-        epochs=d.epochs if d.epochs is not None else steps * d.batch_size / n, dataset_size=n,
-        sampling=d.sampling, max_batch_size=d.max_batch_size, cap=unit.cap, capping=unit.capping,
+        epochs=epochs, dataset_size=n, sampling=d.sampling, max_batch_size=d.max_batch_size, cap=unit.cap,
+        capping=unit.capping,
         normalise_by="expected batch size q*N, never the realised one", model="full (all features)",
         warm_start=("rr phase (truncated model)" if warm_start else "none") if hybrid else None,
         # without an RR phase there is nothing to freeze the tower at: DP-SGD trains it
@@ -389,6 +394,9 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
 
 
 def _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accounting, method) -> float:
+    if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
+        # their own accounting from the start: a Poisson answer is not a bound for them
+        return _solve_noise(eps_of, eps, 1.0)
     cal = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
                                            adjacency=s.adjacency, unit=unit, method=method,
                                            unit_accounting=unit_accounting, discretization=s.discretization)
@@ -399,17 +407,18 @@ def _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accountin
 
 
 def _solve_noise(eps_of, target: float, guess: float, step: float = 0.25) -> float:
-    try:
-        sigma, _, _ = calibrate._solve_decreasing(eps_of, target, guess, step=step,
-                                                  lo_limit=calibrate.SIGMA_RANGE[0],
-                                                  hi_limit=calibrate.SIGMA_RANGE[1])
-    except InfeasibleError:
-        raise InfeasibleError(f"no noise up to {calibrate.SIGMA_RANGE[1]:g} meets epsilon {target:g}",
-                              knob="epsilon") from None
-    return sigma
+    return batch_selection.noise_multiplier(eps_of, epsilon=target, guess=guess, step=step)
 
 
-def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method):
+def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=None):
+    if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
+        assert eps_of is not None  # the epoch samplings pass their accounting
+        t = batch_selection.steps_per_epoch(dataset_size=s.dataset_size, batch_size=s.dpsgd.batch_size)
+        lo, hi = 0, max(1, round(s.dpsgd.epochs or (s.dpsgd.steps or t) / t))
+        while lo < hi:  # the most whole epochs that fit: epsilon grows with the epochs
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if eps_of(sigma, mid * t) <= eps * (1 + _EPS_SLACK) else (lo, mid - 1)
+        return lo * t, float(lo)
     try:
         cal = calibrate.dpsgd_max_steps(noise_multiplier=sigma, sampling_rate=q, epsilon=eps, delta=delta,
                                         adjacency=s.adjacency, unit=unit, method=method,
@@ -420,24 +429,30 @@ def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method):
     return t, t * s.dpsgd.batch_size / s.dataset_size
 
 
-def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method):
-    need = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
-                                            adjacency=s.adjacency, unit=unit, method=method,
-                                            unit_accounting=unit_accounting,
-                                            discretization=s.discretization, verify=False).value
-    t, epochs = _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method)
+def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method, eps_of=None):
+    if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
+        need = batch_selection.noise_multiplier(eps_of, epsilon=eps, guess=sigma)
+    else:
+        need = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
+                                                adjacency=s.adjacency, unit=unit, method=method,
+                                                unit_accounting=unit_accounting,
+                                                discretization=s.discretization, verify=False).value
+    t, epochs = _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of)
     fix = f"at most {epochs:.4g} epochs ({t} steps) fit at that noise" if t else "no single step fits at that noise"
     return InfeasibleError(
         f"[dpsgd].noise_multiplier = {sigma:g} gives epsilon {have:.4g} > the phase budget {eps:.4g}: "
         f"use noise_multiplier >= {need:.4g}, or {fix}", knob="noise_multiplier", suggestion=need)
 
 
-def _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method):
+def _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method, eps_of=None):
     cap = s.dpsgd.max_noise_multiplier
-    t, epochs = _most_epochs(s, cap, eps, delta, q, unit, unit_accounting, method)
-    at_cap = account(PoissonDPSGD(noise_multiplier=cap, sampling_rate=q, steps=steps), delta=delta,
-                     adjacency=s.adjacency, unit=unit, method=method, unit_accounting=unit_accounting,
-                     discretization=s.discretization).epsilon
+    t, epochs = _most_epochs(s, cap, eps, delta, q, unit, unit_accounting, method, eps_of)
+    if eps_of is not None:
+        at_cap = eps_of(cap)
+    else:
+        at_cap = account(PoissonDPSGD(noise_multiplier=cap, sampling_rate=q, steps=steps), delta=delta,
+                         adjacency=s.adjacency, unit=unit, method=method, unit_accounting=unit_accounting,
+                         discretization=s.discretization).epsilon
     fix = f"at most {epochs:.4g} epochs ({t} steps) fit" if t else "not one step fits"
     return InfeasibleError(
         f"the DP-SGD phase needs noise_multiplier {sigma:.4g} > [dpsgd].max_noise_multiplier = {cap:g}: at "

@@ -41,7 +41,11 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     batch_size = 16384                        # expected batch size B; q = B / N
     epochs = 3                                # or steps = ...
     clipping_norm = 10.0
-    sampling = "poisson"                      # or "truncated-poisson" with max_batch_size
+    sampling = "poisson"                      # or "truncated-poisson" with max_batch_size; or
+                                              # "allocation" (each example in one random step of
+                                              # every epoch of N // B steps; add-remove) or
+                                              # "shuffle" (fixed batches of B, no amplification
+                                              # claimed); both run whole epochs
     noise_multiplier = 1.0                    # optional: fixed, else calibrated
     max_noise_multiplier = 5.0                # optional: refuse plans that need more noise
 
@@ -102,7 +106,7 @@ __all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
 
 ALGORITHMS = ("rr", "walr", "dpsgd", "hybrid")
 PER_IMPRESSION_RULES = ("eps/K", "eps/K_i", "tight")
-SAMPLING = ("poisson", "truncated-poisson")
+SAMPLING = ("poisson", "truncated-poisson", "allocation", "shuffle")
 SELECTIONS = ("naive", "repeat-and-select")
 DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 TOWERS = ("frozen", "fine-tune")
@@ -222,7 +226,7 @@ class DPSGDShape:
                                                self.max_batch_size))
         if self.sampling == "truncated-poisson" and self.max_batch_size is None:
             raise InvalidParameterError("missing required key [dpsgd].max_batch_size for truncated-poisson sampling")
-        if self.sampling == "poisson" and self.max_batch_size is not None:
+        if self.sampling != "truncated-poisson" and self.max_batch_size is not None:
             raise InvalidParameterError('[dpsgd].max_batch_size needs sampling = "truncated-poisson"')
         for key in ("noise_multiplier", "max_noise_multiplier"):
             _set(self, key, _optional(_validate.positive, f"[dpsgd].{key}", getattr(self, key)))
@@ -782,6 +786,7 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
                                         f"[data].dataset_size ({n})")
         if s.dpsgd.max_batch_size is not None:
             check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
+        _check_epoch_sampling(s)
     _check_derived(s)
     if s.features is not None:
         if s.cap > 1 and s.features.unit_id is None:
@@ -800,6 +805,27 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
     return tuple(warnings)
+
+
+def _check_epoch_sampling(s: Scenario) -> None:
+    """Allocation and shuffled batches run whole epochs; allocation is accounted under add-remove only."""
+    from budgetplan.batch_selection import EPOCH_SAMPLINGS, epoch_steps
+
+    d = s.dpsgd
+    if d is None or d.sampling not in EPOCH_SAMPLINGS:
+        return
+    key = f'[dpsgd].sampling = "{d.sampling}"'
+    epoch_steps(dataset_size=s.dataset_size, batch_size=d.batch_size, epochs=d.epochs, steps=d.steps,
+                names=("[dpsgd].epochs", "[dpsgd].steps"))
+    if d.sampling == "allocation" and s.adjacency is not Adjacency.ADD_REMOVE:
+        raise InvalidParameterError(f"{key} is accounted under add-remove only; [privacy].adjacency is "
+                                    f"{s.adjacency.value!r}: use sampling \"poisson\" or \"shuffle\"")
+    if s.tuning is not None:
+        raise InvalidParameterError(f"{key} with [tuning] is not supported: tuning is accounted for Poisson "
+                                    "batches; use sampling \"poisson\"")
+    if s.size_release_epsilon is not None:
+        raise InvalidParameterError(f"{key} needs the exact N (its epochs are N // B steps); "
+                                    "[data].size_release_epsilon releases a DP count instead: use sampling \"poisson\"")
 
 
 def _check_grid(s: Scenario) -> None:

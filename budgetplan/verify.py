@@ -39,7 +39,7 @@ from budgetplan.accounting.rr import flip_probability
 from budgetplan.calibrate import steps_for_epochs
 from budgetplan.dpcount import noise_std as count_noise_std
 from budgetplan.errors import BudgetplanError, PlanMismatchError
-from budgetplan.mechanisms import TruncatedPoissonDPSGD
+from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD
 from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.units import Adjacency
@@ -156,26 +156,11 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
         case DPSGDPhase(mechanism=m, params=par):
             close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
             close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
-            close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par.sampling_rate)
             close(f"{where}.parameters.sampling_rate", par.sampling_rate, par.batch_size / n)
             close(f"{where}.mechanism.steps", m.steps, par.steps)
             close(f"{where}.parameters.sensitivity", par.sensitivity,
                   par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
-            shape = plan.scenario.dpsgd
-            if shape is None:
-                problems.append(f"{where}: the scenario has no [dpsgd] table")
-            elif shape.steps is not None:
-                close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
-            else:
-                assert shape.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
-                close(f"{where}.parameters.steps vs epochs", par.steps,
-                      steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
-            if isinstance(m, TruncatedPoissonDPSGD):
-                close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par.max_batch_size)
-                close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
-                close(f"{where}.parameters.sampling", par.sampling, "truncated-poisson")
-            else:
-                close(f"{where}.parameters.sampling", par.sampling, "poisson")
+            _check_dpsgd_shape(plan, where, m, par, close, problems)
         case CountPhase(mechanism=m, params=par):
             close(f"{where}.mechanism.epsilon", m.epsilon, par.epsilon)
             close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
@@ -194,6 +179,42 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
             close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
             close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
             close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+
+
+def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str]) -> None:
+    """The DP-SGD phase's steps and mechanism are those its scenario and sampling choice give."""
+    from budgetplan import batch_selection
+
+    n = plan.dataset_size
+    shape = plan.scenario.dpsgd
+    if shape is None:
+        problems.append(f"{where}: the scenario has no [dpsgd] table")
+        return
+    close(f"{where}.parameters.sampling vs scenario", par.sampling, shape.sampling)
+    expected = batch_selection.mechanism(par.sampling, par.noise_multiplier, dataset_size=n, batch_size=par.batch_size,
+                                         steps=par.steps, max_batch_size=par.max_batch_size)
+    close(f"{where}.mechanism.type", type(m).__name__, type(expected).__name__)
+    if type(m) is not type(expected):
+        return
+    if isinstance(m, (AllocationDPSGD, ShuffledDPSGD)):
+        steps, whole = batch_selection.epoch_steps(dataset_size=n, batch_size=par.batch_size, epochs=shape.epochs,
+                                                   steps=shape.steps)
+        close(f"{where}.parameters.steps vs scenario", par.steps, steps)
+        close(f"{where}.parameters.epochs", par.epochs, float(whole))
+        close(f"{where}.mechanism.steps_per_epoch", m.steps_per_epoch, par.steps_per_epoch)
+        close(f"{where}.mechanism.epochs", m.epochs, whole)
+        return
+    assert isinstance(m, (PoissonDPSGD, TruncatedPoissonDPSGD))  # the type matched batch_selection's
+    close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par.sampling_rate)
+    if shape.steps is not None:
+        close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
+    else:
+        assert shape.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
+        close(f"{where}.parameters.steps vs epochs", par.steps,
+              steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
+    if isinstance(m, TruncatedPoissonDPSGD):
+        close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par.max_batch_size)
+        close(f"{where}.mechanism.dataset_size", m.dataset_size, n)
 
 
 def _check_split(plan: Plan, problems: list[str]) -> None:

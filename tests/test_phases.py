@@ -58,7 +58,7 @@ def test_phase_kinds_are_types(plans):
     (lambda ph: ph.pop("guarantee"), "lacks 'guarantee'"),
     (lambda ph: ph.update(extra=True), "unknown key 'extra'"),
     (lambda ph: ph.update(name="dp-sgd"), "name must be one of"),
-    (lambda ph: ph["parameters"].update(sampling="shuffle"), "sampling must be one of"),
+    (lambda ph: ph["parameters"].update(sampling="stratified"), "sampling must be one of"),
     (lambda ph: ph["parameters"].update(clipping_norm=-1.0), "clipping_norm must be a finite number > 0"),
     (lambda ph: ph["parameters"].update(steps=2.5), "steps must be an integer"),
     (lambda ph: ph["parameters"].update(warm_start=None), "warm_start and nonsensitive_tower go together"),

@@ -78,7 +78,7 @@ def test_defaults_and_policy():
     ("epochs = 1", "epochs = 0", "[dpsgd].epochs must be a finite number > 0, got 0"),
     ("batch_size = 1000", "batch_size = 2000000", "must not exceed [data].dataset_size"),
     ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "truncated-poisson"', "max_batch_size"),
-    ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "shuffle"', "[dpsgd].sampling must be one of"),
+    ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "stratified"', "[dpsgd].sampling must be one of"),
     ("[rr]", "[walr]\nfeatures = 3\n[rr]", "[walr] does not apply to algorithm 'hybrid'"),
 ])
 def test_bad_scenarios_name_the_key(old, new, message):

@@ -29,8 +29,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "check_rows", "encoded_rows", "noisy_gradient", "phase_sampler",
-           "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
+           "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,29 +262,62 @@ class DPSGDStep:
 
 def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False,
                   device=None):
-    """The phase's Poisson sampler over the rows of ``data`` (this rank's shard, ``distributed``).
+    """The phase's sampler over the rows of ``data`` (this rank's shard, ``distributed``), as the plan chose.
 
-    Every row the data has is sampled at the plan's q, from a generator seeded by this
-    process's randomness; the chunk holds the plan's expected batch (q N), or this shard's
-    share of it (q times its rows). The indices live on ``device`` (default the labels').
+    Poisson (truncated or not): every row the data has is sampled at the plan's q, from a
+    generator seeded by this process's randomness; the chunk holds the plan's expected batch
+    (q N), or this shard's share of it (q times its rows). Allocation and shuffled batches
+    (one process only): whole epochs of the plan's N // B steps over the N rows, chunked for
+    their mean batch N / (N // B) or exactly B. The indices live on ``device`` (default the
+    labels').
     """
-    from trainers.sampling import PoissonSampler, chunk_size
+    from trainers.sampling import AllocationSampler, PoissonSampler, ShuffleSampler, chunk_size, fixed_chunk_size
 
-    q = params.sampling_rate
+    device = data.label.device if device is None else device
     padded = settings.padded_size
+    if params.sampling == "allocation":
+        t = params.steps_per_epoch
+        return AllocationSampler(len(data), t, padded_size=padded or chunk_size(len(data) / t, settings.max_chunk),
+                                 seed=randomness.torch_seed(), device=device)
+    if params.sampling == "shuffle":
+        return ShuffleSampler(len(data), params.batch_size,
+                              padded_size=padded or fixed_chunk_size(params.batch_size, settings.max_chunk),
+                              seed=randomness.torch_seed(), device=device)
+    q = params.sampling_rate
     if padded is None:
         padded = chunk_size(q * (len(data) if distributed else params.dataset_size), settings.max_chunk)
     trunc = params.max_batch_size if params.sampling == "truncated-poisson" else None
     return PoissonSampler(len(data), q, padded_size=padded, max_batch_size=trunc, seed=randomness.torch_seed(),
-                          device=data.label.device if device is None else device)
+                          device=device)
+
+
+# Why each non-Poisson sampling needs one process: it draws over all N rows at once.
+GLOBAL_SAMPLING = {
+    "truncated-poisson": "truncated Poisson sampling cuts the global batch",
+    "allocation": "random allocation assigns every row of the global data to a step of each epoch",
+    "shuffle": "shuffled batches cut one permutation of the global rows",
+}
+
+
+def check_resume(params: DPSGDParams, start_step: int) -> None:
+    """Allocation and shuffled batches resume only at an epoch boundary.
+
+    Their accounting counts one batch per example per epoch; a session that resumed mid-epoch
+    would draw a fresh epoch for the rest of it, and an example could be used twice in one.
+    """
+    if params.sampling in ("allocation", "shuffle") and start_step % params.steps_per_epoch:
+        raise UnsupportedError(
+            f"{params.sampling} batches resume only at an epoch boundary (every {params.steps_per_epoch} steps); the "
+            f"run stopped at step {start_step}, inside an epoch, and its remaining steps are not covered by the plan")
 
 
 def check_rows(params: DPSGDParams, rows: int, *, size_private: bool) -> None:
     """Refuse data the phase was not accounted for: another N (unless N is a DP count)."""
     if rows != params.dataset_size and not size_private:
         raise InvalidParameterError(f"the DP-SGD phase has {rows} rows; the plan accounts N = {params.dataset_size}")
-    if params.sampling == "truncated-poisson" and size_private:
-        raise PlanMismatchError("truncated-Poisson accounting needs the exact N; a plan with a DP count has none")
+    if params.sampling != "poisson" and size_private:
+        raise PlanMismatchError(f"{params.sampling} batches are accounted for the exact N; a plan with a DP count "
+                                "has none")
 
 
 def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, settings: DPSGDSettings | None = None,
@@ -317,13 +350,14 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     if not isinstance(params, DPSGDParams):
         raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
     steps = params.steps
-    if collective is not None and params.sampling == "truncated-poisson":
-        raise UnsupportedError("truncated Poisson sampling cuts the global batch: it is not run over several "
-                               "processes (plan Poisson sampling, or run one process)")
+    if collective is not None and params.sampling != "poisson":
+        raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
+                               "(plan Poisson sampling, or run one process)")
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
                size_private=size_private)
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
+    check_resume(params, start_step)
     if collective is not None:
         collective.agree("the DP-SGD phase's steps", steps)
         collective.agree("the steps already taken", start_step)

@@ -243,7 +243,7 @@ class PrivateStep:
 
     def _open(self, data: tuple) -> None:
         """Check the data against the plan, then open the run directory and the engine (in this order)."""
-        from trainers.dpsgd import DPSGDStep, check_rows, phase_sampler
+        from trainers.dpsgd import DPSGDStep, check_resume, check_rows, phase_sampler
         from trainers.session import Session
 
         params = self.phase.params
@@ -254,6 +254,7 @@ class PrivateStep:
                           rows=len(rows))
         try:
             start = session.dpsgd_steps_taken()
+            check_resume(params, start)
             ckpt = session.load_checkpoint() if self.resume else None
             if ckpt is not None and ckpt.get("phase") == "dpsgd":
                 self.model.load_state_dict(ckpt["model"])

@@ -33,9 +33,11 @@ def check_distributable(plan) -> None:
     if plan.tuning is not None and "grid" in plan.tuning:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
-    if plan.dpsgd is not None and plan.dpsgd.params.sampling == "truncated-poisson":
-        raise UnsupportedError("truncated Poisson sampling cuts the global batch: it is not run over several "
-                               "processes (plan Poisson sampling, or train with --nproc 1)")
+    if plan.dpsgd is not None and plan.dpsgd.params.sampling != "poisson":
+        from trainers.dpsgd import GLOBAL_SAMPLING
+
+        raise UnsupportedError(f"{GLOBAL_SAMPLING[plan.dpsgd.params.sampling]}: it is not run over several processes "
+                               "(plan Poisson sampling, or train with --nproc 1)")
 
 
 def keep_shard(prep, collective) -> None:

@@ -10,6 +10,8 @@ RandomizedResponse     exact, pld, rdp                 K-fold composition (exact
 GaussianRelease        exact, pld, rdp, classical      sensitivity K * Delta
 PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove)
 TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
+AllocationDPSGD        rdp (add-remove only)           unsupported: use "group"
+ShuffledDPSGD          exact, pld (no amplification)   sensitivity K per epoch
 DiscreteLaplaceCount   exact                           K rows move the count by K
 Composition            pld, basic                      each phase's tight unit accounting
 =====================  ==============================  ==================================
@@ -42,13 +44,15 @@ import numpy as np
 from budgetplan import _validate
 from budgetplan.accounting import backends, gaussian, group, pld_build, rr
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
+from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
+    AllocationDPSGD,
     Composition,
     DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
+    ShuffledDPSGD,
     TruncatedPoissonDPSGD,
 )
 from budgetplan.units import Adjacency, PrivacyUnit
@@ -64,6 +68,8 @@ _DEFAULT_METHOD = {
     GaussianRelease: "exact",
     PoissonDPSGD: "pld",
     TruncatedPoissonDPSGD: "pld",
+    AllocationDPSGD: "rdp",
+    ShuffledDPSGD: "exact",
     DiscreteLaplaceCount: "exact",
     Composition: "pld",
 }
@@ -72,6 +78,8 @@ _SUPPORTED = {
     GaussianRelease: ("exact", "pld", "rdp", "classical"),
     PoissonDPSGD: ("pld", "rdp", "prv"),
     TruncatedPoissonDPSGD: ("pld",),
+    AllocationDPSGD: ("rdp",),
+    ShuffledDPSGD: ("exact", "pld"),
     DiscreteLaplaceCount: ("exact",),
     Composition: ("pld", "basic"),
 }
@@ -262,6 +270,10 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
                             delta if smallest is None else smallest)
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
+    if isinstance(mechanism, AllocationDPSGD):
+        return _allocation_curve(mechanism, adjacency, unit)
+    if isinstance(mechanism, ShuffledDPSGD):
+        return _shuffle_curve(mechanism, adjacency, unit, method, discretization, delta)
     if isinstance(mechanism, DiscreteLaplaceCount):
         return _count_curve(mechanism, unit)
     if any(isinstance(m, DiscreteLaplaceCount) for m in mechanism.leaves()):
@@ -516,3 +528,61 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
                       "arXiv:2508.15089), composed by an exponentially tilted FFT with its rounding error added",
                       "valid only if batches are Poisson samples truncated to the declared maximum by a "
                       "uniformly random subset"))
+
+
+def _allocation_curve(mech: AllocationDPSGD, adjacency, unit) -> _Curve:
+    from budgetplan.accounting import allocation
+
+    if adjacency is not Adjacency.ADD_REMOVE:
+        raise UnsupportedError("random allocation is accounted under add-remove only; use adjacency "
+                               "'add-remove', or Poisson sampling for replace-one")
+    if unit.cap > 1:
+        raise UnsupportedError(f"no tight accounting of random allocation for K={unit.cap} examples per unit; "
+                               "use unit_accounting 'group'")
+
+    def epsilon(d: float) -> float:
+        if d <= 0:
+            return math.inf
+        return allocation.epsilon(noise_multiplier=mech.noise_multiplier, steps_per_epoch=mech.steps_per_epoch,
+                                  epochs=mech.epochs, delta=min(d, 0.5))
+
+    return _Curve(epsilon=epsilon, method="rdp", conversion=backends.RDP_CONVERSION.replace(
+        "minimised over its default orders", "minimised over the integer orders 2-256"), notes=(
+        f"{allocation.REFERENCE}: every example in exactly one of the {mech.steps_per_epoch} steps of each of "
+        f"{mech.epochs} epochs; remove direction by its exact Renyi divergences, add direction by numerical "
+        "integration of its negative moments (capped by the certified Jensen bound); the worse direction",
+        "valid only if each epoch allocates every example to one uniformly random step, from an unpredictable "
+        "generator; Poisson, shuffled or fixed-size batches void it"))
+
+
+def _shuffle_curve(mech: ShuffledDPSGD, adjacency, unit, method, discretization, delta) -> _Curve:
+    from budgetplan.accounting import shuffle
+
+    sens = shuffle.sensitivity(adjacency, unit.cap)
+    notes = [f"shuffled fixed-size batches: no amplification claimed; each example is in at most one batch per "
+             f"epoch, so {mech.epochs} Gaussian release(s) of sensitivity {sens:g} (units of the clipping norm), "
+             "whatever the order of the batches"]
+    if delta > 0 and unit.cap == 1:
+        low = shuffle.lower_epsilon(noise_multiplier=mech.noise_multiplier, steps_per_epoch=mech.steps_per_epoch,
+                                    epochs=mech.epochs, delta=min(delta, 0.5))
+        notes.append(f"{shuffle.LOWER_REFERENCE}: no analysis of this run can give less than epsilon {low:.4g} "
+                     f"at delta {delta:.3g}")
+        poisson = PoissonDPSGD(noise_multiplier=mech.noise_multiplier, sampling_rate=1.0 / mech.steps_per_epoch,
+                               steps=mech.steps)
+        try:
+            would = _dpsgd_curve(poisson, adjacency, unit, "pld", discretization, 0.05, delta, delta).epsilon(delta)
+            notes.append(f"what Poisson sampling at q = 1/{mech.steps_per_epoch} would give: epsilon {would:.4g} "
+                         "-- NOT a guarantee for shuffled batches")
+        except BudgetplanError:
+            pass
+    if method == "pld":
+        if unit.cap > 1:
+            raise UnsupportedError("the PLD of shuffled batches is built for one example per unit; use method "
+                                   "'exact'")
+        return _pld_curve(mech, adjacency, unit, discretization, delta, "pld", tuple(notes))
+    sigma = mech.noise_multiplier / math.sqrt(mech.epochs)
+    return _Curve(epsilon=lambda d: shuffle.upper_epsilon(noise_multiplier=mech.noise_multiplier, epochs=mech.epochs,
+                                                          delta=d, adjacency=adjacency, cap=unit.cap),
+                  method="exact", bound="upper", notes=tuple(notes) + (
+                      f"{mech.epochs} Gaussians of noise {mech.noise_multiplier:.6g} compose exactly into one of "
+                      f"noise {sigma:.6g} (analytic Gaussian, Balle and Wang 2018, arXiv:1805.06530)",))

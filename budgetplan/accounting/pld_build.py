@@ -25,7 +25,14 @@ import numpy as np
 from budgetplan.accounting import _mog, fastpld
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
-from budgetplan.mechanisms import Composition, GaussianRelease, PoissonDPSGD, RandomizedResponse
+from budgetplan.mechanisms import (
+    AllocationDPSGD,
+    Composition,
+    GaussianRelease,
+    PoissonDPSGD,
+    RandomizedResponse,
+    ShuffledDPSGD,
+)
 from budgetplan.units import Adjacency, PrivacyUnit
 
 __all__ = ["BuiltPLD", "build", "pld_of", "pure_epsilon"]
@@ -194,6 +201,17 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
         nm = ratio if adjacency is Adjacency.ADD_REMOVE else 2.0 * ratio
         return [(fastpld.gaussian(noise_multiplier=nm, relation=rel, discretization=d,
                                   log_mass_truncation_bound=_truncation(delta, 1)), 1)]
+    if isinstance(mechanism, ShuffledDPSGD):
+        if unit.cap > 1:
+            raise UnsupportedError("the PLD of shuffled batches is built for one example per unit")
+        # E releases of sensitivity 1 (2 under replace-one, as the engine's replace-one Gaussian
+        # shifts) compose exactly into one of noise sigma / sqrt(E)
+        return [(fastpld.gaussian(noise_multiplier=mechanism.noise_multiplier / math.sqrt(mechanism.epochs),
+                                  relation=rel, discretization=d, log_mass_truncation_bound=_truncation(delta, 1)),
+                 1)]
+    if isinstance(mechanism, AllocationDPSGD):
+        raise UnsupportedError("random allocation has no PLD here (it is accounted by RDP); phases with it are "
+                               "composed by basic composition")
     if isinstance(mechanism, PoissonDPSGD):
         steps = _count("steps", mechanism.steps)
         bound = _truncation(delta, steps)

@@ -5,6 +5,12 @@ Exactly one unknown is solved for:
 - ``--epsilon`` given, no ``--noise-multiplier``: the smallest noise multiplier;
 - both given, no ``--epochs``/``--steps``: the most epochs (and steps) that fit;
 - both given, no ``--dataset-size``: the fewest rows for which the epochs fit.
+
+``--batch-selection allocation`` (each example in one random step of every epoch) and
+``--batch-selection shuffle`` (fixed batches of B from a permutation per epoch) answer the
+first two questions, over whole epochs of N // B steps, each with its own accounting
+(``budgetplan.batch_selection``); the Poisson figure is shown beside them, labelled as what
+Poisson sampling would give, and for shuffled batches Chua et al.'s lower bound too.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ _ACCOUNTANTS = ("pld", "rdp", "prv")
 @click.option("--batch-size", type=BATCH_SIZE, required=True, help="B: expected batch size; q = B / N.")
 @click.option("--epochs", type=EPOCHS, help="Passes over the data; steps = ceil(epochs N / B).")
 @click.option("--steps", type=POSITIVE_INT, help="Noisy steps T (instead of --epochs).")
+@click.option("--batch-selection", type=click.Choice(["poisson", "allocation", "shuffle"]), default="poisson",
+              show_default=True, help="How batches are drawn: Poisson, random allocation (each example once per "
+              "epoch, in a random step) or shuffled fixed-size batches (no amplification claimed).")
 @click.option("--max-batch-size", type=BATCH_SIZE, default=None,
               help="Truncated Poisson: batches above this size are cut to it (accounted as such).")
 @click.option("--unit-cap", type=UNIT_CAP, default=None, help="K: most examples per unit (user).")
@@ -52,11 +61,18 @@ _ACCOUNTANTS = ("pld", "rdp", "prv")
 @click.option("--accountant", type=click.Choice(list(_ACCOUNTANTS) + ["all"]), default="pld", show_default=True)
 @click.option("--discretization", type=POSITIVE, default=1e-4, show_default=True, help="PLD grid spacing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps, max_batch_size,
+def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps, batch_selection, max_batch_size,
           unit_cap, unit_accounting, adjacency, accountant, discretization, as_json):
-    """DP-SGD with Poisson sampling: epsilon, noise multiplier, most epochs or fewest rows."""
+    """DP-SGD: epsilon, noise multiplier, most epochs or fewest rows; Poisson, allocation or shuffled batches."""
     if epochs is not None and steps is not None:
         raise click.UsageError("give at most one of --epochs or --steps")
+    if batch_selection != "poisson":
+        if accountant != "pld":
+            raise click.UsageError(f"--accountant applies to --batch-selection poisson; {batch_selection} batches have "
+                                   "their own accounting (allocation: rdp, shuffle: exact)")
+        _epoch_selection(batch_selection, noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps,
+                         max_batch_size, unit_cap, unit_accounting, adjacency, discretization, as_json)
+        return
     if noise_multiplier is None and epsilon is None:
         raise click.UsageError("give --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)")
     have_length = epochs is not None or steps is not None
@@ -271,3 +287,63 @@ def _params(sigma, q, steps, n, epochs, ctx, target=None):
     if target is not None:
         rows.append(("target epsilon", target))
     return params_table("DP-SGD, Poisson sampling", rows)
+
+
+def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, steps, max_batch_size, unit_cap,
+                     unit_accounting, adjacency, discretization, as_json):
+    """Allocation or shuffled batches: epsilon at a noise multiplier, or the noise multiplier for an epsilon."""
+    from budgetplan import batch_selection as bs
+    from budgetplan.accounting import account
+    from budgetplan.accounting.shuffle import lower_epsilon
+
+    if max_batch_size is not None:
+        raise click.UsageError("--max-batch-size applies to --batch-selection poisson only")
+    if (sigma is None) == (epsilon is None):
+        raise click.UsageError(f"--batch-selection {selection} answers one question: give --noise-multiplier (to "
+                               "get epsilon) or --epsilon (to get the noise multiplier), not both")
+    if n is None or (epochs is None and steps is None):
+        raise click.UsageError(f"--batch-selection {selection} needs --dataset-size and --epochs or --steps")
+    if batch_size > n:
+        raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({n})")
+    t, whole = bs.epoch_steps(dataset_size=n, batch_size=batch_size, epochs=epochs, steps=steps,
+                              names=("--epochs", "--steps"))
+    unit = _unit(unit_cap)
+    q = batch_size / n
+
+    def guarantee(x: float, sampling: str = selection):
+        mech = bs.mechanism(sampling, x, dataset_size=n, batch_size=batch_size, steps=t)
+        return account(mech, delta=delta, adjacency=adjacency, unit=unit, method=bs.method_for(sampling, "pld"),
+                       unit_accounting=unit_accounting if unit.cap > 1 else "tight", discretization=discretization)
+
+    if sigma is None:
+        sigma = bs.noise_multiplier(lambda x: guarantee(x).epsilon, epsilon=epsilon)
+    head = guarantee(sigma)
+    poisson = _row("poisson", lambda: guarantee(sigma, "poisson"))
+    lower = lower_epsilon(noise_multiplier=sigma, steps_per_epoch=t // whole, epochs=whole, delta=delta) \
+        if selection == "shuffle" and unit.cap == 1 else None
+    payload = {"batch_selection": selection, "epsilon": head.epsilon, "target_epsilon": epsilon, "delta": delta,
+               "adjacency": adjacency, "noise_multiplier": sigma, "steps_per_epoch": t // whole, "epochs": whole,
+               **_shape(q, t, n, whole, {"batch_size": batch_size, "max_batch_size": None, "unit": unit,
+                                         "unit_accounting": unit_accounting, "discretization": discretization}),
+               "guarantee": head.to_dict(),
+               "poisson_epsilon": poisson[1].epsilon if poisson[1] is not None else None,
+               "poisson_is_guarantee": False, "shuffle_lower_bound": lower}
+    if as_json:
+        emit_json(payload)
+        return
+    out = console()
+    rows = [("batch selection", selection), ("unit", unit.describe()), ("adjacency", adjacency),
+            ("noise multiplier", sigma), ("steps per epoch (N // B)", t // whole), ("epochs", whole),
+            ("steps", t), ("dataset size", n), ("batch size", batch_size), ("delta", delta)]
+    if epsilon is not None:
+        rows.append(("target epsilon", epsilon))
+    out.print(params_table(f"DP-SGD, {selection} batches", rows))
+    table = [[f"{selection}: the guarantee", head.epsilon, delta, head.bound, head.method]]
+    if lower is not None:
+        table.append(["shuffle: lower bound (Chua et al.)", lower, delta, "lower", "arXiv:2403.17673"])
+    if poisson[1] is not None:
+        table.append(["Poisson at q = B/N: NOT a guarantee here", poisson[1].epsilon, delta, "what Poisson would give",
+                      poisson[1].method])
+    out.print(results_table(f"DP-SGD with {selection} batches", ["", "epsilon", "delta", "bound", "method"], table))
+    for i, note in enumerate(head.notes + ((head.conversion,) if head.conversion else ()), 1):
+        out.print(f"[{i}] {note}", style="dim", markup=False, highlight=False)

@@ -1,0 +1,149 @@
+"""The noise each batch selection needs at the Criteo shapes: Poisson, random allocation, shuffled batches.
+
+Case: N = 32,000,000 rows, batch B = 16,384, delta = 1/N, add-remove; epochs 1, 2, 4, 16, 64;
+target epsilon 1, 2, 4, 8, 12. For each cell, the smallest noise multiplier sigma that meets
+the target under:
+
+- Poisson sampling at q = B/N over ceil(E N / B) steps (PLD, the planner's default);
+- random allocation, one uniformly random step per example in each epoch of N // B steps
+  (RDP, arXiv:2502.08202; ``budgetplan.accounting.allocation``), and for comparison Poisson
+  at q = B/N accounted by the same RDP conversion over the same orders (dp_accounting);
+- shuffled fixed-size batches: the guarantee (no amplification, one Gaussian per epoch) and
+  the least sigma that Chua et al.'s lower bound (arXiv:2403.17673) allows: no analysis of
+  a shuffled run can certify the target with less noise than that.
+
+Why sigma for a target epsilon rather than epsilon at a fixed sigma: sigma is the knob a plan
+sets and what utility depends on, the ratios of sigmas compare across rows, and at a fixed
+sigma the shuffled run's epsilon spans orders of magnitude (tens to hundreds) where the
+others are near 1.
+
+Writes ``benchmarks/results/batch_selection.json`` and ``batch_selection.md``. Not a test:
+``python benchmarks/batch_selection.py`` (a few minutes on 2 cores; ``--quick`` keeps
+epochs 1, 4, 16 and targets 1, 4, 12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+
+import _harness as h
+
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+N, B = 32_000_000, 16_384
+DELTA = 1 / N
+EPOCHS, TARGETS = (1, 2, 4, 16, 64), (1.0, 2.0, 4.0, 8.0, 12.0)
+QUICK_EPOCHS, QUICK_TARGETS = (1, 4, 16), (1.0, 4.0, 12.0)
+
+
+def _solve(eps_of, target: float) -> float:
+    from budgetplan.batch_selection import noise_multiplier
+
+    return noise_multiplier(eps_of, epsilon=target)
+
+
+def cell(epochs: int, target: float) -> dict:
+    import dp_accounting as dpa
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from budgetplan import batch_selection as bs
+    from budgetplan.accounting import account, allocation
+    from budgetplan.accounting.shuffle import lower_epsilon
+    from budgetplan.calibrate import dpsgd_noise_multiplier, steps_for_epochs
+
+    t = bs.steps_per_epoch(dataset_size=N, batch_size=B)
+    q = B / N
+    out: dict = {"epochs": epochs, "target_epsilon": target, "steps_per_epoch": t}
+    t0 = time.perf_counter()
+    poisson_steps = steps_for_epochs(epochs=epochs, dataset_size=N, batch_size=B)
+    out["poisson_pld"] = dpsgd_noise_multiplier(epsilon=target, delta=DELTA, sampling_rate=q, steps=poisson_steps,
+                                                adjacency="add-remove").value
+
+    def poisson_rdp(sigma: float) -> float:
+        acc = rdp.RdpAccountant(orders=list(allocation.ORDERS))
+        acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), poisson_steps)
+        return acc.get_epsilon(DELTA)
+
+    out["poisson_rdp"] = _solve(poisson_rdp, target)
+    out["allocation"] = _solve(lambda s: allocation.epsilon(noise_multiplier=s, steps_per_epoch=t, epochs=epochs,
+                                                            delta=DELTA), target)
+    shuffle = bs.mechanism("shuffle", 1.0, dataset_size=N, batch_size=B, steps=t * epochs)
+    out["shuffle_upper"] = _solve(lambda s: account(type(shuffle)(noise_multiplier=s, steps_per_epoch=t,
+                                                                  epochs=epochs), delta=DELTA,
+                                                    adjacency="add-remove").epsilon, target)
+    out["shuffle_lower"] = _solve(lambda s: lower_epsilon(noise_multiplier=s, steps_per_epoch=t, epochs=epochs,
+                                                          delta=DELTA), target)
+    out["allocation_over_poisson_pld"] = out["allocation"] / out["poisson_pld"]
+    out["allocation_over_poisson_rdp"] = out["allocation"] / out["poisson_rdp"]
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def render(result: dict) -> str:
+    lines = ["# Noise for a target epsilon, by batch selection (Criteo shapes)", "",
+             f"N = {N:,}, B = {B:,} (N // B = {N // B:,} steps per epoch), delta = 1/N, add-remove. Each entry is "
+             "the smallest noise multiplier sigma meeting the target. Allocation is accounted by RDP; "
+             "`Poisson (RDP)` is Poisson under the same RDP conversion, the like-for-like comparison. Shuffle: "
+             "`guarantee` is what a plan uses (no amplification); `lower bound` is the least sigma Chua et al.'s "
+             "lower bound allows: below it no analysis can certify the target for shuffled batches.", "",
+             "| epochs | target eps | Poisson (PLD) | Poisson (RDP) | allocation (RDP) | alloc / Poisson RDP | "
+             "alloc / Poisson PLD | shuffle guarantee | shuffle lower bound |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in result["cells"]:
+        lines.append(f"| {c['epochs']} | {c['target_epsilon']:g} | {c['poisson_pld']:.4f} | {c['poisson_rdp']:.4f} | "
+                     f"{c['allocation']:.4f} | {c['allocation_over_poisson_rdp']:.4f} | "
+                     f"{c['allocation_over_poisson_pld']:.4f} | {c['shuffle_upper']:.3f} | "
+                     f"{c['shuffle_lower']:.3f} |")
+    lines += ["", h.settings_markdown(result["settings"]), ""]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="epochs 1, 4, 16 and targets 1, 4, 12 only")
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """The case and every library default the numbers depend on."""
+    from budgetplan import calibrate
+    from budgetplan.accounting import allocation, shuffle
+    from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
+
+    return h.settings_record("batch_selection.py", args.argv, {
+        "quick": args.quick, "dataset_size": N, "batch_size": B, "delta": DELTA, "adjacency": "add-remove",
+        "epochs": list(QUICK_EPOCHS if args.quick else EPOCHS),
+        "targets": list(QUICK_TARGETS if args.quick else TARGETS),
+        "poisson": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL},
+        "allocation": {"orders": [min(allocation.ORDERS), max(allocation.ORDERS)],
+                       "add_quadrature": {"z_step": allocation._Z_STEP, "w_step": allocation._W_STEP,
+                                          "margin": allocation._ADD_MARGIN}},
+        "shuffle_lower": {"cell": shuffle._CELL, "discretization": shuffle._DISCRETIZATION},
+        "search": {"sigma_range": list(calibrate.SIGMA_RANGE)}})
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    cells = []
+    for epochs in (QUICK_EPOCHS if args.quick else EPOCHS):
+        for target in (QUICK_TARGETS if args.quick else TARGETS):
+            c = cell(epochs, target)
+            print(f"epochs {epochs:>2} eps {target:>4g}: poisson {c['poisson_pld']:.4f}, allocation "
+                  f"{c['allocation']:.4f} ({c['allocation_over_poisson_rdp']:.4f} of Poisson RDP), shuffle "
+                  f"{c['shuffle_lower']:.3f}..{c['shuffle_upper']:.3f} ({c['seconds']:.1f} s)", flush=True)
+            cells.append(c)
+    result = {"settings": settings(args), "machine": h.machine(), "cells": cells,
+              "worst_allocation_over_poisson_rdp": max(c["allocation_over_poisson_rdp"] for c in cells),
+              "best_allocation_over_poisson_rdp": min(c["allocation_over_poisson_rdp"] for c in cells)}
+    print(h.save_results(h.RESULTS, "batch_selection", result, render))
+    sys.exit(0 if all(math.isfinite(c["allocation"]) for c in cells) else 1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

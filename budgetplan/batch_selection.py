@@ -1,0 +1,132 @@
+"""Batch selection as a plan decision: which mechanism a DP-SGD sampling choice is accounted as.
+
+==================  =======================================  ===================================
+sampling            what the trainer does                    accounted as
+==================  =======================================  ===================================
+poisson             each row joins each step w.p. q = B/N    PoissonDPSGD (PLD, RDP or PRV)
+truncated-poisson   Poisson, cut to max_batch_size           TruncatedPoissonDPSGD (PLD)
+allocation          each epoch of N // B steps: every row    AllocationDPSGD (RDP, add-remove;
+                    in one uniformly random step             arXiv:2502.08202)
+shuffle             each epoch: a random permutation cut     ShuffledDPSGD: no amplification
+                    into N // B batches of exactly B         (Gaussian per epoch); Chua et al.'s
+                                                             lower bound beside it
+==================  =======================================  ===================================
+
+Allocation and shuffled batches run whole epochs of ``N // B`` steps (at least 1): a plan
+states ``epochs`` (a whole number) or ``steps`` that are a whole number of epochs. Every
+noisy sum is divided by B = q N, a constant of the plan (``DPSGDParams.expected_batch_size``).
+For a shuffled run the Poisson figure at q is only "what Poisson sampling would give", never
+the guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+
+from budgetplan import _validate
+from budgetplan.errors import InfeasibleError, InvalidParameterError
+from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD
+
+__all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "noise_multiplier",
+           "method_for", "compare"]
+
+SAMPLINGS = ("poisson", "truncated-poisson", "allocation", "shuffle")
+EPOCH_SAMPLINGS = ("allocation", "shuffle")
+_METHOD = {"allocation": "rdp", "shuffle": "exact"}
+
+
+def steps_per_epoch(*, dataset_size: int, batch_size: int) -> int:
+    """N // B, at least 1: the steps of one epoch of allocation or shuffled batches."""
+    n = _validate.positive_int("dataset_size", dataset_size)
+    b = _validate.positive_int("batch_size", batch_size)
+    return max(1, n // b)
+
+
+def epoch_steps(*, dataset_size: int, batch_size: int, epochs: float | None = None, steps: int | None = None,
+                names: tuple[str, str] = ("epochs", "steps")) -> tuple[int, int]:
+    """(steps, whole epochs) of an allocation or shuffled run from ``epochs`` or ``steps``.
+
+    Raises:
+        InvalidParameterError: epochs that are not a whole number, or steps that are not a
+            whole number of epochs (naming the parameter and the value).
+    """
+    t = steps_per_epoch(dataset_size=dataset_size, batch_size=batch_size)
+    if (epochs is None) == (steps is None):
+        raise InvalidParameterError(f"give exactly one of {names[0]} and {names[1]}")
+    if epochs is not None:
+        e = _validate.positive(names[0], epochs)
+        if e != math.floor(e):
+            raise InvalidParameterError(f"{names[0]} must be a whole number for allocation or shuffled batches "
+                                        f"(every epoch is {t} steps), got {epochs!r}")
+        return int(e) * t, int(e)
+    s = _validate.positive_int(names[1], steps)
+    if s % t:
+        raise InvalidParameterError(f"{names[1]} must be a multiple of the {t} steps of an epoch for allocation or "
+                                    f"shuffled batches, got {steps!r}")
+    return s, s // t
+
+
+def method_for(sampling: str, requested: str) -> str:
+    """The accounting method a phase with ``sampling`` uses: its own for allocation and shuffle."""
+    return _METHOD.get(sampling, requested)
+
+
+def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int, steps: int,
+              max_batch_size: int | None = None
+              ) -> PoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD:
+    """The mechanism DP-SGD with ``sampling`` is accounted as, at noise ``sigma``."""
+    q = batch_size / dataset_size
+    if sampling == "poisson":
+        return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps)
+    if sampling == "truncated-poisson":
+        if max_batch_size is None:
+            raise InvalidParameterError("max_batch_size is required for truncated-poisson sampling, got None")
+        return TruncatedPoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps, dataset_size=dataset_size,
+                                     max_batch_size=max_batch_size)
+    t = steps_per_epoch(dataset_size=dataset_size, batch_size=batch_size)
+    if sampling == "allocation":
+        return AllocationDPSGD(noise_multiplier=sigma, steps_per_epoch=t, epochs=steps // t)
+    if sampling == "shuffle":
+        return ShuffledDPSGD(noise_multiplier=sigma, steps_per_epoch=t, epochs=steps // t)
+    raise InvalidParameterError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+
+
+def noise_multiplier(eps_of, *, epsilon: float, guess: float = 1.0, step: float = 0.25) -> float:
+    """The smallest sigma whose ``eps_of(sigma)`` meets ``epsilon`` (eps_of non-increasing)."""
+    from budgetplan import calibrate
+
+    try:
+        sigma, _, _ = calibrate._solve_decreasing(eps_of, epsilon, guess, step=step,
+                                                  lo_limit=calibrate.SIGMA_RANGE[0],
+                                                  hi_limit=calibrate.SIGMA_RANGE[1])
+    except InfeasibleError:
+        raise InfeasibleError(f"no noise up to {calibrate.SIGMA_RANGE[1]:g} meets epsilon {epsilon:g}",
+                              knob="epsilon") from None
+    return sigma
+
+
+def compare(*, sigma: float, dataset_size: int, batch_size: int, epochs: int, delta: float, adjacency,
+            discretization: float = 1e-4) -> dict:
+    """The epsilons of one run shape under each batch selection, at noise ``sigma`` (for tables and the CLI).
+
+    Keys: ``poisson`` (PLD), ``allocation`` (add-remove only, else None), ``shuffle_upper``
+    (the guarantee of a shuffled run) and ``shuffle_lower`` (Chua et al.: no analysis gives less).
+    """
+    from budgetplan.accounting import account, shuffle
+    from budgetplan.units import Adjacency
+
+    adjacency = Adjacency.parse(adjacency)
+    steps, whole = epoch_steps(dataset_size=dataset_size, batch_size=batch_size, epochs=epochs)
+    t = steps // whole
+
+    def eps(sampling: str) -> float:
+        mech = mechanism(sampling, sigma, dataset_size=dataset_size, batch_size=batch_size, steps=steps)
+        return account(mech, delta=delta, adjacency=adjacency, method=method_for(sampling, "pld"),
+                       discretization=discretization).epsilon
+
+    return {
+        "poisson": eps("poisson"),
+        "allocation": eps("allocation") if adjacency is Adjacency.ADD_REMOVE else None,
+        "shuffle_upper": eps("shuffle"),
+        "shuffle_lower": shuffle.lower_epsilon(noise_multiplier=sigma, steps_per_epoch=t, epochs=whole, delta=delta),
+    }

@@ -1,0 +1,220 @@
+"""Batch selection as a plan decision: scenario key, plan, verify, CLI, training and the audit per choice."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from budgetplan.accounting import account
+from budgetplan.cli import cli
+from budgetplan.errors import InvalidParameterError
+from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD
+from budgetplan.plan import Plan
+from budgetplan.planner import build_plan
+from budgetplan.scenario import parse_scenario
+from budgetplan.verify import verify_plan
+
+N = 2000
+SCENARIO = """
+[budget]
+epsilon = 4.0
+delta = 1e-6
+
+[privacy]
+adjacency = "{adjacency}"
+unit = "impression"
+
+[data]
+dataset_size = {n}
+
+[algorithm]
+name = "dpsgd"
+
+[dpsgd]
+batch_size = 100
+{length}
+clipping_norm = 1.0
+sampling = "{sampling}"
+"""
+MECHANISM = {"poisson": PoissonDPSGD, "allocation": AllocationDPSGD, "shuffle": ShuffledDPSGD}
+
+
+def scenario(sampling, *, adjacency="add-remove", length="epochs = 2", n=N, features=""):
+    return parse_scenario(SCENARIO.format(adjacency=adjacency, n=n, length=length, sampling=sampling) + features)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "allocation", "shuffle"])
+def test_each_choice_plans_to_its_own_accounting_and_verifies(sampling):
+    plan = build_plan(scenario(sampling))
+    phase = plan.dpsgd
+    assert isinstance(phase.mechanism, MECHANISM[sampling]) and phase.params.sampling == sampling
+    assert phase.params.expected_batch_size == 100 and phase.params.steps == 40
+    assert phase.guarantee.epsilon <= 4.0 * (1 + 1e-9)
+    # calibrated: a little less noise would not do
+    less = account(type(phase.mechanism)(**{**_fields(phase.mechanism),
+                                           "noise_multiplier": phase.params.noise_multiplier * 0.97}),
+                   delta=1e-6, adjacency="add-remove", method=phase.method).epsilon
+    assert less > 4.0
+    again = Plan.from_json(plan.to_json())
+    report = verify_plan(again)
+    assert report.ok, report.problems
+    assert again.sha256 == plan.sha256
+
+
+def _fields(mech):
+    from dataclasses import fields
+
+    return {f.name: getattr(mech, f.name) for f in fields(mech)}
+
+
+def test_a_tampered_sampling_choice_does_not_verify():
+    plan = build_plan(scenario("shuffle"))
+    data = json.loads(plan.to_json())
+    data["phases"][0]["parameters"]["sampling"] = "poisson"  # the stale hash is not what is tested here
+    tampered = Plan.from_dict(data)
+    assert not verify_plan(tampered).ok
+
+
+def test_shuffle_needs_more_noise_than_allocation_and_poisson():
+    sigma = {s: build_plan(scenario(s)).dpsgd.params.noise_multiplier for s in MECHANISM}
+    assert sigma["shuffle"] > sigma["allocation"] and sigma["shuffle"] > sigma["poisson"]
+
+
+@pytest.mark.parametrize("sampling, adjacency, length, message", [
+    ("allocation", "add-remove", "epochs = 1.5", "[dpsgd].epochs must be a whole number"),
+    ("shuffle", "add-remove", "steps = 30", "[dpsgd].steps must be a multiple of the 20 steps"),
+    ("allocation", "replace-one", "epochs = 2", "add-remove only"),
+])
+def test_scenario_refuses_what_the_choice_cannot_run(sampling, adjacency, length, message):
+    with pytest.raises(InvalidParameterError) as exc:
+        scenario(sampling, adjacency=adjacency, length=length)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(InvalidParameterError, match="max_batch_size"):
+        scenario("allocation", length="epochs = 1\nmax_batch_size = 200")
+
+
+def test_cli_batch_selection(runner):
+    def run(*args):
+        result = runner.invoke(cli, ["dpsgd", "--delta", "1e-6", "--dataset-size", "2000", "--batch-size", "100",
+                                     *args])
+        return result
+
+    out = json.loads(run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "shuffle",
+                         "--json").stdout)
+    assert out["batch_selection"] == "shuffle" and out["poisson_is_guarantee"] is False
+    assert out["shuffle_lower_bound"] < out["epsilon"] and out["poisson_epsilon"] < out["epsilon"]
+    assert out["guarantee"]["method"] == "exact"
+    cal = json.loads(run("--epsilon", "4", "--epochs", "2", "--batch-selection", "allocation", "--json").stdout)
+    assert cal["epsilon"] <= 4 and cal["noise_multiplier"] == pytest.approx(
+        build_plan(scenario("allocation")).dpsgd.params.noise_multiplier, rel=1e-9)
+    text = run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "shuffle")
+    flat = " ".join(text.output.split())  # the notes wrap at the terminal's width
+    assert text.exit_code == 0 and "NOT a guarantee for shuffled batches" in flat
+    assert "lower bound for shuffled batches" in flat
+    bad = run("--noise-multiplier", "1.5", "--epochs", "1.5", "--batch-selection", "allocation")
+    assert bad.exit_code == 2 and "--epochs must be a whole number" in bad.output
+    assert "Traceback" not in bad.output
+    other = run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "shuffle", "--accountant", "rdp")
+    assert other.exit_code == 2 and "--accountant applies to --batch-selection poisson" in other.output
+
+
+# ------------------------------------------------------------------ training and the audit
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from trainers.data.synth import synthesize
+
+    root = tmp_path_factory.mktemp("batch-selection")
+    pq.write_table(synthesize(N, 300, 4), root / "train.parquet")
+    return root
+
+
+FEATURES = """
+[features]
+label = "label"
+nonsensitive_categorical = ["publisher", "campaign"]
+sensitive_numeric = ["days_since_visit", "visits_7d"]
+"""
+
+
+def _train(root, name, plan, monkeypatch=None, sampler=None):
+    from trainers import dpsgd as dpsgd_mod
+    from trainers.run import TrainSettings, execute_plan
+
+    if sampler is not None:
+        monkeypatch.setattr(dpsgd_mod, "phase_sampler", sampler)
+    out = root / name
+    execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=2))
+    from budgetplan.audit import audit_run
+
+    return audit_run(out)
+
+
+def _named(report, prefix):
+    return [c for c in report.checks if c.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("sampling, prefix", [("poisson", "Poisson"), ("allocation", "Allocation"),
+                                              ("shuffle", "Shuffled")])
+def test_each_choice_trains_and_audits_clean(data, sampling, prefix):
+    plan = build_plan(scenario(sampling, features=FEATURES))
+    report = _train(data, sampling, plan)
+    assert report.passed, [c for c in report.checks if not c.passed]
+    assert _named(report, f"{prefix} batch sizes")
+
+
+def _sampler_of(kind):
+    from trainers.sampling import AllocationSampler, PoissonSampler
+
+    def make(rows, params, settings, randomness, **_):
+        if kind == "poisson":
+            return PoissonSampler(len(rows), params.sampling_rate, seed=randomness.torch_seed())
+        return AllocationSampler(len(rows), params.steps_per_epoch, seed=randomness.torch_seed())
+
+    return make
+
+
+@pytest.mark.parametrize("planned, ran, failing", [
+    ("allocation", "poisson", "Allocation batch sizes: epoch totals"),
+    ("shuffle", "allocation", "Shuffled batch sizes: fixed size"),
+])
+def test_the_audit_catches_a_sampler_that_is_not_the_plans(data, monkeypatch, planned, ran, failing):
+    plan = build_plan(scenario(planned, features=FEATURES))
+    report = _train(data, f"{planned}-ran-{ran}", plan, monkeypatch, _sampler_of(ran))
+    assert not report.passed
+    assert [c.passed for c in report.checks if c.name == failing] == [False]
+
+
+def test_epoch_samplings_resume_at_epoch_boundaries_and_run_in_one_process():
+    from budgetplan.errors import UnsupportedError
+    from trainers.dpsgd import check_resume
+    from trainers.ranks import check_distributable
+
+    for sampling, why in [("allocation", "random allocation"), ("shuffle", "one permutation")]:
+        plan = build_plan(scenario(sampling))
+        check_resume(plan.dpsgd.params, 20)  # a whole epoch of 20 steps is done
+        with pytest.raises(UnsupportedError, match="epoch boundary"):
+            check_resume(plan.dpsgd.params, 27)
+        with pytest.raises(UnsupportedError, match=why):
+            check_distributable(plan)
+    check_resume(build_plan(scenario("poisson")).dpsgd.params, 27)
+
+
+def test_allocation_spread_check_against_the_multinomial():
+    # N = 2000 rows over T = 20 steps, 50 epochs: multinomial sizes pass; fixed sizes (which also total N)
+    # and Poisson sizes (which do not) fail, each on the check that sees them
+    import numpy as np
+
+    from budgetplan.audit import _epoch_sizes
+
+    par = build_plan(scenario("allocation")).dpsgd.params
+    rng = np.random.default_rng(5)
+    honest = rng.multinomial(2000, [1 / 20] * 20, size=50).ravel().tolist()
+    checks = {c.name: c.passed for c in _epoch_sizes("A", honest, len(honest), par, 1e-6)}
+    assert checks == {"A: epoch totals": True, "A: spread": True}
+    fixed = [100] * 1000
+    checks = {c.name: c.passed for c in _epoch_sizes("A", fixed, len(fixed), par, 1e-6)}
+    assert checks == {"A: epoch totals": True, "A: spread": False}
+    poisson = rng.binomial(2000, 1 / 20, size=1000).tolist()
+    assert not {c.name: c.passed for c in _epoch_sizes("A", poisson, len(poisson), par, 1e-6)}["A: epoch totals"]

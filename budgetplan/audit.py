@@ -34,6 +34,8 @@ evidence is absent. Each check is named and independent:
    names the plan, ends where the private record says and was written on that one count.
 10. ``independent re-accounting``: every phase's guarantee recomputed by another path
     agrees with the plan, and the steps executed stay within the phase budget.
+``one-run canary audit`` (runs trained with canaries, ``trainers.canary``): the private
+    record's lower bound on epsilon recomputes from its counts and is at most the plan's.
 11. ``data fingerprint`` (with ``data_path``): the keyed fingerprint in the private record
     recomputes on the given data with the data owner's key.
 12. ``code that ran`` (with ``empirical``): the installed code, which the empirical tests
@@ -59,6 +61,7 @@ from typing import Any
 
 from scipy import stats
 
+from budgetplan.audit_canary import check_one_run
 from budgetplan.audit_ranks import rank_checks
 from budgetplan.audit_tuned import audit_tuned, audit_tuned_interrupted, is_tuned
 from budgetplan.errors import BudgetplanError
@@ -201,6 +204,9 @@ def _audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: P
     if plan.calibration is not None or _entry(record, CalibrationRun) is not None:
         add(_calibration(record, plan))
     add(_reaccount(record, plan))
+    one_run = record.private_part.one_run if record.private_part is not None else None
+    if one_run is not None:  # a run trained with canaries (trainers.canary)
+        add(Check("one-run canary audit", *check_one_run(one_run, plan.guarantee.epsilon, plan.guarantee.delta)))
 
 
 # --------------------------------------------------------------------------- the record

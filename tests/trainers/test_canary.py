@@ -122,6 +122,9 @@ def test_train_cli_records_the_bound_and_refuses_misuse(tmp_path):
     one = json.loads(result.stdout)["private_record"]["one_run"]
     assert one["canaries"] == 300 and one["confidence"] == 0.95 and one["epsilon_lower_bound"] < EPSILON
     assert runner.invoke(cli, ["audit", str(tmp_path / "run")]).exit_code == 0
+    stated = runner.invoke(cli, ["statement", str(tmp_path / "run")])
+    assert stated.exit_code == 0 and "One-run audit (arXiv:2305.08846): 300 rows were replaced" in " ".join(
+        stated.output.split())
     refused = runner.invoke(cli, base + ["--out", str(tmp_path / "r2"), "--canary-confidence", "0.9"])
     assert refused.exit_code == 2 and "--canaries" in refused.output
     too_many = runner.invoke(cli, base + ["--out", str(tmp_path / "r3"), "--canaries", "5000"])

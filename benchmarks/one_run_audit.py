@@ -10,6 +10,15 @@ confidence 0.95, Bonferroni over the guess fractions) is compared with the plan'
 ``dprime`` is the canaries' score separation (mean difference over the pooled sd). Training
 seeds and canary coins are fixed per seed (``--first-seed``), so the numbers reproduce.
 
+Beside the runs, the same bound on ideal canaries (``ideal``): scores drawn exactly from a
+mu-Gaussian mechanism whose epsilon at the plan's delta is the plan's (mu-GDP, Dong, Roth and
+Su, arXiv:1905.02383), honest (mu) and with the noise halved (2 mu), at ``--canaries`` and at
+``--ideal-canaries``: the best any score could do, white box, at that many canaries.
+
+And the white-box audit of the DP-SGD step (``trainers.empirical.one_run``, a million
+gradient canaries, ``budgetplan audit --one-run``), honest and with the noise halved
+(``step``).
+
 Arms: ``--models`` (``fm``: a linear weight per value, where a canary's own parameters hold
 most of its gradient; ``mlp``, the default model). Writes
 ``benchmarks/results/one_run_audit.json`` and ``.md``. Not a test: run it with
@@ -50,6 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=["fm", "mlp"], choices=["fm", "mlp"])
     parser.add_argument("--embedding-dim", type=int, default=4)
     parser.add_argument("--hash-bins", type=int, default=2**20)
+    parser.add_argument("--ideal-canaries", type=int, default=1_000_000)
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.canaries < 1 or args.canaries > args.rows:
         parser.error("need --seeds >= 1 and 1 <= --canaries <= --rows")
@@ -66,7 +76,8 @@ def settings(args: argparse.Namespace) -> dict:
         "seeds": args.seeds, "first_seed": args.first_seed, "rows": args.rows, "data_seed": DATA_SEED,
         "canaries": args.canaries, "epsilons": args.epsilons, "delta": args.delta, "batch_size": args.batch_size,
         "epochs": args.epochs, "clipping_norm": args.clip, "models": args.models,
-        "embedding_dim": args.embedding_dim, "hash_bins": args.hash_bins, "confidence": DEFAULT_CONFIDENCE,
+        "embedding_dim": args.embedding_dim, "hash_bins": args.hash_bins,
+        "ideal_canaries": args.ideal_canaries, "confidence": DEFAULT_CONFIDENCE,
         "guess_fractions": GUESS_FRACTIONS, "dpsgd": DPSGDSettings().to_dict(), "arms": list(ARMS)})
 
 
@@ -108,6 +119,53 @@ def _run(plan, data, out, model, args, seed, arm) -> dict:
             "guesses": one["guesses"], "k": one["k_pos"], "dprime": float(dprime), "seconds": seconds}
 
 
+def _step(plan, seed: int, arm: str) -> dict:
+    from _pytest.monkeypatch import MonkeyPatch
+
+    from tests.trainers import mutants
+    from trainers.empirical.one_run import dpsgd_one_run
+    from trainers.randomness import Randomness
+
+    patch = MonkeyPatch()
+    if ARMS[arm] is not None:
+        getattr(mutants, ARMS[arm]).install(patch)
+    try:
+        row = dpsgd_one_run(plan.dpsgd, randomness=Randomness(3000 + seed))
+    finally:
+        patch.undo()
+    return {k: row[k] for k in ("epsilon_lower_bound", "correct", "guesses", "canaries", "seconds")}
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The mu of the Gaussian mechanism that is (epsilon, delta)-DP exactly (arXiv:1905.02383, Cor. 2.13)."""
+    import math
+
+    from scipy import optimize, stats
+
+    def excess(mu: float) -> float:
+        return (stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2)
+                - delta)
+
+    return float(optimize.brentq(excess, 1e-6, 50.0, xtol=1e-12))
+
+
+def ideal(epsilon: float, delta: float, m: int, seed: int) -> dict:
+    """The one-run bound on m ideal canaries of the mu-GDP mechanism at (epsilon, delta), honest and at 2 mu."""
+    import numpy as np
+
+    from budgetplan.audit_canary import bound_from_scores
+
+    mu = gdp_mu(epsilon, delta)
+    rng = np.random.default_rng(seed)
+    out = {"mu": mu, "canaries": m}
+    for name, shift in (("honest", mu), ("noise halved", 2 * mu)):
+        bits = rng.integers(0, 2, m)
+        res = bound_from_scores(rng.normal(0.0, 1.0, m) + shift * bits, bits, delta=delta)
+        out[name] = {"epsilon_lower_bound": res["epsilon_lower_bound"], "correct": res["correct"],
+                     "guesses": res["guesses"]}
+    return out
+
+
 def main(argv: list[str]) -> None:
     import pyarrow.parquet as pq
 
@@ -143,7 +201,22 @@ def main(argv: list[str]) -> None:
                                  "bound_max": max(bounds),
                                  "dprime_median": statistics.median(r["dprime"] for r in runs),
                                  "above_plan": sum(b > plan.guarantee.epsilon for b in bounds)})
-    result = {"settings": settings(args), "plans": plans, "arms": arms,
+    steps = []
+    for eps in args.epsilons:
+        plan = build_plan(parse_scenario(audit_scenario(
+            epsilon=eps, delta=args.delta, dataset_size=args.rows, batch_size=args.batch_size,
+            epochs=args.epochs, clipping_norm=args.clip, spec=SYNTH_FEATURES)))
+        for arm in ("honest", "noise halved"):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                steps.append({"plan_epsilon": plan.guarantee.epsilon, "arm": arm, "seed": seed,
+                              **_step(plan, seed, arm)})
+                print("step", steps[-1], flush=True)
+    ideals = [ideal(p["epsilon"], p["delta"], m, seed)
+              for p in plans for m in (args.canaries, args.ideal_canaries)
+              for seed in range(args.first_seed, args.first_seed + args.seeds)]
+    for row, p in zip(ideals, [p for p in plans for _ in range(2 * args.seeds)]):
+        row["plan_epsilon"] = p["epsilon"]
+    result = {"settings": settings(args), "plans": plans, "arms": arms, "step": steps, "ideal": ideals,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]}}
     print(h.save_results(RESULTS, "one_run_audit", result, _markdown))
@@ -164,6 +237,18 @@ def _markdown(r: dict) -> str:
         lines.append(f"| {a['plan_epsilon']:.3g} | {a['model']} | {a['arm']} | {a['bound_min']:.3f} | "
                      f"{a['bound_median']:.3f} | {a['bound_max']:.3f} | {a['above_plan']} of {len(a['runs'])} | "
                      f"{a['dprime_median']:.2f} | {secs:.1f} |")
+    lines += ["", "The DP-SGD step audited in one run with a million white-box gradient canaries "
+              "(`budgetplan audit --one-run`):", "",
+              "| plan epsilon | arm | seed | bound | correct of guesses | seconds |", "|---|---|---|---|---|---|"]
+    for row in r["step"]:
+        lines.append(f"| {row['plan_epsilon']:.3g} | {row['arm']} | {row['seed']} | {row['epsilon_lower_bound']:.3f} | "
+                     f"{row['correct']:,} of {row['guesses']:,} | {row['seconds']:.1f} |")
+    lines += ["", "Ideal canaries: scores drawn from the mu-Gaussian mechanism whose epsilon at the plan's delta is "
+              "the plan's (honest), and from 2 mu (noise halved): the most any audit score could show.", "",
+              "| plan epsilon | mu | canaries | honest bound | noise halved bound |", "|---|---|---|---|---|"]
+    for row in r["ideal"]:
+        lines.append(f"| {row['plan_epsilon']:.3g} | {row['mu']:.3f} | {row['canaries']:,} | "
+                     f"{row['honest']['epsilon_lower_bound']:.3f} | {row['noise halved']['epsilon_lower_bound']:.3f} |")
     lines += ["", h.settings_markdown(r["settings"]), ""]
     return "\n".join(lines)
 

@@ -39,7 +39,8 @@ evidence is absent. Each check is named and independent:
 11. ``data fingerprint`` (with ``data_path``): the keyed fingerprint in the private record
     recomputes on the given data with the data owner's key.
 12. ``code that ran`` (with ``empirical``): the installed code, which the empirical tests
-    measure, is the code the record says ran.
+    measure, is the code the record says ran. With ``one_run``, each DP-SGD phase is also
+    audited in one run with a million gradient canaries (``trainers.empirical.one_run``).
 
 A plan whose N is a DP count has no record entry for its count phase (it was released
 before planning; ``independent re-accounting`` re-derives its epsilon with dp_accounting),
@@ -141,7 +142,7 @@ def _find_plan(record_path: Path, plan_path) -> Plan:
 
 
 def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto", fingerprint_key=None,
-              empirical: bool = False, alpha: float = ALPHA, signed=None) -> AuditReport:
+              empirical: bool = False, alpha: float = ALPHA, signed=None, one_run: bool = False) -> AuditReport:
     """Run every check on the run at ``record_path`` (a run directory or its run.json).
 
     Args:
@@ -150,6 +151,8 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
             record and the key: ``fingerprint_key`` bytes, default ``private/fingerprint.key``).
         empirical: also run the empirical lower bounds on the installed trainer code.
         signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
+        one_run: also audit each DP-SGD phase in one run with a million gradient canaries on
+            the installed code (``trainers.empirical.one_run``, arXiv:2305.08846).
     """
     from budgetplan.verify import verify_plan
 
@@ -186,6 +189,10 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     if empirical:
         add(_code(record))
         report.empirical = run_empirical(plan)
+    if one_run:
+        from trainers.empirical.one_run import one_run_rows
+
+        report.empirical += one_run_rows(plan)
     return report
 
 

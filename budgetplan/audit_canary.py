@@ -72,9 +72,14 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     tail = float(stats.binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
     if delta == 0 or v == 0:
         return min(1.0, tail)
-    # P[v - i <= B < v] for i = 1..v: the pmf below v, summed downwards
-    below = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, q))
-    spread = float(np.max(below / np.arange(1, v + 1)))
+    # max over i of P[v - i <= B < v] / i: the pmf summed downwards from v - 1 over a window
+    # holding all but e^-800 of it (40 sd below the mean); beyond the window every term is at
+    # most P[B < v] / (window + 1), which is added as a bound: the p-value can only grow
+    lo = min(v, max(0, math.floor(r * q - 40.0 * math.sqrt(r * q * (1.0 - q))) - 1))
+    below = np.cumsum(stats.binom.pmf(np.arange(v - 1, lo - 1, -1), r, q))
+    spread = float(stats.binom.cdf(v - 1, r, q)) / (v - lo + 1)
+    if below.size:
+        spread = max(spread, float(np.max(below / np.arange(1, below.size + 1))))
     return min(1.0, tail + 2.0 * m * delta * spread)
 
 

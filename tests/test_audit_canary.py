@@ -110,3 +110,16 @@ def test_check_recomputes_and_compares_with_the_plan():
     assert not ok and "does not recompute" in detail
     ok, detail = check_one_run({"canaries": 3}, planned_epsilon=8.0, planned_delta=1e-8)
     assert not ok and "malformed" in detail
+
+
+@given(r=st.integers(1, 20_000), frac=st.floats(0.3, 1.0), eps=st.floats(0.0, 12.0))
+@settings(max_examples=60, deadline=None)
+def test_delta_term_is_the_theorem_s_maximum(r, frac, eps):
+    # 2 m delta max_i P[v - i <= B < v] / i, from scipy's cdf term by term (the module sums a window)
+    v = max(1, min(r, round(frac * r)))
+    q = 1 / (1 + math.exp(-eps))
+    i = np.arange(1, v + 1)
+    full = float(np.max((stats.binom.cdf(v - 1, r, q) - stats.binom.cdf(v - 1 - i, r, q)) / i))
+    expected = min(1.0, float(stats.binom.sf(v - 1, r, q)) + 2 * 10 * r * 1e-6 * full)
+    got = p_value(10 * r, r, v, eps, 1e-6)
+    assert expected * (1 - 1e-9) - 1e-15 <= got <= expected * (1 + 1e-6) + 1e-12

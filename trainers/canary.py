@@ -36,7 +36,9 @@ scale: for a Gaussian-like mechanism with separation mu the one-run bound grows 
 mu sqrt(2 ln(m / k)) + mu^2 / 2 and never beyond ln(k / ln(1 / (1 - confidence))) with k
 guesses, while the plan's epsilon grows like mu sqrt(2 ln(1 / delta)) + mu^2 / 2, and m delta
 must stay far below 1 - confidence; doubling mu does not cross the plan where the bound can
-reach it. The training loop's audit (``budgetplan audit --empirical``) catches it.
+reach it at a few thousand canaries. A million white-box gradient canaries on the DP-SGD
+step do (``trainers.empirical.one_run``, ``budgetplan audit --one-run``), as does the
+training loop's audit (``budgetplan audit --empirical``).
 """
 
 from __future__ import annotations

@@ -254,10 +254,12 @@ def examples(name, as_json):
 @click.option("--format", "data_format", default="auto", show_default=True)
 @click.option("--empirical", is_flag=True, help="Also audit the trainer's training loops: lower bounds on epsilon "
               "and mechanism checks (needs torch).")
+@click.option("--one-run", "one_run", is_flag=True, help="Also audit each DP-SGD phase in one run with a million "
+              "gradient canaries (arXiv:2305.08846) on the installed code (needs torch).")
 @click.option("--scenario", "signed", metavar="SCENARIO.toml",
               help="The signed-off scenario the plan must embed exactly.")
 @_JSON
-def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, as_json):
+def audit(run, plan_path, data_path, key_path, data_format, empirical, one_run, signed, as_json):
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
     from budgetplan.audit import audit_run
 
@@ -267,7 +269,7 @@ def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, a
 
         key = read_key(key_path)
     report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, fingerprint_key=key,
-                       empirical=empirical, signed=_scenario(signed) if signed else None)
+                       empirical=empirical, signed=_scenario(signed) if signed else None, one_run=one_run)
     if as_json:
         emit_json(report.to_dict())
         if not report.passed:

@@ -8,7 +8,8 @@ a bound above the plan's epsilon (5.42 against 2) and ``budgetplan audit`` fails
 The noise-halved mutant is not caught this way: the one-run bound from a query of the
 final model stays below the plan (1.00-1.12 against 2, 1.78-2.05 against 4, 3 seeds each;
 benchmarks/one_run_audit.py), and by the shape of the bound no setting separates it (see
-``trainers.canary``); ``budgetplan audit --empirical`` catches it on the training loop.
+``trainers.canary``); the one-run audit of the DP-SGD step with a million gradient canaries
+catches it (tests/trainers/test_one_run.py), as does ``budgetplan audit --empirical``.
 """
 
 import json
@@ -121,7 +122,10 @@ def test_train_cli_records_the_bound_and_refuses_misuse(tmp_path):
     assert result.exit_code == 0, result.output
     one = json.loads(result.stdout)["private_record"]["one_run"]
     assert one["canaries"] == 300 and one["confidence"] == 0.95 and one["epsilon_lower_bound"] < EPSILON
-    assert runner.invoke(cli, ["audit", str(tmp_path / "run")]).exit_code == 0
+    audited = runner.invoke(cli, ["audit", str(tmp_path / "run"), "--one-run", "--json"])
+    assert audited.exit_code == 0, audited.output
+    (row,) = json.loads(audited.stdout)["empirical"]
+    assert row["name"] == "one-run dpsgd" and row["passed"] and row["canaries"] == 1_000_000
     stated = runner.invoke(cli, ["statement", str(tmp_path / "run")])
     assert stated.exit_code == 0 and "One-run audit (arXiv:2305.08846): 300 rows were replaced" in " ".join(
         stated.output.split())

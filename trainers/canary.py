@@ -44,7 +44,6 @@ training loop's audit (``budgetplan audit --empirical``).
 from __future__ import annotations
 
 import json
-import secrets as _secrets
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -136,7 +135,7 @@ def insert_canaries(table, spec, m: int, *, randomness=None):
         raise InvalidParameterError(f"canaries must be at most the data's {n} rows, got {m}")
     positions = np.sort(rnd.generator().choice(n, size=m, replace=False))
     bits = rnd.bernoulli(0.5, m).astype(np.int8)
-    tag = _secrets.token_hex(6)
+    tag = f"{int(rnd.generator().integers(2**48)):012x}"  # fresh values no real row holds (a seed reproduces them)
     ids = np.char.add(f"canary-{tag}-", np.arange(m).astype(str)).astype(object)
     columns = {}
     for name in spec.columns:

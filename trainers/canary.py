@@ -31,7 +31,7 @@ the replace-one sensitivity, only when both labels' gradients are clipped (C sma
 the per-example gradient) and its own parameters hold most of it (a factorization machine:
 one linear weight per value; the default MLP spreads it over shared layers and its bound
 stays near 0). Per-example clipping switched off is caught (bound 5.4-6.0 against a plan
-of 2 or 4); the DP-SGD noise halved is not (1.0-2.1). That is the bound's shape, not the
+of 2 or 4); the DP-SGD noise halved is not (0.9-2.2). That is the bound's shape, not the
 scale: for a Gaussian-like mechanism with separation mu the one-run bound grows like
 mu sqrt(2 ln(m / k)) + mu^2 / 2 and never beyond ln(k / ln(1 / (1 - confidence))) with k
 guesses, while the plan's epsilon grows like mu sqrt(2 ln(1 / delta)) + mu^2 / 2, and m delta

@@ -6,7 +6,7 @@ with per-example clipping off (``mutants.CLIPPING_OFF``), the same audit of the 
 a bound above the plan's epsilon (5.42 against 2) and ``budgetplan audit`` fails on it.
 
 The noise-halved mutant is not caught this way: the one-run bound from a query of the
-final model stays below the plan (1.00-1.12 against 2, 1.78-2.05 against 4, 3 seeds each;
+final model stays below the plan (0.88-1.26 against 2, 1.82-2.18 against 4, 3 seeds each;
 benchmarks/one_run_audit.py), and by the shape of the bound no setting separates it (see
 ``trainers.canary``); the one-run audit of the DP-SGD step with a million gradient canaries
 catches it (tests/trainers/test_one_run.py), as does ``budgetplan audit --empirical``.

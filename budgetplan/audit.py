@@ -36,10 +36,13 @@ evidence is absent. Each check is named and independent:
    names the plan, ends where the private record says and was written on that one count.
 10. ``independent re-accounting``: every phase's guarantee recomputed by another path
     agrees with the plan, and the steps executed stay within the phase budget.
+``one-run canary audit`` (runs trained with canaries, ``trainers.canary``): the private
+    record's lower bound on epsilon recomputes from its counts and is at most the plan's.
 11. ``data fingerprint`` (with ``data_path``): the keyed fingerprint in the private record
     recomputes on the given data with the data owner's key.
 12. ``code that ran`` (with ``empirical``): the installed code, which the empirical tests
-    measure, is the code the record says ran.
+    measure, is the code the record says ran. With ``one_run``, each DP-SGD phase is also
+    audited in one run with a million gradient canaries (``trainers.empirical.one_run``).
 
 A plan whose N is a DP count has no record entry for its count phase (it was released
 before planning; ``independent re-accounting`` re-derives its epsilon with dp_accounting),
@@ -61,6 +64,7 @@ from typing import Any
 
 from scipy import stats
 
+from budgetplan.audit_canary import check_one_run
 from budgetplan.audit_ranks import rank_checks
 from budgetplan.audit_tuned import audit_tuned, audit_tuned_interrupted, is_tuned
 from budgetplan.errors import BudgetplanError
@@ -140,7 +144,7 @@ def _find_plan(record_path: Path, plan_path) -> Plan:
 
 
 def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto", fingerprint_key=None,
-              empirical: bool = False, alpha: float = ALPHA, signed=None) -> AuditReport:
+              empirical: bool = False, alpha: float = ALPHA, signed=None, one_run: bool = False) -> AuditReport:
     """Run every check on the run at ``record_path`` (a run directory or its run.json).
 
     Args:
@@ -149,6 +153,8 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
             record and the key: ``fingerprint_key`` bytes, default ``private/fingerprint.key``).
         empirical: also run the empirical lower bounds on the installed trainer code.
         signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
+        one_run: also audit each DP-SGD phase in one run with a million gradient canaries on
+            the installed code (``trainers.empirical.one_run``, arXiv:2305.08846).
     """
     from budgetplan.verify import verify_plan
 
@@ -185,6 +191,10 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
     if empirical:
         add(_code(record))
         report.empirical = run_empirical(plan)
+    if one_run:
+        from trainers.empirical.one_run import one_run_rows
+
+        report.empirical += one_run_rows(plan)
     return report
 
 
@@ -203,6 +213,9 @@ def _audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: P
     if plan.calibration is not None or _entry(record, CalibrationRun) is not None:
         add(_calibration(record, plan))
     add(_reaccount(record, plan))
+    one_run = record.private_part.one_run if record.private_part is not None else None
+    if one_run is not None:  # a run trained with canaries (trainers.canary)
+        add(Check("one-run canary audit", *check_one_run(one_run, plan.guarantee.epsilon, plan.guarantee.delta)))
 
 
 # --------------------------------------------------------------------------- the record

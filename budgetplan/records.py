@@ -553,6 +553,9 @@ class PrivateRecord:
         phases: data-dependent statistics, one entry per phase of the public record.
         metrics: evaluation metrics by split (computed on private labels).
         encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).
+        one_run: a run trained with canaries (``trainers.canary``): the one-run audit's
+            counts and lower bound on epsilon (``budgetplan.audit_canary.bound_from_scores``,
+            with ``planned_epsilon``, ``score`` and ``canary``). None (and absent) otherwise.
     """
 
     plan_sha256: str | None
@@ -561,6 +564,7 @@ class PrivateRecord:
     metrics: dict
     encoding: dict
     schema_version: int = PRIVATE_SCHEMA_VERSION
+    one_run: dict | None = None
 
     def __post_init__(self) -> None:
         _typed.optional(_hex, "plan_sha256", self.plan_sha256)
@@ -570,11 +574,16 @@ class PrivateRecord:
         _set(self, "phases", tuple(self.phases))
         _object("metrics", self.metrics)
         _object("encoding", self.encoding)
+        if self.one_run is not None:
+            _object("one_run", self.one_run)
 
     def content(self) -> dict:
-        return {"schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "data": self.data,
-                "phases": [_entry_dict(p) for p in self.phases], "metrics": self.metrics,
-                "encoding": self.encoding}
+        out = {"schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "data": self.data,
+               "phases": [_entry_dict(p) for p in self.phases], "metrics": self.metrics,
+               "encoding": self.encoding}
+        if self.one_run is not None:  # only runs with canaries: other records keep their bytes
+            out["one_run"] = self.one_run
+        return out
 
     @property
     def sha256(self) -> str:
@@ -590,12 +599,14 @@ class PrivateRecord:
             raise PlanMismatchError(f"private record schema_version {data.get('schema_version')!r} is not one this "
                                     f"budgetplan reads ({PRIVATE_SCHEMA_VERSION})")
         try:
-            unknown = sorted(set(data) - {"schema_version", "plan_sha256", "data", "phases", "metrics", "encoding"})
+            unknown = sorted(set(data) - {"schema_version", "plan_sha256", "data", "phases", "metrics", "encoding",
+                                          "one_run"})
             if unknown:
                 raise InvalidParameterError(f"unknown field {unknown[0]!r}")
             record = cls(plan_sha256=data.get("plan_sha256"), data=data.get("data"),  # type: ignore[arg-type]
                          phases=_entries(_STATS_KINDS, data.get("phases"), "phases"),
-                         metrics=data.get("metrics"), encoding=data.get("encoding"))  # type: ignore[arg-type]
+                         metrics=data.get("metrics"), encoding=data.get("encoding"),  # type: ignore[arg-type]
+                         one_run=data.get("one_run"))
         except InvalidParameterError as exc:
             raise PlanMismatchError(f"the private record does not match its schema: {exc}") from None
         if stored != record.sha256:

@@ -382,8 +382,32 @@ def _columns(plan: Plan) -> list[str]:
                   f"{', '.join(map(repr, known)) or 'none'}.")]
 
 
-def render_statement(plan: Plan) -> str:
-    """The privacy statement of ``plan`` as plain text."""
+def _attacker(plan: Plan, tradeoff: dict) -> list[str]:
+    who = "one impression" if plan.unit.cap == 1 else f"one {plan.unit.name}"
+    (a0, *rest), (t0, *more) = tradeoff["alphas"], tradeoff["tpr"]
+    rates = (f"raises a false alarm for at most 1 in {round(1 / a0):,} (false-positive rate {_num(a0)}) is right "
+             f"about at most {_num(100 * t0, 3)}% of the cases it looks for (true-positive rate)" + "".join(
+                 f"; at a false-positive rate of {_num(a)}, at most {_num(100 * t, 3)}%" for a, t in zip(rest, more)))
+    source = ("the privacy loss distribution of the phases composed (delta at every epsilon)"
+              if tradeoff["from"] == "pld" else
+              f"the one ({_num(plan.guarantee.epsilon)}, {_num(plan.guarantee.delta, 4)}) guarantee (these phases "
+              "have no joint privacy loss distribution here, so the bound is looser)")
+    return [_item(f"Any test an attacker runs on what this plan releases, to tell which of two neighbouring values "
+                  f"the data of {who} holds, that {rates}."),
+            _item(f"Computed from {source}: TPR <= min over eps of e^eps FPR + delta(eps) (Kairouz, Oh and "
+                  "Viswanath, arXiv:1311.0776; Dong, Roth and Su, arXiv:1905.02383). Guessing without the "
+                  "release gives TPR = FPR.")]
+
+
+def render_statement(plan: Plan, tradeoff: dict | None = None) -> str:
+    """The privacy statement of ``plan`` as plain text.
+
+    Args:
+        tradeoff: ``budgetplan.tradeoff.plan_tradeoff(plan)``, when the caller has it already.
+    """
+    from budgetplan.tradeoff import plan_tradeoff
+
+    tradeoff = tradeoff or plan_tradeoff(plan)
     g = plan.guarantee
     head = plan.scenario.name
     lines = [f"PRIVACY STATEMENT - {head}", "=" * min(_WIDTH, len(head) + 20), ""]
@@ -400,6 +424,7 @@ def render_statement(plan: Plan) -> str:
                                      + "."), *_columns(plan)]),
         ("Mechanisms", _mechanism_lines(plan)),
         ("Composition", _composition_lines(plan)),
+        ("What the guarantee means to an attacker", _attacker(plan, tradeoff)),
         ("Accounting", _accountants(plan)),
         ("The guarantee assumes", _assumptions(plan)),
         ("Not covered", _not_covered(plan)),
@@ -428,7 +453,7 @@ def _alternative(a: dict) -> str:
     return f"{a['phase']}, {a['bounding']}."
 
 
-def render_run_statement(plan: Plan, record) -> str:
+def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> str:
     """The statement of what actually ran: the run's own facts, then the plan's statement.
 
     Raises:
@@ -533,6 +558,13 @@ def render_run_statement(plan: Plan, record) -> str:
                         + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
                         f"as trained, the target {_num(st.target_positives)} positives (variance "
                         f"{_num(st.target_variance)})."))
+        one_run = private.one_run
+        if one_run is not None:
+            held.append(_item(
+                f"One-run audit (arXiv:2305.08846): {one_run['canaries']} rows were replaced by canaries whose labels "
+                f"were secret coins; querying the model guessed {one_run['correct']} of {one_run['guesses']} right, "
+                f"so epsilon >= {_num(one_run['epsilon_lower_bound'], 4)} at confidence {_num(one_run['confidence'])} "
+                f"(the plan: {_num(one_run['planned_epsilon'])})."))
         ev = private.metrics.get("eval")
         if ev:
             held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
@@ -540,5 +572,5 @@ def render_run_statement(plan: Plan, record) -> str:
         lines += [_para("Held by the data owner (private record; statistics of the private data that the "
                         "guarantee does not cover, never to travel with the model):"), *held, "",
                   f"Private record sha256: {private.sha256}", ""]
-    lines.append(render_statement(plan))
+    lines.append(render_statement(plan, tradeoff))
     return "\n".join(lines)

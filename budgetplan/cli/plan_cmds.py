@@ -115,14 +115,20 @@ def plan(scenario, output, as_json):
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @_JSON
 def show(plan_file, as_json):
-    """Render a plan (its integrity is checked; `verify` recomputes the numbers)."""
+    """Render a plan (its integrity is checked; `verify` recomputes the numbers), and what it means to an attacker."""
     from budgetplan.plan import load_plan
+    from budgetplan.tradeoff import plan_tradeoff
 
     p = load_plan(plan_file)
+    attacker = plan_tradeoff(p)
     if as_json:
-        emit_json(_summary(p))
+        emit_json({**_summary(p), "attacker": attacker})
         return
-    _render(p, console())
+    out = console()
+    _render(p, out)
+    out.print(results_table(f"An attacker's best true-positive rate (from the {attacker['from']} curve)",
+                            ["false-positive rate", "true-positive rate at most"],
+                            [[fmt(a), fmt(t, 4)] for a, t in zip(attacker["alphas"], attacker["tpr"])]))
 
 
 @click.command()
@@ -161,7 +167,9 @@ def verify(plan_file, no_replan, signed, as_json):
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="For a run record: its plan "
               "(default: plan.json beside it).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write it here (atomically).")
-def statement(plan_file, plan_path, output):
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the guarantee, what it means to an attacker (the "
+              "largest true-positive rate at false-positive rates 0.001 and 0.01) and the text.")
+def statement(plan_file, plan_path, output, as_json):
     """The plain-language privacy statement of a plan, or of what a run actually did.
 
     The plan is verified first (every number recomputed): a statement is never printed for a
@@ -196,7 +204,18 @@ def statement(plan_file, plan_path, output):
     if not report.ok:
         raise PlanMismatchError(f"the plan does not verify, so no statement is printed for it: {report.problems[0]}",
                                 report.problems)
-    text = render_run_statement(the_plan, record) if record is not None else render_statement(the_plan)
+    from budgetplan.tradeoff import plan_tradeoff
+
+    attacker = plan_tradeoff(the_plan)
+    text = (render_run_statement(the_plan, record, attacker) if record is not None
+            else render_statement(the_plan, attacker))
+    if as_json:
+        import json
+
+        g = the_plan.guarantee
+        text = json.dumps({"plan_sha256": the_plan.sha256, "epsilon": g.epsilon, "delta": g.delta,
+                           "attacker": attacker, "run_sha256": record.sha256 if record is not None else None,
+                           "text": text}, indent=2, sort_keys=True, allow_nan=False) + "\n"
     if output is not None:
         write_atomic(output, text)
     else:
@@ -235,10 +254,12 @@ def examples(name, as_json):
 @click.option("--format", "data_format", default="auto", show_default=True)
 @click.option("--empirical", is_flag=True, help="Also audit the trainer's training loops: lower bounds on epsilon "
               "and mechanism checks (needs torch).")
+@click.option("--one-run", "one_run", is_flag=True, help="Also audit each DP-SGD phase in one run with a million "
+              "gradient canaries (arXiv:2305.08846) on the installed code (needs torch).")
 @click.option("--scenario", "signed", metavar="SCENARIO.toml",
               help="The signed-off scenario the plan must embed exactly.")
 @_JSON
-def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, as_json):
+def audit(run, plan_path, data_path, key_path, data_format, empirical, one_run, signed, as_json):
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
     from budgetplan.audit import audit_run
 
@@ -248,7 +269,7 @@ def audit(run, plan_path, data_path, key_path, data_format, empirical, signed, a
 
         key = read_key(key_path)
     report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, fingerprint_key=key,
-                       empirical=empirical, signed=_scenario(signed) if signed else None)
+                       empirical=empirical, signed=_scenario(signed) if signed else None, one_run=one_run)
     if as_json:
         emit_json(report.to_dict())
         if not report.passed:

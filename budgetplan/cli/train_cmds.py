@@ -106,11 +106,16 @@ def _settings(**kw):
               help="Processes on this machine, each on its block of the rows (gloo), with one process's guarantee: "
                    "Poisson sampling on every rank, one noise draw per step. --threads is then per process. Under "
                    "torchrun leave it at 1: the group comes from the environment.")
+@click.option("--canaries", type=bounded_int("canaries", MAX_DATASET_SIZE), default=None,
+              help="Replace this many rows by canaries (their labels secret coins) and record the one-run audit's "
+              "lower bound on epsilon (arXiv:2305.08846) in the private record; `budgetplan audit` checks it.")
+@click.option("--canary-confidence", type=OPEN_UNIT, default=0.95, show_default=True,
+              help="--canaries: the confidence of the lower bound.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
           dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
           threads, seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated,
-          baseline_run, resume, checkpoint_every, key_path, nproc, as_json):
+          baseline_run, resume, checkpoint_every, key_path, nproc, canaries, canary_confidence, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline).
 
     Under torchrun (WORLD_SIZE > 1 in the environment) every process runs this command and
@@ -144,14 +149,21 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
         base_auc = tolerance = None
         if baseline_run:
             base_auc, tolerance = _baseline_reference(baseline_run, plan, settings)
+        run_with = execute_plan
+        if canaries is not None:
+            from functools import partial
+
+            from trainers.canary import canary_audit
+
+            run_with = partial(canary_audit, canaries=canaries, confidence=canary_confidence)
         collective = _torchrun_group(nproc)
-        record = execute_plan(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
-                              baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
-                              resume=resume,
-                              dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
-                                                           cosine_decay=dpsgd_schedule == "cosine"),
-                              checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
-                              collective=collective)
+        record = run_with(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
+                          baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
+                          resume=resume,
+                          dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
+                                                       cosine_decay=dpsgd_schedule == "cosine"),
+                          checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
+                          collective=collective)
         if record is None:
             return  # a rank other than 0 under torchrun: rank 0 reports
     if as_json:
@@ -195,7 +207,7 @@ def _baseline_reference(path, plan, settings) -> tuple[float, float]:
 # Options that only some runs read: given explicitly to a run that ignores them, they are
 # refused, so that a setting someone meant to change never silently changes nothing.
 _DPSGD_ONLY = ("dpsgd_optimizer", "dpsgd_lr", "dpsgd_schedule", "checkpoint_every")
-_PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run", "nproc")
+_PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run", "nproc", "canaries", "canary_confidence")
 _BASELINE_ONLY = ("baseline_epochs", "patience", "validation_fraction", "weight_decay", "truncated")
 _NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold", "hash_bins")
 
@@ -226,6 +238,8 @@ def _refuse_unused(ctx, plan, non_private: bool) -> None:
         refuse("loss", f"is the RR phase's debiasing; this plan has {' + '.join(names)}")
     if "hybrid_start" in given and (plan.rr is None or plan.dpsgd is None):
         refuse("hybrid_start", f"applies to a Hybrid plan (RR then DP-SGD); this plan has {' + '.join(names)}")
+    if "canary_confidence" in given and "canaries" not in given:
+        refuse("canary_confidence", "applies to a run with --canaries")
     rr = plan.rr
     if "batch_size" in given and not non_private and (rr is None or rr.params.batch_size):
         refuse("batch_size", "is used by --non-private and by an RR phase whose plan fixes none; this plan "
@@ -293,6 +307,12 @@ def _print_record(record, out_dir) -> None:
     timings = record.timings or (record.private_part.data.get("timings", {}) if record.private_part else {})
     if "total_seconds" in timings:
         rows.append(["seconds", fmt(timings["total_seconds"], 3)])
+    one_run = record.private_part.one_run if record.private_part is not None else None
+    if one_run is not None:
+        rows.append(["one-run audit: epsilon lower bound",
+                     f"{fmt(one_run['epsilon_lower_bound'], 4)} (plan {fmt(one_run['planned_epsilon'], 4)}; "
+                     f"{one_run['correct']:,} of {one_run['guesses']:,} guesses on {one_run['canaries']:,} canaries, "
+                     f"confidence {one_run['confidence']:g})"])
     out.print(results_table(f"Run {out_dir}", ["", "value"], rows))
 
 

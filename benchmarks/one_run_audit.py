@@ -1,0 +1,257 @@
+"""One-run audits of trained models (arXiv:2305.08846): the lower bound on epsilon, honest and with the noise halved.
+
+For each plan epsilon (``--epsilons``) and seed, the audit plan
+(``trainers.canary.audit_scenario``: DP-SGD under semi-sensitive DP on the built-in
+synthetic data) is trained by ``canary_audit``, ``--canaries`` rows replaced by canaries
+whose labels are secret coins: with the installed trainer, with the DP-SGD noise halved and
+with per-example clipping off (the planted defects of ``tests/trainers/mutants.py``). Each
+run's model is queried on the canaries and the one-run bound (``budgetplan.audit_canary``,
+confidence 0.95, Bonferroni over the guess fractions) is compared with the plan's epsilon;
+``dprime`` is the canaries' score separation (mean difference over the pooled sd). Training
+seeds and canary coins are fixed per seed (``--first-seed``), so the numbers reproduce.
+
+Beside the runs, the same bound on ideal canaries (``ideal``): scores drawn exactly from a
+mu-Gaussian mechanism whose epsilon at the plan's delta is the plan's (mu-GDP, Dong, Roth and
+Su, arXiv:1905.02383), honest (mu) and with the noise halved (2 mu), at ``--canaries`` and at
+``--ideal-canaries``: the best any score could do, white box, at that many canaries.
+
+And the white-box audit of the DP-SGD step (``trainers.empirical.one_run``, a million
+gradient canaries, ``budgetplan audit --one-run``), honest and with the noise halved
+(``step``).
+
+Arms: ``--models`` (``fm``: a linear weight per value, where a canary's own parameters hold
+most of its gradient; ``mlp``, the default model). Writes
+``benchmarks/results/one_run_audit.json`` and ``.md``. Not a test: run it with
+``python benchmarks/one_run_audit.py`` (about 30 s a run on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _harness as h
+
+sys.path.insert(0, str(h.ROOT))
+
+RESULTS = h.RESULTS
+DATA_SEED = 1
+ARMS = {"honest": None, "noise halved": "NOISE_HALVED", "clipping off": "CLIPPING_OFF"}  # mutants.py names
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="runs per arm")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--canaries", type=int, default=5_000)
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[2.0, 4.0])
+    parser.add_argument("--delta", type=float, default=1e-8)
+    parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--clip", type=float, default=0.1)
+    parser.add_argument("--models", nargs="+", default=["fm", "mlp"], choices=["fm", "mlp"])
+    parser.add_argument("--embedding-dim", type=int, default=4)
+    parser.add_argument("--hash-bins", type=int, default=2**20)
+    parser.add_argument("--ideal-canaries", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.canaries < 1 or args.canaries > args.rows:
+        parser.error("need --seeds >= 1 and 1 <= --canaries <= --rows")
+    args.argv = list(argv)
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Every setting of the runs, the library's defaults read from it."""
+    from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS
+    from trainers.dpsgd import DPSGDSettings
+
+    return h.settings_record("one_run_audit.py", args.argv, {
+        "seeds": args.seeds, "first_seed": args.first_seed, "rows": args.rows, "data_seed": DATA_SEED,
+        "canaries": args.canaries, "epsilons": args.epsilons, "delta": args.delta, "batch_size": args.batch_size,
+        "epochs": args.epochs, "clipping_norm": args.clip, "models": args.models,
+        "embedding_dim": args.embedding_dim, "hash_bins": args.hash_bins,
+        "ideal_canaries": args.ideal_canaries, "confidence": DEFAULT_CONFIDENCE,
+        "guess_fractions": GUESS_FRACTIONS, "dpsgd": DPSGDSettings().to_dict(), "arms": list(ARMS)})
+
+
+def _run(plan, data, out, model, args, seed, arm) -> dict:
+    import numpy as np
+    from _pytest.monkeypatch import MonkeyPatch
+
+    from tests.trainers import mutants
+    from trainers.canary import CANARY_DATA, canary_audit, score_canaries
+    from trainers.data.synth import SYNTH_FEATURES
+    from trainers.randomness import Randomness
+    from trainers.run import TrainSettings
+
+    settings_ = TrainSettings(model=model, embedding_dim=args.embedding_dim, nonsensitive_encoding="hash",
+                              hash_bins_nonsensitive=args.hash_bins, hash_bins_sensitive=args.hash_bins)
+    patch = MonkeyPatch()
+    if ARMS[arm] is not None:
+        getattr(mutants, ARMS[arm]).install(patch)
+    t0 = time.perf_counter()
+    try:
+        rec = canary_audit(plan, data, canaries=args.canaries, out_dir=out, settings=settings_, seed=1000 + seed,
+                           canary_randomness=Randomness(2000 + seed), threads=2)
+    finally:
+        patch.undo()
+    seconds = time.perf_counter() - t0
+    one = rec.private_part.one_run
+    # the separation of the scores, for the record (the bound does not use it)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / CANARY_DATA)
+    col = SYNTH_FEATURES.sensitive_categorical[0]
+    values = np.asarray(table.column(col).to_pylist(), dtype=str)
+    pos = np.flatnonzero(np.char.find(values, f"{col}:canary-") == 0)
+    scores = score_canaries(out, table.take(pos), SYNTH_FEATURES, rec)
+    y = table.column(SYNTH_FEATURES.label).take(pos).to_numpy()
+    dprime = (scores[y == 1].mean() - scores[y == 0].mean()) / np.sqrt(0.5 * (scores[y == 1].var() +
+                                                                              scores[y == 0].var()))
+    return {"seed": seed, "epsilon_lower_bound": one["epsilon_lower_bound"], "correct": one["correct"],
+            "guesses": one["guesses"], "k": one["k_pos"], "dprime": float(dprime), "seconds": seconds}
+
+
+def _step(plan, seed: int, arm: str) -> dict:
+    from _pytest.monkeypatch import MonkeyPatch
+
+    from tests.trainers import mutants
+    from trainers.empirical.one_run import dpsgd_one_run
+    from trainers.randomness import Randomness
+
+    patch = MonkeyPatch()
+    if ARMS[arm] is not None:
+        getattr(mutants, ARMS[arm]).install(patch)
+    try:
+        row = dpsgd_one_run(plan.dpsgd, randomness=Randomness(3000 + seed))
+    finally:
+        patch.undo()
+    return {k: row[k] for k in ("epsilon_lower_bound", "correct", "guesses", "canaries", "seconds")}
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The mu of the Gaussian mechanism that is (epsilon, delta)-DP exactly (arXiv:1905.02383, Cor. 2.13)."""
+    import math
+
+    from scipy import optimize, stats
+
+    def excess(mu: float) -> float:
+        return (stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2)
+                - delta)
+
+    return float(optimize.brentq(excess, 1e-6, 50.0, xtol=1e-12))
+
+
+def ideal(epsilon: float, delta: float, m: int, seed: int) -> dict:
+    """The one-run bound on m ideal canaries of the mu-GDP mechanism at (epsilon, delta), honest and at 2 mu."""
+    import numpy as np
+
+    from budgetplan.audit_canary import bound_from_scores
+
+    mu = gdp_mu(epsilon, delta)
+    rng = np.random.default_rng(seed)
+    out = {"mu": mu, "canaries": m}
+    for name, shift in (("honest", mu), ("noise halved", 2 * mu)):
+        bits = rng.integers(0, 2, m)
+        res = bound_from_scores(rng.normal(0.0, 1.0, m) + shift * bits, bits, delta=delta)
+        out[name] = {"epsilon_lower_bound": res["epsilon_lower_bound"], "correct": res["correct"],
+                     "guesses": res["guesses"]}
+    return out
+
+
+def main(argv: list[str]) -> None:
+    import pyarrow.parquet as pq
+
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+    from trainers.canary import audit_scenario
+    from trainers.data.synth import SYNTH_FEATURES, synthesize
+
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    plans, arms = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "train.parquet"
+        pq.write_table(synthesize(args.rows, args.rows // 5, DATA_SEED), data)
+        for eps in args.epsilons:
+            plan = build_plan(parse_scenario(audit_scenario(
+                epsilon=eps, delta=args.delta, dataset_size=args.rows, batch_size=args.batch_size,
+                epochs=args.epochs, clipping_norm=args.clip, spec=SYNTH_FEATURES)))
+            par = plan.dpsgd.params
+            plans.append({"epsilon": plan.guarantee.epsilon, "delta": plan.guarantee.delta,
+                          "noise_multiplier": par.noise_multiplier, "sampling_rate": par.sampling_rate,
+                          "steps": par.steps, "clipping_norm": par.clipping_norm})
+            for model in args.models:
+                for arm in ARMS:
+                    runs = []
+                    for seed in range(args.first_seed, args.first_seed + args.seeds):
+                        out = Path(tmp) / f"{eps}-{model}-{arm.replace(' ', '_')}-{seed}"
+                        runs.append(_run(plan, data, out, model, args, seed, arm))
+                        print(eps, model, arm, runs[-1], flush=True)
+                    bounds = [r["epsilon_lower_bound"] for r in runs]
+                    arms.append({"plan_epsilon": plan.guarantee.epsilon, "model": model, "arm": arm, "runs": runs,
+                                 "bound_min": min(bounds), "bound_median": statistics.median(bounds),
+                                 "bound_max": max(bounds),
+                                 "dprime_median": statistics.median(r["dprime"] for r in runs),
+                                 "above_plan": sum(b > plan.guarantee.epsilon for b in bounds)})
+    steps = []
+    for eps in args.epsilons:
+        plan = build_plan(parse_scenario(audit_scenario(
+            epsilon=eps, delta=args.delta, dataset_size=args.rows, batch_size=args.batch_size,
+            epochs=args.epochs, clipping_norm=args.clip, spec=SYNTH_FEATURES)))
+        for arm in ("honest", "noise halved"):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                steps.append({"plan_epsilon": plan.guarantee.epsilon, "arm": arm, "seed": seed,
+                              **_step(plan, seed, arm)})
+                print("step", steps[-1], flush=True)
+    ideals = [ideal(p["epsilon"], p["delta"], m, seed)
+              for p in plans for m in (args.canaries, args.ideal_canaries)
+              for seed in range(args.first_seed, args.first_seed + args.seeds)]
+    for row, p in zip(ideals, [p for p in plans for _ in range(2 * args.seeds)]):
+        row["plan_epsilon"] = p["epsilon"]
+    result = {"settings": settings(args), "plans": plans, "arms": arms, "step": steps, "ideal": ideals,
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]}}
+    print(h.save_results(RESULTS, "one_run_audit", result, _markdown))
+
+
+def _markdown(r: dict) -> str:
+    lines = ["# One-run audit of trained models (arXiv:2305.08846)", ""]
+    for p in r["plans"]:
+        lines.append(f"- plan at epsilon {p['epsilon']:.4g} (delta {p['delta']:.3g}): DP-SGD under semi-sensitive DP, "
+                     f"sigma {p['noise_multiplier']:.4g}, q {p['sampling_rate']:.4g}, {p['steps']} steps, "
+                     f"C {p['clipping_norm']:g}")
+    lines += ["", "Lower bounds on epsilon at confidence 0.95 from a query of the trained model on the canaries; a "
+              "bound above the plan's epsilon fails `budgetplan audit`. dprime: the canaries' score separation.", "",
+              "| plan epsilon | model | arm | bound min | median | max | runs above the plan | dprime | s per run |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for a in r["arms"]:
+        secs = statistics.median(x["seconds"] for x in a["runs"])
+        lines.append(f"| {a['plan_epsilon']:.3g} | {a['model']} | {a['arm']} | {a['bound_min']:.3f} | "
+                     f"{a['bound_median']:.3f} | {a['bound_max']:.3f} | {a['above_plan']} of {len(a['runs'])} | "
+                     f"{a['dprime_median']:.2f} | {secs:.1f} |")
+    lines += ["", "The DP-SGD step audited in one run with a million white-box gradient canaries "
+              "(`budgetplan audit --one-run`):", "",
+              "| plan epsilon | arm | seed | bound | correct of guesses | seconds |", "|---|---|---|---|---|---|"]
+    for row in r["step"]:
+        lines.append(f"| {row['plan_epsilon']:.3g} | {row['arm']} | {row['seed']} | {row['epsilon_lower_bound']:.3f} | "
+                     f"{row['correct']:,} of {row['guesses']:,} | {row['seconds']:.1f} |")
+    lines += ["", "Ideal canaries: scores drawn from the mu-Gaussian mechanism whose epsilon at the plan's delta is "
+              "the plan's (honest), and from 2 mu (noise halved): the most any audit score could show.", "",
+              "| plan epsilon | mu | canaries | honest bound | noise halved bound |", "|---|---|---|---|---|"]
+    for row in r["ideal"]:
+        lines.append(f"| {row['plan_epsilon']:.3g} | {row['mu']:.3f} | {row['canaries']:,} | "
+                     f"{row['honest']['epsilon_lower_bound']:.3f} | {row['noise halved']['epsilon_lower_bound']:.3f} |")
+    lines += ["", h.settings_markdown(r["settings"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,121 @@
+"""What a plan's guarantee means to an attacker: the most a test can catch at a given false-alarm rate.
+
+Whatever an attacker does with what a plan releases to tell two neighbouring datasets apart
+(was this person's label 1 or 0, their sensitive features these or those), its test has a
+false-positive rate alpha and a true-positive rate TPR. If the release is (eps, delta(eps))-DP
+for every eps (the hockey-stick curve of the plan's privacy loss distribution), then for
+every eps, in both directions (Kairouz, Oh and Viswanath, arXiv:1311.0776; the f-DP
+trade-off curve as the envelope of these lines: Dong, Roth and Su, arXiv:1905.02383, Prop. 2.12)
+
+    TPR <= e^eps alpha + delta(eps)   and   TPR <= 1 - e^-eps (1 - delta(eps) - alpha),
+
+so TPR(alpha) is at most the smallest of these over eps. For a Gaussian mechanism with
+sensitivity / sigma = mu this is exactly Phi(Phi^-1(alpha) + mu) (mu-GDP); for randomized
+response at eps it is min(e^eps alpha, 1 - e^-eps (1 - alpha)).
+
+``plan_tradeoff`` reads delta(eps) from the PLD of the plan's composed mechanism (the
+pessimistic PLD: delta is over-estimated, so the TPR is too, never under); where the plan's
+phases compose only by basic composition (group privacy, eps/K_i, truncated Poisson, a
+tuning grid), from its one (eps, delta) pair, a looser bound. The minimum is taken over a
+grid of eps, which can only raise it: still a bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from budgetplan import _validate
+from budgetplan.errors import InvalidParameterError, UnsupportedError
+
+__all__ = ["ALPHAS", "tpr_bound", "tpr_from_pair", "mechanism_tradeoff", "plan_tradeoff"]
+
+ALPHAS = (1e-3, 1e-2)          # the false-positive rates a statement reports
+_EPS_GRID = np.linspace(0.0, 40.0, 4001)  # step 0.01: the second-order loss of the grid is < 1e-4 relative here
+_REFINE = 201                  # points of the finer grid around each coarse minimum (step 1e-4)
+_PLD_DELTA = 1e-4              # the delta the PLD's composition is tilted for: the TPRs read it at 1e-4..1
+
+
+def _alphas(alphas) -> np.ndarray:
+    a = np.asarray([_validate.open_unit("alpha", x) for x in alphas], dtype=np.float64)
+    if a.size == 0:
+        raise InvalidParameterError("alphas must name at least one false-positive rate")
+    return a
+
+
+def tpr_bound(delta_of_eps: Callable[[np.ndarray], np.ndarray], alphas=ALPHAS,
+              eps_grid: np.ndarray = _EPS_GRID) -> list[float]:
+    """The largest TPR at each false-positive rate in ``alphas`` for a release with this hockey-stick curve.
+
+    Args:
+        delta_of_eps: delta(eps) on an array of epsilons (an upper bound keeps the result one).
+    """
+    a = _alphas(alphas)
+
+    def lines(eps: np.ndarray) -> np.ndarray:  # (eps, alpha) -> the smaller of the two lines' TPR
+        d = np.clip(np.asarray(delta_of_eps(eps), dtype=np.float64), 0.0, 1.0)[:, None]
+        e = np.exp(eps)[:, None]
+        return np.minimum(e * a[None, :] + d, 1.0 - (1.0 - d - a[None, :]) / e)
+
+    eps = np.asarray(eps_grid, dtype=np.float64)
+    coarse = lines(eps)
+    best = coarse.min(axis=0)
+    if eps.size > 1:  # the optimum can sit on a kink of delta(eps) (pure DP): refine around each minimum
+        step = float(np.max(np.diff(eps)))
+        for j, i in enumerate(coarse.argmin(axis=0)):
+            fine = np.linspace(max(0.0, eps[i] - step), eps[i] + step, _REFINE)
+            best[j] = min(best[j], lines(fine)[:, j].min())
+    return [float(min(1.0, max(x, alpha))) for x, alpha in zip(best, a)]
+
+
+def tpr_from_pair(epsilon: float, delta: float, alphas=ALPHAS) -> list[float]:
+    """The largest TPR at each of ``alphas`` allowed by one (epsilon, delta) guarantee."""
+    if isinstance(epsilon, (int, float)) and epsilon == math.inf:  # no bound at all
+        return [1.0 for _ in _alphas(alphas)]
+    eps = _validate.non_negative("epsilon", epsilon)
+    dl = _validate.probability("delta", delta, allow_zero=True)
+    return tpr_bound(lambda grid: np.full(grid.shape, dl), alphas, np.array([eps]))
+
+
+def mechanism_tradeoff(mechanism, *, adjacency, unit=None, discretization: float | None = None,
+                       alphas=ALPHAS) -> list[float]:
+    """TPR bounds at ``alphas`` from the PLD of ``mechanism`` (a ``budgetplan.mechanisms`` value).
+
+    Raises:
+        UnsupportedError: a mechanism or unit without a PLD here.
+    """
+    from budgetplan.accounting import DEFAULT_DISCRETIZATION, fastpld, pld_build
+    from budgetplan.units import Adjacency, PrivacyUnit
+
+    built = pld_build.build(mechanism, adjacency=Adjacency.parse(adjacency), unit=unit or PrivacyUnit.example(),
+                            discretization=discretization or DEFAULT_DISCRETIZATION, delta=_PLD_DELTA)
+    return tpr_bound(lambda eps: np.asarray(fastpld.delta_for_epsilon(built.pld, eps)), alphas)
+
+
+def plan_tradeoff(plan, alphas=ALPHAS) -> dict:
+    """The attacker's best TPR at each false-positive rate in ``alphas`` under ``plan``'s guarantee.
+
+    Returns:
+        {"alphas": [...], "tpr": [...], "from": "pld" | "epsilon-delta", "note": ...}.
+    """
+    from budgetplan.mechanisms import Composition, DiscreteLaplaceCount, TruncatedPoissonDPSGD
+
+    a = [float(x) for x in _alphas(alphas)]
+    g = plan.guarantee
+    phases = plan.phases
+    pld_ok = (plan.tuning is None and all(p.unit_accounting == "tight" for p in phases)
+              and not any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
+              and not any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases))
+    if pld_ok:
+        mech = phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
+        try:
+            tpr = mechanism_tradeoff(mech, adjacency=plan.adjacency, unit=plan.unit,
+                                     discretization=plan.scenario.discretization, alphas=a)
+            return {"alphas": a, "tpr": tpr, "from": "pld",
+                    "note": "from the PLD of all phases composed: delta(eps) for every eps"}
+        except UnsupportedError:
+            pass
+    return {"alphas": a, "tpr": tpr_from_pair(g.epsilon, g.delta, a), "from": "epsilon-delta",
+            "note": f"from the one guarantee ({g.epsilon:.6g}, {g.delta:.3g}): the phases have no joint PLD here"}

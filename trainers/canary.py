@@ -1,0 +1,247 @@
+"""Train a plan once with canaries and audit the trained model (Steinke, Nasr and Jagielski, arXiv:2305.08846).
+
+``canary_audit`` replaces m rows of the training data by canaries, runs ``execute_plan`` on
+it (the real trainer, whatever is installed), queries the model it wrote on each canary and
+records the one-run lower bound on epsilon (``budgetplan.audit_canary``) in the private
+record, where ``budgetplan audit`` recomputes it and fails a bound above the plan.
+
+The canaries match the adjacency the plans here protect. Plans are replace-one: one row's
+label (label DP), or its label and sensitive features (semi-sensitive DP), or all of it may
+change, and N stays what the plan says. So a canary is not a row present or absent (that
+would change N and is not a neighbour under replace-one) but a row whose *label* is the
+secret bit S_i, drawn by a fair coin from the CSPRNG; everything else about it is the same in
+both worlds, so each coin moves the data to a neighbour under every one of these relations.
+Add-remove plans are refused: a label change is two of their steps, not one.
+
+A canary is made memorable, as the paper's input-space canaries are: every categorical
+column holds a value of its own that no other row has (a fresh random tag, so that no real
+value collides with it) and its numeric columns are 0. It keeps the unit of the row it
+replaces, so that every unit keeps its size and capping keeps the plan's N; under a
+user-level plan, flipping one canary's label changes one unit's data, still a neighbour (a
+canary that capping drops is simply never seen: the bound stays valid, with less power). The model then
+meets each canary's values only through that canary, and its logit on the canary is what
+the training pushed towards S_i plus the noise: the score (black box: the auditor queries
+the released model). Hashed columns keep the values apart up to hash collisions (use more
+bins than canaries); a non-sensitive vocabulary maps every canary value to the column's
+out-of-vocabulary row (seen once, below any threshold), so only the sensitive columns then
+carry it. An RR-only plan's model reads non-sensitive columns only.
+
+Power (``benchmarks/one_run_audit.py``): a canary's two labels move the model 2C apart,
+the replace-one sensitivity, only when both labels' gradients are clipped (C small against
+the per-example gradient) and its own parameters hold most of it (a factorization machine:
+one linear weight per value; the default MLP spreads it over shared layers and its bound
+stays near 0). Per-example clipping switched off is caught (bound 5.4-6.0 against a plan
+of 2 or 4); the DP-SGD noise halved is not (0.9-2.2). That is the bound's shape, not the
+scale: for a Gaussian-like mechanism with separation mu the one-run bound grows like
+mu sqrt(2 ln(m / k)) + mu^2 / 2 and never beyond ln(k / ln(1 / (1 - confidence))) with k
+guesses, while the plan's epsilon grows like mu sqrt(2 ln(1 / delta)) + mu^2 / 2, and m delta
+must stay far below 1 - confidence; doubling mu does not cross the plan where the bound can
+reach it at a few thousand canaries. A million white-box gradient canaries on the DP-SGD
+step do (``trainers.empirical.one_run``, ``budgetplan audit --one-run``), as does the
+training loop's audit (``budgetplan audit --empirical``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from budgetplan import _validate
+from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.phases import DPSGDPhase, RRPhase
+from budgetplan.records import PRIVATE_DIR, RunRecord
+from budgetplan.units import Adjacency
+
+__all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries"]
+
+CANARY_DATA = Path(PRIVATE_DIR) / "canary_data.parquet"  # the data trained on: the owner's rows and the canaries
+SCORE = "the model's logit on the canary (a query of the released model)"
+
+
+def audit_scenario(*, epsilon: float, delta: float, dataset_size: int, batch_size: int, epochs: int,
+                   clipping_norm: float, spec) -> str:
+    """The TOML of a plan the one-run audit has power at: DP-SGD alone under semi-sensitive DP.
+
+    Hybrid with alpha = 0 (every step DP-SGD, the non-sensitive features fixed by the
+    adjacency), Poisson batches, a large sampling rate and few steps: each canary joins most
+    steps, so what its label pushes the model by adds up over few noise draws.
+    """
+    return f"""name = "one-run-audit"
+description = "DP-SGD under semi-sensitive DP, where a one-run canary audit has power."
+
+[budget]
+epsilon = {epsilon!r}
+delta = {delta!r}
+
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+
+[data]
+dataset_size = {dataset_size}
+
+[algorithm]
+name = "hybrid"
+split = "alpha=0"
+tower = "fine-tune"
+
+[dpsgd]
+batch_size = {batch_size}
+epochs = {epochs}
+clipping_norm = {clipping_norm!r}
+sampling = "poisson"
+
+{spec.to_toml()}"""
+
+
+def _check_plan(plan) -> None:
+    if plan.adjacency is not Adjacency.REPLACE_ONE:
+        raise UnsupportedError("canaries here are rows whose label differs between the two worlds, a replace-one "
+                               f"change; this plan is {plan.adjacency.value}, where it is two changes")
+    if plan.tuning is not None:
+        raise UnsupportedError("a plan with a tuning grid trains many configurations; audit one configuration's plan")
+    if not any(isinstance(p, (RRPhase, DPSGDPhase)) for p in plan.phases):
+        raise UnsupportedError(f"canaries audit a trained neural model; this plan has "
+                               f"{' + '.join(p.name for p in plan.phases)}")
+    spec = plan.scenario.features
+    if spec is None:
+        raise InvalidParameterError("the plan's scenario has no [features] table")
+    if not (spec.nonsensitive_categorical or spec.sensitive_categorical):
+        raise UnsupportedError("canaries are told apart by categorical values of their own; the plan's features "
+                               "have no categorical column")
+
+
+def insert_canaries(table, spec, m: int, *, randomness=None):
+    """(the table with m rows replaced by canaries, the canaries' row positions, their secret labels).
+
+    Rows keep their order; the replaced positions are drawn uniformly and the labels by
+    independent fair coins, both from ``randomness`` (a ``trainers.randomness.Randomness``;
+    default a fresh CSPRNG one). Categorical columns become strings (the encoders hash and
+    sort a value's string form, so the other rows encode as before).
+    """
+    import pyarrow as pa
+
+    from trainers.randomness import Randomness
+
+    rnd = randomness or Randomness()
+    n = table.num_rows
+    m = _validate.positive_int("canaries", m)
+    if m > n:
+        raise InvalidParameterError(f"canaries must be at most the data's {n} rows, got {m}")
+    positions = np.sort(rnd.generator().choice(n, size=m, replace=False))
+    bits = rnd.bernoulli(0.5, m).astype(np.int8)
+    tag = f"{int(rnd.generator().integers(2**48)):012x}"  # fresh values no real row holds (a seed reproduces them)
+    ids = np.char.add(f"canary-{tag}-", np.arange(m).astype(str)).astype(object)
+    columns = {}
+    for name in spec.columns:
+        col = table.column(name)
+        if name == spec.label:
+            values = col.to_numpy(zero_copy_only=False).copy()
+            values[positions] = bits
+            columns[name] = pa.array(values, type=col.type)
+        elif name in spec.nonsensitive_categorical or name in spec.sensitive_categorical:
+            values = col.cast(pa.string()).to_numpy(zero_copy_only=False).copy()
+            values[positions] = np.char.add(f"{name}:", ids.astype(str)).astype(object)
+            columns[name] = pa.array(values, type=pa.string())
+        elif name == spec.unit_id:
+            # the replaced row's unit: every unit keeps its row count, so capping keeps the plan's N
+            columns[name] = col
+        else:  # numeric (and a weight column): 0, the same for every canary in both worlds
+            values = col.to_numpy(zero_copy_only=False).astype(np.float64)
+            values[positions] = 0.0
+            columns[name] = pa.array(values, type=col.type, from_pandas=True)
+    return pa.table(columns), positions, bits
+
+
+def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarray:
+    """The logits of the model in ``run_dir`` on the canary rows, encoded as the run encoded its data."""
+    import torch
+
+    from trainers.data.encode import encode
+    from trainers.fit import _logits
+    from trainers.models import build_model
+
+    run_dir = Path(run_dir)
+    training = record.training
+    model = build_model(record.model["kind"], record.model["config"])
+    model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
+    vocab_path = run_dir / "vocabulary.json"
+    vocabulary = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
+    data, _ = encode(canaries_table, spec, nonsensitive_encoding=training["nonsensitive_encoding"],
+                     hash_bins_nonsensitive=training["hash_bins_nonsensitive"],
+                     hash_bins_sensitive=training["hash_bins_sensitive"],
+                     vocab_threshold=training["vocab_threshold"], vocabulary=vocabulary)
+    model.eval()
+    with torch.no_grad():
+        logits = _logits(model, data, torch.arange(len(data)), record.model["final"] == "truncated")
+    return logits.double().numpy()
+
+
+def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float = DEFAULT_CONFIDENCE,
+                 fractions: tuple[float, ...] = GUESS_FRACTIONS, canary_randomness=None, **execute) -> RunRecord:
+    """Train ``plan`` once on ``data_path`` with ``canaries`` rows replaced by canaries; audit the model.
+
+    The data with its canaries is written to ``out_dir/private/canary_data.parquet`` (the
+    data owner's side: it holds the owner's rows) and trained on by ``execute_plan`` with
+    ``execute`` (its keyword arguments: ``settings``, ``dpsgd_settings``, ``seed``, ...);
+    then each canary is scored by the model's logit, the k highest guessed label 1 and the k
+    lowest label 0, and the lower bound on epsilon (``budgetplan.audit_canary``, at the
+    plan's delta, compared with its epsilon) goes into the private record's ``one_run``.
+    The public record notes that the run was trained with canaries.
+
+    ``canary_randomness``: a ``Randomness`` for the canaries' places and labels (default a
+    fresh CSPRNG one; the coins must be unpredictable to the trainer).
+
+    Returns:
+        The run record, with ``private_part.one_run``.
+    """
+    from trainers.data.loaders import read_table
+    from trainers.run import TrainSettings, _check_out, execute_plan
+
+    _check_plan(plan)
+    out = _check_out(out_dir)
+    if out is None:
+        raise InvalidParameterError("canaries need the run directory (--out): the model is audited from it")
+    _validate.open_unit("confidence", confidence)
+    if execute.get("nproc", 1) != 1 or execute.get("collective") is not None or execute.get("resume"):
+        raise UnsupportedError("a canary run is one fresh process (no --nproc, torchrun or --resume)")
+    spec = plan.scenario.features
+    settings = execute.pop("settings", None) or TrainSettings()
+    table = read_table(data_path, format=settings.data_format, columns=list(spec.columns))
+    audited, positions, bits = insert_canaries(table, spec, canaries, randomness=canary_randomness)
+    import pyarrow.parquet as pq
+
+    from budgetplan._files import atomic_output
+
+    created = out if not out.exists() else None
+    try:
+        (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
+        with atomic_output(out / CANARY_DATA) as tmp:
+            pq.write_table(audited, tmp)
+        record = execute_plan(plan, out / CANARY_DATA, out_dir=out, settings=replace(settings, data_format="parquet"),
+                              **execute)
+    except BaseException:
+        # a refusal leaves nothing behind; a run that began (its ledger exists) keeps its evidence
+        if not (out / "ledger.jsonl").exists():
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            else:
+                (out / CANARY_DATA).unlink(missing_ok=True)
+        raise
+    assert record is not None and record.private_part is not None
+    scores = score_canaries(out, audited.take(positions), spec, record)
+    result = bound_from_scores(scores, bits, delta=plan.guarantee.delta, confidence=confidence, fractions=fractions)
+    result.update(planned_epsilon=plan.guarantee.epsilon, score=SCORE,
+                  canary="a row of its own values whose label is the secret bit (replace-one)",
+                  rows=int(table.num_rows))
+    private = replace(record.private_part, one_run=result)
+    record = replace(record, private_sha256=private.sha256, private_part=private,
+                     notes=record.notes + (f"trained with {canaries} canaries in place of as many rows of the data "
+                                           "(a one-run audit, arXiv:2305.08846: the private record holds its bound)",))
+    record.write(out)
+    return record

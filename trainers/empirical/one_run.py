@@ -1,0 +1,110 @@
+"""The DP-SGD step audited in one run (arXiv:2305.08846) with replace-one gradient canaries, white box.
+
+Where a query of the trained model cannot show a defect (``trainers.canary``: it sees only
+the sum of the updates, and at the few thousand canaries a model holds the one-run bound
+stays below the plan even with the noise halved), an auditor who sees every intermediate
+model, each a release the guarantee covers, can use a million canaries. The real
+``trainers.dpsgd.run_dpsgd`` (looked up at call time) runs the plan's sigma, q and C for its
+first steps on m canary examples (``canaries._CanaryModel``: example i's gradient is 4C on
+its own coordinate, clipped to C), each labelled by a secret fair coin S_i. At logit 0 the
+label decides the gradient's sign, +C for label 0 and -C for label 1: 2C apart, the
+replace-one sensitivity the plan accounts. Coordinate i moves by x_t = (1 - 2 S_i) b_t +
+sigma z_t per step (in C per expected batch), b_t ~ Bernoulli(q); canary i's score is the
+log-likelihood ratio of S_i = 1 against S_i = 0 over the steps. The k highest are guessed 1,
+the k lowest 0, and the bound (``budgetplan.audit_canary``) is compared with the phase's own
+replace-one epsilon. Steinke, Nasr and Jagielski's theorem needs no independence between
+the canaries: this is their bound, not a count of independent trials.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from budgetplan import _validate
+from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from trainers.empirical.canaries import _canary_data, _CanaryModel, _Observer
+from trainers.empirical.stats import default_randomness
+
+__all__ = ["ONE_RUN_CANARIES", "ONE_RUN_STEPS", "dpsgd_one_run", "one_run_rows"]
+
+ONE_RUN_CANARIES = 1_000_000  # at 5,000 even ideal canaries cannot show the noise halved (benchmarks/one_run_audit.py)
+ONE_RUN_STEPS = 200           # longer phases are audited on their first steps, against those steps' epsilon
+
+
+class _SignObserver(_Observer):
+    """The canary observer with each coordinate's statistic the log-likelihood ratio of label 1 to label 0."""
+
+    def add(self, x: torch.Tensor) -> None:
+        self.step_sumsq.append(0.0)  # counts the steps observed
+        a = x.mul_(self._scale)
+        up = torch.logaddexp(a + self._shift, self._stay)     # ln(1 - q + q e^{(2x - 1) / 2 sigma^2}): label 0
+        down = torch.logaddexp(self._shift - a, self._stay)   # ln(1 - q + q e^{(-2x - 1) / 2 sigma^2}): label 1
+        self.llr.add_(down - up)
+
+
+def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None = None, randomness=None,
+                  confidence: float = DEFAULT_CONFIDENCE, fractions: tuple[float, ...] = GUESS_FRACTIONS,
+                  device="cpu") -> dict:
+    """The one-run audit of a plan's DP-SGD ``phase`` on the installed ``run_dpsgd``: one row for the audit.
+
+    Args:
+        phase: the plan's ``DPSGDPhase`` (compared with its replace-one epsilon at its delta;
+            when fewer steps are run, with the epsilon of those steps).
+        canaries: m, the canary examples (each its own coordinate and secret label).
+        steps: steps run (default all, at most ``ONE_RUN_STEPS``).
+        randomness: a ``Randomness`` for the coins, the sampler and the noise (default a
+            fresh CSPRNG one).
+
+    Returns:
+        {"name": "one-run dpsgd", "passed", "epsilon_lower_bound", "planned_epsilon",
+        "failing", "detail", "seconds", "steps", and the ``bound_from_scores`` fields}.
+    """
+    from budgetplan.accounting import account
+    from budgetplan.mechanisms import PoissonDPSGD
+    from trainers import dpsgd
+
+    t0 = time.perf_counter()
+    params = phase.params
+    sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
+    m = _validate.positive_int("canaries", canaries)
+    t = _validate.positive_int("steps", steps if steps is not None else min(params.steps, ONE_RUN_STEPS))
+    delta = phase.guarantee.delta
+    planned = (phase.guarantee.epsilon if t == params.steps else
+               account(PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t), delta=delta,
+                       adjacency="replace-one", method="pld").epsilon)
+    rnd = default_randomness(randomness)
+    bits = rnd.bernoulli(0.5, m).astype(np.int8)
+    device = torch.device(device)
+    model = _CanaryModel(m, scale=8.0 * c).to(device)
+    data = replace(_canary_data(m, m, device), label=torch.as_tensor(bits, dtype=torch.float32, device=device))
+    obs = _SignObserver(model.table.weight, m, q=q, c=c, sigma=sigma, expected=q * m)
+    run_par = replace(params, dataset_size=m, steps=t, sampling="poisson", max_batch_size=None)
+    dpsgd.run_dpsgd(model, data, run_par, trainable=[model.table.weight], randomness=rnd,
+                    settings=dpsgd.DPSGDSettings(optimizer="sgd", lr=1.0), checkpoint=obs.checkpoint,
+                    checkpoint_every=1)
+    if obs.lr is None:  # one step: no checkpoint ran
+        obs.lr = 1.0
+    obs.observe()
+    res = bound_from_scores(obs.llr.double().cpu().numpy(), bits, delta=delta, confidence=confidence,
+                            fractions=fractions)
+    eps = res["epsilon_lower_bound"]
+    seen = len(obs.step_sumsq)
+    failing = (["epsilon lower bound"] if eps > planned else []) + ([] if seen == t else ["every step observed"])
+    steps_text = f"all {t} steps" if t == params.steps else f"the first {t} of {params.steps} steps"
+    detail = (f"{res['correct']} of {res['guesses']} guesses right on {m} gradient canaries ({steps_text}, "
+              f"{seen} observed; q = {q:g}, sigma = {sigma:g}): epsilon >= {eps:.4g} at confidence {confidence:g}, "
+              f"against the phase's replace-one {planned:.4g}")
+    return {"name": "one-run dpsgd", "passed": not failing, "epsilon_lower_bound": eps, "planned_epsilon": planned,
+            "failing": failing, "detail": detail, "seconds": time.perf_counter() - t0, "steps": t, **res}
+
+
+def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE) -> list[dict]:
+    """One row per Poisson DP-SGD phase of ``plan`` (a truncated phase's batches are not audited so)."""
+    from budgetplan.phases import DPSGDPhase
+
+    return [dpsgd_one_run(p, randomness=randomness, confidence=confidence) for p in plan.phases
+            if isinstance(p, DPSGDPhase) and p.params.sampling == "poisson"]

@@ -92,17 +92,26 @@ def _mechanism_lines(plan: Plan) -> list[str]:
             case DPSGDPhase(params=sgd):
                 rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
                         f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
-                text = (f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over "
-                        f"{rows}; each step samples every example independently with "
-                        f"probability q = {_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
+                text = f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over {rows}; "
+                if sgd.sampling == "allocation":
+                    text += ("each epoch of T steps puts every example in exactly one uniformly random step (random "
+                             f"allocation; batches of {sgd.batch_size} on average")
+                elif sgd.sampling == "shuffle":
+                    text += (f"each epoch cuts a random permutation into batches of exactly {sgd.batch_size} (the "
+                             "rows left over sit that epoch out")
+                else:
+                    text += (f"each step samples every example independently with probability q = "
+                             f"{_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
                 if sgd.max_batch_size:
                     text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
+                divisor = "the expected batch size q N" if sgd.sampling in ("poisson", "truncated-poisson") else \
+                    f"the batch size {sgd.batch_size}"
                 text += (f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)} (scaled to "
                          "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
                          "contribution past C), adds "
                          f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
-                         f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by the "
-                         f"expected batch size q N.")
+                         f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by "
+                         f"{divisor}.")
                 if sgd.warm_start is not None:
                     text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
                              f"tower {sgd.nonsensitive_tower}.")
@@ -232,10 +241,22 @@ def _assumptions(plan: Plan) -> list[str]:
     out = []
     if plan.dpsgd is not None:
         trunc = plan.dpsgd.params.max_batch_size
-        out.append(_item(
-            "Poisson sampling: every example joins each batch independently with probability q, at every step"
-            + (", and batches above the maximum are cut by a uniformly random subset" if trunc else "")
-            + ". Shuffled or fixed-size batches are not Poisson samples and would void this guarantee."))
+        sampling = plan.dpsgd.params.sampling
+        if sampling == "allocation":
+            out.append(_item(
+                "Random allocation: in every epoch each example is in exactly one step, chosen uniformly and "
+                "independently by an unpredictable generator; Poisson, shuffled or fixed-size batches void it; the "
+                "run resumes only at an epoch boundary."))
+        elif sampling == "shuffle":
+            out.append(_item(
+                "Shuffled batches: each example is in at most one batch per epoch; no amplification is claimed, and "
+                "the Poisson figure is NOT a guarantee here (Chua et al., arXiv:2403.17673, show shuffling cannot be "
+                "accounted much below it)."))
+        else:
+            out.append(_item(
+                "Poisson sampling: every example joins each batch independently with probability q, at every step"
+                + (", and batches above the maximum are cut by a uniformly random subset" if trunc else "")
+                + ". Shuffled or fixed-size batches are not Poisson samples and would void this guarantee."))
         out.append(_item("No more than the planned number of noisy steps is taken; an empty batch still counts as "
                          "a step and still gets its noise."))
     if plan.unit.cap > 1:

@@ -218,3 +218,15 @@ def test_allocation_spread_check_against_the_multinomial():
     assert checks == {"A: epoch totals": True, "A: spread": False}
     poisson = rng.binomial(2000, 1 / 20, size=1000).tolist()
     assert not {c.name: c.passed for c in _epoch_sizes("A", poisson, len(poisson), par, 1e-6)}["A: epoch totals"]
+
+
+@pytest.mark.parametrize("sampling, says, never", [
+    ("poisson", "independently with probability q", "NOT a guarantee here"),
+    ("allocation", "exactly one uniformly random step", "independently with probability q ="),
+    ("shuffle", "NOT a guarantee here", "independently with probability q ="),
+])
+def test_the_statement_describes_the_batches_the_plan_draws(sampling, says, never):
+    from budgetplan.statement import render_statement
+
+    text = render_statement(build_plan(scenario(sampling)))
+    assert says in text and never not in text

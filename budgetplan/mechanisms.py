@@ -155,15 +155,21 @@ class TruncatedPoissonDPSGD:
             )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _EpochDPSGD:
-    """Shared validation of the epoch-structured DP-SGD mechanisms (whole epochs of T steps)."""
+    """The fields and validation of the epoch-structured DP-SGD mechanisms (whole epochs of T steps).
 
-    __slots__ = ()
+    Attributes:
+        noise_multiplier: sigma in units of the clipping norm.
+        steps_per_epoch: T.
+        epochs: E whole epochs.
+    """
+
     noise_multiplier: float
     steps_per_epoch: int
     epochs: int
 
-    def _check(self) -> None:
+    def __post_init__(self) -> None:
         object.__setattr__(
             self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
         )
@@ -184,20 +190,8 @@ class AllocationDPSGD(_EpochDPSGD):
 
     Batch sizes vary (multinomial); accounted by ``budgetplan.accounting.allocation``
     (Feldman and Shenfeld, arXiv:2502.08202). The guarantee holds only if the trainer
-    allocates so, from an unpredictable generator.
-
-    Attributes:
-        noise_multiplier: sigma in units of the clipping norm.
-        steps_per_epoch: T.
-        epochs: E whole epochs.
+    allocates so, from an unpredictable generator. Fields: ``_EpochDPSGD``'s.
     """
-
-    noise_multiplier: float
-    steps_per_epoch: int
-    epochs: int
-
-    def __post_init__(self) -> None:
-        self._check()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,20 +200,8 @@ class ShuffledDPSGD(_EpochDPSGD):
 
     No amplification is claimed: accounted as one Gaussian release per epoch (each example
     is in at most one batch of an epoch), with Chua et al.'s lower bound beside it
-    (``budgetplan.accounting.shuffle``).
-
-    Attributes:
-        noise_multiplier: sigma in units of the clipping norm.
-        steps_per_epoch: T.
-        epochs: E whole epochs.
+    (``budgetplan.accounting.shuffle``). Fields: ``_EpochDPSGD``'s.
     """
-
-    noise_multiplier: float
-    steps_per_epoch: int
-    epochs: int
-
-    def __post_init__(self) -> None:
-        self._check()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

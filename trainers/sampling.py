@@ -56,25 +56,24 @@ def chunk_size(expected: float, max_chunk: int | None) -> int:
     at 4,096 overflowed into a second, mostly padded one half the time (1.50).
     """
     full = default_padded_size(expected)
-    if max_chunk is None or full <= max_chunk:
-        return full
-    if max_chunk < 8:
-        raise ValueError(f"max_chunk must be at least 8, got {max_chunk!r}")
-    pieces = math.ceil(full / max_chunk)
-    size = (math.ceil(full / pieces) + 7) // 8 * 8
-    return size if size <= max_chunk else max_chunk // 8 * 8
+    return _fewest_equal(full, full, max_chunk)
 
 
 def fixed_chunk_size(batch: int, max_chunk: int | None) -> int:
     """The chunk of batches of exactly ``batch`` rows: the batch itself rounded up to 8, or the
     fewest equal chunks of at most ``max_chunk`` rows."""
-    full = max(8, (batch + 7) // 8 * 8)
+    return _fewest_equal(max(8, (batch + 7) // 8 * 8), batch, max_chunk)
+
+
+def _fewest_equal(full: int, rows: int, max_chunk: int | None) -> int:
+    """``full`` when it fits under ``max_chunk``; else ``rows`` in the fewest equal chunks of at
+    most ``max_chunk``, each a multiple of 8."""
     if max_chunk is None or full <= max_chunk:
         return full
     if max_chunk < 8:
         raise ValueError(f"max_chunk must be at least 8, got {max_chunk!r}")
-    pieces = math.ceil(batch / max_chunk)
-    size = (math.ceil(batch / pieces) + 7) // 8 * 8
+    pieces = math.ceil(rows / max_chunk)
+    size = (math.ceil(rows / pieces) + 7) // 8 * 8
     return size if size <= max_chunk else max_chunk // 8 * 8
 
 

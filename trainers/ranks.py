@@ -18,7 +18,7 @@ from __future__ import annotations
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.limits import MAX_PROCESSES
 
-__all__ = ["check_nproc", "launch_plan", "check_distributable", "keep_shard"]
+__all__ = ["check_nproc", "launch_plan", "check_distributable", "note_shard"]
 
 
 def check_nproc(nproc) -> int:
@@ -40,7 +40,7 @@ def check_distributable(plan) -> None:
                                "(plan Poisson sampling, or train with --nproc 1)")
 
 
-def keep_shard(prep, collective) -> None:
+def note_shard(prep, collective) -> None:
     """Note every rank's rows (``_prepare`` encoded only this rank's block)."""
     prep.data_info["rank_rows"] = [r[0] for r in collective.gather([len(prep.data)])]
     prep.encoding["rows"] = prep.data_info["rows_used"]  # every rank's; the per-column counts are rank 0's

@@ -383,7 +383,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                 dpsgd_settings=dpsgd_settings, seed=seed, progress=progress,
                                 fingerprint_key=fingerprint_key, baseline_auc=baseline_auc, resume=resume)
         if collective is not None:
-            from trainers.ranks import check_distributable, keep_shard
+            from trainers.ranks import check_distributable, note_shard
 
             check_distributable(plan)
         rnd = Randomness(seed, stream=0 if collective is None else collective.rank)
@@ -400,7 +400,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                         key=key if lead else None, shard=None if collective is None else collective.shard)
         prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
         if collective is not None:
-            keep_shard(prep, collective)
+            note_shard(prep, collective)
             prep.timings["processes"] = collective.world_size
         if kinds == (WALRPhase,):
             _check_walr_columns(spec)

@@ -24,6 +24,7 @@ _EXPORTS = {
     "GaussianRelease": "budgetplan.mechanisms",
     "PoissonDPSGD": "budgetplan.mechanisms",
     "TruncatedPoissonDPSGD": "budgetplan.mechanisms",
+    "UnitPoissonDPSGD": "budgetplan.mechanisms",
     "AllocationDPSGD": "budgetplan.mechanisms",
     "ShuffledDPSGD": "budgetplan.mechanisms",
     "Composition": "budgetplan.mechanisms",

@@ -25,7 +25,7 @@ import math
 
 from budgetplan import _validate
 from budgetplan.errors import InfeasibleError, InvalidParameterError
-from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD
+from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
 
 __all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "noise_multiplier",
            "method_for", "compare"]
@@ -72,9 +72,17 @@ def method_for(sampling: str, requested: str) -> str:
 
 
 def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int, steps: int,
-              max_batch_size: int | None = None
-              ) -> PoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD:
-    """The mechanism DP-SGD with ``sampling`` is accounted as, at noise ``sigma``."""
+              max_batch_size: int | None = None, units: int | None = None
+              ) -> PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD:
+    """The mechanism DP-SGD with ``sampling`` is accounted as, at noise ``sigma``.
+
+    With ``units`` (M), units are sampled (``sample_by = "unit"``, Poisson only): each joins a
+    batch with probability ``batch_size / units``.
+    """
+    if units is not None:
+        if sampling != "poisson":
+            raise InvalidParameterError(f"units are sampled with Poisson batches only, got sampling {sampling!r}")
+        return UnitPoissonDPSGD(noise_multiplier=sigma, sampling_rate=batch_size / units, steps=steps)
     q = batch_size / dataset_size
     if sampling == "poisson":
         return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps)

@@ -19,6 +19,7 @@ __all__ = [
     "RandomizedResponse",
     "GaussianRelease",
     "PoissonDPSGD",
+    "UnitPoissonDPSGD",
     "TruncatedPoissonDPSGD",
     "AllocationDPSGD",
     "ShuffledDPSGD",
@@ -113,6 +114,37 @@ class PoissonDPSGD:
             _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
         )
         object.__setattr__(self, "steps", _steps(self.steps))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitPoissonDPSGD:
+    """DP-SGD over units: each unit joins each batch independently w.p. q, clipped as a whole.
+
+    A sampled unit's examples' gradients are summed and the sum is clipped once to C, then
+    N(0, (noise_multiplier C)^2 I) is added to the sum over units (user-level sampling,
+    Charles et al., arXiv:2407.07737). The unit, not the example, is the element sampled
+    and clipped, so it is accounted as ordinary Poisson DP-SGD at q whatever the cap K.
+
+    Attributes:
+        noise_multiplier: sigma, the noise std in units of the clipping norm C.
+        sampling_rate: q = expected units per batch / number of units M.
+        steps: the number of noisy updates T.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "sampling_rate",
+                           _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
+        object.__setattr__(self, "steps", _steps(self.steps))
+
+    def as_poisson(self) -> PoissonDPSGD:
+        """The example-level mechanism with the same numbers: what one unit's change costs."""
+        return PoissonDPSGD(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
+                            steps=self.steps)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,9 +290,9 @@ class Composition:
         return tuple(out)
 
 
-_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD, ShuffledDPSGD,
-           DiscreteLaplaceCount)
-Mechanism: TypeAlias = (RandomizedResponse | GaussianRelease | PoissonDPSGD | TruncatedPoissonDPSGD
+_LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, UnitPoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD,
+           ShuffledDPSGD, DiscreteLaplaceCount)
+Mechanism: TypeAlias = (RandomizedResponse | GaussianRelease | PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD
                         | AllocationDPSGD | ShuffledDPSGD | DiscreteLaplaceCount | Composition)
 _BY_NAME = {cls.__name__: cls for cls in _LEAVES}
 

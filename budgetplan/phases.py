@@ -33,10 +33,11 @@ from budgetplan.mechanisms import (
     RandomizedResponse,
     ShuffledDPSGD,
     TruncatedPoissonDPSGD,
+    UnitPoissonDPSGD,
     mechanism_from_dict,
     mechanism_to_dict,
 )
-from budgetplan.units import CAPPING_RULES
+from budgetplan.units import CAPPING_RULES, SAMPLE_BY
 
 __all__ = [
     "RRParams",
@@ -158,6 +159,10 @@ class DPSGDParams:
         normalise_by, model: plain-language descriptions for the statement.
         warm_start, nonsensitive_tower: Hybrid only: what phase 2 starts from and whether
             the non-sensitive tower is ``"frozen"``, ``"fine-tune"`` or ``"trained"``.
+        sample_by, units: present only when units are sampled (``"unit"``): M units, each
+            joining each batch w.p. q = batch_size / M with its examples' gradients summed and
+            clipped once to C; ``batch_size`` then counts units and the noisy sum is divided
+            by q M. Absent: examples are sampled (q = batch_size / dataset_size).
     """
 
     noise_multiplier: float
@@ -177,8 +182,19 @@ class DPSGDParams:
     model: str
     warm_start: str | None = _typed.omit_if_none()
     nonsensitive_tower: str | None = _typed.omit_if_none()
+    sample_by: str | None = _typed.omit_if_none()
+    units: int | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
+        if (self.sample_by is None) != (self.units is None) or self.sample_by not in (None, "unit"):
+            raise InvalidParameterError(f"sample_by = \"unit\" and units go together (omit both to sample examples), "
+                                        f"got sample_by={self.sample_by!r}, units={self.units!r}")
+        if self.units is not None:
+            _typed.choice("sample_by", self.sample_by, SAMPLE_BY)
+            _set(self, "units", _validate.positive_int("units", self.units))
+            if self.sampling != "poisson" or self.cap < 2:
+                raise InvalidParameterError(f"units are sampled with Poisson batches of a unit capped at K > 1, got "
+                                            f"sampling {self.sampling!r} and cap {self.cap!r}")
         for name in ("noise_multiplier", "noise_std", "clipping_norm", "sensitivity", "epochs"):
             _set(self, name, _validate.positive(name, getattr(self, name)))
         _set(self, "sampling_rate", _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
@@ -209,7 +225,12 @@ class DPSGDParams:
         the plan (dividing by the realised size would leak it), and any constant leaves the
         privacy accounting unchanged (post-processing): it only scales the step.
         """
-        return self.sampling_rate * self.dataset_size
+        return self.sampling_rate * (self.dataset_size if self.units is None else self.units)
+
+    @property
+    def samples_units(self) -> bool:
+        """Whether units, not examples, are sampled and clipped (``sample_by = "unit"``)."""
+        return self.units is not None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -374,12 +395,17 @@ class DPSGDPhase(_PhaseBase):
     """DP-SGD over the plan's steps."""
 
     name: ClassVar[str] = "dpsgd"
-    mechanism: PoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD
+    mechanism: PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD
     params: DPSGDParams
 
     def __post_init__(self) -> None:
         self._check_common()
-        _expect(self, (PoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD, ShuffledDPSGD), DPSGDParams)
+        _expect(self, (PoissonDPSGD, UnitPoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD, ShuffledDPSGD),
+                DPSGDParams)
+        if isinstance(self.mechanism, UnitPoissonDPSGD) != self.params.samples_units:
+            raise InvalidParameterError("a DP-SGD phase that samples units is accounted as UnitPoissonDPSGD, and only "
+                                        f"it; got {type(self.mechanism).__name__} with sample_by "
+                                        f"{self.params.sample_by!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,6 +32,7 @@ from budgetplan.mechanisms import (
     PoissonDPSGD,
     RandomizedResponse,
     TruncatedPoissonDPSGD,
+    UnitPoissonDPSGD,
 )
 from budgetplan.phases import (
     CalibrationParams,
@@ -342,7 +343,10 @@ def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
 def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool = False) -> Phase:
     d = s.dpsgd
     assert d is not None  # a DP-SGD or Hybrid Scenario always has its [dpsgd] shape
-    n = s.dataset_size
+    by_unit = d.sample_by == "unit"
+    # Sampling units: the M units are the population each batch is drawn from (Scenario checks M).
+    n = s.units if by_unit else s.dataset_size
+    assert n is not None
     q = d.batch_size / n
     epochs: float
     if d.sampling in batch_selection.EPOCH_SAMPLINGS:
@@ -356,35 +360,40 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
         assert d.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
         steps = calibrate.steps_for_epochs(epochs=d.epochs, dataset_size=n, batch_size=d.batch_size)
         epochs = d.epochs
-    unit_accounting = s.unit_accounting if unit.cap > 1 else "tight"
+    # a unit-sampled run clips whole units: nothing for group privacy to add
+    unit_accounting = s.unit_accounting if unit.cap > 1 and not by_unit else "tight"
     method = batch_selection.method_for(d.sampling, s.method)
 
     def mech(sigma: float, t: int = steps):
-        return batch_selection.mechanism(d.sampling, sigma, dataset_size=n, batch_size=d.batch_size, steps=t,
-                                         max_batch_size=d.max_batch_size)
+        return batch_selection.mechanism(d.sampling, sigma, dataset_size=s.dataset_size, batch_size=d.batch_size,
+                                         steps=t, max_batch_size=d.max_batch_size, units=s.units if by_unit else None)
 
     def eps_of(sigma: float, t: int = steps) -> float:
         return account(mech(sigma, t), delta=delta, adjacency=s.adjacency, unit=unit, method=method,
                        unit_accounting=unit_accounting, discretization=s.discretization).epsilon
 
     epoch_eps = eps_of if d.sampling in batch_selection.EPOCH_SAMPLINGS else None
+    # a unit-sampled run is searched as example-level DP-SGD over units: the same numbers
+    acc_unit = PrivacyUnit.example(unit.name) if by_unit else unit
     if d.noise_multiplier is not None:
         sigma = d.noise_multiplier
         have = eps_of(sigma)
         if have > eps * (1 + _EPS_SLACK):
-            raise _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method, epoch_eps)
+            raise _too_little_noise(s, eps, delta, q, steps, sigma, have, acc_unit, unit_accounting, method, epoch_eps)
     else:
-        sigma = _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accounting, method)
+        sigma = _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, acc_unit, unit_accounting, method)
         if d.max_noise_multiplier is not None and sigma > d.max_noise_multiplier:
-            raise _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method, epoch_eps)
+            raise _too_much_noise(s, eps, delta, q, steps, sigma, acc_unit, unit_accounting, method, epoch_eps)
     sens = d.clipping_norm * (2 if s.adjacency.value == "replace-one" else 1)
     hybrid = s.algorithm == "hybrid"
     params = DPSGDParams(
         noise_multiplier=sigma, noise_std=sigma * d.clipping_norm, clipping_norm=d.clipping_norm,
         sensitivity=sens, sampling_rate=q, steps=steps, batch_size=d.batch_size,
-        epochs=epochs, dataset_size=n, sampling=d.sampling, max_batch_size=d.max_batch_size, cap=unit.cap,
-        capping=unit.capping,
-        normalise_by="expected batch size q*N, never the realised one", model="full (all features)",
+        epochs=epochs, dataset_size=s.dataset_size, sampling=d.sampling, max_batch_size=d.max_batch_size,
+        cap=unit.cap, capping=unit.capping,
+        normalise_by="expected units per batch q*M, never the realised count" if by_unit else
+        "expected batch size q*N, never the realised one", model="full (all features)",
+        sample_by="unit" if by_unit else None, units=s.units if by_unit else None,
         warm_start=("rr phase (truncated model)" if warm_start else "none") if hybrid else None,
         # without an RR phase there is nothing to freeze the tower at: DP-SGD trains it
         nonsensitive_tower=(s.tower if warm_start else "trained") if hybrid else None)
@@ -426,7 +435,7 @@ def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=
     except InfeasibleError:
         return 0, 0.0
     t = int(cal.value)
-    return t, t * s.dpsgd.batch_size / s.dataset_size
+    return t, t * s.dpsgd.batch_size / (s.units if s.dpsgd.sample_by == "unit" else s.dataset_size)
 
 
 def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method, eps_of=None):
@@ -603,6 +612,9 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
                                      cal.guarantee.delta, cal.guarantee.method))
                 except BudgetplanError as exc:
                     rows.append({"phase": p.name, "bounding": label, "applies": False, "note": str(exc)})
+            rows += _unit_sampling_rows(s, unit, p, rows)
+        elif isinstance(p, DPSGDPhase) and isinstance(p.mechanism, UnitPoissonDPSGD):
+            rows += _unit_sampling_rows(s, unit, p, [])
         elif isinstance(p, (WALRPhase, CalibrationPhase)):
             sens = p.params.sensitivity
             exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * k)
@@ -617,6 +629,60 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
             except BudgetplanError as exc:  # the looser bound may need more noise than the search allows
                 rows.append({"phase": p.name, "bounding": "group privacy", "applies": False, "note": str(exc)})
     return rows
+
+
+_UNIT_SAMPLING = "unit sampling (clip per unit)"
+
+
+def _unit_sampling_rows(s: Scenario, unit, p: DPSGDPhase, example_rows: list[dict]) -> list[dict]:
+    """Both executions of user-level DP-SGD at the phase's q and T, and which one to run.
+
+    Example sampling (each example joins a step w.p. q, clipped alone; a unit is bounded by a
+    mixture or group privacy) against unit sampling (each unit joins w.p. q, its examples'
+    summed gradient clipped once: example-level accounting over units, Charles et al.,
+    arXiv:2407.07737). The same q keeps each row's chance per step and the steps; the noise
+    is then compared per clipped contribution, sigma / (q N) against sigma / (q M): a unit's
+    C covers all of its examples, so its sigma is spread over fewer contributions. That is
+    the noise on the mean update when every contribution reaches C (clipping active); with
+    gradients well inside C the raw sigma decides, and it never favours example sampling.
+    The plan's own execution is costed first when it samples units (the example rows are
+    added here), else the unit row is added to the example rows already there.
+    """
+    eps, delta = p.target_epsilon, p.target_delta
+    q, steps, n = p.mechanism.sampling_rate, p.mechanism.steps, s.dataset_size
+    m_units, m_note = (s.units, f"M = {s.units:,} units") if s.units is not None else \
+        (n / unit.cap, f"M = N/K = {n / unit.cap:,.0f} assumed (every unit full); give [data].units for yours")
+    rows = []
+    if isinstance(p.mechanism, UnitPoissonDPSGD):
+        # the plan samples units: cost the example executions at the same q and T
+        for label, kwargs in (("mixture of Gaussians", dict(unit_accounting="tight")),
+                              ("group privacy (pld)", dict(unit_accounting="group"))):
+            try:
+                cal = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
+                                                       adjacency=s.adjacency, unit=unit,
+                                                       discretization=s.discretization, verify=False, **kwargs)
+                rows.append(_alt(p, label, "noise_multiplier", cal.value, cal.guarantee.epsilon, cal.guarantee.delta,
+                                 cal.guarantee.method))
+            except BudgetplanError as exc:
+                rows.append({"phase": p.name, "bounding": label, "applies": False, "note": str(exc)})
+        own = _alt(p, _UNIT_SAMPLING, "noise_multiplier", p.mechanism.noise_multiplier, p.guarantee.epsilon,
+                   p.guarantee.delta, p.guarantee.method)
+    else:
+        cal = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
+                                               adjacency=s.adjacency, discretization=s.discretization, verify=False)
+        own = _alt(p, _UNIT_SAMPLING, "noise_multiplier", cal.value, cal.guarantee.epsilon, cal.guarantee.delta,
+                   "pld over units (Charles et al., arXiv:2407.07737)")
+    own.update(execution="unit sampling", expected_contributions=q * m_units,
+               noise_per_contribution=own["noise_multiplier"] / (q * m_units),
+               note=f"{own['note']}; each unit joins a step w.p. q = {q:.4g} and its summed gradient is clipped "
+                    f"once to C; {m_note}")
+    examples = [r for r in example_rows + rows if r.get("applies") and "noise_multiplier" in r]
+    for r in examples:
+        r.update(execution="example sampling", expected_contributions=q * n,
+                 noise_per_contribution=r["noise_multiplier"] / (q * n))
+    best = min(examples + [own], key=lambda r: r["noise_per_contribution"])
+    best["recommended"] = True
+    return ([own] + rows) if isinstance(p.mechanism, UnitPoissonDPSGD) else [own]
 
 
 def _alt(phase, bounding, knob, value, epsilon, delta, note) -> dict:

@@ -23,6 +23,8 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [data]
     dataset_size = 32000000                   # N, rows after capping
+    units = 4000000                           # M, units after capping (optional; needed to
+                                              # sample units, [dpsgd].sample_by = "unit")
     size_release_epsilon = 0.1                # add-remove only, optional: dataset_size is a DP
                                               # count released at this epsilon (budgetplan data
                                               # count --dp-epsilon), accounted in the plan
@@ -46,6 +48,10 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
                                               # every epoch of N // B steps; add-remove) or
                                               # "shuffle" (fixed batches of B, no amplification
                                               # claimed); both run whole epochs
+    sample_by = "example"                     # or "unit" (a unit capped at K > 1, Poisson
+                                              # only): each unit joins a batch w.p. B / M and
+                                              # its examples' summed gradient is clipped once;
+                                              # batch_size then counts units
     noise_multiplier = 1.0                    # optional: fixed, else calibrated
     max_noise_multiplier = 5.0                # optional: refuse plans that need more noise
 
@@ -100,7 +106,7 @@ from pathlib import Path
 from budgetplan import _validate, limits
 from budgetplan.errors import InvalidParameterError
 from budgetplan.intercept import SHARE
-from budgetplan.units import CAPPING_RULES, Adjacency
+from budgetplan.units import CAPPING_RULES, SAMPLE_BY, Adjacency
 
 __all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
 
@@ -212,9 +218,11 @@ class DPSGDShape:
     max_batch_size: int | None = None
     noise_multiplier: float | None = None
     max_noise_multiplier: float | None = None
+    sample_by: str = "example"
 
     def __post_init__(self) -> None:
         _set(self, "batch_size", _validate.positive_int("[dpsgd].batch_size", self.batch_size))
+        _choice("[dpsgd].sample_by", self.sample_by, SAMPLE_BY)
         _set(self, "epochs", _optional(lambda n, v: _validate.at_most(n, _validate.positive(n, v), limits.MAX_EPOCHS),
                                        "[dpsgd].epochs", self.epochs))
         _set(self, "steps", _optional(_bounded_int, "[dpsgd].steps", self.steps, limits.MAX_STEPS))
@@ -497,6 +505,7 @@ class Scenario:
     discretization: float = 1e-4
     size_release_epsilon: float | None = None
     calibration: CalibrationShape | None = None
+    units: int | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -527,6 +536,7 @@ class Scenario:
         _set(self, "discretization", _validate.positive("[accounting].discretization", self.discretization))
         _set(self, "size_release_epsilon", _optional(_validate.positive, "[data].size_release_epsilon",
                                                      self.size_release_epsilon))
+        _set(self, "units", _optional(_bounded_int, "[data].units", self.units, limits.MAX_DATASET_SIZE))
         grid_split = self.tuning is not None and self.tuning.split is not None
         if self.algorithm == "hybrid":
             if grid_split:  # each configuration has its own rule; there is no single one
@@ -553,9 +563,11 @@ class Scenario:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("warnings")
-        for key in ("size_release_epsilon", "calibration"):
+        for key in ("size_release_epsilon", "calibration", "units"):
             if out[key] is None:
-                out.pop(key)  # plans without a DP count or a calibration keep their bytes
+                out.pop(key)  # plans without a DP count, a calibration or a unit count keep their bytes
+        if out["dpsgd"] is not None and out["dpsgd"]["sample_by"] == "example":
+            out["dpsgd"].pop("sample_by")
         out["adjacency"] = self.adjacency.value
         if self.tuning is not None:
             out["tuning"] = self.tuning.to_dict()
@@ -622,7 +634,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
 
     data = top.table("data", required=True)
     values.update(dataset_size=data.get("dataset_size", required=True),
-                  size_release_epsilon=data.get("size_release_epsilon", default=None))
+                  size_release_epsilon=data.get("size_release_epsilon", default=None),
+                  units=data.get("units", default=None))
     data.finish()
 
     algo = top.table("algorithm", required=True)
@@ -787,6 +800,7 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
         if s.dpsgd.max_batch_size is not None:
             check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
         _check_epoch_sampling(s)
+    _check_units(s)
     _check_derived(s)
     if s.features is not None:
         if s.cap > 1 and s.features.unit_id is None:
@@ -826,6 +840,36 @@ def _check_epoch_sampling(s: Scenario) -> None:
     if s.size_release_epsilon is not None:
         raise InvalidParameterError(f"{key} needs the exact N (its epochs are N // B steps); "
                                     "[data].size_release_epsilon releases a DP count instead: use sampling \"poisson\"")
+
+
+def _check_units(s: Scenario) -> None:
+    """M units hold the N rows, at most K each; sampling units needs M, Poisson batches and K > 1."""
+    m, n, k = s.units, s.dataset_size, s.cap
+    if m is not None and not m <= n <= k * m:
+        raise InvalidParameterError(f"[data].units = {m} cannot hold [data].dataset_size = {n} rows at most "
+                                    f"[privacy].cap = {k} per unit: need units <= dataset_size <= cap x units")
+    d = s.dpsgd
+    if d is None or d.sample_by != "unit":
+        return
+    key = '[dpsgd].sample_by = "unit"'
+    if k == 1:
+        raise InvalidParameterError(f"{key} needs a unit capped at K > 1 ([privacy].cap); with one example per "
+                                    "unit it is example sampling: drop sample_by")
+    if m is None:
+        raise InvalidParameterError(f"{key} needs [data].units (M, the units after capping): each unit joins a "
+                                    "batch with probability batch_size / M")
+    if d.sampling != "poisson":
+        raise InvalidParameterError(f'{key} is accounted for Poisson batches over units; [dpsgd].sampling is '
+                                    f'{d.sampling!r}: use sampling = "poisson"')
+    if d.batch_size > m:
+        raise InvalidParameterError(f"[dpsgd].batch_size ({d.batch_size}) counts units under {key} and must not "
+                                    f"exceed [data].units ({m})")
+    if s.tuning is not None:
+        raise InvalidParameterError(f"{key} with [tuning] is not supported yet: tuning is accounted for "
+                                    "example-sampled runs; drop one of them")
+    if s.size_release_epsilon is not None:
+        raise InvalidParameterError(f"{key} needs the exact M; [data].size_release_epsilon releases a DP count "
+                                    "of rows instead: drop one of them")
 
 
 def _check_grid(s: Scenario) -> None:

@@ -99,14 +99,21 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                 elif sgd.sampling == "shuffle":
                     text += (f"each epoch cuts a random permutation into batches of exactly {sgd.batch_size} (the "
                              "rows left over sit that epoch out")
+                elif sgd.samples_units:
+                    text += (f"each step samples every one of the M = {sgd.units} {plan.unit.name} units "
+                             f"independently with probability q = {_num(sgd.sampling_rate)} (expected "
+                             f"{sgd.batch_size} units per batch")
                 else:
                     text += (f"each step samples every example independently with probability q = "
                              f"{_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
                 if sgd.max_batch_size:
                     text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
-                divisor = "the expected batch size q N" if sgd.sampling in ("poisson", "truncated-poisson") else \
-                    f"the batch size {sgd.batch_size}"
-                text += (f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)} (scaled to "
+                divisor = "the expected units per batch q M" if sgd.samples_units else "the expected batch size q N" \
+                    if sgd.sampling in ("poisson", "truncated-poisson") else f"the batch size {sgd.batch_size}"
+                clipped = (f"), sums the gradients of each sampled unit's examples and clips that sum to L2 norm C = "
+                           f"{_num(sgd.clipping_norm)} once per unit" if sgd.samples_units else
+                           f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}")
+                text += (f"{clipped} (scaled to "
                          "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
                          "contribution past C), adds "
                          f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
@@ -252,6 +259,11 @@ def _assumptions(plan: Plan) -> list[str]:
                 "Shuffled batches: each example is in at most one batch per epoch; no amplification is claimed, and "
                 "the Poisson figure is NOT a guarantee here (Chua et al., arXiv:2403.17673, show shuffling cannot be "
                 "accounted much below it)."))
+        elif plan.dpsgd.params.samples_units:
+            out.append(_item(
+                f"Poisson sampling of units: every {plan.unit.name} joins each batch independently with probability q, "
+                "at every step, with all of its (at most K) examples, and their summed gradient is clipped once. "
+                "Sampling examples instead, or clipping examples one by one, would void this guarantee."))
         else:
             out.append(_item(
                 "Poisson sampling: every example joins each batch independently with probability q, at every step"
@@ -453,7 +465,7 @@ def render_statement(plan: Plan, tradeoff: dict | None = None) -> str:
         ("Caveats", _caveats(plan)),
     ]
     if plan.unit_alternatives:
-        sections.append(("Other ways to bound a unit (not used; for comparison)", [
+        sections.append(("Ways to bound a unit, side by side (for comparison)", [
             _item(_alternative(a)) for a in plan.unit_alternatives]))
     if plan.warnings:
         sections.append(("Warnings", [_item(w) for w in plan.warnings]))
@@ -469,8 +481,13 @@ def _alternative(a: dict) -> str:
     for knob, words in (("per_impression_epsilon", "per-impression epsilon"), ("noise_multiplier", "noise multiplier"),
                         ("noise_std", "noise std")):
         if knob in a:
-            return (f"{a['phase']}, {a['bounding']}: {words} {_num(a[knob])}, unit guarantee "
+            text = (f"{a['phase']}, {a['bounding']}: {words} {_num(a[knob])}, unit guarantee "
                     f"({_num(a['unit_epsilon'])}, {_num(a['unit_delta'], 4)}); {a['note']}.")
+            if "noise_per_contribution" in a:
+                text += (f" {a['execution'].capitalize()}: about {_num(a['expected_contributions'])} clipped "
+                         f"contributions per step, noise {_num(a['noise_per_contribution'])} x C per contribution"
+                         + (" (the least: recommended)." if a.get("recommended") else "."))
+            return text
     return f"{a['phase']}, {a['bounding']}."
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["Adjacency", "PrivacyUnit", "CAPPING_RULES"]
+__all__ = ["Adjacency", "PrivacyUnit", "CAPPING_RULES", "SAMPLE_BY"]
 
 
 class Adjacency(enum.StrEnum):
@@ -42,6 +42,9 @@ class Adjacency(enum.StrEnum):
 
 
 CAPPING_RULES = ("random", "first")
+# What DP-SGD samples and clips: each example on its own, or a whole capped unit (its
+# examples' gradients summed and clipped once; Charles et al., arXiv:2407.07737).
+SAMPLE_BY = ("example", "unit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,7 +39,7 @@ from budgetplan.accounting.rr import flip_probability
 from budgetplan.calibrate import steps_for_epochs
 from budgetplan.dpcount import noise_std as count_noise_std
 from budgetplan.errors import BudgetplanError, PlanMismatchError
-from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD
+from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
 from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.units import Adjacency
@@ -156,7 +156,10 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
         case DPSGDPhase(mechanism=m, params=par):
             close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
             close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
-            close(f"{where}.parameters.sampling_rate", par.sampling_rate, par.batch_size / n)
+            close(f"{where}.parameters.sampling_rate", par.sampling_rate,
+                  par.batch_size / (n if par.units is None else par.units))
+            if par.units is not None:
+                close(f"{where}.parameters.units vs scenario", par.units, plan.scenario.units)
             close(f"{where}.mechanism.steps", m.steps, par.steps)
             close(f"{where}.parameters.sensitivity", par.sensitivity,
                   par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
@@ -191,8 +194,9 @@ def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str
         problems.append(f"{where}: the scenario has no [dpsgd] table")
         return
     close(f"{where}.parameters.sampling vs scenario", par.sampling, shape.sampling)
+    close(f"{where}.parameters.sample_by vs scenario", par.sample_by or "example", shape.sample_by)
     expected = batch_selection.mechanism(par.sampling, par.noise_multiplier, dataset_size=n, batch_size=par.batch_size,
-                                         steps=par.steps, max_batch_size=par.max_batch_size)
+                                         steps=par.steps, max_batch_size=par.max_batch_size, units=par.units)
     close(f"{where}.mechanism.type", type(m).__name__, type(expected).__name__)
     if type(m) is not type(expected):
         return
@@ -204,14 +208,15 @@ def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str
         close(f"{where}.mechanism.steps_per_epoch", m.steps_per_epoch, par.steps_per_epoch)
         close(f"{where}.mechanism.epochs", m.epochs, whole)
         return
-    assert isinstance(m, (PoissonDPSGD, TruncatedPoissonDPSGD))  # the type matched batch_selection's
+    assert isinstance(m, (PoissonDPSGD, UnitPoissonDPSGD, TruncatedPoissonDPSGD))  # the type matched batch_selection's
     close(f"{where}.mechanism.sampling_rate", m.sampling_rate, par.sampling_rate)
     if shape.steps is not None:
         close(f"{where}.parameters.steps vs scenario", par.steps, shape.steps)
     else:
         assert shape.epochs is not None  # a DPSGDShape has exactly one of steps and epochs
         close(f"{where}.parameters.steps vs epochs", par.steps,
-              steps_for_epochs(epochs=shape.epochs, dataset_size=n, batch_size=par.batch_size))
+              steps_for_epochs(epochs=shape.epochs, dataset_size=n if par.units is None else par.units,
+                               batch_size=par.batch_size))
     if isinstance(m, TruncatedPoissonDPSGD):
         close(f"{where}.mechanism.max_batch_size", m.max_batch_size, par.max_batch_size)
         close(f"{where}.mechanism.dataset_size", m.dataset_size, n)

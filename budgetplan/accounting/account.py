@@ -9,6 +9,7 @@ mechanism              methods (default first)         unit capped at K > 1, "ti
 RandomizedResponse     exact, pld, rdp                 K-fold composition (exact binomial)
 GaussianRelease        exact, pld, rdp, classical      sensitivity K * Delta
 PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove)
+UnitPoissonDPSGD       pld, rdp, prv                   the unit is the sampled element: as K=1
 TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
 AllocationDPSGD        rdp (add-remove only)           unsupported: use "group"
 ShuffledDPSGD          exact, pld (no amplification)   sensitivity K per epoch
@@ -20,7 +21,8 @@ A Composition holding DiscreteLaplaceCount phases (a DP count of N) is composed 
 the counts' finite privacy loss distributions exactly into the other phases' PLD.
 
 ``unit_accounting="group"`` instead applies the generic group-privacy formula to the
-example-level guarantee of the chosen method (see ``group.py``), for every mechanism.
+example-level guarantee of the chosen method (see ``group.py``), for every mechanism but
+UnitPoissonDPSGD, whose sampled and clipped element already is the unit (no group step).
 
 Randomized response protects labels and is accounted under replace-one only. DP-SGD under
 replace-one (sensitivity 2C per example) is accounted by PLD only: dp_accounting's RDP and
@@ -35,6 +37,7 @@ value that works; PRV grids are sized and refused before they are allocated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +57,7 @@ from budgetplan.mechanisms import (
     RandomizedResponse,
     ShuffledDPSGD,
     TruncatedPoissonDPSGD,
+    UnitPoissonDPSGD,
 )
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -67,6 +71,7 @@ _DEFAULT_METHOD = {
     RandomizedResponse: "exact",
     GaussianRelease: "exact",
     PoissonDPSGD: "pld",
+    UnitPoissonDPSGD: "pld",
     TruncatedPoissonDPSGD: "pld",
     AllocationDPSGD: "rdp",
     ShuffledDPSGD: "exact",
@@ -77,12 +82,18 @@ _SUPPORTED = {
     RandomizedResponse: ("exact", "pld", "rdp"),
     GaussianRelease: ("exact", "pld", "rdp", "classical"),
     PoissonDPSGD: ("pld", "rdp", "prv"),
+    UnitPoissonDPSGD: ("pld", "rdp", "prv"),
     TruncatedPoissonDPSGD: ("pld",),
     AllocationDPSGD: ("rdp",),
     ShuffledDPSGD: ("exact", "pld"),
     DiscreteLaplaceCount: ("exact",),
     Composition: ("pld", "basic"),
 }
+_UNIT_SAMPLING_NOTE = (
+    "units sampled, not examples: each {} joins each batch independently with probability q and the "
+    "sum of its examples' gradients is clipped once to C, so one unit's change is one Poisson-sampled "
+    "contribution, accounted as example-level DP-SGD over units (Charles et al., arXiv:2407.07737)"
+)
 _POISSON_NOTE = (
     "valid only if every example joins each batch independently with probability q; "
     "shuffled or fixed-size batches void it"
@@ -144,7 +155,7 @@ def account(
         return _basic(mechanism, delta=delta, adjacency=adjacency, unit=unit,
                       unit_accounting=unit_accounting, discretization=discretization,
                       prv_eps_error=prv_eps_error)[0]
-    if unit.cap > 1 and unit_accounting == "group":
+    if unit.cap > 1 and unit_accounting == "group" and not isinstance(mechanism, UnitPoissonDPSGD):
         # the example-level curve is read first at delta / K, then below (delta_e ~ delta / e^{K eps})
         example = _curve(mechanism, adjacency, PrivacyUnit.example(), method, discretization, prv_eps_error,
                          delta / unit.cap, smallest=delta * 1e-6)
@@ -268,6 +279,11 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
     if isinstance(mechanism, PoissonDPSGD):
         return _dpsgd_curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta,
                             delta if smallest is None else smallest)
+    if isinstance(mechanism, UnitPoissonDPSGD):
+        curve = _dpsgd_curve(mechanism.as_poisson(), adjacency, PrivacyUnit.example(), method, discretization,
+                             prv_eps_error, delta, delta if smallest is None else smallest)
+        return dataclasses.replace(curve, notes=(_UNIT_SAMPLING_NOTE.format(unit.describe()),) + tuple(
+            n for n in curve.notes if n != _POISSON_NOTE))
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
     if isinstance(mechanism, AllocationDPSGD):

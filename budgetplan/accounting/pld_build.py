@@ -32,6 +32,7 @@ from budgetplan.mechanisms import (
     PoissonDPSGD,
     RandomizedResponse,
     ShuffledDPSGD,
+    UnitPoissonDPSGD,
 )
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -133,7 +134,7 @@ def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) 
                          mechanism.noise_std, larger_fits=True)
         return (f"noise_std={mechanism.noise_std:g} is too small for PLD accounting (it works from about "
                 f"{best:.3g}); use method 'exact'")
-    if isinstance(mechanism, PoissonDPSGD) and unit.cap == 1:
+    if isinstance(mechanism, UnitPoissonDPSGD) or (isinstance(mechanism, PoissonDPSGD) and unit.cap == 1):
         best = _boundary(lambda s: fits(replace(mechanism, noise_multiplier=s), unit), mechanism.noise_multiplier,
                          larger_fits=True)
         return (f"noise_multiplier={mechanism.noise_multiplier:g} is too small for PLD accounting (it works from "
@@ -209,6 +210,9 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
         return [(fastpld.gaussian(noise_multiplier=mechanism.noise_multiplier / math.sqrt(mechanism.epochs),
                                   relation=rel, discretization=d, log_mass_truncation_bound=_truncation(delta, 1)),
                  1)]
+    if isinstance(mechanism, UnitPoissonDPSGD):
+        # the unit is the element sampled and clipped: one unit moves one Poisson contribution
+        return _parts(mechanism.as_poisson(), adjacency, PrivacyUnit.example(unit.name), d, delta)
     if isinstance(mechanism, AllocationDPSGD):
         raise UnsupportedError("random allocation has no PLD here (it is accounted by RDP); phases with it are "
                                "composed by basic composition")

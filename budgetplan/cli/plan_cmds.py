@@ -74,11 +74,14 @@ def _render(p, out) -> None:
         for a in p.unit_alternatives:
             knob = next((k for k in ("per_impression_epsilon", "noise_multiplier", "noise_std") if k in a), None)
             cost = f"{knob.replace('_', ' ')} {fmt(a[knob])}" if knob else f"n/a: {a.get('note', '')}"
-            alt.append([a["phase"], a["bounding"], cost, a.get("unit_epsilon", "-"), a.get("unit_delta", "-")])
+            per = "-" if "noise_per_contribution" not in a else \
+                fmt(a["noise_per_contribution"]) + (" (recommended)" if a.get("recommended") else "")
+            alt.append([a["phase"], a["bounding"], cost, a.get("unit_epsilon", "-"), a.get("unit_delta", "-"), per])
         out.print(results_table(f"Ways to bound a unit of {p.unit.cap} examples (the plan uses "
                                 f"{p.scenario.unit_accounting}, per-impression rule "
                                 f"{p.scenario.rr.per_impression if p.scenario.rr else '-'})",
-                                ["phase", "bounding", "cost", "unit eps", "unit delta"], alt))
+                                ["phase", "bounding", "cost", "unit eps", "unit delta", "noise / contribution"],
+                                alt))
 
 
 @click.command()

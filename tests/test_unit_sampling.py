@@ -1,0 +1,202 @@
+"""User-level DP-SGD by sampling units: scenario key, accounting, plan, verify, alternatives, statement."""
+
+import dataclasses
+import json
+
+import pytest
+
+from budgetplan.accounting import account
+from budgetplan.calibrate import dpsgd_noise_multiplier
+from budgetplan.errors import InvalidParameterError
+from budgetplan.mechanisms import Composition, PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
+from budgetplan.plan import Plan
+from budgetplan.planner import build_plan
+from budgetplan.scenario import parse_scenario
+from budgetplan.statement import render_statement
+from budgetplan.units import PrivacyUnit
+from budgetplan.verify import verify_plan
+
+N, M = 20_000, 5_000
+SCENARIO = """
+[budget]
+epsilon = 2.0
+delta = 1e-6
+
+[privacy]
+adjacency = "{adjacency}"
+unit = "user"
+cap = {cap}
+
+[data]
+dataset_size = {n}
+{units}
+
+[algorithm]
+name = "dpsgd"
+
+[dpsgd]
+batch_size = {batch}
+epochs = 2
+clipping_norm = 1.0
+sample_by = "{sample_by}"
+{extra}
+"""
+
+
+def scenario(sample_by="unit", *, adjacency="add-remove", cap=5, n=N, units=f"units = {M}", batch=100, extra=""):
+    return parse_scenario(SCENARIO.format(adjacency=adjacency, cap=cap, n=n, units=units, batch=batch,
+                                          sample_by=sample_by, extra=extra))
+
+
+USER = PrivacyUnit.capped(5, name="user")
+
+
+@pytest.mark.parametrize("adjacency", ["add-remove", "replace-one"])
+def test_a_unit_sampled_mechanism_costs_what_one_example_does_over_units(adjacency):
+    # Independent route: the example-level Poisson accounting at the same q and T (the unit
+    # is the element sampled and clipped); the cap must not enter.
+    unit_m = UnitPoissonDPSGD(noise_multiplier=0.9, sampling_rate=0.01, steps=400)
+    example = account(PoissonDPSGD(noise_multiplier=0.9, sampling_rate=0.01, steps=400), delta=1e-6,
+                      adjacency=adjacency)
+    for cap in (2, 5, 50):
+        g = account(unit_m, delta=1e-6, adjacency=adjacency, unit=PrivacyUnit.capped(cap, name="user"))
+        assert g.epsilon == example.epsilon and g.unit.cap == cap
+        assert "arXiv:2407.07737" in " ".join(g.notes)
+    # group privacy is no looser for it: there is no group step to take
+    assert account(unit_m, delta=1e-6, adjacency=adjacency, unit=USER, unit_accounting="group").epsilon == \
+        example.epsilon
+    if adjacency == "add-remove":
+        rdp = account(unit_m, delta=1e-6, adjacency=adjacency, unit=USER, method="rdp").epsilon
+        assert rdp == account(unit_m.as_poisson(), delta=1e-6, adjacency=adjacency, method="rdp").epsilon
+        # and less than the example-sampled unit's mixture of Gaussians at the same sigma, q, T
+        mog = account(unit_m.as_poisson(), delta=1e-6, adjacency=adjacency, unit=USER).epsilon
+        assert example.epsilon < mog
+
+
+def test_it_composes_with_the_rr_phase_at_the_units_level():
+    # A Hybrid-like composition: RR spends its epsilon on each of the K labels, DP-SGD once per unit.
+    unit_m = UnitPoissonDPSGD(noise_multiplier=1.0, sampling_rate=0.01, steps=200)
+    both = account(Composition(phases=(RandomizedResponse(epsilon=0.2), unit_m)), delta=1e-6,
+                   adjacency="replace-one", unit=USER).epsilon
+    alone = account(unit_m, delta=1e-6, adjacency="replace-one", unit=USER).epsilon
+    assert 5 * 0.2 < both <= 5 * 0.2 + alone + 1e-3
+
+
+def test_the_plan_samples_units_verifies_and_round_trips():
+    plan = build_plan(scenario())
+    phase = plan.dpsgd
+    assert isinstance(phase.mechanism, UnitPoissonDPSGD)
+    par = phase.params
+    assert (par.sample_by, par.units, par.sampling_rate) == ("unit", M, 100 / M)
+    assert par.expected_batch_size == 100 and par.steps == 100 and par.sensitivity == 1.0
+    assert phase.unit_accounting == "tight" and phase.guarantee.epsilon <= 2.0 * (1 + 1e-9)
+    # calibrated as example-level DP-SGD over the M units
+    cal = dpsgd_noise_multiplier(epsilon=2.0, delta=1e-6, sampling_rate=100 / M, steps=100)
+    assert par.noise_multiplier == pytest.approx(cal.value, rel=1e-3)
+    again = Plan.from_json(plan.to_json())
+    assert again.sha256 == plan.sha256
+    report = verify_plan(again)
+    assert report.ok, report.problems
+    # replace-one doubles the sensitivity, as for examples
+    assert build_plan(scenario(adjacency="replace-one")).dpsgd.params.sensitivity == 2.0
+
+
+def test_tampered_unit_fields_do_not_verify():
+    plan = build_plan(scenario())
+    doc = json.loads(plan.to_json())
+    doc["phases"][0]["parameters"]["units"] = M * 2
+    report = verify_plan(Plan.from_dict(doc))
+    assert not report.ok and any("units vs scenario" in p for p in report.problems)
+    # swapping the mechanism for the example-level one is refused at load
+    doc = json.loads(plan.to_json())
+    doc["phases"][0]["mechanism"]["type"] = "PoissonDPSGD"
+    with pytest.raises(InvalidParameterError, match="UnitPoissonDPSGD"):
+        Plan.from_dict(doc)
+
+
+def test_example_sampled_plans_keep_their_bytes():
+    plan = build_plan(scenario("example", units=""))
+    doc = json.loads(plan.to_json())
+    assert "sample_by" not in doc["scenario"]["dpsgd"] and "units" not in doc["scenario"]
+    assert "sample_by" not in doc["phases"][0]["parameters"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(units=""), r"needs \[data\].units"),
+    (dict(cap=1, n=M), r"K > 1"),
+    (dict(units="units = 3000"), r"units <= dataset_size <= cap x units"),
+    (dict(units="units = 30000"), r"units <= dataset_size"),
+    (dict(batch=6000, units="units = 5000"), r"counts units"),
+    (dict(extra='sampling = "shuffle"'), r'sampling = "poisson"'),
+])
+def test_the_scenario_refuses_what_unit_sampling_cannot_run(kwargs, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        scenario(**kwargs)
+
+
+def test_bad_sample_by_value_names_the_key():
+    with pytest.raises(InvalidParameterError, match=r"\[dpsgd\].sample_by"):
+        parse_scenario(SCENARIO.format(adjacency="add-remove", cap=5, n=N, units=f"units = {M}", batch=100,
+                                       sample_by="users", extra=""))
+
+
+def _alternatives(plan):
+    return [a for a in plan.unit_alternatives if a["phase"] == "dpsgd" and a.get("applies")]
+
+
+@pytest.mark.parametrize("sample_by", ["example", "unit"])
+def test_alternatives_list_both_executions_and_recommend_one(sample_by):
+    plan = build_plan(scenario(sample_by))
+    rows = _alternatives(plan)
+    executions = {a["execution"] for a in rows}
+    assert executions == {"example sampling", "unit sampling"}
+    unit_row = next(a for a in rows if a["execution"] == "unit sampling")
+    # the same target, the same q and T: the unit row is the example-level noise over units
+    cal = dpsgd_noise_multiplier(epsilon=2.0, delta=1e-6, sampling_rate=plan.dpsgd.mechanism.sampling_rate,
+                                 steps=plan.dpsgd.mechanism.steps, verify=False)
+    assert unit_row["noise_multiplier"] == pytest.approx(cal.value, rel=1e-3)
+    q = plan.dpsgd.mechanism.sampling_rate
+    assert unit_row["expected_contributions"] == pytest.approx(q * M)
+    for a in rows:
+        assert a["noise_per_contribution"] == pytest.approx(a["noise_multiplier"] / a["expected_contributions"])
+        if a["execution"] == "example sampling":
+            assert a["expected_contributions"] == pytest.approx(q * N)
+            # a unit of K examples each sampled alone needs more noise than one sampled unit
+            assert a["noise_multiplier"] > unit_row["noise_multiplier"]
+    recommended = [a for a in rows if a.get("recommended")]
+    assert len(recommended) == 1
+    assert recommended[0]["noise_per_contribution"] == min(a["noise_per_contribution"] for a in rows)
+
+
+def test_the_recommendation_follows_the_shape():
+    # Full units of K = 5 at a tiny q: the mixture's sigma is far below 5x the unit one, so per
+    # clipped contribution example sampling wins; with single-row units (N = M) it cannot.
+    full = build_plan(scenario("example"))
+    assert next(a for a in _alternatives(full) if a.get("recommended"))["execution"] == "example sampling"
+    sparse = build_plan(scenario("example", n=M + 10))
+    assert next(a for a in _alternatives(sparse) if a.get("recommended"))["execution"] == "unit sampling"
+
+
+def test_without_a_unit_count_the_alternative_says_what_it_assumed():
+    plan = build_plan(scenario("example", units=""))
+    unit_row = next(a for a in _alternatives(plan) if a["execution"] == "unit sampling")
+    assert "N/K" in unit_row["note"] and unit_row["expected_contributions"] == pytest.approx(
+        plan.dpsgd.mechanism.sampling_rate * N / 5)
+
+
+def test_the_statement_says_units_are_sampled_and_clipped_once():
+    text = " ".join(render_statement(build_plan(scenario())).split())  # the statement wraps its lines
+    assert "samples every one of the M = 5000 user units" in text
+    assert "clips that sum to L2 norm C = 1 once per unit" in text
+    assert "divides by the expected units per batch q M" in text
+    assert "Poisson sampling of units" in text
+    example = " ".join(render_statement(build_plan(scenario("example"))).split())
+    assert "once per unit" not in example and "clips each example's gradient" in example
+
+
+def test_params_refuse_half_a_unit_declaration():
+    par = build_plan(scenario()).dpsgd.params
+    with pytest.raises(InvalidParameterError, match="go together"):
+        dataclasses.replace(par, units=None)
+    with pytest.raises(InvalidParameterError, match="Poisson batches"):
+        dataclasses.replace(par, sampling="shuffle")

@@ -442,6 +442,9 @@ def _dpsgd_noise(record: RunRecord, plan: Plan) -> Check:
                               ("expected batch size", ran.batch_size_expected, par.expected_batch_size)):
         if not math.isclose(have, want, rel_tol=1e-12):
             problems.append(f"the run's {label} is {have!r}, the plan's {want!r}")
+    if (ran.clipped_per == "unit") != par.samples_units:
+        problems.append(f"the run clipped per {ran.clipped_per or 'example'}; the plan samples and clips per "
+                        f"{'unit' if par.samples_units else 'example'}")
     if ran.truncated != (par.sampling == "truncated-poisson"):
         problems.append(f"the run {'truncated' if ran.truncated else 'did not truncate'} its batches; the plan "
                         f"samples {par.sampling!r}")
@@ -544,7 +547,9 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         ran, problem = _full_dpsgd(record, plan, ran)
         if problem is not None:
             return [Check(name, False, problem)]
-    n = planned.params.dataset_size
+    # a unit-sampled phase draws its batches from the M units: its sizes count units
+    n = planned.params.dataset_size if planned.params.units is None else planned.params.units
+    what = "rows" if planned.params.units is None else "units"
     sized = ledger
     if plan.count is not None:
         evidence = evidence or _Sizes(problem="no private batch-size ledger was read")
@@ -585,7 +590,7 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         p_total = float(2 * stats.norm.sf(abs(z)))
         how = f"two-sided normal (Poisson truncated at {cap})"
     checks = [Check(f"{name}: total", p_total >= alpha,
-                    f"{total} rows over {t} steps (all sessions, from the ledger), expected {t * mu:.1f}; {how} "
+                    f"{total} {what} over {t} steps (all sessions, from the ledger), expected {t * mu:.1f}; {how} "
                     f"p = {p_total:.3g} (fails below {alpha:g})")]
     if t >= 2 and var1 > 0:
         mean = total / t

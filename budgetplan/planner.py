@@ -648,12 +648,13 @@ def _unit_sampling_rows(s: Scenario, unit, p: DPSGDPhase, example_rows: list[dic
     The plan's own execution is costed first when it samples units (the example rows are
     added here), else the unit row is added to the example rows already there.
     """
-    eps, delta = p.target_epsilon, p.target_delta
-    q, steps, n = p.mechanism.sampling_rate, p.mechanism.steps, s.dataset_size
+    eps, delta, mech = p.target_epsilon, p.target_delta, p.mechanism
+    assert isinstance(mech, (PoissonDPSGD, UnitPoissonDPSGD))  # the callers' match
+    q, steps, n = mech.sampling_rate, mech.steps, s.dataset_size
     m_units, m_note = (s.units, f"M = {s.units:,} units") if s.units is not None else \
         (n / unit.cap, f"M = N/K = {n / unit.cap:,.0f} assumed (every unit full); give [data].units for yours")
     rows = []
-    if isinstance(p.mechanism, UnitPoissonDPSGD):
+    if isinstance(mech, UnitPoissonDPSGD):
         # the plan samples units: cost the example executions at the same q and T
         for label, kwargs in (("mixture of Gaussians", dict(unit_accounting="tight")),
                               ("group privacy (pld)", dict(unit_accounting="group"))):
@@ -665,7 +666,7 @@ def _unit_sampling_rows(s: Scenario, unit, p: DPSGDPhase, example_rows: list[dic
                                  cal.guarantee.method))
             except BudgetplanError as exc:
                 rows.append({"phase": p.name, "bounding": label, "applies": False, "note": str(exc)})
-        own = _alt(p, _UNIT_SAMPLING, "noise_multiplier", p.mechanism.noise_multiplier, p.guarantee.epsilon,
+        own = _alt(p, _UNIT_SAMPLING, "noise_multiplier", mech.noise_multiplier, p.guarantee.epsilon,
                    p.guarantee.delta, p.guarantee.method)
     else:
         cal = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
@@ -682,7 +683,7 @@ def _unit_sampling_rows(s: Scenario, unit, p: DPSGDPhase, example_rows: list[dic
                  noise_per_contribution=r["noise_multiplier"] / (q * n))
     best = min(examples + [own], key=lambda r: r["noise_per_contribution"])
     best["recommended"] = True
-    return ([own] + rows) if isinstance(p.mechanism, UnitPoissonDPSGD) else [own]
+    return ([own] + rows) if isinstance(mech, UnitPoissonDPSGD) else [own]
 
 
 def _alt(phase, bounding, knob, value, epsilon, delta, note) -> dict:

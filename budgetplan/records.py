@@ -174,6 +174,8 @@ class DPSGDRun:
     A phase run by several processes says how many (``processes``) and how many noisy
     steps each of them counted on its own this session (``rank_steps``, in rank order);
     the ledger holds each step's per-rank batch sizes. Both are absent for one process.
+    A phase that sampled units and clipped each unit's summed gradient once says
+    ``clipped_per = "unit"`` (its batch sizes count units); absent when examples were.
     """
 
     name: ClassVar[str] = "dpsgd"
@@ -206,8 +208,11 @@ class DPSGDRun:
     withheld: tuple[str, ...] | None = _typed.omit_if_none()
     processes: int | None = _typed.omit_if_none()
     rank_steps: tuple[int, ...] | None = _typed.omit_if_none()
+    clipped_per: str | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
+        if self.clipped_per not in (None, "unit"):
+            raise InvalidParameterError(f"clipped_per must be \"unit\" or absent, got {self.clipped_per!r}")
         if (self.processes is None) != (self.rank_steps is None):
             raise InvalidParameterError("processes and rank_steps go together (a phase run by several processes)")
         if self.processes is not None:

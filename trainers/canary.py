@@ -105,6 +105,9 @@ def _check_plan(plan) -> None:
                                f"change; this plan is {plan.adjacency.value}, where it is two changes")
     if plan.tuning is not None:
         raise UnsupportedError("a plan with a tuning grid trains many configurations; audit one configuration's plan")
+    if plan.dpsgd is not None and plan.dpsgd.params.samples_units:
+        raise UnsupportedError("canaries here are single rows, each its own unit; a plan that samples units would "
+                               "need whole canary units (not built): audit an example-sampled plan")
     if not any(isinstance(p, (RRPhase, DPSGDPhase)) for p in plan.phases):
         raise UnsupportedError(f"canaries audit a trained neural model; this plan has "
                                f"{' + '.join(p.name for p in plan.phases)}")

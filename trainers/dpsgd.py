@@ -72,6 +72,8 @@ class DPSGDResult:
             ``clipped`` are then totals over the ranks.
         rank_steps: with more than one process, the steps each rank counted on its own
             (the auditor refuses a run whose ranks disagree).
+        clipped_per: ``"unit"`` when units were sampled and each unit's summed gradient was
+            clipped once (``batch_sizes`` and ``clipped`` then count units), else ``"example"``.
     """
 
     steps_planned: int
@@ -97,6 +99,7 @@ class DPSGDResult:
     world_size: int = 1
     rank_batch_sizes: tuple | None = None  # with several processes: each rank's batch sizes, in rank order
     rank_steps: tuple | None = None        # with several processes: the steps each rank counted itself
+    clipped_per: str = "example"
 
     @property
     def clipped_fraction(self) -> float:
@@ -128,7 +131,7 @@ def encoded_rows(data):
 
 def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float, noise_std: float,
                    expected_batch: float, noise_generator, loss_fn, truncated: bool = False,
-                   collective=None) -> int:
+                   collective=None, unit_rows: int = 1) -> int:
     """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
 
     The batch's chunks are clipped and summed separately and added up before the noise,
@@ -140,6 +143,9 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
     Args:
         rows: ``rows(idx)`` -> ``(inputs, targets)``, the model's positional inputs and the
             loss's targets at the row indices ``idx`` (``encoded_rows(data)`` for EncodedData).
+        unit_rows: K when units are sampled: the chunks hold each unit's rows in a block of K,
+            and each block's summed gradient is clipped once (``clipped_gradient_sum``); the
+            count returned is then of clipped units.
     """
     from trainers.clipping import clipped_gradient_sum
 
@@ -148,7 +154,7 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
     for idx, mask in batch.chunks:
         inputs, targets = rows(idx)
         out = clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
-                                   parameters=trainable, truncated=truncated)
+                                   parameters=trainable, truncated=truncated, unit_rows=unit_rows)
         if acc is None:
             acc = [p.grad for p in trainable]
             for p in trainable:
@@ -200,7 +206,8 @@ class DPSGDStep:
         self.loss_fn, self.noise_generator, self.ledger = loss_fn, noise_generator, ledger
         self.truncated, self.collective = truncated, collective
         self.noise_std = params.noise_multiplier * params.clipping_norm
-        self.expected_batch = params.sampling_rate * params.dataset_size
+        self.expected_batch = params.expected_batch_size
+        self.unit_rows = params.cap if params.samples_units else 1
         self.start_step = self.step = start_step  # the next step's index
         self.sizes: list[int] = []        # global batch sizes, as the ledger holds them
         self.local_sizes: list = []       # with a collective: every rank's part of each step
@@ -229,7 +236,8 @@ class DPSGDStep:
         self.clipped += noisy_gradient(self.model, rows, batch, self.trainable,
                                        clipping_norm=self.params.clipping_norm, noise_std=self.noise_std,
                                        expected_batch=self.expected_batch, noise_generator=self.noise_generator,
-                                       loss_fn=self.loss_fn, truncated=self.truncated, collective=coll)
+                                       loss_fn=self.loss_fn, truncated=self.truncated, collective=coll,
+                                       unit_rows=self.unit_rows)
         self.chunks += len(batch.chunks)
         if coll is None or coll.draws_noise:
             self.noise_draws += sum(p.numel() for p in self.trainable)
@@ -257,7 +265,8 @@ class DPSGDStep:
             model="truncated" if self.truncated else "full",
             trainable_parameters=int(sum(p.numel() for p in self.trainable)), settings=settings,
             seconds=time.perf_counter() - self.t0, peak_memory=peak_memory(device),
-            world_size=1 if coll is None else coll.world_size, rank_batch_sizes=per_rank, rank_steps=rank_steps)
+            world_size=1 if coll is None else coll.world_size, rank_batch_sizes=per_rank, rank_steps=rank_steps,
+            clipped_per="unit" if par.samples_units else "example")
 
 
 def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False,
@@ -271,10 +280,25 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
     their mean batch N / (N // B) or exactly B. The indices live on ``device`` (default the
     labels').
     """
-    from trainers.sampling import AllocationSampler, PoissonSampler, ShuffleSampler, chunk_size, fixed_chunk_size
+    from trainers.sampling import (
+        AllocationSampler,
+        PoissonSampler,
+        ShuffleSampler,
+        UnitPoissonSampler,
+        chunk_size,
+        fixed_chunk_size,
+        unit_table,
+    )
 
     device = data.label.device if device is None else device
     padded = settings.padded_size
+    if params.samples_units:
+        # chunks of whole units, K rows each: padded_size counts rows, so a chunk holds padded // K units
+        units = None if padded is None else max(1, padded // params.cap)
+        if units is None and settings.max_chunk is not None:
+            units = max(1, chunk_size(params.expected_batch_size * params.cap, settings.max_chunk) // params.cap)
+        return UnitPoissonSampler(unit_table(data.unit.cpu(), params.cap), params.sampling_rate, padded_units=units,
+                                  seed=randomness.torch_seed(), device=device)
     if params.sampling == "allocation":
         t = params.steps_per_epoch
         return AllocationSampler(len(data), t, padded_size=padded or chunk_size(len(data) / t, settings.max_chunk),
@@ -311,10 +335,15 @@ def check_resume(params: DPSGDParams, start_step: int) -> None:
             f"run stopped at step {start_step}, inside an epoch, and its remaining steps are not covered by the plan")
 
 
-def check_rows(params: DPSGDParams, rows: int, *, size_private: bool) -> None:
-    """Refuse data the phase was not accounted for: another N (unless N is a DP count)."""
+def check_rows(params: DPSGDParams, rows: int, *, size_private: bool, units: int | None = None) -> None:
+    """Refuse data the phase was not accounted for: another N (unless N is a DP count), or
+    another number of units M when units are sampled (``units``: the data's, None if it has no ids)."""
     if rows != params.dataset_size and not size_private:
         raise InvalidParameterError(f"the DP-SGD phase has {rows} rows; the plan accounts N = {params.dataset_size}")
+    if params.samples_units and units != params.units:
+        have = "no unit ids" if units is None else f"{units} units"
+        raise InvalidParameterError(f"the DP-SGD phase samples units and the data has {have} after capping; the plan "
+                                    f"accounts M = {params.units}")
     if params.sampling != "poisson" and size_private:
         raise PlanMismatchError(f"{params.sampling} batches are accounted for the exact N; a plan with a DP count "
                                 "has none")
@@ -353,8 +382,11 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     if collective is not None and params.sampling != "poisson":
         raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or run one process)")
+    if collective is not None and params.samples_units:
+        raise UnsupportedError("sampling units is not run over several processes yet: the ranks split the rows, "
+                               "and a unit's rows must be clipped together (run one process)")
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
-               size_private=size_private)
+               size_private=size_private, units=_unit_count(data) if params.samples_units else None)
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     check_resume(params, start_step)
@@ -399,6 +431,11 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         for p in trainable:
             p.grad = None
     return engine.result(padded_size=sampler.padded_size, settings=settings.to_dict(), device=device)
+
+
+def _unit_count(data) -> int | None:
+    """The distinct units of ``data`` (dense ids 0..U-1), None without unit ids."""
+    return None if data.unit is None else int(torch.unique(data.unit).numel())
 
 
 def expected_chunks(n: int, q: float, padded_size: int) -> float:

@@ -112,6 +112,9 @@ def _dpsgd_phase(plan) -> DPSGDPhase:
     if plan.tuning is not None and "grid" in plan.tuning:
         raise UnsupportedError("the plan selects among a grid of configurations: PrivateStep runs one plan's DP-SGD "
                                "phase; plan the chosen configuration alone")
+    if phase.params.samples_units:
+        raise UnsupportedError("the plan samples units: PrivateStep draws batches of rows, not of whole units; train "
+                               "it with `budgetplan train`")
     others = [p.name for p in plan.phases if not isinstance(p, (DPSGDPhase, CountPhase))]
     if others:
         raise UnsupportedError(f"the plan's phases are {names}: PrivateStep runs the DP-SGD phase alone, and the "

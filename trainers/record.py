@@ -87,7 +87,7 @@ def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | 
         trainable_parameters=result.trainable_parameters, model=result.model, nonsensitive_tower=nonsensitive_tower,
         chunks=result.chunks, padded_size=result.padded_size, settings=result.settings, seconds=result.seconds,
         peak_memory=result.peak_memory, processes=result.world_size if result.rank_steps is not None else None,
-        rank_steps=result.rank_steps)
+        rank_steps=result.rank_steps, clipped_per="unit" if result.clipped_per == "unit" else None)
     if not withhold:
         return public, DPSGDStats(clipped_fraction=result.clipped_fraction)
     public, held = public.withholding()

@@ -289,6 +289,25 @@ class _LinearPieces:
             layer.bias.grad = c @ g
 
 
+# Above this many lookups per unit, a unit's Embedding norm is a segment sum over (unit, id)
+# rather than a masked Gram matrix: the Gram costs (K L)^2 (dim + 1) per unit, the segment sum
+# about K L (dim + a sort's log). On one CPU thread (24k lookups, dim 8 and 32) the Gram was the
+# faster up to K L = 16 and 2-5x slower from 32 to 64.
+_GRAM_MAX_LOOKUPS = 16
+
+
+def _segment_squared_norms(owner: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, vocab: int,
+                           count: int) -> torch.Tensor:
+    """[count] squared norms of each owner's table gradient: its rows of equal id summed, then squared.
+
+    ``rows[j]`` is the gradient lookup j puts on table row ``ids[j]`` for owner ``owner[j]``
+    (an example or a unit); never [count, vocabulary, dim].
+    """
+    keys, inverse = torch.unique(owner * vocab + ids, return_inverse=True)
+    groups = rows.new_zeros(keys.shape[0], rows.shape[1]).index_add_(0, inverse, rows)
+    return rows.new_zeros(count).index_add_(0, keys // vocab, groups.square().sum(1))
+
+
 class _EmbeddingPieces:
     """An Embedding's looked-up ids [P, L] and output gradients G [P, L, dim]."""
 
@@ -307,6 +326,10 @@ class _EmbeddingPieces:
         if unit_rows > 1:  # a unit's lookups side by side: equal ids of two of its examples add up too
             ids = ids.reshape(ids.shape[0] // unit_rows, -1)
             g = g.reshape(g.shape[0] // unit_rows, -1, g.shape[-1])
+            if ids.shape[1] > _GRAM_MAX_LOOKUPS:
+                owner = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(ids.shape[1])
+                return _segment_squared_norms(owner, ids.reshape(-1), g.reshape(-1, g.shape[-1]),
+                                              self.layer.module.num_embeddings, ids.shape[0])
         if ids.shape[1] == 1:
             return torch.linalg.vector_norm(g, dim=(1, 2)).square()
         # Rows that looked up the same id add up before the norm is taken: keep the cross
@@ -362,12 +385,10 @@ class _BagPieces:
         self.ids, self.bag, self.g = torch.cat(ids), torch.cat(bags), torch.cat(rows)
 
     def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
-        vocab = self.layer.module.num_embeddings
         # The segment key is (unit, id): with unit_rows = 1 the unit is the bag.
         owner = self.bag // unit_rows if unit_rows > 1 else self.bag
-        keys, inverse = torch.unique(owner * vocab + self.ids, return_inverse=True)
-        groups = self.g.new_zeros(keys.shape[0], self.g.shape[1]).index_add_(0, inverse, self.g)
-        return self.g.new_zeros(self.batch // unit_rows).index_add_(0, keys // vocab, groups.square().sum(1))
+        return _segment_squared_norms(owner, self.ids, self.g, self.layer.module.num_embeddings,
+                                      self.batch // unit_rows)
 
     def set_grads(self, c: torch.Tensor) -> None:
         weight = self.layer.weight

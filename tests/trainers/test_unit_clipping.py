@@ -139,9 +139,11 @@ def shared_ids(length, vocab, seed):
     return cat
 
 
-def test_embedding_with_ids_shared_across_rows_and_padding_idx(monkeypatch):
+@pytest.mark.parametrize("length", [4, 8])
+def test_embedding_with_ids_shared_across_rows_and_padding_idx(monkeypatch, length):
+    """K L = 12 lookups per unit take the masked Gram matrix, 24 the (unit, id) segment sum."""
     torch.manual_seed(3)
-    cat = shared_ids(4, 7, 3)
+    cat = shared_ids(length, 7, 3)
     cat[0, :2] = 1                                             # the padding id
     check(Lookup().to(DT), (cat,), torch.randn(ROWS, 1, dtype=DT), unit_mask(PATTERN, K), K, fast_only=True,
           monkeypatch=monkeypatch)
@@ -249,7 +251,10 @@ def tower_batch(rows, seed):
 @pytest.mark.parametrize("kind", ["mlp", "fm"])
 @pytest.mark.parametrize("truncated", [False, True])
 @pytest.mark.parametrize("k", [2, 5])
-def test_tower_models(monkeypatch, kind, truncated, k):
+@pytest.mark.parametrize("gram_max", [0, 10**6])
+def test_tower_models(monkeypatch, kind, truncated, k, gram_max):
+    """Both Embedding routes: every table through the segment sum (0), or through the Gram matrix."""
+    monkeypatch.setattr(clipping, "_GRAM_MAX_LOOKUPS", gram_max)
     torch.manual_seed(10)
     model = build_model(kind, **SHAPE, **SMALL[kind]).to(DT)
     pattern = (k, 1, 0, k - 1, k, 2, k)

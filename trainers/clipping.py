@@ -21,6 +21,11 @@ example; the embedding tables alone make that impossible at useful batch sizes. 
   one backward asks autograd for the layer *outputs'* gradients only, so it skips the
   weight-gradient matmuls that the book-keeping step then does once, already clipped.
 
+User-level clipping (``unit_rows = K``, Charles et al., arXiv:2407.07737) clips the sum of a
+unit's K example gradients instead: every piece above regroups its stored rows by unit (the
+cross terms between a unit's rows are Gram entries or shared segment keys), and the clipped
+sum is the same book-keeping with each row weighted by its unit's factor.
+
 Parameters of any other module (a convolution, a bare ``nn.Parameter``, a Linear whose weight
 is read directly rather than by calling the layer, a parameter shared by two layers) take
 the fallback: per-example gradients from ``torch.func`` (``vmap`` of ``grad`` of a
@@ -38,6 +43,7 @@ module's name: batch statistics couple examples, and running ones are un-noised 
 
 from __future__ import annotations
 
+import numbers
 from collections import defaultdict
 
 import torch
@@ -233,8 +239,13 @@ class _LinearPieces:
             self.a = _cat([_rows(x, batch, 1, layer) for x in xs]).to(dtype)
             self.g = _cat([_rows(g, batch, 1, layer) for g in grads]).to(dtype)
 
-    def squared_norms(self) -> torch.Tensor:
+    def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
         a, g, layer = self.a, self.g, self.layer
+        if unit_rows > 1:
+            # A unit's gradient is G_u^T a_u over all its examples' rows: the T-row formula on
+            # K T rows (consecutive examples are consecutive rows).
+            a = a.reshape(a.shape[0] // unit_rows, -1, a.shape[-1])
+            g = g.reshape(g.shape[0] // unit_rows, -1, g.shape[-1])
         if a.dim() == 2:
             # vector_norm reduces without a [P, d] temporary, which at P = 16384 costs more
             # than the reduction itself.
@@ -278,6 +289,25 @@ class _LinearPieces:
             layer.bias.grad = c @ g
 
 
+# Above this many lookups per unit, a unit's Embedding norm is a segment sum over (unit, id)
+# rather than a masked Gram matrix: the Gram costs (K L)^2 (dim + 1) per unit, the segment sum
+# about K L (dim + a sort's log). On one CPU thread (24k lookups, dim 8 and 32) the Gram was the
+# faster up to K L = 16 and 2-5x slower from 32 to 64.
+_GRAM_MAX_LOOKUPS = 16
+
+
+def _segment_squared_norms(owner: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, vocab: int,
+                           count: int) -> torch.Tensor:
+    """[count] squared norms of each owner's table gradient: its rows of equal id summed, then squared.
+
+    ``rows[j]`` is the gradient lookup j puts on table row ``ids[j]`` for owner ``owner[j]``
+    (an example or a unit); never [count, vocabulary, dim].
+    """
+    keys, inverse = torch.unique(owner * vocab + ids, return_inverse=True)
+    groups = rows.new_zeros(keys.shape[0], rows.shape[1]).index_add_(0, inverse, rows)
+    return rows.new_zeros(count).index_add_(0, keys // vocab, groups.square().sum(1))
+
+
 class _EmbeddingPieces:
     """An Embedding's looked-up ids [P, L] and output gradients G [P, L, dim]."""
 
@@ -291,8 +321,15 @@ class _EmbeddingPieces:
             g = torch.where((self.ids == pad).unsqueeze(-1), 0, g)
         self.g = g
 
-    def squared_norms(self) -> torch.Tensor:
+    def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
         g, ids = self.g, self.ids
+        if unit_rows > 1:  # a unit's lookups side by side: equal ids of two of its examples add up too
+            ids = ids.reshape(ids.shape[0] // unit_rows, -1)
+            g = g.reshape(g.shape[0] // unit_rows, -1, g.shape[-1])
+            if ids.shape[1] > _GRAM_MAX_LOOKUPS:
+                owner = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(ids.shape[1])
+                return _segment_squared_norms(owner, ids.reshape(-1), g.reshape(-1, g.shape[-1]),
+                                              self.layer.module.num_embeddings, ids.shape[0])
         if ids.shape[1] == 1:
             return torch.linalg.vector_norm(g, dim=(1, 2)).square()
         # Rows that looked up the same id add up before the norm is taken: keep the cross
@@ -347,11 +384,11 @@ class _BagPieces:
             rows.append(g.to(dtype)[bag] * w[:, None])
         self.ids, self.bag, self.g = torch.cat(ids), torch.cat(bags), torch.cat(rows)
 
-    def squared_norms(self) -> torch.Tensor:
-        vocab = self.layer.module.num_embeddings
-        keys, inverse = torch.unique(self.bag * vocab + self.ids, return_inverse=True)
-        groups = self.g.new_zeros(keys.shape[0], self.g.shape[1]).index_add_(0, inverse, self.g)
-        return self.g.new_zeros(self.batch).index_add_(0, keys // vocab, groups.square().sum(1))
+    def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
+        # The segment key is (unit, id): with unit_rows = 1 the unit is the bag.
+        owner = self.bag // unit_rows if unit_rows > 1 else self.bag
+        return _segment_squared_norms(owner, self.ids, self.g, self.layer.module.num_embeddings,
+                                      self.batch // unit_rows)
 
     def set_grads(self, c: torch.Tensor) -> None:
         weight = self.layer.weight
@@ -387,12 +424,18 @@ class _NormPieces:
     def _parts(self):
         return [(p, g) for p, g in ((self.layer.weight, self.gw), (self.layer.bias, self.gb)) if g is not None]
 
-    def squared_norms(self) -> torch.Tensor:
-        return sum(torch.linalg.vector_norm(g.flatten(1), dim=1).square() for _, g in self._parts())
+    def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
+        return sum(torch.linalg.vector_norm(_unit_sums(g, unit_rows), dim=1).square() for _, g in self._parts())
 
     def set_grads(self, c: torch.Tensor) -> None:
         for p, g in self._parts():
             p.grad = (c @ g.flatten(1)).reshape(p.shape)
+
+
+def _unit_sums(g: torch.Tensor, unit_rows: int) -> torch.Tensor:
+    """Per-example gradients [P, ...] as [P / unit_rows, numel]: summed over each unit's rows."""
+    flat = g.flatten(1)
+    return flat if unit_rows == 1 else flat.reshape(-1, unit_rows, flat.shape[1]).sum(1)
 
 
 def _pieces(layer: _Layer, grads: list[torch.Tensor], batch: int):
@@ -405,7 +448,8 @@ def _pieces(layer: _Layer, grads: list[torch.Tensor], batch: int):
 
 
 def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, mask: torch.Tensor,
-                         clipping_norm: float, parameters=None, truncated: bool = False) -> dict:
+                         clipping_norm: float, parameters=None, truncated: bool = False,
+                         unit_rows: int = 1) -> dict:
     """Set each trainable parameter's ``.grad`` to the clipped sum ``sum_i c_i g_i`` of one padded batch.
 
     ``g_i`` is example i's gradient of its own loss with respect to the trainable parameters
@@ -415,6 +459,17 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
     only parameters outside nn.Linear / nn.Embedding get materialised per-example gradients
     (``torch.func``). A trainable parameter the forward never reached gets a zero gradient.
     Every ``.grad`` is replaced, not accumulated into, and dense (also for sparse Embeddings).
+
+    With ``unit_rows = K > 1`` the clipped object is a unit (a user), not an example: the P
+    rows are P / K consecutive blocks of K, one unit each, and the result is
+    ``sum_u c_u sum_{i in u} mask_i g_i`` with ``c_u = min(1, C / ||sum_{i in u} mask_i g_i||)``,
+    the user-level DP-SGD of Charles et al. (arXiv:2407.07737, unit sampling). A unit's norm
+    needs the cross terms between its rows; each book-keeping piece gets them by regrouping
+    what it already stores (a Linear's K rows as the K T rows of one example, an Embedding's
+    K L lookups as one example's, an EmbeddingBag's segments keyed by (unit, id), summed
+    per-example gradients of a LayerNorm or the fallback), so the cost stays one forward and
+    one backward; the clipped sum is linear in the per-row factors, so each row takes its
+    unit's factor.
 
     Args:
         model: a module whose forward takes ``inputs`` (e.g. ``TwoTowerMLP``,
@@ -431,14 +486,18 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
             ``requires_grad``). Others are frozen: no ``.grad`` is written for them and they
             do not count in the norms.
         truncated: run ``model.forward_truncated(ns_cat, ns_num)`` instead of ``model(*inputs)``.
+        unit_rows: K, the rows of one unit (an integer >= 1 dividing P); padding rows inside
+            a block have mask 0. 1 clips each example, as in plain DP-SGD.
 
     Returns:
-        ``{"norms": [P] per-example gradient norms (0.0 for padding), "clipped": int64 tensor,
-        the number of real rows with norm > C, "loss_sum": the loss summed over real rows}``,
-        all detached tensors on the model's device (no host sync here).
+        ``{"norms": [P / K] per-unit gradient norms (0.0 for an all-padding unit), "clipped":
+        int64 tensor, the number of units with a real row and norm > C, "loss_sum": the loss
+        summed over real rows}``, all detached tensors on the model's device (no host sync
+        here).
 
     Raises:
-        InvalidParameterError: bad ``clipping_norm``, ``mask``, ``parameters`` or loss shape.
+        InvalidParameterError: bad ``clipping_norm``, ``mask``, ``unit_rows``, ``parameters``
+            or loss shape.
         UnsupportedError: a hooked layer whose input or output was modified in place, whose
             dimension 0 is not the example, an Embedding with ``scale_grad_by_freq``, or a
             call with autograd disabled.
@@ -451,6 +510,8 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
     if not isinstance(mask, torch.Tensor) or mask.dim() != 1:
         raise InvalidParameterError(f"mask must be a 1-D tensor, one entry per row, got {mask!r:.80}")
     batch = mask.shape[0]
+    k = _unit_rows(unit_rows, batch)
+    units = batch // k
     layers, fallback = _select(model, parameters)
     xs = tuple(inputs[:2]) if truncated else tuple(inputs)
 
@@ -474,16 +535,19 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
         # where, not a product with the mask: a padded row's loss (even inf or nan) then sends
         # an exact 0 into the backward.
         objective = torch.where(real, losses, 0).sum()
-        dlogits, layer_grads, unreached = _backward(objective, logits, layers)
+        # A unit's norm is that of its rows' weighted sum, so the weights go into the backward;
+        # each example's own weight stays outside its norm (the factor below).
+        weighted = objective if k == 1 else torch.where(real, losses * mask.to(losses.dtype), 0).sum()
+        dlogits, layer_grads, unreached = _backward(weighted, logits, layers)
 
         # Everything below is book-keeping on stored tensors: no graph to record.
         with torch.no_grad():
             dtype = torch.promote_types(losses.dtype, torch.float32)
-            sq = torch.zeros(batch, dtype=dtype, device=mask.device)
+            sq = torch.zeros(units, dtype=dtype, device=mask.device)
             for layer, grads in zip(layers, layer_grads):
                 if layer.calls:
                     pieces.append(_pieces(layer, grads, batch))
-                    sq = sq + pieces[-1].squared_norms()
+                    sq = sq + pieces[-1].squared_norms(k)
 
             # A hooked layer the forward never called is either unused (its gradient is zero)
             # or read directly (e.g. F.linear(x, layer.weight)): only the second needs the fallback.
@@ -495,16 +559,22 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
                 else:
                     per_example = _fallback_gradients(model, fallback, xs, dlogits, truncated)
                 for g in per_example:
-                    sq = sq + torch.linalg.vector_norm(g.reshape(batch, -1), dim=1).square()
+                    sq = sq + torch.linalg.vector_norm(_unit_sums(g, k), dim=1).square()
 
+            # A unit counts when any of its rows is real.
+            present = real if k == 1 else real.reshape(units, k).any(1)
             # Gram-matrix norms can round a true 0 to a tiny negative number.
-            norms = torch.where(real, sq.clamp_min(0).sqrt(), 0)
+            norms = torch.where(present, sq.clamp_min(0).sqrt(), 0)
             # C / 0 = inf: a zero gradient keeps factor 1 with no epsilon in the denominator.
             # The norms are computed in floating point, so an example scaled to exactly C could
             # contribute C (1 + a few units of rounding); scaling to C (1 - CLIP_MARGIN_ULPS eps)
             # keeps every contribution at most C (tests measure it in float64).
             safe = bound * (1.0 - CLIP_MARGIN_ULPS * torch.finfo(dtype).eps)
-            c = torch.where(real, mask.to(dtype) * (safe / norms).clamp(max=1.0), 0)
+            factor = (safe / norms).clamp(max=1.0)
+            if k == 1:
+                c = torch.where(real, mask.to(dtype) * factor, 0)
+            else:  # the weights are already inside the unit's gradient
+                c = torch.where(real, factor.repeat_interleave(k), 0)
             for piece in pieces:
                 piece.set_grads(c.to(piece.g.dtype))
             for (_, p), g in zip(fallback, per_example):
@@ -512,12 +582,22 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
             for _, p, g in unreached:
                 if g is None:
                     p.grad = torch.zeros_like(p)
-            return {"norms": norms, "clipped": (real & (norms > bound)).sum(), "loss_sum": objective.detach()}
+            return {"norms": norms, "clipped": (present & (norms > bound)).sum(), "loss_sum": objective.detach()}
     finally:
         # The activations must not outlive the call, not even through a traceback.
         for layer in layers:
             layer.calls.clear()
         pieces.clear()
+
+
+def _unit_rows(value: object, batch: int) -> int:
+    """K, checked: an integer >= 1 (not a bool, not a float) that divides the batch's rows."""
+    # A float, even a whole one, is refused: K comes from the sampler's table, never from arithmetic.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InvalidParameterError(f"unit_rows must be an integer >= 1, got {value!r}")
+    if batch % value:
+        raise InvalidParameterError(f"unit_rows must divide the batch's {batch} rows, got {value}")
+    return int(value)
 
 
 def _backward(objective: torch.Tensor, logits: torch.Tensor, layers: list[_Layer]):

@@ -28,6 +28,12 @@ Two epoch-structured samplers run plans that choose them (``budgetplan.batch_sel
 Both lay their batches out in chunks like the Poisson sampler, and the trainer divides every
 noisy sum by the plan's B (``DPSGDParams.expected_batch_size``): exactly the batch of a
 shuffled run, and the mean N / T of an allocated one when B divides N.
+
+``UnitPoissonSampler`` samples units (users) instead of rows, for user-level DP-SGD by unit
+sampling (Charles et al., arXiv:2407.07737): each of M units joins a batch with probability
+q, drawn exactly as the Poisson sampler draws rows, and brings its (at most K, after
+capping) rows in one block of K, padded, so the trainer clips each block's summed gradient
+once (``clipped_gradient_sum(unit_rows=K)``).
 """
 
 from __future__ import annotations
@@ -35,10 +41,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["PoissonSampler", "AllocationSampler", "ShuffleSampler", "Batch", "chunk_size", "fixed_chunk_size",
-           "default_padded_size"]
+from budgetplan._validate import positive_int, probability
+from budgetplan.errors import InvalidParameterError
+
+__all__ = ["PoissonSampler", "AllocationSampler", "ShuffleSampler", "UnitPoissonSampler", "Batch", "chunk_size",
+           "fixed_chunk_size", "default_padded_size", "unit_table"]
 
 
 def default_padded_size(expected: float) -> int:
@@ -92,12 +102,13 @@ def _chunks(rows: torch.Tensor, size: int, padded: int, device) -> list:
 
 @dataclass
 class Batch:
-    """One step's sample: the row indices in fixed-size chunks, and how many rows are real."""
+    """One step's sample: the row indices in fixed-size chunks, and how many rows (or units) are real."""
 
     chunks: list          # list of (indices [P] int64, mask [P] float) on the device
-    size: int             # realised batch size after any truncation
+    size: int             # realised batch size after any truncation: rows, or units when units are sampled
     drawn: int            # the Poisson draw before truncation
     truncated: bool
+    rows: int | None = None  # real rows when units are sampled (size counts units); None: size is rows
 
 
 class PoissonSampler:
@@ -228,3 +239,105 @@ class ShuffleSampler(_EpochSampler):
     def _epoch(self) -> tuple[torch.Tensor, list[int]]:
         perm = torch.randperm(self.n, generator=self._gen)
         return perm, [i * self.batch_size for i in range(self.steps_per_epoch + 1)]
+
+
+def unit_table(unit_index, k: int) -> torch.Tensor:
+    """The [M, K] table of each unit's row indices, in data order, -1 after a unit's last row.
+
+    Args:
+        unit_index: [N] integers, the dense unit (0..M-1) of each row; numpy or torch.
+        k: K, the most rows a unit may have (the plan's cap, already applied to the data).
+
+    Raises:
+        InvalidParameterError: ``unit_index`` not a 1-D array of integers numbering the units
+            0..M-1 with none empty, or a unit with more than ``k`` rows.
+    """
+    k = positive_int("k", k)
+    idx = torch.as_tensor(np.asarray(unit_index) if not isinstance(unit_index, torch.Tensor) else unit_index)
+    if idx.dim() != 1 or idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype.is_complex \
+            or idx.dtype == torch.bool:
+        raise InvalidParameterError(f"unit_index must be a non-empty 1-D array of integers, got dtype {idx.dtype} "
+                                    f"and shape {list(idx.shape)}")
+    idx = idx.to(torch.int64).cpu()
+    if int(idx.min()) < 0:
+        raise InvalidParameterError(f"unit_index must be >= 0, got {int(idx.min())}")
+    counts = torch.bincount(idx)
+    if bool((counts == 0).any()):
+        raise InvalidParameterError(f"unit_index must number the units 0..M-1 densely; unit "
+                                    f"{int((counts == 0).nonzero()[0])} has no row")
+    if int(counts.max()) > k:
+        unit = int(counts.argmax())
+        raise InvalidParameterError(f"unit {unit} has {int(counts[unit])} rows, more than k = {k}: cap the units first")
+    order = torch.argsort(idx, stable=True)                  # rows grouped by unit, in data order within each
+    starts = torch.cumsum(counts, 0) - counts
+    sorted_units = idx[order]
+    table = torch.full((counts.numel(), k), -1, dtype=torch.int64)
+    table[sorted_units, torch.arange(idx.numel()) - starts[sorted_units]] = order
+    return table
+
+
+class UnitPoissonSampler:
+    """Draws Poisson batches of units: each of M units joins a batch independently with probability q.
+
+    ``sample()`` returns a ``Batch`` whose ``size`` is the number of sampled units (Binomial(M,
+    q): what the ledger records and the audit tests), ``rows`` the real rows among them, and
+    whose chunks hold ``padded_units`` blocks of K rows each: a unit's rows in one block, in
+    table order, padding rows (index 0, mask 0) after them, and unused blocks all padding.
+
+    Args:
+        unit_table: int64 [M, K] row indices per unit, -1 after a unit's last row
+            (``unit_table()``); every unit has a row, and no row belongs to two units.
+        q: the plan's unit sampling rate, in (0, 1].
+        padded_units: units per chunk (default: E + 6 sqrt(E) for E = q M).
+        seed: the generator's seed (from the run's randomness policy).
+        device: where indices live.
+    """
+
+    def __init__(self, unit_table: torch.Tensor, q: float, *, padded_units: int | None = None, seed: int,
+                 device="cpu"):
+        table = _check_table(unit_table)
+        q = probability("q", q, allow_one=True)
+        self.table = table
+        self.units, self.k = table.shape
+        # The units are drawn exactly as rows are: Binomial count, then a uniform subset.
+        self._units = PoissonSampler(self.units, q, seed=seed)
+        self.q = q
+        self.padded_units = positive_int("padded_units", padded_units) if padded_units is not None \
+            else default_padded_size(q * self.units)
+        self.padded_size = self.padded_units * self.k      # rows per chunk: the trainer's static shape
+        self.device = torch.device(device)
+
+    def sample(self) -> Batch:
+        size = self._units._batch_size()
+        rows = self.table[self._units._subset(size)]          # [U, K], -1 for padding
+        chunks = []
+        for start in range(0, max(size, 1), self.padded_units):
+            block = torch.full((self.padded_units, self.k), -1, dtype=torch.int64)
+            part = rows[start:start + self.padded_units]
+            block[:part.shape[0]] = part
+            flat = block.reshape(-1)
+            chunks.append((flat.clamp_min(0).to(self.device, non_blocking=True),
+                           (flat >= 0).to(torch.float32).to(self.device, non_blocking=True)))
+        return Batch(chunks=chunks, size=size, drawn=size, truncated=False, rows=int((rows >= 0).sum()))
+
+
+def _check_table(table) -> torch.Tensor:
+    """The unit table, checked: a unit's rows first, then -1s, at least one row, no row shared."""
+    if not isinstance(table, torch.Tensor) or table.dtype != torch.int64 or table.dim() != 2 or table.numel() == 0:
+        shown = f"dtype {table.dtype} and shape {list(table.shape)}" if isinstance(table, torch.Tensor) \
+            else type(table).__name__
+        raise InvalidParameterError(f"unit_table must be a non-empty int64 tensor [M, K], got {shown}")
+    table = table.cpu()
+    if int(table.min()) < -1:
+        raise InvalidParameterError(f"unit_table must hold row indices >= 0 or -1, got {int(table.min())}")
+    real = table >= 0
+    bad = ~real[:, 0] | (real[:, 1:] & ~real[:, :-1]).any(1)
+    if bool(bad.any()):
+        unit = int(bad.nonzero()[0])
+        raise InvalidParameterError(f"unit_table row {unit} must list at least one row index and then only -1s, "
+                                    f"got {table[unit].tolist()}")
+    rows = table[real]
+    if torch.unique(rows).numel() != rows.numel():
+        raise InvalidParameterError("unit_table lists a row index in more than one place: each row belongs to "
+                                    "one unit")
+    return table

@@ -56,8 +56,8 @@ NOISE_HALVED = Mutant(
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",
-    "c = torch.where(real, mask.to(dtype) * (safe / norms).clamp(max=1.0), 0)",
-    "c = torch.where(real, mask.to(dtype), 0)", ("clipped_gradient_sum",))
+    "factor = (safe / norms).clamp(max=1.0)",
+    "factor = torch.ones_like(norms)", ("clipped_gradient_sum",))
 
 # 49 steps make an epoch of the README plan (ceil(N / B) = ceil(200,000 / 4,096)).
 NOISE_ONCE_PER_EPOCH_IN_STEP = Mutant(

@@ -200,3 +200,100 @@ def test_params_refuse_half_a_unit_declaration():
         dataclasses.replace(par, units=None)
     with pytest.raises(InvalidParameterError, match="Poisson batches"):
         dataclasses.replace(par, sampling="shuffle")
+
+
+# ------------------------------------------------------------------ training and the audit
+
+FEATURES = """
+[features]
+label = "label"
+unit_id = "user_id"
+nonsensitive_categorical = ["publisher", "campaign"]
+sensitive_numeric = ["days_since_visit", "visits_7d"]
+"""
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """Synthetic rows capped at 3 per user beforehand, so the plan's N and M are exact."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from trainers.data.capping import cap_units
+    from trainers.data.synth import synthesize
+
+    root = tmp_path_factory.mktemp("unit-sampling")
+    table = synthesize(3000, 600, 11)
+    users = table.column("user_id").to_numpy()
+    kept, _ = cap_units(users, 3, rule="first")
+    table = table.take(kept)
+    pq.write_table(table, root / "train.parquet")
+    return root, table.num_rows, int(np.unique(users[kept]).size)
+
+
+def _trained(root, n, m, name, *, by="unit", adjacency="add-remove", monkeypatch=None, sampler=None):
+    from budgetplan.audit import audit_run
+    from trainers import dpsgd as dpsgd_mod
+    from trainers.run import TrainSettings, execute_plan
+
+    plan = build_plan(scenario(by, adjacency=adjacency, cap=3, n=n, units=f"units = {m}", batch=50,
+                               extra=FEATURES))
+    if sampler is not None:
+        monkeypatch.setattr(dpsgd_mod, "phase_sampler", sampler)
+    out = root / name
+    record = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=2), seed=3)
+    return plan, record, audit_run(out, data_path=root / "train.parquet")
+
+
+@pytest.mark.parametrize("adjacency", ["add-remove", "replace-one"])
+def test_a_unit_sampled_plan_trains_and_audits_clean(capped, adjacency):
+    root, n, m = capped
+    plan, record, report = _trained(root, n, m, f"units-{adjacency}", adjacency=adjacency)
+    assert report.passed, [c for c in report.checks if not c.passed]
+    run = next(p for p in record.phases if p.name == "dpsgd")
+    assert run.clipped_per == "unit" and run.batch_size_expected == pytest.approx(50)
+    # the batch sizes count units: Binomial(M, q) with q M = 50, checked over units
+    total = next(c for c in report.checks if c.name.endswith("batch sizes: total"))
+    assert " units over " in total.detail and total.passed
+
+
+def test_the_audit_catches_units_sampled_as_rows(capped, monkeypatch):
+    # The planted fault: the run draws Poisson batches of rows at the units' q and clips rows one
+    # by one; the noise is right, the execution is not the plan's.
+    from trainers.sampling import PoissonSampler
+
+    root, n, m = capped
+
+    def rows_sampler(data, params, settings, randomness, **_):
+        return PoissonSampler(len(data), params.sampling_rate, seed=randomness.torch_seed())
+
+    original = __import__("trainers.dpsgd", fromlist=["DPSGDStep"]).DPSGDStep.__init__
+
+    def as_examples(self, model, params, **kw):
+        original(self, model, params, **kw)
+        self.unit_rows = 1
+
+    monkeypatch.setattr("trainers.dpsgd.DPSGDStep.__init__", as_examples)
+    _, _, report = _trained(root, n, m, "units-as-rows", monkeypatch=monkeypatch, sampler=rows_sampler)
+    assert not report.passed
+    failed = {c.name for c in report.checks if not c.passed}
+    assert any(name.endswith("batch sizes: total") for name in failed), failed
+
+
+def test_the_trainer_refuses_data_with_another_unit_count(capped):
+    root, n, m = capped
+    with pytest.raises(InvalidParameterError, match=f"accounts M = {m + 1}"):
+        _trained(root, n, m + 1, "wrong-m")
+
+
+def test_unit_sampling_refuses_several_processes_and_canaries(capped):
+    from budgetplan.errors import UnsupportedError
+    from trainers.canary import _check_plan
+    from trainers.ranks import check_distributable
+
+    root, n, m = capped
+    plan = build_plan(scenario(adjacency="replace-one", cap=3, n=n, units=f"units = {m}", batch=50, extra=FEATURES))
+    with pytest.raises(UnsupportedError, match="not run over several processes"):
+        check_distributable(plan)
+    with pytest.raises(UnsupportedError, match="whole canary units"):
+        _check_plan(plan)

@@ -383,8 +383,9 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or run one process)")
     if collective is not None and params.samples_units:
-        raise UnsupportedError("sampling units is not run over several processes yet: the ranks split the rows, "
-                               "and a unit's rows must be clipped together (run one process)")
+        from trainers.ranks import _UNITS_ONE_PROCESS
+
+        raise UnsupportedError(_UNITS_ONE_PROCESS + " (run one process)")
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
                size_private=size_private, units=_unit_count(data) if params.samples_units else None)
     if not 0 <= start_step <= steps:

@@ -51,7 +51,7 @@ from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _r
 from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
-from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK
+from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
@@ -296,15 +296,19 @@ _MOG_CHUNK = 1 << 22
 
 
 def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discretization: float, what: str) -> None:
-    """Refuse a single step needing more (atom, loss) pairs than MAX_MIXTURE_WORK, naming the grid that fits."""
-    _check_grid(discretization, eps_lower, eps_upper, what)
-    span = (eps_upper - eps_lower) / discretization
-    if atoms * span > MAX_MIXTURE_WORK:
-        smallest = (eps_upper - eps_lower) * atoms / MAX_MIXTURE_WORK * 1.01
+    """Refuse a single step needing more (atom, loss) pairs than MAX_MIXTURE_WORK, naming the grid that fits.
+
+    The discretization named also fits ``_check_grid``'s limit on the grid length.
+    """
+    width = eps_upper - eps_lower
+    span = width / discretization
+    if math.isfinite(width) and atoms * span > MAX_MIXTURE_WORK:
+        smallest = width * max(atoms / MAX_MIXTURE_WORK, 1 / (MAX_SINGLE_GRID_POINTS - 2)) * 1.01
         raise GridLimitError(
             f"discretization {discretization:g} needs {atoms:,} sensitivities x {span:.3g} grid points for one "
             f"step of {what} (limit {MAX_MIXTURE_WORK:,} pairs); use discretization >= {smallest:.3g}",
             points=math.ceil(atoms * span), limit=MAX_MIXTURE_WORK)
+    _check_grid(discretization, eps_lower, eps_upper, what)
 
 
 @functools.lru_cache(maxsize=16)

@@ -594,11 +594,12 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
             ]
         elif isinstance(p, DPSGDPhase) and isinstance(p.mechanism, PoissonDPSGD):
             q, steps = p.mechanism.sampling_rate, p.mechanism.steps
+            add_remove = s.adjacency.value == "add-remove"
             for label, adj_ok, kwargs in (
-                ("mixture of Gaussians", s.adjacency.value == "add-remove", dict(unit_accounting="tight")),
+                ("mixture of Gaussians" if add_remove else "double mixture of Gaussians", True,
+                 dict(unit_accounting="tight")),
                 ("group privacy (pld)", True, dict(unit_accounting="group")),
-                ("group privacy (rdp)", s.adjacency.value == "add-remove", dict(unit_accounting="group",
-                                                                               method="rdp")),
+                ("group privacy (rdp)", add_remove, dict(unit_accounting="group", method="rdp")),
             ):
                 if not adj_ok:
                     rows.append({"phase": p.name, "bounding": label, "applies": False,

@@ -8,7 +8,8 @@ mechanism              methods (default first)         unit capped at K > 1, "ti
 =====================  ==============================  ==================================
 RandomizedResponse     exact, pld, rdp                 K-fold composition (exact binomial)
 GaussianRelease        exact, pld, rdp, classical      sensitivity K * Delta
-PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove)
+PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld, add-remove);
+                                                       double mixture (pld, replace-one)
 UnitPoissonDPSGD       pld, rdp, prv                   the unit is the sampled element: as K=1
 TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
 AllocationDPSGD        rdp (add-remove only)           unsupported: use "group"
@@ -403,11 +404,11 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, pr
                       discretization=None, notes=notes + (
                           f"PRV accountant (Gopi, Lee and Wutschitz 2021, arXiv:2106.02848), requested "
                           f"eps error {prv_eps_error:g}; reported epsilon is the upper end of its band",))
-    if user_level and adjacency is not Adjacency.ADD_REMOVE:
-        raise UnsupportedError(
-            "the mixture-of-Gaussians accounting for K examples per unit is defined under add-remove; "
-            "use unit_accounting 'group' for replace-one"
-        )
+    if user_level and adjacency is Adjacency.REPLACE_ONE:
+        return _pld_curve(mech, adjacency, unit, discretization, delta, "double-mixture-of-gaussians(pld)", notes + (
+            f"each of a unit's K={unit.cap} examples sampled independently, and under replace-one each sampled "
+            f"one may change: sum_k b_k N(-k, sigma^2) vs sum_k b_k N(+k, sigma^2) with b = Binomial({unit.cap}, q) "
+            "(double mixture of Gaussians, arXiv:2403.04867, Theorem 3.8)",))
     if user_level:
         return _pld_curve(mech, adjacency, unit, discretization, delta, "mixture-of-gaussians(pld)", notes + (
             f"each of a unit's K={unit.cap} examples sampled independently: sensitivity "

@@ -46,7 +46,8 @@ class Guarantee:
         delta: the failure probability it holds at.
         method: how it was computed: ``"exact"`` (closed form), ``"pld"``, ``"rdp"``,
             ``"prv"``, ``"classical"``, or a compound such as ``"group(pld)"``,
-            ``"mixture-of-gaussians(pld)"``, ``"basic-composition"``.
+            ``"mixture-of-gaussians(pld)"``, ``"double-mixture-of-gaussians(pld)"``,
+            ``"basic-composition"``.
         adjacency: the neighbouring relation it protects.
         unit: the privacy unit it protects.
         bound: ``"exact"``, ``"upper"`` (pessimistic: the true epsilon is at most this), or

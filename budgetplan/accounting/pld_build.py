@@ -6,8 +6,9 @@ are made here, each pessimistic:
 
 * the single-step truncation reaches below delta / (1000 x steps), so the tails it moves to
   infinity cost at most a thousandth of delta;
-* for K examples per unit (mixture of Gaussians), only the window of Binomial(K, q) outside
-  which at most delta / (1000 x steps) lies is kept; the rest is an infinite sensitivity;
+* for K examples per unit (mixture of Gaussians under add-remove, double mixture under
+  replace-one), only the window of Binomial(K, q) outside which at most
+  delta / (1000 x steps) lies is kept; the rest is an infinite sensitivity;
 * a grid longer than the engine's limits (``limits``) is replaced by the finest coarser one
   that fits; ``BuiltPLD.discretization`` and its note say so.
 
@@ -144,7 +145,8 @@ def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) 
         while hi - lo > max(1, lo // 100):  # to 1%
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mechanism, PrivacyUnit.capped(mid)) else (lo, mid)
-        return (f"unit cap {unit.cap:,} is too large for the mixture-of-Gaussians PLD at noise_multiplier="
+        kind = "mixture-of-Gaussians" if adjacency is Adjacency.ADD_REMOVE else "double-mixture-of-Gaussians"
+        return (f"unit cap {unit.cap:,} is too large for the {kind} PLD at noise_multiplier="
                 f"{mechanism.noise_multiplier:g} (it works up to a unit cap of about {lo:,}); use unit_accounting "
                 "'group'")
     return ("a phase of this composition has privacy losses beyond the PLD engine's grids; "
@@ -224,17 +226,19 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
                                       sampling_rate=mechanism.sampling_rate, relation=rel,
                                       discretization=d, log_mass_truncation_bound=bound)
         else:
-            if adjacency is not Adjacency.ADD_REMOVE:
-                raise UnsupportedError("the mixture-of-Gaussians accounting is defined under add-remove only")
-            single = _mixture(mechanism, unit.cap, d, bound, delta * _TAIL_SHARE / steps)
+            single = _mixture(mechanism, adjacency, unit.cap, d, bound, delta * _TAIL_SHARE / steps)
         return [(single, steps)]
     raise UnsupportedError(
         f"{type(mechanism).__name__} has no fast PLD here; account it on its own with method 'pld'"
     )
 
 
-def _mixture(mech: PoissonDPSGD, cap: int, d: float, bound: float, drop: float):
-    """One step for a unit of ``cap`` examples: sensitivity Binomial(cap, q), tails dropped."""
+def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound: float, drop: float):
+    """One step for a unit of ``cap`` examples: sensitivity Binomial(cap, q), tails dropped.
+
+    Add-remove: the mixture of Gaussians (REMOVE and ADD). Replace-one: the double mixture,
+    every sampled example of the unit moving its output from -C to +C.
+    """
     from scipy import stats
 
     q = mech.sampling_rate
@@ -248,7 +252,9 @@ def _mixture(mech: PoissonDPSGD, cap: int, d: float, bound: float, drop: float):
     probs = stats.binom.pmf(sens, cap, q)
     # Atoms whose probability underflows to 0 are dropped by the engine: count them as left out too.
     outside += np.count_nonzero(probs == 0.0) * np.finfo(float).tiny
-    return fastpld.mixture_of_gaussians(
+    builder = (fastpld.mixture_of_gaussians if adjacency is Adjacency.ADD_REMOVE
+               else fastpld.double_mixture_of_gaussians)
+    return builder(
         standard_deviation=mech.noise_multiplier, sensitivities=tuple(float(s) for s in sens),
         probabilities=tuple(float(p) for p in probs), discretization=d, log_mass_truncation_bound=bound,
         dropped_mass=min(1.0, outside))

@@ -55,7 +55,8 @@ _ACCOUNTANTS = ("pld", "rdp", "prv")
               help="Truncated Poisson: batches above this size are cut to it (accounted as such).")
 @click.option("--unit-cap", type=UNIT_CAP, default=None, help="K: most examples per unit (user).")
 @click.option("--unit-accounting", type=click.Choice(["tight", "group"]), default="tight", show_default=True,
-              help="For --unit-cap: mixture of Gaussians (tight) or generic group privacy.")
+              help="For --unit-cap: mixture of Gaussians (tight; the double mixture under replace-one) or generic "
+                   "group privacy.")
 @click.option("--adjacency", type=click.Choice(["add-remove", "replace-one"]), default="add-remove",
               show_default=True)
 @click.option("--accountant", type=click.Choice(list(_ACCOUNTANTS) + ["all"]), default="pld", show_default=True)
@@ -151,8 +152,9 @@ def _account(sigma, q, steps, n, method, ctx, unit_accounting=None):
 def _user_level_rows(sigma, q, steps, n, ctx):
     """What each way of bounding a unit's K examples costs, side by side."""
     rows = []
-    if ctx["max_batch_size"] is None and ctx["adjacency"] == "add-remove":
-        rows.append(_row("mixture-of-gaussians", lambda: _account(sigma, q, steps, n, "pld", ctx, "tight")))
+    if ctx["max_batch_size"] is None:
+        tight = "mixture-of-gaussians" if ctx["adjacency"] == "add-remove" else "double-mixture-of-gaussians"
+        rows.append(_row(tight, lambda: _account(sigma, q, steps, n, "pld", ctx, "tight")))
     rows.append(_row("group(pld)", lambda: _account(sigma, q, steps, n, "pld", ctx, "group")))
     if ctx["max_batch_size"] is None and ctx["adjacency"] == "add-remove":
         rows.append(_row("group(rdp)", lambda: _account(sigma, q, steps, n, "rdp", ctx, "group")))

@@ -150,8 +150,9 @@ def test_user_level_refusals_name_the_alternative():
     unit = PrivacyUnit.capped(3)
     with pytest.raises(UnsupportedError, match="unit_accounting 'group'"):
         account(mech, delta=1e-6, adjacency="add-remove", unit=unit, method="rdp")
-    with pytest.raises(UnsupportedError, match="add-remove"):
-        account(mech, delta=1e-6, adjacency="replace-one", unit=unit)
+    for method in ("rdp", "prv"):
+        with pytest.raises(UnsupportedError, match="add-remove only"):
+            account(mech, delta=1e-6, adjacency="replace-one", unit=unit, method=method)
     grp = account(mech, delta=1e-6, adjacency="replace-one", unit=unit, unit_accounting="group")
     assert grp.method == "group(pld)" and math.isfinite(grp.epsilon)
 

@@ -87,6 +87,15 @@ def test_dpsgd_user_level_side_by_side(runner):
     assert round(options["group(rdp)"], 1) == 15.9
 
 
+def test_dpsgd_user_level_replace_one_side_by_side(runner):
+    out = run_json(runner, "dpsgd", "--noise-multiplier", "1.0", "--dataset-size", "32000000", "--batch-size",
+                   "16384", "--epochs", "3", "--delta", "1e-7", "--unit-cap", "5", "--adjacency", "replace-one")
+    assert out["guarantee"]["method"] == "double-mixture-of-gaussians(pld)"
+    options = {o["accountant"]: o["epsilon"] for o in out["unit_accounting_options"]}
+    assert set(options) == {"double-mixture-of-gaussians", "group(pld)"}
+    assert options["double-mixture-of-gaussians"] == out["epsilon"] <= options["group(pld)"]
+
+
 def test_dpsgd_solves_for_epochs_and_rows(runner):
     ep = run_json(runner, "dpsgd", "--noise-multiplier", "1.0", "--epsilon", "1", "--delta", "1e-6",
                   "--dataset-size", "60000", "--batch-size", "600")

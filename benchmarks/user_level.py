@@ -40,6 +40,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=100_000, help="rows before capping and the held-out users")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epsilon", type=float, default=8.0)
+    ap.add_argument("--batch", type=int, default=uf.PLAN["dpsgd"]["batch_size"],
+                    help="expected rows per step B (units per step: B M / N)")
     ap.add_argument("--adjacency", choices=("replace-one", "add-remove"), default="replace-one")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)), help="comma-separated K")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
@@ -56,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.cap_list or any(k < 1 for k in args.cap_list):
         ap.error(f"--caps must be integers >= 1, got {args.caps!r}")
     args.users = max(1, args.rows // 5)
-    args.dpsgd_batch, args.dpsgd_epochs = uf.PLAN["dpsgd"]["batch_size"], uf.PLAN["dpsgd"]["epochs"]
+    args.dpsgd_batch, args.dpsgd_epochs = args.batch, uf.PLAN["dpsgd"]["epochs"]
     args.clipping_norm, args.dpsgd_lr, args.device = uf.PLAN["dpsgd"]["clipping_norm"], None, "cpu"
     args.rr_epochs = uf.PLAN["rr"]["epochs"]
     return args
@@ -94,7 +96,7 @@ def settings(args: argparse.Namespace) -> dict:
     training, dpsgd = uf._train_settings(args)
     return h.settings_record("user_level.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilon": args.epsilon,
-        "adjacency": args.adjacency, "caps": args.cap_list, "shape": get_shape(SHAPE).parameters(),
+        "adjacency": args.adjacency, "caps": args.cap_list, "batch": args.batch, "shape": get_shape(SHAPE).parameters(),
         "scenario": scenario(args, k=max(args.cap_list), n=0, m=0, by="example", spec=get_shape(SHAPE).features),
         "training": training.to_dict(), "dpsgd_settings": dpsgd.to_dict(),
         "baseline": uf._baseline_settings().to_dict(), "holdout": uf.HOLDOUT,
@@ -200,7 +202,9 @@ def summarise(result: dict) -> dict:
         mean = statistics.fmean(diffs)
         sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
         out["differences"][str(k)] = {"units_minus_examples_auc": {"mean": mean, "std": sd, "n": len(diffs)},
-                                      "seed_spread": spread, "beyond_seed_noise": abs(mean) > max(spread, sd)}
+                                      "seed_spread": spread,
+                                      # one seed has no spread to compare with: never a result
+                                      "beyond_seed_noise": len(diffs) > 1 and abs(mean) > max(spread, sd)}
     base = [b["auc"] for b in result["baselines"]]
     out["baseline_auc"] = _stats(base)
     return out
@@ -211,7 +215,7 @@ def _pm(s: dict, digits: int = 4) -> str:
 
 
 def markdown(result: dict) -> str:
-    s, summ = result["settings"], result["summary"]
+    s, summ = result["settings"]["values"], result["summary"]
     lines = ["# User-level DP-SGD: sampling examples vs sampling units", "",
              f"{s['rows']:,} rows by {s['users']:,} users ({SHAPE} shape), a fifth of the users held out; each "
              f"K-capped before planning; DP-SGD at epsilon {s['epsilon']:g} ({s['adjacency']}), "
@@ -228,7 +232,7 @@ def markdown(result: dict) -> str:
         u = d["units_minus_examples_auc"]
         lines.append(f"| {k} | {u['mean']:+.4f} +- {u['std']:.4f} | {d['seed_spread']:.4f} | "
                      f"{'yes' if d['beyond_seed_noise'] else 'no: within the seed noise'} |")
-    lines += ["", h.settings_markdown(s), ""]
+    lines += ["", h.settings_markdown(result["settings"]), ""]
     return "\n".join(lines)
 
 

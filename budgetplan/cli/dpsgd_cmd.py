@@ -158,7 +158,18 @@ def _user_level_rows(sigma, q, steps, n, ctx):
     rows.append(_row("group(pld)", lambda: _account(sigma, q, steps, n, "pld", ctx, "group")))
     if ctx["max_batch_size"] is None and ctx["adjacency"] == "add-remove":
         rows.append(_row("group(rdp)", lambda: _account(sigma, q, steps, n, "rdp", ctx, "group")))
+    if ctx["max_batch_size"] is None:
+        # the other execution: units sampled at the same q, each unit's summed gradient clipped once
+        rows.append(_row("unit-sampling", lambda: _unit_sampled(sigma, q, steps, ctx)))
     return rows
+
+
+def _unit_sampled(sigma, q, steps, ctx):
+    from budgetplan.accounting import account
+    from budgetplan.mechanisms import UnitPoissonDPSGD
+
+    return account(UnitPoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps), delta=ctx["delta"],
+                   adjacency=ctx["adjacency"], unit=ctx["unit"], discretization=ctx["discretization"])
 
 
 def _shape(q, steps, n, epochs, ctx):

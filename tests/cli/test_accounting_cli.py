@@ -85,6 +85,8 @@ def test_dpsgd_user_level_side_by_side(runner):
     options = {o["accountant"]: o["epsilon"] for o in out["unit_accounting_options"]}
     assert options["mixture-of-gaussians"] < options["group(pld)"] < options["group(rdp)"]
     assert round(options["group(rdp)"], 1) == 15.9
+    # sampling units instead: one unit is one Poisson contribution, the example-level figure (DOMAIN: 0.2385)
+    assert round(options["unit-sampling"], 4) == 0.2385
 
 
 def test_dpsgd_user_level_replace_one_side_by_side(runner):
@@ -92,8 +94,11 @@ def test_dpsgd_user_level_replace_one_side_by_side(runner):
                    "16384", "--epochs", "3", "--delta", "1e-7", "--unit-cap", "5", "--adjacency", "replace-one")
     assert out["guarantee"]["method"] == "double-mixture-of-gaussians(pld)"
     options = {o["accountant"]: o["epsilon"] for o in out["unit_accounting_options"]}
-    assert set(options) == {"double-mixture-of-gaussians", "group(pld)"}
+    assert set(options) == {"double-mixture-of-gaussians", "group(pld)", "unit-sampling"}
     assert options["double-mixture-of-gaussians"] == out["epsilon"] <= options["group(pld)"]
+    example = run_json(runner, "dpsgd", "--noise-multiplier", "1.0", "--dataset-size", "32000000", "--batch-size",
+                       "16384", "--epochs", "3", "--delta", "1e-7", "--adjacency", "replace-one")
+    assert options["unit-sampling"] == example["epsilon"] < options["double-mixture-of-gaussians"]
 
 
 def test_dpsgd_solves_for_epochs_and_rows(runner):

@@ -16,8 +16,8 @@ convergence on the K = max data), calibration ratio (mean +- std over the seeds)
 multiplier and the planner's recommendation; then the paired difference between the arms
 beside the spread between seeds.
 
-Not a test: ``python benchmarks/user_level.py`` (about 15 minutes on 2 cores at the
-defaults); writes ``results/user_level.json`` and ``.md``.
+Not a test: ``python benchmarks/user_level.py`` (about 35 minutes on 2 cores at the
+defaults; ``--rows 100000`` takes 4); writes ``results/user_level.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ CAPS = (1, 2, 5, 10)
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=100_000, help="rows before capping and the held-out users")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows before capping and the held-out users")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--batch", type=int, default=uf.PLAN["dpsgd"]["batch_size"],

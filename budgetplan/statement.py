@@ -486,7 +486,7 @@ def _alternative(a: dict) -> str:
             if "noise_per_contribution" in a:
                 text += (f" {a['execution'].capitalize()}: about {_num(a['expected_contributions'])} clipped "
                          f"contributions per step, noise {_num(a['noise_per_contribution'])} x C per contribution"
-                         + (" (the least: recommended)." if a.get("recommended") else "."))
+                         + (f" Recommended: {a['recommendation']}." if a.get("recommended") else "."))
             return text
     return f"{a['phase']}, {a['bounding']}."
 

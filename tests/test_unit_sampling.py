@@ -164,17 +164,20 @@ def test_alternatives_list_both_executions_and_recommend_one(sample_by):
             # a unit of K examples each sampled alone needs more noise than one sampled unit
             assert a["noise_multiplier"] > unit_row["noise_multiplier"]
     recommended = [a for a in rows if a.get("recommended")]
-    assert len(recommended) == 1
-    assert recommended[0]["noise_per_contribution"] == min(a["noise_per_contribution"] for a in rows)
+    # the least noise at the same q and T: sampling units, whose sigma does not grow with K
+    assert recommended == [unit_row]
+    assert unit_row["noise_multiplier"] == min(a["noise_multiplier"] for a in rows)
 
 
-def test_the_recommendation_follows_the_shape():
-    # Full units of K = 5 at a tiny q: the mixture's sigma is far below 5x the unit one, so per
-    # clipped contribution example sampling wins; with single-row units (N = M) it cannot.
-    full = build_plan(scenario("example"))
-    assert next(a for a in _alternatives(full) if a.get("recommended"))["execution"] == "example sampling"
-    sparse = build_plan(scenario("example", n=M + 10))
-    assert next(a for a in _alternatives(sparse) if a.get("recommended"))["execution"] == "unit sampling"
+def test_the_recommendation_says_when_clipping_would_reverse_it():
+    # Full units of K = 5 at a small q: the mixture's sigma is far below 5x the unit one, so per
+    # clipped contribution example sampling has less noise, and the recommendation says so;
+    # with single-row units (N = M + 10) the unit sampling wins both ways.
+    full = next(a for a in _alternatives(build_plan(scenario("example"))) if a.get("recommended"))
+    assert full["execution"] == "unit sampling"
+    assert "if most contributions are clipped, example sampling" in full["recommendation"]
+    sparse = next(a for a in _alternatives(build_plan(scenario("example", n=M + 10))) if a.get("recommended"))
+    assert sparse["recommendation"] == "the least noise, also per clipped contribution"
 
 
 def test_without_a_unit_count_the_alternative_says_what_it_assumed():

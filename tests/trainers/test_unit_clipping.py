@@ -20,13 +20,11 @@ from trainers.clipping import clipped_gradient_sum
 from trainers.losses import bce
 from trainers.models import build_model
 
+from .test_clipping_modules import Lookup, Ragged, Scaled, ids, mse
+
 DT = torch.float64
 RTOL = 1e-9
 BCE = functools.partial(bce, reduction="none")
-
-
-def mse(out, y):
-    return (out - y).square().flatten(1).sum(1)
 
 
 def unit_mask(pattern, k):
@@ -82,10 +80,6 @@ def check(model, inputs, targets, mask, k, *, loss_fn=mse, truncated=False, fast
     return out
 
 
-def ids(rows, length, vocab, seed):
-    return torch.randint(0, vocab, (rows, length), generator=torch.Generator().manual_seed(seed))
-
-
 # Six units of K = 3: full, one row, two rows, all padding, full, full.
 K = 3
 PATTERN = (3, 1, 2, 0, 3, 3)
@@ -118,17 +112,6 @@ def test_weighted_rows():
     mask = unit_mask(PATTERN, K)
     mask[0], mask[13], mask[10] = 0.25, 3.0, 1.0
     check(model, (torch.randn(ROWS, 5, dtype=DT),), torch.randn(ROWS, 2, dtype=DT), mask, K)
-
-
-class Lookup(nn.Module):
-    def __init__(self, bag: nn.EmbeddingBag | None = None):
-        super().__init__()
-        self.table = bag if bag is not None else nn.Embedding(7, 3, padding_idx=1)
-        self.head = nn.Linear(3, 1)
-
-    def forward(self, cat, *rest):
-        h = self.table(cat, *rest) if isinstance(self.table, nn.EmbeddingBag) else self.table(cat).sum(1)
-        return self.head(torch.tanh(h))
 
 
 def shared_ids(length, vocab, seed):
@@ -181,20 +164,6 @@ def test_embedding_bag(monkeypatch, mode, weighted):
           monkeypatch=monkeypatch)
 
 
-class Ragged(nn.Module):
-    """Bags of different lengths, as a flat id list with offsets."""
-
-    def __init__(self):
-        super().__init__()
-        self.bag = nn.EmbeddingBag(9, 4, mode="mean")
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, cat, lengths):
-        keep = torch.arange(cat.shape[1]) < lengths[:, None]
-        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
-        return self.head(self.bag(cat[keep], offsets))
-
-
 def test_embedding_bag_with_offsets(monkeypatch):
     torch.manual_seed(6)
     cat = shared_ids(6, 9, 6)
@@ -208,18 +177,6 @@ def test_layer_norm(monkeypatch):
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2), nn.LayerNorm((3, 2))).to(DT)
     check(model, (torch.randn(ROWS, 3, 4, dtype=DT),), torch.randn(ROWS, 3, 2, dtype=DT), unit_mask(PATTERN, K),
           K, fast_only=True, monkeypatch=monkeypatch)
-
-
-class Scaled(nn.Module):
-    """A bare nn.Parameter used outside any layer: the torch.func fallback."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 3)
-        self.gain = nn.Parameter(torch.randn(3))
-
-    def forward(self, x):
-        return (self.lin(x) * self.gain).sum(1, keepdim=True)
 
 
 def test_bare_parameter_fallback():

@@ -69,7 +69,7 @@ from budgetplan.audit_ranks import rank_checks
 from budgetplan.audit_tuned import audit_tuned, audit_tuned_interrupted, is_tuned
 from budgetplan.errors import BudgetplanError
 from budgetplan.ledger import LedgerView, read_ledger
-from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse
+from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
 from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, load_plan
 from budgetplan.records import (
@@ -718,10 +718,11 @@ def _reaccount(record: RunRecord, plan: Plan) -> Check:
         g = phase.guarantee
         try:
             match phase:
-                case DPSGDPhase(mechanism=PoissonDPSGD() as m):
+                case DPSGDPhase(mechanism=PoissonDPSGD() | UnitPoissonDPSGD() as m):
                     ran = _entry(record, DPSGDRun)
                     executed = ran.steps_executed if ran is not None else m.steps
-                    if plan.unit.cap == 1:
+                    # a unit-sampled phase is example-level DP-SGD over units: dp_accounting's own PLD
+                    if plan.unit.cap == 1 or isinstance(m, UnitPoissonDPSGD):
                         ref = backends.reference_pld_dpsgd(
                             noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate, steps=executed,
                             adjacency=plan.adjacency, discretization=g.discretization or 1e-4)

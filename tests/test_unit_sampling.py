@@ -258,6 +258,9 @@ def test_a_unit_sampled_plan_trains_and_audits_clean(capped, adjacency):
     # the batch sizes count units: Binomial(M, q) with q M = 50, checked over units
     total = next(c for c in report.checks if c.name.endswith("batch sizes: total"))
     assert " units over " in total.detail and total.passed
+    # re-accounted on its own path: dp_accounting's PLD of the example-level mechanism over units
+    again = next(c for c in report.checks if c.name == "independent re-accounting")
+    assert "by dp_accounting PLD" in again.detail
 
 
 def test_the_audit_catches_units_sampled_as_rows(capped, monkeypatch):

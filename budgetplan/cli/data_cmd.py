@@ -195,8 +195,9 @@ def _exact_count(data_path, unit_id, caps, data_format, as_json, spark):
         f"{data_path}: {result['rows']:,} rows, {result['units']:,} units (at most {result['max_per_unit']:,} rows "
         "each)", ["cap K", "rows after capping (N)", "rows dropped", "units over K"],
         [[c["cap"], c["rows"], c["rows_dropped"], c["units_capped"]] for c in result["caps"]]))
-    console().print("State N as \\[data] dataset_size; choosing K from these counts is data-dependent "
-                    "preprocessing (not covered by a plan).")
+    console().print("State N as \\[data] dataset_size (and, to sample whole units, the units as \\[data] units: "
+                    "capping keeps every unit); choosing K from these counts is data-dependent preprocessing (not "
+                    "covered by a plan).")
 
 
 def _dp_count(data_path, unit_id, cap, epsilon, seed, data_format, as_json, spark):

@@ -233,10 +233,8 @@ def _log_negative_moments(noise_multiplier: float, steps: int, z_step: float = _
         x = np.maximum(b + 1, _NEGLIGIBLE - b * log_g - log_gamma + (b - 1) * np.log(x) + np.log(x / (x - b + 1)))
     w = _W_LOW + w_step * np.arange(math.ceil((np.max(np.log(x) - log_g) - _W_LOW) / w_step) + 1)
     s = np.exp(w)
-    xs = s[-1] * np.exp(log_g)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        tail = np.logaddexp(jensen + special.log_ndtr(-k),
-                            -b * log_g + b * np.log(xs) - xs - np.log(xs - b + 1) - log_gamma)
+        tail = _log_tail(b, v, steps, log_g, w[-1])
         # 1 and 2: phi_up on the outer nodes, chords between them, a concave exponent bounded on each cell
         y, log_w, log_floor = _phi_nodes(v, _z_low(v, s[-1] / steps, steps, b.size, w[-1]), z_step)
         log_phi = _log_phi_upper(s / steps, y, log_w, log_floor)
@@ -254,6 +252,15 @@ def _log_negative_moments(noise_multiplier: float, steps: int, z_step: float = _
     out = special.logsumexp(np.stack([body - log_gamma, head - log_gamma, tail]), axis=0) + _LOG_SLACK
     out.setflags(write=False)
     return out
+
+
+def _log_tail(b: np.ndarray, v: float, steps: int, log_g: np.ndarray, log_s: float) -> np.ndarray:
+    """ln of a bound on (1/Gamma(b)) int_S^inf s^{b-1} phi(s / T)^T ds, S = e^log_s, for any g = e^log_g
+    with S g > b - 1 (module note, 4): E[G^{-b} 1{G < g}] + g^{-b} Q(b, S g)."""
+    m, var_g = -v / 2, v / steps
+    below = -b * m + b * b * var_g / 2 + special.log_ndtr((log_g - m + b * var_g) / math.sqrt(var_g))
+    x = np.exp(log_s + log_g)
+    return np.logaddexp(below, -b * log_g + b * np.log(x) - x - np.log(x - b + 1) - special.gammaln(b))
 
 
 def _log_sinhc(x: np.ndarray) -> np.ndarray:

@@ -41,10 +41,13 @@ e^{-s Z} ds, Fubini, the Y_t independent). It is bounded above, every piece by a
    (tangent of the concave ln t at x). g and S are chosen to make this piece about e^{-60}
    of the total; it is added either way.
 
-Every value is formed in log space (the moments span hundreds of orders of magnitude). Float
-rounding is covered by explicit slack: phi_up's weights carry relative errors below 1e-10,
-so 1 - phi_up is shrunk by a relative 1e-8 (or ln phi_up raised by 1e-8 where phi_up < 1/2),
-and 1e-9 is added to every log moment. The grid steps set only how tight the bound is (about
+Every value is formed in log space (the moments span hundreds of orders of magnitude).
+Dropping nodes of weight below e^-60 from 1 - phi_up, or merging the nodes of large y into
+the lowest of them where e^{-u y} is negligible, only raises phi_up. Float rounding is
+covered by explicit slack: phi_up's weights carry relative errors below about
+5e-14 (1 + z^2) / (cell width in ln Y) (checked against 50-digit arithmetic), so 1 - phi_up
+is shrunk, or ln phi_up raised where phi_up < 1/2, by 1e-8 plus 20 times that, and 1e-9 is
+added to every log moment. The grid steps set only how tight the bound is (about
 1e-4 of the add direction's epsilon at T = 1953); the trapezoid rule on the same integrals,
 accurate but uncertified, is the tests' cross-check. Above the orders the grids reach
 cheaply, and wherever it is smaller, the certified Jensen bound is used
@@ -133,7 +136,10 @@ def remove_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int
 # about 1e-4 of the add epsilon at T = 1953, and never up.
 _Z_STEP, _W_STEP, _W_LOW, _Z_HIGH = 0.025, 0.02, -30.0, 12.0
 _NEGLIGIBLE = 60.0
-_PHI_SLACK = 1e-8
+# phi_up's rounding slack (relative): its log weights err by at most ~5e-14 (1 + z^2) / dz_x, dz_x the
+# cell width in ln Y (the chord split divides ln-CDF differences of size z^2 / 2 by it; checked
+# against 50-digit arithmetic for sigma 0.1 to 1000), covered 20 times over, and 1e-8 beside it.
+_PHI_SLACK, _WEIGHT_ROUNDING = 1e-8, 1e-12
 
 
 def _bounded_orders(noise_multiplier: float, steps: int) -> int:
@@ -156,8 +162,9 @@ def _log1mexp(d: np.ndarray) -> np.ndarray:
         return np.where(d > -math.log(2), np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
 
 
-def _phi_nodes(v: float, z_low: float, z_step: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """The nodes y_k of phi_up, their log weights and the log weight of the node y = 0 (module note, 1)."""
+def _phi_nodes(v: float, z_low: float, z_step: float) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The nodes y_k of phi_up, their log weights, the log weight of the node y = 0 (module note, 1) and
+    the relative slack that covers the weights' rounding."""
     root = math.sqrt(v)
     z = z_low + z_step * np.arange(int(round((_Z_HIGH - z_low) / z_step)) + 1)
     x = -v / 2 + root * z
@@ -171,10 +178,11 @@ def _phi_nodes(v: float, z_low: float, z_step: float) -> tuple[np.ndarray, np.nd
     low_p, low_m = special.log_ndtr(z[0]), special.log_ndtr(z[0] - root)
     log_w[0] = np.logaddexp(log_w[0], low_m - x[0])
     log_w[-1] = np.logaddexp(log_w[-1], special.log_ndtr(-z[-1]))
-    return np.exp(x), log_w, float(low_p + _log1mexp(np.array(min(low_m - low_p - x[0], 0.0))))
+    slack = _PHI_SLACK + _WEIGHT_ROUNDING * (1 + max(-z_low, _Z_HIGH) ** 2) / dx
+    return np.exp(x), log_w, float(low_p + _log1mexp(np.array(min(low_m - low_p - x[0], 0.0)))), slack
 
 
-def _log_phi_upper(u: np.ndarray, y: np.ndarray, log_w: np.ndarray, log_floor: float) -> np.ndarray:
+def _log_phi_upper(u: np.ndarray, y: np.ndarray, log_w: np.ndarray, log_floor: float, slack: float) -> np.ndarray:
     """ln phi_up(u) for ascending u, rounding slack included, in two regimes that only drop or merge mass
     towards smaller y (so they stay upper bounds). While phi_up >= 1/2 it is 1 - gap with the gap summed
     without cancellation over the nodes of weight above e^-60 (the rest only shrink the gap). Beyond, in
@@ -188,7 +196,7 @@ def _log_phi_upper(u: np.ndarray, y: np.ndarray, log_w: np.ndarray, log_floor: f
         chunk_u = u[start:start + 256]
         chunk = np.full(chunk_u.size, np.nan)
         if near:
-            gap = (-np.expm1(-chunk_u[:, None] * y_heavy[None, :]) @ weights) * (1 - _PHI_SLACK)
+            gap = (-np.expm1(-chunk_u[:, None] * y_heavy[None, :]) @ weights) * (1 - slack)
             near = bool(gap[-1] < 0.5)
             chunk = np.where(gap < 0.5, np.log1p(-np.minimum(gap, 0.5)), np.nan)
         far = np.isnan(chunk)
@@ -201,7 +209,7 @@ def _log_phi_upper(u: np.ndarray, y: np.ndarray, log_w: np.ndarray, log_floor: f
             node_w[-1] = special.logsumexp(log_w[cut - 1:])
             terms = np.concatenate([node_w[None, :] - u_far[:, None] * nodes[None, :],
                                     np.full((u_far.size, 1), log_floor)], axis=1)
-            chunk[far] = special.logsumexp(terms, axis=1) + _PHI_SLACK
+            chunk[far] = special.logsumexp(terms, axis=1) + slack
         out[start:start + 256] = chunk
     return out
 
@@ -236,8 +244,8 @@ def _log_negative_moments(noise_multiplier: float, steps: int, z_step: float = _
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         tail = _log_tail(b, v, steps, log_g, w[-1])
         # 1 and 2: phi_up on the outer nodes, chords between them, a concave exponent bounded on each cell
-        y, log_w, log_floor = _phi_nodes(v, _z_low(v, s[-1] / steps, steps, b.size, w[-1]), z_step)
-        log_phi = _log_phi_upper(s / steps, y, log_w, log_floor)
+        nodes = _phi_nodes(v, _z_low(v, s[-1] / steps, steps, b.size, w[-1]), z_step)
+        log_phi = _log_phi_upper(s / steps, *nodes)
         width, mid = np.diff(s), (s[:-1] + s[1:]) / 2
         bb = b[:, None]
         slope = (bb - 1) / mid + steps * np.diff(log_phi) / width

@@ -105,12 +105,45 @@ def _log_phi_reference(u, v, z_low=-65.0):
 def test_phi_upper_bounds_the_laplace_transform():
     # phi_up >= phi at every u, from the tiny u where 1 - phi ~ u to where phi ~ e^-700
     v = 1 / 0.8**2
-    y, log_w, log_floor = alloc._phi_nodes(v, -60.0, alloc._Z_STEP)
+    nodes = alloc._phi_nodes(v, -60.0, alloc._Z_STEP)
     u = np.exp(np.linspace(-25, 40, 400))
-    bound, exact = alloc._log_phi_upper(u, y, log_w, log_floor), _log_phi_reference(u, v)
+    bound, exact = alloc._log_phi_upper(u, *nodes), _log_phi_reference(u, v)
     assert np.all(bound >= exact)
     assert np.all(bound - exact <= 1e-2 * np.abs(exact))
     assert np.all(np.diff(bound) <= 0)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 100.0])
+def test_phi_weights_are_within_their_rounding_slack(sigma):
+    # the chord weights against 50-digit arithmetic, at nodes from z = -60 to 12: the slack that
+    # covers their rounding is at least 10 times their error
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+    v = 1 / sigma**2
+    y, log_w, log_floor, slack = alloc._phi_nodes(v, -60.0, alloc._Z_STEP)
+    z = -60.0 + alloc._Z_STEP * np.arange(y.size)
+    root = mp.sqrt(mp.mpf(v))
+
+    def node(k):
+        return mp.e ** (-mp.mpf(v) / 2 + root * mp.mpf(z[k]))
+
+    def cell(k):  # P(cell k), E[Y 1{cell k}]
+        a, b = mp.mpf(z[k]), mp.mpf(z[k + 1])
+        return mp.ncdf(b) - mp.ncdf(a), mp.ncdf(b - root) - mp.ncdf(a - root)
+
+    for k in [0, 1, 200, 1000, 2399, 2400, 2879, 2880]:
+        w = mp.mpf(0)
+        if k > 0:
+            p, m = cell(k - 1)
+            w += (m - node(k - 1) * p) / (node(k) - node(k - 1))
+        if k < y.size - 1:
+            p, m = cell(k)
+            w += (node(k + 1) * p - m) / (node(k + 1) - node(k))
+        w += mp.ncdf(mp.mpf(z[0]) - root) / node(0) if k == 0 else 0
+        w += 1 - mp.ncdf(mp.mpf(z[-1])) if k == y.size - 1 else 0
+        assert abs(float(mp.log(w)) - log_w[k]) < slack / 10
+    floor = mp.ncdf(mp.mpf(z[0])) - mp.ncdf(mp.mpf(z[0]) - root) / node(0)
+    assert abs(float(mp.log(floor)) - log_floor) < slack / 10
 
 
 @pytest.mark.parametrize("sigma, t, log_s, top", [(1.0, 4, 1.8, 4), (2.0, 50, 1.0, 3)])

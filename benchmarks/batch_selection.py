@@ -122,8 +122,8 @@ def settings(args: argparse.Namespace) -> dict:
         "targets": list(QUICK_TARGETS if args.quick else TARGETS),
         "poisson": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL},
         "allocation": {"orders": [min(allocation.ORDERS), max(allocation.ORDERS)],
-                       "add_quadrature": {"z_step": allocation._Z_STEP, "w_step": allocation._W_STEP,
-                                          "margin": allocation._ADD_MARGIN}},
+                       "add_bound": {"z_step": allocation._Z_STEP, "w_step": allocation._W_STEP,
+                                     "phi_slack": allocation._PHI_SLACK}},
         "shuffle_lower": {"cell": shuffle._CELL, "discretization": shuffle._DISCRETIZATION},
         "search": {"sigma_range": list(calibrate.SIGMA_RANGE)}})
 

@@ -566,8 +566,8 @@ def _allocation_curve(mech: AllocationDPSGD, adjacency, unit) -> _Curve:
     return _Curve(epsilon=epsilon, method="rdp", conversion=backends.RDP_CONVERSION.replace(
         "minimised over its default orders", "minimised over the integer orders 2-256"), notes=(
         f"{allocation.REFERENCE}: every example in exactly one of the {mech.steps_per_epoch} steps of each of "
-        f"{mech.epochs} epochs; remove direction by its exact Renyi divergences, add direction by numerical "
-        "integration of its negative moments (capped by the certified Jensen bound); the worse direction",
+        f"{mech.epochs} epochs; remove direction by its exact Renyi divergences, add direction by a certified "
+        "upper bound on its negative moments (convex chords, capped by the Jensen bound); the worse direction",
         "valid only if each epoch allocates every example to one uniformly random step, from an unpredictable "
         "generator; Poisson, shuffled or fixed-size batches void it"))
 

@@ -443,16 +443,8 @@ def double_mixture_of_gaussians(
     Poisson DP-SGD for a unit of K examples under replace-one (sensitivities 0..K with
     Binomial(K, q) probabilities, in units of the clipping norm; arXiv:2403.04867,
     Theorem 3.8). For K = 1 it is ``gaussian(relation="replace-one")``'s pair; for q = 1 a
-    Gaussian of sensitivity 2K. See ``_double_mog``.
-
-    Args:
-        standard_deviation: standard deviation of the Gaussian noise.
-        sensitivities: the support of the sensitivity, each >= 0.
-        probabilities: their probabilities (summing to 1 - dropped_mass).
-        discretization: grid step of the privacy losses.
-        log_mass_truncation_bound: ln of the noise mass left out of the grid.
-        dropped_mass: probability of sensitivities not listed (an upper bound will do). It
-            is accounted as an infinite sensitivity, i.e. added to delta (pessimistic).
+    Gaussian of sensitivity 2K. See ``_double_mog``. The arguments are
+    ``mixture_of_gaussians``'s, with the same meaning.
 
     Returns:
         A replace-one PLD with a single pmf; cached and read-only.

@@ -303,3 +303,25 @@ def test_unit_sampling_refuses_several_processes_and_canaries(capped):
         check_distributable(plan)
     with pytest.raises(UnsupportedError, match="whole canary units"):
         _check_plan(plan)
+
+
+def test_the_phase_sampler_keeps_units_whole_within_the_chunk_limit():
+    # max_chunk counts rows: a chunk holds whole units of K rows, never more rows than allowed,
+    # and the batch's units are all there (sizes count units).
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainers.dpsgd import DPSGDSettings, phase_sampler
+    from trainers.randomness import Randomness
+
+    plan = build_plan(scenario(batch=400))
+    k = plan.dpsgd.params.cap
+    unit = torch.arange(M).repeat_interleave(N // M)  # every unit full: 4 rows of K = 5
+    data = SimpleNamespace(unit=unit, label=torch.zeros(N))
+    sampler = phase_sampler(data, plan.dpsgd.params, DPSGDSettings(max_chunk=256), Randomness(5))
+    assert sampler.padded_size <= 256 and sampler.padded_size % k == 0
+    batch = sampler.sample()
+    assert len(batch.chunks) > 1
+    real = torch.cat([idx[mask > 0] for idx, mask in batch.chunks])
+    assert real.numel() == batch.rows and torch.unique(unit[real]).numel() == batch.size

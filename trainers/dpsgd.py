@@ -286,6 +286,7 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
         ShuffleSampler,
         UnitPoissonSampler,
         chunk_size,
+        default_padded_size,
         fixed_chunk_size,
         unit_table,
     )
@@ -293,10 +294,16 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
     device = data.label.device if device is None else device
     padded = settings.padded_size
     if params.samples_units:
-        # chunks of whole units, K rows each: padded_size counts rows, so a chunk holds padded // K units
-        units = None if padded is None else max(1, padded // params.cap)
-        if units is None and settings.max_chunk is not None:
-            units = max(1, chunk_size(params.expected_batch_size * params.cap, settings.max_chunk) // params.cap)
+        # Chunks of whole units of K rows: padded_size and max_chunk count rows. By default a
+        # chunk holds E + 6 sqrt(E) units (E = q M), split into the fewest equal chunks of at
+        # most max_chunk rows.
+        k = params.cap
+        if padded is not None:
+            units = max(1, padded // k)
+        else:
+            units = default_padded_size(params.expected_batch_size)
+            if settings.max_chunk is not None and units * k > settings.max_chunk:
+                units = max(1, math.ceil(units / math.ceil(units * k / settings.max_chunk)))
         return UnitPoissonSampler(unit_table(data.unit.cpu(), params.cap), params.sampling_rate, padded_units=units,
                                   seed=randomness.torch_seed(), device=device)
     if params.sampling == "allocation":

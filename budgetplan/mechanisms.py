@@ -87,47 +87,12 @@ class GaussianRelease:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PoissonDPSGD:
-    """DP-SGD with Poisson sampling: each example joins each batch independently w.p. q.
-
-    Per-example gradients are clipped to norm C, summed, and N(0, (noise_multiplier C)^2 I)
-    is added; the guarantee holds only if batches really are Poisson samples (shuffled or
-    fixed-size batches void it).
+class _PoissonFields:
+    """The fields and validation every Poisson-sampled DP-SGD mechanism shares.
 
     Attributes:
         noise_multiplier: sigma, the noise std in units of the clipping norm C.
-        sampling_rate: q = expected batch size / dataset size.
-        steps: the number of noisy updates T.
-    """
-
-    noise_multiplier: float
-    sampling_rate: float
-    steps: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(
-            self,
-            "sampling_rate",
-            _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
-        )
-        object.__setattr__(self, "steps", _steps(self.steps))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UnitPoissonDPSGD:
-    """DP-SGD over units: each unit joins each batch independently w.p. q, clipped as a whole.
-
-    A sampled unit's examples' gradients are summed and the sum is clipped once to C, then
-    N(0, (noise_multiplier C)^2 I) is added to the sum over units (user-level sampling,
-    Charles et al., arXiv:2407.07737). The unit, not the example, is the element sampled
-    and clipped, so it is accounted as ordinary Poisson DP-SGD at q whatever the cap K.
-
-    Attributes:
-        noise_multiplier: sigma, the noise std in units of the clipping norm C.
-        sampling_rate: q = expected units per batch / number of units M.
+        sampling_rate: q, each sampled element's inclusion probability per step.
         steps: the number of noisy updates T.
     """
 
@@ -141,6 +106,30 @@ class UnitPoissonDPSGD:
                            _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
         object.__setattr__(self, "steps", _steps(self.steps))
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoissonDPSGD(_PoissonFields):
+    """DP-SGD with Poisson sampling: each example joins each batch independently w.p. q.
+
+    Per-example gradients are clipped to norm C, summed, and N(0, (noise_multiplier C)^2 I)
+    is added; the guarantee holds only if batches really are Poisson samples (shuffled or
+    fixed-size batches void it). Fields: ``_PoissonFields``'s (q = expected batch size /
+    dataset size).
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitPoissonDPSGD(_PoissonFields):
+    """DP-SGD over units: each unit joins each batch independently w.p. q, clipped as a whole.
+
+    A sampled unit's examples' gradients are summed and the sum is clipped once to C, then
+    N(0, (noise_multiplier C)^2 I) is added to the sum over units (user-level sampling,
+    Charles et al., arXiv:2407.07737). The unit, not the example, is the element sampled
+    and clipped, so it is accounted as ordinary Poisson DP-SGD at q whatever the cap K.
+
+    Fields: ``_PoissonFields``'s (q = expected units per batch / number of units M).
+    """
+
     def as_poisson(self) -> PoissonDPSGD:
         """The example-level mechanism with the same numbers: what one unit's change costs."""
         return PoissonDPSGD(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
@@ -148,35 +137,21 @@ class UnitPoissonDPSGD:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TruncatedPoissonDPSGD:
+class TruncatedPoissonDPSGD(_PoissonFields):
     """DP-SGD whose Poisson batches are cut to a fixed maximum size by a random subset.
 
     Accounted as dp_accounting's TruncatedSubsampledGaussianDpEvent (arXiv:2508.15089).
 
-    Attributes:
-        noise_multiplier: sigma in units of the clipping norm.
-        sampling_rate: q, the Poisson inclusion probability before truncation.
-        steps: the number of noisy updates.
+    Attributes (beside ``_PoissonFields``'s; q is the inclusion probability before truncation):
         dataset_size: N.
         max_batch_size: batches larger than this are truncated to it.
     """
 
-    noise_multiplier: float
-    sampling_rate: float
-    steps: int
     dataset_size: int
     max_batch_size: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(
-            self,
-            "sampling_rate",
-            _validate.probability("sampling_rate", self.sampling_rate, allow_one=True),
-        )
-        object.__setattr__(self, "steps", _steps(self.steps))
+        _PoissonFields.__post_init__(self)  # explicit: slots dataclasses break zero-argument super()
         object.__setattr__(self, "dataset_size", _validate.positive_int("dataset_size", self.dataset_size))
         object.__setattr__(
             self, "max_batch_size", _validate.positive_int("max_batch_size", self.max_batch_size)

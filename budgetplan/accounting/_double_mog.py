@@ -28,7 +28,7 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._mog import _lse_atoms
+from budgetplan.accounting._mog import Atoms, _lse_atoms
 
 __all__ = ["DoubleMixture", "grid_loss_bounds", "solve", "split_terms"]
 
@@ -38,7 +38,7 @@ _STEP_TOL = 1e-10
 _MAX_ROUNDS = 200
 
 
-class DoubleMixture:
+class DoubleMixture(Atoms):
     """The pair's atoms (validated by the caller): noise, sensitivities, probabilities.
 
     Atoms with probability 0 are dropped. ``pos`` selects the positive sensitivities;
@@ -49,18 +49,7 @@ class DoubleMixture:
     atoms' mixtures maps the one onto the other), so delta grows by exactly ``bottom``.
     """
 
-    __slots__ = ("sigma", "sens", "probs", "pos", "p_zero", "bottom", "c")
-
-    def __init__(self, sigma: float, sensitivities, probabilities, bottom: float = 0.0):
-        sens = np.asarray(sensitivities, dtype=np.float64)
-        probs = np.asarray(probabilities, dtype=np.float64)
-        keep = probs != 0.0
-        self.sigma = float(sigma)
-        self.sens, self.probs = sens[keep], probs[keep]
-        self.pos = self.sens > 0.0
-        self.p_zero = float(self.probs[~self.pos].sum())
-        self.bottom = float(bottom)
-        self.c = np.log(self.probs) - 0.5 * self.sens**2 / self.sigma**2
+    __slots__ = ()
 
     def _f(self, y: np.ndarray) -> np.ndarray:
         """F(y) = logsumexp_k(c_k + s_k y / sigma^2), elementwise over y."""

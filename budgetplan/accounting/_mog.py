@@ -26,13 +26,37 @@ import math
 import numpy as np
 from scipy import special
 
-__all__ = ["Mixture", "binomial_window", "grid_loss_bounds", "split_terms"]
+__all__ = ["Atoms", "Mixture", "binomial_window", "grid_loss_bounds", "split_terms"]
 
 # dp_accounting's tail search for the REMOVE direction stops at this width (in x).
 _TAIL_SEARCH_PRECISION = 1e-4
 
 
-class Mixture:
+class Atoms:
+    """Noise and (sensitivity, probability) atoms, validated by the caller; shared by ``Mixture``
+    and ``_double_mog.DoubleMixture``.
+
+    Atoms with probability 0 are dropped; ``pos`` selects the positive sensitivities,
+    ``p_zero`` is the mass of the sensitivity-0 atom, ``bottom`` the mass left out altogether
+    (an infinite sensitivity, pessimistic). c_i = ln p_i - s_i^2 / (2 sigma^2): the log
+    likelihood ratios are log-sum-exps of the lines c_i -/+ s_i x / sigma^2.
+    """
+
+    __slots__ = ("sigma", "sens", "probs", "pos", "p_zero", "bottom", "c")
+
+    def __init__(self, sigma: float, sensitivities, probabilities, bottom: float = 0.0):
+        sens = np.asarray(sensitivities, dtype=np.float64)
+        probs = np.asarray(probabilities, dtype=np.float64)
+        keep = probs != 0.0
+        self.sigma = float(sigma)
+        self.sens, self.probs = sens[keep], probs[keep]
+        self.pos = self.sens > 0.0
+        self.p_zero = float(self.probs[~self.pos].sum())
+        self.bottom = float(bottom)
+        self.c = np.log(self.probs) - 0.5 * self.sens**2 / self.sigma**2
+
+
+class Mixture(Atoms):
     """A MoG (validated by the caller): noise scale plus (sensitivity, probability) atoms.
 
     Atoms with probability 0 are dropped. ``pos`` selects the atoms with a positive
@@ -42,24 +66,12 @@ class Mixture:
     dominates any finite one): the probabilities then sum to 1 - bottom.
     """
 
-    __slots__ = ("sigma", "sens", "probs", "pos", "q", "p_zero", "bottom", "c")
+    __slots__ = ("q",)
 
     def __init__(self, sigma: float, sensitivities, probabilities, bottom: float = 0.0):
-        sens = np.asarray(sensitivities, dtype=np.float64)
-        probs = np.asarray(probabilities, dtype=np.float64)
-        keep = probs != 0.0
-        self.sigma = float(sigma)
-        self.sens, self.probs = sens[keep], probs[keep]
-        self.pos = self.sens > 0.0
+        super().__init__(sigma, sensitivities, probabilities, bottom)
+        # 1 - p_zero = q + bottom: the left-out mass is an outcome the lower distribution never gives.
         self.q = float(np.clip(self.probs[self.pos].sum(), 0.0, 1.0))
-        self.p_zero = float(self.probs[~self.pos].sum())
-        # Mass of sensitivities left out (an outcome the lower distribution never gives):
-        # 1 - p_zero = q + bottom.
-        self.bottom = float(bottom)
-        var = self.sigma**2
-        # c_i = ln p_i - s_i^2 / (2 sigma^2): ln of the mixture ratio is a log-sum-exp of
-        # lines c_i -/+ s_i x / sigma^2 (see privacy_loss).
-        self.c = np.log(self.probs) - 0.5 * self.sens**2 / var
 
     def privacy_loss(self, x: float, adjacency: str) -> float:
         """ln(upper(x) / lower(x)) at a scalar x, for 'remove' or 'add'."""

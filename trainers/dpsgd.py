@@ -29,8 +29,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
-           "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "UNITS_ONE_PROCESS", "check_resume",
+           "check_rows", "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -323,6 +323,9 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
 
 
 # Why each non-Poisson sampling needs one process: it draws over all N rows at once.
+# Why a unit-sampled phase needs one process.
+UNITS_ONE_PROCESS = ("sampling units is not run over several processes yet: the ranks split the rows, and a unit's "
+                     "rows must be clipped together")
 GLOBAL_SAMPLING = {
     "truncated-poisson": "truncated Poisson sampling cuts the global batch",
     "allocation": "random allocation assigns every row of the global data to a step of each epoch",
@@ -390,9 +393,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or run one process)")
     if collective is not None and params.samples_units:
-        from trainers.ranks import _UNITS_ONE_PROCESS
-
-        raise UnsupportedError(_UNITS_ONE_PROCESS + " (run one process)")
+        raise UnsupportedError(UNITS_ONE_PROCESS + " (run one process)")
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
                size_private=size_private, units=_unit_count(data) if params.samples_units else None)
     if not 0 <= start_step <= steps:

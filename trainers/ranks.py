@@ -28,17 +28,15 @@ def check_nproc(nproc) -> int:
     return nproc
 
 
-_UNITS_ONE_PROCESS = ("sampling units is not run over several processes yet: the ranks split the rows, and a unit's "
-                      "rows must be clipped together")
-
-
 def check_distributable(plan) -> None:
     """Refuse, before anything is spent, what is not run over several processes yet."""
     if plan.tuning is not None and "grid" in plan.tuning:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
     if plan.dpsgd is not None and plan.dpsgd.params.samples_units:
-        raise UnsupportedError(_UNITS_ONE_PROCESS + " (train with --nproc 1)")
+        from trainers.dpsgd import UNITS_ONE_PROCESS
+
+        raise UnsupportedError(UNITS_ONE_PROCESS + " (train with --nproc 1)")
     if plan.dpsgd is not None and plan.dpsgd.params.sampling != "poisson":
         from trainers.dpsgd import GLOBAL_SAMPLING
 

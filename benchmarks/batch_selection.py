@@ -5,9 +5,10 @@ target epsilon 1, 2, 4, 8, 12. For each cell, the smallest noise multiplier sigm
 the target under:
 
 - Poisson sampling at q = B/N over ceil(E N / B) steps (PLD, the planner's default);
-- random allocation, one uniformly random step per example in each epoch of N // B steps
-  (RDP, arXiv:2502.08202; ``budgetplan.accounting.allocation``), and for comparison Poisson
-  at q = B/N accounted by the same RDP conversion over the same orders (dp_accounting);
+- random allocation, one uniformly random step per example in each epoch of N // B steps,
+  by its PLD (what a plan uses; ``budgetplan.accounting.allocation_pld``) and by RDP
+  (arXiv:2502.08202; ``budgetplan.accounting.allocation``), and for comparison Poisson at
+  q = B/N accounted by the same RDP conversion over the same orders (dp_accounting);
 - shuffled fixed-size batches: the guarantee (no amplification, one Gaussian per epoch) and
   the least sigma that Chua et al.'s lower bound (arXiv:2403.17673) allows: no analysis of
   a shuffled run can certify the target with less noise than that.
@@ -54,6 +55,7 @@ def cell(epochs: int, target: float) -> dict:
     from budgetplan.accounting import account, allocation
     from budgetplan.accounting.shuffle import lower_epsilon
     from budgetplan.calibrate import dpsgd_noise_multiplier, steps_for_epochs
+    from budgetplan.mechanisms import AllocationDPSGD
 
     t = bs.steps_per_epoch(dataset_size=N, batch_size=B)
     q = B / N
@@ -69,8 +71,10 @@ def cell(epochs: int, target: float) -> dict:
         return acc.get_epsilon(DELTA)
 
     out["poisson_rdp"] = _solve(poisson_rdp, target)
-    out["allocation"] = _solve(lambda s: allocation.epsilon(noise_multiplier=s, steps_per_epoch=t, epochs=epochs,
-                                                            delta=DELTA), target)
+    out["allocation"] = _solve(lambda s: account(AllocationDPSGD(noise_multiplier=s, steps_per_epoch=t, epochs=epochs),
+                                                 delta=DELTA, adjacency="add-remove").epsilon, target)
+    out["allocation_rdp"] = _solve(lambda s: allocation.epsilon(noise_multiplier=s, steps_per_epoch=t, epochs=epochs,
+                                                                delta=DELTA), target)
     shuffle = bs.mechanism("shuffle", 1.0, dataset_size=N, batch_size=B, steps=t * epochs)
     out["shuffle_upper"] = _solve(lambda s: account(type(shuffle)(noise_multiplier=s, steps_per_epoch=t,
                                                                   epochs=epochs), delta=DELTA,
@@ -78,7 +82,7 @@ def cell(epochs: int, target: float) -> dict:
     out["shuffle_lower"] = _solve(lambda s: lower_epsilon(noise_multiplier=s, steps_per_epoch=t, epochs=epochs,
                                                           delta=DELTA), target)
     out["allocation_over_poisson_pld"] = out["allocation"] / out["poisson_pld"]
-    out["allocation_over_poisson_rdp"] = out["allocation"] / out["poisson_rdp"]
+    out["allocation_rdp_over_poisson_rdp"] = out["allocation_rdp"] / out["poisson_rdp"]
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -86,17 +90,18 @@ def cell(epochs: int, target: float) -> dict:
 def render(result: dict) -> str:
     lines = ["# Noise for a target epsilon, by batch selection (Criteo shapes)", "",
              f"N = {N:,}, B = {B:,} (N // B = {N // B:,} steps per epoch), delta = 1/N, add-remove. Each entry is "
-             "the smallest noise multiplier sigma meeting the target. Allocation is accounted by RDP; "
-             "`Poisson (RDP)` is Poisson under the same RDP conversion, the like-for-like comparison. Shuffle: "
+             "the smallest noise multiplier sigma meeting the target. Allocation is accounted by its PLD (what a "
+             "plan uses) and, for comparison, by RDP beside `Poisson (RDP)`, Poisson under the same RDP "
+             "conversion. Shuffle: "
              "`guarantee` is what a plan uses (no amplification); `lower bound` is the least sigma Chua et al.'s "
              "lower bound allows: below it no analysis can certify the target for shuffled batches.", "",
-             "| epochs | target eps | Poisson (PLD) | Poisson (RDP) | allocation (RDP) | alloc / Poisson RDP | "
-             "alloc / Poisson PLD | shuffle guarantee | shuffle lower bound |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| epochs | target eps | Poisson (PLD) | allocation (PLD) | alloc / Poisson PLD | Poisson (RDP) | "
+             "allocation (RDP) | alloc / Poisson RDP | shuffle guarantee | shuffle lower bound |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in result["cells"]:
-        lines.append(f"| {c['epochs']} | {c['target_epsilon']:g} | {c['poisson_pld']:.4f} | {c['poisson_rdp']:.4f} | "
-                     f"{c['allocation']:.4f} | {c['allocation_over_poisson_rdp']:.4f} | "
-                     f"{c['allocation_over_poisson_pld']:.4f} | {c['shuffle_upper']:.3f} | "
+        lines.append(f"| {c['epochs']} | {c['target_epsilon']:g} | {c['poisson_pld']:.4f} | {c['allocation']:.4f} | "
+                     f"{c['allocation_over_poisson_pld']:.4f} | {c['poisson_rdp']:.4f} | {c['allocation_rdp']:.4f} | "
+                     f"{c['allocation_rdp_over_poisson_rdp']:.4f} | {c['shuffle_upper']:.3f} | "
                      f"{c['shuffle_lower']:.3f} |")
     lines += ["", h.settings_markdown(result["settings"]), ""]
     return "\n".join(lines)
@@ -113,7 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> dict:
     """The case and every library default the numbers depend on."""
     from budgetplan import calibrate
-    from budgetplan.accounting import allocation, shuffle
+    from budgetplan.accounting import allocation, allocation_pld, shuffle
     from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
 
     return h.settings_record("batch_selection.py", args.argv, {
@@ -121,7 +126,10 @@ def settings(args: argparse.Namespace) -> dict:
         "epochs": list(QUICK_EPOCHS if args.quick else EPOCHS),
         "targets": list(QUICK_TARGETS if args.quick else TARGETS),
         "poisson": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL},
-        "allocation": {"orders": [min(allocation.ORDERS), max(allocation.ORDERS)],
+        "allocation": {"pld": {"fineness": allocation_pld.FINENESS,
+                               "grid_step": [allocation_pld.MIN_GRID_STEP, allocation_pld.MAX_GRID_STEP],
+                               "discretization": DEFAULT_DISCRETIZATION},
+                       "orders": [min(allocation.ORDERS), max(allocation.ORDERS)],
                        "add_bound": {"z_step": allocation._Z_STEP, "w_step": allocation._W_STEP,
                                      "phi_slack": allocation._PHI_SLACK}},
         "shuffle_lower": {"cell": shuffle._CELL, "discretization": shuffle._DISCRETIZATION},
@@ -135,12 +143,12 @@ def main(argv: list[str]) -> None:
         for target in (QUICK_TARGETS if args.quick else TARGETS):
             c = cell(epochs, target)
             print(f"epochs {epochs:>2} eps {target:>4g}: poisson {c['poisson_pld']:.4f}, allocation "
-                  f"{c['allocation']:.4f} ({c['allocation_over_poisson_rdp']:.4f} of Poisson RDP), shuffle "
+                  f"{c['allocation']:.4f} ({c['allocation_over_poisson_pld']:.4f} of Poisson), shuffle "
                   f"{c['shuffle_lower']:.3f}..{c['shuffle_upper']:.3f} ({c['seconds']:.1f} s)", flush=True)
             cells.append(c)
     result = {"settings": settings(args), "machine": h.machine(), "cells": cells,
-              "worst_allocation_over_poisson_rdp": max(c["allocation_over_poisson_rdp"] for c in cells),
-              "best_allocation_over_poisson_rdp": min(c["allocation_over_poisson_rdp"] for c in cells)}
+              "worst_allocation_over_poisson_pld": max(c["allocation_over_poisson_pld"] for c in cells),
+              "best_allocation_over_poisson_pld": min(c["allocation_over_poisson_pld"] for c in cells)}
     print(h.save_results(h.RESULTS, "batch_selection", result, render))
     sys.exit(0 if all(math.isfinite(c["allocation"]) for c in cells) else 1)
 

@@ -5,8 +5,8 @@ sampling            what the trainer does                    accounted as
 ==================  =======================================  ===================================
 poisson             each row joins each step w.p. q = B/N    PoissonDPSGD (PLD, RDP or PRV)
 truncated-poisson   Poisson, cut to max_batch_size           TruncatedPoissonDPSGD (PLD)
-allocation          each epoch of N // B steps: every row    AllocationDPSGD (RDP, add-remove;
-                    in one uniformly random step             arXiv:2502.08202)
+allocation          each epoch of N // B steps: every row    AllocationDPSGD (its PLD, or RDP;
+                    in one uniformly random step             add-remove; arXiv:2502.08202)
 shuffle             each epoch: a random permutation cut     ShuffledDPSGD: no amplification
                     into N // B batches of exactly B         (Gaussian per epoch); Chua et al.'s
                                                              lower bound beside it
@@ -32,7 +32,7 @@ __all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "me
 
 SAMPLINGS = ("poisson", "truncated-poisson", "allocation", "shuffle")
 EPOCH_SAMPLINGS = ("allocation", "shuffle")
-_METHOD = {"allocation": "rdp", "shuffle": "exact"}
+_METHODS = {"allocation": ("pld", "rdp"), "shuffle": ("exact",)}
 
 
 def steps_per_epoch(*, dataset_size: int, batch_size: int) -> int:
@@ -67,8 +67,10 @@ def epoch_steps(*, dataset_size: int, batch_size: int, epochs: float | None = No
 
 
 def method_for(sampling: str, requested: str) -> str:
-    """The accounting method a phase with ``sampling`` uses: its own for allocation and shuffle."""
-    return _METHOD.get(sampling, requested)
+    """The accounting method a phase with ``sampling`` uses: ``requested`` where it applies, else the
+    sampling's own (allocation: pld; shuffle: exact)."""
+    own = _METHODS.get(sampling)
+    return requested if own is None or requested in own else own[0]
 
 
 def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int, steps: int,

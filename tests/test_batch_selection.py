@@ -115,7 +115,13 @@ def test_cli_batch_selection(runner):
     assert bad.exit_code == 2 and "--epochs must be a whole number" in bad.output
     assert "Traceback" not in bad.output
     other = run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "shuffle", "--accountant", "rdp")
-    assert other.exit_code == 2 and "--accountant applies to --batch-selection poisson" in other.output
+    assert other.exit_code == 2 and "--accountant rdp does not apply to --batch-selection shuffle" in other.output
+    rdp = json.loads(run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "allocation",
+                         "--accountant", "rdp", "--json").stdout)
+    pld = json.loads(run("--noise-multiplier", "1.5", "--epochs", "2", "--batch-selection", "allocation",
+                         "--json").stdout)
+    assert rdp["guarantee"]["method"] == "rdp" and pld["guarantee"]["method"] == "pld"
+    assert pld["epsilon"] < rdp["epsilon"]
 
 
 # ------------------------------------------------------------------ training and the audit

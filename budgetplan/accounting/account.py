@@ -12,7 +12,7 @@ PoissonDPSGD           pld, rdp, prv                   mixture of Gaussians (pld
                                                        double mixture (pld, replace-one)
 UnitPoissonDPSGD       pld, rdp, prv                   the unit is the sampled element: as K=1
 TruncatedPoissonDPSGD  pld (dp_accounting)             unsupported: use "group"
-AllocationDPSGD        rdp (add-remove only)           unsupported: use "group"
+AllocationDPSGD        pld, rdp (add-remove only)      unsupported: use "group"
 ShuffledDPSGD          exact, pld (no amplification)   sensitivity K per epoch
 DiscreteLaplaceCount   exact                           K rows move the count by K
 Composition            pld, basic                      each phase's tight unit accounting
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from budgetplan import _validate
-from budgetplan.accounting import backends, gaussian, group, pld_build, rr
+from budgetplan.accounting import allocation_pld, backends, gaussian, group, pld_build, rr
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
@@ -74,7 +74,7 @@ _DEFAULT_METHOD = {
     PoissonDPSGD: "pld",
     UnitPoissonDPSGD: "pld",
     TruncatedPoissonDPSGD: "pld",
-    AllocationDPSGD: "rdp",
+    AllocationDPSGD: "pld",
     ShuffledDPSGD: "exact",
     DiscreteLaplaceCount: "exact",
     Composition: "pld",
@@ -85,7 +85,7 @@ _SUPPORTED = {
     PoissonDPSGD: ("pld", "rdp", "prv"),
     UnitPoissonDPSGD: ("pld", "rdp", "prv"),
     TruncatedPoissonDPSGD: ("pld",),
-    AllocationDPSGD: ("rdp",),
+    AllocationDPSGD: ("pld", "rdp"),
     ShuffledDPSGD: ("exact", "pld"),
     DiscreteLaplaceCount: ("exact",),
     Composition: ("pld", "basic"),
@@ -288,7 +288,11 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
     if isinstance(mechanism, TruncatedPoissonDPSGD):
         return _truncated_curve(mechanism, adjacency, unit, discretization)
     if isinstance(mechanism, AllocationDPSGD):
-        return _allocation_curve(mechanism, adjacency, unit)
+        if method == "rdp":
+            return _allocation_curve(mechanism, adjacency, unit)
+        return _pld_curve(mechanism, adjacency, unit, discretization, delta, "pld", _allocation_notes(mechanism, (
+            f"{allocation_pld.REFERENCE}: one epoch's likelihood ratio bounded in the convex order (mean-preserving "
+            "spreads on a grid), so both directions are dominated; epochs composed",)))
     if isinstance(mechanism, ShuffledDPSGD):
         return _shuffle_curve(mechanism, adjacency, unit, method, discretization, delta)
     if isinstance(mechanism, DiscreteLaplaceCount):
@@ -564,12 +568,16 @@ def _allocation_curve(mech: AllocationDPSGD, adjacency, unit) -> _Curve:
                                   epochs=mech.epochs, delta=min(d, 0.5))
 
     return _Curve(epsilon=epsilon, method="rdp", conversion=backends.RDP_CONVERSION.replace(
-        "minimised over its default orders", "minimised over the integer orders 2-256"), notes=(
-        f"{allocation.REFERENCE}: every example in exactly one of the {mech.steps_per_epoch} steps of each of "
-        f"{mech.epochs} epochs; remove direction by its exact Renyi divergences, add direction by a certified "
-        "upper bound on its negative moments (convex chords, capped by the Jensen bound); the worse direction",
+        "minimised over its default orders", "minimised over the integer orders 2-256"), notes=_allocation_notes(mech, (
+            f"{allocation.REFERENCE}: remove direction by its exact Renyi divergences, add direction by a certified "
+            "upper bound on its negative moments (convex chords, capped by the Jensen bound); the worse direction",)))
+
+
+def _allocation_notes(mech: AllocationDPSGD, how: tuple[str, ...]) -> tuple[str, ...]:
+    return (f"random allocation: every example in exactly one of the {mech.steps_per_epoch} steps of each of "
+            f"{mech.epochs} epochs",) + how + (
         "valid only if each epoch allocates every example to one uniformly random step, from an unpredictable "
-        "generator; Poisson, shuffled or fixed-size batches void it"))
+        "generator; Poisson, shuffled or fixed-size batches void it",)
 
 
 def _shuffle_curve(mech: ShuffledDPSGD, adjacency, unit, method, discretization, delta) -> _Curve:

@@ -1,11 +1,13 @@
-"""Random allocation ("balls in bins"): every example in exactly one of the T steps of each epoch.
+"""Random allocation ("balls in bins") by RDP: every example in exactly one of the T steps of each epoch.
 
-The bound follows Feldman and Shenfeld's "direct" analysis of random allocation ("Privacy
-amplification by random allocation", arXiv:2502.08202), in units of the clipping
-norm and under add-remove. Within one epoch the adversary knows every other example's
-contribution, so with the example the T noisy sums are P = (1/T) sum_t N(e_t, sigma^2 I)
-and without it Q = N(0, sigma^2 I). Epochs draw their allocations independently, so their
-privacy losses add.
+Plans account allocation by its PLD (``allocation_pld``: 3-28% less noise for the same target
+at the Criteo shapes); this RDP bound is the alternative (``method="rdp"``), fast and
+independent of the PLD's grid, and the tests' cross-check of it. The bound follows Feldman
+and Shenfeld's "direct" analysis of random allocation ("Privacy amplification by random
+allocation", arXiv:2502.08202), in units of the clipping norm and under add-remove.
+Within one epoch the adversary knows every other example's contribution, so with the example
+the T noisy sums are P = (1/T) sum_t N(e_t, sigma^2 I) and without it Q = N(0, sigma^2 I).
+Epochs draw their allocations independently, so their privacy losses add.
 
 Remove direction (P against Q). The likelihood ratio is Z = (1/T) sum_t Y_t with
 Y_t = exp((x_t - 1/2) / sigma^2) independent under Q and E[Y^m] = exp(m (m - 1) / (2 sigma^2)).

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from budgetplan.accounting import _mog, fastpld
+from budgetplan.accounting import _mog, allocation_pld, fastpld
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
@@ -216,8 +216,15 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
         # the unit is the element sampled and clipped: one unit moves one Poisson contribution
         return _parts(mechanism.as_poisson(), adjacency, PrivacyUnit.example(unit.name), d, delta)
     if isinstance(mechanism, AllocationDPSGD):
-        raise UnsupportedError("random allocation has no PLD here (it is accounted by RDP); phases with it are "
-                               "composed by basic composition")
+        if adjacency is not Adjacency.ADD_REMOVE:
+            raise UnsupportedError("random allocation is accounted under add-remove only; use adjacency "
+                                   "'add-remove', or Poisson sampling for replace-one")
+        if unit.cap > 1:
+            raise UnsupportedError(f"no tight accounting of random allocation for K={unit.cap} examples per unit; "
+                                   "use unit_accounting 'group'")
+        return [(allocation_pld.epoch_pld(noise_multiplier=mechanism.noise_multiplier,
+                                          steps_per_epoch=mechanism.steps_per_epoch, discretization=d),
+                 _count("epochs", mechanism.epochs))]
     if isinstance(mechanism, PoissonDPSGD):
         steps = _count("steps", mechanism.steps)
         bound = _truncation(delta, steps)

@@ -68,11 +68,12 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
     if epochs is not None and steps is not None:
         raise click.UsageError("give at most one of --epochs or --steps")
     if batch_selection != "poisson":
-        if accountant != "pld":
-            raise click.UsageError(f"--accountant applies to --batch-selection poisson; {batch_selection} batches have "
-                                   "their own accounting (allocation: rdp, shuffle: exact)")
+        own = {"allocation": ("pld", "rdp"), "shuffle": ("pld",)}[batch_selection]
+        if accountant not in own:
+            raise click.UsageError(f"--accountant {accountant} does not apply to --batch-selection {batch_selection} "
+                                   f"(allocation: pld or rdp; shuffle: its own exact accounting), got {accountant!r}")
         _epoch_selection(batch_selection, noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps,
-                         max_batch_size, unit_cap, unit_accounting, adjacency, discretization, as_json)
+                         max_batch_size, unit_cap, unit_accounting, adjacency, accountant, discretization, as_json)
         return
     if noise_multiplier is None and epsilon is None:
         raise click.UsageError("give --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)")
@@ -303,7 +304,7 @@ def _params(sigma, q, steps, n, epochs, ctx, target=None):
 
 
 def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, steps, max_batch_size, unit_cap,
-                     unit_accounting, adjacency, discretization, as_json):
+                     unit_accounting, adjacency, accountant, discretization, as_json):
     """Allocation or shuffled batches: epsilon at a noise multiplier, or the noise multiplier for an epsilon."""
     from budgetplan import batch_selection as bs
     from budgetplan.accounting import account
@@ -325,7 +326,8 @@ def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, st
 
     def guarantee(x: float, sampling: str = selection):
         mech = bs.mechanism(sampling, x, dataset_size=n, batch_size=batch_size, steps=t)
-        return account(mech, delta=delta, adjacency=adjacency, unit=unit, method=bs.method_for(sampling, "pld"),
+        method = bs.method_for(sampling, accountant if sampling == selection else "pld")
+        return account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                        unit_accounting=unit_accounting if unit.cap > 1 else "tight", discretization=discretization)
 
     if sigma is None:

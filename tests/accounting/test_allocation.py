@@ -12,6 +12,7 @@ from budgetplan.accounting import account
 from budgetplan.accounting import allocation as alloc
 from budgetplan.errors import UnsupportedError
 from budgetplan.mechanisms import AllocationDPSGD
+from budgetplan.units import PrivacyUnit
 
 ORDERS = np.asarray(alloc.ORDERS, dtype=float)
 
@@ -229,10 +230,13 @@ def test_more_noise_fewer_epochs_more_steps_never_cost_more(sigma, t, epochs):
 
 def test_account_reports_the_worse_direction_and_refuses_what_it_cannot_bound():
     mech = AllocationDPSGD(noise_multiplier=1.0, steps_per_epoch=100, epochs=2)
-    g = account(mech, delta=1e-6, adjacency="add-remove")
+    g = account(mech, delta=1e-6, adjacency="add-remove", method="rdp")
     assert g.method == "rdp" and g.bound == "upper"
     assert g.epsilon == alloc.epsilon(noise_multiplier=1.0, steps_per_epoch=100, epochs=2, delta=1e-6)
-    with pytest.raises(UnsupportedError, match="add-remove only"):
-        account(mech, delta=1e-6, adjacency="replace-one")
-    with pytest.raises(UnsupportedError, match="pld"):
-        account(mech, delta=1e-6, adjacency="add-remove", method="pld")
+    for method in ("rdp", "pld"):
+        with pytest.raises(UnsupportedError, match="add-remove only"):
+            account(mech, delta=1e-6, adjacency="replace-one", method=method)
+        with pytest.raises(UnsupportedError, match="group"):
+            account(mech, delta=1e-6, adjacency="add-remove", method=method, unit=PrivacyUnit.capped(2))
+    with pytest.raises(UnsupportedError, match="prv"):
+        account(mech, delta=1e-6, adjacency="add-remove", method="prv")

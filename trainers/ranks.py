@@ -21,10 +21,10 @@ rows are all on the rank that clips their summed gradient, once.
 
 from __future__ import annotations
 
+import numpy as np
+
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.limits import MAX_PROCESSES
-
-import numpy as np
 
 __all__ = ["block", "check_nproc", "launch_plan", "check_distributable", "note_shard", "rank_rows"]
 

@@ -344,9 +344,10 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     ``nproc``: run the phases in that many local processes (``trainers.distributed``, gloo),
     each on its share of the rows (``trainers.ranks.rank_rows``: whole units when units are
     sampled), with the guarantee of one process: Poisson sampling at q on every rank's rows
-    (or units), one all-reduce of the clipped sums, the noise drawn once by rank 0; each label randomised once by the rank holding it; the calibration's exact vectors
-    summed before its one noise draw. Rank 0 keeps the ledger, evaluates and writes the
-    record. ``collective``: this process's place in a group already formed (``torchrun``:
+    (or units), one all-reduce of the clipped sums, the noise drawn once by rank 0; each
+    label randomised once by the rank holding it; the calibration's exact vectors summed
+    before its one noise draw. Rank 0 keeps the ledger, evaluates and writes the record.
+    ``collective``: this process's place in a group already formed (``torchrun``:
     ``trainers.distributed.from_environment``); ranks other than 0 return None.
     """
     from budgetplan.verify import verify_plan

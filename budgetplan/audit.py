@@ -600,7 +600,8 @@ def _sampling(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, a
         checks.append(Check(f"{name}: spread", p_var >= alpha,
                             f"variance {var:.2f} against {var1:.2f}; two-sided chi-square p = {p_var:.3g} "
                             "(fixed-size or shuffled batches have no spread)"))
-    return checks + rank_checks(sized, ran, rows=n, q=q, alpha=alpha, two_sided_binomial=_two_sided_binomial)
+    return checks + rank_checks(sized, ran, rows=n, q=q, alpha=alpha, two_sided_binomial=_two_sided_binomial,
+                                what=what)
 
 
 # -------------------------------------------------------------------------- RR and WALR

@@ -1,16 +1,19 @@
 """The audit of a DP-SGD phase run by several processes: did the ranks sample as one process would?
 
-A distributed run (``budgetplan train --nproc``, ``torchrun``) samples each rank's rows at the
-plan's q; its write-ahead ledger notes each session's ranks and their rows (a ``ranks``
-event) and, at every noisy step, each rank's part of the batch (``rank_batch_sizes``). The
-record says how many steps each rank counted on its own. This check fails when:
+A distributed run (``budgetplan train --nproc``, ``torchrun``) samples each rank's rows (or,
+when the plan samples units, each rank's units) at the plan's q; its write-ahead ledger notes
+each session's ranks and their rows or units (a ``ranks`` event, ``rank_rows`` or
+``rank_units``) and, at every noisy step, each rank's part of the batch
+(``rank_batch_sizes``). The record says how many steps each rank counted on its own. This
+check fails when:
 
 - the ranks counted different numbers of steps, or a number other than the session's;
 - a step's per-rank sizes are missing, are not one per rank, or do not add up to the step's
   batch size;
-- the ranks' rows do not add up to the N the batches were drawn from;
-- a rank's batches are not Poisson at q over its rows: the sum of its sizes over the steps
-  is tested against Binomial(rows_r T, q), two-sided, each rank at ``alpha / ranks``
+- the ranks' rows (units) do not add up to the N (M) the batches were drawn from, or a session
+  noted the other kind;
+- a rank's batches are not Poisson at q over its rows (units): the sum of its sizes over the
+  steps is tested against Binomial(rows_r T, q), two-sided, each rank at ``alpha / ranks``
   (Bonferroni) so that an honest run fails at most ``alpha`` of the time in all.
 
 A one-process run has none of this and gets no check.
@@ -23,14 +26,16 @@ __all__ = ["rank_checks"]
 NAME = "Poisson batch sizes per rank"
 
 
-def _sessions(view) -> list[dict]:
-    """Each distributed session of the phase: its ranks' rows and the per-rank sizes of its steps."""
+def _sessions(view, what: str) -> list[dict]:
+    """Each distributed session of the phase: its ranks' rows (or units, ``what``) and the per-rank sizes of its
+    steps (``rows`` None: the session did not note them)."""
     sessions: list[dict] = []
     current: dict | None = None
     for entry in view.entries:
         event = entry.get("event")
         if event == "ranks":
-            current = {"rows": list(entry.get("rank_rows") or []), "steps": [], "sizes": []}
+            counts = entry.get(f"rank_{what}")
+            current = {"rows": None if counts is None else list(counts), "steps": [], "sizes": []}
             sessions.append(current)
         elif event == "resume":
             current = None  # a resumed session notes its own ranks, or runs as one process
@@ -43,19 +48,22 @@ def _sessions(view) -> list[dict]:
     return sessions
 
 
-def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided_binomial) -> list:
+def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided_binomial,
+                what: str = "rows") -> list:
     """The per-rank checks of one DP-SGD phase (``[]`` for a one-process run).
 
     Args:
         sized_view: the ledger that holds the batch sizes (the private one for a DP-count N).
         ran: the record's ``DPSGDRun`` entry, or None (an interrupted run: the ledger alone).
-        rows: the N the batches were drawn from.
+        rows: the N (or M, ``what="units"``) the batches were drawn from.
         q: the plan's sampling rate.
         two_sided_binomial: ``p(k, n, q)``, the audit's binomial test.
+        what: ``"rows"``, or ``"units"`` when the plan samples units: each session must then
+            note its ranks' units.
     """
     from budgetplan.audit import Check
 
-    sessions = _sessions(sized_view)
+    sessions = _sessions(sized_view, what)
     recorded = ran is not None and ran.processes is not None
     if not sessions and not recorded:
         return []
@@ -74,10 +82,10 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
                             f"{len(sessions[-1]['rows'])}")
     for i, s in enumerate(sessions, 1):
         if s["rows"] is None:
-            problems.append(f"session {i} took per-rank steps without noting its ranks and their rows")
+            problems.append(f"session {i} took per-rank steps without noting its ranks and their {what}")
             continue
         if sum(s["rows"]) != rows:
-            problems.append(f"session {i}'s ranks hold {sum(s['rows'])} rows in all, the batches were drawn from "
+            problems.append(f"session {i}'s ranks hold {sum(s['rows'])} {what} in all, the batches were drawn from "
                             f"{rows}")
         width = len(s["rows"])
         for total, parts in zip(s["steps"], s["sizes"]):
@@ -86,7 +94,7 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
                                 f"per-rank sizes for {width} ranks")
                 break
             if sum(parts) != total:
-                problems.append(f"session {i} has a step of {total} rows whose ranks add up to {sum(parts)}")
+                problems.append(f"session {i} has a step of {total} {what} whose ranks add up to {sum(parts)}")
                 break
     if problems:
         return [Check(NAME, False, "; ".join(problems))]
@@ -97,7 +105,7 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
             k = sum(parts[r] for parts in s["sizes"])
             p = two_sided_binomial(k, s["rows"][r] * t, q)
             worst = min(worst, p * width)
-            details.append(f"rank {r}: {k} rows over {t} steps from {s['rows'][r]}, expected "
+            details.append(f"rank {r}: {k} {what} over {t} steps from {s['rows'][r]}, expected "
                            f"{s['rows'][r] * t * q:.1f}, p = {p:.3g}")
     passed = worst >= alpha
     return [Check(NAME, passed, f"{len(sessions)} distributed session(s); " + "; ".join(details)

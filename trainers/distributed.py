@@ -6,7 +6,10 @@ single process would:
 - **Sampling.** Poisson sampling includes every example independently with probability q,
   so each rank sampling its own shard at q (from its own unpredictable generator) is the
   accounted sample of the whole dataset, whatever the sharding. The global batch size (the
-  sum over ranks) is what the ledger and the record hold.
+  sum over ranks) is what the ledger and the record hold. When units are sampled the same
+  holds of units, provided each unit's rows are all on one rank (``trainers.ranks.rank_rows``):
+  its summed gradient is then clipped once, whole, by that rank, and the ranks' unit
+  counts must add up to the plan's M (a unit split between ranks would count on each).
 - **One sum.** Each rank clips its rows per example and sums them (``trainers.clipping``);
   the sums are added across ranks with one all-reduce over one flat buffer.
 - **One noise draw.** Gaussian noise of std sigma C is drawn by rank 0 alone and added to
@@ -123,9 +126,9 @@ class Collective:
 
     def shard(self, rows: int) -> slice:
         """This rank's contiguous block of ``rows`` rows: ranks in order, sizes differing by at most one."""
-        base, extra = divmod(int(rows), self.world_size)
-        start = self.rank * base + min(self.rank, extra)
-        return slice(start, start + base + (self.rank < extra))
+        from trainers.ranks import block
+
+        return block(rows, self.world_size, self.rank)
 
 
 def release_once(collective: Collective | None, session, phase: str, make):

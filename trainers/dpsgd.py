@@ -29,8 +29,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "UNITS_ONE_PROCESS", "check_resume",
-           "check_rows", "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
+           "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,9 +273,10 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
                   device=None):
     """The phase's sampler over the rows of ``data`` (this rank's shard, ``distributed``), as the plan chose.
 
-    Poisson (truncated or not): every row the data has is sampled at the plan's q, from a
-    generator seeded by this process's randomness; the chunk holds the plan's expected batch
-    (q N), or this shard's share of it (q times its rows). Allocation and shuffled batches
+    Poisson (truncated or not): every row the data has (every unit, when units are sampled)
+    is sampled at the plan's q, from a generator seeded by this process's randomness; the
+    chunk holds the plan's expected batch (q N or q M), or this shard's share of it (q times
+    its rows or units). Allocation and shuffled batches
     (one process only): whole epochs of the plan's N // B steps over the N rows, chunked for
     their mean batch N / (N // B) or exactly B. The indices live on ``device`` (default the
     labels').
@@ -295,17 +296,19 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
     padded = settings.padded_size
     if params.samples_units:
         # Chunks of whole units of K rows: padded_size and max_chunk count rows. By default a
-        # chunk holds E + 6 sqrt(E) units (E = q M), split into the fewest equal chunks of at
-        # most max_chunk rows.
+        # chunk holds E + 6 sqrt(E) units (E = q M, or q times this shard's units), split into
+        # the fewest equal chunks of at most max_chunk rows.
         k = params.cap
+        table = unit_table(data.unit.cpu(), params.cap)
         if padded is not None:
             units = max(1, padded // k)
         else:
-            units = default_padded_size(params.expected_batch_size)
+            units = default_padded_size(params.sampling_rate * len(table) if distributed
+                                        else params.expected_batch_size)
             if settings.max_chunk is not None and units * k > settings.max_chunk:
                 units = max(1, math.ceil(units / math.ceil(units * k / settings.max_chunk)))
-        return UnitPoissonSampler(unit_table(data.unit.cpu(), params.cap), params.sampling_rate, padded_units=units,
-                                  seed=randomness.torch_seed(), device=device)
+        return UnitPoissonSampler(table, params.sampling_rate, padded_units=units, seed=randomness.torch_seed(),
+                                  device=device)
     if params.sampling == "allocation":
         t = params.steps_per_epoch
         return AllocationSampler(len(data), t, padded_size=padded or chunk_size(len(data) / t, settings.max_chunk),
@@ -323,9 +326,6 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
 
 
 # Why each non-Poisson sampling needs one process: it draws over all N rows at once.
-# Why a unit-sampled phase needs one process.
-UNITS_ONE_PROCESS = ("sampling units is not run over several processes yet: the ranks split the rows, and a unit's "
-                     "rows must be clipped together")
 GLOBAL_SAMPLING = {
     "truncated-poisson": "truncated Poisson sampling cuts the global batch",
     "allocation": "random allocation assigns every row of the global data to a step of each epoch",
@@ -381,7 +381,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         collective: this rank's ``trainers.distributed.Collective`` when several processes
             run the phase together, each on its shard of the rows (``data``): the plan's N is
             then the rows of all ranks, the batch sizes are global, and only rank 0 should
-            be given a ledger.
+            be given a ledger. When units are sampled every unit's rows must be on one rank
+            (``trainers.ranks.rank_rows``), and the plan's M is the units of all ranks.
     """
     from trainers.losses import bce
 
@@ -392,10 +393,13 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     if collective is not None and params.sampling != "poisson":
         raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or run one process)")
+    units = _unit_count(data) if params.samples_units else None
+    rank_units = None
     if collective is not None and params.samples_units:
-        raise UnsupportedError(UNITS_ONE_PROCESS + " (run one process)")
+        rank_units = _rank_units(collective, units, params.units)
+        units = sum(rank_units)
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
-               size_private=size_private, units=_unit_count(data) if params.samples_units else None)
+               size_private=size_private, units=units)
     if not 0 <= start_step <= steps:
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     check_resume(params, start_step)
@@ -403,9 +407,12 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         collective.agree("the DP-SGD phase's steps", steps)
         collective.agree("the steps already taken", start_step)
         collective.broadcast_(model)  # identical replicas from the first step on
-        rank_rows = [r[0] for r in collective.gather([len(data)])]
         if ledger is not None and hasattr(ledger, "note_ranks"):
-            ledger.note_ranks(rank_rows)  # the auditor tests each rank's batches against its rows
+            # the auditor tests each rank's batches against what it sampled from: its rows, or its units
+            if rank_units is not None:
+                ledger.note_ranks(rank_units, what="units")
+            else:
+                ledger.note_ranks([r[0] for r in collective.gather([len(data)])])
     device = data.label.device
     sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
@@ -445,6 +452,23 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
 def _unit_count(data) -> int | None:
     """The distinct units of ``data`` (dense ids 0..U-1), None without unit ids."""
     return None if data.unit is None else int(torch.unique(data.unit).numel())
+
+
+def _rank_units(collective, units: int | None, planned: int) -> list[int]:
+    """Every rank's units, in rank order, refused unless each rank has some and they add up to the plan's M.
+
+    A unit whose rows were split between ranks is counted once on each (and each part would be
+    clipped to C on its own: the unit would weigh up to C per rank), so the sum exceeds the
+    true M and the run stops before any step.
+    """
+    parts = [r[0] for r in collective.gather([-1 if units is None else units])]
+    if min(parts) < 0:
+        raise InvalidParameterError("the DP-SGD phase samples units and a rank's data has no unit ids")
+    if sum(parts) != planned or min(parts) == 0:
+        raise InvalidParameterError(
+            f"the DP-SGD phase samples units and the ranks hold {parts} units, {sum(parts)} in all; the plan accounts "
+            f"M = {planned}, each unit whole on one rank and at least one on each rank")
+    return parts
 
 
 def expected_chunks(n: int, q: float, padded_size: int) -> float:

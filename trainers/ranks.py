@@ -8,17 +8,59 @@ launch, the split of the rows and what is not run over several processes yet.
 
 Every rank reads the unit ids and caps the whole file with the same secret capping seed (so
 every rank keeps the same rows and the plan's N is checked on all of them), then encodes only
-its contiguous block (``Collective.shard``): Parquet is read a column at a time
-(``trainers.data.columns``), so a rank holds its block's tensors and one column at a time. A
+its share of the rows (``rank_rows``): Parquet is read a column at a time
+(``trainers.data.columns``), so a rank holds its share's tensors and one column at a time. A
 vocabulary is counted over every rank's rows first, so that all ranks encode alike.
+
+A rank's share is a contiguous block of rows, except when the DP-SGD phase samples units: then
+it is every row of a contiguous block of units, so that no unit is split between ranks. Poisson
+sampling of units includes each unit independently at q, so each rank sampling its own units is
+the accounted sample of the M units exactly as for rows; what it needs is that a sampled unit's
+rows are all on the rank that clips their summed gradient, once.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.limits import MAX_PROCESSES
 
-__all__ = ["check_nproc", "launch_plan", "check_distributable", "note_shard"]
+__all__ = ["block", "check_nproc", "launch_plan", "check_distributable", "note_shard", "rank_rows"]
+
+
+def block(count: int, parts: int, index: int) -> slice:
+    """The ``index``-th of ``parts`` contiguous blocks of ``count`` items: in order, sizes differing by at most one."""
+    base, extra = divmod(int(count), int(parts))
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (index < extra))
+
+
+def rank_rows(ranks: int, rank: int, *, rows: int | None = None, units=None) -> np.ndarray:
+    """This rank's share of the (capped) rows, as row numbers in data order.
+
+    Identical on every rank and computed from the row count or the unit ids alone (never from
+    labels or features), as capping is.
+
+    Args:
+        ranks, rank: the world size and this rank.
+        rows: the rows in all: the share is the rank's contiguous block (``block``).
+        units: instead of ``rows``, each row's dense unit 0..M-1: the share is every row of
+            the rank's contiguous block of units, so that every unit is whole on one rank.
+            The M units are split evenly by count, not by rows: the unit sampler lays every
+            sampled unit out in a block of K rows, so a rank's work per step is its sampled
+            units times K whatever their rows; and each rank's unit count (which the ledger
+            notes for the audit) is then a function of the plan's M alone, where a split
+            balanced by rows would publish partial sums of the units' row counts.
+    """
+    if units is None:
+        if rows is None:
+            raise ValueError("rank_rows needs rows or units")
+        share = block(rows, ranks, rank)
+        return np.arange(share.start, share.stop, dtype=np.int64)
+    units = np.asarray(units)
+    share = block(int(units.max()) + 1 if units.size else 0, ranks, rank)
+    return np.flatnonzero((units >= share.start) & (units < share.stop)).astype(np.int64)
 
 
 def check_nproc(nproc) -> int:
@@ -33,10 +75,6 @@ def check_distributable(plan) -> None:
     if plan.tuning is not None and "grid" in plan.tuning:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
-    if plan.dpsgd is not None and plan.dpsgd.params.samples_units:
-        from trainers.dpsgd import UNITS_ONE_PROCESS
-
-        raise UnsupportedError(UNITS_ONE_PROCESS + " (train with --nproc 1)")
     if plan.dpsgd is not None and plan.dpsgd.params.sampling != "poisson":
         from trainers.dpsgd import GLOBAL_SAMPLING
 
@@ -45,7 +83,7 @@ def check_distributable(plan) -> None:
 
 
 def note_shard(prep, collective) -> None:
-    """Note every rank's rows (``_prepare`` encoded only this rank's block)."""
+    """Note every rank's rows (``_prepare`` encoded only this rank's share)."""
     prep.data_info["rank_rows"] = [r[0] for r in collective.gather([len(prep.data)])]
     prep.encoding["rows"] = prep.data_info["rows_used"]  # every rank's; the per-column counts are rank 0's
 

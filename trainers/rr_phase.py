@@ -80,19 +80,28 @@ def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomnes
     return noisy, int(flips.sum())
 
 
+def _compact(rows: np.ndarray):
+    """A rank's row numbers as a slice when they are one contiguous block (what rank 0 is sent)."""
+    if rows.size and rows[-1] - rows[0] + 1 == rows.size:
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
+
+
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
-                 randomness, session=None, progress: str | None = None, collective=None) -> RRResult:
+                 randomness, session=None, progress: str | None = None, collective=None, rows=None) -> RRResult:
     """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
     reloads them instead of drawing new ones.
 
-    With a ``collective`` (several processes, ``data`` this rank's block of rows, in rank
-    order): each rank flips its own rows from its own generator, so every label is
-    randomised exactly once whatever the sharding; rank 0 gathers the blocks into the one
-    release its session persists (only rank 0 has a session), every rank trains on its
-    block of that release (``trainers.fit`` adds the gradients across ranks), and the
-    counts and the debiased estimate cover all rows.
+    With a ``collective`` (several processes, ``data`` this rank's share of the rows, whose
+    row numbers in the whole data are ``rows``, by default its contiguous block): each rank
+    flips its own rows from its own generator, so every label is randomised exactly once
+    whatever the sharding; rank 0 gathers the shares into the one release, in data order,
+    that its session persists (only rank 0 has a session; a run resumed with another number
+    of processes reads the same labels), every rank trains on its share of that release
+    (``trainers.fit`` adds the gradients across ranks), and the counts and the debiased
+    estimate cover all rows.
     """
     import torch
 
@@ -106,24 +115,30 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     device = data.label.device
     labels = data.label.cpu().numpy().astype(np.int8)
     rho = flip_probabilities(phase, unit_counts, labels.size)
+    total = labels.size if collective is None else collective.total(labels.size)
+    if collective is not None and rows is None:
+        rows = np.arange(*collective.shard(total).indices(total))
 
     def draw():
         noisy, flipped = randomize_labels(labels, rho, randomness)
         noisy = noisy.astype(np.int8)
         if collective is None:
             return noisy, {"labels_flipped": flipped, "labels": int(labels.size)}
-        blocks = collective.gather_object((noisy, flipped))
-        if blocks is None:
+        shares = collective.gather_object((_compact(rows), noisy, flipped))
+        if shares is None:
             return None
-        return (np.concatenate([b[0] for b in blocks]),
-                {"labels_flipped": sum(b[1] for b in blocks), "labels": sum(b[0].size for b in blocks)})
+        release = np.full(total, -1, dtype=np.int8)
+        for where, part, _ in shares:
+            release[where] = part
+        if (release < 0).any():  # the shares must cover every row: a hole would be released as a label
+            raise RuntimeError("the ranks' shares of the rows do not cover every row")
+        return release, {"labels_flipped": sum(s[2] for s in shares), "labels": sum(s[1].size for s in shares)}
 
     noisy, note = release_once(collective, session, "rr", draw)
-    rows = labels.size if collective is None else collective.total(labels.size)
-    if noisy.size != rows:
-        raise InvalidParameterError(f"the run's saved RR labels have {noisy.size} rows, the data {rows}")
+    if noisy.size != total:
+        raise InvalidParameterError(f"the run's saved RR labels have {noisy.size} rows, the data {total}")
     if collective is not None:
-        noisy = noisy[collective.shard(rows)]
+        noisy = noisy[rows]
     flipped = int(note["labels_flipped"])
     targets = torch.stack([torch.as_tensor(noisy, dtype=torch.float32, device=device),
                            torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
@@ -139,9 +154,9 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
         collective.sum_([pooled])
         debiased, rho_sum = (float(pooled[0]), float(pooled[1])), float(pooled[2])
     return RRResult(
-        labels=int(rows), labels_flipped=flipped,
+        labels=int(total), labels_flipped=flipped,
         flip_probability=phase.params.flip_probability if phase.params.flip_probability_by_count is None else None,
-        flip_probability_mean=rho_sum / rows, per_impression_rule=phase.params.per_impression_rule,
+        flip_probability_mean=rho_sum / total, per_impression_rule=phase.params.per_impression_rule,
         release_sha256=note["sha256"], epochs=settings.epochs,
         batch_size=settings.batch_size, batches=history["batches"], loss=loss,
         epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"],

@@ -108,6 +108,7 @@ class _Prepared:
     timings: dict = field(default_factory=dict)
     table: object = None
     vocabulary: dict | None = None
+    rows: np.ndarray | None = None  # with several processes: this rank's row numbers in the capped data
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
@@ -138,12 +139,14 @@ def _device_name(device) -> str:
 
 
 def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
-             randomness, vocabulary: dict | None = None, key: bytes | None = None, shard=None) -> _Prepared:
+             randomness, vocabulary: dict | None = None, key: bytes | None = None, collective=None,
+             whole_units: bool = False) -> _Prepared:
     """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping).
 
-    ``shard``: a rank's ``rows -> slice`` (``Collective.shard``): the rows are capped and
-    counted whole, then only this rank's block is encoded (a vocabulary is still built from
-    every rank's rows, so that all ranks encode alike).
+    ``collective``: this rank's place in a run over several processes: the rows are capped
+    and counted whole, then only this rank's share is encoded (``trainers.ranks.rank_rows``:
+    a contiguous block, or with ``whole_units`` the rows of a block of whole units; a
+    vocabulary is still built from every rank's rows, so that all ranks encode alike).
     """
     from trainers.data.capping import cap_units, unit_ids
     from trainers.data.columns import parquet_source
@@ -165,7 +168,8 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
     if key is not None:
         # The file as given, before capping: the auditor can recompute it whatever rows capping kept.
         info["fingerprint"] = fingerprint(table, list(spec.columns), key)
-    unit_counts = None
+    unit_counts = unit_index = None
+    units_in_all = 0
     if cap > 1:
         if spec.unit_id is None or spec.unit_id not in table.column_names:
             raise InvalidParameterError(f"the plan caps each unit at {cap} examples but the data has no unit id "
@@ -177,8 +181,8 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             kept, cap_info = cap_units(np.asarray(units), cap, rule=capping, rng=randomness.generator())
             table = table.take(kept)
         info["capping"] = cap_info
-        _, inverse, counts = np.unique(np.asarray(units)[kept], return_inverse=True, return_counts=True)
-        unit_counts = counts[inverse]
+        _, unit_index, counts = np.unique(np.asarray(units)[kept], return_inverse=True, return_counts=True)
+        unit_counts, units_in_all = counts[unit_index], int(counts.size)
     info["rows_used"] = table.num_rows
     if expected_rows is not None and table.num_rows != expected_rows:
         dropped = rows_in - table.num_rows
@@ -186,21 +190,27 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             f"the data has {table.num_rows} rows" + (f" after capping ({rows_in} before, {dropped} dropped)"
                                                      if cap > 1 else "")
             + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
-    if shard is not None:
+    mine = None
+    if collective is not None:
+        from trainers.ranks import rank_rows
+
         if settings.nonsensitive_encoding == "vocab" and vocabulary is None:
             vocabulary = build_vocabulary(table, spec, settings.vocab_threshold)
-        block = shard(table.num_rows)
-        table = table.take(np.arange(block.start, block.stop, dtype=np.int64))
-        unit_counts = None if unit_counts is None else unit_counts[block]
+        mine = rank_rows(collective.world_size, collective.rank, rows=table.num_rows,
+                         units=unit_index if whole_units else None)
+        table = table.take(mine)
+        unit_counts = None if unit_counts is None else unit_counts[mine]
     t1 = time.perf_counter()
     data, encoding = encode(table, spec, nonsensitive_encoding=settings.nonsensitive_encoding,
                             hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
                             hash_bins_sensitive=settings.hash_bins_sensitive, vocab_threshold=settings.vocab_threshold,
                             vocabulary=vocabulary, device=device)
     t2 = time.perf_counter()
+    if mine is not None and unit_index is not None:
+        encoding["units"] = units_in_all  # every rank's (its own share's count is local)
     vocab = encoding.pop("vocabulary", None)  # kept beside the model, not in the record
     return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table,
-                     vocab)
+                     vocab, mine)
 
 
 def _prepare_eval(path, spec, settings, device, vocabulary=None) -> _Prepared | None:
@@ -332,11 +342,12 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     timings. With ``nproc`` processes they are shared out between them.
 
     ``nproc``: run the phases in that many local processes (``trainers.distributed``, gloo),
-    each on its block of the rows, with the guarantee of one process: Poisson sampling at q
-    on every rank's rows, one all-reduce of the clipped sums, the noise drawn once by rank
-    0; each label randomised once by the rank holding it; the calibration's exact vectors
-    summed before its one noise draw. Rank 0 keeps the ledger, evaluates and writes the
-    record. ``collective``: this process's place in a group already formed (``torchrun``:
+    each on its share of the rows (``trainers.ranks.rank_rows``: whole units when units are
+    sampled), with the guarantee of one process: Poisson sampling at q on every rank's rows
+    (or units), one all-reduce of the clipped sums, the noise drawn once by rank 0; each
+    label randomised once by the rank holding it; the calibration's exact vectors summed
+    before its one noise draw. Rank 0 keeps the ledger, evaluates and writes the record.
+    ``collective``: this process's place in a group already formed (``torchrun``:
     ``trainers.distributed.from_environment``); ranks other than 0 return None.
     """
     from budgetplan.verify import verify_plan
@@ -397,7 +408,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             Randomness(seed, stream=_CAPPING_STREAM).torch_seed()))
         prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                         expected_rows=None if size_private else plan.dataset_size, randomness=capping_rnd,
-                        key=key if lead else None, shard=None if collective is None else collective.shard)
+                        key=key if lead else None, collective=collective,
+                        whole_units=plan.dpsgd is not None and plan.dpsgd.params.samples_units)
         prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
         if collective is not None:
             note_shard(prep, collective)
@@ -433,7 +445,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                         rr = run_rr_phase(model, prep.data, phase, unit_counts=prep.unit_counts, loss=settings.loss,
                                           lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
                                           randomness=rnd, session=session,
-                                          progress="RR phase" if progress and lead else None, collective=collective)
+                                          progress="RR phase" if progress and lead else None, collective=collective,
+                                          rows=prep.rows)
                         if len(plan.phases) > 1:
                             session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
                     timings["rr_phase_seconds"] = rr.seconds

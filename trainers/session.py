@@ -161,9 +161,10 @@ class Session:
         self.ledger.intend(step, phase="dpsgd")
         self.sizes.intend(step, phase="dpsgd", batch_size=batch_size, rank_batch_sizes=rank_batch_sizes)
 
-    def note_ranks(self, rank_rows) -> None:
-        """A DP-SGD session over several processes: each rank's rows, where the batch sizes are kept."""
-        (self.sizes or self.ledger).note("ranks", world_size=len(rank_rows), rank_rows=[int(r) for r in rank_rows])
+    def note_ranks(self, counts, what: str = "rows") -> None:
+        """A DP-SGD session over several processes: what each rank samples from (its ``rows``, or
+        its ``units`` when units are sampled), where the batch sizes are kept."""
+        (self.sizes or self.ledger).note("ranks", world_size=len(counts), **{f"rank_{what}": [int(c) for c in counts]})
 
     # ------------------------------------------------------------ checkpoints
 
@@ -220,7 +221,7 @@ class NullSession:
     def intend(self, step: int, batch_size: int | None = None, rank_batch_sizes=None) -> None:
         self._dpsgd += 1
 
-    def note_ranks(self, rank_rows) -> None:
+    def note_ranks(self, counts, what: str = "rows") -> None:
         pass
 
     def save_checkpoint(self, state: dict) -> None:

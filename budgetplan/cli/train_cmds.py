@@ -103,9 +103,9 @@ def _settings(**kw):
               help="The data owner's key for the keyed data fingerprint (default: a fresh key, saved as "
               "private/fingerprint.key in the run directory).")
 @click.option("--nproc", type=bounded_int("nproc", MAX_PROCESSES), default=1, show_default=True,
-              help="Processes on this machine, each on its block of the rows (gloo), with one process's guarantee: "
-                   "Poisson sampling on every rank, one noise draw per step. --threads is then per process. Under "
-                   "torchrun leave it at 1: the group comes from the environment.")
+              help="Processes on this machine, each on its block of the rows (of whole units when units are sampled; "
+                   "gloo), with one process's guarantee: Poisson sampling on every rank, one noise draw per step. "
+                   "--threads is then per process. Under torchrun leave it at 1: the group comes from the environment.")
 @click.option("--canaries", type=bounded_int("canaries", MAX_DATASET_SIZE), default=None,
               help="Replace this many rows by canaries (their labels secret coins) and record the one-run audit's "
               "lower bound on epsilon (arXiv:2305.08846) in the private record; `budgetplan audit` checks it.")

@@ -383,7 +383,7 @@ def _prepare_rank(coll, path, encoding):
     from trainers.randomness import Randomness
 
     prep = _prepare(path, SYNTH_FEATURES, settings, "cpu", cap=2, capping="first", expected_rows=None,
-                    randomness=Randomness(0), shard=coll.shard)
+                    randomness=Randomness(0), collective=coll)
     d = prep.data
     return [t.numpy() for t in (d.ns_cat, d.ns_num, d.s_cat, d.s_num, d.label)], prep.unit_counts
 

@@ -290,6 +290,7 @@ def test_the_trainer_refuses_data_with_another_unit_count(capped):
     root, n, m = capped
     with pytest.raises(InvalidParameterError, match=f"accounts M = {m + 1}"):
         _trained(root, n, m + 1, "wrong-m")
+    assert not (root / "wrong-m").exists()  # refused before the run directory, or any phase, began
 
 
 def test_unit_sampling_refuses_canaries_but_not_several_processes(capped):

@@ -29,7 +29,7 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows", "count_units",
            "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
 
 
@@ -393,11 +393,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     if collective is not None and params.sampling != "poisson":
         raise UnsupportedError(f"{GLOBAL_SAMPLING[params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or run one process)")
-    units = _unit_count(data) if params.samples_units else None
-    rank_units = None
-    if collective is not None and params.samples_units:
-        rank_units = _rank_units(collective, units, params.units)
-        units = sum(rank_units)
+    units, rank_units = count_units(params, data, collective)
     check_rows(params, len(data) if collective is None else collective.total(len(data), like=data.label),
                size_private=size_private, units=units)
     if not 0 <= start_step <= steps:
@@ -449,9 +445,20 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     return engine.result(padded_size=sampler.padded_size, settings=settings.to_dict(), device=device)
 
 
-def _unit_count(data) -> int | None:
-    """The distinct units of ``data`` (dense ids 0..U-1), None without unit ids."""
-    return None if data.unit is None else int(torch.unique(data.unit).numel())
+def count_units(params: DPSGDParams, data, collective=None) -> tuple[int | None, list[int] | None]:
+    """(the units of all ranks, each rank's units) when ``params`` samples units, else (None, None).
+
+    Over several processes, refused unless the ranks' counts add up to the plan's M (see
+    ``_rank_units``); ``check_rows`` then refuses another M. ``execute_plan`` calls both before
+    anything is spent or written, and ``run_dpsgd`` again.
+    """
+    if not params.samples_units:
+        return None, None
+    units = None if data.unit is None else int(torch.unique(data.unit).numel())
+    if collective is None:
+        return units, None
+    rank_units = _rank_units(collective, units, params.units)
+    return sum(rank_units), rank_units
 
 
 def _rank_units(collective, units: int | None, planned: int) -> list[int]:

@@ -20,7 +20,9 @@ gradient canaries, ``budgetplan audit --one-run``), honest and with the noise ha
 (``step``).
 
 Arms: ``--models`` (``fm``: a linear weight per value, where a canary's own parameters hold
-most of its gradient; ``mlp``, the default model). Writes
+most of its gradient; ``mlp``, the default model) and ``--optimizers`` of the DP-SGD phase
+(``adam``, the default, whose per-coordinate step sizes keep little more than the sign of a
+canary's noisy sum; ``sgd``, under which the score is linear in it). Writes
 ``benchmarks/results/one_run_audit.json`` and ``.md``. Not a test: run it with
 ``python benchmarks/one_run_audit.py`` (about 30 s a run on 2 cores).
 """
@@ -57,6 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--clip", type=float, default=0.1)
     parser.add_argument("--models", nargs="+", default=["fm", "mlp"], choices=["fm", "mlp"])
+    parser.add_argument("--optimizers", nargs="+", default=["adam", "sgd"], choices=["adam", "sgd"],
+                        help="the DP-SGD phase's optimiser (adam at its default lr; sgd at --sgd-lr)")
+    parser.add_argument("--sgd-lr", type=float, default=1.0)
     parser.add_argument("--embedding-dim", type=int, default=4)
     parser.add_argument("--hash-bins", type=int, default=2**20)
     parser.add_argument("--ideal-canaries", type=int, default=1_000_000)
@@ -75,19 +80,21 @@ def settings(args: argparse.Namespace) -> dict:
     return h.settings_record("one_run_audit.py", args.argv, {
         "seeds": args.seeds, "first_seed": args.first_seed, "rows": args.rows, "data_seed": DATA_SEED,
         "canaries": args.canaries, "epsilons": args.epsilons, "delta": args.delta, "batch_size": args.batch_size,
-        "epochs": args.epochs, "clipping_norm": args.clip, "models": args.models,
+        "epochs": args.epochs, "clipping_norm": args.clip, "models": args.models, "optimizers": args.optimizers,
+        "sgd_lr": args.sgd_lr,
         "embedding_dim": args.embedding_dim, "hash_bins": args.hash_bins,
         "ideal_canaries": args.ideal_canaries, "confidence": DEFAULT_CONFIDENCE,
         "guess_fractions": GUESS_FRACTIONS, "dpsgd": DPSGDSettings().to_dict(), "arms": list(ARMS)})
 
 
-def _run(plan, data, out, model, args, seed, arm) -> dict:
+def _run(plan, data, out, model, args, seed, arm, optimizer: str = "adam") -> dict:
     import numpy as np
     from _pytest.monkeypatch import MonkeyPatch
 
     from tests.trainers import mutants
     from trainers.canary import CANARY_DATA, canary_audit, score_canaries
     from trainers.data.synth import SYNTH_FEATURES
+    from trainers.dpsgd import DPSGDSettings
     from trainers.randomness import Randomness
     from trainers.run import TrainSettings
 
@@ -98,8 +105,9 @@ def _run(plan, data, out, model, args, seed, arm) -> dict:
         getattr(mutants, ARMS[arm]).install(patch)
     t0 = time.perf_counter()
     try:
+        dpsgd = DPSGDSettings() if optimizer == "adam" else DPSGDSettings(optimizer="sgd", lr=args.sgd_lr)
         rec = canary_audit(plan, data, canaries=args.canaries, out_dir=out, settings=settings_, seed=1000 + seed,
-                           canary_randomness=Randomness(2000 + seed), threads=2)
+                           canary_randomness=Randomness(2000 + seed), threads=2, dpsgd_settings=dpsgd)
     finally:
         patch.undo()
     seconds = time.perf_counter() - t0
@@ -188,15 +196,16 @@ def main(argv: list[str]) -> None:
             plans.append({"epsilon": plan.guarantee.epsilon, "delta": plan.guarantee.delta,
                           "noise_multiplier": par.noise_multiplier, "sampling_rate": par.sampling_rate,
                           "steps": par.steps, "clipping_norm": par.clipping_norm})
-            for model in args.models:
+            for model, optimizer in [(m, o) for m in args.models for o in args.optimizers]:
                 for arm in ARMS:
                     runs = []
                     for seed in range(args.first_seed, args.first_seed + args.seeds):
-                        out = Path(tmp) / f"{eps}-{model}-{arm.replace(' ', '_')}-{seed}"
-                        runs.append(_run(plan, data, out, model, args, seed, arm))
-                        print(eps, model, arm, runs[-1], flush=True)
+                        out = Path(tmp) / f"{eps}-{model}-{optimizer}-{arm.replace(' ', '_')}-{seed}"
+                        runs.append(_run(plan, data, out, model, args, seed, arm, optimizer))
+                        print(eps, model, optimizer, arm, runs[-1], flush=True)
                     bounds = [r["epsilon_lower_bound"] for r in runs]
-                    arms.append({"plan_epsilon": plan.guarantee.epsilon, "model": model, "arm": arm, "runs": runs,
+                    arms.append({"plan_epsilon": plan.guarantee.epsilon, "model": model, "optimizer": optimizer,
+                                 "arm": arm, "runs": runs,
                                  "bound_min": min(bounds), "bound_median": statistics.median(bounds),
                                  "bound_max": max(bounds),
                                  "dprime_median": statistics.median(r["dprime"] for r in runs),
@@ -229,14 +238,17 @@ def _markdown(r: dict) -> str:
                      f"sigma {p['noise_multiplier']:.4g}, q {p['sampling_rate']:.4g}, {p['steps']} steps, "
                      f"C {p['clipping_norm']:g}")
     lines += ["", "Lower bounds on epsilon at confidence 0.95 from a query of the trained model on the canaries; a "
-              "bound above the plan's epsilon fails `budgetplan audit`. dprime: the canaries' score separation.", "",
-              "| plan epsilon | model | arm | bound min | median | max | runs above the plan | dprime | s per run |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "bound above the plan's epsilon fails `budgetplan audit`. A canary's score is how far training moved "
+              "its logit from the initial model's; each canary value has hashed rows of its own. dprime: the "
+              "canaries' score separation.", "",
+              "| plan epsilon | model | DP-SGD optimiser | arm | bound min | median | max | runs above the plan | "
+              "dprime | s per run |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for a in r["arms"]:
         secs = statistics.median(x["seconds"] for x in a["runs"])
-        lines.append(f"| {a['plan_epsilon']:.3g} | {a['model']} | {a['arm']} | {a['bound_min']:.3f} | "
-                     f"{a['bound_median']:.3f} | {a['bound_max']:.3f} | {a['above_plan']} of {len(a['runs'])} | "
-                     f"{a['dprime_median']:.2f} | {secs:.1f} |")
+        lines.append(f"| {a['plan_epsilon']:.3g} | {a['model']} | {a['optimizer']} | {a['arm']} | "
+                     f"{a['bound_min']:.3f} | {a['bound_median']:.3f} | {a['bound_max']:.3f} | "
+                     f"{a['above_plan']} of {len(a['runs'])} | {a['dprime_median']:.2f} | {secs:.1f} |")
     lines += ["", "The DP-SGD step audited in one run with a million white-box gradient canaries "
               "(`budgetplan audit --one-run`):", "",
               "| plan epsilon | arm | seed | bound | correct of guesses | seconds |", "|---|---|---|---|---|---|"]

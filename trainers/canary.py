@@ -60,7 +60,8 @@ from budgetplan.units import Adjacency
 __all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries"]
 
 CANARY_DATA = Path(PRIVATE_DIR) / "canary_data.parquet"  # the data trained on: the owner's rows and the canaries
-SCORE = "the model's logit on the canary (a query of the released model)"
+SCORE = ("the model's logit on the canary minus the initial model's (a query of the released model; the "
+         "initialisation is drawn independently of the data)")
 
 
 def audit_scenario(*, epsilon: float, delta: float, dataset_size: int, batch_size: int, epochs: int,
@@ -119,13 +120,20 @@ def _check_plan(plan) -> None:
                                "have no categorical column")
 
 
-def insert_canaries(table, spec, m: int, *, randomness=None):
+def insert_canaries(table, spec, m: int, *, randomness=None, hash_bins: dict[str, int] | None = None):
     """(the table with m rows replaced by canaries, the canaries' row positions, their secret labels).
 
     Rows keep their order; the replaced positions are drawn uniformly and the labels by
     independent fair coins, both from ``randomness`` (a ``trainers.randomness.Randomness``;
     default a fresh CSPRNG one). Categorical columns become strings (the encoders hash and
     sort a value's string form, so the other rows encode as before).
+
+    ``hash_bins``: the rows of the hashed tables the run will use (``{"sensitive": B_s,
+    "nonsensitive": B_ns}``, a table left out is not hashed). Each canary value is then one
+    whose row no real value of that table and no other canary holds (a canary hashed onto a
+    real value's row would score that value's weight, not its own training), so every
+    canary's parameters are its own. The choice of values depends on the data's values, never
+    on the secret labels.
     """
     import pyarrow as pa
 
@@ -139,7 +147,7 @@ def insert_canaries(table, spec, m: int, *, randomness=None):
     positions = np.sort(rnd.generator().choice(n, size=m, replace=False))
     bits = rnd.bernoulli(0.5, m).astype(np.int8)
     tag = f"{int(rnd.generator().integers(2**48)):012x}"  # fresh values no real row holds (a seed reproduces them)
-    ids = np.char.add(f"canary-{tag}-", np.arange(m).astype(str)).astype(object)
+    values_of = _canary_values(table, spec, m, tag, hash_bins or {})
     columns = {}
     for name in spec.columns:
         col = table.column(name)
@@ -147,9 +155,9 @@ def insert_canaries(table, spec, m: int, *, randomness=None):
             values = col.to_numpy(zero_copy_only=False).copy()
             values[positions] = bits
             columns[name] = pa.array(values, type=col.type)
-        elif name in spec.nonsensitive_categorical or name in spec.sensitive_categorical:
+        elif name in values_of:
             values = col.cast(pa.string()).to_numpy(zero_copy_only=False).copy()
-            values[positions] = np.char.add(f"{name}:", ids.astype(str)).astype(object)
+            values[positions] = values_of[name]
             columns[name] = pa.array(values, type=pa.string())
         elif name == spec.unit_id:
             # the replaced row's unit: every unit keeps its row count, so capping keeps the plan's N
@@ -161,13 +169,46 @@ def insert_canaries(table, spec, m: int, *, randomness=None):
     return pa.table(columns), positions, bits
 
 
+def _canary_values(table, spec, m: int, tag: str, hash_bins: dict[str, int]) -> dict[str, np.ndarray]:
+    """Each categorical column's m canary values, on rows of their own in the hashed tables."""
+    from trainers.data.encode import hash_value
+
+    out: dict[str, np.ndarray] = {}
+    for group, names in (("nonsensitive", spec.nonsensitive_categorical), ("sensitive", spec.sensitive_categorical)):
+        bins = hash_bins.get(group)
+        taken: set[int] = set()
+        if bins is not None:
+            for name in names:
+                real = table.column(name).cast("string").unique().to_pylist()
+                taken.update(hash_value(name, v, bins) for v in real)
+            if len(taken) + 2 * m * len(names) > bins:
+                raise InvalidParameterError(
+                    f"{m} canaries need rows of their own in the {group} hashed table: use hash bins of at least "
+                    f"{len(taken) + 2 * m * len(names):,} (2 x canaries x columns + the data's values), got {bins:,}")
+        for name in names:
+            values, i = [], 0
+            while len(values) < m:
+                value = f"{name}:canary-{tag}-{i}"
+                i += 1
+                if bins is not None:
+                    row = hash_value(name, value, bins)
+                    if row in taken:
+                        continue
+                    taken.add(row)
+                values.append(value)
+            out[name] = np.asarray(values, dtype=object)
+    return out
+
+
 def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarray:
-    """The logits of the model in ``run_dir`` on the canary rows, encoded as the run encoded its data."""
+    """The logits of the model in ``run_dir`` on the canary rows, encoded as the run encoded its data,
+    minus the initial model's where the run kept it (``execute_plan(keep_initial=True)``)."""
     import torch
 
     from trainers.data.encode import encode
     from trainers.fit import _logits
     from trainers.models import build_model
+    from trainers.run import INITIAL_MODEL
 
     run_dir = Path(run_dir)
     training = record.training
@@ -179,10 +220,17 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
                      hash_bins_nonsensitive=training["hash_bins_nonsensitive"],
                      hash_bins_sensitive=training["hash_bins_sensitive"],
                      vocab_threshold=training["vocab_threshold"], vocabulary=vocabulary)
+    truncated = record.model["final"] == "truncated"
     model.eval()
     with torch.no_grad():
-        logits = _logits(model, data, torch.arange(len(data)), record.model["final"] == "truncated")
-    return logits.double().numpy()
+        logits = _logits(model, data, torch.arange(len(data)), truncated).double()
+        initial = run_dir / PRIVATE_DIR / INITIAL_MODEL
+        if initial.exists():
+            # where the training moved each logit from: the initial weights of a canary's own
+            # rows are noise its label never touched
+            model.load_state_dict(torch.load(initial, map_location="cpu", weights_only=True))
+            logits = logits - _logits(model, data, torch.arange(len(data)), truncated).double()
+    return logits.numpy()
 
 
 def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float = DEFAULT_CONFIDENCE,
@@ -216,7 +264,11 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
     spec = plan.scenario.features
     settings = execute.pop("settings", None) or TrainSettings()
     table = read_table(data_path, format=settings.data_format, columns=list(spec.columns))
-    audited, positions, bits = insert_canaries(table, spec, canaries, randomness=canary_randomness)
+    resolved = settings.for_plan(plan)
+    bins = {"sensitive": resolved.hash_bins_sensitive}
+    if resolved.nonsensitive_encoding == "hash":
+        bins["nonsensitive"] = resolved.hash_bins_nonsensitive
+    audited, positions, bits = insert_canaries(table, spec, canaries, randomness=canary_randomness, hash_bins=bins)
     import pyarrow.parquet as pq
 
     from budgetplan._files import atomic_output
@@ -227,7 +279,7 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
         with atomic_output(out / CANARY_DATA) as tmp:
             pq.write_table(audited, tmp)
         record = execute_plan(plan, out / CANARY_DATA, out_dir=out, settings=replace(settings, data_format="parquet"),
-                              **execute)
+                              keep_initial=True, **execute)
     except BaseException:
         # a refusal leaves nothing behind; a run that began (its ledger exists) keeps its evidence
         if not (out / "ledger.jsonl").exists():

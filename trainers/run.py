@@ -25,7 +25,9 @@ from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase,
 from budgetplan.records import PRIVATE_DIR, RunRecord
 from trainers.threads import torch_threads
 
-__all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline"]
+__all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline", "INITIAL_MODEL"]
+
+INITIAL_MODEL = "initial_model.pt"  # under private/, with keep_initial
 
 
 # The phase sequences a trainer can execute: RR, DP-SGD, Hybrid (RR then DP-SGD), WALR. A
@@ -304,6 +306,16 @@ def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict |
     return record
 
 
+def _save_initial(model, out: Path) -> None:
+    import torch
+
+    from budgetplan._files import atomic_output
+
+    (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
+    with atomic_output(out / PRIVATE_DIR / INITIAL_MODEL) as tmp:
+        torch.save(model.state_dict(), tmp)
+
+
 def _trainable(model, plan, phase_index: int) -> list:
     """What DP-SGD updates: everything, or (Hybrid, tower frozen) all but the non-sensitive tower."""
     phase = plan.phases[phase_index]
@@ -321,7 +333,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                  dpsgd_settings=None, walr_settings=None, seed: int | None = None, baseline_auc: float | None = None,
                  baseline_tolerance: float | None = None, progress: bool = False, resume: bool = False,
                  checkpoint_every: int = 200, fingerprint_key: bytes | None = None,
-                 threads: int | str = "auto", nproc: int = 1, collective=None) -> RunRecord | None:
+                 threads: int | str = "auto", nproc: int = 1, collective=None,
+                 keep_initial: bool = False) -> RunRecord | None:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``out_dir``).
 
     Phases run in the plan's order: RR (labels randomised once, the truncated model trained
@@ -340,6 +353,10 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     ``threads``: torch's CPU threads for the run (``trainers.threads``: ``"auto"`` does not
     oversubscribe a shared machine), restored afterwards; the count goes in the record's
     timings. With ``nproc`` processes they are shared out between them.
+
+    ``keep_initial``: also write the model as initialised, before any phase, to
+    ``private/initial_model.pt`` (drawn independently of the data: a one-run audit scores a
+    canary by how far training moved its logit from there, ``trainers.canary``).
 
     ``nproc``: run the phases in that many local processes (``trainers.distributed``, gloo),
     each on its share of the rows (``trainers.ranks.rank_rows``: whole units when units are
@@ -434,6 +451,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                     return None  # rank 0 evaluates and writes the record
                 return _finish(record, state, out, new_key=new_key if out else None)
             model = _model(prep, settings, rnd.torch_seed()).to(device)
+            if keep_initial and out is not None and lead:
+                _save_initial(model, out)
             ckpt = session.load_checkpoint()
             if collective is not None:
                 ckpt = collective.broadcast_object(ckpt)  # rank 0's run directory holds it

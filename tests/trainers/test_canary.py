@@ -6,8 +6,8 @@ with per-example clipping off (``mutants.CLIPPING_OFF``), the same audit of the 
 a bound above the plan's epsilon (5.42 against 2) and ``budgetplan audit`` fails on it.
 
 The noise-halved mutant is not caught this way: the one-run bound from a query of the
-final model stays below the plan (0.88-1.26 against 2, 1.82-2.18 against 4, 3 seeds each;
-benchmarks/one_run_audit.py), and by the shape of the bound no setting separates it (see
+final model stays below the plan (benchmarks/one_run_audit.py), and by the shape of the
+bound no setting of a few thousand canaries separates it, even with ideal scores (see
 ``trainers.canary``); the one-run audit of the DP-SGD step with a million gradient canaries
 catches it (tests/trainers/test_one_run.py), as does ``budgetplan audit --empirical``.
 """
@@ -73,6 +73,27 @@ def test_canaries_replace_rows_and_keep_the_rest():
     assert out.column("user_id").equals(table.column("user_id"))  # every unit keeps its size: capping keeps N
 
 
+def test_canary_values_take_hashed_rows_no_real_value_or_other_canary_holds():
+    from budgetplan.errors import InvalidParameterError
+    from trainers.data.encode import hash_value
+
+    table = synthesize(3000, 600, 2)
+    bins = {"sensitive": 4096, "nonsensitive": 8192}  # small: without the choice, collisions are certain
+    out, positions, _ = insert_canaries(table, SYNTH_FEATURES, 500, randomness=Randomness(3), hash_bins=bins)
+    for group, names in (("sensitive", SYNTH_FEATURES.sensitive_categorical),
+                         ("nonsensitive", SYNTH_FEATURES.nonsensitive_categorical)):
+        real = {hash_value(n, v, bins[group]) for n in names for v in table.column(n).cast(pa.string()).to_pylist()}
+        rows = [hash_value(n, v, bins[group]) for n in names for v in out.column(n).take(positions).to_pylist()]
+        assert len(set(rows)) == len(rows) == 500 * len(names) and not set(rows) & real
+    # the same data and seed without the choice collide (the test can fail)
+    plain, _, _ = insert_canaries(table, SYNTH_FEATURES, 500, randomness=Randomness(3))
+    names = SYNTH_FEATURES.sensitive_categorical
+    rows = [hash_value(n, v, 4096) for n in names for v in plain.column(n).take(positions).to_pylist()]
+    assert len(set(rows)) < len(rows)
+    with pytest.raises(InvalidParameterError, match="hash bins of at least"):
+        insert_canaries(table, SYNTH_FEATURES, 500, randomness=Randomness(3), hash_bins={"sensitive": 2048})
+
+
 def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
     root, plan = setting
     rec = audited(root, plan, "honest")
@@ -85,6 +106,32 @@ def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
     by = {c.name: c for c in report.checks}
     assert report.passed, report.failing()
     assert by["one-run canary audit"].passed
+    # the scores are how far training moved each canary's logit from the kept initial model
+    import torch
+
+    from budgetplan.records import PRIVATE_DIR
+    from trainers.canary import score_canaries
+    from trainers.data.encode import encode
+    from trainers.fit import _logits
+    from trainers.models import build_model
+    from trainers.run import INITIAL_MODEL
+
+    data_table = pq.read_table(root / "honest" / CANARY_DATA)
+    col = data_table.column(SYNTH_FEATURES.sensitive_categorical[0]).to_pylist()
+    canaries = data_table.take([i for i, v in enumerate(col) if ":canary-" in v])
+    encoded, _ = encode(canaries, SYNTH_FEATURES, nonsensitive_encoding="hash", hash_bins_nonsensitive=2**20,
+                        hash_bins_sensitive=2**20)
+
+    def logits(path):
+        model = build_model(rec.model["kind"], rec.model["config"])
+        model.load_state_dict(torch.load(path, weights_only=True))
+        model.eval()
+        with torch.no_grad():
+            return _logits(model, encoded, torch.arange(len(encoded)), False).double().numpy()
+
+    moved = logits(root / "honest" / "model.pt") - logits(root / "honest" / PRIVATE_DIR / INITIAL_MODEL)
+    assert np.allclose(score_canaries(root / "honest", canaries, SYNTH_FEATURES, rec), moved)
+    assert np.abs(moved).max() > 0
 
 
 def test_clipping_off_is_caught_by_the_audit_of_the_model(setting, monkeypatch):

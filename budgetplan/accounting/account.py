@@ -554,12 +554,7 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
 def _allocation_curve(mech: AllocationDPSGD, adjacency, unit) -> _Curve:
     from budgetplan.accounting import allocation
 
-    if adjacency is not Adjacency.ADD_REMOVE:
-        raise UnsupportedError("random allocation is accounted under add-remove only; use adjacency "
-                               "'add-remove', or Poisson sampling for replace-one")
-    if unit.cap > 1:
-        raise UnsupportedError(f"no tight accounting of random allocation for K={unit.cap} examples per unit; "
-                               "use unit_accounting 'group'")
+    allocation_pld.check_applies(adjacency, unit)
 
     def epsilon(d: float) -> float:
         if d <= 0:

@@ -47,8 +47,10 @@ from scipy import special
 from budgetplan import _validate
 from budgetplan.accounting._ctd import _check_grid, _readonly
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, PLDPmf
+from budgetplan.errors import UnsupportedError
+from budgetplan.units import Adjacency, PrivacyUnit
 
-__all__ = ["REFERENCE", "FINENESS", "grid_step", "epoch_pld", "epoch_pair"]
+__all__ = ["REFERENCE", "FINENESS", "grid_step", "epoch_pld", "epoch_pair", "check_applies"]
 
 REFERENCE = "the PLD of random allocation (arXiv:2502.08202, arXiv:2602.17284)"
 
@@ -267,6 +269,16 @@ def _pmf(losses: np.ndarray, masses: np.ndarray, infinity: float, d: float) -> P
     probs = np.bincount(k - lo, weights=masses * (1.0 - up), minlength=int(k.max()) - lo + 2)
     probs += np.bincount(k - lo + 1, weights=masses * up, minlength=probs.size)
     return _readonly(PLDPmf(d, lo, probs, infinity))
+
+
+def check_applies(adjacency: Adjacency, unit: PrivacyUnit) -> None:
+    """Refuse, for either accounting of random allocation, what neither bounds here."""
+    if adjacency is not Adjacency.ADD_REMOVE:
+        raise UnsupportedError("random allocation is accounted under add-remove only; use adjacency "
+                               "'add-remove', or Poisson sampling for replace-one")
+    if unit.cap > 1:
+        raise UnsupportedError(f"no tight accounting of random allocation for K={unit.cap} examples per unit; "
+                               "use unit_accounting 'group'")
 
 
 def epoch_pld(*, noise_multiplier: float, steps_per_epoch: int, discretization: float = 1e-4,

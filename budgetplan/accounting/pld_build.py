@@ -216,12 +216,7 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
         # the unit is the element sampled and clipped: one unit moves one Poisson contribution
         return _parts(mechanism.as_poisson(), adjacency, PrivacyUnit.example(unit.name), d, delta)
     if isinstance(mechanism, AllocationDPSGD):
-        if adjacency is not Adjacency.ADD_REMOVE:
-            raise UnsupportedError("random allocation is accounted under add-remove only; use adjacency "
-                                   "'add-remove', or Poisson sampling for replace-one")
-        if unit.cap > 1:
-            raise UnsupportedError(f"no tight accounting of random allocation for K={unit.cap} examples per unit; "
-                                   "use unit_accounting 'group'")
+        allocation_pld.check_applies(adjacency, unit)
         return [(allocation_pld.epoch_pld(noise_multiplier=mechanism.noise_multiplier,
                                           steps_per_epoch=mechanism.steps_per_epoch, discretization=d),
                  _count("epochs", mechanism.epochs))]

@@ -26,8 +26,10 @@ differs in rigour: dp_accounting's plain float64 FFT leaves ~1e-16 of absolute n
 mass (1e-11 in all after 1e5 steps), which decides epsilon at deltas below ~1e-10, in
 either direction; here that noise is relative to the masses read and bounded.
 
-Every builder refuses, before allocating, a grid longer than ``limits.MAX_SINGLE_GRID_POINTS``
-(a ``GridLimitError`` naming the discretization that fits).
+The mixture-of-Gaussians builders live in ``mixture_pld`` and are re-exported here; the
+argument checks all builders share, in ``_pld_args``. Every builder refuses, before
+allocating, a grid longer than ``limits.MAX_SINGLE_GRID_POINTS`` (a ``GridLimitError``
+naming the discretization that fits).
 
 Conventions (dp_accounting's): ``relation="add-remove"`` has a REMOVE direction (upper
 distribution with the element, lower without it) and an ADD direction (the reverse);
@@ -40,19 +42,17 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 
 import numpy as np
 from scipy import special
 
 from budgetplan import _validate
-from budgetplan.accounting import _double_mog, _mog
 from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
+from budgetplan.accounting._pld_args import _discretization, _noise, _relation, _truncation_bound
 from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
-from budgetplan.accounting.limits import MAX_DISCRETIZATION, MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
-from budgetplan.errors import InvalidParameterError
+from budgetplan.accounting.mixture_pld import double_mixture_of_gaussians, mixture_of_gaussians
 
 __all__ = [
     "ADD_REMOVE",
@@ -72,49 +72,6 @@ __all__ = [
     "epsilon_for_delta",
     "delta_for_epsilon",
 ]
-
-_RELATIONS = (ADD_REMOVE, REPLACE_ONE)
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def _relation(relation: str) -> str:
-    if relation not in _RELATIONS:
-        raise InvalidParameterError(f"relation must be one of {_RELATIONS}, got {relation!r}")
-    return relation
-
-
-# exp(bound) / 2 must stay a normal float64 for the normal quantile of the truncation point.
-_MIN_TRUNCATION_BOUND = -700.0
-
-
-def _truncation_bound(value: object) -> float:
-    bound = _validate.finite("log_mass_truncation_bound", value)
-    if not _MIN_TRUNCATION_BOUND <= bound <= 0:
-        raise InvalidParameterError(
-            f"log_mass_truncation_bound must be in [{_MIN_TRUNCATION_BOUND:g}, 0], got {bound!r}")
-    return bound
-
-
-def _discretization(value: object) -> float:
-    d = _validate.positive("discretization", value)
-    if d > MAX_DISCRETIZATION:
-        raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
-    return d
-
-
-# The Gaussian builders square the noise multiplier and divide by it.
-_NOISE_RANGE = (1e-100, 1e100)
-
-
-def _noise(name: str, value: object) -> float:
-    sigma = _validate.positive(name, value)
-    if not _NOISE_RANGE[0] <= sigma <= _NOISE_RANGE[1]:
-        raise InvalidParameterError(
-            f"{name} must be in [{_NOISE_RANGE[0]:g}, {_NOISE_RANGE[1]:g}] for PLD accounting, got {sigma!r}")
-    return sigma
-
 
 # ------------------------------------------------------------------ Gaussian family
 
@@ -289,173 +246,6 @@ def gaussian(
     if q == 1.0:
         return PLD((remove,), relation)
     return PLD((remove, _gaussian_pmf(sigma, q, "add", d, bound)), relation)
-
-
-# Entries of one (atoms x losses) block of the mixture's inverse-loss solve (32 MiB).
-_MOG_CHUNK = 1 << 22
-
-
-def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discretization: float, what: str) -> None:
-    """Refuse a single step needing more (atom, loss) pairs than MAX_MIXTURE_WORK, naming the grid that fits.
-
-    The discretization named also fits ``_check_grid``'s limit on the grid length.
-    """
-    width = eps_upper - eps_lower
-    span = width / discretization
-    if math.isfinite(width) and atoms * span > MAX_MIXTURE_WORK:
-        smallest = width * max(atoms / MAX_MIXTURE_WORK, 1 / (MAX_SINGLE_GRID_POINTS - 2)) * 1.01
-        raise GridLimitError(
-            f"discretization {discretization:g} needs {atoms:,} sensitivities x {span:.3g} grid points for one "
-            f"step of {what} (limit {MAX_MIXTURE_WORK:,} pairs); use discretization >= {smallest:.3g}",
-            points=math.ceil(atoms * span), limit=MAX_MIXTURE_WORK)
-    _check_grid(discretization, eps_lower, eps_upper, what)
-
-
-@functools.lru_cache(maxsize=16)
-def _mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, adjacency: str, discretization: float,
-             log_bound: float) -> PLDPmf:
-    mix = _mog.Mixture(sigma, sens, probs, bottom)
-    eps_lower, eps_upper = _mog.grid_loss_bounds(mix, adjacency, log_bound)
-    atoms = int(np.count_nonzero(mix.pos))
-    what = f"the mixture of Gaussians with sigma={sigma:g}"
-    _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, what)
-    h = np.zeros_like(eps)
-    chunk = max(1, _MOG_CHUNK // max(1, atoms))
-    for start in range(0, eps.size, chunk):
-        e = eps[start : start + chunk]
-        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, _side(e))
-        part = np.zeros_like(e)
-        part[inside] = _split_gap(e[inside], log_p, log_q)
-        if bottom:
-            # The left-out atoms (see _mog.Mixture): REMOVE puts their mass at loss +inf, which adds
-            # it to delta (for eps < 0 the survival-side formula already counts it); ADD loses
-            # it from the lower distribution, which the survival side misses by bottom e^eps.
-            if adjacency == "remove":
-                part[inside & (e >= 0)] += bottom
-            else:
-                neg = inside & (e < 0)
-                part[neg] += bottom * np.exp(e[neg])
-        h[start : start + chunk] = part
-    return _connect_the_dots(discretization, lo, eps, h)
-
-
-def _mixture_args(standard_deviation, sensitivities, probabilities, discretization, log_mass_truncation_bound,
-                  dropped_mass) -> tuple:
-    """The validated (sigma, sens, probs, bottom, discretization, bound) of a mixture builder."""
-    sigma = _noise("standard_deviation", standard_deviation)
-    d = _discretization(discretization)
-    bound = _truncation_bound(log_mass_truncation_bound)
-    bottom = _validate.probability("dropped_mass", dropped_mass, allow_zero=True)
-    sens = tuple(_validate.non_negative("sensitivities", s) for s in sensitivities)
-    probs = tuple(_validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)
-    if len(sens) != len(probs) or not sens:
-        raise InvalidParameterError(
-            f"sensitivities and probabilities must be non-empty and of equal length, got {len(sens)} and {len(probs)}")
-    total = math.fsum(probs) + bottom
-    if not math.isclose(total, 1.0, rel_tol=1e-9):
-        raise InvalidParameterError(f"probabilities must sum to 1 - dropped_mass, got a total of {total!r}")
-    if not any(s > 0 and p > 0 for s, p in zip(sens, probs)):
-        raise InvalidParameterError("at least one positive sensitivity needs a positive probability")
-    return sigma, sens, probs, bottom, d, bound
-
-
-def mixture_of_gaussians(
-    *,
-    standard_deviation: float,
-    sensitivities: Sequence[float],
-    probabilities: Sequence[float],
-    discretization: float = 1e-4,
-    log_mass_truncation_bound: float = -50.0,
-    dropped_mass: float = 0.0,
-) -> PLD:
-    """PLD of one step of the mixture-of-Gaussians mechanism (add-remove; REMOVE and ADD).
-
-    The sensitivity is ``sensitivities[i]`` with probability ``probabilities[i]``. For
-    user-level DP-SGD (K examples per user, each Poisson-sampled at rate q) pass
-    sensitivities 0..K with Binomial(K, q) probabilities, or only a window of them with the
-    rest as ``dropped_mass``. Matches dp_accounting's ``from_mixture_gaussian_mechanism``
-    (MixtureGaussianPrivacyLoss), except that the inverse privacy loss is solved to
-    rounding accuracy instead of on a 1e-6 x-grid.
-
-    Args:
-        standard_deviation: standard deviation of the Gaussian noise.
-        sensitivities: the support of the sensitivity, each >= 0.
-        probabilities: their probabilities (summing to 1 - dropped_mass).
-        discretization: grid step of the privacy losses.
-        log_mass_truncation_bound: ln of the noise mass left out of the grid.
-        dropped_mass: probability of sensitivities not listed (an upper bound will do). It
-            is accounted as an infinite sensitivity, i.e. added to delta (pessimistic).
-
-    Returns:
-        The PLD with pmfs (remove, add); cached and read-only.
-
-    Raises:
-        InvalidParameterError (a ValueError): on a non-positive standard deviation,
-            mismatched lengths, a negative or non-finite sensitivity or probability,
-            probabilities not summing to 1 - dropped_mass, no positive sensitivity with
-            positive probability, or more (sensitivity, loss) pairs than
-            ``MAX_MIXTURE_WORK`` (a ``GridLimitError`` naming the discretization that fits).
-    """
-    sigma, sens, probs, bottom, d, bound = _mixture_args(
-        standard_deviation, sensitivities, probabilities, discretization, log_mass_truncation_bound, dropped_mass)
-    return PLD(
-        (_mog_pmf(sigma, sens, probs, bottom, "remove", d, bound),
-         _mog_pmf(sigma, sens, probs, bottom, "add", d, bound)),
-        ADD_REMOVE,
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def _double_mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, discretization: float,
-                    log_bound: float) -> PLDPmf:
-    mix = _double_mog.DoubleMixture(sigma, sens, probs, bottom)
-    eps_lower, eps_upper = _double_mog.grid_loss_bounds(mix, log_bound)
-    atoms = int(mix.sens.size)
-    what = f"the double mixture of Gaussians with sigma={sigma:g}"
-    _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, what)
-    h = np.empty_like(eps)
-    chunk = max(1, _MOG_CHUNK // max(1, atoms))
-    for start in range(0, eps.size, chunk):
-        e = eps[start : start + chunk]
-        a = np.abs(e)
-        log_p, log_q = _double_mog.split_terms(mix, a, _double_mog.solve(mix, a))
-        # The left-out atoms add their mass to delta at every eps (see _double_mog.DoubleMixture).
-        delta = np.minimum(1.0, _split_gap(a, log_p, log_q) + bottom)
-        # Symmetry: g(-a) = delta(-a) - (1 - e^-a) = e^-a delta(a), small and exact where delta is.
-        h[start : start + chunk] = np.where(e >= 0, delta, np.exp(np.minimum(e, 0.0)) * delta)
-    return _connect_the_dots(discretization, lo, eps, h)
-
-
-def double_mixture_of_gaussians(
-    *,
-    standard_deviation: float,
-    sensitivities: Sequence[float],
-    probabilities: Sequence[float],
-    discretization: float = 1e-4,
-    log_mass_truncation_bound: float = -50.0,
-    dropped_mass: float = 0.0,
-) -> PLD:
-    """PLD of one step of the double mixture of Gaussians (replace-one; one symmetric pmf).
-
-    The pair sum_i p_i N(-s_i, sigma^2) vs sum_i p_i N(+s_i, sigma^2) dominates one step of
-    Poisson DP-SGD for a unit of K examples under replace-one (sensitivities 0..K with
-    Binomial(K, q) probabilities, in units of the clipping norm; arXiv:2403.04867,
-    Theorem 3.8). For K = 1 it is ``gaussian(relation="replace-one")``'s pair; for q = 1 a
-    Gaussian of sensitivity 2K. See ``_double_mog``. The arguments are
-    ``mixture_of_gaussians``'s, with the same meaning.
-
-    Returns:
-        A replace-one PLD with a single pmf; cached and read-only.
-
-    Raises:
-        InvalidParameterError (a ValueError): as ``mixture_of_gaussians``, including a
-            ``GridLimitError`` past ``MAX_MIXTURE_WORK`` naming the discretization that fits.
-    """
-    sigma, sens, probs, bottom, d, bound = _mixture_args(
-        standard_deviation, sensitivities, probabilities, discretization, log_mass_truncation_bound, dropped_mass)
-    return PLD((_double_mog_pmf(sigma, sens, probs, bottom, d, bound),), REPLACE_ONE)
 
 
 @functools.lru_cache(maxsize=16)

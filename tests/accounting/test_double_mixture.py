@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scipy import integrate, optimize, special, stats
 
 from budgetplan.accounting import fastpld as F
-from budgetplan.accounting import gaussian
+from budgetplan.accounting import gaussian, mixture_pld
 from budgetplan.accounting.account import account
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import PoissonDPSGD
@@ -254,7 +254,7 @@ def test_rejects_nonsense(kwargs):
 
 def test_work_limit_names_the_discretization_that_fits(monkeypatch):
     # a lower limit, so that building at the discretization named stays cheap
-    monkeypatch.setattr(F, "MAX_MIXTURE_WORK", 1 << 18)
+    monkeypatch.setattr(mixture_pld, "MAX_MIXTURE_WORK", 1 << 18)
     k = 20
     probs = [float(p) for p in stats.binom.pmf(np.arange(k + 1), k, 0.5)]
     sens = [float(i) for i in range(k + 1)]

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from budgetplan import PoissonDPSGD, PrivacyUnit, account, calibrate
-from budgetplan.accounting import _pld_ops, gaussian, group, limits, pld_build, rr
+from budgetplan.accounting import _pld_ops, gaussian, group, limits, mixture_pld, pld_build, rr
 from budgetplan.accounting import fastpld as F
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError, UnsupportedError
@@ -58,7 +58,7 @@ def test_composition_grid_limit_names_the_discretization_that_fits(monkeypatch):
 
 
 def test_mixture_work_limit_names_the_discretization_that_fits(monkeypatch):
-    monkeypatch.setattr(F, "MAX_MIXTURE_WORK", 1 << 18)
+    monkeypatch.setattr(mixture_pld, "MAX_MIXTURE_WORK", 1 << 18)
     kw = dict(standard_deviation=1.0, sensitivities=range(9), probabilities=[1 / 9] * 9)
     with pytest.raises(F.GridLimitError) as err:
         F.mixture_of_gaussians(discretization=1e-4, **kw)

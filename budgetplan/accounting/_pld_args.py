@@ -1,0 +1,49 @@
+"""Argument checks shared by the fast PLD engine's builders (``fastpld``, ``mixture_pld``)."""
+
+from __future__ import annotations
+
+from budgetplan import _validate
+from budgetplan.accounting._pld_types import ADD_REMOVE, REPLACE_ONE
+from budgetplan.accounting.limits import MAX_DISCRETIZATION
+from budgetplan.errors import InvalidParameterError
+
+_RELATIONS = (ADD_REMOVE, REPLACE_ONE)
+
+
+
+
+def _relation(relation: str) -> str:
+    if relation not in _RELATIONS:
+        raise InvalidParameterError(f"relation must be one of {_RELATIONS}, got {relation!r}")
+    return relation
+
+
+# exp(bound) / 2 must stay a normal float64 for the normal quantile of the truncation point.
+_MIN_TRUNCATION_BOUND = -700.0
+
+
+def _truncation_bound(value: object) -> float:
+    bound = _validate.finite("log_mass_truncation_bound", value)
+    if not _MIN_TRUNCATION_BOUND <= bound <= 0:
+        raise InvalidParameterError(
+            f"log_mass_truncation_bound must be in [{_MIN_TRUNCATION_BOUND:g}, 0], got {bound!r}")
+    return bound
+
+
+def _discretization(value: object) -> float:
+    d = _validate.positive("discretization", value)
+    if d > MAX_DISCRETIZATION:
+        raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
+    return d
+
+
+# The Gaussian builders square the noise multiplier and divide by it.
+_NOISE_RANGE = (1e-100, 1e100)
+
+
+def _noise(name: str, value: object) -> float:
+    sigma = _validate.positive(name, value)
+    if not _NOISE_RANGE[0] <= sigma <= _NOISE_RANGE[1]:
+        raise InvalidParameterError(
+            f"{name} must be in [{_NOISE_RANGE[0]:g}, {_NOISE_RANGE[1]:g}] for PLD accounting, got {sigma!r}")
+    return sigma

@@ -20,19 +20,26 @@ replaces, so that every unit keeps its size and capping keeps the plan's N; unde
 user-level plan, flipping one canary's label changes one unit's data, still a neighbour (a
 canary that capping drops is simply never seen: the bound stays valid, with less power). The model then
 meets each canary's values only through that canary, and its logit on the canary is what
-the training pushed towards S_i plus the noise: the score (black box: the auditor queries
-the released model). Hashed columns keep the values apart up to hash collisions (use more
-bins than canaries); a non-sensitive vocabulary maps every canary value to the column's
-out-of-vocabulary row (seen once, below any threshold), so only the sensitive columns then
-carry it. An RR-only plan's model reads non-sensitive columns only.
+the training pushed towards S_i plus the noise. The score is that logit minus the initial
+model's (the run keeps its initial weights, ``execute_plan(keep_initial=True)``; they are
+drawn independently of the data, so the difference is a post-processing of the release and
+of randomness the bits never touched): a canary's own hashed rows start as N(0, 0.01^2)
+noise that would otherwise drown what its label moved. In hashed tables each canary value is
+drawn until its row is one no real value and no other canary holds (``insert_canaries``'s
+``hash_bins``; the choice reads the data's values, never the bits): a canary on a real
+value's row would score that value's weight. A non-sensitive vocabulary maps every canary
+value to the column's out-of-vocabulary row (seen once, below any threshold), so only the
+sensitive columns then carry it. An RR-only plan's model reads non-sensitive columns only.
 
 Power (``benchmarks/one_run_audit.py``): a canary's two labels move the model 2C apart,
 the replace-one sensitivity, only when both labels' gradients are clipped (C small against
 the per-example gradient) and its own parameters hold most of it (a factorization machine:
 one linear weight per value; the default MLP spreads it over shared layers and its bound
-stays near 0). Per-example clipping switched off is caught (bound 5.4-6.0 against a plan
-of 2 or 4); the DP-SGD noise halved is not (0.9-2.2). That is the bound's shape, not the
-scale: for a Gaussian-like mechanism with separation mu the one-run bound grows like
+stays near 0), and the optimiser keeps the score linear in the noisy sum (SGD; Adam's
+per-coordinate steps keep little more than its sign). Per-example clipping switched off is
+caught (bound 5.3-6.0 against a plan of 2 or 4); the DP-SGD noise halved is not (2.43-2.62
+against 4 under SGD at 5,000 canaries; 3.40 at 100,000). That is the bound's shape, not
+the scale: for a Gaussian-like mechanism with separation mu the one-run bound grows like
 mu sqrt(2 ln(m / k)) + mu^2 / 2 and never beyond ln(k / ln(1 / (1 - confidence))) with k
 guesses, while the plan's epsilon grows like mu sqrt(2 ln(1 / delta)) + mu^2 / 2, and m delta
 must stay far below 1 - confidence; doubling mu does not cross the plan where the bound can

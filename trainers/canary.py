@@ -38,8 +38,9 @@ one linear weight per value; the default MLP spreads it over shared layers and i
 stays near 0), and the optimiser keeps the score linear in the noisy sum (SGD; Adam's
 per-coordinate steps keep little more than its sign). Per-example clipping switched off is
 caught (bound 5.3-6.0 against a plan of 2 or 4); the DP-SGD noise halved is not (2.43-2.62
-against 4 under SGD at 5,000 canaries; 3.40 at 100,000). That is the bound's shape, not
-the scale: for a Gaussian-like mechanism with separation mu the one-run bound grows like
+against 4 under SGD at 5,000 canaries; 3.40 at 100,000; 3.60 at a million, where ideal
+canaries reach 4.56: a canary's gradient shares its norm with the common bias). That is the
+bound's shape, not the scale: for a Gaussian-like mechanism with separation mu the one-run bound grows like
 mu sqrt(2 ln(m / k)) + mu^2 / 2 and never beyond ln(k / ln(1 / (1 - confidence))) with k
 guesses, while the plan's epsilon grows like mu sqrt(2 ln(1 / delta)) + mu^2 / 2, and m delta
 must stay far below 1 - confidence; doubling mu does not cross the plan where the bound can

@@ -290,9 +290,12 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
     if isinstance(mechanism, AllocationDPSGD):
         if method == "rdp":
             return _allocation_curve(mechanism, adjacency, unit)
-        return _pld_curve(mechanism, adjacency, unit, discretization, delta, "pld", _allocation_notes(mechanism, (
-            f"{allocation_pld.REFERENCE}: one epoch's likelihood ratio bounded in the convex order (mean-preserving "
-            "spreads on a grid), so both directions are dominated; epochs composed",)))
+        how = (f"{allocation_pld.REFERENCE}: one epoch's likelihood ratio bounded in the convex order (mean-preserving "
+               "spreads on a grid), so both directions are dominated; epochs composed",)
+        if mechanism.noise_multiplier < allocation_pld.MIN_NOISE:
+            how = (f"noise multiplier below {allocation_pld.MIN_NOISE:g}: no amplification claimed, each epoch "
+                   "accounted as the one Gaussian release it places at a random step",)
+        return _pld_curve(mechanism, adjacency, unit, discretization, delta, "pld", _allocation_notes(mechanism, how))
     if isinstance(mechanism, ShuffledDPSGD):
         return _shuffle_curve(mechanism, adjacency, unit, method, discretization, delta)
     if isinstance(mechanism, DiscreteLaplaceCount):

@@ -122,3 +122,18 @@ def test_connect_the_dots_is_exact_at_the_grid_points():
         add = add_inf + float(np.sum(q * np.maximum(1 - a * z, 0)))
         assert fastpld.delta_for_epsilon(_direction(pld, 0), eps) == pytest.approx(remove, rel=1e-9, abs=1e-15)
         assert fastpld.delta_for_epsilon(_direction(pld, 1), eps) == pytest.approx(add, rel=1e-9, abs=1e-15)
+
+
+def test_below_the_smallest_noise_an_epoch_is_one_gaussian_release():
+    sigma = allocation_pld.MIN_NOISE / 2
+    pld = allocation_pld.epoch_pld(noise_multiplier=sigma, steps_per_epoch=100, discretization=1e-3)
+    gauss = fastpld.gaussian(noise_multiplier=sigma, discretization=1e-3)
+    assert fastpld.epsilon_for_delta(pld, 1e-8) == fastpld.epsilon_for_delta(gauss, 1e-8)
+    g = account(AllocationDPSGD(noise_multiplier=sigma, steps_per_epoch=100, epochs=2), delta=1e-8,
+                adjacency="add-remove")
+    assert math.isfinite(g.epsilon) and any("no amplification claimed" in n for n in g.notes)
+    # just above it the grid holds (no overflow, a finite epsilon below the unamplified one)
+    above = allocation_pld.epoch_pld(noise_multiplier=allocation_pld.MIN_NOISE, steps_per_epoch=100,
+                                     discretization=1e-3)
+    unamplified = fastpld.gaussian(noise_multiplier=allocation_pld.MIN_NOISE, discretization=1e-3)
+    assert fastpld.epsilon_for_delta(above, 1e-8) <= fastpld.epsilon_for_delta(unamplified, 1e-8)

@@ -74,6 +74,8 @@ _TAILS = 12.0
 # Mass below which the low end of a level is spread onto (0, first kept point): it only
 # feeds the atom at 0, the add direction's +inf.
 _LOW_DROP = 1e-40
+# (band, point) pairs a top-level doubling may take (about a second): sets the finest grid.
+_MAX_WORK = 2e7
 # Entries of one block of (bands x points) in a doubling (16 MiB per array).
 _CHUNK = 1 << 21
 # Added to each direction's +inf mass: covers the float rounding of the prefix sums and of
@@ -234,11 +236,17 @@ def _steps(t: int, h: float, coarsest: float, every: int) -> list[float]:
 
 
 def grid_step(noise_multiplier: float, steps_per_epoch: int, fineness: float = FINENESS) -> float:
-    """The top level's grid step: ``fineness`` times the standard deviation of ln Z, within
-    [MIN_GRID_STEP, MAX_GRID_STEP] (the spreads' cost is relative to Z's own spread)."""
+    """The top level's grid step: ``fineness`` times the standard deviation of ln Z (the spreads'
+    cost is relative to Z's own spread), within [MIN_GRID_STEP, MAX_GRID_STEP], and no finer
+    than a doubling of about _MAX_WORK (band, point) pairs allows: ln 2 / h bands over the
+    span of ln Z, from 12 sd below 1 to one Y at its top over T. Only very long epochs reach
+    that floor (T = 1e5 at sigma 1): coarser is looser, never invalid."""
     v = 1.0 / noise_multiplier**2
-    sd = math.sqrt(math.log1p(math.expm1(min(v, 700.0)) / steps_per_epoch))
-    return min(MAX_GRID_STEP, max(MIN_GRID_STEP, fineness * sd))
+    t = steps_per_epoch
+    sd = math.sqrt(math.log1p(math.expm1(min(v, 700.0)) / t))
+    span = math.log1p(math.exp(min(v / 2 + _TAILS * math.sqrt(v), 700.0)) / t) + _TAILS * sd
+    work = math.sqrt(math.log(2) * span / _MAX_WORK)
+    return min(MAX_GRID_STEP, max(MIN_GRID_STEP, fineness * sd, work))
 
 
 @functools.lru_cache(maxsize=128)

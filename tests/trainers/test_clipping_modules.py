@@ -94,17 +94,19 @@ def test_embedding_bag_fixed_length(monkeypatch, mode, weighted):
     cat[1] = torch.tensor([3, 3, 0, 3, 5])
     inputs = (cat, None, torch.rand(10, 5, dtype=DT)) if weighted else (cat,)
     if weighted:  # None offsets cannot be sliced per example: the loop gets a wrapper
-
-        class Weighted(nn.Module):
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, cat, w):
-                return self.inner(cat, None, w)
-
         model, inputs = Weighted(model), (cat, inputs[2])
     check(model, inputs, torch.randn(10, 1, dtype=DT), 10, 7, fast_only=True, monkeypatch=monkeypatch)
+
+
+class Weighted(nn.Module):
+    """An EmbeddingBag with per-sample weights (None offsets cannot be sliced by the loop)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, cat, w):
+        return self.inner(cat, None, w)
 
 
 class Ragged(nn.Module):

@@ -20,7 +20,7 @@ from trainers.clipping import clipped_gradient_sum
 from trainers.losses import bce
 from trainers.models import build_model
 
-from .test_clipping_modules import Lookup, Ragged, Scaled, ids, mse
+from .test_clipping_modules import Lookup, Ragged, Scaled, Weighted, ids, mse
 
 DT = torch.float64
 RTOL = 1e-9
@@ -138,17 +138,6 @@ def test_embedding_one_column():
     model = Lookup(None).to(DT)
     cat = shared_ids(1, 7, 4)
     check(model, (cat,), torch.randn(ROWS, 1, dtype=DT), unit_mask(PATTERN, K), K)
-
-
-class Weighted(nn.Module):
-    """An EmbeddingBag with per-sample weights (None offsets cannot be sliced by the loop)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, cat, w):
-        return self.inner(cat, None, w)
 
 
 @pytest.mark.parametrize("mode, weighted", [("sum", False), ("sum", True), ("mean", False)])

@@ -29,8 +29,9 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.phases import DPSGDParams
 from trainers.progress import bar
 
-__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows", "count_units",
-           "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd", "peak_memory"]
+__all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
+           "check_unit_count", "count_units", "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd",
+           "peak_memory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -350,10 +351,7 @@ def check_rows(params: DPSGDParams, rows: int, *, size_private: bool, units: int
     another number of units M when units are sampled (``units``: the data's, None if it has no ids)."""
     if rows != params.dataset_size and not size_private:
         raise InvalidParameterError(f"the DP-SGD phase has {rows} rows; the plan accounts N = {params.dataset_size}")
-    if params.samples_units and units != params.units:
-        have = "no unit ids" if units is None else f"{units} units"
-        raise InvalidParameterError(f"the DP-SGD phase samples units and the data has {have} after capping; the plan "
-                                    f"accounts M = {params.units}")
+    check_unit_count(params, units)
     if params.sampling != "poisson" and size_private:
         raise PlanMismatchError(f"{params.sampling} batches are accounted for the exact N; a plan with a DP count "
                                 "has none")
@@ -445,11 +443,19 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     return engine.result(padded_size=sampler.padded_size, settings=settings.to_dict(), device=device)
 
 
+def check_unit_count(params: DPSGDParams, units: int | None) -> None:
+    """Refuse another number of units M when the phase samples units (``units``: the data's, None without ids)."""
+    if params.samples_units and units != params.units:
+        have = "no unit ids" if units is None else f"{units} units"
+        raise InvalidParameterError(f"the DP-SGD phase samples units and the data has {have} after capping; the plan "
+                                    f"accounts M = {params.units}")
+
+
 def count_units(params: DPSGDParams, data, collective=None) -> tuple[int | None, list[int] | None]:
     """(the units of all ranks, each rank's units) when ``params`` samples units, else (None, None).
 
     Over several processes, refused unless the ranks' counts add up to the plan's M (see
-    ``_rank_units``); ``check_rows`` then refuses another M. ``execute_plan`` calls both before
+    ``_rank_units``); ``check_unit_count`` then refuses another M. ``execute_plan`` calls both before
     anything is spent or written, and ``run_dpsgd`` again.
     """
     if not params.samples_units:

@@ -436,10 +436,9 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary) if lead else None
         if plan.dpsgd is not None and plan.dpsgd.params.samples_units:
             # another M is refused here, before a Hybrid's RR phase spends anything
-            from trainers.dpsgd import check_rows, count_units
+            from trainers.dpsgd import check_unit_count, count_units
 
-            units, _ = count_units(plan.dpsgd.params, prep.data, collective)
-            check_rows(plan.dpsgd.params, plan.dpsgd.params.dataset_size, size_private=size_private, units=units)
+            check_unit_count(plan.dpsgd.params, count_units(plan.dpsgd.params, prep.data, collective)[0])
         # Every refusal is behind us: only now does the run directory come into being.
         session = Session(out, plan, resume=resume, checkpoint_every=checkpoint_every,
                           rows=prep.data_info["rows_used"]) if out and lead else NullSession()

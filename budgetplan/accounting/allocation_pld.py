@@ -193,23 +193,20 @@ def _add(x: _Law, y: _Law, h: float) -> _Law:
 
 
 def _trim(law: _Law, h: float) -> _Law:
-    """Drop empty ends; spread a low end of mass below _LOW_DROP onto (0, its first kept point)."""
-    p = law.p
-    nz = np.flatnonzero(p > 0)
+    """Drop the empty top; spread a low end of mass below _LOW_DROP (empty entries included)
+    onto (0, its first kept point), keeping its mean."""
+    nz = np.flatnonzero(law.p > 0)
     if nz.size == 0:
-        return _Law(law.zero, law.lo, p[:0])
-    p = p[: nz[-1] + 1]
-    cum = np.cumsum(p)
-    cut = int(np.searchsorted(cum, _LOW_DROP))  # first index where the mass below reaches it
-    zero = law.zero
-    if cut > 0:
-        low, first = p[:cut], cut
-        mean_ratio = float(np.sum(low * np.exp((np.arange(cut) - first) * h)))  # E[value]/g_first
-        kept = p[cut:].copy()
-        kept[0] += mean_ratio
-        zero += float(low.sum()) - mean_ratio
-        return _Law(zero, law.lo + first, kept)
-    return _Law(zero, law.lo + int(nz[0]) if nz[0] else law.lo, p[int(nz[0]):])
+        return _Law(law.zero, law.lo, law.p[:0])
+    p = law.p[: nz[-1] + 1]
+    cut = int(np.searchsorted(np.cumsum(p), _LOW_DROP))  # the first index where the mass below reaches it
+    if cut == 0:
+        return _Law(law.zero, law.lo, p)
+    low = p[:cut]
+    mean_ratio = float(np.sum(low * np.exp((np.arange(cut) - cut) * h)))  # E[value] / g_cut
+    kept = p[cut:].copy()
+    kept[0] += mean_ratio
+    return _Law(law.zero + float(low.sum()) - mean_ratio, law.lo + cut, kept)
 
 
 def _refine(law: _Law, m: int) -> _Law:

@@ -174,9 +174,11 @@ def _sampler_of(kind):
     from trainers.sampling import AllocationSampler, PoissonSampler
 
     def make(rows, params, settings, randomness, **_):
+        # the indices live where the data does, as the real sampler's do (a GPU run included)
+        device = rows.label.device
         if kind == "poisson":
-            return PoissonSampler(len(rows), params.sampling_rate, seed=randomness.torch_seed())
-        return AllocationSampler(len(rows), params.steps_per_epoch, seed=randomness.torch_seed())
+            return PoissonSampler(len(rows), params.sampling_rate, seed=randomness.torch_seed(), device=device)
+        return AllocationSampler(len(rows), params.steps_per_epoch, seed=randomness.torch_seed(), device=device)
 
     return make
 

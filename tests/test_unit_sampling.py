@@ -271,7 +271,8 @@ def test_the_audit_catches_units_sampled_as_rows(capped, monkeypatch):
     root, n, m = capped
 
     def rows_sampler(data, params, settings, randomness, **_):
-        return PoissonSampler(len(data), params.sampling_rate, seed=randomness.torch_seed())
+        return PoissonSampler(len(data), params.sampling_rate, seed=randomness.torch_seed(),
+                              device=data.label.device)
 
     original = __import__("trainers.dpsgd", fromlist=["DPSGDStep"]).DPSGDStep.__init__
 

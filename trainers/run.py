@@ -13,6 +13,7 @@ what cannot change a guarantee.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -116,7 +117,7 @@ class _Prepared:
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
 
 
-def _device(name: str):
+def resolve_device(name: str):
     import torch
 
     if not isinstance(name, str) or not _DEVICE.match(name):
@@ -130,6 +131,32 @@ def _device(name: str):
         raise InvalidParameterError(f"--device {name!r}: there are {torch.cuda.device_count()} CUDA devices "
                                     f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     return device
+
+
+@contextlib.contextmanager
+def _reproducible_kernels(device, seeded: bool):
+    """A seeded run on CUDA with torch's deterministic kernels; the caller's mode restored after.
+
+    CUDA's default kernels add in whatever order the threads finish (index_add_, the sums of
+    a scatter), so two runs from one seed drift apart in the last bits and then in the model.
+    cuBLAS needs its workspace fixed for the same reason (``CUBLAS_WORKSPACE_CONFIG``, set
+    here only when the user has not set it). CPU kernels are already deterministic, and a
+    CSPRNG run is not meant to repeat: both are left as they are.
+    """
+    import os
+
+    import torch
+
+    if not seeded or device.type != "cuda":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def _device_name(device) -> str:
@@ -384,7 +411,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             walr_settings=walr_settings, seed=seed, baseline_auc=baseline_auc, baseline_tolerance=baseline_tolerance,
             progress=progress, resume=resume, checkpoint_every=checkpoint_every, fingerprint_key=fingerprint_key))
     lead = collective is None or collective.rank == 0  # the process that keeps the ledger and writes the record
-    with torch_threads(threads) as n_threads:
+    with torch_threads(threads) as n_threads, contextlib.ExitStack() as scope:
         settings = (settings or TrainSettings()).for_plan(plan)
         out = _check_out(out_dir)
         report = verify_plan(plan)
@@ -415,7 +442,9 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
 
             check_distributable(plan)
         rnd = Randomness(seed, stream=0 if collective is None else collective.rank)
-        device = _device(settings.device)
+        device = resolve_device(settings.device)
+        scope.enter_context(_reproducible_kernels(device, seeded=seed is not None))
+        dpsgd_settings = dpsgd_settings or DPSGDSettings.for_device(device)
         t0 = time.perf_counter()
         key, new_key = _key(fingerprint_key)
         size_private = plan.count is not None
@@ -491,7 +520,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                                  "optimizer": opt_state, "rr_result": rr_result})
 
                     sgd = run_dpsgd(model, prep.data, phase.params, trainable=_trainable(model, plan, i),
-                                    randomness=rnd, settings=dpsgd_settings or DPSGDSettings(),
+                                    randomness=rnd, settings=dpsgd_settings,
                                     progress="DP-SGD phase" if progress and lead else None, ledger=session,
                                     start_step=taken, checkpoint=save if out and lead else None,
                                     checkpoint_every=session.checkpoint_every if lead else 0,
@@ -518,7 +547,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                 seeds=rnd.record(),
                 model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
                 training={**settings.to_dict(),
-                          "dpsgd": (dpsgd_settings or DPSGDSettings()).to_dict() if plan.dpsgd is not None else None},
+                          "dpsgd": dpsgd_settings.to_dict() if plan.dpsgd is not None else None},
                 ledger=session.ledger_view(), timings=timings, device=_device_name(device),
                 sizes_ledger=session.sizes_view() if size_private else None)
             return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
@@ -596,7 +625,7 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
     from trainers.randomness import Randomness
     from trainers.record import baseline_entry, build_record
 
-    with torch_threads(threads) as n_threads:
+    with torch_threads(threads) as n_threads, contextlib.ExitStack() as scope:
         settings = (settings or TrainSettings()).for_plan(plan)
         baseline = baseline or BaselineSettings()
         out = _check_out(out_dir)
@@ -604,7 +633,8 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         if spec is None:
             raise InvalidParameterError("the plan's scenario has no [features] table")
         rnd = Randomness(seed)
-        device = _device(settings.device)
+        device = resolve_device(settings.device)
+        scope.enter_context(_reproducible_kernels(device, seeded=seed is not None))
         t0 = time.perf_counter()
         key, new_key = _key(fingerprint_key)
         prep = _prepare(data_path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=rnd,

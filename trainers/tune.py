@@ -97,7 +97,17 @@ def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, s
     from trainers.randomness import Randomness
     from trainers.record import build_record, dpsgd_entry, rr_entry
     from trainers.rr_phase import run_rr_phase
-    from trainers.run import _device, _device_name, _eval, _finish, _key, _model, _prepare, _prepare_eval, _trainable
+    from trainers.run import (
+        _device_name,
+        _eval,
+        _finish,
+        _key,
+        _model,
+        _prepare,
+        _prepare_eval,
+        _trainable,
+        resolve_device,
+    )
     from trainers.session import NullSession, Session
 
     if resume:
@@ -110,7 +120,7 @@ def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, s
     sel = plan.tuning["noisy_max"]
     spec = plan.scenario.features
     rnd = Randomness(seed)
-    device = _device(settings.device)
+    device = resolve_device(settings.device)
     t0 = time.perf_counter()
     key, new_key = _key(fingerprint_key)
     prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
@@ -132,7 +142,7 @@ def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, s
     train_counts = prep.unit_counts[~held] if prep.unit_counts is not None else None
     y_val = val.label.cpu().numpy()
     session = Session(out, plan, rows=prep.data_info["rows_used"]) if out else NullSession()
-    base = dpsgd_settings or DPSGDSettings()
+    base = dpsgd_settings or DPSGDSettings.for_device(device)
     public_runs, private_runs = [], []
     timings = dict(prep.timings)
     try:

@@ -90,10 +90,10 @@ def test_bad_baseline_settings_are_refused(field, value, message):
 
 
 def _encoded(data):
-    from trainers.run import _device, _model, _prepare
+    from trainers.run import _model, _prepare, resolve_device
 
     root, plan, _ = data
-    prep = _prepare(root / "train.parquet", SYNTH_FEATURES, SMALL, _device("cpu"), cap=1, capping=None,
+    prep = _prepare(root / "train.parquet", SYNTH_FEATURES, SMALL, resolve_device("cpu"), cap=1, capping=None,
                     expected_rows=None, randomness=None)
     held, _, _ = validation_split(prep.table, "user_id", 0.25)
     mask = torch.from_numpy(held)

@@ -58,7 +58,9 @@ def test_rr_run_writes_a_complete_record(data, tmp_path):
     assert rec.seeds["policy"] == "csprng"
     ev = rec.metrics["eval"]
     assert 0 <= ev["auc"] <= 1 and "relative_auc_loss" in ev
-    assert rec.versions["torch"].startswith("2.13")
+    from importlib.metadata import version
+
+    assert rec.versions["torch"] == version("torch")  # the torch that ran, whichever it is
 
 
 def test_seeded_runs_are_reproducible(data):
@@ -325,3 +327,26 @@ def test_vocabulary_is_refused_where_the_adjacency_protects_the_columns(data, tm
     with pytest.raises(UnsupportedError, match="--encoding vocab.*add-remove"):
         execute_plan(full_dp, root / "train.parquet", out_dir=tmp_path / "run", settings=vocab)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_seeded_cuda_run_takes_deterministic_kernels_and_gives_the_mode_back(monkeypatch):
+    # The context only sets torch's flags, so it is checked here without a GPU; the bitwise
+    # reproduction it buys is tests/trainers/test_gpu.py's.
+    import os
+
+    import torch
+
+    from trainers.run import _reproducible_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    for device, seeded in [(torch.device("cpu"), True), (torch.device("cuda"), False)]:
+        with _reproducible_kernels(device, seeded=seeded):
+            assert not torch.are_deterministic_algorithms_enabled()
+    with _reproducible_kernels(torch.device("cuda"), seeded=True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(RuntimeError), _reproducible_kernels(torch.device("cuda"), seeded=True):
+        raise RuntimeError("a failing run")
+    assert not torch.are_deterministic_algorithms_enabled()

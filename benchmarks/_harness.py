@@ -156,6 +156,13 @@ def versions() -> dict:
     return out
 
 
+def results_name(base: str, device: str) -> str:
+    """The results file's stem for a run on ``device``: ``base`` on the CPU, ``base_cuda`` on a
+    GPU, so that a GPU run sits beside the CPU figures instead of replacing them."""
+    kind = device.split(":", 1)[0]
+    return base if kind == "cpu" else f"{base}_{kind}"
+
+
 def describe_device(device: str) -> str:
     import torch
 

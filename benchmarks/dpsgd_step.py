@@ -52,7 +52,8 @@ infeasible with its reason, never a crash.
 Ratios: ours / non-private (time and memory; target <= 1.3 each) and opacus / ours,
 opacus-ghost / ours (target >= 3 each), on the same shape and batch.
 
-Writes ``benchmarks/results/dpsgd_step.json`` and ``dpsgd_step.md``. Not a test: run it with
+Writes ``benchmarks/results/dpsgd_step.json`` and ``dpsgd_step.md`` (``dpsgd_step_cuda.*`` on a
+GPU). Not a test: run it with
 ``python benchmarks/dpsgd_step.py [--device cuda] [--threads 1] [--quick]`` (about 13 minutes
 on 2 CPU cores). ``--quick`` runs batch 4,096 for every shape, 1 warm-up and 2 timed steps, one
 round. ``--render`` rewrites the markdown from the existing JSON.
@@ -346,9 +347,10 @@ def main(argv: list[str]) -> None:
     if args.child is not None:
         child(json.loads(args.child))
         return
+    stem = h.results_name("dpsgd_step", args.device)
     if args.render:
-        result = json.loads((h.RESULTS / "dpsgd_step.json").read_text())
-        (h.RESULTS / "dpsgd_step.md").write_text(_markdown(result))
+        result = json.loads((h.RESULTS / f"{stem}.json").read_text())
+        (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
         print(_markdown(result))
         return
 
@@ -410,8 +412,8 @@ def main(argv: list[str]) -> None:
                           "opacus_over_ours": ">= 3 (time and memory, both Opacus modes)"},
               "runs": runs, "ratios": ratios}
     h.RESULTS.mkdir(exist_ok=True)
-    (h.RESULTS / "dpsgd_step.json").write_text(json.dumps(result, indent=2) + "\n")
-    (h.RESULTS / "dpsgd_step.md").write_text(_markdown(result))
+    (h.RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
     print(_markdown(result))
 
 

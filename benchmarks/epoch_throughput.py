@@ -24,7 +24,7 @@ memory bandwidth measured on a 2 GiB float32 array: the best of a numpy sum, a t
 (all threads) and a numpy copy (read + write bytes counted), each the best of 5. The fraction
 release bytes/s / read bandwidth says how close the release runs to a memory-bound pass.
 
-Writes ``benchmarks/results/epoch_throughput.json`` and ``epoch_throughput.md``. Not a test:
+Writes ``benchmarks/results/epoch_throughput.json`` and ``epoch_throughput.md`` (``*_cuda.*`` on a GPU). Not a test:
 run it with ``python benchmarks/epoch_throughput.py [--device cuda] [--threads 1] [--quick]``
 (about 2.5 minutes on 2 CPU cores); ``--threads N`` sets torch's threads in the training
 children only (1 is far steadier on a small shared machine; the release and the bandwidth
@@ -72,7 +72,8 @@ def child(spec: dict) -> None:
         if mode == "non-private":
             out = _nonprivate(model, (ns_cat, ns_num, s_cat, s_num, label), batch, steps, spec["warmup"], device, bce)
         else:
-            out = _dpsgd(model, (ns_cat, ns_num, s_cat, s_num, label), cfg, batch, steps, spec["warmup"], device)
+            out = _dpsgd(model, (ns_cat, ns_num, s_cat, s_num, label), cfg, batch, steps, spec["warmup"], device,
+                         spec["dpsgd"])
     except Exception as exc:  # noqa: BLE001 - recorded as infeasible, with the reason
         h.emit("error", reason=h.failure_reason(exc), message=f"{type(exc).__name__}: {str(exc)[:500]}")
         return
@@ -122,7 +123,7 @@ class _Beacon:
         h.emit("step", phase="dpsgd", step=step)
 
 
-def _dpsgd(model, tensors, cfg, batch, steps, warmup, device) -> dict:
+def _dpsgd(model, tensors, cfg, batch, steps, warmup, device, dpsgd: dict) -> dict:
     from trainers.data.encoded import EncodedData
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.randomness import Randomness
@@ -140,7 +141,7 @@ def _dpsgd(model, tensors, cfg, batch, steps, warmup, device) -> dict:
                            epochs=n_steps * batch / rows, dataset_size=rows, sampling="poisson",
                            max_batch_size=None, cap=1, capping=None, normalise_by="q*N", model="full")
 
-    settings = DPSGDSettings(**DPSGD)
+    settings = DPSGDSettings.for_device(device, **dpsgd)
     if warmup:
         run_dpsgd(model, data, params(warmup), trainable=trainable, randomness=Randomness(1), settings=settings,
                   ledger=_Beacon(device))
@@ -239,6 +240,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--walr-repeats", type=int, default=5)
     parser.add_argument("--shapes", default="pctr,attribution")
     parser.add_argument("--skip-walr", action="store_true")
+    parser.add_argument("--max-chunk", type=int, default=None,
+                        help="DP-SGD's largest chunk (default: the trainer's for the device, DPSGDSettings.for_device)")
     parser.add_argument("--step-limit", type=float, default=STEP_LIMIT)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads in the training children (the WALR part keeps all threads)")
@@ -253,6 +256,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.walr_rows = args.walr_rows or (4_000_000 if args.quick else 16_000_000)
     args.walr_repeats = 2 if args.quick else args.walr_repeats
     args.shape_list = [s for s in args.shapes.split(",") if s]
+    args.dpsgd = dict(DPSGD, **({} if args.max_chunk is None else {"max_chunk": args.max_chunk}))
     return args
 
 
@@ -265,7 +269,8 @@ def settings(args: argparse.Namespace) -> dict:
         "batch": args.batch, "rows_in_memory": args.rows, "extrapolated_to_rows": EPOCH_ROWS,
         "clipping_norm": CLIP, "noise_multiplier": SIGMA, "nonprivate_optimizer": {"name": "sgd", "lr": LR,
                                                                                      "momentum": 0.9},
-        "dpsgd_settings": DPSGDSettings(**DPSGD).to_dict(), "step_limit_seconds": args.step_limit,
+        "dpsgd_settings": DPSGDSettings.for_device(args.device, **args.dpsgd).to_dict(),
+        "step_limit_seconds": args.step_limit,
         "torch_threads_training": args.threads, "shapes": {s: h.SHAPES[s] for s in args.shape_list},
         "walr": None if args.skip_walr else {"rows": args.walr_rows, "features": WALR_FEATURES,
                                              "repeats": args.walr_repeats, "bandwidth_bytes": BANDWIDTH_BYTES,
@@ -277,9 +282,10 @@ def main(argv: list[str]) -> None:
     if args.child is not None:
         child(json.loads(args.child))
         return
+    stem = h.results_name("epoch_throughput", args.device)
     if args.render:
-        result = json.loads((h.RESULTS / "epoch_throughput.json").read_text())
-        (h.RESULTS / "epoch_throughput.md").write_text(_markdown(result))
+        result = json.loads((h.RESULTS / f"{stem}.json").read_text())
+        (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
         print(_markdown(result))
         return
 
@@ -293,7 +299,7 @@ def main(argv: list[str]) -> None:
     for shape in args.shape_list:
         for mode in ("non-private", "dpsgd"):
             spec = {"shape": shape, "mode": mode, "device": args.device, "batch": batch, "steps": steps,
-                    "warmup": args.warmup, "rows": rows, "threads": args.threads}
+                    "warmup": args.warmup, "rows": rows, "threads": args.threads, "dpsgd": args.dpsgd}
             print(f"[epoch_throughput] {shape} {mode} ...", file=sys.stderr, flush=True)
             load_before = os.getloadavg()[0]
             res = h.run_child(__file__, spec, step_limit=args.step_limit)
@@ -325,9 +331,8 @@ def main(argv: list[str]) -> None:
               "versions": h.versions(), "quick": args.quick, "extrapolated_to_rows": EPOCH_ROWS,
               "settings": settings(args), "runs": runs, "walr": release}
     h.RESULTS.mkdir(exist_ok=True)
-    name = "epoch_throughput"
-    (h.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (h.RESULTS / f"{name}.md").write_text(_markdown(result))
+    (h.RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
     print(_markdown(result))
 
 
@@ -353,6 +358,7 @@ def _markdown(r: dict) -> str:
         f"({r['extrapolated_to_rows']:,} / rows per second), not measured over 40M rows.**"
         + ("" if gpu else " The machine is shared with other jobs (load average before/after in the table)."),
         "",
+        *([f"Note: {r['note']}", ""] if r.get("note") else []),
         ("| shape | mode | steps | seconds | rows/s | 40M-row epoch (extrapolated) | rows/s at the median step | "
         "40M-row epoch at the median step | DP/non-private time | peak memory (MiB) | load | status |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -34,6 +34,11 @@ __all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "chec
            "peak_memory"]
 
 
+# The largest chunk on a GPU: a pCTR-shaped batch of 65,536 rows in one chunk holds a few GiB
+# of book-keeping state, far inside any data-centre GPU's memory.
+GPU_MAX_CHUNK = 65_536
+
+
 @dataclass(frozen=True, kw_only=True)
 class DPSGDSettings:
     """Optimisation settings of the DP-SGD phase; none of them touches privacy."""
@@ -49,10 +54,24 @@ class DPSGDSettings:
     # one noise draw: the book-keeping state (activations and output gradients) then covers a
     # chunk, not the batch. Measured on CPU at the pCTR shape (batch 16,384): 4 chunks took
     # 0.93x the time and 0.74x the memory of the non-private step; one chunk 1.07x and 1.63x.
+    # On a GPU small chunks waste it: see for_device.
     max_chunk: int | None = 4096
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def for_device(cls, device, **overrides) -> DPSGDSettings:
+        """The defaults for ``device`` (a ``torch.device``), with ``overrides`` applied.
+
+        On CUDA a chunk holds up to :data:`GPU_MAX_CHUNK` rows. Measured on an H100 at the
+        pCTR shape (batch 16,384), a DP-SGD step in one chunk took 1.17x the non-private
+        step's time, and in four chunks 2.65x: each chunk launches the same small kernels
+        again. On the CPU the default stays 4,096.
+        """
+        if torch.device(device).type == "cuda":
+            overrides = {"max_chunk": GPU_MAX_CHUNK, **overrides}
+        return cls(**overrides)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,7 +403,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     """
     from trainers.losses import bce
 
-    settings = settings or DPSGDSettings()
+    settings = settings or DPSGDSettings.for_device(data.label.device)
     if not isinstance(params, DPSGDParams):
         raise PlanMismatchError(f"run_dpsgd needs the plan's DPSGDParams, got {type(params).__name__}")
     steps = params.steps

@@ -123,7 +123,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     """
     from budgetplan.plan import load_plan
     from trainers.dpsgd import DPSGDSettings
-    from trainers.run import execute_plan, run_baseline
+    from trainers.run import execute_plan, resolve_device, run_baseline
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
@@ -160,8 +160,8 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
         record = run_with(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
                           baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
                           resume=resume,
-                          dpsgd_settings=DPSGDSettings(optimizer=dpsgd_optimizer, lr=dpsgd_lr,
-                                                       cosine_decay=dpsgd_schedule == "cosine"),
+                          dpsgd_settings=DPSGDSettings.for_device(resolve_device(device), optimizer=dpsgd_optimizer,
+                                                                  lr=dpsgd_lr, cosine_decay=dpsgd_schedule == "cosine"),
                           checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
                           collective=collective)
         if record is None:

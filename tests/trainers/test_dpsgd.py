@@ -129,3 +129,12 @@ def test_truncated_poisson_batches_never_exceed_the_maximum():
     rec = run_dpsgd(model, data, params(200, sampling_rate=0.5, sampling="truncated-poisson", max_batch_size=60),
                     trainable=list(model.parameters()), randomness=Randomness(4))
     assert max(rec.batch_sizes) <= 60 and rec.truncated and rec.batches_truncated > 0
+
+
+def test_the_chunk_default_follows_the_device_and_yields_to_the_caller():
+    from trainers.dpsgd import GPU_MAX_CHUNK, DPSGDSettings
+
+    assert DPSGDSettings.for_device("cpu") == DPSGDSettings() and DPSGDSettings().max_chunk == 4096
+    assert DPSGDSettings.for_device(torch.device("cuda")).max_chunk == GPU_MAX_CHUNK == 65_536
+    assert DPSGDSettings.for_device("cuda:0", lr=0.5) == DPSGDSettings(lr=0.5, max_chunk=GPU_MAX_CHUNK)
+    assert DPSGDSettings.for_device("cuda", max_chunk=1024).max_chunk == 1024  # an explicit choice stays

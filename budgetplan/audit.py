@@ -215,7 +215,7 @@ def _audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: P
     add(_reaccount(record, plan))
     one_run = record.private_part.one_run if record.private_part is not None else None
     if one_run is not None:  # a run trained with canaries (trainers.canary)
-        add(Check("one-run canary audit", *check_one_run(one_run, plan.guarantee.epsilon, plan.guarantee.delta)))
+        add(Check("one-run canary audit", *check_one_run(one_run, plan)))
 
 
 # --------------------------------------------------------------------------- the record

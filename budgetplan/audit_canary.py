@@ -1,27 +1,25 @@
-"""The one-run audit of a trained model: a lower bound on epsilon from canaries' guesses, and its check.
+"""The one-run audit from canary scores: the guesses, the f-DP test of the plan, and the record's check.
 
-Steinke, Nasr and Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023,
-arXiv:2305.08846): m canaries each take one of two neighbouring values by an independent
-fair coin S_i, the model is trained once, and an auditor who sees only the model guesses
-S_i for the r canaries it scores most extremely (abstaining on the rest). If training is
-(eps, delta)-DP with respect to each canary's two values, the number of correct guesses W
-satisfies (their Theorem 3.1)
+m canaries each take one of two neighbouring values by an independent fair coin S_i, the
+run is made once, and each canary gets a score (higher: S_i = 1 more likely). The k
+highest are guessed 1, the k lowest 0, the rest abstained on, for each of the fractions
+``GUESS_FRACTIONS`` of m fixed in advance (few guesses are precise, many are numerous).
+Each fraction's counts test the hypotheses of ``budgetplan.audit_fdp`` at significance
+(1 - confidence) / len(fractions) (Bonferroni, so that the best of them holds at the
+confidence):
 
-    P[W >= v] <= P[Binomial(r, e^eps / (1 + e^eps)) >= v]
-                 + 2 m delta max_{i = 1..v} P[v - i <= Binomial(r, e^eps / (1 + e^eps)) < v] / i,
+* the verdict: do the guesses refute the plan's own trade-off curve? If they do, the run
+  leaks more than the plan allows, at that confidence;
+* the bound: the largest noise divisor s such that the plan with its noise divided by s is
+  refuted, stated as that mechanism's epsilon at the plan's delta (``epsilon_lower_bound``).
 
-so an observed v whose right-hand side falls below 1 - confidence proves, at that
-confidence, that training is not (eps, delta)-DP: the largest such eps is the lower bound.
-The theorem needs only that flipping one S_i moves the input to a neighbouring dataset, so
-it holds for replace-one canaries (a row whose label differs between the two worlds) as well
-as for the paper's add-remove ones.
+Canaries whose two values are neighbours under the plan's adjacency are all the test
+needs: replace-one canaries (a row whose label differs between the worlds) for the plans
+here, independent of each other or not.
 
-How many to guess is fixed before the model is seen: the bound is the best over the
-fractions ``GUESS_FRACTIONS`` of the canaries guessed on each side, each evaluated at the
-Bonferroni-corrected level, so the choice costs confidence rather than validity.
-
-This module is the arithmetic and the check ``budgetplan audit`` runs on a record's
-``one_run`` entry (no torch): ``trainers.canary`` builds the canaries, trains and scores.
+``trainers.canary`` (a trained model queried on label canaries) and
+``trainers.empirical.one_run`` (the DP-SGD step with gradient canaries) make the scores;
+``budgetplan audit`` runs ``check_one_run`` on a record's ``one_run`` entry (no torch).
 """
 
 from __future__ import annotations
@@ -29,81 +27,25 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
 from budgetplan import _validate
-from budgetplan.errors import InvalidParameterError
+from budgetplan.audit_fdp import (
+    DIVISOR_TOLERANCE,
+    METHOD,
+    NOISE_DIVISOR_RANGE,
+    Family,
+    check_counts,
+    noise_divisor_bound,
+    plan_family,
+    refutes,
+)
+from budgetplan.errors import BudgetplanError, InvalidParameterError, UnsupportedError
 
-__all__ = ["DEFAULT_CONFIDENCE", "GUESS_FRACTIONS", "EPSILON_SEARCH_LIMIT", "p_value", "epsilon_lower_bound",
-           "guesses", "bound_from_scores", "check_one_run"]
+__all__ = ["DEFAULT_CONFIDENCE", "GUESS_FRACTIONS", "guesses", "bound_from_scores", "check_one_run"]
 
-DEFAULT_CONFIDENCE = 0.95   # the paper's
-# Fractions of the m canaries guessed on each side (top k+ guessed 1, bottom k- guessed 0,
-# k+ = k- = fraction x m), fixed in advance: few guesses are precise, many are numerous.
+DEFAULT_CONFIDENCE = 0.95   # the papers'
 GUESS_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
-EPSILON_SEARCH_LIMIT = 60.0  # beyond this e^eps / (1 + e^eps) is 1 in double precision
-_BISECTIONS = 60
-RELATIVE_TOLERANCE = 1e-6   # a stored bound must recompute to this (bisection resolution: 60 / 2^60)
-
-
-def _counts(m: int, r: int, v: int) -> tuple[int, int, int]:
-    m = _validate.positive_int("canaries", m)
-    r = _validate.non_negative_int("guesses", r)
-    v = _validate.non_negative_int("correct", v)
-    if not v <= r <= m:
-        raise InvalidParameterError(f"need 0 <= correct <= guesses <= canaries, got correct={v!r}, guesses={r!r}, "
-                                    f"canaries={m!r}")
-    return m, r, v
-
-
-def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """P[at least v of r guesses correct] allowed by (epsilon, delta)-DP (arXiv:2305.08846, Theorem 3.1).
-
-    Args:
-        m: canaries (each took one of its two values by a fair coin).
-        r: guesses made (abstentions excluded).
-        v: correct guesses.
-        epsilon, delta: the hypothesis: training is (epsilon, delta)-DP per canary.
-    """
-    m, r, v = _counts(m, r, v)
-    eps = _validate.non_negative("epsilon", epsilon)
-    delta = _validate.probability("delta", delta, allow_zero=True)
-    q = 1.0 / (1.0 + math.exp(-eps))  # the accuracy of eps-DP randomized response on one bit
-    tail = float(stats.binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
-    if delta == 0 or v == 0:
-        return min(1.0, tail)
-    # max over i of P[v - i <= B < v] / i: the pmf summed downwards from v - 1 over a window
-    # holding all but e^-800 of it (40 sd below the mean); beyond the window every term is at
-    # most P[B < v] / (window + 1), which is added as a bound: the p-value can only grow
-    lo = min(v, max(0, math.floor(r * q - 40.0 * math.sqrt(r * q * (1.0 - q))) - 1))
-    below = np.cumsum(stats.binom.pmf(np.arange(v - 1, lo - 1, -1), r, q))
-    spread = float(stats.binom.cdf(v - 1, r, q)) / (v - lo + 1)
-    if below.size:
-        spread = max(spread, float(np.max(below / np.arange(1, below.size + 1))))
-    return min(1.0, tail + 2.0 * m * delta * spread)
-
-
-def epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, confidence: float = DEFAULT_CONFIDENCE) -> float:
-    """The largest epsilon that ``v`` correct of ``r`` guesses refutes at ``confidence``; 0.0 if none.
-
-    Training that were (epsilon, delta)-DP for any smaller epsilon would give ``v`` or more
-    correct guesses with probability below 1 - confidence (``p_value``, found by bisection:
-    it grows with epsilon).
-    """
-    m, r, v = _counts(m, r, v)
-    level = 1.0 - _validate.open_unit("confidence", confidence)
-    if p_value(m, r, v, 0.0, delta) > level:
-        return 0.0
-    lo, hi = 0.0, EPSILON_SEARCH_LIMIT
-    if p_value(m, r, v, hi, delta) <= level:
-        return hi
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        if p_value(m, r, v, mid, delta) <= level:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+RELATIVE_TOLERANCE = 1e-6   # a recorded epsilon must recompute to this
 
 
 def guesses(scores, secrets, k_pos: int, k_neg: int) -> tuple[int, int]:
@@ -127,52 +69,125 @@ def guesses(scores, secrets, k_pos: int, k_neg: int) -> tuple[int, int]:
     return k_pos + k_neg, correct
 
 
-def bound_from_scores(scores, secrets, *, delta: float, confidence: float = DEFAULT_CONFIDENCE,
-                      fractions: tuple[float, ...] = GUESS_FRACTIONS) -> dict:
-    """The one-run bound from canary scores (higher: more likely S_i = 1), best of ``fractions``.
+def _per_side(m: int, fraction: float) -> int:
+    return max(1, min(m // 2, round(fraction * m)))
 
-    Each fraction f guesses k = max(1, round(f m)) canaries on each side; each is bounded at
-    confidence 1 - (1 - confidence) / len(fractions) (Bonferroni), so the best of them holds
-    at ``confidence``. Returns the ``one_run`` fields: canaries, guesses, correct, k_pos,
-    k_neg, epsilon_lower_bound, confidence, level (the per-fraction confidence), delta,
-    fractions.
-    """
-    m = int(np.asarray(secrets).size)
-    conf = _validate.open_unit("confidence", confidence)
-    if not fractions or any(not 0 < f <= 0.5 for f in fractions):
+
+def _fractions(fractions) -> tuple[float, ...]:
+    out = tuple(float(f) for f in fractions)
+    if not out or any(not (math.isfinite(f) and 0 < f <= 0.5) for f in out):
         raise InvalidParameterError(f"fractions must lie in (0, 0.5], got {fractions!r}")
-    level = 1.0 - (1.0 - conf) / len(fractions)
-    best: dict | None = None
-    for f in fractions:
-        k = max(1, min(m // 2, round(f * m)))
-        r, v = guesses(scores, secrets, k, k)
-        eps = epsilon_lower_bound(m, r, v, delta=delta, confidence=level)
-        if best is None or eps > best["epsilon_lower_bound"]:
-            best = {"k_pos": k, "k_neg": k, "guesses": r, "correct": v, "epsilon_lower_bound": eps}
-    assert best is not None
-    return {"canaries": m, **best, "confidence": conf, "level": level, "delta": float(delta),
-            "fractions": list(fractions)}
+    return out
 
 
-def check_one_run(one_run: dict, planned_epsilon: float, planned_delta: float) -> tuple[bool, str]:
-    """(passed, detail) for ``budgetplan audit``: the recorded bound recomputes and stays within the plan.
+def bound_from_scores(scores, secrets, *, family: Family, confidence: float = DEFAULT_CONFIDENCE,
+                      fractions: tuple[float, ...] = GUESS_FRACTIONS) -> dict:
+    """The one-run audit of canary ``scores`` (higher: S_i = 1 more likely) against ``family``.
 
-    The bound is recomputed from the recorded counts (m, r, v) at the recorded level and the
-    plan's delta; a bound above the plan's epsilon is evidence, at the recorded confidence,
-    that the trained model leaks more than the plan allows.
+    Returns the ``one_run`` fields: method, hypotheses (the family's description), canaries,
+    fractions, counts (per fraction: k, guesses, correct), k_pos, k_neg, guesses, correct
+    (the fraction that decides the bound; where none refutes anything, the most accurate),
+    noise_divisor, epsilon_lower_bound (the family's epsilon at it; 0 where nothing is
+    refuted), refutes_plan (the verdict at s = 1), confidence, level (the per-fraction
+    confidence), delta.
     """
+    b = np.asarray(secrets)
+    m = int(b.size)
+    conf = _validate.open_unit("confidence", confidence)
+    fracs = _fractions(fractions)
+    if m < 2:
+        raise InvalidParameterError(f"canaries must be at least 2, got {m}")
+    level = 1.0 - (1.0 - conf) / len(fracs)
+    counts = []
+    for f in fracs:
+        k = _per_side(m, f)
+        r, v = guesses(scores, b, k, k)
+        counts.append({"k": k, "guesses": r, "correct": v})
+    s, hit = noise_divisor_bound(family, [(m, c["guesses"], c["correct"]) for c in counts], 1.0 - level)
+    if hit is None:
+        hit = max(range(len(counts)), key=lambda i: counts[i]["correct"] / counts[i]["guesses"])
+    best = counts[hit]
+    return {"method": METHOD, "hypotheses": family.description, "canaries": m, "fractions": list(fracs),
+            "counts": counts, "k_pos": best["k"], "k_neg": best["k"], "guesses": best["guesses"],
+            "correct": best["correct"], "noise_divisor": s, "epsilon_lower_bound": family.epsilon(s) if s > 0 else 0.0,
+            "refutes_plan": s >= 1.0, "confidence": conf, "level": level, "delta": float(family.delta)}
+
+
+def _recorded(one_run: dict) -> tuple[int, list[tuple[int, int, int]], float, float, float]:
+    """(m, [(m, guesses, correct)], significance, noise divisor, epsilon) from a record, checked for shape."""
+    m = _validate.positive_int("canaries", one_run["canaries"])
+    fracs = _fractions(one_run["fractions"])
+    rows = one_run["counts"]
+    if not isinstance(rows, list) or len(rows) != len(fracs):
+        raise InvalidParameterError(f"counts must hold one entry per fraction ({len(fracs)})")
+    counts = []
+    for f, row in zip(fracs, rows):
+        k = _per_side(m, f)
+        if row.get("k") != k or row.get("guesses") != 2 * k:
+            raise InvalidParameterError(f"fraction {f:g} of {m} canaries guesses {k} on each side, the record says "
+                                        f"{row.get('k')!r} ({row.get('guesses')!r} in all)")
+        counts.append(check_counts(m, 2 * k, row["correct"]))
+    level = _validate.open_unit("level", one_run["level"])
+    if not math.isclose(level, 1.0 - (1.0 - float(one_run["confidence"])) / len(fracs), rel_tol=1e-12):
+        raise InvalidParameterError(f"level {level!r} is not the confidence split over {len(fracs)} fractions")
+    s = _validate.non_negative("noise_divisor", one_run["noise_divisor"])
+    eps = _validate.non_negative("epsilon_lower_bound", one_run["epsilon_lower_bound"])
+    return m, counts, 1.0 - level, s, eps
+
+
+def check_one_run(one_run: dict, plan) -> tuple[bool, str]:
+    """(passed, detail) for ``budgetplan audit``: the recorded audit recomputes, and the plan's curve stands.
+
+    Every number is recomputed from the recorded guess counts and ``plan`` (never from the
+    record's own hypotheses): the recorded noise divisor must be refuted and 1 + its
+    tolerance above it not, its epsilon must be the plan family's, and the verdict is
+    whether the counts refute the plan's own trade-off curve. A record written with
+    Steinke et al.'s (eps, delta) bound (no ``method``) is checked by that bound.
+    """
+    g = plan.guarantee
+    if "method" not in one_run:
+        from budgetplan.audit_steinke import check_legacy
+
+        return check_legacy(one_run, g.epsilon, g.delta)
     try:
-        m, r, v = (one_run.get(k) for k in ("canaries", "guesses", "correct"))
-        level = float(one_run["level"])
-        stated = float(one_run["epsilon_lower_bound"])
-        recomputed = epsilon_lower_bound(m, r, v, delta=planned_delta, confidence=level)  # type: ignore[arg-type]
-    except (KeyError, TypeError, ValueError) as exc:
+        if one_run["method"] != METHOD:
+            raise InvalidParameterError(f"method {one_run['method']!r} is not {METHOD!r}")
+        m, counts, significance, s, stated = _recorded(one_run)
+        family = plan_family(plan)
+
+        def refuted(x: float) -> bool:
+            curve = family.curve(x)
+            return any(refutes(curve, *c, significance) for c in counts)
+
+        low, top = NOISE_DIVISOR_RANGE
+        if s == 0.0:
+            consistent = not refuted(low)
+        else:
+            above = s * (1.0 + DIVISOR_TOLERANCE) * (1.0 + 1e-9)
+            consistent = low <= s <= top and refuted(s) and (s >= top or not _refuted_or_unbuilt(refuted, above))
+        recomputed = family.epsilon(s) if s > 0 else 0.0
+        verdict = refuted(1.0)
+        if (m, one_run["guesses"], one_run["correct"]) not in counts:
+            raise InvalidParameterError("the stated guesses and correct are not one fraction's counts")
+    except (KeyError, TypeError, AttributeError, BudgetplanError, ValueError) as exc:
         return False, f"the record's one-run audit is malformed: {exc}"
+    if not consistent:
+        return False, (f"the recorded noise divisor {s:.6g} is not where the recorded guesses stop refuting "
+                       f"{family.description}")
     if not math.isclose(recomputed, stated, rel_tol=RELATIVE_TOLERANCE, abs_tol=1e-9):
-        return False, (f"the recorded lower bound {stated:.6g} does not recompute from {v} correct of {r} guesses "
-                       f"on {m} canaries at delta {planned_delta:.3g} ({recomputed:.6g})")
-    words = (f"{v} of {r} guesses correct on {m} canaries: epsilon >= {recomputed:.4g} at confidence "
-             f"{float(one_run.get('confidence', level)):g}, against the plan's {planned_epsilon:.6g}")
-    if recomputed > planned_epsilon:
-        return False, words + ": the trained model leaks more than the plan allows"
+        return False, f"the recorded epsilon {stated:.6g} is not the plan family's at noise divisor {s:.6g} " \
+                      f"({recomputed:.6g})"
+    conf = float(one_run["confidence"])
+    words = (f"{one_run['correct']:,} of {one_run['guesses']:,} guesses right on {m:,} canaries: epsilon >= "
+             f"{recomputed:.4g} at confidence {conf:g} (the plan with its noise divided by {s:.3g}), against the "
+             f"plan's {g.epsilon:.6g}")
+    if verdict:
+        return False, words + ": the guesses refute the plan's trade-off curve, the run leaks more than it allows"
     return True, words
+
+
+def _refuted_or_unbuilt(refuted, s: float) -> bool:
+    try:
+        return refuted(s)
+    except UnsupportedError:  # beyond what the family can build: the search treated it as not refuted
+        return False

@@ -30,7 +30,7 @@ import numpy as np
 from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 
-__all__ = ["ALPHAS", "tpr_bound", "tpr_from_pair", "mechanism_tradeoff", "plan_tradeoff"]
+__all__ = ["ALPHAS", "tpr_bound", "tpr_from_pair", "mechanism_tradeoff", "joint_mechanism", "plan_tradeoff"]
 
 ALPHAS = (1e-3, 1e-2)          # the false-positive rates a statement reports
 _EPS_GRID = np.linspace(0.0, 40.0, 4001)  # step 0.01: the second-order loss of the grid is < 1e-4 relative here
@@ -94,22 +94,32 @@ def mechanism_tradeoff(mechanism, *, adjacency, unit=None, discretization: float
     return tpr_bound(lambda eps: np.asarray(fastpld.delta_for_epsilon(built.pld, eps)), alphas)
 
 
+def joint_mechanism(plan):
+    """The mechanism of all of ``plan``'s phases composed, where their composition has a PLD here; else None.
+
+    None where the phases compose only by basic composition: group privacy, eps/K_i, a
+    truncated Poisson phase, a DP count, a tuning grid.
+    """
+    from budgetplan.mechanisms import Composition, DiscreteLaplaceCount, TruncatedPoissonDPSGD
+
+    phases = plan.phases
+    if (plan.tuning is not None or not all(p.unit_accounting == "tight" for p in phases)
+            or any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
+            or any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases)):
+        return None
+    return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
+
+
 def plan_tradeoff(plan, alphas=ALPHAS) -> dict:
     """The attacker's best TPR at each false-positive rate in ``alphas`` under ``plan``'s guarantee.
 
     Returns:
         {"alphas": [...], "tpr": [...], "from": "pld" | "epsilon-delta", "note": ...}.
     """
-    from budgetplan.mechanisms import Composition, DiscreteLaplaceCount, TruncatedPoissonDPSGD
-
     a = [float(x) for x in _alphas(alphas)]
     g = plan.guarantee
-    phases = plan.phases
-    pld_ok = (plan.tuning is None and all(p.unit_accounting == "tight" for p in phases)
-              and not any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
-              and not any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases))
-    if pld_ok:
-        mech = phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
+    mech = joint_mechanism(plan)
+    if mech is not None:
         try:
             tpr = mechanism_tradeoff(mech, adjacency=plan.adjacency, unit=plan.unit,
                                      discretization=plan.scenario.discretization, alphas=a)

@@ -1,85 +1,15 @@
-"""The one-run bound (arXiv:2305.08846): closed forms, an independent Clopper-Pearson path, validity, the check."""
-
-import math
+"""The one-run audit from scores: guesses, the record's fields, and ``check_one_run`` recomputing them from the plan."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats
 
-from budgetplan.audit_canary import (
-    bound_from_scores,
-    check_one_run,
-    epsilon_lower_bound,
-    guesses,
-    p_value,
-)
+from budgetplan.audit_canary import GUESS_FRACTIONS, bound_from_scores, check_one_run, guesses
+from budgetplan.audit_fdp import DIVISOR_TOLERANCE, METHOD, plan_family, refutes
 from budgetplan.errors import InvalidParameterError
-
-
-def logit(p: float) -> float:
-    return math.log(p / (1 - p))
-
-
-@given(r=st.integers(1, 3000), frac=st.floats(0.5, 1.0), level=st.sampled_from([0.9, 0.95, 0.99]))
-@settings(max_examples=60, deadline=None)
-def test_without_delta_the_bound_is_the_clopper_pearson_logit(r, frac, level):
-    # With delta = 0 the bound solves P[Binomial(r, q) >= v] = 1 - level for q: the one-sided
-    # Clopper-Pearson lower limit, which scipy's beta quantile gives by another path.
-    v = max(1, min(r, round(frac * r)))
-    q_low = stats.beta.ppf(1 - level, v, r - v + 1)
-    expected = max(0.0, logit(q_low)) if q_low < 1 else math.inf
-    got = epsilon_lower_bound(10 * r, r, v, delta=0.0, confidence=level)
-    assert got == pytest.approx(expected, abs=1e-6)
-
-
-def test_all_guesses_right_has_a_closed_form():
-    # P[B >= r] = q^r: r right guesses refute every eps with q^r < 1 - confidence.
-    for r in (10, 100, 1000):
-        expected = logit(0.05 ** (1 / r))
-        assert epsilon_lower_bound(r, r, r, delta=0.0) == pytest.approx(expected, abs=1e-6)
-
-
-def test_delta_costs_and_grows_with_the_canaries():
-    no_delta = epsilon_lower_bound(1000, 200, 190, delta=0.0)
-    small = epsilon_lower_bound(1000, 200, 190, delta=1e-8)
-    large = epsilon_lower_bound(100_000, 200, 190, delta=1e-5)
-    assert 0 < large < small <= no_delta
-    assert p_value(1000, 200, 190, 1.0, 1e-5) >= p_value(1000, 200, 190, 1.0, 0.0)
-
-
-def test_p_value_at_the_bound_is_the_level():
-    eps = epsilon_lower_bound(5000, 400, 370, delta=1e-7, confidence=0.95)
-    assert p_value(5000, 400, 370, eps, 1e-7) == pytest.approx(0.05, rel=1e-6)
-    assert p_value(5000, 400, 370, eps + 0.01, 1e-7) > 0.05
-
-
-def test_chance_guessing_proves_nothing():
-    assert epsilon_lower_bound(1000, 200, 100, delta=1e-6) == 0.0
-
-
-def test_bound_is_valid_for_a_mechanism_exactly_at_epsilon():
-    # Randomized response at eps on each secret bit is exactly eps-DP: its best guesses are
-    # right with probability e^eps / (1 + e^eps), and the bound may exceed eps only 5% of the time.
-    rng = np.random.default_rng(7)
-    eps, m, over = 2.0, 2000, 0
-    for _ in range(200):
-        bits = rng.integers(0, 2, m)
-        keep = rng.random(m) < 1 / (1 + math.exp(-eps))
-        released = np.where(keep, bits, 1 - bits) + 0.01 * rng.random(m)  # the score: the released bit
-        over += bound_from_scores(released, bits, delta=0.0)["epsilon_lower_bound"] > eps
-    assert over <= 20  # Binomial(200, <= 0.05): P[> 20] < 1e-3
-
-
-def test_perfect_scores_reach_the_largest_fraction():
-    rng = np.random.default_rng(1)
-    bits = rng.permutation(np.r_[np.zeros(2000, int), np.ones(2000, int)])
-    res = bound_from_scores(bits + rng.normal(0, 0.01, bits.size), bits, delta=1e-8)
-    assert res["correct"] == res["guesses"] == 4000
-    assert res["level"] == pytest.approx(1 - 0.05 / 7)
-    assert res["epsilon_lower_bound"] == pytest.approx(epsilon_lower_bound(4000, 4000, 4000, delta=1e-8,
-                                                                           confidence=res["level"]))
+from budgetplan.planner import build_plan
+from budgetplan.scenario import parse_scenario
+from trainers.canary import audit_scenario
+from trainers.data.synth import SYNTH_FEATURES
 
 
 def test_guesses_count_both_tails():
@@ -93,33 +23,90 @@ def test_guesses_count_both_tails():
         guesses(np.array([np.nan, 1, 2, 3, 4]), bits, 1, 1)
 
 
-@pytest.mark.parametrize("m, r, v", [(10, 11, 5), (10, 5, 6), (0, 0, 0), (10, -1, 0)])
-def test_counts_are_validated(m, r, v):
-    with pytest.raises(InvalidParameterError):
-        epsilon_lower_bound(m, r, v, delta=0.0)
+
+@pytest.fixture(scope="module")
+def plan():
+    return build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=1e-8, dataset_size=20_000, batch_size=10_000,
+                                                    epochs=5, clipping_norm=0.1, spec=SYNTH_FEATURES)))
 
 
-def test_check_recomputes_and_compares_with_the_plan():
-    res = bound_from_scores(np.arange(1000.0), np.r_[np.zeros(500), np.ones(500)].astype(int), delta=1e-8)
-    assert res["epsilon_lower_bound"] > 3
-    ok, detail = check_one_run(res, planned_epsilon=8.0, planned_delta=1e-8)
-    assert ok and "1000 of 1000 guesses" in detail
-    ok, detail = check_one_run(res, planned_epsilon=2.0, planned_delta=1e-8)
-    assert not ok and "leaks more than the plan allows" in detail
-    ok, detail = check_one_run({**res, "correct": res["correct"] - 100}, planned_epsilon=8.0, planned_delta=1e-8)
-    assert not ok and "does not recompute" in detail
-    ok, detail = check_one_run({"canaries": 3}, planned_epsilon=8.0, planned_delta=1e-8)
-    assert not ok and "malformed" in detail
+def ideal(mu: float, m: int = 5000, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2, m)
+    return rng.normal(size=m) + mu * bits, bits
 
 
-@given(r=st.integers(1, 20_000), frac=st.floats(0.3, 1.0), eps=st.floats(0.0, 12.0))
-@settings(max_examples=60, deadline=None)
-def test_delta_term_is_the_theorem_s_maximum(r, frac, eps):
-    # 2 m delta max_i P[v - i <= B < v] / i, from scipy's cdf term by term (the module sums a window)
-    v = max(1, min(r, round(frac * r)))
-    q = 1 / (1 + math.exp(-eps))
-    i = np.arange(1, v + 1)
-    full = float(np.max((stats.binom.cdf(v - 1, r, q) - stats.binom.cdf(v - 1 - i, r, q)) / i))
-    expected = min(1.0, float(stats.binom.sf(v - 1, r, q)) + 2 * 10 * r * 1e-6 * full)
-    got = p_value(10 * r, r, v, eps, 1e-6)
-    assert expected * (1 - 1e-9) - 1e-15 <= got <= expected * (1 + 1e-6) + 1e-12
+def test_record_fields_and_bonferroni(plan):
+    fam = plan_family(plan)
+    res = bound_from_scores(*ideal(1.434), family=fam)  # the noise halved on ideal canaries
+    assert res["method"] == METHOD and res["canaries"] == 5000 and res["fractions"] == list(GUESS_FRACTIONS)
+    assert res["level"] == pytest.approx(1 - 0.05 / 7) and res["delta"] == 1e-8
+    assert [c["k"] for c in res["counts"]] == [25, 50, 100, 250, 500, 1000, 2500]
+    assert {"guesses": res["guesses"], "correct": res["correct"], "k": res["k_pos"]} in res["counts"]
+    assert res["refutes_plan"] and res["noise_divisor"] > 1
+    assert res["epsilon_lower_bound"] == pytest.approx(fam.epsilon(res["noise_divisor"]))
+    assert res["epsilon_lower_bound"] > plan.guarantee.epsilon
+    # the stated counts refute the stated divisor at the per-fraction level
+    assert refutes(fam.curve(res["noise_divisor"]), 5000, res["guesses"], res["correct"], 1 - res["level"])
+
+
+def test_honest_ideal_canaries_stay_below_the_plan(plan):
+    res = bound_from_scores(*ideal(0.717), family=plan_family(plan))
+    assert not res["refutes_plan"] and 0 < res["noise_divisor"] < 1
+    assert 0 < res["epsilon_lower_bound"] < plan.guarantee.epsilon
+
+
+def test_chance_scores_give_zero(plan):
+    rng = np.random.default_rng(3)
+    res = bound_from_scores(rng.normal(size=2000), rng.integers(0, 2, 2000), family=plan_family(plan))
+    assert res["noise_divisor"] == 0.0 and res["epsilon_lower_bound"] == 0.0 and not res["refutes_plan"]
+    assert check_one_run(res, plan)[0]
+
+
+def test_check_recomputes_from_the_plan_and_fails_a_refuted_curve(plan):
+    halved = bound_from_scores(*ideal(1.434), family=plan_family(plan))
+    ok, detail = check_one_run(halved, plan)
+    assert not ok and "refute the plan's trade-off curve" in detail
+    honest = bound_from_scores(*ideal(0.717), family=plan_family(plan))
+    ok, detail = check_one_run(honest, plan)
+    assert ok and f"{honest['correct']:,} of {honest['guesses']:,} guesses" in detail
+
+
+@pytest.mark.parametrize("doctor, words", [
+    (lambda r: {**r, "noise_divisor": r["noise_divisor"] * (1 + 3 * DIVISOR_TOLERANCE)}, "noise divisor"),
+    (lambda r: {**r, "noise_divisor": r["noise_divisor"] / 1.5}, "noise divisor"),
+    (lambda r: {**r, "epsilon_lower_bound": r["epsilon_lower_bound"] * 0.9}, "recorded epsilon"),
+    (lambda r: {**r, "counts": [{**c, "correct": c["guesses"] // 2} for c in r["counts"]],
+                "correct": r["guesses"] // 2}, "noise divisor"),
+    (lambda r: {**r, "counts": r["counts"][:-1]}, "one entry per fraction"),
+    (lambda r: {**r, "counts": [{**c, "k": c["k"] + 1} for c in r["counts"]]}, "guesses"),
+    (lambda r: {**r, "correct": r["correct"] - 1}, "one fraction's counts"),
+    (lambda r: {**r, "level": 0.99}, "confidence split"),
+    (lambda r: {**r, "method": "made up"}, "method"),
+    (lambda r: {k: v for k, v in r.items() if k != "counts"}, "malformed"),
+])
+def test_check_catches_a_doctored_record(plan, doctor, words):
+    res = bound_from_scores(*ideal(0.717), family=plan_family(plan))
+    ok, detail = check_one_run(doctor(res), plan)
+    assert not ok and words in detail, detail
+
+
+def test_a_legacy_record_is_checked_by_steinke_s_bound(plan):
+    from budgetplan.audit_steinke import epsilon_lower_bound
+
+    level = 1 - 0.05 / 7
+    legacy = {"canaries": 5000, "guesses": 50, "correct": 48, "level": level, "confidence": 0.95,
+              "epsilon_lower_bound": epsilon_lower_bound(5000, 50, 48, delta=1e-8, confidence=level)}
+    ok, detail = check_one_run(legacy, plan)
+    assert ok and "Steinke" in detail
+
+
+def test_bad_arguments_are_refused(plan):
+    fam = plan_family(plan)
+    scores, bits = ideal(1.0, 100)
+    with pytest.raises(InvalidParameterError, match="fractions"):
+        bound_from_scores(scores, bits, family=fam, fractions=(0.6,))
+    with pytest.raises(InvalidParameterError, match="confidence"):
+        bound_from_scores(scores, bits, family=fam, confidence=1.0)
+    with pytest.raises(InvalidParameterError, match="at least 2"):
+        bound_from_scores(scores[:1], bits[:1], family=fam)

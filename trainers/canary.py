@@ -60,6 +60,7 @@ import numpy as np
 
 from budgetplan import _validate
 from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.audit_fdp import plan_family
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.phases import DPSGDPhase, RRPhase
 from budgetplan.records import PRIVATE_DIR, RunRecord
@@ -298,7 +299,7 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
         raise
     assert record is not None and record.private_part is not None
     scores = score_canaries(out, audited.take(positions), spec, record)
-    result = bound_from_scores(scores, bits, delta=plan.guarantee.delta, confidence=confidence, fractions=fractions)
+    result = bound_from_scores(scores, bits, family=plan_family(plan), confidence=confidence, fractions=fractions)
     result.update(planned_epsilon=plan.guarantee.epsilon, score=SCORE,
                   canary="a row of its own values whose label is the secret bit (replace-one)",
                   rows=int(table.num_rows))

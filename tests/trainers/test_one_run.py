@@ -1,9 +1,9 @@
 """The DP-SGD step audited in one run with a million gradient canaries: the noise halved is caught.
 
 At the audit plan of epsilon 4 (``trainers.canary.audit_scenario``: q = 0.5, 10 steps, sigma
-4.39) the honest step gives a bound of 2.08 and the noise-halved one 4.43 (seed 0); on ideal
-Gaussian canaries the same bound is 2.09 and 4.56 (benchmarks/one_run_audit.py). At 5,000
-canaries even ideal ones stay below the plan (1.33 and 2.76): the million is what separates.
+4.39) the honest step's guesses refute the steps with the noise divided by 0.70 (epsilon
+2.72) and the noise-halved one's by 1.45 (5.99), seed 0: the plan's own curve is refuted
+only for the mutant (benchmarks/one_run_audit.py has more seeds).
 """
 
 import pytest
@@ -27,11 +27,13 @@ def phase():
 def test_honest_step_stays_below_the_plan(phase):
     row = dpsgd_one_run(phase, randomness=Randomness(0))
     assert row["passed"] and 1.0 < row["epsilon_lower_bound"] < phase.guarantee.epsilon, row["detail"]
+    assert not row["refutes_plan"] and 0.5 < row["noise_divisor"] < 1
     assert row["planned_epsilon"] == phase.guarantee.epsilon and row["canaries"] == 1_000_000
 
 
 def test_noise_halved_is_caught(phase, monkeypatch):
     NOISE_HALVED.install(monkeypatch)
     row = dpsgd_one_run(phase, randomness=Randomness(0))
-    assert not row["passed"] and row["failing"] == ["epsilon lower bound"], row["detail"]
+    assert not row["passed"] and row["failing"] == ["plan's trade-off curve"], row["detail"]
+    assert row["refutes_plan"] and row["noise_divisor"] > 1.2
     assert row["epsilon_lower_bound"] > phase.guarantee.epsilon

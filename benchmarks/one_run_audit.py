@@ -1,30 +1,35 @@
-"""One-run audits of trained models (arXiv:2305.08846): the lower bound on epsilon, honest and with the noise halved.
+"""One-run audits of trained models: the plan's trade-off curve tested, honest and with the noise halved.
 
-For each plan epsilon (``--epsilons``) and seed, the audit plan
-(``trainers.canary.audit_scenario``: DP-SGD under semi-sensitive DP on the built-in
-synthetic data) is trained by ``canary_audit``, ``--canaries`` rows replaced by canaries
-whose labels are secret coins: with the installed trainer, with the DP-SGD noise halved and
-with per-example clipping off (the planted defects of ``tests/trainers/mutants.py``). Each
-run's model is queried on the canaries and the one-run bound (``budgetplan.audit_canary``,
-confidence 0.95, Bonferroni over the guess fractions) is compared with the plan's epsilon;
-``dprime`` is the canaries' score separation (mean difference over the pooled sd). Training
-seeds and canary coins are fixed per seed (``--first-seed``), so the numbers reproduce.
+For each plan epsilon (``--epsilons``), canary count (``--canaries``) and seed, the audit
+plan (``trainers.canary.audit_scenario``: DP-SGD under semi-sensitive DP on the built-in
+synthetic data, ``--rows-per-canary`` rows per canary, Poisson rate 0.5, 5 epochs) is
+trained by ``canary_audit``, that many rows replaced by canaries whose labels are secret
+coins: with the installed trainer, with the DP-SGD noise halved and with per-example
+clipping off (the planted defects of ``tests/trainers/mutants.py``). Each run's model is
+queried on the canaries and its guesses test the plan's trade-off curve
+(``budgetplan.audit_canary``: the f-DP analysis of arXiv:2410.22235, confidence 0.95,
+Bonferroni over the guess fractions). ``refuted``: runs whose guesses refute the plan's own
+curve (``budgetplan audit`` fails them); ``noise divisor``: the largest s such that the
+plan with its noise divided by s is refuted, and the bound is that mechanism's epsilon.
+``dprime`` is the canaries' score separation (mean difference over the pooled sd).
+Training seeds and canary coins are fixed per seed (``--first-seed``), so the numbers
+reproduce.
 
-Beside the runs, the same bound on ideal canaries (``ideal``): scores drawn exactly from a
+Beside the runs, the same audit on ideal canaries (``ideal``): scores drawn exactly from a
 mu-Gaussian mechanism whose epsilon at the plan's delta is the plan's (mu-GDP, Dong, Roth and
-Su, arXiv:1905.02383), honest (mu) and with the noise halved (2 mu), at ``--canaries`` and at
-``--ideal-canaries``: the best any score could do, white box, at that many canaries.
+Su, arXiv:1905.02383), honest (mu) and with the noise halved (2 mu), at each canary count
+and at ``--ideal-canaries``.
 
-And the white-box audit of the DP-SGD step (``trainers.empirical.one_run``, a million
-gradient canaries, ``budgetplan audit --one-run``), honest and with the noise halved
-(``step``).
+And the white-box audit of the DP-SGD step (``trainers.empirical.one_run``, gradient
+canaries at each of ``--step-canaries``; ``budgetplan audit --one-run`` uses a million),
+honest and with the noise halved (``step``).
 
 Arms: ``--models`` (``fm``: a linear weight per value, where a canary's own parameters hold
 most of its gradient; ``mlp``, the default model) and ``--optimizers`` of the DP-SGD phase
 (``adam``, the default, whose per-coordinate step sizes keep little more than the sign of a
 canary's noisy sum; ``sgd``, under which the score is linear in it). Writes
 ``benchmarks/results/one_run_audit.json`` and ``.md``. Not a test: run it with
-``python benchmarks/one_run_audit.py`` (about 30 s a run on 2 cores).
+``python benchmarks/one_run_audit.py`` (about 25 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -51,11 +56,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="runs per arm")
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--canaries", type=int, default=5_000)
+    parser.add_argument("--canaries", type=int, nargs="+", default=[5_000, 20_000])
+    parser.add_argument("--rows-per-canary", type=int, default=4, help="rows of data per canary (the rest real)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[2.0, 4.0])
     parser.add_argument("--delta", type=float, default=1e-8)
-    parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--clip", type=float, default=0.1)
     parser.add_argument("--models", nargs="+", default=["fm", "mlp"], choices=["fm", "mlp"])
@@ -65,9 +69,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--embedding-dim", type=int, default=4)
     parser.add_argument("--hash-bins", type=int, default=2**20)
     parser.add_argument("--ideal-canaries", type=int, default=1_000_000)
+    parser.add_argument("--step-canaries", type=int, nargs="+", default=[5_000, 1_000_000])
     args = parser.parse_args(argv)
-    if args.seeds < 1 or args.canaries < 1 or args.canaries > args.rows:
-        parser.error("need --seeds >= 1 and 1 <= --canaries <= --rows")
+    if args.seeds < 1 or min(args.canaries) < 2 or args.rows_per_canary < 1 or min(args.step_canaries) < 2:
+        parser.error("need --seeds >= 1, --canaries and --step-canaries >= 2, --rows-per-canary >= 1")
     args.argv = list(argv)
     return args
 
@@ -78,8 +83,9 @@ def settings(args: argparse.Namespace) -> dict:
     from trainers.dpsgd import DPSGDSettings
 
     return h.settings_record("one_run_audit.py", args.argv, {
-        "seeds": args.seeds, "first_seed": args.first_seed, "rows": args.rows, "data_seed": DATA_SEED,
-        "canaries": args.canaries, "epsilons": args.epsilons, "delta": args.delta, "batch_size": args.batch_size,
+        "seeds": args.seeds, "first_seed": args.first_seed, "rows_per_canary": args.rows_per_canary,
+        "data_seed": DATA_SEED, "canaries": args.canaries, "sampling_rate": 0.5, "step_canaries": args.step_canaries,
+        "epsilons": args.epsilons, "delta": args.delta,
         "epochs": args.epochs, "clipping_norm": args.clip, "models": args.models, "optimizers": args.optimizers,
         "sgd_lr": args.sgd_lr,
         "embedding_dim": args.embedding_dim, "hash_bins": args.hash_bins,
@@ -87,7 +93,7 @@ def settings(args: argparse.Namespace) -> dict:
         "guess_fractions": GUESS_FRACTIONS, "dpsgd": DPSGDSettings().to_dict(), "arms": list(ARMS)})
 
 
-def _run(plan, data, out, model, args, seed, arm, optimizer: str = "adam") -> dict:
+def _run(plan, data, out, model, args, seed, arm, optimizer: str, canaries: int) -> dict:
     import numpy as np
     from _pytest.monkeypatch import MonkeyPatch
 
@@ -106,7 +112,7 @@ def _run(plan, data, out, model, args, seed, arm, optimizer: str = "adam") -> di
     t0 = time.perf_counter()
     try:
         dpsgd = DPSGDSettings() if optimizer == "adam" else DPSGDSettings(optimizer="sgd", lr=args.sgd_lr)
-        rec = canary_audit(plan, data, canaries=args.canaries, out_dir=out, settings=settings_, seed=1000 + seed,
+        rec = canary_audit(plan, data, canaries=canaries, out_dir=out, settings=settings_, seed=1000 + seed,
                            canary_randomness=Randomness(2000 + seed), threads=2, dpsgd_settings=dpsgd)
     finally:
         patch.undo()
@@ -123,11 +129,12 @@ def _run(plan, data, out, model, args, seed, arm, optimizer: str = "adam") -> di
     y = table.column(SYNTH_FEATURES.label).take(pos).to_numpy()
     dprime = (scores[y == 1].mean() - scores[y == 0].mean()) / np.sqrt(0.5 * (scores[y == 1].var() +
                                                                               scores[y == 0].var()))
-    return {"seed": seed, "epsilon_lower_bound": one["epsilon_lower_bound"], "correct": one["correct"],
-            "guesses": one["guesses"], "k": one["k_pos"], "dprime": float(dprime), "seconds": seconds}
+    return {"seed": seed, "epsilon_lower_bound": one["epsilon_lower_bound"], "noise_divisor": one["noise_divisor"],
+            "refutes_plan": one["refutes_plan"], "correct": one["correct"], "guesses": one["guesses"],
+            "k": one["k_pos"], "dprime": float(dprime), "seconds": seconds}
 
 
-def _step(plan, seed: int, arm: str) -> dict:
+def _step(plan, seed: int, arm: str, canaries: int) -> dict:
     from _pytest.monkeypatch import MonkeyPatch
 
     from tests.trainers import mutants
@@ -138,10 +145,11 @@ def _step(plan, seed: int, arm: str) -> dict:
     if ARMS[arm] is not None:
         getattr(mutants, ARMS[arm]).install(patch)
     try:
-        row = dpsgd_one_run(plan.dpsgd, randomness=Randomness(3000 + seed))
+        row = dpsgd_one_run(plan.dpsgd, canaries=canaries, randomness=Randomness(3000 + seed))
     finally:
         patch.undo()
-    return {k: row[k] for k in ("epsilon_lower_bound", "correct", "guesses", "canaries", "seconds")}
+    return {k: row[k] for k in ("epsilon_lower_bound", "noise_divisor", "refutes_plan", "correct", "guesses",
+                                "canaries", "seconds")}
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:
@@ -157,74 +165,86 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     return float(optimize.brentq(excess, 1e-6, 50.0, xtol=1e-12))
 
 
-def ideal(epsilon: float, delta: float, m: int, seed: int) -> dict:
-    """The one-run bound on m ideal canaries of the mu-GDP mechanism at (epsilon, delta), honest and at 2 mu."""
+def ideal(plan, m: int, seed: int) -> dict:
+    """The audit of ``plan`` on m ideal canaries of the mu-GDP mechanism at its (epsilon, delta), honest and at 2 mu."""
     import numpy as np
 
     from budgetplan.audit_canary import bound_from_scores
+    from budgetplan.audit_fdp import plan_family
 
-    mu = gdp_mu(epsilon, delta)
+    mu = gdp_mu(plan.guarantee.epsilon, plan.guarantee.delta)
     rng = np.random.default_rng(seed)
     out = {"mu": mu, "canaries": m}
     for name, shift in (("honest", mu), ("noise halved", 2 * mu)):
         bits = rng.integers(0, 2, m)
-        res = bound_from_scores(rng.normal(0.0, 1.0, m) + shift * bits, bits, delta=delta)
-        out[name] = {"epsilon_lower_bound": res["epsilon_lower_bound"], "correct": res["correct"],
-                     "guesses": res["guesses"]}
+        res = bound_from_scores(rng.normal(0.0, 1.0, m) + shift * bits, bits, family=plan_family(plan))
+        out[name] = {k: res[k] for k in ("epsilon_lower_bound", "noise_divisor", "refutes_plan", "correct",
+                                         "guesses")}
     return out
+
+
+def _plan(eps: float, m: int, args):
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+    from trainers.canary import audit_scenario
+    from trainers.data.synth import SYNTH_FEATURES
+
+    rows = m * args.rows_per_canary
+    return build_plan(parse_scenario(audit_scenario(
+        epsilon=eps, delta=args.delta, dataset_size=rows, batch_size=rows // 2, epochs=args.epochs,
+        clipping_norm=args.clip, spec=SYNTH_FEATURES)))
 
 
 def main(argv: list[str]) -> None:
     import pyarrow.parquet as pq
 
-    from budgetplan.planner import build_plan
-    from budgetplan.scenario import parse_scenario
-    from trainers.canary import audit_scenario
-    from trainers.data.synth import SYNTH_FEATURES, synthesize
+    from trainers.data.synth import synthesize
 
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
     plans, arms = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "train.parquet"
-        pq.write_table(synthesize(args.rows, args.rows // 5, DATA_SEED), data)
-        for eps in args.epsilons:
-            plan = build_plan(parse_scenario(audit_scenario(
-                epsilon=eps, delta=args.delta, dataset_size=args.rows, batch_size=args.batch_size,
-                epochs=args.epochs, clipping_norm=args.clip, spec=SYNTH_FEATURES)))
-            par = plan.dpsgd.params
-            plans.append({"epsilon": plan.guarantee.epsilon, "delta": plan.guarantee.delta,
-                          "noise_multiplier": par.noise_multiplier, "sampling_rate": par.sampling_rate,
-                          "steps": par.steps, "clipping_norm": par.clipping_norm})
-            for model, optimizer in [(m, o) for m in args.models for o in args.optimizers]:
-                for arm in ARMS:
-                    runs = []
-                    for seed in range(args.first_seed, args.first_seed + args.seeds):
-                        out = Path(tmp) / f"{eps}-{model}-{optimizer}-{arm.replace(' ', '_')}-{seed}"
-                        runs.append(_run(plan, data, out, model, args, seed, arm, optimizer))
-                        print(eps, model, optimizer, arm, runs[-1], flush=True)
-                    bounds = [r["epsilon_lower_bound"] for r in runs]
-                    arms.append({"plan_epsilon": plan.guarantee.epsilon, "model": model, "optimizer": optimizer,
-                                 "arm": arm, "runs": runs,
-                                 "bound_min": min(bounds), "bound_median": statistics.median(bounds),
-                                 "bound_max": max(bounds),
-                                 "dprime_median": statistics.median(r["dprime"] for r in runs),
-                                 "above_plan": sum(b > plan.guarantee.epsilon for b in bounds)})
+        for m in args.canaries:
+            rows = m * args.rows_per_canary
+            data = Path(tmp) / f"train-{rows}.parquet"
+            pq.write_table(synthesize(rows, rows // 5, DATA_SEED), data)
+            for eps in args.epsilons:
+                plan = _plan(eps, m, args)
+                par = plan.dpsgd.params
+                plans.append({"epsilon": plan.guarantee.epsilon, "delta": plan.guarantee.delta, "rows": rows,
+                              "canaries": m, "noise_multiplier": par.noise_multiplier,
+                              "sampling_rate": par.sampling_rate, "steps": par.steps,
+                              "clipping_norm": par.clipping_norm})
+                for model, optimizer in [(md, o) for md in args.models for o in args.optimizers]:
+                    for arm in ARMS:
+                        runs = []
+                        for seed in range(args.first_seed, args.first_seed + args.seeds):
+                            out = Path(tmp) / f"{m}-{eps}-{model}-{optimizer}-{arm.replace(' ', '_')}-{seed}"
+                            runs.append(_run(plan, data, out, model, args, seed, arm, optimizer, m))
+                            print(m, eps, model, optimizer, arm, runs[-1], flush=True)
+                        bounds = [r["epsilon_lower_bound"] for r in runs]
+                        arms.append({"plan_epsilon": plan.guarantee.epsilon, "canaries": m, "model": model,
+                                     "optimizer": optimizer, "arm": arm, "runs": runs,
+                                     "bound_min": min(bounds), "bound_median": statistics.median(bounds),
+                                     "bound_max": max(bounds),
+                                     "noise_divisor_median": statistics.median(r["noise_divisor"] for r in runs),
+                                     "dprime_median": statistics.median(r["dprime"] for r in runs),
+                                     "refuted": sum(r["refutes_plan"] for r in runs)})
     steps = []
     for eps in args.epsilons:
-        plan = build_plan(parse_scenario(audit_scenario(
-            epsilon=eps, delta=args.delta, dataset_size=args.rows, batch_size=args.batch_size,
-            epochs=args.epochs, clipping_norm=args.clip, spec=SYNTH_FEATURES)))
-        for arm in ("honest", "noise halved"):
+        plan = _plan(eps, args.canaries[0], args)
+        for m in args.step_canaries:
+            for arm in ("honest", "noise halved"):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
+                    steps.append({"plan_epsilon": plan.guarantee.epsilon, "arm": arm, "seed": seed,
+                                  **_step(plan, seed, arm, m)})
+                    print("step", steps[-1], flush=True)
+    ideals = []
+    for eps in args.epsilons:
+        plan = _plan(eps, args.canaries[0], args)
+        for m in sorted(set(args.canaries) | {args.ideal_canaries}):
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                steps.append({"plan_epsilon": plan.guarantee.epsilon, "arm": arm, "seed": seed,
-                              **_step(plan, seed, arm)})
-                print("step", steps[-1], flush=True)
-    ideals = [ideal(p["epsilon"], p["delta"], m, seed)
-              for p in plans for m in (args.canaries, args.ideal_canaries)
-              for seed in range(args.first_seed, args.first_seed + args.seeds)]
-    for row, p in zip(ideals, [p for p in plans for _ in range(2 * args.seeds)]):
-        row["plan_epsilon"] = p["epsilon"]
+                ideals.append({"plan_epsilon": plan.guarantee.epsilon, **ideal(plan, m, seed)})
     result = {"settings": settings(args), "plans": plans, "arms": arms, "step": steps, "ideal": ideals,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]}}
@@ -232,35 +252,50 @@ def main(argv: list[str]) -> None:
 
 
 def _markdown(r: dict) -> str:
-    lines = ["# One-run audit of trained models (arXiv:2305.08846)", ""]
+    lines = ["# One-run audit of trained models: the plan's trade-off curve tested (arXiv:2410.22235)", ""]
+    seen = set()
     for p in r["plans"]:
+        if (p["epsilon"], p["noise_multiplier"]) in seen:
+            continue
+        seen.add((p["epsilon"], p["noise_multiplier"]))
         lines.append(f"- plan at epsilon {p['epsilon']:.4g} (delta {p['delta']:.3g}): DP-SGD under semi-sensitive DP, "
                      f"sigma {p['noise_multiplier']:.4g}, q {p['sampling_rate']:.4g}, {p['steps']} steps, "
                      f"C {p['clipping_norm']:g}")
-    lines += ["", "Lower bounds on epsilon at confidence 0.95 from a query of the trained model on the canaries; a "
-              "bound above the plan's epsilon fails `budgetplan audit`. A canary's score is how far training moved "
-              "its logit from the initial model's; each canary value has hashed rows of its own. dprime: the "
-              "canaries' score separation.", "",
-              "| plan epsilon | model | DP-SGD optimiser | arm | bound min | median | max | runs above the plan | "
-              "dprime | s per run |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "A query of the trained model on the canaries (confidence 0.95). refuted: runs whose guesses refute "
+              "the plan's own trade-off curve, which fails `budgetplan audit`. noise divisor: the largest s such that "
+              "the plan with its noise divided by s is refuted (the noise halved is s = 2); the bound is that "
+              "mechanism's epsilon at the plan's delta. A canary's score is how far training moved its logit from the "
+              "initial model's; each canary value has hashed rows of its own; the data holds "
+              f"{r['settings']['values']['rows_per_canary']} rows per canary. dprime: the canaries' score separation.",
+              "",
+              "| plan epsilon | canaries | model | DP-SGD optimiser | arm | bound min | median | max | noise divisor "
+              "(median) | refuted | dprime | s per run |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for a in r["arms"]:
         secs = statistics.median(x["seconds"] for x in a["runs"])
-        lines.append(f"| {a['plan_epsilon']:.3g} | {a['model']} | {a['optimizer']} | {a['arm']} | "
+        lines.append(f"| {a['plan_epsilon']:.3g} | {a['canaries']:,} | {a['model']} | {a['optimizer']} | {a['arm']} | "
                      f"{a['bound_min']:.3f} | {a['bound_median']:.3f} | {a['bound_max']:.3f} | "
-                     f"{a['above_plan']} of {len(a['runs'])} | {a['dprime_median']:.2f} | {secs:.1f} |")
-    lines += ["", "The DP-SGD step audited in one run with a million white-box gradient canaries "
-              "(`budgetplan audit --one-run`):", "",
-              "| plan epsilon | arm | seed | bound | correct of guesses | seconds |", "|---|---|---|---|---|---|"]
+                     f"{a['noise_divisor_median']:.3f} | {a['refuted']} of {len(a['runs'])} | "
+                     f"{a['dprime_median']:.2f} | {secs:.1f} |")
+    lines += ["", "The DP-SGD step audited in one run with white-box gradient canaries "
+              "(`budgetplan audit --one-run` uses a million):", "",
+              "| plan epsilon | canaries | arm | seed | bound | noise divisor | refuted | correct of guesses "
+              "| seconds |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in r["step"]:
-        lines.append(f"| {row['plan_epsilon']:.3g} | {row['arm']} | {row['seed']} | {row['epsilon_lower_bound']:.3f} | "
-                     f"{row['correct']:,} of {row['guesses']:,} | {row['seconds']:.1f} |")
+        lines.append(f"| {row['plan_epsilon']:.3g} | {row['canaries']:,} | {row['arm']} | {row['seed']} | "
+                     f"{row['epsilon_lower_bound']:.3f} | {row['noise_divisor']:.3f} | "
+                     f"{'yes' if row['refutes_plan'] else 'no'} | {row['correct']:,} of {row['guesses']:,} | "
+                     f"{row['seconds']:.1f} |")
     lines += ["", "Ideal canaries: scores drawn from the mu-Gaussian mechanism whose epsilon at the plan's delta is "
-              "the plan's (honest), and from 2 mu (noise halved): the most any audit score could show.", "",
-              "| plan epsilon | mu | canaries | honest bound | noise halved bound |", "|---|---|---|---|---|"]
+              "the plan's (honest), and from 2 mu (noise halved): the most a score of that mechanism could show.", "",
+              "| plan epsilon | mu | canaries | honest bound | noise divisor | noise halved bound | noise divisor |",
+              "|---|---|---|---|---|---|---|"]
     for row in r["ideal"]:
+        hon, hal = row["honest"], row["noise halved"]
         lines.append(f"| {row['plan_epsilon']:.3g} | {row['mu']:.3f} | {row['canaries']:,} | "
-                     f"{row['honest']['epsilon_lower_bound']:.3f} | {row['noise halved']['epsilon_lower_bound']:.3f} |")
+                     f"{hon['epsilon_lower_bound']:.3f} | {hon['noise_divisor']:.3f} | "
+                     f"{hal['epsilon_lower_bound']:.3f} | {hal['noise_divisor']:.3f} |")
     lines += ["", h.settings_markdown(r["settings"]), ""]
     return "\n".join(lines)
 

@@ -37,7 +37,8 @@ evidence is absent. Each check is named and independent:
 10. ``independent re-accounting``: every phase's guarantee recomputed by another path
     agrees with the plan, and the steps executed stay within the phase budget.
 ``one-run canary audit`` (runs trained with canaries, ``trainers.canary``): the private
-    record's lower bound on epsilon recomputes from its counts and is at most the plan's.
+    record's test recomputes from its guess counts and the plan, and its guesses do not
+    refute the plan's trade-off curve (``budgetplan.audit_canary``).
 11. ``data fingerprint`` (with ``data_path``): the keyed fingerprint in the private record
     recomputes on the given data with the data owner's key.
 12. ``code that ran`` (with ``empirical``): the installed code, which the empirical tests
@@ -154,7 +155,7 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
         empirical: also run the empirical lower bounds on the installed trainer code.
         signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
         one_run: also audit each DP-SGD phase in one run with a million gradient canaries on
-            the installed code (``trainers.empirical.one_run``, arXiv:2305.08846).
+            the installed code (``trainers.empirical.one_run``, arXiv:2410.22235).
     """
     from budgetplan.verify import verify_plan
 

@@ -559,8 +559,9 @@ class PrivateRecord:
         metrics: evaluation metrics by split (computed on private labels).
         encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).
         one_run: a run trained with canaries (``trainers.canary``): the one-run audit's
-            counts and lower bound on epsilon (``budgetplan.audit_canary.bound_from_scores``,
-            with ``planned_epsilon``, ``score`` and ``canary``). None (and absent) otherwise.
+            guess counts, its verdict on the plan's trade-off curve and its bound
+            (``budgetplan.audit_canary.bound_from_scores``, with ``planned_epsilon``,
+            ``score`` and ``canary``). None (and absent) otherwise.
     """
 
     plan_sha256: str | None

@@ -598,11 +598,7 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
                         f"{_num(st.target_variance)})."))
         one_run = private.one_run
         if one_run is not None:
-            held.append(_item(
-                f"One-run audit (arXiv:2305.08846): {one_run['canaries']} rows were replaced by canaries whose labels "
-                f"were secret coins; querying the model guessed {one_run['correct']} of {one_run['guesses']} right, "
-                f"so epsilon >= {_num(one_run['epsilon_lower_bound'], 4)} at confidence {_num(one_run['confidence'])} "
-                f"(the plan: {_num(one_run['planned_epsilon'])})."))
+            held.append(_item(_one_run_words(one_run)))
         ev = private.metrics.get("eval")
         if ev:
             held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
@@ -612,3 +608,18 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
                   f"Private record sha256: {private.sha256}", ""]
     lines.append(render_statement(plan, tradeoff))
     return "\n".join(lines)
+
+
+def _one_run_words(one_run: dict) -> str:
+    """The statement's line on a run trained with canaries (an f-DP record, or one written with Steinke's bound)."""
+    head = (f"{one_run['canaries']} rows were replaced by canaries whose labels were secret coins; querying the model "
+            f"guessed {one_run['correct']} of {one_run['guesses']} right")
+    conf = _num(one_run["confidence"])
+    if "method" not in one_run:
+        return (f"One-run audit (arXiv:2305.08846): {head}, so epsilon >= {_num(one_run['epsilon_lower_bound'], 4)} "
+                f"at confidence {conf} (the plan: {_num(one_run['planned_epsilon'])}).")
+    verdict = ("refute the plan's trade-off curve: the model leaks more than the plan allows" if one_run["refutes_plan"]
+               else "do not refute the plan's trade-off curve")
+    return (f"One-run audit (arXiv:2410.22235): {head}. At confidence {conf} the guesses {verdict}; the most they "
+            f"refute is the plan with its noise divided by {_num(one_run['noise_divisor'], 3)}, epsilon "
+            f"{_num(one_run['epsilon_lower_bound'], 4)} (the plan: {_num(one_run['planned_epsilon'])}).")

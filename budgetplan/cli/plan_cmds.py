@@ -258,7 +258,8 @@ def examples(name, as_json):
 @click.option("--empirical", is_flag=True, help="Also audit the trainer's training loops: lower bounds on epsilon "
               "and mechanism checks (needs torch).")
 @click.option("--one-run", "one_run", is_flag=True, help="Also audit each DP-SGD phase in one run with a million "
-              "gradient canaries (arXiv:2305.08846) on the installed code (needs torch).")
+              "gradient canaries on the installed code, testing the phase's trade-off curve (arXiv:2410.22235; needs "
+              "torch).")
 @click.option("--scenario", "signed", metavar="SCENARIO.toml",
               help="The signed-off scenario the plan must embed exactly.")
 @_JSON

@@ -107,10 +107,11 @@ def _settings(**kw):
                    "gloo), with one process's guarantee: Poisson sampling on every rank, one noise draw per step. "
                    "--threads is then per process. Under torchrun leave it at 1: the group comes from the environment.")
 @click.option("--canaries", type=bounded_int("canaries", MAX_DATASET_SIZE), default=None,
-              help="Replace this many rows by canaries (their labels secret coins) and record the one-run audit's "
-              "lower bound on epsilon (arXiv:2305.08846) in the private record; `budgetplan audit` checks it.")
+              help="Replace this many rows by canaries (their labels secret coins) and record the one-run audit "
+              "(does the model refute the plan's trade-off curve? arXiv:2410.22235) in the private record; "
+              "`budgetplan audit` checks it.")
 @click.option("--canary-confidence", type=OPEN_UNIT, default=0.95, show_default=True,
-              help="--canaries: the confidence of the lower bound.")
+              help="--canaries: the confidence of the audit's test and bound.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
           dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
@@ -309,10 +310,12 @@ def _print_record(record, out_dir) -> None:
         rows.append(["seconds", fmt(timings["total_seconds"], 3)])
     one_run = record.private_part.one_run if record.private_part is not None else None
     if one_run is not None:
+        verdict = ("plan refuted, " if one_run["refutes_plan"] else "plan not refuted, ") if "method" in one_run else ""
+        divisor = f"noise / {fmt(one_run['noise_divisor'], 3)}; " if "method" in one_run else ""
         rows.append(["one-run audit: epsilon lower bound",
-                     f"{fmt(one_run['epsilon_lower_bound'], 4)} (plan {fmt(one_run['planned_epsilon'], 4)}; "
-                     f"{one_run['correct']:,} of {one_run['guesses']:,} guesses on {one_run['canaries']:,} canaries, "
-                     f"confidence {one_run['confidence']:g})"])
+                     f"{fmt(one_run['epsilon_lower_bound'], 4)} ({verdict}plan {fmt(one_run['planned_epsilon'], 4)}; "
+                     f"{divisor}{one_run['correct']:,} of {one_run['guesses']:,} guesses on "
+                     f"{one_run['canaries']:,} canaries, confidence {one_run['confidence']:g})"])
     out.print(results_table(f"Run {out_dir}", ["", "value"], rows))
 
 

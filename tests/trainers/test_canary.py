@@ -1,15 +1,10 @@
-"""The one-run audit of a trained model: canaries in the data, one training run, the bound in the record.
+"""The one-run audit of a trained model: canaries in the data, one training run, the test in the record.
 
-The mutant test trains the audit plan (``trainers.canary.audit_scenario``) twice with fixed
-seeds: honest, the bound stays below the plan's epsilon and ``budgetplan audit`` passes;
-with per-example clipping off (``mutants.CLIPPING_OFF``), the same audit of the model finds
-a bound above the plan's epsilon (5.42 against 2) and ``budgetplan audit`` fails on it.
-
-The noise-halved mutant is not caught this way: the one-run bound from a query of the
-final model stays below the plan (benchmarks/one_run_audit.py), and by the shape of the
-bound no setting of a few thousand canaries separates it, even with ideal scores (see
-``trainers.canary``); the one-run audit of the DP-SGD step with a million gradient canaries
-catches it (tests/trainers/test_one_run.py), as does ``budgetplan audit --empirical``.
+The mutant tests train the audit plan (``trainers.canary.audit_scenario``) with fixed seeds:
+honest, the guesses do not refute the plan's trade-off curve and ``budgetplan audit``
+passes; with per-example clipping off (``mutants.CLIPPING_OFF``) or the DP-SGD noise halved
+(``mutants.NOISE_HALVED``, at 20,000 canaries under SGD, where benchmarks/one_run_audit.py
+caught it in every seed) they do, and ``budgetplan audit`` fails on it.
 """
 
 import json
@@ -26,7 +21,7 @@ from budgetplan.errors import UnsupportedError
 from budgetplan.planner import build_plan
 from budgetplan.records import load_record
 from budgetplan.scenario import parse_scenario
-from tests.trainers.mutants import CLIPPING_OFF
+from tests.trainers.mutants import CLIPPING_OFF, NOISE_HALVED
 from trainers.canary import CANARY_DATA, audit_scenario, canary_audit, insert_canaries
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.dpsgd import DPSGDSettings
@@ -99,6 +94,7 @@ def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
     rec = audited(root, plan, "honest")
     one = rec.private_part.one_run
     assert one["canaries"] == CANARIES and one["planned_epsilon"] == plan.guarantee.epsilon
+    assert not one["refutes_plan"] and one["noise_divisor"] < 1
     assert 0 <= one["epsilon_lower_bound"] < plan.guarantee.epsilon
     assert load_record(root / "honest") == rec and (root / "honest" / CANARY_DATA).exists()
     assert any("canaries" in n for n in rec.notes)
@@ -140,11 +136,40 @@ def test_clipping_off_is_caught_by_the_audit_of_the_model(setting, monkeypatch):
     rec = audited(root, plan, "mutant")
     monkeypatch.undo()
     one = rec.private_part.one_run
-    assert one["epsilon_lower_bound"] > plan.guarantee.epsilon, one
+    assert one["refutes_plan"] and one["epsilon_lower_bound"] > plan.guarantee.epsilon, one
     # the record's own numbers are the plan's (the defect is in the code): only the canaries see it
     result = CliRunner().invoke(cli, ["audit", str(root / "mutant"), "--json"])
     out = json.loads(result.stdout)
     assert result.exit_code == 1 and out["failing"] == ["one-run canary audit"], out["failing"]
+
+
+def test_noise_halved_is_caught_by_the_audit_of_the_model(tmp_path, monkeypatch):
+    # The setting where benchmarks/one_run_audit.py caught it in every seed: 20,000 canaries
+    # (80,000 rows), SGD in the DP-SGD phase, the plan at epsilon 4 (noise divisors 1.09-1.24
+    # for the mutant, 0.52-0.66 honest).
+    rows, canaries = 80_000, 20_000
+    pq.write_table(synthesize(rows, rows // 5, 1), tmp_path / "train.parquet")
+    plan = build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=DELTA, dataset_size=rows, batch_size=rows // 2,
+                                                    epochs=EPOCHS, clipping_norm=CLIP, spec=SYNTH_FEATURES)))
+    NOISE_HALVED.install(monkeypatch)
+    rec = canary_audit(plan, tmp_path / "train.parquet", canaries=canaries, out_dir=tmp_path / "halved",
+                       settings=SETTINGS, dpsgd_settings=DPSGDSettings(optimizer="sgd", lr=1.0), seed=11,
+                       canary_randomness=Randomness(12), threads=2)
+    monkeypatch.undo()
+    one = rec.private_part.one_run
+    assert one["refutes_plan"] and one["noise_divisor"] > 1 and one["epsilon_lower_bound"] > 4.0, one
+    report = audit_run(tmp_path / "halved")
+    assert not report.passed and report.failing() == ["one-run canary audit"], report.failing()
+
+
+def test_the_shipped_example_is_the_audit_scenario():
+    from budgetplan import examples
+    from budgetplan.scenario import load_scenario
+
+    shipped = build_plan(load_scenario(examples.path("one-run-audit")))
+    made = build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=DELTA, dataset_size=80_000, batch_size=40_000,
+                                                    epochs=EPOCHS, clipping_norm=CLIP, spec=SYNTH_FEATURES)))
+    assert shipped.phases == made.phases and shipped.guarantee == made.guarantee
 
 
 def test_add_remove_and_walr_plans_are_refused(tmp_path):
@@ -174,7 +199,7 @@ def test_train_cli_records_the_bound_and_refuses_misuse(tmp_path):
     (row,) = json.loads(audited.stdout)["empirical"]
     assert row["name"] == "one-run dpsgd" and row["passed"] and row["canaries"] == 1_000_000
     stated = runner.invoke(cli, ["statement", str(tmp_path / "run")])
-    assert stated.exit_code == 0 and "One-run audit (arXiv:2305.08846): 300 rows were replaced" in " ".join(
+    assert stated.exit_code == 0 and "One-run audit (arXiv:2410.22235): 300 rows were replaced" in " ".join(
         stated.output.split())
     refused = runner.invoke(cli, base + ["--out", str(tmp_path / "r2"), "--canary-confidence", "0.9"])
     assert refused.exit_code == 2 and "--canaries" in refused.output

@@ -183,7 +183,18 @@ def ideal(plan, m: int, seed: int) -> dict:
     return out
 
 
-def _plan(eps: float, m: int, args):
+def _plan(eps: float, m: int, args: argparse.Namespace):
+    """The audit plan at ``eps`` for ``m`` canaries, built once per (eps, m)."""
+    key = (eps, m)
+    if key not in _PLANS:
+        _PLANS[key] = _build_plan(eps, m, args)
+    return _PLANS[key]
+
+
+_PLANS: dict = {}
+
+
+def _build_plan(eps: float, m: int, args: argparse.Namespace):
     from budgetplan.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.canary import audit_scenario

@@ -37,9 +37,9 @@ from budgetplan.audit_fdp import (
     check_counts,
     noise_divisor_bound,
     plan_family,
-    refutes,
+    refuted_by,
 )
-from budgetplan.errors import BudgetplanError, InvalidParameterError, UnsupportedError
+from budgetplan.errors import BudgetplanError, InvalidParameterError
 
 __all__ = ["DEFAULT_CONFIDENCE", "GUESS_FRACTIONS", "guesses", "bound_from_scores", "check_one_run"]
 
@@ -155,16 +155,15 @@ def check_one_run(one_run: dict, plan) -> tuple[bool, str]:
         m, counts, significance, s, stated = _recorded(one_run)
         family = plan_family(plan)
 
-        def refuted(x: float) -> bool:
-            curve = family.curve(x)
-            return any(refutes(curve, *c, significance) for c in counts)
+        def refuted(x: float) -> bool:  # as the search saw it: a member the family cannot build is not refuted
+            return refuted_by(family, counts, x, significance) is not None
 
         low, top = NOISE_DIVISOR_RANGE
         if s == 0.0:
             consistent = not refuted(low)
         else:
             above = s * (1.0 + DIVISOR_TOLERANCE) * (1.0 + 1e-9)
-            consistent = low <= s <= top and refuted(s) and (s >= top or not _refuted_or_unbuilt(refuted, above))
+            consistent = low <= s <= top and refuted(s) and (s >= top or not refuted(above))
         recomputed = family.epsilon(s) if s > 0 else 0.0
         verdict = refuted(1.0)
         if (m, one_run["guesses"], one_run["correct"]) not in counts:
@@ -184,10 +183,3 @@ def check_one_run(one_run: dict, plan) -> tuple[bool, str]:
     if verdict:
         return False, words + ": the guesses refute the plan's trade-off curve, the run leaks more than it allows"
     return True, words
-
-
-def _refuted_or_unbuilt(refuted, s: float) -> bool:
-    try:
-        return refuted(s)
-    except UnsupportedError:  # beyond what the family can build: the search treated it as not refuted
-        return False

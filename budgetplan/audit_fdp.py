@@ -61,7 +61,7 @@ from budgetplan.errors import AccountingError, InvalidParameterError, Unsupporte
 from budgetplan.units import Adjacency, PrivacyUnit
 
 __all__ = ["METHOD", "NOISE_DIVISOR_RANGE", "DIVISOR_TOLERANCE", "Curve", "check_counts", "least_mass", "refutes",
-           "Family", "MechanismFamily", "PairFamily", "plan_family", "scaled", "noise_divisor_bound"]
+           "Family", "MechanismFamily", "PairFamily", "plan_family", "scaled", "refuted_by", "noise_divisor_bound"]
 
 METHOD = "f-DP one-run (arXiv:2410.22235)"
 NOISE_DIVISOR_RANGE = (2.0 ** -6, 2.0 ** 4)  # the family searched: the plan's noise x64 down to /16
@@ -133,9 +133,6 @@ class Curve:
     def __call__(self, x: float) -> float:
         k = bisect.bisect_right(self._breaks, x)
         return self._slopes[k] * x + self._intercepts[k]
-
-    def __len__(self) -> int:
-        return len(self._slopes)
 
 
 def check_counts(m: int, guesses: int, correct: int) -> tuple[int, int, int]:
@@ -282,6 +279,21 @@ def plan_family(plan) -> Family:
     return PairFamily(g.epsilon, g.delta, description="(s x the plan's epsilon, the plan's delta)-DP")
 
 
+def refuted_by(family: Family, counts, s: float, level: float) -> int | None:
+    """The index of the first (canaries, guesses, correct) in ``counts`` that refutes ``family.curve(s)``, or None.
+
+    A member the family cannot build is not refuted, except the plan itself (s = 1), whose
+    UnsupportedError is raised.
+    """
+    try:
+        curve = family.curve(s)
+    except UnsupportedError:
+        if s == 1.0:
+            raise
+        return None
+    return next((i for i, (m, g, c) in enumerate(counts) if refutes(curve, m, g, c, level)), None)
+
+
 def noise_divisor_bound(family: Family, counts, level: float) -> tuple[float, int | None]:
     """(s, i): the largest noise divisor s that guess counts ``counts[i]`` refute at ``level``.
 
@@ -294,14 +306,8 @@ def noise_divisor_bound(family: Family, counts, level: float) -> tuple[float, in
     lo_end, hi_end = NOISE_DIVISOR_RANGE
     counts = [(int(m), int(g), int(c)) for m, g, c in counts]
 
-    def which(s: float) -> int | None:  # the first counts that refute s; a member not built is not refuted
-        try:
-            curve = family.curve(s)
-        except UnsupportedError:
-            if s == 1.0:
-                raise
-            return None
-        return next((i for i, (m, g, c) in enumerate(counts) if refutes(curve, m, g, c, level)), None)
+    def which(s: float) -> int | None:
+        return refuted_by(family, counts, s, level)
 
     hit = which(1.0)
     if hit is None:  # down from the plan, halving

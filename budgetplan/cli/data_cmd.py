@@ -13,7 +13,7 @@ from budgetplan.limits import MAX_SYNTH_ROWS
 
 # The names of trainers.data.synth.SHAPES, spelled here so that `--help` imports no numpy
 # (tests/trainers/test_data_cli.py checks that the two agree).
-SHAPE_NAMES = ("legacy", "nonsensitive", "balanced", "sensitive", "pctr", "attribution")
+SHAPE_NAMES = ("legacy", "nonsensitive", "balanced", "sensitive", "mixed", "mixed-ns", "mixed-s", "pctr", "attribution")
 
 __all__ = ["data"]
 
@@ -49,12 +49,26 @@ def _format_for(out: Path, given: str | None) -> str:
               help="Output format (default: csv for a .csv name, else parquet; a directory is Parquet).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default="legacy", show_default=True,
               help="Where the signal sits: legacy (the original generator), or the Criteo-like nonsensitive, "
-                   "balanced (the non-sensitive features alone lose about 10% relative AUC) or sensitive; or the "
-                   "paper's layouts: pctr (Criteo Display: 13 numeric, 26 categorical) or attribution.")
+                   "balanced (the non-sensitive features alone lose about 10% relative AUC) or sensitive; the mixed "
+                   "family (interactions across the groups, users up to 3,000 rows, 4% conversions): mixed, mixed-ns "
+                   "(signal mostly non-sensitive), mixed-s (mostly sensitive), each adjustable with the options "
+                   "below; or the paper's layouts: pctr (Criteo Display: 13 numeric, 26 categorical) or attribution.")
 @click.option("--shard-rows", type=bounded_int("shard-rows", MAX_SYNTH_ROWS), default=2_000_000, show_default=True,
               help="With a directory --out: the most rows a shard holds (and a chunk in memory).")
+@click.option("--nonsensitive-share", type=float, default=None,
+              help="Mixed shapes: the non-sensitive group's share of the within-group signal, in [0, 1].")
+@click.option("--cross-share", type=float, default=None,
+              help="Mixed shapes: the share of the signal in interactions across the groups, in [0, 1).")
+@click.option("--signal-std", type=float, default=None,
+              help="Mixed shapes: the standard deviation of the true logit (1.3 by default; at most 5).")
+@click.option("--base-rate", type=float, default=None, help="Mixed shapes: the conversion rate, in (0, 0.5].")
+@click.option("--user-sigma", type=float, default=None,
+              help="Mixed shapes: the lognormal sigma of rows per user (2.2 by default; larger: heavier users).")
+@click.option("--max-user-rows", type=bounded_int("max-user-rows", MAX_SYNTH_ROWS), default=None,
+              help="Mixed shapes: the most rows a user has (3,000 by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def synth(rows, users, out, seed, fmt, shape, shard_rows, as_json):
+def synth(rows, users, out, seed, fmt, shape, shard_rows, nonsensitive_share, cross_share, signal_std, base_rate,
+          user_sigma, max_user_rows, as_json):
     """Write the built-in synthetic ads data (user_id, label, non-sensitive and sensitive features).
 
     Conversions follow a known logistic model in which both feature groups carry signal;
@@ -82,11 +96,24 @@ def synth(rows, users, out, seed, fmt, shape, shard_rows, as_json):
 
     from trainers.data.synth import SHAPES, write_synthetic, write_synthetic_shards
 
-    spec = SHAPES[shape].features
+    knobs = {"nonsensitive_share": nonsensitive_share, "cross_share": cross_share, "signal_std": signal_std,
+             "base_rate": base_rate, "user_sigma": user_sigma, "max_user_rows": max_user_rows}
+    given = [k for k, v in knobs.items() if v is not None]
+    if given and not shape.startswith("mixed"):
+        raise click.UsageError(f"--{given[0].replace('_', '-')} applies to the mixed shapes (--shape mixed, mixed-ns, "
+                               f"mixed-s), not {shape}")
+    if given:
+        from trainers.data.mixed import adjusted
+
+        shape = adjusted(SHAPES[shape], **knobs)
+        if max_user_rows is not None and max_user_rows * users < rows:
+            raise click.UsageError(f"--max-user-rows {max_user_rows} x --users {users} cannot hold --rows {rows}")
+    spec = (SHAPES[shape] if isinstance(shape, str) else shape).features
     if directory_out:
         summary = write_synthetic_shards(out, rows, users, seed, shape, shard_rows=shard_rows, progress=not as_json)
     else:
-        status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users ({shape})") \
+        shown = shape if isinstance(shape, str) else shape.name
+        status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users ({shown})") \
             if not as_json else None
         if status is not None:
             status.start()

@@ -72,7 +72,8 @@ import numpy as np
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario import FeatureSpec
 
-__all__ = ["Shape", "CriteoLikeShape", "CRITEO_LIKE", "heavy_tailed_users", "zipf", "sigmoid", "MODEL_SEED"]
+__all__ = ["Shape", "CriteoLikeShape", "CRITEO_LIKE", "CRITEO_LIKE_FEATURES", "heavy_tailed_users", "zipf", "sigmoid",
+           "MODEL_SEED", "draw_criteo_like", "nonsensitive_part", "sensitive_part"]
 
 MODEL_SEED = 20250601
 USER_WEIGHT_SIGMA = 1.8
@@ -89,15 +90,27 @@ def zipf(rng, n_values: int, size: int, s: float) -> np.ndarray:
     return np.minimum(np.searchsorted(cdf, rng.random(size)), n_values - 1).astype(np.int32)
 
 
-def heavy_tailed_users(rng, rows: int, users: int) -> tuple[np.ndarray, np.ndarray]:
+def heavy_tailed_users(rng, rows: int, users: int, *, sigma: float = USER_WEIGHT_SIGMA,
+                       max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the user index of every row, the user ids) with heavy-tailed rows per user.
 
     Every user has one row and the other ``rows - users`` are spread multinomially with
-    lognormal(0, 1.8) weights, like the Criteo attribution logs: most users have one or two
-    rows and a few hundreds or thousands. Rows are shuffled, as in a time-ordered log.
+    lognormal(0, ``sigma``) weights, like the Criteo attribution logs: most users have one or
+    two rows and a few hundreds or thousands. With ``max_rows``, no user has more: the rows
+    above it are spread again, by the same weights, over the users still below it (the
+    default draws exactly what it drew before the option existed). Rows are shuffled, as in
+    a time-ordered log.
     """
-    weights = rng.lognormal(0.0, USER_WEIGHT_SIGMA, users)
+    weights = rng.lognormal(0.0, sigma, users)
     per_user = 1 + rng.multinomial(rows - users, weights / weights.sum())
+    if max_rows is not None:
+        if max_rows * users < rows:
+            raise InvalidParameterError(f"max_rows = {max_rows} per user cannot hold {rows} rows for {users} users")
+        while (over := per_user > max_rows).any():
+            excess = int((per_user[over] - max_rows).sum())
+            per_user[over] = max_rows
+            room = np.where(per_user < max_rows, weights, 0.0)
+            per_user += rng.multinomial(excess, room / room.sum())
     user = np.repeat(np.arange(users, dtype=np.int64), per_user)[rng.permutation(rows)]
     return user, rng.permutation(users).astype(np.int64)
 
@@ -252,6 +265,60 @@ def _effects() -> dict:
     }
 
 
+def draw_criteo_like(rng, rows: int, users: int, *, user_sigma: float = USER_WEIGHT_SIGMA,
+                     max_user_rows: int | None = None) -> dict[str, np.ndarray]:
+    """Every Criteo-like column but the label (the module docstring's table), rows per user as
+    :func:`heavy_tailed_users` draws them with ``user_sigma`` and ``max_user_rows``."""
+    user, user_ids = heavy_tailed_users(rng, rows, users, sigma=user_sigma, max_rows=max_user_rows)
+    device_u = rng.choice(len(DEVICES), users, p=[0.45, 0.4, 0.1, 0.05]).astype(np.int32)
+    on_list = rng.random(users) < 0.45
+    list_u = np.where(on_list, 1 + zipf(rng, N_LISTS, users, 1.0), 0).astype(np.int32)
+    segment_u = zipf(rng, N_SEGMENTS, users, 0.8)
+    visit_rate_u = rng.gamma(0.6, 2.0, users)
+    hour_p = 1.0 + 0.6 * np.sin(2 * np.pi * (np.arange(24) - 8) / 24)
+    days = (rng.pareto(1.2, rows) * 3.0).astype(np.float32)
+    days[rng.random(rows) < 0.25] = np.nan
+    return {
+        "user_id": user_ids[user],
+        "publisher": zipf(rng, N_PUBLISHERS, rows, 1.05),
+        "advertiser": zipf(rng, N_ADVERTISERS, rows, 1.0),
+        "creative": zipf(rng, N_CREATIVES, rows, 0.95),
+        "ad_format": rng.choice(len(AD_FORMATS), rows, p=[0.5, 0.25, 0.1, 0.1, 0.05]).astype(np.int32),
+        "hour": rng.choice(24, rows, p=hour_p / hour_p.sum()).astype(np.int8),
+        "device": device_u[user],
+        "bid_floor": rng.lognormal(-0.5, 0.8, rows).astype(np.float32),
+        "slot_position": (1 + zipf(rng, 8, rows, 1.2)).astype(np.int8),
+        "remarketing_list": list_u[user],
+        "interest_segment": segment_u[user],
+        "past_site": zipf(rng, N_SITES, rows, 1.05),
+        "days_since_visit": days,
+        "visits_7d": np.minimum(rng.poisson(visit_rate_u[user]), np.iinfo(np.int16).max).astype(np.int16),
+    }
+
+
+def nonsensitive_part(cols) -> np.ndarray:
+    """z_ns of the Criteo-like model (module docstring), before scaling."""
+    e = _effects()
+    fmt = np.asarray(cols["ad_format"], dtype=np.int64)
+    z = e["publisher"][cols["publisher"]] + e["advertiser"][cols["advertiser"]] + e["creative"][cols["creative"]]
+    z += e["ad_format"][fmt] + e["hour"][np.asarray(cols["hour"], dtype=np.int64)] + e["device"][cols["device"]]
+    z += e["advertiser_x_format"][cols["advertiser"], fmt]
+    z += 0.25 * np.log1p(np.asarray(cols["bid_floor"], dtype=np.float64))
+    z -= 0.12 * (np.asarray(cols["slot_position"], dtype=np.float64) - 1.0)
+    return z
+
+
+def sensitive_part(cols) -> np.ndarray:
+    """z_s of the Criteo-like model (module docstring), before scaling."""
+    e = _effects()
+    z = e["remarketing_list"][cols["remarketing_list"]] + e["interest_segment"][cols["interest_segment"]]
+    z += e["past_site"][cols["past_site"]] + e["list_x_segment"][cols["remarketing_list"], cols["interest_segment"]]
+    days = np.asarray(cols["days_since_visit"], dtype=np.float64)
+    z += np.where(np.isnan(days), -0.3, -0.35 * np.log1p(np.nan_to_num(days)))
+    z += 0.3 * np.log1p(np.asarray(cols["visits_7d"], dtype=np.float64))
+    return z
+
+
 @dataclass(frozen=True, eq=False)
 class CriteoLikeShape(Shape):
     """The Criteo-like generator with the logit ``intercept + ns_scale z_ns + s_scale z_s``."""
@@ -276,52 +343,15 @@ class CriteoLikeShape(Shape):
                 "model_seed": MODEL_SEED, "cardinalities": {k: len(v) for k, v in self.categories.items()}}
 
     def draw(self, rows: int, users: int, rng) -> dict[str, np.ndarray]:
-        user, user_ids = heavy_tailed_users(rng, rows, users)
-        device_u = rng.choice(len(DEVICES), users, p=[0.45, 0.4, 0.1, 0.05]).astype(np.int32)
-        on_list = rng.random(users) < 0.45
-        list_u = np.where(on_list, 1 + zipf(rng, N_LISTS, users, 1.0), 0).astype(np.int32)
-        segment_u = zipf(rng, N_SEGMENTS, users, 0.8)
-        visit_rate_u = rng.gamma(0.6, 2.0, users)
-        hour_p = 1.0 + 0.6 * np.sin(2 * np.pi * (np.arange(24) - 8) / 24)
-        days = (rng.pareto(1.2, rows) * 3.0).astype(np.float32)
-        days[rng.random(rows) < 0.25] = np.nan
-        return {
-            "user_id": user_ids[user],
-            "publisher": zipf(rng, N_PUBLISHERS, rows, 1.05),
-            "advertiser": zipf(rng, N_ADVERTISERS, rows, 1.0),
-            "creative": zipf(rng, N_CREATIVES, rows, 0.95),
-            "ad_format": rng.choice(len(AD_FORMATS), rows, p=[0.5, 0.25, 0.1, 0.1, 0.05]).astype(np.int32),
-            "hour": rng.choice(24, rows, p=hour_p / hour_p.sum()).astype(np.int8),
-            "device": device_u[user],
-            "bid_floor": rng.lognormal(-0.5, 0.8, rows).astype(np.float32),
-            "slot_position": (1 + zipf(rng, 8, rows, 1.2)).astype(np.int8),
-            "remarketing_list": list_u[user],
-            "interest_segment": segment_u[user],
-            "past_site": zipf(rng, N_SITES, rows, 1.05),
-            "days_since_visit": days,
-            "visits_7d": np.minimum(rng.poisson(visit_rate_u[user]), np.iinfo(np.int16).max).astype(np.int16),
-        }
+        return draw_criteo_like(rng, rows, users)
 
     def nonsensitive_part(self, cols) -> np.ndarray:
         """z_ns, before scaling."""
-        e = _effects()
-        fmt = np.asarray(cols["ad_format"], dtype=np.int64)
-        z = e["publisher"][cols["publisher"]] + e["advertiser"][cols["advertiser"]] + e["creative"][cols["creative"]]
-        z += e["ad_format"][fmt] + e["hour"][np.asarray(cols["hour"], dtype=np.int64)] + e["device"][cols["device"]]
-        z += e["advertiser_x_format"][cols["advertiser"], fmt]
-        z += 0.25 * np.log1p(np.asarray(cols["bid_floor"], dtype=np.float64))
-        z -= 0.12 * (np.asarray(cols["slot_position"], dtype=np.float64) - 1.0)
-        return z
+        return nonsensitive_part(cols)
 
     def sensitive_part(self, cols) -> np.ndarray:
         """z_s, before scaling."""
-        e = _effects()
-        z = e["remarketing_list"][cols["remarketing_list"]] + e["interest_segment"][cols["interest_segment"]]
-        z += e["past_site"][cols["past_site"]] + e["list_x_segment"][cols["remarketing_list"], cols["interest_segment"]]
-        days = np.asarray(cols["days_since_visit"], dtype=np.float64)
-        z += np.where(np.isnan(days), -0.3, -0.35 * np.log1p(np.nan_to_num(days)))
-        z += 0.3 * np.log1p(np.asarray(cols["visits_7d"], dtype=np.float64))
-        return z
+        return sensitive_part(cols)
 
     def logit(self, cols) -> np.ndarray:
         z = self.nonsensitive_part(cols)

@@ -72,6 +72,7 @@ from budgetplan._files import atomic_output
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario import FeatureSpec
 from trainers.data.layouts import LAYOUTS
+from trainers.data.mixed import MIXED
 from trainers.data.shapes import CRITEO_LIKE, Shape, heavy_tailed_users, sigmoid, zipf
 
 __all__ = ["synthesize", "write_synthetic", "write_synthetic_shards", "SHARD_ROWS", "SIDECAR", "true_logit",
@@ -189,7 +190,7 @@ class _Legacy(Shape):
 DEFAULT_SHAPE = "legacy"
 SHARD_ROWS = 2_000_000
 SIDECAR = "_synthetic.json"  # "_"-prefixed: readers of the directory's shards skip it (trainers.data.loaders, Spark)
-SHAPES: dict[str, Shape] = {"legacy": _Legacy(), **CRITEO_LIKE, **LAYOUTS}
+SHAPES: dict[str, Shape] = {"legacy": _Legacy(), **CRITEO_LIKE, **MIXED, **LAYOUTS}
 
 
 def get_shape(shape: str | Shape) -> Shape:

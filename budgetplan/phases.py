@@ -92,6 +92,10 @@ class RRParams:
         labels_randomised, model: plain-language descriptions for the statement.
         per_impression_epsilon_by_count, flip_probability_by_count: eps/K_i only, index
             K_i - 1.
+        validation_fraction: the share of units held out of the RR phase's training and
+            scored on their RR labels, debiased (post-processing of the release): the phase
+            keeps its state with the lowest debiased validation log loss and stops when it
+            no longer falls, training at most ``epochs``. None (absent): exactly ``epochs``.
     """
 
     per_impression_rule: str
@@ -107,9 +111,12 @@ class RRParams:
     model: str
     per_impression_epsilon_by_count: tuple[float, ...] | None = _typed.omit_if_none()
     flip_probability_by_count: tuple[float, ...] | None = _typed.omit_if_none()
+    validation_fraction: float | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
         _typed.choice("per_impression_rule", self.per_impression_rule, PER_IMPRESSION_RULES)
+        _set(self, "validation_fraction", _typed.optional(_validate.open_unit, "validation_fraction",
+                                                          self.validation_fraction))
         _set(self, "unit_epsilon", _validate.positive("unit_epsilon", self.unit_epsilon))
         _set(self, "per_impression_epsilon", _validate.positive("per_impression_epsilon",
                                                                 self.per_impression_epsilon))

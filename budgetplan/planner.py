@@ -284,7 +284,8 @@ def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
         epochs=shape.epochs, batch_size=shape.batch_size, dataset_size=s.dataset_size,
         labels_randomised="once per example, before training; all epochs reuse them", model=model,
         per_impression_epsilon_by_count=shares,
-        flip_probability_by_count=tuple(rr_math.flip_probability(e) for e in shares) if shares else None)
+        flip_probability_by_count=tuple(rr_math.flip_probability(e) for e in shares) if shares else None,
+        validation_fraction=shape.validation_fraction)
     phase = RRPhase(mechanism=RandomizedResponse(epsilon=per), target_epsilon=eps, target_delta=delta,
                     method="exact", unit_accounting="tight", params=params, guarantee=_placeholder(s, unit))
     return _with_guarantee(phase, s, unit)

@@ -121,6 +121,13 @@ class RRRun:
     size, so both move to the private record and are None here.
     ``epoch_loss`` is the loss on the noisy labels and non-sensitive features: computed from
     the release, so covered by the guarantee (post-processing).
+
+    With a held-out part (the plan's ``validation_fraction``): ``validation_rows`` held out,
+    the epochs done at each check (``validation_checks``), the debiased log loss and AUC of
+    the truncated model on their RR labels there, the index of the check whose state was
+    kept (``validation_kept``; None when no check scored) and why the phase ``stopped``
+    ("patience" or "epochs"). All of it is computed from the release and non-sensitive
+    features: post-processing, covered by the guarantee. Absent without a held-out part.
     """
 
     name: ClassVar[str] = "rr"
@@ -136,9 +143,16 @@ class RRRun:
     epoch_loss: tuple[float | None, ...]
     model: str
     seconds: float
+    validation_rows: int | None = _typed.omit_if_none()
+    validation_checks: tuple[float, ...] | None = _typed.omit_if_none()
+    validation_log_loss: tuple[float | None, ...] | None = _typed.omit_if_none()
+    validation_auc: tuple[float | None, ...] | None = _typed.omit_if_none()
+    validation_kept: int | None = _typed.omit_if_none()
+    stopped: str | None = _typed.omit_if_none()
 
     def __post_init__(self) -> None:
         _set(self, "labels", _validate.positive_int("labels", self.labels))
+        self._check_validation()
         if (self.labels_flipped is None) != (self.flip_probability is None):
             raise InvalidParameterError("labels_flipped and flip_probability are public together or not at all")
         if self.labels_flipped is not None:
@@ -156,6 +170,32 @@ class RRRun:
         _set(self, "epoch_loss", _losses("epoch_loss", self.epoch_loss))
         _typed.text("model", self.model)
         _set(self, "seconds", _seconds("seconds", self.seconds))
+
+    def _check_validation(self) -> None:
+        if self.validation_rows is None:
+            rest = (self.validation_checks, self.validation_log_loss, self.validation_auc, self.validation_kept,
+                    self.stopped)
+            if any(v is not None for v in rest):
+                raise InvalidParameterError("an RR entry's validation fields come with validation_rows")
+            return
+        rows = _validate.positive_int("validation_rows", self.validation_rows)
+        if rows >= self.labels:
+            raise InvalidParameterError(f"validation_rows ({rows}) must be below labels ({self.labels})")
+        _set(self, "validation_rows", rows)
+        checks = _typed.float_tuple("validation_checks", self.validation_checks or (), _validate.positive)
+        _set(self, "validation_checks", checks)
+        losses = _losses("validation_log_loss", self.validation_log_loss or ())
+        areas = _losses("validation_auc", self.validation_auc or ())
+        _set(self, "validation_log_loss", losses)
+        _set(self, "validation_auc", areas)
+        if not len(checks) == len(losses) == len(areas):
+            raise InvalidParameterError("validation_checks, validation_log_loss and validation_auc must have one "
+                                        "entry per check")
+        kept = _typed.optional(_count, "validation_kept", self.validation_kept)
+        if kept is not None and kept >= len(checks):
+            raise InvalidParameterError(f"validation_kept ({kept}) names no check (there are {len(checks)})")
+        _set(self, "validation_kept", kept)
+        _typed.choice("stopped", self.stopped, ("patience", "epochs"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

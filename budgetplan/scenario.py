@@ -35,9 +35,11 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     tower = "frozen"                          # hybrid: non-sensitive tower in phase 2 ("fine-tune")
 
     [rr]                                      # rr, hybrid
-    epochs = 10
+    epochs = 10                               # the most: it stops early on its validation part
     batch_size = 1024
     per_impression = "eps/K"                  # user level: "eps/K", "eps/K_i" or "tight"
+    validation_fraction = 0.1                 # units held out, scored on their RR labels (free);
+                                              # 0: none (then exactly `epochs` are trained)
 
     [dpsgd]                                   # dpsgd, hybrid
     batch_size = 16384                        # expected batch size B; q = B / N
@@ -118,6 +120,10 @@ DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 TOWERS = ("frozen", "fine-tune")
 MAX_SHARE = 0.5
 CALIBRATED = ("rr", "dpsgd", "hybrid")
+# The RR phase's free validation: the share of units a scenario holds out unless it says otherwise
+# (``validation_fraction = 0``: none), and the most it may hold out.
+RR_VALIDATION = 0.1
+MAX_VALIDATION = 0.5
 METHODS = ("pld", "rdp", "prv")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
 
@@ -242,14 +248,34 @@ class DPSGDShape:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RRShape:
+    """The RR phase's training (post-processing of the one release).
+
+    ``validation_fraction``: the share of the units held out of the RR phase's training and
+    scored on their RR labels (debiased), to stop it early and keep its best state; None
+    (and absent from the plan) when there is none: then ``epochs`` are trained exactly, as
+    plans made before it existed did. A scenario's TOML gets ``RR_VALIDATION`` unless it
+    says ``validation_fraction = 0``; with validation, ``epochs`` is the most it trains.
+    """
+
     epochs: int = 1
     batch_size: int | None = None
     per_impression: str = "eps/K"
+    validation_fraction: float | None = None
 
     def __post_init__(self) -> None:
         _set(self, "epochs", _bounded_int("[rr].epochs", self.epochs, limits.MAX_EPOCHS))
         _set(self, "batch_size", _optional(_validate.positive_int, "[rr].batch_size", self.batch_size))
         _choice("[rr].per_impression", self.per_impression, PER_IMPRESSION_RULES)
+        value = self.validation_fraction
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0 \
+                and math.copysign(1.0, value) > 0:
+            _set(self, "validation_fraction", None)  # 0: no held-out part
+        elif value is not None:
+            fraction = _validate.open_unit("[rr].validation_fraction", value)
+            if fraction > MAX_VALIDATION:
+                raise InvalidParameterError(f"[rr].validation_fraction must be at most {MAX_VALIDATION:g} (the RR "
+                                            f"phase trains on the rest), got {fraction!r}")
+            _set(self, "validation_fraction", fraction)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -568,6 +594,8 @@ class Scenario:
                 out.pop(key)  # plans without a DP count, a calibration or a unit count keep their bytes
         if out["dpsgd"] is not None and out["dpsgd"]["sample_by"] == "example":
             out["dpsgd"].pop("sample_by")
+        if out["rr"] is not None and out["rr"]["validation_fraction"] is None:
+            out["rr"].pop("validation_fraction")  # plans without the RR phase's validation keep their bytes
         out["adjacency"] = self.adjacency.value
         if self.tuning is not None:
             out["tuning"] = self.tuning.to_dict()
@@ -649,6 +677,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
         if algorithm in used_by:
             values[key] = _shape(top, key, kind, required=key != "rr")
         top.used.add(key)
+    if values.get("rr") is not None:
+        values["rr"] = _rr_validation(values["rr"], raw.get("rr"), "tuning" in raw)
     for key, optional_kind in _OPTIONAL_TABLES:
         values[key] = _shape(top, key, optional_kind) if key in raw else None
         top.used.add(key)
@@ -677,6 +707,19 @@ def _shape(top: _Table, key: str, kind, *, required: bool = False):
         missing = next(f.name for f in fields(kind) if f.name not in values
                        and f.default is MISSING and f.default_factory is MISSING)
         raise InvalidParameterError(f"missing required key [{key}].{missing}") from None
+
+
+def _rr_validation(shape: RRShape, given: object, tuned: bool) -> RRShape:
+    """The TOML's ``[rr].validation_fraction``: ``RR_VALIDATION`` when absent, none when 0."""
+    from dataclasses import replace
+
+    stated = isinstance(given, dict) and "validation_fraction" in given
+    if stated:
+        if tuned and shape.validation_fraction is not None:
+            raise InvalidParameterError("[rr].validation_fraction with a [tuning] table is not supported: a tuned "
+                                        "run's configurations are scored on a validation part of their own; drop one")
+        return shape
+    return shape if tuned else replace(shape, validation_fraction=RR_VALIDATION)
 
 
 def _calibration(top: _Table, algorithm) -> CalibrationShape | None:

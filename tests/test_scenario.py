@@ -4,7 +4,7 @@ import pytest
 
 from budgetplan import examples
 from budgetplan.errors import InvalidParameterError
-from budgetplan.scenario import load_scenario, parse_scenario
+from budgetplan.scenario import Scenario, load_scenario, parse_scenario
 
 BASE = """
 [budget]
@@ -80,6 +80,12 @@ def test_defaults_and_policy():
     ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "truncated-poisson"', "max_batch_size"),
     ("clipping_norm = 1.0", 'clipping_norm = 1.0\nsampling = "stratified"', "[dpsgd].sampling must be one of"),
     ("[rr]", "[walr]\nfeatures = 3\n[rr]", "[walr] does not apply to algorithm 'hybrid'"),
+    ("epochs = 2", "epochs = 2\nvalidation_fraction = 0.6", "[rr].validation_fraction must be at most 0.5"),
+    ("epochs = 2", "epochs = 2\nvalidation_fraction = -0.1", "[rr].validation_fraction must be in (0, 1)"),
+    ("epochs = 2", "epochs = 2\nvalidation_fraction = nan", "[rr].validation_fraction must be"),
+    ("epochs = 2", "epochs = 2\nvalidation_fraction = -0.0", "[rr].validation_fraction must be in (0, 1)"),
+    ("epochs = 2", "epochs = 2\nvalidation_fraction = true", "[rr].validation_fraction must be"),
+    ("epochs = 2", 'epochs = 2\nvalidation_fraction = 0.1\n[tuning]\nconfigurations = 2', "with a [tuning] table"),
 ])
 def test_bad_scenarios_name_the_key(old, new, message):
     with pytest.raises(InvalidParameterError) as err:
@@ -89,6 +95,18 @@ def test_bad_scenarios_name_the_key(old, new, message):
         build_plan(sc)  # split rules and delta > 0 for DP-SGD are checked when planning
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_rr_phase_holds_out_a_tenth_of_the_units_unless_told_otherwise():
+    assert parse_scenario(BASE).rr.validation_fraction == 0.1
+    assert parse_scenario(edit(BASE, "epochs = 2", "epochs = 2\nvalidation_fraction = 0.25")).rr.validation_fraction \
+        == 0.25
+    off = parse_scenario(edit(BASE, "epochs = 2", "epochs = 2\nvalidation_fraction = 0"))
+    assert off.rr.validation_fraction is None and "validation_fraction" not in off.to_dict()["rr"]
+    # a plan's scenario (JSON) without the key is one made before it existed: no held-out part
+    assert Scenario.from_dict(off.to_dict()) == off
+    assert parse_scenario(edit(BASE, "epochs = 2", "epochs = 2\n[tuning]\nconfigurations = 2")).rr \
+        .validation_fraction is None  # a tuned run scores its configurations on a part of its own
 
 
 def test_split_only_for_hybrid():

@@ -93,7 +93,8 @@ class BaselineSettings:
         return asdict(self)
 
 
-def validation_split(table, unit_column: str | None, fraction: float) -> tuple[np.ndarray, str, int | None]:
+def validation_split(table, unit_column: str | None, fraction: float,
+                     what: str = "--validation-fraction") -> tuple[np.ndarray, str, int | None]:
     """(a boolean mask of the validation rows, "unit" or "row": what was split, the units held out).
 
     A unit is in the validation split when the keyed blake2b-64 hash of its id's string
@@ -104,7 +105,7 @@ def validation_split(table, unit_column: str | None, fraction: float) -> tuple[n
     """
     if unit_column is None:
         rng = np.random.Generator(np.random.PCG64(int.from_bytes(SPLIT_KEY[:8], "little")))
-        held, what, units = rng.random(table.num_rows) < fraction, "row", None
+        held, unit, units = rng.random(table.num_rows) < fraction, "row", None
     else:
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -117,14 +118,14 @@ def validation_split(table, unit_column: str | None, fraction: float) -> tuple[n
         by_unit = np.fromiter(
             (int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8, key=SPLIT_KEY).digest(), "little") < limit
              for v in encoded.dictionary.to_pylist()), dtype=bool, count=len(encoded.dictionary))
-        held, what, units = by_unit[encoded.indices.to_numpy(zero_copy_only=False)], "unit", int(by_unit.sum())
+        held, unit, units = by_unit[encoded.indices.to_numpy(zero_copy_only=False)], "unit", int(by_unit.sum())
     kept = int(held.sum())
     if kept == 0 or kept == held.size:
         side = "no" if kept == 0 else "every"
-        raise InvalidParameterError(f"--validation-fraction {fraction!r} puts {side} {what} of the training data "
-                                    f"({held.size} rows) in the validation split: the baseline needs rows on "
+        raise InvalidParameterError(f"{what} {fraction!r} puts {side} {unit} of the training data "
+                                    f"({held.size} rows) in the validation split: training needs rows on "
                                     "both sides")
-    return held, what, units
+    return held, unit, units
 
 
 def _scores(model, data, truncated: bool) -> tuple[float | None, float | None]:

@@ -66,7 +66,9 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
             contributing an equal share of its shuffled shard to each, and the gradients
             are added across ranks weighted by rows, so every step is the mean over the
             global batch and the replicas stay identical (rank 0's parameters are broadcast
-            first). The loss history is over all ranks.
+            first). The loss history is over all ranks. A ``check`` is called on every rank
+            at the same batches and must return the same decision on each (it must pool
+            what it scores across ranks, as ``trainers.rr_validation`` does).
 
     Returns:
         ``{"epoch_loss": mean loss per epoch (the last one over the batches it ran),
@@ -78,8 +80,6 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
     batches = math.ceil(n / settings.batch_size)
     shares = None
     if collective is not None:
-        if check is not None:
-            raise ValueError("early stopping is not run over several processes")
         collective.broadcast_(model)
         shards = [r[0] for r in collective.gather([n])]
         batches = max(1, math.ceil(sum(shards) / settings.batch_size))

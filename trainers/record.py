@@ -56,10 +56,20 @@ def rr_entry(result) -> tuple[RRRun, RRStats]:
         flip_probability=result.flip_probability, per_impression_rule=result.per_impression_rule,
         release_sha256=result.release_sha256, epochs=result.epochs, batch_size=result.batch_size,
         batches=result.batches, loss=result.loss, epoch_loss=tuple(finite_or_none(x) for x in result.epoch_loss),
-        model="truncated", seconds=result.seconds)
+        model="truncated", seconds=result.seconds, **_validation(result))
     stats = RRStats() if uniform else RRStats(labels_flipped=result.labels_flipped,
                                               flip_probability_mean=result.flip_probability_mean)
     return public, stats
+
+
+def _validation(result) -> dict:
+    """The RR phase's held-out scores as the public entry holds them (none without a held-out part)."""
+    if getattr(result, "validation_rows", None) is None:
+        return {}
+    finite = lambda xs: tuple(None if x is None else finite_or_none(x) for x in xs)  # noqa: E731
+    return {"validation_rows": result.validation_rows, "validation_checks": tuple(result.validation_checks),
+            "validation_log_loss": finite(result.validation_log_loss), "validation_auc": finite(result.validation_auc),
+            "validation_kept": result.validation_kept, "stopped": result.stopped}
 
 
 def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | None,

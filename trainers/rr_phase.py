@@ -6,6 +6,12 @@ size K_i after capping); every epoch reuses them, which is post-processing. The 
 trained here sees non-sensitive features only (``forward_truncated``): RR protects the
 label, not the features. The loss corrects for the flips (the Hybrid paper's unbiased
 loss, or the forward-corrected loss).
+
+With the plan's ``validation_fraction`` the rows of a share of the units (``holdout``) are
+kept out of this phase's training and score it on their RR labels, debiased
+(:mod:`trainers.rr_validation`): the phase stops when the debiased validation log loss no
+longer falls and keeps its best state. Their labels are randomised and released with all
+the others; only their RR labels are read.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ class RRResult:
         epoch_loss: training loss per epoch, on the noisy labels.
         debiased_positives: (the debiased count of positives from the noisy labels, its
             variance), post-processing of the release, for the intercept calibration.
+        validation_*: with a held-out part: its rows (all ranks'), the epochs done at each
+            check, the debiased log loss and AUC there, the index of the check whose state
+            was kept (None: no finite score, the last state stayed); ``stopped`` is
+            "patience" or "epochs".
     """
 
     labels: int
@@ -46,6 +56,12 @@ class RRResult:
     epoch_loss: tuple[float, ...]
     seconds: float
     debiased_positives: tuple[float, float] | None = None
+    validation_rows: int | None = None
+    validation_checks: tuple[float, ...] | None = None
+    validation_log_loss: tuple[float | None, ...] | None = None
+    validation_auc: tuple[float | None, ...] | None = None
+    validation_kept: int | None = None
+    stopped: str | None = None
 
 
 def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np.ndarray:
@@ -80,6 +96,22 @@ def randomize_labels(labels: np.ndarray, flip_probability: np.ndarray, randomnes
     return noisy, int(flips.sum())
 
 
+def _start_at_base_rate(model, targets) -> None:
+    """Set the output bias to the logit of the debiased rate of positives among the training rows.
+
+    A fresh model predicts 1/2 for every row; with a few percent positives its first
+    hundreds of steps only move the intercept down. Starting there is post-processing of the
+    release (the debiased rate of the noisy labels), so it costs nothing.
+    """
+    import torch
+
+    noisy, rho = targets[:, 0].double(), targets[:, 1].double()
+    rate = float(((noisy - rho) / (1 - 2 * rho)).mean()) if len(noisy) else 0.5
+    rate = min(max(rate, 1e-4), 1 - 1e-4)
+    with torch.no_grad():
+        model.output_bias().fill_(float(np.log(rate / (1 - rate))))
+
+
 def _compact(rows: np.ndarray):
     """A rank's row numbers as a slice when they are one contiguous block (what rank 0 is sent)."""
     if rows.size and rows[-1] - rows[0] + 1 == rows.size:
@@ -88,7 +120,9 @@ def _compact(rows: np.ndarray):
 
 
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
-                 randomness, session=None, progress: str | None = None, collective=None, rows=None) -> RRResult:
+                 randomness, session=None, progress: str | None = None, collective=None, rows=None,
+                 holdout: np.ndarray | None = None, patience: int = 4, checks_per_epoch: int = 4,
+                 init_bias: bool = True) -> RRResult:
     """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
@@ -146,8 +180,30 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     gen = torch.Generator().manual_seed(randomness.torch_seed())
     settings = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size,
                            lr=lr, optimizer=optimizer)
-    history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
-                  truncated=True, generator=gen, progress=progress, collective=collective)
+    train_data, train_targets, stopping, every = data, targets, None, None
+    if holdout is not None:
+        from trainers.rr_validation import DebiasedStopping, check_every
+
+        mask = torch.as_tensor(np.asarray(holdout, dtype=bool), device=device)
+        train_data, train_targets = data.take(~mask), targets[~mask]
+        stopping = DebiasedStopping(model, data.take(mask), noisy[holdout], rho[holdout], patience=patience,
+                                    collective=collective)
+        train_rows = len(train_data) if collective is None else collective.total(len(train_data))
+        every = check_every(train_rows, settings.batch_size, checks_per_epoch)
+    if init_bias:
+        _start_at_base_rate(model, train_targets)
+    history = fit(model, train_data, train_targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
+                  truncated=True, generator=gen, progress=progress, collective=collective, check=stopping,
+                  check_every=every)
+    validation: dict = {}
+    if stopping is not None:
+        stopping.restore()
+        held = int(np.count_nonzero(holdout))
+        validation = dict(
+            validation_rows=held if collective is None else collective.total(held),
+            validation_checks=tuple(stopping.checked_at), validation_log_loss=tuple(stopping.log_loss),
+            validation_auc=tuple(stopping.auc), validation_kept=stopping.best,
+            stopped="patience" if history["stopped_early"] else "epochs")
     debiased, rho_sum = rr_estimate(noisy, rho), float(rho.sum())
     if collective is not None:
         pooled = torch.tensor([*debiased, rho_sum], dtype=torch.float64)
@@ -160,4 +216,4 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
         release_sha256=note["sha256"], epochs=settings.epochs,
         batch_size=settings.batch_size, batches=history["batches"], loss=loss,
         epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"],
-        debiased_positives=debiased)
+        debiased_positives=debiased, **validation)

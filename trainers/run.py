@@ -64,6 +64,10 @@ class TrainSettings:
     # sensitive tower zeroed, as arXiv:2401.15246 warm-starts); "as-trained" leaves them at
     # their initial values.
     hybrid_start: str = "rr-model"
+    # The RR phase's stopping rule on its held-out units (a plan with [rr].validation_fraction):
+    # scored this many times an epoch, stopped after rr_patience checks without a lower loss.
+    rr_checks_per_epoch: int = 4
+    rr_patience: int = 4
 
     def __post_init__(self):
         if self.model not in ("mlp", "fm"):
@@ -75,6 +79,10 @@ class TrainSettings:
                                         f"{self.nonsensitive_encoding!r}")
         if self.hybrid_start not in ("rr-model", "as-trained"):
             raise InvalidParameterError(f"hybrid_start must be rr-model or as-trained, got {self.hybrid_start!r}")
+        from budgetplan import _validate, limits
+
+        for name in ("rr_checks_per_epoch", "rr_patience"):
+            _validate.at_most(name, _validate.positive_int(name, getattr(self, name)), limits.MAX_EPOCHS)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -112,6 +120,7 @@ class _Prepared:
     table: object = None
     vocabulary: dict | None = None
     rows: np.ndarray | None = None  # with several processes: this rank's row numbers in the capped data
+    holdout: np.ndarray | None = None  # the RR phase's held-out rows (a mask over this rank's rows), if any
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
@@ -169,13 +178,17 @@ def _device_name(device) -> str:
 
 def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: str | None, expected_rows,
              randomness, vocabulary: dict | None = None, key: bytes | None = None, collective=None,
-             whole_units: bool = False) -> _Prepared:
+             whole_units: bool = False, holdout: float | None = None) -> _Prepared:
     """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping).
 
     ``collective``: this rank's place in a run over several processes: the rows are capped
     and counted whole, then only this rank's share is encoded (``trainers.ranks.rank_rows``:
     a contiguous block, or with ``whole_units`` the rows of a block of whole units; a
     vocabulary is still built from every rank's rows, so that all ranks encode alike).
+
+    ``holdout``: the RR phase's validation fraction: the units held out are chosen on the
+    capped rows, before they are shared out, by ``trainers.baseline.validation_split`` (a
+    keyed hash of the unit id, or of the row number without one: never the labels).
     """
     from trainers.data.capping import cap_units, unit_ids
     from trainers.data.columns import parquet_source
@@ -219,6 +232,11 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
             f"the data has {table.num_rows} rows" + (f" after capping ({rows_in} before, {dropped} dropped)"
                                                      if cap > 1 else "")
             + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
+    held = None
+    if holdout is not None:
+        from trainers.baseline import validation_split
+
+        held, _, _ = validation_split(table, spec.unit_id, holdout, what="[rr].validation_fraction")
     mine = None
     if collective is not None:
         from trainers.ranks import rank_rows
@@ -229,6 +247,7 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
                          units=unit_index if whole_units else None)
         table = table.take(mine)
         unit_counts = None if unit_counts is None else unit_counts[mine]
+        held = None if held is None else held[mine]
     t1 = time.perf_counter()
     data, encoding = encode(table, spec, nonsensitive_encoding=settings.nonsensitive_encoding,
                             hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
@@ -239,7 +258,7 @@ def _prepare(path, spec, settings: TrainSettings, device, *, cap: int, capping: 
         encoding["units"] = units_in_all  # every rank's (its own share's count is local)
     vocab = encoding.pop("vocabulary", None)  # kept beside the model, not in the record
     return _Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table,
-                     vocab, mine)
+                     vocab, mine, held)
 
 
 def _prepare_eval(path, spec, settings, device, vocabulary=None) -> _Prepared | None:
@@ -455,7 +474,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                         expected_rows=None if size_private else plan.dataset_size, randomness=capping_rnd,
                         key=key if lead else None, collective=collective,
-                        whole_units=plan.dpsgd is not None and plan.dpsgd.params.samples_units)
+                        whole_units=plan.dpsgd is not None and plan.dpsgd.params.samples_units,
+                        holdout=plan.rr.params.validation_fraction if plan.rr is not None else None)
         prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
         if collective is not None:
             note_shard(prep, collective)
@@ -499,7 +519,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                           lr=settings.lr, optimizer=settings.optimizer, batch_size=settings.batch_size,
                                           randomness=rnd, session=session,
                                           progress="RR phase" if progress and lead else None, collective=collective,
-                                          rows=prep.rows)
+                                          rows=prep.rows, holdout=prep.holdout, patience=settings.rr_patience,
+                                          checks_per_epoch=settings.rr_checks_per_epoch)
                         if len(plan.phases) > 1:
                             session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
                     timings["rr_phase_seconds"] = rr.seconds

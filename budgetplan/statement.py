@@ -289,12 +289,35 @@ def _assumptions(plan: Plan) -> list[str]:
         out.append(_item("Labels are randomised once, with coin flips drawn directly from the operating system's "
                          "CSPRNG; training any number of epochs on them is post-processing. Drawing new noisy "
                          "labels would be a new release."))
+        fraction = plan.rr.params.validation_fraction
+        if fraction is not None:
+            out.append(_item(f"The RR phase trains on all but {_num(100 * fraction)}% of the units, chosen by a "
+                             "keyed hash of the unit id (never from labels), and scores itself on those held-out "
+                             "units' randomised labels, debiased: it keeps its best state and stops when the score "
+                             "stops improving. This costs no privacy: the labels it reads are the release, and the "
+                             "model it scores reads only non-sensitive features. Nothing about a model that reads "
+                             "sensitive features is chosen this way."))
     if plan.walr is not None:
         out.append(_item("The released sum is formed once, from rows clipped as stated; the bound on every row is "
                          "enforced by the trainer, not assumed of the data."))
     out.append(_item("All intermediate checkpoints and logged quantities computed from these outputs are covered: "
                      "the guarantee holds for everything released along the way, not only the final model."))
     return out
+
+
+def _rr_training(ph: RRRun) -> str:
+    """How the RR phase trained, in words: its epochs, or where its held-out units stopped it."""
+    if ph.validation_rows is None or not ph.validation_checks:
+        return f"{ph.epochs} epochs trained on them."
+    done = _num(ph.validation_checks[-1], 3)
+    if ph.validation_kept is None:
+        return (f"{done} of at most {ph.epochs} epochs trained on them; no held-out score was finite, so the last "
+                "state was kept.")
+    kept, area = ph.validation_checks[ph.validation_kept], ph.validation_auc[ph.validation_kept]
+    why = "the held-out score stopped improving" if ph.stopped == "patience" else "its epochs ran out"
+    return (f"{done} of at most {ph.epochs} epochs trained on them, stopped because {why}; the state after "
+            f"{_num(kept, 3)} epochs was kept (debiased held-out AUC "
+            f"{'n/a' if area is None else _num(area, 4)} on {ph.validation_rows} held-out rows).")
 
 
 def _not_covered(plan: Plan) -> list[str]:
@@ -533,7 +556,7 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
                          f"{_num(ph.flip_probability)})" if ph.labels_flipped is not None else
                          f"randomised {ph.labels} labels once with each unit's own flip probability (eps/K_i; the "
                          "count of flips depends on the unit sizes and stays in the private record)")
-                items.append(_item(f"Randomized response {flips}; {ph.epochs} epochs trained on them."))
+                items.append(_item(f"Randomized response {flips}; " + _rr_training(ph)))
             case DPSGDRun():
                 text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
                         + (f" over {ph.sessions} sessions ({ph.steps_lost_to_interruptions} counted but lost to "

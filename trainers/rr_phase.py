@@ -122,7 +122,7 @@ def _compact(rows: np.ndarray):
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
                  randomness, session=None, progress: str | None = None, collective=None, rows=None,
                  holdout: np.ndarray | None = None, patience: int = 4, checks_per_epoch: int = 4,
-                 init_bias: bool = True) -> RRResult:
+                 init_bias: bool = True, weight_decay: float = 0.0) -> RRResult:
     """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
@@ -179,7 +179,7 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     loss_fn = losses.rr_unbiased_loss if loss == "unbiased" else losses.rr_forward_loss
     gen = torch.Generator().manual_seed(randomness.torch_seed())
     settings = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size,
-                           lr=lr, optimizer=optimizer)
+                           lr=lr, optimizer=optimizer, weight_decay=weight_decay)
     train_data, train_targets, stopping, every = data, targets, None, None
     if holdout is not None:
         from trainers.rr_validation import DebiasedStopping, check_every

@@ -68,6 +68,7 @@ class TrainSettings:
     # scored this many times an epoch, stopped after rr_patience checks without a lower loss.
     rr_checks_per_epoch: int = 4
     rr_patience: int = 4
+    rr_weight_decay: float = 0.0
 
     def __post_init__(self):
         if self.model not in ("mlp", "fm"):
@@ -520,7 +521,8 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
                                           randomness=rnd, session=session,
                                           progress="RR phase" if progress and lead else None, collective=collective,
                                           rows=prep.rows, holdout=prep.holdout, patience=settings.rr_patience,
-                                          checks_per_epoch=settings.rr_checks_per_epoch)
+                                          checks_per_epoch=settings.rr_checks_per_epoch,
+                                          weight_decay=settings.rr_weight_decay)
                         if len(plan.phases) > 1:
                             session.save_checkpoint({"phase": "rr-done", "model": model.state_dict(), "rr_result": rr})
                     timings["rr_phase_seconds"] = rr.seconds

@@ -195,3 +195,17 @@ def test_two_ranks_pool_the_held_out_scores_into_the_one_process_numbers():
     ranks = launch(_pooled_rank, 2, logits, noisy, rho, timeout_s=60)
     assert ranks[0][0] == pytest.approx(one[0], rel=1e-6) and ranks[1][0] == pytest.approx(one[0], rel=1e-6)
     assert ranks[0][1] == pytest.approx(one[1], rel=1e-6) and ranks[1][1] is None
+
+
+def test_the_statements_say_what_the_held_out_units_decided(data):
+    from budgetplan.statement import render_run_statement, render_statement
+
+    root, _ = data
+    plan = _plan()
+    assert "scores itself on those held-out units' randomised labels" in " ".join(render_statement(plan).split())
+    rec = execute_plan(plan, root / "train.parquet", settings=FAST, seed=3, threads=1)
+    text = " ".join(render_run_statement(plan, rec).split())
+    rr = rec.phases[0]
+    assert f"on {rr.validation_rows} held-out rows" in text and "was kept (debiased held-out AUC" in text
+    off = _plan(rr_extra="validation_fraction = 0")
+    assert "held-out" not in render_statement(off)

@@ -36,13 +36,16 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [rr]                                      # rr, hybrid
     epochs = 10                               # the most: it stops early on its validation part
+                                              # (default 5; 1 without a validation part)
     batch_size = 1024
     per_impression = "eps/K"                  # user level: "eps/K", "eps/K_i" or "tight"
     validation_fraction = 0.1                 # units held out, scored on their RR labels (free);
-                                              # 0: none (then exactly `epochs` are trained)
+                                              # default min(0.1, 200000 / N); 0: none (then
+                                              # exactly `epochs` are trained)
 
     [dpsgd]                                   # dpsgd, hybrid
-    batch_size = 16384                        # expected batch size B; q = B / N
+    batch_size = 16384                        # expected batch size B; q = B / N; or "N/<c>":
+                                              # B = N / c rounded (the plan holds the number)
     epochs = 3                                # or steps = ...
     clipping_norm = 10.0
     sampling = "poisson"                      # or "truncated-poisson" with max_batch_size; or
@@ -71,13 +74,14 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     sensitive_categorical = ["cat1"]          # protected (semi-sensitive DP); hashed, never
     sensitive_numeric = []                    # given a data-dependent vocabulary
 
-    [calibration]                             # rr, dpsgd, hybrid; optional (absent: the
-    share = 0.05                              # intercept stays as trained). Shift the trained
-                                              # model's intercept so its mean prediction is the
-                                              # base rate. With DP-SGD, from one Gaussian release
-                                              # that takes this share of the run's epsilon and
-                                              # delta (the training phases get the rest); RR
-                                              # alone: free, and no share
+    [calibration]                             # rr, dpsgd, hybrid; optional (absent: on, at this
+    share = 0.05                              # share; 0: off, the intercept stays as trained).
+                                              # Shift the trained model's intercept so its mean
+                                              # prediction is the base rate. With DP-SGD, from one
+                                              # Gaussian release that takes this share of the run's
+                                              # epsilon and delta (the training phases get the
+                                              # rest); RR alone: free, and no share. Not planned
+                                              # with a [tuning] grid
 
     [tuning]                                  # optional
     configurations = 8
@@ -123,7 +127,9 @@ CALIBRATED = ("rr", "dpsgd", "hybrid")
 # The RR phase's free validation: the share of units a scenario holds out unless it says otherwise
 # (``validation_fraction = 0``: none), and the most it may hold out.
 RR_VALIDATION = 0.1
+RR_VALIDATION_ROWS = 200_000  # ... or at most about this many rows (a share of N) when N is large
 MAX_VALIDATION = 0.5
+RR_MAX_EPOCHS = 5  # [rr].epochs when a scenario with a held-out part does not say
 METHODS = ("pld", "rdp", "prv")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
 
@@ -671,6 +677,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     values.update(algorithm=algorithm, split=algo.get("split", default=None), tower=algo.get("tower", default=None))
     algo.finish()
 
+    _batch_policy(raw, values["dataset_size"])
     for key, kind, used_by in _SHAPES:
         if key in raw and algorithm not in used_by:
             raise InvalidParameterError(f"[{key}] does not apply to algorithm {algorithm!r}")
@@ -678,11 +685,11 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
             values[key] = _shape(top, key, kind, required=key != "rr")
         top.used.add(key)
     if values.get("rr") is not None:
-        values["rr"] = _rr_validation(values["rr"], raw.get("rr"), "tuning" in raw)
+        values["rr"] = _rr_validation(values["rr"], raw.get("rr"), "tuning" in raw, values["dataset_size"])
     for key, optional_kind in _OPTIONAL_TABLES:
         values[key] = _shape(top, key, optional_kind) if key in raw else None
         top.used.add(key)
-    values["calibration"] = _calibration(top, algorithm)
+    values["calibration"] = _calibration(top, algorithm, raw)
     if "accounting" in raw:
         acc = top.table("accounting")
         values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4))
@@ -709,7 +716,42 @@ def _shape(top: _Table, key: str, kind, *, required: bool = False):
         raise InvalidParameterError(f"missing required key [{key}].{missing}") from None
 
 
-def _rr_validation(shape: RRShape, given: object, tuned: bool) -> RRShape:
+_BATCH_RE = re.compile(r"^N/((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
+
+
+def _batch_policy(raw: dict, dataset_size: object) -> None:
+    """``[dpsgd].batch_size = "N/<c>"``: the expected batch N / c, rounded (at least 1), written in place.
+
+    The plan then holds the number, as if it had been written; q = B / N is about 1 / c.
+    """
+    table = raw.get("dpsgd")
+    value = table.get("batch_size") if isinstance(table, dict) else None
+    if not isinstance(value, str):
+        return
+    m = _BATCH_RE.match(value)
+    if not m:
+        raise InvalidParameterError(f'[dpsgd].batch_size must be an integer >= 1 or "N/<c>", got {value!r}')
+    c = float(m.group(1))
+    if not (c >= 1 and math.isfinite(c)):
+        raise InvalidParameterError(f'[dpsgd].batch_size "N/<c>" needs c >= 1, got {value!r}')
+    if table.get("sample_by") == "unit":
+        raise InvalidParameterError(f'[dpsgd].batch_size = {value!r}: with sample_by = "unit" the batch counts '
+                                    "units; write the number")
+    n = _bounded_int("[data].dataset_size", dataset_size, limits.MAX_DATASET_SIZE)
+    table["batch_size"] = max(1, round(n / c))
+
+
+def rr_validation_default(dataset_size: object) -> float:
+    """The held-out share of units a scenario gets unless it says: a tenth, or 200,000 rows' worth at large N.
+
+    Held-out rows are rows the RR phase does not train on; beyond a few thousand positives
+    more of them sharpen the score little. A function of N alone (public), never of the data.
+    """
+    n = _bounded_int("[data].dataset_size", dataset_size, limits.MAX_DATASET_SIZE)
+    return min(RR_VALIDATION, RR_VALIDATION_ROWS / n)
+
+
+def _rr_validation(shape: RRShape, given: object, tuned: bool, dataset_size: object) -> RRShape:
     """The TOML's ``[rr].validation_fraction``: ``RR_VALIDATION`` when absent, none when 0."""
     from dataclasses import replace
 
@@ -718,24 +760,38 @@ def _rr_validation(shape: RRShape, given: object, tuned: bool) -> RRShape:
         if tuned and shape.validation_fraction is not None:
             raise InvalidParameterError("[rr].validation_fraction with a [tuning] table is not supported: a tuned "
                                         "run's configurations are scored on a validation part of their own; drop one")
-        return shape
-    return shape if tuned else replace(shape, validation_fraction=RR_VALIDATION)
+    elif not tuned:
+        shape = replace(shape, validation_fraction=rr_validation_default(dataset_size))
+    if shape.validation_fraction is not None and not (isinstance(given, dict) and "epochs" in given):
+        shape = replace(shape, epochs=RR_MAX_EPOCHS)  # the held-out units decide when it stops
+    return shape
 
 
-def _calibration(top: _Table, algorithm) -> CalibrationShape | None:
-    """``[calibration]``: opt-in, for the runs that train a model with an intercept (RR, DP-SGD, Hybrid)."""
+def _calibration(top: _Table, algorithm, raw: dict) -> CalibrationShape | None:
+    """``[calibration]``: on by default for the runs that train a model with an intercept (RR, DP-SGD, Hybrid).
+
+    Absent, those runs calibrate with the default share (RR alone for free), except under a
+    ``[tuning]`` grid, which does not plan the release (a warning says so); ``share = 0``
+    opts out.
+    """
+    tuning = raw.get("tuning")
+    grid = isinstance(tuning, dict) and any(key in tuning for key in GRID_KEYS)
     if not top.has("calibration"):
         top.used.add("calibration")
-        return None
+        return CalibrationShape() if algorithm in CALIBRATED and not grid else None
     t = top.table("calibration")
     share = t.get("share")
     t.finish()
     if algorithm not in CALIBRATED:
         raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
                                     "intercept of a model trained by rr, dpsgd or hybrid")
+    if isinstance(share, (int, float)) and not isinstance(share, bool) and share == 0 \
+            and math.copysign(1.0, share) > 0:
+        return None  # opted out: the intercept stays as trained
     if algorithm == "rr" and share is not None:
         raise InvalidParameterError("[calibration].share applies to plans with a DP-SGD phase: an RR-only plan "
-                                    "calibrates its intercept for free (post-processing of the RR release)")
+                                    "calibrates its intercept for free (post-processing of the RR release); "
+                                    "share = 0 turns it off")
     return CalibrationShape() if share is None else CalibrationShape(share=share)
 
 
@@ -861,6 +917,9 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
                                     "intercept of a model trained by rr, dpsgd or hybrid")
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
+    if s.calibration is None and algorithm in ("dpsgd", "hybrid") and s.tuning is not None and s.tuning.is_grid:
+        warnings.append("no intercept calibration: a [tuning] grid does not plan its release, and after DP-SGD the "
+                        "mean prediction can sit well below the base rate")
     return tuple(warnings)
 
 

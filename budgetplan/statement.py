@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 import textwrap
+from typing import TYPE_CHECKING
 
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
 from budgetplan.units import Adjacency
+
+if TYPE_CHECKING:  # the records module is imported where a run statement is rendered
+    from budgetplan.records import RRRun
 
 __all__ = ["render_statement", "render_run_statement"]
 

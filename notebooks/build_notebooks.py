@@ -747,7 +747,7 @@ def rehash(content):
 content = load_record(RUN).content()
 dpsgd_phase = next(p for p in content["phases"] if p["name"] == "dpsgd")
 print(f"steps executed {dpsgd_phase['steps_executed']} -> {dpsgd_phase['steps_executed'] + EXTRA_STEPS} "
-      f"(planned {plan.phases[-1].params.steps})")
+      f"(planned {plan.dpsgd.params.steps})")
 dpsgd_phase["steps_executed"] += EXTRA_STEPS
 OVERLONG = WORK / "runs" / "overlong"
 shutil.copytree(RUN, OVERLONG)

@@ -35,6 +35,8 @@ batch_size = 100
 {length}
 clipping_norm = 1.0
 sampling = "{sampling}"
+[calibration]  # off: these tests plan the training phases alone
+share = 0
 """
 MECHANISM = {"poisson": PoissonDPSGD, "allocation": AllocationDPSGD, "shuffle": ShuffledDPSGD}
 

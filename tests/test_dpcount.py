@@ -48,7 +48,10 @@ batch_size = 1000
 steps = 20
 clipping_norm = 1.0
 {dpsgd_extra}
-{extra}""")
+{extra}
+[calibration]  # off: these tests plan the training phases alone
+share = 0
+""")
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +330,7 @@ def test_cli_plan_json_shows_the_count_phase(runner, tmp_path):
     out = runner.invoke(cli, ["plan", str(path), "--output", str(tmp_path / "plan.json"), "--json"])
     assert out.exit_code == 0, out.output
     written = json.loads((tmp_path / "plan.json").read_text())
-    assert [p["name"] for p in written["phases"]] == ["count", "dpsgd"]
+    assert [p["name"] for p in written["phases"]] == ["count", "dpsgd", "calibration"]  # calibrated by default
     assert written["phases"][0]["guarantee"]["epsilon"] == 0.25
     human = runner.invoke(cli, ["show", str(tmp_path / "plan.json")])
     assert human.exit_code == 0 and "Phase 1: count" in human.stdout and "noise std" in human.stdout

@@ -38,7 +38,10 @@ name = "dpsgd"
 batch_size = {batch}
 steps = {steps}
 clipping_norm = 2.0
-{extra}"""))
+{extra}
+[calibration]  # off: the export's DP-SGD phase alone, at the plan's whole delta
+share = 0
+"""))
 
 
 def test_the_plans_noise_clipping_and_steps_are_exported():

@@ -27,7 +27,8 @@ def scenario(*, eps=4.0, algorithm="dpsgd", calibration="share = 0.05", cap=1, a
                                                    f'unit_accounting = "{unit_accounting}"')
     algo = 'name = "dpsgd"' if algorithm == "dpsgd" else (
         f'name = "{algorithm}"\nsplit = "paper-v1"\ntower = "frozen"\n[rr]\nepochs = 1\nbatch_size = 512')
-    cal = "" if calibration is None else f"[calibration]\n{calibration}\n"
+    # None: opted out (share = 0); "absent": no table, which calibrates by default
+    cal = {None: "[calibration]\nshare = 0\n", "absent": ""}.get(calibration, f"[calibration]\n{calibration}\n")
     return parse_scenario(f"""name = "calibrated"
 [budget]
 epsilon = {eps!r}
@@ -110,11 +111,20 @@ def test_hybrid_plans_rr_dpsgd_and_the_release_to_the_budget():
     assert verify_plan(p).ok
 
 
-def test_without_the_table_plans_are_unchanged():
+def test_share_zero_opts_out_and_plans_as_before_the_release_existed():
     p = build_plan(scenario(calibration=None))
     assert p.calibration is None and "calibration" not in p.to_json()
     assert [type(x) for x in p.phases] == [DPSGDPhase] and p.phases[0].target_epsilon == 4.0
     assert build_plan(scenario(calibration="")).calibration.params.share == intercept.SHARE
+
+
+def test_without_the_table_every_dpsgd_and_hybrid_plan_calibrates():
+    for algorithm, adjacency in (("dpsgd", "add-remove"), ("hybrid", "replace-one")):
+        p = build_plan(scenario(calibration="absent", algorithm=algorithm, adjacency=adjacency))
+        assert p.calibration is not None and p.calibration.params.share == intercept.SHARE
+        assert "intercept" in " ".join(render_statement(p).split()).lower()
+    grid = scenario(calibration="absent", extra='[tuning]\nclipping_norm = [1.0, 5.0]\n')
+    assert grid.calibration is None and any("no intercept calibration" in w for w in grid.warnings)
 
 
 @settings(max_examples=10, deadline=None)
@@ -126,7 +136,8 @@ def test_any_calibrated_plan_meets_its_budget(eps, share, cap):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(calibration="share = 0.0"), "[calibration].share"),
+    (dict(calibration="share = -0.1"), "[calibration].share"),
+    (dict(calibration="share = -0.0"), "[calibration].share"),
     (dict(calibration="share = 0.6"), "at most 0.5"),
     (dict(calibration="share = nan"), "[calibration].share"),
     (dict(calibration="share = inf"), "[calibration].share"),
@@ -160,7 +171,8 @@ def _rr_text():
 
 def test_rr_alone_calibrates_for_free():
     p = build_plan(parse_scenario(_rr_text()))
-    bare = build_plan(parse_scenario(_rr_text().replace("[calibration]", "")))
+    assert build_plan(parse_scenario(_rr_text().replace("[calibration]", ""))).free_calibration  # by default
+    bare = build_plan(parse_scenario(_rr_text() + "share = 0\n"))
     assert p.free_calibration and p.calibration is None and not bare.free_calibration
     # the same RR phase at the same epsilon: nothing spent
     assert [phase_to_dict(x) for x in p.phases] == [phase_to_dict(x) for x in bare.phases]

@@ -32,6 +32,8 @@ batch_size = 256
 batch_size = 500
 epochs = 2
 clipping_norm = 2.0
+[calibration]  # off: these tests plan the training phases alone
+share = 0
 """
 
 DPSGD = """
@@ -52,6 +54,8 @@ epochs = 3
 clipping_norm = 1.0
 {extra}
 {tuning}
+[calibration]  # off: these tests plan the training phases alone
+share = 0
 """
 
 

@@ -109,6 +109,21 @@ def test_the_rr_phase_holds_out_a_tenth_of_the_units_unless_told_otherwise():
         .validation_fraction is None  # a tuned run scores its configurations on a part of its own
 
 
+def test_a_batch_policy_scales_with_n():
+    sc = parse_scenario(edit(BASE, "batch_size = 1000", 'batch_size = "N/50"'))
+    assert sc.dpsgd.batch_size == 20_000 and "N/50" not in str(sc.to_dict())  # the plan holds the number
+    assert parse_scenario(edit(BASE, "batch_size = 1000", 'batch_size = "N/3e5"')).dpsgd.batch_size == 3
+    assert parse_scenario(edit(BASE, "batch_size = 1000", 'batch_size = "N/1e9"')).dpsgd.batch_size == 1
+    for bad, message in (('"N/0.5"', "needs c >= 1"), ('"N/-2"', 'an integer >= 1 or "N/<c>"'),
+                         ('"n/50"', 'an integer >= 1 or "N/<c>"'), ('"N/50 "', 'an integer >= 1 or "N/<c>"'),
+                         ('"N/inf"', 'an integer >= 1 or "N/<c>"')):
+        with pytest.raises(InvalidParameterError, match=r"\[dpsgd\].batch_size") as err:
+            parse_scenario(edit(BASE, "batch_size = 1000", f"batch_size = {bad}"))
+        assert message in str(err.value)
+    with pytest.raises(InvalidParameterError, match="counts units"):
+        parse_scenario(edit(BASE, "batch_size = 1000", 'batch_size = "N/50"\nsample_by = "unit"'))
+
+
 def test_split_only_for_hybrid():
     text = edit(edit(BASE, 'name = "hybrid"', 'name = "dpsgd"\nsplit = "paper-v1"'), "[rr]\nepochs = 2\n", "")
     with pytest.raises(InvalidParameterError, match=r"\[algorithm\].split applies to hybrid only"):
@@ -201,7 +216,7 @@ def test_a_scenario_validates_itself_whatever_built_it():
         replace(s, epsilon=float("nan"))
     with pytest.raises(InvalidParameterError, match=r"\[data\].dataset_size must be at most"):
         replace(s, dataset_size=10**18)
-    with pytest.raises(InvalidParameterError, match=r"\[dpsgd\].batch_size \(4096\) must not exceed"):
+    with pytest.raises(InvalidParameterError, match=r"\[dpsgd\].batch_size \(4000\) must not exceed"):
         replace(s, dataset_size=1000)
     with pytest.raises(InvalidParameterError, match=r"\[rr\].epochs must be at most 10,000"):
         RRShape(epochs=10**9)

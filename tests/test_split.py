@@ -119,7 +119,7 @@ def test_cli_split_accepts_the_rule(runner):
 
 
 def test_with_a_calibration_release_the_rule_splits_what_the_training_phases_get():
-    text = HYBRID.format(eps=8.0, split="alpha-by-eps") + "\n[calibration]\nshare = 0.05\n"
+    text = HYBRID.format(eps=8.0, split="alpha-by-eps").replace("share = 0\n", "share = 0.05\n")
     plan = build_plan(parse_scenario(text))
     assert plan.split["epsilon"] == pytest.approx(0.95 * 8.0) and plan.split["alpha"] == pytest.approx(0.75)
     rr, dpsgd, calibration = plan.phases

@@ -110,6 +110,9 @@ def validation_split(table, unit_column: str | None, fraction: float,
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from trainers.data.capping import unit_ids
+
+        unit_ids(table, unit_column, why="to be held out whole")  # refuses missing ids
         column = table.column(unit_column)
         if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
             column = pc.cast(column, pa.string())

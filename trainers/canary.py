@@ -107,6 +107,9 @@ epochs = {epochs}
 clipping_norm = {clipping_norm!r}
 sampling = "poisson"
 
+[calibration]  # off: the audit tests the DP-SGD phase alone
+share = 0
+
 {spec.to_toml()}"""
 
 

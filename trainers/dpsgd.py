@@ -37,17 +37,22 @@ __all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "chec
 # The largest chunk on a GPU: a pCTR-shaped batch of 65,536 rows in one chunk holds a few GiB
 # of book-keeping state, far inside any data-centre GPU's memory.
 GPU_MAX_CHUNK = 65_536
+LR_SCALE = 0.12  # the DP-SGD phase's Adam step size is LR_SCALE / sqrt(its steps) unless one is given
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPSGDSettings:
     """Optimisation settings of the DP-SGD phase; none of them touches privacy."""
 
-    # Adam at 0.01, constant: on the synthetic data's README example (147 steps, eps 8) it
-    # reached 0-1% relative AUC loss where SGD momentum 0.9 at 0.1 with cosine decay (the
-    # Hybrid paper's choice for its 5,860-step pCTR runs) lost 20-23%. SGD stays available.
+    # Adam, constant, at LR_SCALE / sqrt(T) for a phase of T steps unless ``lr`` is given. With
+    # noise on every coordinate Adam moves each by about lr a step, so the drift the noise causes
+    # grows like lr sqrt(T): the step size that keeps it fixed falls like 1 / sqrt(T). Measured
+    # (CHANGELOG): 0.12 / sqrt(T) was the best of 0.06, 0.12 and 0.25 on two shapes, at 200,000 and
+    # 800,000 training rows and 146 to 1,000 steps; a fixed 0.01 (0.12 / sqrt(T) at T = 146, the
+    # README example) lost up to 5 AUC points at 586 steps. SGD (momentum 0.9, as the Hybrid
+    # paper) stays available with an explicit lr.
     optimizer: str = "adam"         # "adam", or "sgd" (momentum 0.9, as the Hybrid paper)
-    lr: float = 0.01
+    lr: float | None = None
     cosine_decay: bool = False
     padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E) in equal chunks <= max_chunk
     # A batch is clipped in chunks of at most this many rows whose clipped sums add before the
@@ -59,6 +64,10 @@ class DPSGDSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def step_size(self, steps: int) -> float:
+        """The learning rate of a phase of ``steps`` steps: ``lr``, or LR_SCALE / sqrt(steps)."""
+        return self.lr if self.lr is not None else LR_SCALE / math.sqrt(max(1, int(steps)))
 
     @classmethod
     def for_device(cls, device, **overrides) -> DPSGDSettings:
@@ -127,11 +136,11 @@ class DPSGDResult:
         return self.clipped / rows if rows else 0.0
 
 
-def _optimizer(params, s: DPSGDSettings):
+def _optimizer(params, s: DPSGDSettings, steps: int):
     if s.optimizer == "adam":
-        return torch.optim.Adam(params, lr=s.lr)
+        return torch.optim.Adam(params, lr=s.step_size(steps))
     if s.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=s.lr, momentum=0.9)
+        return torch.optim.SGD(params, lr=s.step_size(steps), momentum=0.9)
     raise InvalidParameterError(f"optimizer must be sgd or adam, got {s.optimizer!r}")
 
 
@@ -429,7 +438,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
     device = data.label.device
     sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
-    opt = _optimizer(trainable, settings)
+    opt = _optimizer(trainable, settings, steps)
     schedule = None
     if settings.cosine_decay:
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, steps))
@@ -459,7 +468,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             pbar[0].stop()
         for p in trainable:
             p.grad = None
-    return engine.result(padded_size=sampler.padded_size, settings=settings.to_dict(), device=device)
+    used = {**settings.to_dict(), "lr": settings.step_size(steps)}  # the step size that ran, not "auto"
+    return engine.result(padded_size=sampler.padded_size, settings=used, device=device)
 
 
 def check_unit_count(params: DPSGDParams, units: int | None) -> None:

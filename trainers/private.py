@@ -116,6 +116,10 @@ def _dpsgd_phase(plan) -> DPSGDPhase:
         raise UnsupportedError("the plan samples units: PrivateStep draws batches of rows, not of whole units; train "
                                "it with `budgetplan train`")
     others = [p.name for p in plan.phases if not isinstance(p, (DPSGDPhase, CountPhase))]
+    if others == ["calibration"]:
+        raise UnsupportedError("the plan ends with the intercept calibration's release, which PrivateStep does not "
+                               "run (any model, not only one with an intercept): plan it with [calibration] share = 0, "
+                               "or train it with `budgetplan train`")
     if others:
         raise UnsupportedError(f"the plan's phases are {names}: PrivateStep runs the DP-SGD phase alone, and the "
                                f"record of a run without the {others} phase(s) the plan accounts would not audit; "

@@ -10,7 +10,11 @@ true-label log loss and AUC of the truncated model.
 
 The decisions they drive: when the RR phase stops (after ``patience`` checks without a lower
 debiased validation log loss, or at the plan's ``epochs``), and which of its states it keeps
-(the one with the lowest debiased log loss). Log loss rather than AUC, as for the baseline:
+(the one with the lowest debiased log loss). Scoring starts at the end of the first epoch:
+within it the differences between states are smaller than the scores' noise on small data
+(6,000 rows at eps 2 kept the state after a third of an epoch, 0.009 AUC below the end of
+it), and on large data the first epoch's end is where CTR models on rare categorical
+values do best. Log loss rather than AUC, as for the baseline:
 a proper scoring rule, smooth, and what the forward-corrected loss trains.
 
 What the held-out units cannot decide is anything about a model that reads sensitive
@@ -29,7 +33,9 @@ import numpy as np
 
 from trainers.debiased import debiased_auc
 
-__all__ = ["DebiasedStopping", "check_every"]
+__all__ = ["DebiasedStopping", "check_every", "FIRST_CHECK"]
+
+FIRST_CHECK = 1.0  # epochs trained before the held-out units are first scored
 
 
 def check_every(rows: int, batch_size: int, checks_per_epoch: int) -> int:
@@ -88,6 +94,8 @@ class DebiasedStopping:
         return pooled[0] / pooled[1], area
 
     def __call__(self, epochs_done: float, train_loss: float) -> bool:
+        if epochs_done < FIRST_CHECK - 1e-9:
+            return False  # not scored before the end of the first epoch (module docstring)
         loss, area = self._scores()
         self.checked_at.append(float(epochs_done))
         self.log_loss.append(loss)

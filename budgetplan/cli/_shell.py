@@ -22,8 +22,8 @@ from budgetplan import _validate, limits
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 
 __all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "DATASET_SIZE", "BATCH_SIZE", "EPOCHS",
-           "UNIT_CAP", "LEARNING_RATE", "THREADS_OR_AUTO", "bounded_int", "bounded_non_negative", "emit_json", "warn",
-           "console"]
+           "UNIT_CAP", "LEARNING_RATE", "LEARNING_RATE_OR_AUTO", "THREADS_OR_AUTO", "bounded_int",
+           "bounded_non_negative", "emit_json", "warn", "console"]
 
 
 class Group(click.Group):
@@ -155,6 +155,9 @@ class _OrAuto(_Checked):
     def convert(self, value: Any, param, ctx):
         return "auto" if value == "auto" else super().convert(value, param, ctx)
 
+
+# The DP-SGD phase's step size: a learning rate, or "auto" (trainers.dpsgd: 0.12 / sqrt(steps))
+LEARNING_RATE_OR_AUTO = _OrAuto("learning_rate_or_auto", _bounded(_validate.positive, limits.MAX_LEARNING_RATE))
 
 # CPU threads or worker processes: a count up to MAX_THREADS, or "auto" (the free CPUs)
 THREADS_OR_AUTO = _OrAuto("threads_or_auto", _bounded(_validate.positive_int, limits.MAX_THREADS))

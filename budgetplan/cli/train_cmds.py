@@ -11,6 +11,7 @@ from budgetplan.cli._render import fmt, results_table
 from budgetplan.cli._shell import (
     BATCH_SIZE,
     LEARNING_RATE,
+    LEARNING_RATE_OR_AUTO,
     OPEN_UNIT,
     POSITIVE,
     POSITIVE_INT,
@@ -59,7 +60,8 @@ def _settings(**kw):
 @click.option("--lr", type=LEARNING_RATE, default=1e-3, show_default=True)
 @click.option("--dpsgd-optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
               help="DP-SGD phase optimiser (sgd: momentum 0.9). Post-processing: no privacy cost.")
-@click.option("--dpsgd-lr", type=LEARNING_RATE, default=0.01, show_default=True, help="DP-SGD phase learning rate.")
+@click.option("--dpsgd-lr", type=LEARNING_RATE_OR_AUTO, default="auto", show_default=True,
+              help="DP-SGD phase learning rate; auto: 0.12 / sqrt(the phase's steps) for Adam.")
 @click.option("--dpsgd-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
               help="DP-SGD learning-rate schedule over the plan's steps.")
 @click.option("--loss", type=click.Choice(["forward", "unbiased"]), default="forward", show_default=True,
@@ -162,7 +164,8 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                           baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
                           resume=resume,
                           dpsgd_settings=DPSGDSettings.for_device(resolve_device(device), optimizer=dpsgd_optimizer,
-                                                                  lr=dpsgd_lr, cosine_decay=dpsgd_schedule == "cosine"),
+                                                                  lr=None if dpsgd_lr == "auto" else dpsgd_lr,
+                                                                  cosine_decay=dpsgd_schedule == "cosine"),
                           checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
                           collective=collective)
         if record is None:

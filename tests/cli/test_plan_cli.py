@@ -28,7 +28,7 @@ def test_plan_show_verify_statement(runner, tmp_path):
     assert made.exit_code == 0, made.output
     summary = json.loads(made.stdout)
     assert {"epsilon", "delta", "accountant", "adjacency", "sha256"} <= summary.keys()
-    assert summary["epsilon"] <= 8.0 and [p["name"] for p in summary["phases"]] == ["rr", "dpsgd"]
+    assert summary["epsilon"] <= 8.0 and [p["name"] for p in summary["phases"]] == ["rr", "dpsgd", "calibration"]
     assert json.loads(plan_path.read_text())["sha256"] == summary["sha256"]
 
     shown = run(runner, "show", plan_path)

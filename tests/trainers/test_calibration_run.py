@@ -66,13 +66,16 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(root):
-    """The same seed with and without the phase. Clipping at C = 1 biases the intercept; the
-    release gets half of a large budget, so its noise is small beside the counts it measures."""
+    """The same seed with and without the phase. Clipping at C = 1 and a small fixed step size
+    (0.01 over 40 steps) bias the intercept; the release gets half of a large budget, so its
+    noise is small beside the counts it measures."""
+    from trainers.dpsgd import DPSGDSettings
+
     out = {}
-    for name, cal in (("with", "[calibration]\nshare = 0.5\n"), ("without", "")):
+    for name, cal in (("with", "[calibration]\nshare = 0.5\n"), ("without", "[calibration]\nshare = 0\n")):
         plan = build_plan(parse_scenario(plan_text(calibration=cal, eps=40.0)))
         out[name] = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet",
-                                 out_dir=root / name, settings=FAST, seed=11)
+                                 out_dir=root / name, settings=FAST, seed=11, dpsgd_settings=DPSGDSettings(lr=0.01))
     return out
 
 
@@ -137,7 +140,7 @@ def test_an_honest_calibrated_run_audits_clean(root, runs):
 def test_rr_alone_shifts_for_free_to_the_debiased_count(root):
     from budgetplan.demo import demo_scenario
 
-    text = demo_scenario(epsilon=2.0, dataset_size=N, spec=SYNTH_FEATURES, epochs=2) + "\n[calibration]\n"
+    text = demo_scenario(epsilon=2.0, dataset_size=N, spec=SYNTH_FEATURES, epochs=2)  # calibrated by default
     plan = build_plan(parse_scenario(text))
     assert plan.free_calibration and plan.calibration is None
     record = execute_plan(plan, root / "train.parquet", out_dir=root / "rr", settings=FAST, seed=13)
@@ -149,7 +152,8 @@ def test_rr_alone_shifts_for_free_to_the_debiased_count(root):
     assert (stats.target_positives, stats.target_variance) == pytest.approx((debiased, variance))
     mean = _train_sums(root, root / "rr", record, truncated=True)[0]
     assert mean == pytest.approx(debiased, rel=1e-6)  # exact, not a noisy estimate
-    assert abs(stats.mean_prediction_before * N / debiased - 1) > 0.05  # training alone left it off
+    # the RR phase starts at the debiased base rate, so training leaves it close; the shift still moves it
+    assert stats.shift != 0 and abs(stats.mean_prediction_before * N - debiased) > 1e-4 * debiased
     report = audit_run(root / "rr")
     assert report.passed, [c for c in report.checks if not c.passed]
 

@@ -392,7 +392,8 @@ def test_cli_json_of_verify_audit_and_show(run, runner):
     verified = runner.invoke(cli, ["verify", plan_path, "--json"])
     assert verified.exit_code == 0 and json.loads(verified.stdout)["ok"] is True
     shown = json.loads(runner.invoke(cli, ["show", plan_path, "--json"]).stdout)
-    assert [p["name"] for p in shown["phases"]] == ["count", "dpsgd"] and shown["dataset_size"] == NOISY_N
+    assert [p["name"] for p in shown["phases"]] == ["count", "dpsgd", "calibration"]  # calibrated by default
+    assert shown["dataset_size"] == NOISY_N
     assert shown["phases"][0]["epsilon"] == 0.2 and shown["phases"][0]["delta"] == 0.0
     audited = runner.invoke(cli, ["audit", str(root / "run"), "--json"])
     assert audited.exit_code == 0, audited.output

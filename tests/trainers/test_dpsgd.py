@@ -138,3 +138,22 @@ def test_the_chunk_default_follows_the_device_and_yields_to_the_caller():
     assert DPSGDSettings.for_device(torch.device("cuda")).max_chunk == GPU_MAX_CHUNK == 65_536
     assert DPSGDSettings.for_device("cuda:0", lr=0.5) == DPSGDSettings(lr=0.5, max_chunk=GPU_MAX_CHUNK)
     assert DPSGDSettings.for_device("cuda", max_chunk=1024).max_chunk == 1024  # an explicit choice stays
+
+
+def test_the_default_step_size_falls_like_one_over_the_root_of_the_steps(monkeypatch):
+    from trainers import dpsgd
+
+    assert DPSGDSettings().step_size(144) == pytest.approx(dpsgd.LR_SCALE / 12)
+    assert DPSGDSettings().step_size(576) == pytest.approx(DPSGDSettings().step_size(144) / 2)
+    assert DPSGDSettings(lr=0.3).step_size(576) == 0.3
+    seen = []
+    original = torch.optim.Adam
+
+    def adam(params, lr):
+        seen.append(lr)
+        return original(params, lr=lr)
+
+    monkeypatch.setattr(torch.optim, "Adam", adam)
+    data, model = tiny_data(), tiny_model("fm")
+    run_dpsgd(model, data, params(200, steps=25), trainable=list(model.parameters()), randomness=Randomness(1))
+    assert seen == [pytest.approx(dpsgd.LR_SCALE / 5)]

@@ -129,7 +129,7 @@ def test_killed_run_resumes_with_the_ledger_count(dp_setup, tmp_path):
     assert taken >= before
     rec = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
                        resume=True)
-    dp = rec.phases[-1]
+    dp = next(p for p in rec.phases if p.name == "dpsgd")
     led = Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
     assert led.count("dpsgd") == dp.steps_executed == 400  # never more than planned, never fewer counted
     assert dp.steps_this_session == 400 - taken  # fresh steps only for what the ledger had not counted
@@ -174,7 +174,7 @@ def test_ten_kills_at_random_points_then_the_audit_passes(dp_setup, tmp_path):
                        resume=True)
     assert not list(out.glob(".*.tmp"))
     view = read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
-    dp = rec.phases[-1]
+    dp = next(p for p in rec.phases if p.name == "dpsgd")
     assert dp.sessions == view.sessions == 11 and dp.steps_executed == 400
     assert dp.steps_lost_to_interruptions == view.steps_lost() > 0
     assert dp.batch_sizes_observed >= 400 - 11  # at most one torn intent per session lacks its size

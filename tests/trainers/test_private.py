@@ -44,6 +44,8 @@ name = "{algorithm}"
 batch_size = {batch}
 epochs = {epochs}
 clipping_norm = 1.0
+[calibration]
+share = 0
 """
 
 
@@ -194,6 +196,10 @@ def test_refuses_a_plan_without_a_dpsgd_phase_and_one_with_other_phases(tmp_path
         'epochs = 1\n').replace('adjacency = "add-remove"', 'adjacency = "replace-one"')))
     with pytest.raises(UnsupportedError, match=r"the plan's phases are \['rr', 'dpsgd'\]"):
         _step(hybrid, tmp_path)
+    calibrated = build_plan(parse_scenario(SCENARIO.format(n=2000, batch=100, epochs=1, algorithm="dpsgd",
+                                                           extra="").replace("share = 0\n", "")))
+    with pytest.raises(UnsupportedError, match=r"plan it with \[calibration\] share = 0"):
+        _step(calibrated, tmp_path)
     assert not (tmp_path / "run").exists()
 
 

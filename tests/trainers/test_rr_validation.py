@@ -54,6 +54,8 @@ batch_size = 256
 batch_size = 1000
 epochs = 1
 clipping_norm = 5.0
+[calibration]  # off: the kept state is compared before any shift
+share = 0
 {SYNTH_FEATURES.to_toml()}"""))
 
 

@@ -166,15 +166,15 @@ def hybrid_plan(n, split, *, tower="frozen", extra_privacy=""):
     return build_plan(parse_scenario(text + "\n[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n"))
 
 
-@pytest.mark.parametrize("split, phases", [("alpha=0.5", ["rr", "dpsgd"]), ("alpha=0", ["dpsgd"]),
-                                           ("alpha=1", ["rr"])])
+@pytest.mark.parametrize("split, phases", [("alpha=0.5", ["rr", "dpsgd", "calibration"]),
+                                           ("alpha=0", ["dpsgd", "calibration"]), ("alpha=1", ["rr"])])
 def test_hybrid_family_runs_through_one_code_path(data, split, phases):
     root, _ = data
     plan = hybrid_plan(5000, split)
     rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST)
     assert [p.name for p in rec.phases] == phases
     if "dpsgd" in phases:
-        dp = rec.phases[-1]
+        dp = rec.phases[phases.index("dpsgd")]
         planned = plan.dpsgd.params
         assert dp.steps_executed == planned.steps == 20
         assert dp.noise_std == pytest.approx(planned.noise_multiplier * planned.clipping_norm)
@@ -276,6 +276,10 @@ def test_cli_dpsgd_options_reach_the_dpsgd_phase(data, tmp_path, runner):
     assert out.exit_code == 0, out.output
     settings = json.loads(out.stdout)["phases"][0]["settings"]
     assert (settings["optimizer"], settings["lr"], settings["cosine_decay"]) == ("sgd", 0.05, True)
+    auto = runner.invoke(cli, ["train", str(plan_path), "--data", str(root / "train.parquet"), "--embedding-dim", "4",
+                               "--out", str(tmp_path / "auto"), "--json"])
+    steps = json.loads(auto.stdout)["phases"][0]["steps_executed"]
+    assert json.loads(auto.stdout)["phases"][0]["settings"]["lr"] == pytest.approx(0.12 / steps ** 0.5)  # the one used
     bad = runner.invoke(cli, ["train", str(plan_path), "--data", str(root / "train.parquet"), "--out",
                               str(tmp_path / "x"), "--dpsgd-lr", "nan"])
     assert bad.exit_code == 2 and "--dpsgd-lr" in bad.stderr and not (tmp_path / "x").exists()

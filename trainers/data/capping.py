@@ -41,7 +41,7 @@ def secure_rng() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
 
-def unit_ids(table, name: str) -> np.ndarray:
+def unit_ids(table, name: str, why: str = "to be capped") -> np.ndarray:
     """The unit id column of a ``pyarrow.Table`` as numpy, refusing missing ids.
 
     A row without a unit cannot be capped (it would be a unit of its own, or all such rows
@@ -59,7 +59,7 @@ def unit_ids(table, name: str) -> np.ndarray:
         missing += int(pc.sum(pc.is_nan(column)).as_py() or 0)  # nulls are counted once, above
     if missing:
         raise InvalidParameterError(f"unit id column {name!r} has {missing} missing values (null or NaN): every "
-                                    "row needs its unit to be capped")
+                                    f"row needs its unit {why}")
     return column.to_numpy(zero_copy_only=False)
 
 

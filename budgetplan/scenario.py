@@ -725,9 +725,9 @@ def _batch_policy(raw: dict, dataset_size: object) -> None:
     The plan then holds the number, as if it had been written; q = B / N is about 1 / c.
     """
     table = raw.get("dpsgd")
-    value = table.get("batch_size") if isinstance(table, dict) else None
-    if not isinstance(value, str):
+    if not isinstance(table, dict) or not isinstance(table.get("batch_size"), str):
         return
+    value = table["batch_size"]
     m = _BATCH_RE.match(value)
     if not m:
         raise InvalidParameterError(f'[dpsgd].batch_size must be an integer >= 1 or "N/<c>", got {value!r}')

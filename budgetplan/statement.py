@@ -317,7 +317,7 @@ def _rr_training(ph: RRRun) -> str:
     if ph.validation_kept is None:
         return (f"{done} of at most {ph.epochs} epochs trained on them; no held-out score was finite, so the last "
                 "state was kept.")
-    kept, area = ph.validation_checks[ph.validation_kept], ph.validation_auc[ph.validation_kept]
+    kept, area = ph.validation_checks[ph.validation_kept], (ph.validation_auc or ())[ph.validation_kept]
     why = "the held-out score stopped improving" if ph.stopped == "patience" else "its epochs ran out"
     return (f"{done} of at most {ph.epochs} epochs trained on them, stopped because {why}; the state after "
             f"{_num(kept, 3)} epochs was kept (debiased held-out AUC "

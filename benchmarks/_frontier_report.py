@@ -15,6 +15,25 @@ import _harness as h
 
 MAIN = ("RR", "DP-SGD", "Hybrid")
 GRID = ("DP-SGD", "alpha=0.25", "alpha=0.5", "alpha=0.75", "RR")  # alpha 0 .. 1
+OTHER = ("paper-v1", "fine-tune")
+_GRID_ALPHA = {0.0: "DP-SGD", 0.25: "alpha=0.25", 0.5: "alpha=0.5", 0.75: "alpha=0.75", 1.0: "RR"}
+# The table alpha-by-eps had before these shapes were measured (for the regret table).
+_OLD_TABLE = ((0.0, 0.0), (2.0, 0.75), (10.0, 0.5))
+
+
+def rule_arm(rule: str, epsilon: float, share: float | None) -> str | None:
+    """The arm of the grid (or the paper-v1 arm) that a split rule's plan at ``epsilon`` is: the rule
+    splits what the calibration release leaves. None where its alpha is not on the grid."""
+    from budgetplan.split import choose_split
+
+    if rule == "paper-v1":
+        return "paper-v1"
+    train = epsilon * (1 - (share or 0.0))
+    if rule == "alpha-by-eps (before)":
+        alpha = [a for start, a in _OLD_TABLE if start <= train][-1]
+    else:
+        alpha = choose_split(train, rule).alpha
+    return next((arm for a, arm in _GRID_ALPHA.items() if abs(a - alpha) < 1e-9), None)
 
 
 def _mean_std(values: list) -> tuple[float | None, float | None]:
@@ -47,9 +66,38 @@ def summarise(state: dict) -> dict:
                 by_arm[arm] = {"n": len(cells), "diverged": sum(v is None for v in loss), "loss_mean": lm,
                                "loss_std": ls, "cal_mean": cm, "cal_std": cs,
                                "beat_baseline": sum(v is not None and v < 0 for v in loss), "readable": {}}
+    rule, share = _default(state)
+    for shape in out.values():
+        for eps, by_arm in shape["cells"].items():
+            arm = rule_arm(rule, eps, share)
+            if arm is not None and arm in by_arm:
+                by_arm["Hybrid"] = dict(by_arm[arm], readable={}, read_from=arm)
             for table, arms in (("main", MAIN), ("grid", GRID)):
                 for metric in ("loss", "cal"):
                     _readable(by_arm, [a for a in arms if a in by_arm], table, metric)
+    return out
+
+
+def _default(state: dict) -> tuple[str, float | None]:
+    """(the default split rule the results are read with, the calibration share the plans had)."""
+    from budgetplan.split import DEFAULT_RULE
+
+    rule = state["settings"].get("default_split", {}).get("rule", DEFAULT_RULE)
+    share = state["settings"]["values"].get("scenario", {}).get("calibration") or {}
+    return rule, share.get("share")
+
+
+def regret(summary: dict, rules: list[str], share: float | None) -> dict:
+    """{rule: {shape: {epsilon: loss of the rule's arm - the least loss of the alpha grid}}} (None: not run)."""
+    out: dict = {r: {} for r in rules}
+    for shape, summ in summary.items():
+        for eps, by_arm in summ["cells"].items():
+            losses = [by_arm[a]["loss_mean"] for a in GRID if a in by_arm and by_arm[a]["loss_mean"] is not None]
+            best = min(losses) if losses else None
+            for r in rules:
+                arm = rule_arm(r, eps, share)
+                mine = by_arm.get(arm, {}).get("loss_mean") if arm else None
+                out[r].setdefault(shape, {})[eps] = None if best is None or mine is None else mine - best
     return out
 
 
@@ -116,7 +164,9 @@ def render(state: dict, name: str) -> str:
                       f"| non-sensitive features only (the RR ceiling) | {_pm(*bl['nonsensitive']['auc'], 4)} | "
                       f"{_pm(*bl['nonsensitive']['relative_auc_loss'], 2)} | "
                       f"{_pm(*bl['nonsensitive']['calibration_ratio'], 3)} |", ""]
-        for title, arms, table in (("Arms", MAIN, "main"), ("Alpha grid (eps1 = alpha eps)", GRID, "grid")):
+        for title, arms, table in (("Arms", MAIN, "main"), ("Alpha grid (eps1 = alpha eps)", GRID, "grid"),
+                                   ("Other rules: the paper's v1 split, and alpha 0.5 with the non-sensitive tower "
+                                    "fine-tuned", OTHER, "other")):
             arms = [a for a in arms if any(a in v for v in by_eps.values())]
             if not arms:
                 continue
@@ -140,6 +190,7 @@ def render(state: dict, name: str) -> str:
                       "(negative loss) for " + ", ".join(beat) + ". The baseline is under-trained at these settings, "
                       "and every loss in this section is measured against it.", ""]
         lines += [f"![{shape}]({name}_{shape}.png)", ""]
+    lines += _regret_section(summary, state) + _checks_section(summary, state)
     cells = list(state["cells"].values())
     if cells:
         median = statistics.median(c["seconds"] for c in cells)
@@ -147,6 +198,71 @@ def render(state: dict, name: str) -> str:
                   f"{state['seconds'] / 3600:.2f} h of training (median {median:.0f} s a cell).", ""]
     lines.append(h.settings_markdown(state["settings"]))
     return "\n".join(lines) + "\n"
+
+
+RULES = ("alpha=0.25", "alpha=0.5", "alpha=0.75", "paper-v1", "alpha-by-eps (before)")
+
+
+def _regret_section(summary: dict, state: dict) -> list[str]:
+    """Each rule's regret (its loss above the best alpha of the grid) per shape and epsilon, and its worst."""
+    rule, share = _default(state)
+    rules = list(dict.fromkeys((*RULES, rule)))
+    table = regret(summary, rules, share)
+    eps_list = sorted({e for s in summary.values() for e in s["cells"]})
+    shapes = list(summary)
+    lines = ["## Which split: regret of each rule", "",
+             "Relative AUC loss (points) of the rule's arm above the best alpha of the grid {0, 0.25, 0.5, 0.75, 1} "
+             "on the same shape and epsilon (means over the seeds); `worst` is the largest over the shapes, `mean` "
+             f"their mean. The default rule is `{rule}`. `alpha-by-eps (before)` is the table this project used "
+             "before these shapes were measured (alpha 0 below eps 2, 0.75 to 10, then 0.5).", "",
+             "| rule | epsilon | " + " | ".join(shapes) + " | worst | mean |", "|---" * (len(shapes) + 4) + "|"]
+    for r in rules:
+        for eps in eps_list:
+            vals = [table[r].get(s, {}).get(eps) for s in shapes]
+            known = [v for v in vals if v is not None]
+            worst = f"{max(known):.2f}" if known else "-"
+            mean = f"{sum(known) / len(known):.2f}" if known else "-"
+            label = f"**{r}** (default)" if r == rule else r
+            lines.append(f"| {label} | {eps:g} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals)
+                         + f" | {worst} | {mean} |")
+    best = ["| epsilon | " + " | ".join(shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
+    for eps in eps_list:
+        row = []
+        for s in shapes:
+            by_arm = summary[s]["cells"].get(eps, {})
+            arms = [(by_arm[a]["loss_mean"], a) for a in GRID if a in by_arm and by_arm[a]["loss_mean"] is not None]
+            row.append(min(arms)[1] if arms else "-")
+        best.append(f"| {eps:g} | " + " | ".join(row) + " |")
+    return lines + ["", "The best alpha of the grid per shape and epsilon:", ""] + best + [""]
+
+
+def _checks_section(summary: dict, state: dict) -> list[str]:
+    """What the defaults are held to, per shape (means over the seeds)."""
+    rule, share = _default(state)
+    lines = ["## The defaults against their targets", "",
+             "At every epsilon >= 3: the default split within 1 point of the best alpha; Hybrid (the default rule) "
+             "strictly below both RR and DP-SGD; RR within 3 points of the non-sensitive-only model at epsilon 3 and "
+             "1 point from epsilon 8; every arm's mean calibration ratio within 0.1 of 1.", "",
+             "| shape | epsilon | default regret | Hybrid < RR and DP-SGD | RR - its ceiling | calibration ratios "
+             "| all met |", "|---|---|---|---|---|---|---|"]
+    table = regret(summary, [rule], share)[rule]
+    for shape, summ in summary.items():
+        ceiling = summ["baselines"].get("nonsensitive", {}).get("relative_auc_loss", (None, None))[0]
+        for eps in sorted(e for e in summ["cells"] if e >= 3):
+            by_arm = summ["cells"][eps]
+            reg = table.get(shape, {}).get(eps)
+            hyb, rr, sgd = (by_arm.get(a, {}).get("loss_mean") for a in ("Hybrid", "RR", "DP-SGD"))
+            below = None if None in (hyb, rr, sgd) else hyb < rr and hyb < sgd
+            gap = None if rr is None or ceiling is None else rr - ceiling
+            cals = [v["cal_mean"] for v in by_arm.values() if v.get("cal_mean") is not None]
+            cal_ok = bool(cals) and all(abs(c - 1) <= 0.1 for c in cals)
+            ok = [reg is not None and reg <= 1.0, below is True,
+                  gap is not None and gap <= (3.0 if eps < 8 else 1.0), cal_ok]
+            lines.append(f"| {shape} | {eps:g} | {'-' if reg is None else f'{reg:.2f}'} | "
+                         f"{'-' if below is None else ('yes' if below else 'no')} | "
+                         f"{'-' if gap is None else f'{gap:+.2f}'} | "
+                         f"{f'{min(cals):.3f}-{max(cals):.3f}' if cals else '-'} | {'yes' if all(ok) else 'no'} |")
+    return lines + [""]
 
 
 def plot(state: dict, name: str, out: Path) -> list[Path]:

@@ -1,25 +1,29 @@
 """The utility frontier per data shape: RR, DP-SGD, Hybrid and the alpha grid against epsilon.
 
-For every data shape (``trainers.data.shapes``: where the signal sits between the feature
-groups) and every seed: synthesise ``--rows`` rows and hold out a fifth of the users; train
-the two non-private baselines with the trainer's own entry point (``run_baseline``): all
-features (the reference of every loss) and the non-sensitive features alone (the truncated
-model: the ceiling of any RR model); then, for every total epsilon, plan and train
-(``execute_plan``) every arm of the Hybrid plan family: RR (alpha = 1: the truncated model
-on randomised labels), DP-SGD (alpha = 0: all features), Hybrid (paper-v1: eps1 = min(0.6
-eps, 3)) and alpha = 0.25, 0.5, 0.75, all semi-sensitive DP (replace-one) per impression
-with delta = 0.1/N. The arms and their plans are set in one place (``ARMS``, ``PLAN``);
-training uses the library's defaults (``TrainSettings``, ``DPSGDSettings``) unless
-``TRAINING``/``DPSGD_TRAINING`` or an option says otherwise. Every setting is recorded
-(``settings()``) and checked against today's by tests/test_benchmark_settings.py.
+For every data shape (``trainers.data.shapes`` and ``trainers.data.mixed``: where the signal
+sits between the feature groups, and whether it crosses them) and every seed: synthesise
+``--rows`` rows and hold out a fifth of the users; train the two non-private baselines with
+the trainer's own entry point (``run_baseline``): all features (the reference of every loss)
+and the non-sensitive features alone (the truncated model: the ceiling of any RR model);
+then, for every total epsilon, plan and train (``execute_plan``) every arm of the Hybrid
+plan family from the shipped template ``synthetic-hybrid`` with only its epsilon, N, split,
+tower and ``[features]`` changed, as a user would: RR (alpha = 1: the truncated model on
+randomised labels), DP-SGD (alpha = 0: all features), alpha = 0.25, 0.5, 0.75, the paper's
+``paper-v1`` (eps1 = min(0.6 eps, 3)) and ``fine-tune`` (alpha = 0.5 with the non-sensitive
+tower fine-tuned in phase 2 instead of frozen), all semi-sensitive DP (replace-one) per
+impression with delta = 0.1/N and the template's default calibration. The arms are set in
+one place (``ARMS``); training uses the library's defaults (``TrainSettings``,
+``DPSGDSettings``) unless ``TRAINING``/``DPSGD_TRAINING`` or an option says otherwise. Every
+setting is recorded (``settings()``) and checked against today's by
+tests/test_benchmark_settings.py.
 
 Reported per (shape, epsilon, arm): the relative AUC loss (%) against the baseline trained on
 the same data (arXiv:2401.15246) and the calibration ratio mean(p) / mean(y), each as mean +-
-std over the seeds. A cell is marked ``~`` where the seeds cannot order it against some other
-arm of its table (|mean difference| < the larger std of the two); a private model that beats
-the baseline is called out (the baseline is then no ceiling: under-trained). Two tables per
-shape and metric: the three arms, and the alpha grid (alpha 0 and 1 are the DP-SGD and RR
-runs).
+std over the seeds. The Hybrid column is the library's default split rule
+(``budgetplan.split.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
+same phases; only the rule's name in the plan differs). Then the regret table: for each
+split rule, how far its alpha's loss is above the best alpha of the grid, per shape and
+epsilon (``_frontier_report.regret``), and the checks the issue asked of the defaults.
 
 Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
 that finds a JSON made with the same settings continues where it stopped (one made with other
@@ -27,13 +31,14 @@ settings is refused, naming what differs; ``--fresh`` starts over). Writes
 ``<out>/<name>.json``, ``<name>.md`` and one ``<name>_<shape>.png`` per shape (``--out``
 defaults to benchmarks/results).
 
-Not a test: ``python benchmarks/utility_frontier.py`` (1,000,000 rows x 3 shapes x 3 seeds x
-6 epsilons x 6 arms: many hours on 2 CPU cores; the results' ``seconds`` say how many);
-``--quick`` for a smoke run (20,000 rows, epsilons 1 and 8, one seed); ``--rows``,
-``--shapes``, ``--seeds``, ``--epsilons``, ``--arms`` for a smaller one (``--name`` keeps it
-apart from the default results); ``--jobs 2`` trains two (shape, seed) pairs at once in
-forked workers of one torch thread each (on 2 cores about twice the throughput of one
-process: small models gain little from a second intra-op thread).
+Not a test: ``python benchmarks/utility_frontier.py --jobs 2`` (1,000,000 rows x 6 shapes x 3
+seeds x 3 epsilons x 7 arms: hours on 2 CPU cores; the results' ``seconds`` say how many);
+``--rows 250000 --name utility_frontier_250k`` the same at 200,000 training rows; ``--quick``
+for a smoke run (20,000 rows, epsilons 1 and 8, one seed); ``--rows``, ``--shapes``,
+``--seeds``, ``--epsilons``, ``--arms`` for a smaller one (``--name`` keeps it apart from the
+default results); ``--jobs 2`` trains two (shape, seed) pairs at once in forked workers of
+one torch thread each (on 2 cores about twice the throughput of one process: small models
+gain little from a second intra-op thread).
 """
 
 from __future__ import annotations
@@ -50,20 +55,34 @@ import _harness as h
 from _frontier_report import plot, render, summarise
 
 __all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "plot", "render", "run", "settings",
-           "summarise"]
+           "summarise", "scenario", "TEMPLATE"]
 
-EPSILONS = (1.0, 3.0, 5.0, 8.0, 12.0, 20.0)
-SHAPES = ("balanced", "nonsensitive", "sensitive")  # balanced first: the shape the issue is judged on
-# The arms and everything that sets them, in one place. ARMS: arm -> the scenario's split.
-ARMS = {"RR": "alpha=1", "DP-SGD": "alpha=0", "Hybrid": "alpha-by-eps", "alpha=0.25": "alpha=0.25",
-        "alpha=0.5": "alpha=0.5", "alpha=0.75": "alpha=0.75"}
-# What every arm's plan shares (the command-line options of the same names override the phases').
-# C = 5 and the frozen tower as measured (CHANGELOG: at C = 1 clipping bias took the mean
-# prediction to 1-5% of the base rate at 1M rows); one RR epoch as the scenario default.
-# Every arm calibrates its intercept: 5% of the budget after DP-SGD, free for RR.
-PLAN = {"delta": "0.1/N", "adjacency": "replace-one", "unit": "impression", "tower": "frozen",
-        "calibration_share": 0.05, "rr": {"epochs": 1, "batch_size": 1024},
-        "dpsgd": {"batch_size": 4096, "epochs": 3, "clipping_norm": 5.0}}
+EPSILONS = (1.0, 3.0, 8.0)
+# balanced first: the shape the README quotes; the mixed family: shapes the defaults were not fitted to
+SHAPES = ("balanced", "nonsensitive", "sensitive", "mixed", "mixed-ns", "mixed-s")
+TEMPLATE = "synthetic-hybrid"  # the shipped scenario every arm's plan is made from
+# The arms and everything that sets them, in one place. ARMS: arm -> (the scenario's split, its tower).
+ARMS = {"RR": ("alpha=1", None), "DP-SGD": ("alpha=0", None), "alpha=0.25": ("alpha=0.25", None),
+        "alpha=0.5": ("alpha=0.5", None), "alpha=0.75": ("alpha=0.75", None), "paper-v1": ("paper-v1", None),
+        "fine-tune": ("alpha=0.5", "fine-tune")}
+
+
+def _template_values() -> dict:
+    """What the template sets that the arms share (read from the shipped file, so the two cannot drift)."""
+    import tomllib
+
+    from budgetplan import examples
+
+    raw = tomllib.loads(Path(examples.path(TEMPLATE)).read_text())
+    return {"delta": raw["budget"]["delta"], "adjacency": raw["privacy"]["adjacency"],
+            "unit": raw["privacy"]["unit"], "tower": raw["algorithm"]["tower"],
+            "calibration_share": raw.get("calibration", {}).get("share"),
+            "rr": {"epochs": raw.get("rr", {}).get("epochs"), "batch_size": raw["rr"]["batch_size"]},
+            "dpsgd": {k: raw["dpsgd"][k] for k in ("batch_size", "epochs", "clipping_norm")}}
+
+
+# What every arm's plan shares: the template's values (the options of the same names override them).
+PLAN = _template_values()
 # Overrides of the trainer's defaults (TrainSettings, DPSGDSettings) for every run, baselines
 # included; empty: the library's defaults, so that a better default reaches the frontier (and
 # makes the committed results stale) without an edit here.
@@ -84,9 +103,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--shapes", "--shape", default=",".join(SHAPES), help=f"comma-separated; of {', '.join(KNOWN)}")
     ap.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--rr-epochs", type=int, default=PLAN["rr"]["epochs"])
-    ap.add_argument("--dpsgd-batch", type=int, default=PLAN["dpsgd"]["batch_size"])
-    ap.add_argument("--dpsgd-epochs", type=int, default=PLAN["dpsgd"]["epochs"])
+    ap.add_argument("--rr-epochs", type=int, default=PLAN["rr"]["epochs"], help="default: the template's")
+    ap.add_argument("--dpsgd-batch", default=PLAN["dpsgd"]["batch_size"], help='an integer or "N/<c>"')
+    ap.add_argument("--dpsgd-epochs", type=float, default=PLAN["dpsgd"]["epochs"])
     ap.add_argument("--clipping-norm", type=float, default=PLAN["dpsgd"]["clipping_norm"])
     ap.add_argument("--dpsgd-lr", type=float, default=None, help="default: DPSGDSettings' default")
     ap.add_argument("--device", default="auto")
@@ -137,7 +156,7 @@ def _train_settings(args):
 
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the run: data, plans, training (the library's defaults resolved)."""
-    from budgetplan.split import ALPHA_BY_EPSILON
+    from budgetplan.split import ALPHA_BY_EPSILON, DEFAULT_RULE
     from trainers.data.synth import get_shape
 
     train, dp = _train_settings(args)
@@ -145,12 +164,13 @@ def settings(args: argparse.Namespace) -> dict:
         "shapes": {s: get_shape(s).parameters() for s in args.shape_list},
         "rows": args.rows, "users": args.users, "data_seeds": [1000 + s for s in range(args.seeds)],
         "training_seed": "the data seed", "holdout": HOLDOUT, "epsilons": args.epsilon_list,
-        "arms": {a: ARMS[a] for a in args.arm_list},
-        # what "alpha-by-eps" means today: a new table changes the Hybrid arm's plans
-        "alpha_by_epsilon": [{"from_epsilon": s.from_epsilon, "alpha": s.alpha} for s in ALPHA_BY_EPSILON],
+        "arms": {a: list(ARMS[a]) for a in args.arm_list},
+        # the default rule is read from the grid, not trained: a new default re-renders, it does not re-train
         "scenario": _shared_scenario(args), "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
         "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True",
-                      "settings": _baseline_settings().to_dict()}})
+                      "settings": _baseline_settings().to_dict()}}) | {"default_split": {
+        "rule": DEFAULT_RULE, "alpha_by_epsilon": [{"from_epsilon": s.from_epsilon, "alpha": s.alpha}
+                                                   for s in ALPHA_BY_EPSILON]}}
 
 
 def _baseline_settings():
@@ -161,43 +181,35 @@ def _baseline_settings():
 
 def _shared_scenario(args) -> dict:
     """What every arm's scenario shares, the planner's defaults resolved (accountant,
-    discretisation, sampling, RR's per-impression rule, ...): the name, epsilon, split, N
-    and features vary by cell and shape."""
+    discretisation, sampling, RR's per-impression rule, ...): the name, epsilon, split, tower,
+    N (and what follows from it) and features vary by cell and shape."""
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import get_shape
 
-    text = scenario(args, epsilon=max(args.epsilon_list), split=ARMS["Hybrid"], n=args.rows,
+    text = scenario(args, epsilon=max(args.epsilon_list), split="alpha=0.5", n=args.rows,
                     spec=get_shape(args.shape_list[0]).features)
     shared = parse_scenario(text).to_dict()
-    for key in ("name", "epsilon", "split", "dataset_size", "features"):
+    for key in ("name", "epsilon", "split", "tower", "dataset_size", "features"):
         shared.pop(key)
+    shared["dpsgd"].pop("batch_size")  # "N/<c>" resolves with N
+    shared["rr"].pop("validation_fraction", None)  # min(0.1, 200,000 / N)
+    shared["dpsgd_batch_size"] = args.dpsgd_batch
     return shared
 
 
-def scenario(args, *, epsilon: float, split: str, n: int, spec) -> str:
-    return f"""name = "frontier-{split}-eps{epsilon:g}"
-[budget]
-epsilon = {epsilon!r}
-delta = "{PLAN['delta']}"
-[privacy]
-adjacency = "{PLAN['adjacency']}"
-unit = "{PLAN['unit']}"
-[data]
-dataset_size = {n}
-[algorithm]
-name = "hybrid"
-split = "{split}"
-tower = "{PLAN['tower']}"
-[rr]
-epochs = {args.rr_epochs}
-batch_size = {PLAN['rr']['batch_size']}
-[dpsgd]
-batch_size = {args.dpsgd_batch}
-epochs = {args.dpsgd_epochs}
-clipping_norm = {args.clipping_norm!r}
-[calibration]
-share = {PLAN['calibration_share']!r}
-{spec.to_toml()}"""
+def scenario(args, *, epsilon: float, split: str, n: int, spec, tower: str | None = None) -> str:
+    """The template's scenario with its epsilon, N, split, tower and [features] set (and the options
+    that override its training shape, where given), as a user adapts it."""
+    from budgetplan.examples import adapted, set_key
+
+    text = adapted(TEMPLATE, epsilon=epsilon, dataset_size=n, split=split, tower=tower or PLAN["tower"],
+                   features=spec, scenario_name=f"frontier-{split}-eps{epsilon:g}")
+    if args.rr_epochs is not None:
+        text = set_key(text, "rr", "epochs", int(args.rr_epochs))
+    batch = args.dpsgd_batch
+    text = set_key(text, "dpsgd", "batch_size", batch if str(batch).startswith("N/") else int(batch))
+    text = set_key(text, "dpsgd", "epochs", args.dpsgd_epochs)
+    return set_key(text, "dpsgd", "clipping_norm", float(args.clipping_norm))
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -250,6 +262,17 @@ def _data(shape: str, seed: int, args, work: Path):
     return root / "train.parquet", root / "eval.parquet", int((~held).sum())
 
 
+def _rr_summary(record) -> dict | None:
+    """Where the RR phase's held-out units stopped it (None without an RR phase)."""
+    rr = next((p for p in record.phases if p.name == "rr"), None)
+    if rr is None:
+        return None
+    kept = rr.validation_kept
+    return {"epochs_run": rr.validation_checks[-1] if rr.validation_checks else rr.epochs,
+            "kept_epoch": rr.validation_checks[kept] if kept is not None else None,
+            "validation_auc": rr.validation_auc[kept] if kept is not None else None}
+
+
 def _metrics(record) -> dict:
     ev = record.metrics["eval"]
     return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
@@ -292,7 +315,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
         train, evaluation, n = _data(shape, seed, args, work)
         if baseline is None:
             report("status", None, f"{shape} seed {seed}: non-private baselines")
-            first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0], split=ARMS["Hybrid"], n=n,
+            first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0], split="alpha=0.5", n=n,
                                                        spec=spec)))
             baseline = {**_baselines(first, train, evaluation, train_settings, _baseline_settings(), 1000 + seed,
                                      threads), "dataset_size": n}
@@ -300,17 +323,21 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
         for eps, arm in cells:
             report("status", None, f"{shape} seed {seed}: {arm} eps {eps:g}")
             t0 = time.perf_counter()
-            plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=ARMS[arm], n=n, spec=spec)))
+            split, tower = ARMS[arm]
+            plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=split, n=n, spec=spec, tower=tower)))
             rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings, dpsgd_settings=dp,
                                seed=1000 + seed, baseline_auc=baseline["all"]["auc"],
                                baseline_tolerance=baseline["all"]["auc_tolerance"], threads=threads)
             report("cell", _key(shape, seed, eps, arm), {
-                "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": ARMS[arm],
+                "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": split,
+                "tower": plan.dpsgd.params.nonsensitive_tower if plan.dpsgd else None,
                 "alpha": arm_of(plan)[1], "delta": plan.delta, "dataset_size": plan.dataset_size,
                 "flip_probability": plan.rr.params.flip_probability if plan.rr else None,
                 "noise_multiplier": plan.dpsgd.params.noise_multiplier if plan.dpsgd else None,
                 "dpsgd_steps": plan.dpsgd.params.steps if plan.dpsgd else None,
-                **_metrics(rec), "seconds": time.perf_counter() - t0, "plan_sha256": plan.sha256})
+                "dpsgd_batch_size": plan.dpsgd.params.batch_size if plan.dpsgd else None,
+                "rr": _rr_summary(rec), **_metrics(rec), "seconds": time.perf_counter() - t0,
+                "plan_sha256": plan.sha256})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -399,8 +426,14 @@ def _run_parallel(args, units, report) -> None:
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     path = args.out / f"{args.name}.json"
-    state = json.loads(path.read_text()) if args.render else run(args)
     from budgetplan._files import write_atomic
+
+    if args.render:  # read with today's default split rule: the cells do not depend on it
+        state = json.loads(path.read_text())
+        state["settings"]["default_split"] = settings(args)["default_split"]
+        _save(path, state)
+    else:
+        state = run(args)
 
     text = render(state, args.name)
     write_atomic(args.out / f"{args.name}.md", text)

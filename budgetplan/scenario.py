@@ -579,7 +579,9 @@ class Scenario:
                 for rule in self.tuning.split:
                     _check_split(rule, self.epsilon, "[tuning].split")
             else:
-                split = _split_rule("[algorithm].split", self.split or "paper-v1")
+                from budgetplan.split import DEFAULT_RULE
+
+                split = _split_rule("[algorithm].split", self.split or DEFAULT_RULE)
                 _set(self, "split", split)
                 _check_split(split, self.epsilon)
             _set(self, "tower", _choice("[algorithm].tower", self.tower or "frozen", TOWERS))

@@ -32,8 +32,12 @@ from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
 
 __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget", "choose_split", "alpha_by_epsilon",
+           "DEFAULT_RULE",
            "ALPHA_BY_EPSILON", "ALPHA_BY_EPSILON_SOURCE", "PAPER_ALPHAS", "PAPER_EPSILONS"]
 
+# The rule a Hybrid scenario gets when it names none (benchmarks/results/utility_frontier.md: the least
+# regret across the measured shapes and epsilons).
+DEFAULT_RULE = "paper-v1"
 PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 _RULE = re.compile(r"^(alpha|eps1)=((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")

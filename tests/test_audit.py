@@ -14,11 +14,11 @@ import pytest
 
 from budgetplan import audit as audit_mod
 from budgetplan.audit import audit_run
-from budgetplan.demo import demo_scenario
 from budgetplan.ledger import digest, line
 from budgetplan.planner import build_plan
 from budgetplan.records import PrivateRecord, RunRecord, load_record
 from budgetplan.scenario import parse_scenario
+from trainers.demo import demo_scenario
 
 N = 4000
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError
 
-__all__ = ["names", "path", "text", "describe"]
+__all__ = ["names", "path", "text", "describe", "adapted", "set_key"]
 
 PREFIX = "example:"
 
@@ -39,3 +41,41 @@ def path(name: str) -> Path:
     """A filesystem path to the example (the package is installed as plain files)."""
     text(name)
     return Path(str(resources.files(__package__) / f"{name}.toml"))
+
+
+def set_key(toml: str, table: str, key: str, value) -> str:
+    """``toml`` with ``[table].key`` set to ``value`` (the line replaced, or added under the table's header).
+
+    ``value`` is written as TOML: a string quoted, a bool lower-case, a number as Python prints it.
+    Comments on a replaced line go with it.
+    """
+    lines = toml.splitlines()
+    head = next((i for i, line in enumerate(lines) if re.match(rf"^\[{re.escape(table)}\]", line)), None)
+    if head is None:
+        raise InvalidParameterError(f"the scenario has no [{table}] table")
+    end = next((i for i in range(head + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    written = json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
+    for i in range(head + 1, end):
+        if re.match(rf"^{re.escape(key)}\s*=", lines[i]):
+            lines[i] = f"{key} = {written}"
+            return "\n".join(lines) + "\n"
+    lines.insert(head + 1, f"{key} = {written}")
+    return "\n".join(lines) + "\n"
+
+
+def adapted(name: str, *, epsilon: float | None = None, dataset_size: int | None = None, split: str | None = None,
+            tower: str | None = None, features=None, scenario_name: str | None = None) -> str:
+    """An example scenario as a user adapts it: its epsilon, N, Hybrid split and tower, and its
+    ``[features]`` table (a ``FeatureSpec``) replaced where given, everything else as shipped."""
+    toml = text(name)
+    if features is not None:
+        found = re.search(r"(?m)^\[features\]", toml)
+        toml = (toml[:found.start()] if found else toml.rstrip() + "\n\n") + features.to_toml()
+    if scenario_name is not None:
+        toml = re.sub(r"(?m)^name = .*$", f"name = {json.dumps(scenario_name)}", toml, count=1)
+    for table, key, value in (("budget", "epsilon", None if epsilon is None else float(epsilon)),
+                              ("data", "dataset_size", None if dataset_size is None else int(dataset_size)),
+                              ("algorithm", "split", split), ("algorithm", "tower", tower)):
+        if value is not None:
+            toml = set_key(toml, table, key, value)
+    return toml

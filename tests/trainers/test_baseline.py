@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from budgetplan.demo import demo_scenario
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planner import build_plan
 from budgetplan.records import BaselineRun, BaselineStats, load_record
 from budgetplan.scenario import parse_scenario
 from trainers.baseline import BaselineSettings, compare, reference, train_baseline, validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.demo import demo_scenario
 from trainers.fit import FitSettings, predict
 from trainers.metrics import auc_standard_error, log_loss
 from trainers.run import TrainSettings, execute_plan, run_baseline

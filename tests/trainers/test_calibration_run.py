@@ -138,7 +138,7 @@ def test_an_honest_calibrated_run_audits_clean(root, runs):
 
 
 def test_rr_alone_shifts_for_free_to_the_debiased_count(root):
-    from budgetplan.demo import demo_scenario
+    from trainers.demo import demo_scenario
 
     text = demo_scenario(epsilon=2.0, dataset_size=N, spec=SYNTH_FEATURES, epochs=2)  # calibrated by default
     plan = build_plan(parse_scenario(text))

@@ -10,11 +10,11 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from budgetplan.demo import demo_scenario
 from budgetplan.planner import build_plan
 from budgetplan.records import load_record
 from budgetplan.scenario import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.demo import demo_scenario
 from trainers.ledger import Ledger, LedgerError, LockedError, RunLock
 from trainers.run import TrainSettings, execute_plan
 

@@ -7,13 +7,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from budgetplan.demo import demo_scenario
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.planner import build_plan
 from budgetplan.records import RunRecord, load_record
 from budgetplan.scenario import parse_scenario
 from trainers.baseline import BaselineSettings
 from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.demo import demo_scenario
 from trainers.run import TrainSettings, execute_plan, run_baseline
 
 FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
@@ -288,13 +288,21 @@ def test_cli_dpsgd_options_reach_the_dpsgd_phase(data, tmp_path, runner):
 def test_cli_demo_small(runner, tmp_path):
     from budgetplan.cli import cli
 
-    out = runner.invoke(cli, ["demo", "--rows", "4000", "--users", "800", "--epsilon", "2", "--out",
-                              str(tmp_path / "demo"), "--json"])
+    out = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "2", "--out", str(tmp_path / "demo"), "--json"])
     assert out.exit_code == 0, out.output
     result = json.loads(out.stdout)
     names = [r["name"] for r in result["runs"]]
-    assert names[0] == "non-private" and len(names) == 3
-    assert (tmp_path / "demo" / "statement-eps2.txt").exists()
+    assert names == ["non-private", "non-private, non-sensitive only", "RR", "DP-SGD", "Hybrid"]
+    from budgetplan.split import DEFAULT_RULE
+
+    assert result["split"]["rule"] == DEFAULT_RULE and result["split"]["reason"]
+    hybrid = result["runs"][-1]
+    assert set(hybrid["phases"]) == {"rr", "dpsgd", "calibration"} and hybrid["rr_heldout_auc"] is not None
+    assert all(r["calibration_ratio"] is not None for r in result["runs"])
+    for arm in ("rr", "dpsgd", "hybrid"):
+        assert (tmp_path / "demo" / f"statement-{arm}.txt").exists() and (tmp_path / "demo" / f"run-{arm}").is_dir()
+    human = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "2"])
+    assert human.exit_code == 0 and "Hybrid's split" in human.stdout
 
 
 def test_vocabulary_encoding_trains_and_is_kept(data, tmp_path):

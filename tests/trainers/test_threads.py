@@ -107,10 +107,10 @@ def test_a_run_records_its_threads_and_restores_the_callers(tmp_path, runner):
     import pyarrow.parquet as pq
 
     from budgetplan.cli import cli
-    from budgetplan.demo import demo_scenario
     from budgetplan.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import SYNTH_FEATURES, synthesize
+    from trainers.demo import demo_scenario
 
     pq.write_table(synthesize(2000, 500, 3), tmp_path / "train.parquet")
     plan = build_plan(parse_scenario(demo_scenario(epsilon=2.0, dataset_size=2000, spec=SYNTH_FEATURES, epochs=1)))

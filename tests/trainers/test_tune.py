@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from budgetplan import grid
-from budgetplan.demo import demo_scenario
 from budgetplan.errors import UnsupportedError
 from budgetplan.ledger import read_ledger
 from budgetplan.planner import build_plan
 from budgetplan.records import load_record, phase_run_dict
 from budgetplan.scenario import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.demo import demo_scenario
 from trainers.randomness import Randomness
 from trainers.run import TrainSettings, execute_plan
 from trainers.tune import clipped_log_loss_sum, gumbel, noisy_max, split_units

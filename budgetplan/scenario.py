@@ -32,6 +32,8 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     [algorithm]
     name = "hybrid"                           # rr | walr | dpsgd | hybrid
     split = "paper-v1"                        # hybrid: "paper-v1", "alpha-by-eps", "alpha=<a>", "eps1=<e>"
+    split_evidence = "..."                    # hybrid, optional: where the split came from (written by
+                                              # `budgetplan split --proxy`; the statement quotes it)
     tower = "frozen"                          # hybrid: non-sensitive tower in phase 2 ("fine-tune")
 
     [rr]                                      # rr, hybrid
@@ -528,6 +530,7 @@ class Scenario:
     algorithm: str
     split: str | None = None
     tower: str | None = None
+    split_evidence: str | None = None
     rr: RRShape | None = None
     dpsgd: DPSGDShape | None = None
     walr: WALRShape | None = None
@@ -585,6 +588,11 @@ class Scenario:
                 _set(self, "split", split)
                 _check_split(split, self.epsilon)
             _set(self, "tower", _choice("[algorithm].tower", self.tower or "frozen", TOWERS))
+        if self.split_evidence is not None:
+            _text("[algorithm].split_evidence", self.split_evidence)
+            if self.algorithm != "hybrid" or self.split is None:
+                raise InvalidParameterError("[algorithm].split_evidence says where a Hybrid plan's single split rule "
+                                            "came from; this scenario has none")
         _set(self, "warnings", _check_consistency(self))
 
     @property
@@ -597,9 +605,9 @@ class Scenario:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("warnings")
-        for key in ("size_release_epsilon", "calibration", "units"):
+        for key in ("size_release_epsilon", "calibration", "units", "split_evidence"):
             if out[key] is None:
-                out.pop(key)  # plans without a DP count, a calibration or a unit count keep their bytes
+                out.pop(key)  # plans without a DP count, a calibration, a unit count or evidence keep their bytes
         if out["dpsgd"] is not None and out["dpsgd"]["sample_by"] == "example":
             out["dpsgd"].pop("sample_by")
         if out["rr"] is not None and out["rr"]["validation_fraction"] is None:
@@ -676,7 +684,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
 
     algo = top.table("algorithm", required=True)
     algorithm = algo.get("name", required=True)
-    values.update(algorithm=algorithm, split=algo.get("split", default=None), tower=algo.get("tower", default=None))
+    values.update(algorithm=algorithm, split=algo.get("split", default=None), tower=algo.get("tower", default=None),
+                  split_evidence=algo.get("split_evidence", default=None))
     algo.finish()
 
     _batch_policy(raw, values["dataset_size"])

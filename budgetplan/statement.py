@@ -171,6 +171,11 @@ def _composition_lines(plan: Plan) -> list[str]:
     lines = []
     if plan.split is not None:
         lines.append(_item(_split_words(plan.split)))
+    if plan.scenario.split_evidence is not None:
+        lines.append(_item(f"The split {plan.scenario.split} was chosen on other data: {plan.scenario.split_evidence}. "
+                           "Choosing it there costs the data this plan trains on no privacy, provided that data is "
+                           "not the proxy's or part of it; if it is, the choice spent privacy this plan does not "
+                           "account."))
     if len(plan.phases) > 1:
         lines.append(_item(
             f"The phases run one after another on the same data (later phases may use earlier outputs) and "

@@ -93,8 +93,8 @@ class BaselineSettings:
         return asdict(self)
 
 
-def validation_split(table, unit_column: str | None, fraction: float,
-                     what: str = "--validation-fraction") -> tuple[np.ndarray, str, int | None]:
+def validation_split(table, unit_column: str | None, fraction: float, what: str = "--validation-fraction",
+                     key: bytes = SPLIT_KEY) -> tuple[np.ndarray, str, int | None]:
     """(a boolean mask of the validation rows, "unit" or "row": what was split, the units held out).
 
     A unit is in the validation split when the keyed blake2b-64 hash of its id's string
@@ -104,7 +104,8 @@ def validation_split(table, unit_column: str | None, fraction: float,
         InvalidParameterError: either side of the split is empty.
     """
     if unit_column is None:
-        rng = np.random.Generator(np.random.PCG64(int.from_bytes(SPLIT_KEY[:8], "little")))
+        rng = np.random.Generator(np.random.PCG64(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(),
+                                                                 "little")))
         held, unit, units = rng.random(table.num_rows) < fraction, "row", None
     else:
         import pyarrow as pa
@@ -119,7 +120,7 @@ def validation_split(table, unit_column: str | None, fraction: float,
         encoded = pc.dictionary_encode(column).combine_chunks()
         limit = fraction * 2.0**64
         by_unit = np.fromiter(
-            (int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8, key=SPLIT_KEY).digest(), "little") < limit
+            (int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8, key=key).digest(), "little") < limit
              for v in encoded.dictionary.to_pylist()), dtype=bool, count=len(encoded.dictionary))
         held, unit, units = by_unit[encoded.indices.to_numpy(zero_copy_only=False)], "unit", int(by_unit.sum())
     kept = int(held.sum())

@@ -1,0 +1,167 @@
+"""Choose Hybrid's split on proxy data: the alpha grid trained where trying costs no privacy.
+
+Which split is best moves with the data and with N (benchmarks/results/utility_frontier.md).
+On the private data, trying several splits and keeping the best spends privacy (a
+``[tuning]`` grid accounts for it). On data the user may use freely (historic data under
+another policy, public data, synthetic data with the same schema), it does not. So:
+
+1. the proxy's units are split by a keyed hash of the unit id (``trainers.baseline.
+   validation_split``; by row without one) into a training part and a fifth held out for
+   evaluation, unless an evaluation file is given;
+2. the scenario is planned at the proxy's size as its analog: the same epsilon, delta policy
+   and epochs, and the same sampling rate q (the DP-SGD batch is scaled to q times the proxy's
+   rows), so that the noise each phase needs is what it would need on the private data;
+3. for each alpha of the grid, that plan with ``split = "alpha=<a>"`` is trained with the
+   trainer's defaults and evaluated; the non-private model on the same rows is the reference
+   of every relative AUC loss;
+4. the alpha with the highest evaluation AUC is chosen, and the scenario is written back with
+   that split and ``split_evidence`` saying where it came from, which the plan's statement
+   quotes.
+
+Nothing here reads the private data: the choice is free for it only if the proxy is not the
+private data or a part of it, which the statement says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from budgetplan.errors import InvalidParameterError
+
+__all__ = ["proxy_grid", "proxy_scenario", "file_digest", "plot_alphas", "DEFAULT_ALPHAS"]
+
+DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+EVAL_KEY = b"budgetplan proxy evaluation"
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, or of a directory's files (their names and bytes, in name order)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def proxy_scenario(scenario, rows: int, alpha: float):
+    """The scenario's analog on ``rows`` proxy rows at split ``alpha``: same epsilon, delta policy, epochs and q."""
+    s = scenario
+    dpsgd = s.dpsgd
+    if dpsgd is not None:
+        q = dpsgd.batch_size / s.dataset_size
+        dpsgd = replace(dpsgd, batch_size=max(1, min(rows, round(q * rows))))
+    return replace(s, dataset_size=rows, split=f"alpha={alpha:g}", dpsgd=dpsgd, split_evidence=None,
+                   name=f"{s.name}-proxy-alpha{alpha:g}")
+
+
+def _check(scenario) -> None:
+    if scenario.algorithm != "hybrid":
+        raise InvalidParameterError(f"--proxy chooses a Hybrid split; the scenario's algorithm is "
+                                    f"{scenario.algorithm!r}")
+    if scenario.features is None:
+        raise InvalidParameterError("the scenario has no [features] table: the proxy is read by its columns")
+    if scenario.tuning is not None:
+        raise InvalidParameterError("the scenario declares [tuning]: --proxy chooses the split outside it; drop "
+                                    "one of them")
+
+
+def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=DEFAULT_ALPHAS, out: Path,
+               seed: int | None = None, threads: int | str = "auto", data_format: str = "auto",
+               progress=None) -> dict:
+    """Train the alpha grid of ``scenario`` on ``proxy`` (module docstring); returns the frontier.
+
+    Args:
+        progress: called with one line of text as each step starts and ends (stderr, a log).
+
+    Returns:
+        {"proxy", "proxy_sha256", "train_rows", "eval_rows", "baseline_auc", "cells": [{alpha,
+        auc, relative_auc_loss, calibration_ratio, seconds}], "best_alpha", "evidence"}.
+    """
+    import pyarrow.parquet as pq
+
+    from budgetplan._files import atomic_output
+    from budgetplan.planner import build_plan
+    from trainers.baseline import reference, validation_split
+    from trainers.data.loaders import read_table
+    from trainers.run import TrainSettings, execute_plan, run_baseline
+
+    _check(scenario)
+    say = progress or (lambda line: None)
+    spec = scenario.features
+    proxy, out = Path(proxy), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = TrainSettings(data_format=data_format)
+    say(f"proxy: reading {proxy}")
+    table = read_table(proxy, format=data_format, columns=list(spec.columns))
+    if eval_path is None:
+        # a key of its own: the baseline's and the RR phase's held-out units (the default key) must
+        # fall on both sides of this split, not all in its evaluation part
+        held, _, _ = validation_split(table, spec.unit_id, 0.2, what="the proxy's evaluation share", key=EVAL_KEY)
+        train_table, eval_table = table.filter(~held), table.filter(held)
+        train_path, eval_file = out / "proxy-train.parquet", out / "proxy-eval.parquet"
+        for path, part in ((train_path, train_table), (eval_file, eval_table)):
+            with atomic_output(path) as tmp:
+                pq.write_table(part, str(tmp))
+    else:
+        train_path, eval_file = proxy, Path(eval_path)
+        train_table, eval_table = table, read_table(eval_file, format=data_format, columns=list(spec.columns))
+    rows = train_table.num_rows
+    plans = {a: build_plan(proxy_scenario(scenario, rows, a)) for a in alphas}
+    t0 = time.perf_counter()
+    say(f"proxy: the non-private model on {rows:,} rows")
+    base = run_baseline(plans[alphas[0]], train_path, eval_path=eval_file, settings=settings, seed=seed,
+                        threads=threads)
+    base_auc, tolerance = reference(base)
+    say(f"proxy: non-private AUC {base_auc:.4f} ({time.perf_counter() - t0:.0f} s)")
+    cells = []
+    for a in alphas:
+        t0 = time.perf_counter()
+        say(f"proxy: alpha = {a:g}")
+        rec = execute_plan(plans[a], train_path, eval_path=eval_file, settings=settings, seed=seed,
+                           baseline_auc=base_auc, baseline_tolerance=tolerance, threads=threads)
+        ev = rec.metrics["eval"]
+        cells.append({"alpha": a, "auc": ev["auc"], "relative_auc_loss": ev.get("relative_auc_loss"),
+                      "calibration_ratio": ev["calibration_ratio"], "seconds": time.perf_counter() - t0,
+                      "plan_sha256": plans[a].sha256})
+        say(f"proxy: alpha = {a:g}: AUC {ev['auc']:.4f}, relative AUC loss {ev.get('relative_auc_loss', 0):.2f}% "
+            f"({cells[-1]['seconds']:.0f} s)")
+    scored = [c for c in cells if c["auc"] is not None]
+    if not scored:
+        raise InvalidParameterError("no alpha of the grid gave a model with finite predictions on the proxy")
+    best = max(scored, key=lambda c: c["auc"])["alpha"]
+    digest = file_digest(proxy)
+    losses = ", ".join(f"{c['alpha']:g}: {c['relative_auc_loss']:.2f}%" for c in scored
+                       if c["relative_auc_loss"] is not None)
+    evidence = (f"budgetplan split --proxy on {proxy.name} (sha256 {digest[:16]}, {rows:,} training rows, "
+                f"{eval_table.num_rows:,} evaluation rows, planned at epsilon {scenario.epsilon:g} with the "
+                f"scenario's q and epochs): relative AUC loss by alpha {losses}; alpha = {best:g} lost least")
+    return {"proxy": str(proxy), "proxy_sha256": digest, "train_rows": rows, "eval_rows": eval_table.num_rows,
+            "epsilon": scenario.epsilon, "baseline_auc": base_auc, "cells": cells, "best_alpha": best,
+            "evidence": evidence}
+
+
+def plot_alphas(result: dict, path: Path) -> Path:
+    """The proxy's frontier as a PNG: relative AUC loss against alpha, the chosen alpha marked."""
+    from budgetplan.plots import _pyplot, _save
+
+    plt = _pyplot()
+    cells = [c for c in result["cells"] if c["relative_auc_loss"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot([c["alpha"] for c in cells], [c["relative_auc_loss"] for c in cells], marker="o")
+    best = next((c for c in cells if c["alpha"] == result["best_alpha"]), None)
+    if best is not None:
+        ax.plot([best["alpha"]], [best["relative_auc_loss"]], marker="*", markersize=14, linestyle="none",
+                label=f"chosen: alpha = {best['alpha']:g}")
+        ax.legend()
+    ax.set_xlabel("alpha = eps1 / eps (0: DP-SGD alone, 1: RR alone)")
+    ax.set_ylabel("relative AUC loss (%)")
+    ax.set_title(f"proxy {Path(result['proxy']).name}: epsilon {result['epsilon']:g}")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -667,11 +667,15 @@ def _walr(record: RunRecord, plan: Plan) -> Check:
         return verdict
     assert planned is not None and ran is not None  # settled otherwise
     par, problems = planned.params, _gaussian_release_problems(ran, planned.params)
-    if ran.noise_draws != par.features:
-        problems.append(f"{ran.noise_draws} noise draws for a {par.features}-dimensional sum")
+    # one-hot rows: the dimension follows from the features' encoding, which the record's model states
+    dimension = par.features if par.features is not None else record.model.get("config", {}).get("features")
+    if not isinstance(dimension, int) or isinstance(dimension, bool):
+        problems.append(f"the record states no dimension of the released sum (model config features: {dimension!r})")
+    elif ran.noise_draws != dimension:
+        problems.append(f"{ran.noise_draws} noise draws for a {dimension}-dimensional sum")
     if ran.rows != plan.dataset_size:
         problems.append(f"{ran.rows} rows summed; the plan accounts N = {plan.dataset_size}")
-    detail = "; ".join(problems) or (f"one release of a {par.features}-dimensional sum with noise std "
+    detail = "; ".join(problems) or (f"one release of a {dimension}-dimensional sum with noise std "
                                      f"{par.noise_std:.6g} (sensitivity {par.sensitivity:.6g})")
     return Check(name, not problems, detail)
 

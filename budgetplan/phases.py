@@ -254,14 +254,19 @@ class WALRParams:
         sensitivity: weights_bound x row_norm_bound, what one label moves the sum by;
             ``unit_sensitivity`` is K times that.
         features: k, the intercept included; every row is clipped to ``row_norm_bound``
-            and every weight to ``weights_bound``.
+            and every weight to ``weights_bound``. None (absent) with the one-hot encoding,
+            whose k follows from the data's encoding (the noise does not depend on k).
+        encoding: "one-hot": categoricals one-hot, numerics scaled into [0, 1] by a transform
+            fitted on the features (public under label DP), so every row's norm is at most
+            ``row_norm_bound`` = sqrt(1 + columns); None (absent): numeric columns as they are.
         classical_noise_std, classical_valid: the classical formula's noise, for comparison.
     """
 
     noise_std: float
     sensitivity: float
     unit_sensitivity: float
-    features: int
+    features: int | None = _typed.omit_if_none()
+    encoding: str | None = _typed.omit_if_none()
     row_norm_bound: float
     weights_bound: float
     dataset_size: int
@@ -275,8 +280,12 @@ class WALRParams:
         for name in ("noise_std", "sensitivity", "unit_sensitivity", "row_norm_bound", "weights_bound",
                      "classical_noise_std"):
             _set(self, name, _validate.positive(name, getattr(self, name)))
-        for name in ("features", "dataset_size", "cap"):
+        for name in ("dataset_size", "cap"):
             _set(self, name, _validate.positive_int(name, getattr(self, name)))
+        if (self.features is None) != (self.encoding == "one-hot") or self.encoding not in (None, "one-hot"):
+            raise InvalidParameterError(f"a WALR phase states features (numeric columns) or encoding \"one-hot\", "
+                                        f"got features={self.features!r}, encoding={self.encoding!r}")
+        _set(self, "features", _typed.optional(_validate.positive_int, "features", self.features))
         _capping(self, self.cap)
         _typed.text("release", self.release)
         _typed.flag("classical_valid", self.classical_valid)

@@ -324,15 +324,22 @@ def _calibration_phase(s: Scenario, unit, eps, delta, *, rr: bool) -> Phase:
 def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
     w = s.walr
     assert w is not None  # a WALR Scenario always has its [walr] shape
-    sens = w.weights_bound * w.row_norm_bound
+    bound = s.walr_row_norm_bound
+    sens = w.weights_bound * bound
+    one_hot = w.encoding == "one-hot"
     sigma = _gaussian_noise(s, unit, sens, eps, delta)
     classical = gauss.classical_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
     params = WALRParams(
-        noise_std=sigma, sensitivity=sens, unit_sensitivity=sens * unit.cap, features=w.features,
-        row_norm_bound=w.row_norm_bound, weights_bound=w.weights_bound, dataset_size=s.dataset_size,
+        noise_std=sigma, sensitivity=sens, unit_sensitivity=sens * unit.cap,
+        features=None if one_hot else w.features, encoding="one-hot" if one_hot else None,
+        row_norm_bound=bound, weights_bound=w.weights_bound, dataset_size=s.dataset_size,
         cap=unit.cap, capping=unit.capping,
-        release="sum_i y_i w_i x_i once, every row (intercept included) clipped to row_norm_bound, "
-                "weights clipped to weights_bound; gradient steps after it are free (post-processing)",
+        release=("sum_i y_i w_i x_i once, x_i the row's categoricals one-hot and numerics scaled into [0, 1] by a "
+                 "transform fitted on the features, with an intercept, every row (norm at most row_norm_bound) "
+                 "clipped to it all the same, weights clipped to weights_bound; gradient steps after it are free "
+                 "(post-processing)" if one_hot else
+                 "sum_i y_i w_i x_i once, every row (intercept included) clipped to row_norm_bound, "
+                 "weights clipped to weights_bound; gradient steps after it are free (post-processing)"),
         classical_noise_std=classical, classical_valid=eps < gauss.CLASSICAL_VALID_BELOW)
     phase = WALRPhase(mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
                       target_delta=delta, method="exact",

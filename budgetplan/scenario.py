@@ -126,6 +126,7 @@ DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 TOWERS = ("frozen", "fine-tune")
 MAX_SHARE = 0.5
 CALIBRATED = ("rr", "dpsgd", "hybrid")
+WALR_ENCODINGS = ("numeric", "one-hot")
 # The RR phase's free validation: the share of units a scenario holds out unless it says otherwise
 # (``validation_fraction = 0``: none), and the most it may hold out.
 RR_VALIDATION = 0.1
@@ -288,13 +289,36 @@ class RRShape:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WALRShape:
-    features: int
-    row_norm_bound: float
-    weights_bound: float
+    """WALR's release: one noisy sum of y_i w_i x_i.
+
+    ``encoding = "numeric"`` (the default when ``features`` and ``row_norm_bound`` are given):
+    the rows are the numeric columns as they are, plus an intercept, each clipped to
+    ``row_norm_bound``; the plan states k = ``features``. ``encoding = "one-hot"`` (the default
+    without them): every categorical column one-hot (a vocabulary, or hashed), every numeric
+    column scaled into [0, 1] by a transform fitted on the features, plus an intercept, so a
+    row's norm is at most sqrt(1 + columns) whatever the vocabularies: the plan derives that
+    bound from ``[features]``, and k follows from the encoding (the noise does not depend on it).
+    """
+
+    features: int | None = None
+    row_norm_bound: float | None = None
+    weights_bound: float = 1.0
+    encoding: str | None = None
 
     def __post_init__(self) -> None:
-        _set(self, "features", _bounded_int("[walr].features", self.features, limits.MAX_WALR_FEATURES))
-        _set(self, "row_norm_bound", _validate.positive("[walr].row_norm_bound", self.row_norm_bound))
+        legacy = self.features is not None or self.row_norm_bound is not None
+        encoding = self.encoding or ("numeric" if legacy else "one-hot")
+        _set(self, "encoding", _choice("[walr].encoding", encoding, WALR_ENCODINGS))
+        if encoding == "numeric":
+            if self.features is None or self.row_norm_bound is None:
+                missing = "features" if self.features is None else "row_norm_bound"
+                raise InvalidParameterError(f"missing required key [walr].{missing} for encoding = \"numeric\" (or "
+                                            "drop both for the one-hot encoding, which derives them)")
+            _set(self, "features", _bounded_int("[walr].features", self.features, limits.MAX_WALR_FEATURES))
+            _set(self, "row_norm_bound", _validate.positive("[walr].row_norm_bound", self.row_norm_bound))
+        elif legacy:
+            raise InvalidParameterError("[walr].features and [walr].row_norm_bound are derived from [features] for "
+                                        "encoding = \"one-hot\"; drop them")
         _set(self, "weights_bound", _validate.positive("[walr].weights_bound", self.weights_bound))
 
 
@@ -596,6 +620,18 @@ class Scenario:
         _set(self, "warnings", _check_consistency(self))
 
     @property
+    def walr_row_norm_bound(self) -> float:
+        """WALR's bound on a row's L2 norm, intercept included: stated (numeric encoding), or
+        sqrt(1 + the feature columns) for the one-hot encoding (one 1 per categorical column,
+        each numeric in [0, 1])."""
+        assert self.walr is not None  # asked of WALR scenarios only
+        if self.walr.encoding == "numeric":
+            assert self.walr.row_norm_bound is not None  # a numeric shape states it
+            return self.walr.row_norm_bound
+        assert self.features is not None  # checked at construction
+        return math.sqrt(1 + len(self.features.nonsensitive) + len(self.features.sensitive))
+
+    @property
     def resolved_delta(self) -> float:
         """delta as a number: a "<c>/N" policy is c / N."""
         if isinstance(self.delta, str):
@@ -610,6 +646,12 @@ class Scenario:
                 out.pop(key)  # plans without a DP count, a calibration, a unit count or evidence keep their bytes
         if out["dpsgd"] is not None and out["dpsgd"]["sample_by"] == "example":
             out["dpsgd"].pop("sample_by")
+        if out["walr"] is not None:
+            if out["walr"]["encoding"] == "numeric":
+                out["walr"].pop("encoding")  # plans made before the one-hot encoding keep their bytes
+            else:
+                out["walr"].pop("features")
+                out["walr"].pop("row_norm_bound")
         if out["rr"] is not None and out["rr"]["validation_fraction"] is None:
             out["rr"].pop("validation_fraction")  # plans without the RR phase's validation keep their bytes
         out["adjacency"] = self.adjacency.value
@@ -849,10 +891,13 @@ def _check_derived(s: Scenario) -> None:
 
     if s.dpsgd is not None:
         _check_clipping_norm(s, s.dpsgd.clipping_norm, "[dpsgd].clipping_norm")
-    if s.walr is not None and not math.isfinite(s.walr.row_norm_bound * s.walr.weights_bound * s.cap
+    if s.walr is not None and s.walr.encoding == "one-hot" and s.features is None:
+        raise InvalidParameterError("[walr] encoding = \"one-hot\" derives its row bound from [features]: add the "
+                                    "table (or give [walr].features and row_norm_bound for numeric columns)")
+    if s.walr is not None and not math.isfinite(s.walr_row_norm_bound * s.walr.weights_bound * s.cap
                                                 * SIGMA_RANGE[1]):
         raise InvalidParameterError(
-            f"[walr].row_norm_bound = {s.walr.row_norm_bound!r} times [walr].weights_bound = "
+            f"[walr].row_norm_bound = {s.walr_row_norm_bound!r} times [walr].weights_bound = "
             f"{s.walr.weights_bound!r} is too large: the release's sensitivity and noise std (up to "
             f"{s.cap * SIGMA_RANGE[1]:g} x their product) are not finite numbers")
 

@@ -138,8 +138,10 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                         f"{_num(cal.noise_std)} is added once to each number. The shift of the model's intercept "
                         f"that brings its mean prediction to {target} is post-processing and free.")
             case WALRPhase(params=walr):
+                rows = (f"({walr.features} features, intercept included)" if walr.encoding is None else
+                        "(every categorical column one-hot, every numeric column scaled into [0, 1], an intercept)")
                 text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
-                        f"({walr.features} features, intercept included) clipped to L2 norm "
+                        f"{rows} clipped to L2 norm "
                         f"{_num(walr.row_norm_bound)} and each weight to {_num(walr.weights_bound)}, so one "
                         f"label moves it by at most {_num(walr.sensitivity)}; Gaussian noise of standard "
                         f"deviation {_num(walr.noise_std)} is added once. Gradient descent on the released "
@@ -309,6 +311,10 @@ def _assumptions(plan: Plan) -> list[str]:
     if plan.walr is not None:
         out.append(_item("The released sum is formed once, from rows clipped as stated; the bound on every row is "
                          "enforced by the trainer, not assumed of the data."))
+        if plan.walr.params.encoding == "one-hot":
+            out.append(_item("Under label DP every feature is public: the vocabularies of the categorical columns and "
+                             "the range each numeric column is scaled by are fitted on the training rows' features "
+                             "(never their labels), and kept with the model. Only the labels are protected."))
     out.append(_item("All intermediate checkpoints and logged quantities computed from these outputs are covered: "
                      "the guarantee holds for everything released along the way, not only the final model."))
     return out

@@ -181,6 +181,9 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
             close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
             close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
             close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
+            if plan.scenario.walr is not None:
+                close(f"{where}.parameters.row_norm_bound vs scenario", par.row_norm_bound,
+                      plan.scenario.walr_row_norm_bound)
             close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
 
 

@@ -481,7 +481,7 @@ def execute_plan(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
         if collective is not None:
             note_shard(prep, collective)
             prep.timings["processes"] = collective.world_size
-        if kinds == (WALRPhase,):
+        if kinds == (WALRPhase,) and plan.walr.params.encoding is None:
             _check_walr_columns(spec)
         eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary) if lead else None
         if plan.dpsgd is not None and plan.dpsgd.params.samples_units:
@@ -599,6 +599,8 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     if spec.weight is not None:
         weights = torch.as_tensor(prep.table.column(spec.weight).to_numpy(zero_copy_only=False),
                                   dtype=torch.float64, device=device)
+    if par.encoding == "one-hot":
+        return _execute_walr_onehot(plan, prep, weights, rnd, device, eval_prep, t0, session, collective)
 
     def persist(draw):
         def as_array():
@@ -628,6 +630,45 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
         training={"walr": ws.to_dict()}, ledger=session.ledger_view(), timings=timings,
         device=_device_name(device))
     return record, {"theta": theta.cpu()}
+
+
+def _execute_walr_onehot(plan, prep, weights, rnd, device, eval_prep, t0, session, collective=None):
+    """WALR on every feature column (``trainers.walr_onehot``): one-hot categoricals, scaled numerics."""
+    import torch
+
+    from trainers.distributed import release_once
+    from trainers.metrics import evaluate_model
+    from trainers.record import build_record, walr_entry
+    from trainers.walr_onehot import encode_rows, predict, run_walr_onehot
+
+    par = plan.walr.params
+
+    def persist(draw):
+        return release_once(collective, session, "walr", draw)
+
+    model, res = run_walr_onehot(prep.data, prep.data.label.double(), weights, par, rnd, persist=persist,
+                                 collective=collective)
+    if collective is not None and collective.rank != 0:
+        return None, None
+    timings = dict(prep.timings, walr_fit_seconds=res.fit_seconds)
+    metrics = {}
+    if eval_prep is not None:
+        t2 = time.perf_counter()
+        rows, _ = encode_rows(eval_prep.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound)
+        metrics["eval"] = evaluate_model(eval_prep.data.label.cpu().numpy(), predict(model.theta, rows).cpu().numpy())
+        metrics["eval"]["rows"] = len(eval_prep.data)
+        timings["eval_seconds"] = eval_prep.timings["eval_prepare_seconds"] + time.perf_counter() - t2
+    timings["total_seconds"] = time.perf_counter() - t0
+    record = build_record(
+        plan=plan, entries=[walr_entry(res, release_sha256=res.release_sha256)], data=prep.data_info,
+        metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
+        model={"kind": "logistic-regression", "config": {"features": model.k, "encoding": "one-hot",
+                                                         "numeric_range": [model.lo, model.hi], "l2": model.l2},
+               "final": "walr"},
+        training={"walr": {"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2}}, ledger=session.ledger_view(),
+        timings=timings, device=_device_name(device))
+    return record, {"theta": model.theta.cpu(), "numeric_lo": torch.tensor(model.lo, dtype=torch.float64),
+                    "numeric_hi": torch.tensor(model.hi, dtype=torch.float64)}
 
 
 def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,

@@ -1,0 +1,152 @@
+"""WALR on ads data: one-hot categoricals and scaled numerics, the row bound derived and enforced."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.examples import adapted
+from budgetplan.planner import build_plan
+from budgetplan.scenario import parse_scenario
+from budgetplan.statement import render_statement
+from trainers.data.encoded import EncodedData
+from trainers.data.synth import SYNTH_FEATURES, synthesize
+from trainers.randomness import Randomness
+from trainers.run import execute_plan
+from trainers.walr_onehot import encode_rows, fit, numeric_range, predict, release
+
+N = 6000
+
+
+def _onehot_text(n=N, eps=3.0, extra=""):
+    text = adapted("walr", epsilon=eps, dataset_size=n, features=SYNTH_FEATURES)
+    lines = [line for line in text.splitlines() if not line.startswith(("features = ", "row_norm_bound"))]
+    return "\n".join(lines).replace("weights_bound = 1.0", "weights_bound = 1.0\n" + extra)
+
+
+def _data(rows):
+    """Three categorical and two numeric columns, with a collision in row 0 (ids 3 and 3)."""
+    g = torch.Generator().manual_seed(0)
+    ns_cat = torch.randint(0, 20, (rows, 2), generator=g)
+    ns_cat[0] = torch.tensor([3, 3])
+    return EncodedData(ns_cat=ns_cat, ns_num=torch.randn(rows, 1, generator=g) * 5, s_cat=torch.randint(0, 9, (rows, 1),
+                       generator=g), s_num=torch.rand(rows, 1, generator=g), label=(torch.rand(rows, generator=g)
+                       < 0.3).float(), unit=None, ns_vocab=20, s_vocab=9)
+
+
+def _dense(rows):
+    x = torch.zeros(len(rows), rows.k, dtype=torch.float64)
+    x[:, 0] = 1.0
+    for j in range(rows.cat.shape[1]):
+        x[torch.arange(len(rows)), rows.cat[:, j]] += 1.0
+    x[:, rows.num_offset:] = rows.num
+    return x * rows.scale[:, None]
+
+
+def test_every_row_is_within_the_bound_and_the_sparse_sum_is_the_dense_one():
+    data = _data(500)
+    lo, hi = numeric_range(data)
+    bound = math.sqrt(1 + 3 + 2)
+    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=bound)
+    dense = _dense(rows)
+    norms = torch.linalg.vector_norm(dense, dim=1)
+    assert bool((norms <= bound).all()) and scaled >= 1 and rows.scale[0] < 1  # the collision is scaled down
+    assert torch.allclose(norms, rows.norm) and rows.k == 1 + 20 + 9 + 2
+    assert float(rows.num.min()) == 0.0 and float(rows.num.max()) == 1.0
+    y, w = data.label.double(), torch.ones(500, dtype=torch.float64)
+    exact, info = release(rows, y, w, noise_std=0.0, sensitivity=bound, randomness=Randomness(0))
+    assert torch.allclose(exact, (y[:, None] * dense).sum(0)) and info["noise_draws"] == rows.k
+    with pytest.raises(PlanMismatchError, match="more than the planned sensitivity"):
+        release(rows, y, w, noise_std=1.0, sensitivity=bound / 2, randomness=Randomness(0))
+
+
+def test_new_rows_are_scaled_by_the_training_range_and_clipped():
+    data = _data(300)
+    lo, hi = numeric_range(data)
+    shifted = _data(300)
+    shifted.ns_num.add_(1e3)
+    rows, _ = encode_rows(shifted, lo, hi, row_norm_bound=3.0)
+    assert float(rows.num[:, 0].min()) == 1.0  # beyond the training range: clipped to 1
+
+
+def test_the_fit_recovers_a_logistic_model_from_the_exact_sum():
+    g = torch.Generator().manual_seed(1)
+    n = 20_000
+    data = _data(n)
+    lo, hi = numeric_range(data)
+    rows, _ = encode_rows(data, lo, hi, row_norm_bound=math.sqrt(6))
+    truth = torch.zeros(rows.k, dtype=torch.float64)
+    truth[0], truth[1:21] = -1.0, torch.linspace(-1, 1, 20, dtype=torch.float64)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(rows.logits(truth))).double()
+    w = torch.ones(n, dtype=torch.float64)
+    exact, _ = release(rows, y, w, noise_std=0.0, sensitivity=math.sqrt(6), randomness=Randomness(0))
+    theta = fit(rows, exact, w, n_rows=n, l2=1.0)
+    assert float(torch.corrcoef(torch.stack([theta[1:21], truth[1:21]]))[0, 1]) > 0.95
+    from trainers.metrics import auc
+
+    assert auc(y.numpy(), predict(theta, rows).numpy()) > auc(y.numpy(), np.zeros(n) + np.arange(n) % 2) + 0.1
+
+
+def test_scenarios_derive_the_bound_from_features_and_keep_numeric_plans_as_they_were():
+    plan = build_plan(parse_scenario(_onehot_text()))
+    par = plan.walr.params
+    columns = len(SYNTH_FEATURES.nonsensitive) + len(SYNTH_FEATURES.sensitive)
+    assert par.encoding == "one-hot" and par.features is None
+    assert par.row_norm_bound == pytest.approx(math.sqrt(1 + columns)) and par.sensitivity == par.row_norm_bound
+    text = " ".join(render_statement(plan).split())
+    assert "every categorical column one-hot" in text and "fitted on the training rows' features" in text
+    numeric = build_plan(parse_scenario(adapted("walr")))
+    assert numeric.walr.params.encoding is None and numeric.walr.params.features == 20
+    assert "encoding" not in numeric.scenario.to_dict()["walr"]  # the bytes of plans made before
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("weights_bound = 1.0", 'weights_bound = 1.0\nencoding = "one-hot"\nfeatures = 5'),
+     "derived from [features]"),
+    (lambda t: t.replace("weights_bound = 1.0", 'weights_bound = 1.0\nencoding = "numeric"\nfeatures = 5'),
+     "missing required key [walr].row_norm_bound"),
+    (lambda t: t[:t.index("[features]")], "derives its row bound from [features]"),
+    (lambda t: t.replace("weights_bound = 1.0", 'weights_bound = 1.0\nencoding = "dense"'), "[walr].encoding"),
+])
+def test_bad_walr_tables_are_refused_in_one_line(edit, message):
+    with pytest.raises(InvalidParameterError) as err:
+        build_plan(parse_scenario(edit(_onehot_text())))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_one_hot_walr_plan_trains_on_categoricals_and_audits(tmp_path):
+    from budgetplan.audit import audit_run
+
+    table = synthesize(N + 3000, 1500, 4)
+    pq.write_table(table.slice(0, N), tmp_path / "train.parquet")
+    pq.write_table(table.slice(N), tmp_path / "eval.parquet")
+    plan = build_plan(parse_scenario(_onehot_text(eps=8.0)))
+    rec = execute_plan(plan, tmp_path / "train.parquet", eval_path=tmp_path / "eval.parquet", out_dir=tmp_path / "run",
+                       seed=3, threads=1)
+    entry = rec.phases[0]
+    assert entry.name == "walr" and rec.model["config"]["encoding"] == "one-hot"
+    assert entry.noise_draws == rec.model["config"]["features"] > 100  # one coordinate per category value
+    assert rec.metrics["eval"]["auc"] > 0.6
+    report = audit_run(tmp_path / "run", data_path=tmp_path / "train.parquet")
+    assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]
+    state = torch.load(tmp_path / "run" / "model.pt")
+    assert state["theta"].shape == (entry.noise_draws,) and state["numeric_lo"].shape == (4,)
+
+
+def test_over_two_processes_it_is_the_one_process_release_and_fit(tmp_path):
+    """Rank 0's noise from the same seed: the same released vector, the same theta, the same range."""
+    table = synthesize(N + 1000, 1500, 6)
+    pq.write_table(table.slice(0, N), tmp_path / "train.parquet")
+    plan = build_plan(parse_scenario(_onehot_text(eps=4.0)))
+    execute_plan(plan, tmp_path / "train.parquet", seed=4, threads=1, out_dir=tmp_path / "one")
+    execute_plan(plan, tmp_path / "train.parquet", seed=4, threads=1, nproc=2, out_dir=tmp_path / "two")
+    a, b = np.load(tmp_path / "one" / "walr_sum.npy"), np.load(tmp_path / "two" / "walr_sum.npy")
+    np.testing.assert_allclose(b, a, rtol=1e-9)  # summed over ranks, noised once
+    one, two = torch.load(tmp_path / "one" / "model.pt"), torch.load(tmp_path / "two" / "model.pt")
+    assert torch.equal(one["numeric_lo"], two["numeric_lo"]) and torch.equal(one["numeric_hi"], two["numeric_hi"])
+    np.testing.assert_allclose(two["theta"].numpy(), one["theta"].numpy(), rtol=1e-5, atol=1e-7)

@@ -1,0 +1,251 @@
+"""WALR on ads data: categoricals one-hot, numerics scaled into [0, 1], one sparse release, regularised descent.
+
+Under label DP every feature is public, so the rows may be encoded from the features freely:
+
+- each categorical column contributes one coordinate set to 1 (its value's row of the
+  trainer's encoding: a vocabulary of the values seen often enough for non-sensitive columns,
+  hashed bins for sensitive ones, as ``trainers.data.encode`` does for the neural models);
+- each numeric column ``v`` (already ``sign(v) log1p(|v|)``) is scaled into [0, 1] by
+  ``(v - lo) / (hi - lo)``, clipped, with ``lo`` and ``hi`` its minimum and maximum over the
+  training rows: a transform fitted on the features alone (public under label DP; the
+  statement says so), kept with the model so that new rows are scaled alike;
+- an intercept coordinate of 1.
+
+A row's L2 norm is then at most sqrt(1 + c + m) for c categorical and m numeric columns,
+whatever the vocabularies, which is the plan's ``row_norm_bound``; the dimension k does not
+enter the noise (the Gaussian release is accounted by its L2 sensitivity alone). Two columns
+hashed to one bin would make a coordinate 2 and a row longer than the bound: every row is
+scaled by ``min(1, R / ||x_i||)``, computed exactly, so the bound holds for every row all the
+same (the count of scaled rows is in the private record).
+
+The release is ``S = sum_i y_i w_i x_i + N(0, s^2 I_k)``, summed sparsely (a scatter-add per
+column). The model is then fitted on S and the public features alone (post-processing):
+
+    minimise  (1/N) [ sum_i w_i log(1 + exp(theta . x_i)) - theta . S ] + (lam / 2N) |theta|^2
+
+(the intercept not penalised) by L-BFGS in float64. The penalty matters: a value seen in a
+handful of rows has a coordinate of S that is mostly noise, and without it theta there grows
+without bound. ``lam = L2_SCALE * s``, the noise's own scale: the noise moves a coordinate's
+gradient by about s, and lam of that order keeps a rare value's weight near 0 while a
+frequent value's weight is set by its counts (measured: CHANGELOG, benchmarks/results/walr.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from budgetplan.errors import InvalidParameterError, PlanMismatchError
+
+__all__ = ["OneHotRows", "numeric_range", "encode_rows", "release", "fit", "predict", "run_walr_onehot",
+           "L2_SCALE", "FIT_ITERATIONS"]
+
+L2_SCALE = 1.0
+FIT_ITERATIONS = 200
+_BLOCK = 1 << 16
+
+
+@dataclass(frozen=True)
+class OneHotRows:
+    """Rows of the one-hot encoding, sparse.
+
+    Attributes:
+        cat: [N, c] int64 coordinates of the categorical ones (1 .. num_offset - 1).
+        num: [N, m] float64 numerics in [0, 1] (coordinates num_offset .. k - 1).
+        scale: [N] float64, each row's factor min(1, R / ||x_i||).
+        norm: [N] float64, each row's norm after scaling, ||scale_i x_i|| (at most R).
+        k: the dimension, intercept (coordinate 0) included.
+    """
+
+    cat: torch.Tensor
+    num: torch.Tensor
+    scale: torch.Tensor
+    norm: torch.Tensor
+    num_offset: int
+    k: int
+
+    def __len__(self) -> int:
+        return self.scale.shape[0]
+
+    def logits(self, theta: torch.Tensor) -> torch.Tensor:
+        z = theta[0] + theta[self.cat].sum(1) if self.cat.shape[1] else theta[0].expand(len(self)).clone()
+        if self.num.shape[1]:
+            z = z + self.num @ theta[self.num_offset:]
+        return z * self.scale
+
+
+def _numeric(data) -> torch.Tensor:
+    return torch.cat([data.ns_num, data.s_num], 1).to(torch.float64)
+
+
+def numeric_range(data, collective=None) -> tuple[list[float], list[float]]:
+    """(lo, hi) of each numeric column over the rows (every rank's), the transform's parameters."""
+    x = _numeric(data)
+    if x.shape[1] == 0:
+        return [], []
+    lo, hi = x.min(0).values, x.max(0).values
+    if collective is not None:
+        los = collective.gather_object(lo.tolist())
+        his = collective.gather_object(hi.tolist())
+        pooled = None if los is None else (np.min(los, axis=0).tolist(), np.max(his, axis=0).tolist())
+        return collective.broadcast_object(pooled)
+    return lo.tolist(), hi.tolist()
+
+
+def encode_rows(data, lo: list[float], hi: list[float], *, row_norm_bound: float) -> tuple[OneHotRows, int]:
+    """(the rows, how many were scaled to the bound) for ``data`` (``EncodedData``) and the fitted transform."""
+    n = len(data)
+    cat = torch.cat([data.ns_cat + 1, data.s_cat + 1 + data.ns_vocab], 1).to(torch.int64)
+    num_offset = 1 + data.ns_vocab + data.s_vocab
+    x = _numeric(data)
+    if x.shape[1]:
+        low = torch.tensor(lo, dtype=torch.float64, device=x.device)
+        width = (torch.tensor(hi, dtype=torch.float64, device=x.device) - low).clamp_min(1e-300)
+        x = ((x - low) / width).clamp_(0.0, 1.0)
+    # ||x_i||^2 = 1 + sum over the row's distinct coordinates of (their count)^2 + sum of numerics^2
+    squared = torch.empty(n, dtype=torch.float64, device=x.device)
+    c = cat.shape[1]
+    for a in range(0, n, _BLOCK):
+        block = cat[a:a + _BLOCK]
+        pairs = (block[:, :, None] == block[:, None, :]).sum((1, 2)) if c else torch.zeros(len(block))
+        squared[a:a + _BLOCK] = 1.0 + pairs.to(torch.float64) + (x[a:a + _BLOCK] ** 2).sum(1)
+    norms = squared.sqrt()
+    # a row above the bound is scaled to a hair below it, so that no rounding of its coordinates, in
+    # any order, can take it past the bound
+    scale = torch.where(norms > row_norm_bound, row_norm_bound / norms * (1 - 64 * torch.finfo(torch.float64).eps),
+                        torch.ones_like(norms))
+    return (OneHotRows(cat, x, scale, norms * scale, num_offset, num_offset + x.shape[1]),
+            int((norms > row_norm_bound).sum()))
+
+
+def release(rows: OneHotRows, y: torch.Tensor, w: torch.Tensor, *, noise_std: float, sensitivity: float,
+            randomness, collective=None):
+    """The one private release: sum_i y_i w_i x_i (sparse) + N(0, noise_std^2 I_k); (noisy, info).
+
+    Refused if a row contributes more than ``sensitivity``. With a ``collective`` the ranks' exact
+    sums are added and rank 0 alone draws the noise; other ranks get None.
+    """
+    t0 = time.perf_counter()
+    y = torch.as_tensor(y, dtype=torch.float64)
+    if not bool(((y == 0) | (y == 1)).all()):
+        raise InvalidParameterError("labels must be 0 or 1")
+    v = y * w * rows.scale
+    largest = float((w * rows.norm).max()) if len(rows) else 0.0  # depends on no label
+    if not largest <= sensitivity * (1 + 1e-12):
+        raise PlanMismatchError(f"a row contributes {largest!r} to the sum, more than the planned sensitivity "
+                                f"{sensitivity!r}")
+    total = torch.zeros(rows.k, dtype=torch.float64, device=v.device)
+    total[0] = v.sum()
+    if rows.cat.shape[1]:
+        total.index_add_(0, rows.cat.reshape(-1), v.repeat_interleave(rows.cat.shape[1]))
+    if rows.num.shape[1]:
+        total[rows.num_offset:] += rows.num.T @ v
+    if collective is not None:
+        collective.sum_([total])
+        everyone = collective.gather_object(largest)
+        if everyone is None:
+            return None
+        largest = max(everyone)
+    u = randomness.uniform_u64(2)
+    gen = np.random.Generator(np.random.PCG64((int(u[0]) << 64) | int(u[1])))
+    total += torch.as_tensor(gen.standard_normal(rows.k), dtype=torch.float64).to(total.device) * noise_std
+    return total, {"noise_draws": rows.k, "max_contribution": largest, "noise_std": noise_std,
+                   "seconds": time.perf_counter() - t0}
+
+
+def fit(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, l2: float,
+        iterations: int = FIT_ITERATIONS, collective=None) -> torch.Tensor:
+    """theta minimising the module docstring's objective on the released vector (reads no label)."""
+    target = torch.as_tensor(noisy, dtype=torch.float64).to(rows.scale.device)
+    if target.shape != (rows.k,) or not bool(torch.isfinite(target).all()):
+        raise InvalidParameterError(f"the released vector must be {rows.k} finite numbers")
+    theta = torch.zeros(rows.k, dtype=torch.float64, device=target.device, requires_grad=True)
+    penalised = torch.ones(rows.k, dtype=torch.float64, device=target.device)
+    penalised[0] = 0.0  # the intercept
+    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=iterations, history_size=20, tolerance_grad=1e-9,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        local = (w * torch.nn.functional.softplus(rows.logits(theta))).sum()
+        if collective is not None:
+            local.backward()
+            pooled = torch.stack([local.detach()])
+            collective.sum_([theta.grad, pooled])
+            loss = pooled[0]
+            theta.grad.sub_(target).add_(l2 * penalised * theta.detach()).div_(n_rows)
+            return (loss - target @ theta.detach() + 0.5 * l2 * (penalised * theta.detach() ** 2).sum()) / n_rows
+        loss = (local - target @ theta + 0.5 * l2 * (penalised * theta ** 2).sum()) / n_rows
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return theta.detach()
+
+
+def predict(theta: torch.Tensor, rows: OneHotRows) -> torch.Tensor:
+    """Probabilities sigmoid(theta . x_i) for rows encoded with the training transform."""
+    with torch.no_grad():
+        return torch.sigmoid(rows.logits(theta.to(rows.scale.device)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OneHotWALR:
+    """The fitted model and what the run did (``trainers.walr.WALRResult``'s fields and the encoding)."""
+
+    theta: torch.Tensor
+    lo: list[float]
+    hi: list[float]
+    k: int
+    rows_scaled: int
+    l2: float
+
+
+def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
+                    l2_scale: float | None = None, iterations: int = FIT_ITERATIONS):
+    """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult)."""
+    from trainers.walr import WALRResult
+
+    if getattr(params, "encoding", None) != "one-hot":
+        raise PlanMismatchError("run_walr_onehot runs a WALR phase planned with encoding = \"one-hot\"")
+    n = len(data) if collective is None else collective.total(len(data))
+    if n != params.dataset_size:
+        raise InvalidParameterError(f"the data has {n} rows; the plan accounts N = {params.dataset_size}: re-plan "
+                                    "with this N or supply the planned data")
+    lo, hi = numeric_range(data, collective)
+    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
+    w = torch.ones(len(rows), dtype=torch.float64) if weights is None else \
+        torch.as_tensor(weights, dtype=torch.float64)
+    if not bool(((w >= 0) & torch.isfinite(w)).all()):
+        raise InvalidParameterError("weights must be finite numbers >= 0")
+    weights_clipped = int((w > params.weights_bound).sum())
+    w = w.clamp(max=params.weights_bound)
+
+    def draw():
+        out = release(rows, y, w, noise_std=params.noise_std, sensitivity=params.sensitivity, randomness=randomness,
+                      collective=collective)
+        return None if out is None else (out[0].cpu().numpy(), out[1])
+
+    if persist is not None:
+        noisy, rel = persist(draw)
+    elif collective is None:
+        noisy, rel = draw()
+    else:
+        noisy, rel = collective.broadcast_object(draw())
+    t0 = time.perf_counter()
+    l2 = (L2_SCALE if l2_scale is None else l2_scale) * params.noise_std
+    theta = fit(rows, torch.as_tensor(np.asarray(noisy)), w, n_rows=n, l2=l2, iterations=iterations,
+                collective=collective)
+    if collective is not None:
+        scaled, weights_clipped = collective.total(scaled), collective.total(weights_clipped)
+    result = WALRResult(rows=n, rows_clipped=scaled, weights_clipped=weights_clipped, noise_std=rel["noise_std"],
+                        noise_draws=rel["noise_draws"], max_contribution=rel["max_contribution"],
+                        sensitivity=params.sensitivity, release_sha256=rel.get("sha256"),
+                        release_seconds=rel["seconds"], fit_steps=iterations, fit_seconds=time.perf_counter() - t0)
+    if not math.isfinite(float(theta.abs().max())):
+        raise InvalidParameterError("the fit diverged")  # pragma: no cover - L-BFGS on a strictly convex objective
+    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=l2), result

@@ -21,13 +21,17 @@ same (the count of scaled rows is in the private record).
 The release is ``S = sum_i y_i w_i x_i + N(0, s^2 I_k)``, summed sparsely (a scatter-add per
 column). The model is then fitted on S and the public features alone (post-processing):
 
-    minimise  (1/N) [ sum_i w_i log(1 + exp(theta . x_i)) - theta . S ] + (lam / 2N) |theta|^2
+    minimise  (1/N) [ sum_i w_i log(1 + exp(theta . x_i)) - theta . S + sum_j lam_j theta_j^2 / 2 ]
 
 (the intercept not penalised) by L-BFGS in float64. The penalty matters: a value seen in a
 handful of rows has a coordinate of S that is mostly noise, and without it theta there grows
-without bound. ``lam = L2_SCALE * s``, the noise's own scale: the noise moves a coordinate's
-gradient by about s, and lam of that order keeps a rare value's weight near 0 while a
-frequent value's weight is set by its counts (measured: CHANGELOG, benchmarks/results/walr.md).
+without bound. Its weight is per coordinate (``penalties``): ``lam_j = L2_BASE (1 + s^2 /
+(c_j p (1 - p)))`` with ``c_j`` the (public) count of rows behind coordinate j and ``p`` the
+base rate read from the release. ``c_j p (1 - p)`` is what the data tell about theta_j and
+``s^2`` what the noise adds to its statistic; with a Gaussian prior of precision
+``L2_BASE`` the posterior mean solves this objective to first order. ``L2_BASE = 10`` was
+the best penalty of the non-private fit (1 to 1,000 tried); a uniform penalty proportional
+to s was worse at every epsilon measured (CHANGELOG).
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ import torch
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 
 __all__ = ["OneHotRows", "numeric_range", "encode_rows", "release", "fit", "predict", "run_walr_onehot",
-           "L2_SCALE", "FIT_ITERATIONS"]
+           "curvature", "penalties", "L2_BASE", "FIT_ITERATIONS"]
 
-L2_SCALE = 1.0
+L2_BASE = 10.0
 FIT_ITERATIONS = 200
 _BLOCK = 1 << 16
 
@@ -157,34 +161,83 @@ def release(rows: OneHotRows, y: torch.Tensor, w: torch.Tensor, *, noise_std: fl
                    "seconds": time.perf_counter() - t0}
 
 
-def fit(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, l2: float,
+def curvature(rows: OneHotRows, w: torch.Tensor, collective=None) -> torch.Tensor:
+    """sum_i w_i x_ij^2 for every coordinate j: how many (scaled) rows inform it. Features only: public."""
+    out = torch.zeros(rows.k, dtype=torch.float64, device=rows.scale.device)
+    ws2 = w * rows.scale ** 2
+    out[0] = ws2.sum()
+    if rows.cat.shape[1]:
+        out.index_add_(0, rows.cat.reshape(-1), ws2.repeat_interleave(rows.cat.shape[1]))
+    if rows.num.shape[1]:
+        out[rows.num_offset:] = (rows.num ** 2).T @ ws2
+    if collective is not None:
+        collective.sum_([out])
+    return out
+
+
+def penalties(rows: OneHotRows, w: torch.Tensor, noisy: torch.Tensor, *, noise_std: float, base: float,
+              collective=None) -> torch.Tensor:
+    """Per-coordinate L2 weights lam_j = base (1 + s^2 / (c_j p (1 - p))), the intercept unpenalised.
+
+    ``c_j`` is the coordinate's curvature weight (``curvature``) and ``p`` the base rate read from
+    the release's intercept coordinate: ``c_j p (1 - p)`` is the information the data hold about
+    theta_j, ``s^2`` what the noise adds to its statistic, so the penalty is the prior's
+    (``base``) inflated by the noise-to-information ratio: a coordinate of thousands of rows is
+    barely touched, one of a handful is held near 0. Post-processing of the release and of
+    public features.
+    """
+    c = curvature(rows, w, collective)
+    p = float(noisy[0]) / max(float(c[0]), 1.0)
+    info = c * min(max(p, 1e-4), 0.5) * (1 - min(max(p, 1e-4), 0.5))
+    lam = base * (1.0 + noise_std ** 2 / info.clamp_min(1e-12))
+    lam[0] = 0.0
+    return lam
+
+
+def fit(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, l2,
         iterations: int = FIT_ITERATIONS, collective=None) -> torch.Tensor:
-    """theta minimising the module docstring's objective on the released vector (reads no label)."""
+    """theta minimising the module docstring's objective on the released vector (reads no label).
+
+    ``l2``: one L2 weight for every coordinate but the intercept, or a vector of them (``penalties``).
+    L-BFGS runs on theta_j / d_j with d_j = 1 / sqrt(lam_j + c_j p (1 - p)), the objective's
+    diagonal at its optimum, so that coordinates of a handful of rows and of millions are
+    equally well conditioned.
+    """
     target = torch.as_tensor(noisy, dtype=torch.float64).to(rows.scale.device)
     if target.shape != (rows.k,) or not bool(torch.isfinite(target).all()):
         raise InvalidParameterError(f"the released vector must be {rows.k} finite numbers")
-    theta = torch.zeros(rows.k, dtype=torch.float64, device=target.device, requires_grad=True)
-    penalised = torch.ones(rows.k, dtype=torch.float64, device=target.device)
-    penalised[0] = 0.0  # the intercept
-    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=iterations, history_size=20, tolerance_grad=1e-9,
-                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+    if isinstance(l2, torch.Tensor):
+        lam = l2.to(target.device, torch.float64)
+    else:
+        lam = torch.full((rows.k,), float(l2), dtype=torch.float64, device=target.device)
+        lam[0] = 0.0  # the intercept
+    c = curvature(rows, w, collective)
+    p = min(max(float(target[0]) / max(float(c[0]), 1.0), 1e-4), 0.5)
+    d = 1.0 / torch.sqrt(lam + c * p * (1 - p) + 1e-12)
+    phi = torch.zeros(rows.k, dtype=torch.float64, device=target.device, requires_grad=True)
+    opt = torch.optim.LBFGS([phi], lr=1.0, max_iter=iterations, history_size=20, tolerance_grad=1e-10,
+                            tolerance_change=1e-14, line_search_fn="strong_wolfe")
+
+    def objective(theta, data_term):
+        return (data_term - target @ theta + 0.5 * (lam * theta ** 2).sum()) / n_rows
 
     def closure():
         opt.zero_grad()
+        theta = phi * d
         local = (w * torch.nn.functional.softplus(rows.logits(theta))).sum()
         if collective is not None:
             local.backward()
             pooled = torch.stack([local.detach()])
-            collective.sum_([theta.grad, pooled])
-            loss = pooled[0]
-            theta.grad.sub_(target).add_(l2 * penalised * theta.detach()).div_(n_rows)
-            return (loss - target @ theta.detach() + 0.5 * l2 * (penalised * theta.detach() ** 2).sum()) / n_rows
-        loss = (local - target @ theta + 0.5 * l2 * (penalised * theta ** 2).sum()) / n_rows
+            collective.sum_([phi.grad, pooled])
+            t = theta.detach()
+            phi.grad.sub_(d * target).add_(d * lam * t).div_(n_rows)
+            return objective(t, pooled[0])
+        loss = objective(theta, local)
         loss.backward()
         return loss
 
     opt.step(closure)
-    return theta.detach()
+    return (phi * d).detach()
 
 
 def predict(theta: torch.Tensor, rows: OneHotRows) -> torch.Tensor:
@@ -206,7 +259,7 @@ class OneHotWALR:
 
 
 def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
-                    l2_scale: float | None = None, iterations: int = FIT_ITERATIONS):
+                    l2_base: float | None = None, iterations: int = FIT_ITERATIONS):
     """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult)."""
     from trainers.walr import WALRResult
 
@@ -237,9 +290,10 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
     else:
         noisy, rel = collective.broadcast_object(draw())
     t0 = time.perf_counter()
-    l2 = (L2_SCALE if l2_scale is None else l2_scale) * params.noise_std
-    theta = fit(rows, torch.as_tensor(np.asarray(noisy)), w, n_rows=n, l2=l2, iterations=iterations,
-                collective=collective)
+    noisy = torch.as_tensor(np.asarray(noisy))
+    base = L2_BASE if l2_base is None else l2_base
+    lam = penalties(rows, w, noisy, noise_std=params.noise_std, base=base, collective=collective)
+    theta = fit(rows, noisy, w, n_rows=n, l2=lam, iterations=iterations, collective=collective)
     if collective is not None:
         scaled, weights_clipped = collective.total(scaled), collective.total(weights_clipped)
     result = WALRResult(rows=n, rows_clipped=scaled, weights_clipped=weights_clipped, noise_std=rel["noise_std"],
@@ -248,4 +302,4 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
                         release_seconds=rel["seconds"], fit_steps=iterations, fit_seconds=time.perf_counter() - t0)
     if not math.isfinite(float(theta.abs().max())):
         raise InvalidParameterError("the fit diverged")  # pragma: no cover - L-BFGS on a strictly convex objective
-    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=l2), result
+    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base), result

@@ -150,3 +150,20 @@ def test_over_two_processes_it_is_the_one_process_release_and_fit(tmp_path):
     one, two = torch.load(tmp_path / "one" / "model.pt"), torch.load(tmp_path / "two" / "model.pt")
     assert torch.equal(one["numeric_lo"], two["numeric_lo"]) and torch.equal(one["numeric_hi"], two["numeric_hi"])
     np.testing.assert_allclose(two["theta"].numpy(), one["theta"].numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_the_penalty_grows_with_the_noise_over_what_the_rows_tell():
+    from trainers.walr_onehot import curvature, penalties
+
+    data = _data(4000)
+    lo, hi = numeric_range(data)
+    rows, _ = encode_rows(data, lo, hi, row_norm_bound=math.sqrt(6))
+    w = torch.ones(len(rows), dtype=torch.float64)
+    noisy = torch.zeros(rows.k, dtype=torch.float64)
+    noisy[0] = 0.3 * len(rows)  # base rate 0.3, read from the intercept coordinate
+    lam = penalties(rows, w, noisy, noise_std=5.0, base=10.0)
+    c = curvature(rows, w)
+    assert lam[0] == 0 and torch.allclose(lam[1:], 10.0 * (1 + 25.0 / (c[1:] * 0.21)))
+    frequent, rare = int(torch.argmax(c[1:21])) + 1, int(torch.argmin(c[1:21])) + 1
+    assert lam[rare] > lam[frequent] > 10.0
+    assert bool((penalties(rows, w, noisy, noise_std=1e-9, base=10.0)[1:] - 10.0).abs().max() < 1e-6)

@@ -163,7 +163,8 @@ def test_the_penalty_grows_with_the_noise_over_what_the_rows_tell():
     noisy[0] = 0.3 * len(rows)  # base rate 0.3, read from the intercept coordinate
     lam = penalties(rows, w, noisy, noise_std=5.0, base=10.0)
     c = curvature(rows, w)
-    assert lam[0] == 0 and torch.allclose(lam[1:], 10.0 * (1 + 25.0 / (c[1:] * 0.21)))
+    p = float(noisy[0] / c[0])  # c[0]: the rows' squared scales, just below their count
+    assert abs(p - 0.3) < 0.01 and lam[0] == 0 and torch.allclose(lam[1:], 10.0 * (1 + 25.0 / (c[1:] * p * (1 - p))))
     frequent, rare = int(torch.argmax(c[1:21])) + 1, int(torch.argmin(c[1:21])) + 1
     assert lam[rare] > lam[frequent] > 10.0
     assert bool((penalties(rows, w, noisy, noise_std=1e-9, base=10.0)[1:] - 10.0).abs().max() < 1e-6)

@@ -255,12 +255,20 @@ def test_cli_refuses_baseline_options_on_a_dp_run_and_a_baseline_that_is_no_ceil
 
 def test_cli_warns_when_a_dp_run_beats_an_undertrained_baseline(data, tmp_path, runner):
     """Weight decay 1 pins every weight near 0: a ceiling at AUC 1/2 that an RR run must beat."""
+    from budgetplan.cli import cli
+
     root, _, _ = data
     weak = _train(runner, root, tmp_path / "weak", "--non-private", "--baseline-epochs", "1", "--weight-decay", "1",
                   "--seed", "0")
     assert weak.exit_code == 0, weak.output
     assert "kept epoch" in weak.stdout and "stopped by" in weak.stdout
-    rr = _train(runner, root, tmp_path / "rr", "--baseline", str(tmp_path / "weak" / "run.json"), "--seed", "0")
+    # an RR plan that learns at 4,000 rows (10 epochs of 256 at epsilon 8), so beating AUC 1/2 is not luck
+    text = demo_scenario(epsilon=8.0, dataset_size=ROWS, spec=SYNTH_FEATURES, epochs=10)
+    plan = build_plan(parse_scenario(text.replace("batch_size = 1024", "batch_size = 256\nvalidation_fraction = 0")))
+    (tmp_path / "rr-plan.json").write_text(plan.to_json())
+    rr = runner.invoke(cli, ["train", str(tmp_path / "rr-plan.json"), "--data", str(root / "train.parquet"), "--eval",
+                             str(root / "eval.parquet"), "--out", str(tmp_path / "rr"), "--embedding-dim", "4",
+                             "--baseline", str(tmp_path / "weak" / "run.json"), "--seed", "0"])
     assert rr.exit_code == 0, rr.output
     ev = load_record(tmp_path / "rr", private=True).metrics["eval"]
     assert ev["beats_baseline"] is True and ev["auc"] - ev["baseline_auc"] > ev["baseline_auc_tolerance"] > 0

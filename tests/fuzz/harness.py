@@ -5,7 +5,7 @@ the CLI's one error boundary) with the working directory set to a fresh temporar
 directory that holds only the case's inputs. Three outcomes are allowed:
 
 - ``reject``: exit code 1 or 2; stderr is exactly one line starting with ``error:`` (after
-  any ``warning:`` lines); no exception escaped (no traceback); the working directory is
+  any ``warning:`` or ``progress:`` lines); no exception escaped (no traceback); the working directory is
   exactly as the inputs left it (no new, removed or changed file, no temporary file).
 - ``accept``: exit code 0; no exception; every declared output exists and is complete
   (JSON parses, a PNG ends in its IEND chunk, Parquet and CSV read back, a run directory
@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from click.testing import CliRunner
+
+from trainers.progress import PREFIX as PROGRESS  # long work's lines in a log (stderr is not a terminal here)
 
 __all__ = ["Case", "Text", "Bytes", "Dir", "Artefact", "run_case"]
 
@@ -298,7 +300,7 @@ def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
         if out.exit_code not in (1, 2):
             problems.append(f"silently accepted: exit {out.exit_code}, expected 1 or 2")
         errors = [line for line in lines if line.startswith("error:")]
-        others = [line for line in lines if not line.startswith(("error:", "warning:"))]
+        others = [line for line in lines if not line.startswith(("error:", "warning:", PROGRESS))]
         if len(errors) != 1 or others or (lines and not lines[-1].startswith("error:")):
             problems.append(f"stderr is not one 'error:' line: {out.stderr!r}")
     if case.expect == "interrupted":
@@ -334,7 +336,7 @@ def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
                 json.loads(out.stdout, parse_constant=_no_constants)
             except ValueError as exc:
                 problems.append(f"--json output is not one JSON object: {exc}")
-        if any(not line.startswith("warning:") for line in lines):
+        if any(not line.startswith(("warning:", PROGRESS)) for line in lines):
             problems.append(f"stderr carries more than warnings: {out.stderr!r}")
     return problems
 

@@ -323,9 +323,12 @@ def _print_record(record, out_dir) -> None:
     out.print(results_table(f"Run {out_dir}", ["", "value"], rows))
 
 
+MIN_DEMO_ROWS = 2_000  # below it the held-out fifth may have no conversion at a 4% base rate
+
+
 @click.command()
 @click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), default=250_000, show_default=True,
-              help="Synthetic rows (a fifth of the users is held out for evaluation).")
+              help=f"Synthetic rows, at least {MIN_DEMO_ROWS:,} (a fifth of the users is held out for evaluation).")
 @click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), default=None, help="Users (default: rows / 5).")
 @click.option("--epsilon", type=POSITIVE, default=3.0, show_default=True, help="The one budget every arm gets.")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default="mixed", show_default=True,
@@ -343,6 +346,9 @@ def demo(rows, users, epsilon, shape, out_dir, seed, threads, as_json):
     """
     from trainers.demo import run_demo
 
+    if rows < MIN_DEMO_ROWS:
+        raise click.UsageError(f"--rows must be at least {MIN_DEMO_ROWS:,} for the demo, got {rows:,}: its held-out "
+                               "fifth needs both classes at the synthetic base rate (4%)")
     users = users or max(1, rows // 5)
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")

@@ -179,7 +179,7 @@ COMMANDS = (
             ("--baseline-epochs", ""), ("--patience", ""), ("--validation-fraction", ""),
             ("--weight-decay", "zero tiny"))),
     ), inputs=(_PLAN_TRAIN, _TRAIN_DATA), outputs=("run",)),
-    Cmd("demo", ("demo", "--rows", "200", "--users", "40", "--epsilon", "1", "--out", "demo", "--json"), (
+    Cmd("demo", ("demo", "--rows", "2000", "--users", "400", "--epsilon", "1", "--out", "demo", "--json"), (
         Opt("--rows", accept=""),
         Opt("--users", accept=""),
         Opt("--epsilon", accept="frac", skip="big tiny huge 2^63"),

@@ -73,7 +73,7 @@ def _file_cases() -> list[Case]:
 
 
 _TRAIN_ARGV = ("train", "plan.json", "--data", "train.parquet", "--out", "OUT", "--embedding-dim", "1")
-_DEMO_ARGV = ("demo", "--rows", "200", "--users", "40", "--epsilon", "1", "--out", "OUT")
+_DEMO_ARGV = ("demo", "--rows", "2000", "--users", "400", "--epsilon", "1", "--out", "OUT")
 
 
 def _run_directory_cases() -> list[Case]:

@@ -305,6 +305,15 @@ def test_cli_demo_small(runner, tmp_path):
     assert human.exit_code == 0 and "Hybrid's split" in human.stdout
 
 
+def test_cli_demo_refuses_too_few_rows_for_a_held_out_conversion(runner, tmp_path):
+    from budgetplan.cli import cli
+    from budgetplan.cli.train_cmds import MIN_DEMO_ROWS
+
+    bad = runner.invoke(cli, ["demo", "--rows", str(MIN_DEMO_ROWS - 1), "--out", str(tmp_path / "d")])
+    assert bad.exit_code == 2 and f"--rows must be at least {MIN_DEMO_ROWS:,}" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and not (tmp_path / "d").exists()
+
+
 def test_vocabulary_encoding_trains_and_is_kept(data, tmp_path):
     import dataclasses
 

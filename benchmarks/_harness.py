@@ -5,7 +5,14 @@ every setting that produced the results, resolved (defaults included, library de
 read from the library), beside the command line and the commit that ran. Each script's
 ``settings(args)`` builds it both when it writes results and when asked what it would use
 today, so tests/test_benchmark_settings.py can tell a stale results file from a current one
-(:func:`settings_differences`) without running anything.
+(:func:`settings_differences`) without running anything. A script whose results cannot be
+made again soon pins the settings it was measured at instead of reading the library's
+defaults: :func:`without_rr` leaves out of its record trainer settings that came later and
+that its runs never read, and :func:`as_planned_then` plans its recorded scenario as it was
+planned before later planner defaults.
+
+For the benchmarks trained on synthetic data with held-out users: :func:`holdout_data`
+(``HOLDOUT``) and :func:`eval_metrics`.
 
 For the trainer benchmarks (``dpsgd_step.py``, ``epoch_throughput.py``):
 
@@ -91,6 +98,69 @@ def settings_differences(recorded: dict, today: dict) -> list[str]:
 
 
 _ABSENT = object()
+
+
+# TrainSettings' fields that only an RR phase reads: its weight decay, and its stopping rule
+# (read only where the plan holds units out of the RR phase: [rr].validation_fraction).
+RR_TRAINING = ("rr_checks_per_epoch", "rr_patience", "rr_weight_decay")
+
+
+def without_rr(training: dict) -> dict:
+    """``TrainSettings.to_dict()`` less the RR phase's settings (``RR_TRAINING``): the training
+    settings of runs that never read them."""
+    return {k: v for k, v in training.items() if k not in RR_TRAINING}
+
+
+def as_planned_then(scenario: str) -> str:
+    """A scenario recorded before two planner defaults changed, with both off: the text that plans
+    today what the recorded one planned when it was measured.
+
+    - ``[calibration]`` was opt-in (before commit 7554e58); absent, a DP-SGD or Hybrid plan is
+      calibrated now. A text without the table gets ``[calibration] share = 0``.
+    - The RR phase held no units out (before commit 30be4cc); absent, ``[rr].validation_fraction``
+      holds out a share now. An ``[rr]`` table without the key gets ``validation_fraction = 0``.
+
+    What a text states is kept. The recorded text stays the record: it is what was planned then.
+    """
+    import tomllib
+
+    from budgetplan.examples import set_key
+
+    raw = tomllib.loads(scenario)
+    if "rr" in raw and "validation_fraction" not in raw["rr"]:
+        scenario = set_key(scenario, "rr", "validation_fraction", 0)
+    if "calibration" not in raw:
+        scenario = scenario.rstrip("\n") + "\n[calibration]\nshare = 0\n"
+    return scenario
+
+
+# The users the benchmarks on synthetic data hold out for evaluation (holdout_data).
+HOLDOUT = "users whose id * 0x9E3779B97F4A7C15 (mod 2^64) is 0 mod 5"
+
+
+def holdout_data(shape: str, seed: int, rows: int, users: int, work: Path) -> tuple[Path, Path, int]:
+    """``rows`` synthetic rows of ``shape`` by ``users`` users (data seed 1000 + ``seed``), the users
+    ``HOLDOUT`` names written apart: (training file, evaluation file, training rows N)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from trainers.data.synth import get_shape, synthesize
+
+    spec = get_shape(shape).features
+    table = synthesize(rows, users, 1000 + seed, shape=shape)
+    ids = table.column(spec.unit_id).to_numpy().astype(np.uint64)
+    held = (ids * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(5) == 0
+    root = work / f"{shape}-{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.filter(~held), root / "train.parquet")
+    pq.write_table(table.filter(held), root / "eval.parquet")
+    return root / "train.parquet", root / "eval.parquet", int((~held).sum())
+
+
+def eval_metrics(record) -> dict:
+    """A run record's evaluation: AUC, log loss, calibration ratio, relative AUC loss, beats-baseline flag."""
+    ev = record.metrics["eval"]
+    return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
 def save_results(out: Path, name: str, result: dict, render) -> str:

@@ -1,14 +1,27 @@
 """One process against several: a Hybrid plan trained with ``--nproc`` has one process's guarantee and model.
 
-The frontier's Hybrid plan (``utility_frontier.py``: balanced shape, its C, batch, epochs,
-calibration share and the ``alpha-by-eps`` split) at ``--epsilon``, trained on ``--rows``
-rows (a fifth of the users held out, as there) for each seed with 1 process and with each
-count in ``--nproc``. Every run is audited (``budgetplan.audit.audit_run``, the per-rank
-check included). Reported per process count: eval AUC, relative AUC loss against the
-non-private baseline, calibration ratio (mean +- std over the seeds), wall seconds, the
-DP-SGD phase's seconds and rows per second, and the audit verdicts; then the difference
-between the arms beside the spread between seeds, so a difference smaller than the seed
-noise is called that.
+The Hybrid plan ``results/distributed.json`` was measured at (the utility frontier's when it
+was measured: balanced shape, C = 5, DP-SGD batch 4,096 for 3 epochs, one RR epoch at batch
+1,024, the frozen tower, a calibration share of 0.05 and the ``alpha-by-eps`` split) at
+``--epsilon``, trained on ``--rows`` rows (a fifth of the users held out:
+``_harness.HOLDOUT``) for each seed with 1 process and with each count in ``--nproc``. Every
+run is audited (``budgetplan.audit.audit_run``, the per-rank check included). Reported per
+process count: eval AUC, relative AUC loss against the non-private baseline, calibration ratio
+(mean +- std over the seeds), wall seconds, the DP-SGD phase's seconds and rows per second, and
+the audit verdicts; then the difference between the arms beside the spread between seeds, so a
+difference smaller than the seed noise is called that.
+
+Pinned: a 1M-row run takes hours, so the plan and the training settings are this script's
+constants, the values ``results/distributed.json`` records, not the frontier's or the
+library's defaults of today. The RR phase's validation (held-out units that stop it early) did
+not exist when it was measured: the scenario recorded is the text as measured, which today
+would hold units out, so the script trains it with ``[rr].validation_fraction = 0``
+(``_harness.as_planned_then``), the plan it made then: one RR epoch on every training row.
+With no held-out units the RR stopping rule (``rr_checks_per_epoch``, ``rr_patience``) is
+never read, and ``rr_weight_decay`` is pinned at 0.0, what the RR phase did then; the record
+leaves the three out, as it did. Not pinned, because no setting reaches it: the RR phase now
+starts the model's intercept at the debiased base rate of its labels (since commit 30be4cc),
+so a rerun's AUCs may differ from the recorded ones; both arms of the comparison start alike.
 
 Not a test: ``python benchmarks/distributed.py`` (about 20 minutes on 2 cores at the
 defaults); writes ``results/distributed.json`` and ``.md``.
@@ -25,9 +38,25 @@ import time
 from pathlib import Path
 
 import _harness as h
-import utility_frontier as uf
 
 SHAPE = "balanced"
+# The plan results/distributed.json was measured at (the frontier's then), pinned: it cannot be re-measured soon.
+SPLIT = "alpha-by-eps"  # the product's split rule when measured: the alpha table by epsilon
+DELTA = "0.1/N"  # as measured
+TOWER = "frozen"  # as measured
+RR_EPOCHS, RR_BATCH = 1, 1024  # as measured
+DPSGD_BATCH, DPSGD_EPOCHS, CLIPPING_NORM = 4096, 3, 5.0  # as measured
+CALIBRATION_SHARE = 0.05  # as measured
+# The trainer's settings it was measured at, pinned (the library's defaults have changed since).
+TRAINING = {"model": "mlp", "embedding_dim": 8, "tower_hidden": 128, "common_hidden": (128, 64), "lr": 0.001,
+            "optimizer": "adam", "loss": "forward", "batch_size": 1024, "hash_bins_nonsensitive": 65536,
+            "hash_bins_sensitive": 65536, "nonsensitive_encoding": "auto", "vocab_threshold": 16, "device": "cpu",
+            "data_format": "auto", "hybrid_start": "rr-model"}
+RR_WEIGHT_DECAY = 0.0  # the RR phase had no weight decay when measured (the setting came later; not recorded)
+DPSGD_TRAINING = {"optimizer": "adam", "lr": 0.01,  # lr 0.01: the default when measured (now 0.12 / sqrt(T))
+                  "cosine_decay": False, "padded_size": None, "max_chunk": 4096}
+BASELINE = {"max_epochs": 20, "patience": 2, "validation_fraction": 0.1, "weight_decay": 0.0001,
+            "check_every": None}  # the non-private baseline's early stopping as measured
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,36 +79,77 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"--nproc: not a comma-separated list of integers: {args.nproc!r}")
     if any(c < 1 for c in args.counts):
         ap.error(f"--nproc counts must be at least 1, got {args.nproc!r}")
-    # the frontier's options this benchmark shares, at the frontier's defaults
     args.users = max(1, args.rows // 5)
-    args.rr_epochs, args.dpsgd_batch = uf.PLAN["rr"]["epochs"], uf.PLAN["dpsgd"]["batch_size"]
-    args.dpsgd_epochs, args.clipping_norm = uf.PLAN["dpsgd"]["epochs"], uf.PLAN["dpsgd"]["clipping_norm"]
-    args.dpsgd_lr, args.device = None, "cpu"
     return args
 
 
-def _split(epsilon: float) -> str:
-    return uf.ARMS["Hybrid"]  # the product's split rule: the alpha table by epsilon
+def scenario(epsilon: float, n: int, spec) -> str:
+    """The Hybrid scenario as measured (its text then, byte for byte; ``h.as_planned_then`` plans it as then)."""
+    return f"""name = "frontier-{SPLIT}-eps{epsilon:g}"
+[budget]
+epsilon = {epsilon!r}
+delta = "{DELTA}"
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+[data]
+dataset_size = {n}
+[algorithm]
+name = "hybrid"
+split = "{SPLIT}"
+tower = "{TOWER}"
+[rr]
+epochs = {RR_EPOCHS}
+batch_size = {RR_BATCH}
+[dpsgd]
+batch_size = {DPSGD_BATCH}
+epochs = {DPSGD_EPOCHS}
+clipping_norm = {CLIPPING_NORM!r}
+[calibration]
+share = {CALIBRATION_SHARE!r}
+{spec.to_toml()}"""
+
+
+def _plan(epsilon: float, n: int):
+    """The plan trained: the scenario as measured, planned as then (no RR validation)."""
+    from budgetplan.planner import build_plan
+    from budgetplan.scenario import parse_scenario
+    from trainers.data.synth import get_shape
+
+    plan = build_plan(parse_scenario(h.as_planned_then(scenario(epsilon, n, get_shape(SHAPE).features))))
+    if plan.rr is None or plan.rr.params.validation_fraction is not None:
+        raise SystemExit("the plan is not the one measured: an RR phase without held-out units")
+    return plan
+
+
+def _train_settings():
+    """(TrainSettings, DPSGDSettings, BaselineSettings) of every run, as measured."""
+    from trainers.baseline import BaselineSettings
+    from trainers.dpsgd import DPSGDSettings
+    from trainers.run import TrainSettings
+
+    return (TrainSettings(**TRAINING, rr_weight_decay=RR_WEIGHT_DECAY), DPSGDSettings(**DPSGD_TRAINING),
+            BaselineSettings(**BASELINE))
 
 
 def settings(args: argparse.Namespace) -> dict:
     from trainers.data.synth import get_shape
 
-    training, dpsgd = uf._train_settings(args)
+    training, dpsgd, baseline = _train_settings()
     return h.settings_record("distributed.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilon": args.epsilon,
-        "processes": args.counts, "shape": get_shape(SHAPE).parameters(), "split": _split(args.epsilon),
-        "scenario": uf.scenario(args, epsilon=args.epsilon, split=_split(args.epsilon), n=0,
-                                spec=get_shape(SHAPE).features),
-        "training": training.to_dict(), "dpsgd_settings": dpsgd.to_dict(),
-        "baseline": uf._baseline_settings().to_dict(), "threads_per_process": 1, "holdout": uf.HOLDOUT})
+        "processes": args.counts, "shape": get_shape(SHAPE).parameters(), "split": SPLIT,
+        "scenario": scenario(args.epsilon, 0, get_shape(SHAPE).features),
+        # the RR settings as recorded then: none (no held-out units to stop on; weight decay pinned at 0.0)
+        "training": h.without_rr(training.to_dict()), "dpsgd_settings": dpsgd.to_dict(),
+        "baseline": baseline.to_dict(), "threads_per_process": 1, "holdout": h.HOLDOUT})
 
 
 def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, baseline_auc: float) -> dict:
     from budgetplan.audit import audit_run
     from trainers.run import execute_plan
 
-    training, dpsgd = uf._train_settings(args)
+    training, dpsgd, _ = _train_settings()
     out = work / f"run-{seed}-{nproc}"
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -89,7 +159,7 @@ def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, basel
     report = audit_run(out, data_path=train)
     dp = next(p for p in record.phases if p.name == "dpsgd")
     rows = dp.batch_size_sum or 0
-    return {"seed": seed, "processes": nproc, **uf._metrics(record), "wall_seconds": wall,
+    return {"seed": seed, "processes": nproc, **h.eval_metrics(record), "wall_seconds": wall,
             "dpsgd_seconds": dp.seconds, "dpsgd_rows_per_second": rows / dp.seconds if dp.seconds else None,
             "rr_seconds": record.timings.get("rr_phase_seconds"), "audit_passed": report.passed,
             "audit_failed": [c.name for c in report.checks if not c.passed],
@@ -101,25 +171,20 @@ def run(args) -> dict:
     from rich.console import Console
     from rich.progress import Progress
 
-    from budgetplan.planner import build_plan
-    from budgetplan.scenario import parse_scenario
-    from trainers.data.synth import get_shape
     from trainers.run import run_baseline
 
     work = Path(tempfile.mkdtemp(prefix="distributed-"))
     result: dict = {"settings": settings(args), "runs": [], "baselines": []}
-    spec = get_shape(SHAPE).features
+    training, _, baseline = _train_settings()
     with Progress(console=Console(stderr=True)) as bar:
         task = bar.add_task("runs", total=args.seeds * (len(args.counts) + 1))
         for seed in range(args.seeds):
-            train, evaluation, n = uf._data(SHAPE, seed, args, work)
-            plan = build_plan(parse_scenario(uf.scenario(args, epsilon=args.epsilon, split=_split(args.epsilon), n=n,
-                                                         spec=spec)))
-            training, _ = uf._train_settings(args)
+            train, evaluation, n = h.holdout_data(SHAPE, seed, args.rows, args.users, work)
+            plan = _plan(args.epsilon, n)
             bar.update(task, description=f"seed {seed}: non-private baseline")
-            base = run_baseline(plan, train, eval_path=evaluation, settings=training,
-                                baseline=uf._baseline_settings(), seed=seed, threads=1)
-            result["baselines"].append({"seed": seed, **uf._metrics(base)})
+            base = run_baseline(plan, train, eval_path=evaluation, settings=training, baseline=baseline, seed=seed,
+                                threads=1)
+            result["baselines"].append({"seed": seed, **h.eval_metrics(base)})
             bar.advance(task)
             for nproc in args.counts:
                 bar.update(task, description=f"seed {seed}: {nproc} process(es)")
@@ -161,7 +226,8 @@ def render(result: dict) -> str:
     cfg = result["settings"]["values"]
     lines = [f"# One process against several: Hybrid at eps {cfg['epsilon']:g} (split {cfg['split']})", "",
              f"{cfg['rows']:,} rows of the {SHAPE} shape (a fifth of the users held out), {cfg['seeds']} seeds, one "
-             "torch thread per process, gloo on CPU. Mean +- std over the seeds; every run audited.", "",
+             "torch thread per process, gloo on CPU; the RR phase holds no units out (`[rr].validation_fraction = "
+             "0`: the pinned plan). Mean +- std over the seeds; every run audited.", "",
              "| processes | eval AUC | relative AUC loss (%) | calibration ratio | wall s | DP-SGD s | "
              "DP-SGD rows/s | audits passed |", "|---|---|---|---|---|---|---|---|"]
 

@@ -26,8 +26,9 @@ honest and with the noise halved (``step``).
 
 Arms: ``--models`` (``fm``: a linear weight per value, where a canary's own parameters hold
 most of its gradient; ``mlp``, the default model) and ``--optimizers`` of the DP-SGD phase
-(``adam``, the default, whose per-coordinate step sizes keep little more than the sign of a
-canary's noisy sum; ``sgd``, under which the score is linear in it). Writes
+(``adam``, the default, at step size 0.01 as measured (``ADAM_LR``), whose per-coordinate step
+sizes keep little more than the sign of a canary's noisy sum; ``sgd``, under which the score
+is linear in it). Writes
 ``benchmarks/results/one_run_audit.json`` and ``.md``. Not a test: run it with
 ``python benchmarks/one_run_audit.py`` (about 25 minutes on 2 cores).
 """
@@ -50,6 +51,14 @@ sys.path.insert(0, str(h.ROOT))
 RESULTS = h.RESULTS
 DATA_SEED = 1
 ARMS = {"honest": None, "noise halved": "NOISE_HALVED", "clipping off": "CLIPPING_OFF"}  # mutants.py names
+ADAM_LR = 0.01  # the adam arm's DP-SGD step size results/one_run_audit.json was measured at (the default then)
+
+
+def _dpsgd_settings(optimizer: str, args: argparse.Namespace):
+    """The DP-SGD phase's settings of an arm: adam at ADAM_LR, sgd at --sgd-lr."""
+    from trainers.dpsgd import DPSGDSettings
+
+    return DPSGDSettings(lr=ADAM_LR) if optimizer == "adam" else DPSGDSettings(optimizer="sgd", lr=args.sgd_lr)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -64,7 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--clip", type=float, default=0.1)
     parser.add_argument("--models", nargs="+", default=["fm", "mlp"], choices=["fm", "mlp"])
     parser.add_argument("--optimizers", nargs="+", default=["adam", "sgd"], choices=["adam", "sgd"],
-                        help="the DP-SGD phase's optimiser (adam at its default lr; sgd at --sgd-lr)")
+                        help="the DP-SGD phase's optimiser (adam at lr 0.01; sgd at --sgd-lr)")
     parser.add_argument("--sgd-lr", type=float, default=1.0)
     parser.add_argument("--embedding-dim", type=int, default=4)
     parser.add_argument("--hash-bins", type=int, default=2**20)
@@ -80,7 +89,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the runs, the library's defaults read from it."""
     from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS
-    from trainers.dpsgd import DPSGDSettings
 
     return h.settings_record("one_run_audit.py", args.argv, {
         "seeds": args.seeds, "first_seed": args.first_seed, "rows_per_canary": args.rows_per_canary,
@@ -90,7 +98,7 @@ def settings(args: argparse.Namespace) -> dict:
         "sgd_lr": args.sgd_lr,
         "embedding_dim": args.embedding_dim, "hash_bins": args.hash_bins,
         "ideal_canaries": args.ideal_canaries, "confidence": DEFAULT_CONFIDENCE,
-        "guess_fractions": GUESS_FRACTIONS, "dpsgd": DPSGDSettings().to_dict(), "arms": list(ARMS)})
+        "guess_fractions": GUESS_FRACTIONS, "dpsgd": _dpsgd_settings("adam", args).to_dict(), "arms": list(ARMS)})
 
 
 def _run(plan, data, out, model, args, seed, arm, optimizer: str, canaries: int) -> dict:
@@ -100,7 +108,6 @@ def _run(plan, data, out, model, args, seed, arm, optimizer: str, canaries: int)
     from tests.trainers import mutants
     from trainers.canary import CANARY_DATA, canary_audit, score_canaries
     from trainers.data.synth import SYNTH_FEATURES
-    from trainers.dpsgd import DPSGDSettings
     from trainers.randomness import Randomness
     from trainers.run import TrainSettings
 
@@ -111,7 +118,7 @@ def _run(plan, data, out, model, args, seed, arm, optimizer: str, canaries: int)
         getattr(mutants, ARMS[arm]).install(patch)
     t0 = time.perf_counter()
     try:
-        dpsgd = DPSGDSettings() if optimizer == "adam" else DPSGDSettings(optimizer="sgd", lr=args.sgd_lr)
+        dpsgd = _dpsgd_settings(optimizer, args)
         rec = canary_audit(plan, data, canaries=canaries, out_dir=out, settings=settings_, seed=1000 + seed,
                            canary_randomness=Randomness(2000 + seed), threads=2, dpsgd_settings=dpsgd)
     finally:

@@ -6,15 +6,20 @@ sum over the process and its children, every 0.5 s):
 1. ``budgetplan data synth --shape pctr --rows R --users R/5 --out DIR/`` (skipped when the
    directory exists: ``--data``);
 2. ``budgetplan plan``: DP-SGD over the R rows, one epoch at batch ``--batch``, C = 5, eps 8,
-   delta 0.1/N, replace-one, per impression;
+   delta 0.1/N, replace-one, per impression, no calibration;
 3. ``budgetplan train plan.json --data DIR --out RUN --threads auto --nproc P`` for each P in
-   ``--nproc``, the record's own timings beside the wall time (read, encode, DP-SGD phase,
-   its rows per second);
+   ``--nproc`` (hashed categoricals, the DP-SGD step size 0.01), the record's own timings
+   beside the wall time (read, encode, DP-SGD phase, its rows per second);
 4. ``budgetplan audit RUN --data DIR``.
 
 Not a test: ``python benchmarks/paper_sizes.py`` (about 40 minutes at 40M rows on 2 cores);
 writes ``results/paper_sizes.json`` and ``.md``. ``--rows 4000000 --nproc 1,2 --name
 paper_sizes_4m`` gives the processes' scaling table at a size two processes fit twice.
+
+Pinned at what ``results/paper_sizes.json`` was measured with (a 40M-row run takes hours):
+the DP-SGD step size 0.01 (the default then; the automatic 0.12 / sqrt(T) came later, and
+the throughput does not depend on it), and the plan as planned then: the scenario it records,
+with calibration off (``[calibration]`` was opt-in then; ``_harness.as_planned_then``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 import _harness as h
 
 SHAPE = "pctr"
+DPSGD_LR = 0.01  # the DP-SGD step size results/paper_sizes.json was timed at (throughput does not depend on it)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -78,16 +84,52 @@ clipping_norm = 5.0
 {get_shape(SHAPE).features.to_toml()}"""
 
 
-def settings(args: argparse.Namespace) -> dict:
-    from trainers.data.synth import get_shape
+def _train_settings():
+    """(TrainSettings, DPSGDSettings) of every run: hashed categoricals, the DP-SGD step size pinned."""
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import TrainSettings
 
+    return TrainSettings(nonsensitive_encoding="hash"), DPSGDSettings(lr=DPSGD_LR)
+
+
+def settings(args: argparse.Namespace) -> dict:
+    from trainers.data.synth import get_shape
+
+    training, dpsgd = _train_settings()
     return h.settings_record("paper_sizes.py", args.argv, {
         "rows": args.rows, "users": args.rows // 5, "shape": get_shape(SHAPE).parameters(), "batch": args.batch,
         "epsilon": args.epsilon, "processes": args.counts, "scenario": scenario(args),
-        "training": TrainSettings(nonsensitive_encoding="hash").to_dict(),
-        "dpsgd_settings": DPSGDSettings().to_dict(), "threads": "auto"})
+        # a DP-SGD-only plan reads no RR setting
+        "training": h.without_rr(training.to_dict()), "dpsgd_settings": dpsgd.to_dict(), "threads": "auto"})
+
+
+def _train_options(training, dpsgd) -> list[str]:
+    """The ``budgetplan train`` options under which it trains with ``training`` and ``dpsgd`` (the
+    settings recorded); refused where the command would build other settings from them."""
+    from trainers.dpsgd import DPSGDSettings
+    from trainers.run import TrainSettings, resolve_device
+
+    if training.hash_bins_sensitive != training.hash_bins_nonsensitive:
+        raise SystemExit("budgetplan train takes one --hash-bins for both feature groups")
+    options = ["--model", training.model, "--embedding-dim", str(training.embedding_dim), "--lr", repr(training.lr),
+               "--encoding", training.nonsensitive_encoding, "--vocab-threshold", str(training.vocab_threshold),
+               "--hash-bins", str(training.hash_bins_nonsensitive), "--device", training.device,
+               "--format", training.data_format, "--dpsgd-optimizer", dpsgd.optimizer,
+               "--dpsgd-lr", "auto" if dpsgd.lr is None else repr(dpsgd.lr),
+               "--dpsgd-schedule", "cosine" if dpsgd.cosine_decay else "constant"]
+    # what the command builds from those options (budgetplan/cli/train_cmds.py), the rest at its defaults
+    built = (TrainSettings(model=training.model, embedding_dim=training.embedding_dim, lr=training.lr,
+                           loss="forward", hybrid_start="rr-model",
+                           nonsensitive_encoding=training.nonsensitive_encoding,
+                           vocab_threshold=training.vocab_threshold,
+                           hash_bins_nonsensitive=training.hash_bins_nonsensitive,
+                           hash_bins_sensitive=training.hash_bins_sensitive, device=training.device,
+                           data_format=training.data_format),
+             DPSGDSettings.for_device(resolve_device(training.device), optimizer=dpsgd.optimizer, lr=dpsgd.lr,
+                                      cosine_decay=dpsgd.cosine_decay))
+    if built != (training, dpsgd):
+        raise SystemExit(f"budgetplan train would train with {built}, not the settings recorded {(training, dpsgd)}")
+    return options
 
 
 def _tree_rss(pid: int) -> int:
@@ -143,7 +185,8 @@ def run(args) -> dict:
         result["stages"]["synth"] = {k: v for k, v in stage.items() if k != "stdout"}
         if stage["returncode"]:
             raise SystemExit(f"data synth failed: see {work / 'synth.log'}")
-    (work / "scenario.toml").write_text(scenario(args))
+    (work / "scenario.toml").write_text(h.as_planned_then(scenario(args)))  # the plan measured (docstring)
+    train_options = _train_options(*_train_settings())
     stage = _run(py + ["budgetplan", "plan", str(work / "scenario.toml"), "--output", str(work / "plan.json")],
                  work / "plan.log")
     result["stages"]["plan"] = {k: v for k, v in stage.items() if k != "stdout"}
@@ -154,7 +197,7 @@ def run(args) -> dict:
         say(f"training one DP-SGD epoch over {args.rows:,} rows with {nproc} process(es)")
         load = os.getloadavg()[0]
         stage = _run(py + ["budgetplan", "train", str(work / "plan.json"), "--data", str(data), "--out",
-                           str(run_dir), "--threads", "auto", "--nproc", str(nproc), "--encoding", "hash", "--json"],
+                           str(run_dir), "--threads", "auto", "--nproc", str(nproc), *train_options, "--json"],
                      work / f"train-{nproc}.log")
         if stage["returncode"]:
             raise SystemExit(f"train --nproc {nproc} failed: see {work / f'train-{nproc}.log'}")

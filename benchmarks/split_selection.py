@@ -10,7 +10,7 @@ the evaluation AUC of:
 - the tuned plan over 3 splits (alpha 0.25, 0.5, 0.75) and over 5 (alpha 0 to 1), which
   trains each configuration at its share and keeps the noisy-max's pick;
 
-on the same data and baselines as the utility frontier (``utility_frontier._data``), 3 seeds.
+on the same data and baselines as the utility frontier (``_harness.holdout_data``), 3 seeds.
 Reported: relative AUC loss (mean +- std) and which alpha each tuned run selected; the
 difference to the default is what the selection gained (negative) or cost (positive).
 
@@ -103,7 +103,7 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="selection-"))
     out = []
     try:
-        train, evaluation, n = uf._data(shape, seed, args, work)
+        train, evaluation, n = h.holdout_data(shape, seed, args.rows, args.users, work)
         base = uf._baselines(build_plan(parse_scenario(uf.scenario(args, epsilon=3.0, split="alpha=0.5", n=n,
                                                                    spec=spec))),
                              train, evaluation, train_settings, uf._baseline_settings(), 1000 + seed, threads)
@@ -122,7 +122,7 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
                 print(f"{shape} seed {seed} eps {eps:g} {label}: AUC {rec.metrics['eval']['auc']:.4f}"
                       + (f", selected {chosen}" if chosen else ""), file=sys.stderr, flush=True)
                 out.append({"shape": shape, "seed": seed, "epsilon": eps, "plan": label, "selected": chosen,
-                            "run_epsilon": plan.run_epsilon, **uf._metrics(rec),
+                            "run_epsilon": plan.run_epsilon, **h.eval_metrics(rec),
                             "seconds": time.perf_counter() - t0})
     finally:
         shutil.rmtree(work, ignore_errors=True)

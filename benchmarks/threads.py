@@ -15,6 +15,11 @@ Reported: median wall seconds over ``--rounds`` (min and max beside it), each co
 to one thread, the count ``auto`` chose, and the load average at each condition's start
 and end. Not a test: ``python benchmarks/threads.py`` (about 15 minutes on 2 cores); writes
 ``results/threads.json`` and ``.md``.
+
+Pinned at what ``results/threads.json`` was measured with: the DP-SGD step size 0.01 (the
+default then; the automatic 0.12 / sqrt(T) came later, and the time a step takes does not
+depend on it), and the DP-SGD plan as planned then: the scenario it records, with
+calibration off (``[calibration]`` was opt-in then; ``_harness.as_planned_then``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import _harness as h
 
 WORKLOADS = ("non-private", "dp-sgd")
 SHAPE = "balanced"
+DPSGD_LR = 0.01  # the DP-SGD step size results/threads.json was timed at (a step's time does not depend on it)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -63,19 +69,27 @@ def _cpus() -> int:
     return available_cpus()
 
 
-def settings(args: argparse.Namespace) -> dict:
+def _train_settings(args):
+    """(TrainSettings, DPSGDSettings, BaselineSettings) of every run: the DP-SGD step size pinned."""
     from trainers.baseline import BaselineSettings
-    from trainers.data.synth import get_shape
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import TrainSettings
 
+    return (TrainSettings(), DPSGDSettings(lr=DPSGD_LR),
+            BaselineSettings(max_epochs=args.epochs, patience=args.epochs))
+
+
+def settings(args: argparse.Namespace) -> dict:
+    from trainers.data.synth import get_shape
+
+    training, dpsgd, baseline = _train_settings(args)
     return h.settings_record("threads.py", args.argv, {
         "rows": args.rows, "shape": get_shape(SHAPE).parameters(), "epochs": args.epochs, "rounds": args.rounds,
         "settle_seconds": args.settle, "idle_below": args.idle_below, "threads": ["1", "every CPU", "auto"],
         "workloads": list(WORKLOADS),
-        "scenario": _scenario(args.rows), "training": TrainSettings().to_dict(),
-        "dpsgd_settings": DPSGDSettings().to_dict(),
-        "baseline": BaselineSettings(max_epochs=args.epochs, patience=args.epochs).to_dict()})
+        # a DP-SGD-only plan (and the non-private baseline) reads no RR setting
+        "scenario": _scenario(args.rows), "training": h.without_rr(training.to_dict()),
+        "dpsgd_settings": dpsgd.to_dict(), "baseline": baseline.to_dict()})
 
 
 def _scenario(n: int) -> str:
@@ -112,19 +126,18 @@ def _spin() -> None:
 
 
 def _measure(args, path: Path, plan, threads) -> dict:
-    from trainers.baseline import BaselineSettings
     from trainers.run import execute_plan, run_baseline
 
+    training, dpsgd, baseline = _train_settings(args)
     out = {}
     for workload in WORKLOADS:
         times, used = [], None
         for r in range(args.rounds):
             t0 = time.perf_counter()
             if workload == "non-private":
-                rec = run_baseline(plan, path, baseline=BaselineSettings(max_epochs=args.epochs, patience=args.epochs),
-                                   seed=r, threads=threads)
+                rec = run_baseline(plan, path, settings=training, baseline=baseline, seed=r, threads=threads)
             else:
-                rec = execute_plan(plan, path, seed=r, threads=threads)
+                rec = execute_plan(plan, path, settings=training, dpsgd_settings=dpsgd, seed=r, threads=threads)
             times.append(time.perf_counter() - t0)
             used = rec.timings.get("torch_threads")
         out[workload] = {"threads_used": used, "seconds": times, "median": statistics.median(times),
@@ -146,7 +159,7 @@ def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="threads-"))
     path = work / "train.parquet"
     pq.write_table(synthesize(args.rows, max(1, args.rows // 5), 7, shape=SHAPE), path)
-    plan = build_plan(parse_scenario(_scenario(args.rows)))
+    plan = build_plan(parse_scenario(h.as_planned_then(_scenario(args.rows))))  # the plan measured (docstring)
     result: dict = {"settings": settings(args), "cpus": cpus, "conditions": {}}
     context = multiprocessing.get_context("fork")
     with Progress(console=Console(stderr=True)) as bar:

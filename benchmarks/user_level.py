@@ -16,6 +16,13 @@ convergence on the K = max data), calibration ratio (mean +- std over the seeds)
 multiplier and the planner's recommendation; then the paired difference between the arms
 beside the spread between seeds.
 
+Pinned: the plans and the training settings are this script's constants, the values
+``results/user_level.json`` was measured at (1M rows, 3 seeds), not the utility frontier's or
+the library's defaults of today: C = 5, 3 DP-SGD epochs at B = 4,096, delta 0.1/N, a
+calibration share of 0.05, the DP-SGD step size 0.01 (the default then; 0.12 / sqrt(T) now).
+The scenarios state their calibration and have no RR phase, so they plan today what they
+planned then; with no RR phase the RR settings are never read, and the record leaves them out.
+
 Not a test: ``python benchmarks/user_level.py`` (about 35 minutes on 2 cores at the
 defaults; ``--rows 100000`` takes 4); writes ``results/user_level.json`` and ``.md``.
 """
@@ -29,10 +36,22 @@ import tempfile
 from pathlib import Path
 
 import _harness as h
-import utility_frontier as uf
 
 SHAPE = "balanced"
 CAPS = (1, 2, 5, 10)
+# The plans results/user_level.json was measured at (the frontier's DP-SGD then), pinned: it cannot be re-measured soon.
+DELTA = "0.1/N"  # as measured
+DPSGD_BATCH, DPSGD_EPOCHS, CLIPPING_NORM = 4096, 3, 5.0  # as measured (--batch defaults to DPSGD_BATCH)
+CALIBRATION_SHARE = 0.05  # as measured
+# The trainer's settings it was measured at, pinned (the library's defaults have changed since).
+TRAINING = {"model": "mlp", "embedding_dim": 8, "tower_hidden": 128, "common_hidden": (128, 64), "lr": 0.001,
+            "optimizer": "adam", "loss": "forward", "batch_size": 1024, "hash_bins_nonsensitive": 65536,
+            "hash_bins_sensitive": 65536, "nonsensitive_encoding": "auto", "vocab_threshold": 16, "device": "cpu",
+            "data_format": "auto", "hybrid_start": "rr-model"}
+DPSGD_TRAINING = {"optimizer": "adam", "lr": 0.01,  # lr 0.01: the default when measured (now 0.12 / sqrt(T))
+                  "cosine_decay": False, "padded_size": None, "max_chunk": 4096}
+BASELINE = {"max_epochs": 20, "patience": 2, "validation_fraction": 0.1, "weight_decay": 0.0001,
+            "check_every": None}  # the non-private baseline's early stopping as measured
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,7 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows before capping and the held-out users")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epsilon", type=float, default=8.0)
-    ap.add_argument("--batch", type=int, default=uf.PLAN["dpsgd"]["batch_size"],
+    ap.add_argument("--batch", type=int, default=DPSGD_BATCH,
                     help="expected rows per step B (units per step: B M / N)")
     ap.add_argument("--adjacency", choices=("replace-one", "add-remove"), default="replace-one")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)), help="comma-separated K")
@@ -58,20 +77,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.cap_list or any(k < 1 for k in args.cap_list):
         ap.error(f"--caps must be integers >= 1, got {args.caps!r}")
     args.users = max(1, args.rows // 5)
-    args.dpsgd_batch, args.dpsgd_epochs = args.batch, uf.PLAN["dpsgd"]["epochs"]
-    args.clipping_norm, args.dpsgd_lr, args.device = uf.PLAN["dpsgd"]["clipping_norm"], None, "cpu"
-    args.rr_epochs = uf.PLAN["rr"]["epochs"]
     return args
 
 
 def scenario(args, *, k: int, n: int, m: int, by: str, spec) -> str:
     """The DP-SGD plan of one arm: ``by`` is "example" or "unit" (then the batch counts units, q kept)."""
-    batch = args.dpsgd_batch if by == "example" else max(1, round(args.dpsgd_batch * m / n))
+    batch = args.batch if by == "example" else max(1, round(args.batch * m / n))
     unit = f'unit = "user"\ncap = {k}' if k > 1 else 'unit = "impression"'
     return f"""name = "user-level-k{k}-{by}"
 [budget]
 epsilon = {args.epsilon!r}
-delta = "{uf.PLAN['delta']}"
+delta = "{DELTA}"
 [privacy]
 adjacency = "{args.adjacency}"
 {unit}
@@ -82,24 +98,34 @@ units = {m}
 name = "dpsgd"
 [dpsgd]
 batch_size = {batch}
-epochs = {args.dpsgd_epochs}
-clipping_norm = {args.clipping_norm!r}
+epochs = {DPSGD_EPOCHS}
+clipping_norm = {CLIPPING_NORM!r}
 sample_by = "{by}"
 [calibration]
-share = {uf.PLAN['calibration_share']!r}
+share = {CALIBRATION_SHARE!r}
 {spec.to_toml()}"""
+
+
+def _train_settings():
+    """(TrainSettings, DPSGDSettings, BaselineSettings) of every run, as measured."""
+    from trainers.baseline import BaselineSettings
+    from trainers.dpsgd import DPSGDSettings
+    from trainers.run import TrainSettings
+
+    return TrainSettings(**TRAINING), DPSGDSettings(**DPSGD_TRAINING), BaselineSettings(**BASELINE)
 
 
 def settings(args: argparse.Namespace) -> dict:
     from trainers.data.synth import get_shape
 
-    training, dpsgd = uf._train_settings(args)
+    training, dpsgd, baseline = _train_settings()
     return h.settings_record("user_level.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilon": args.epsilon,
         "adjacency": args.adjacency, "caps": args.cap_list, "batch": args.batch, "shape": get_shape(SHAPE).parameters(),
         "scenario": scenario(args, k=max(args.cap_list), n=0, m=0, by="example", spec=get_shape(SHAPE).features),
-        "training": training.to_dict(), "dpsgd_settings": dpsgd.to_dict(),
-        "baseline": uf._baseline_settings().to_dict(), "holdout": uf.HOLDOUT,
+        # DP-SGD-only plans and the non-private baseline read no RR setting
+        "training": h.without_rr(training.to_dict()), "dpsgd_settings": dpsgd.to_dict(),
+        "baseline": baseline.to_dict(), "holdout": h.HOLDOUT,
         "capping": "random K rows per user (seeded), before the plan: N and M exact"})
 
 
@@ -123,12 +149,12 @@ def _one(args, plan, train, evaluation, seed: int, baseline_auc: float, out: Pat
     from budgetplan.audit import audit_run
     from trainers.run import execute_plan
 
-    training, dpsgd = uf._train_settings(args)
+    training, dpsgd, _ = _train_settings()
     record = execute_plan(plan, train, eval_path=evaluation, out_dir=out, settings=training, dpsgd_settings=dpsgd,
                           seed=seed, threads=1, baseline_auc=baseline_auc)
     report = audit_run(out, data_path=train)
     dp = next(p for p in record.phases if p.name == "dpsgd")
-    return {**uf._metrics(record), "noise_multiplier": plan.dpsgd.params.noise_multiplier,
+    return {**h.eval_metrics(record), "noise_multiplier": plan.dpsgd.params.noise_multiplier,
             "epsilon": plan.guarantee.epsilon, "method": plan.dpsgd.guarantee.method, "dpsgd_seconds": dp.seconds,
             "audit_passed": report.passed, "audit_failed": [c.name for c in report.checks if not c.passed]}
 
@@ -149,19 +175,19 @@ def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="user-level-"))
     spec = get_shape(SHAPE).features
     result: dict = {"settings": settings(args), "runs": [], "baselines": []}
+    training, _, baseline = _train_settings()
     arms = [(k, by) for k in args.cap_list for by in (("example",) if k == 1 else ("example", "unit"))]
     with Progress(console=Console(stderr=True)) as bar:
         task = bar.add_task("runs", total=args.seeds * (len(arms) + 1))
         for seed in range(args.seeds):
-            train, evaluation, _ = uf._data(SHAPE, seed, args, work)
+            train, evaluation, _ = h.holdout_data(SHAPE, seed, args.rows, args.users, work)
             top, n_top, m_top = _capped(train, max(args.cap_list), seed, work)
             bar.update(task, description=f"seed {seed}: non-private baseline")
             base_plan = build_plan(parse_scenario(scenario(args, k=max(args.cap_list), n=n_top, m=m_top,
                                                            by="example", spec=spec)))
-            training, _ = uf._train_settings(args)
-            base = run_baseline(base_plan, top, eval_path=evaluation, settings=training,
-                                baseline=uf._baseline_settings(), seed=seed, threads=1)
-            result["baselines"].append({"seed": seed, **uf._metrics(base)})
+            base = run_baseline(base_plan, top, eval_path=evaluation, settings=training, baseline=baseline,
+                                seed=seed, threads=1)
+            result["baselines"].append({"seed": seed, **h.eval_metrics(base)})
             bar.advance(task)
             for k, by in arms:
                 bar.update(task, description=f"seed {seed}: K = {k}, sampling {by}s")

@@ -89,7 +89,7 @@ PLAN = _template_values()
 TRAINING: dict = {}
 DPSGD_TRAINING: dict = {}
 BASELINE: dict = {}  # overrides of trainers.baseline.BaselineSettings (early stopping)
-HOLDOUT = "users whose id * 0x9E3779B97F4A7C15 (mod 2^64) is 0 mod 5"
+HOLDOUT = h.HOLDOUT
 QUICK = {"rows": 20_000, "seeds": 1, "epsilons": "1,8"}
 
 
@@ -244,24 +244,6 @@ def _save(path: Path, state: dict) -> None:
     write_atomic(path, json.dumps(state, indent=2) + "\n")
 
 
-def _data(shape: str, seed: int, args, work: Path):
-    """Train and eval files of one (shape, seed); the training N."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from trainers.data.synth import get_shape, synthesize
-
-    spec = get_shape(shape).features
-    table = synthesize(args.rows, args.users, 1000 + seed, shape=shape)
-    users = table.column(spec.unit_id).to_numpy().astype(np.uint64)
-    held = (users * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(5) == 0
-    root = work / f"{shape}-{seed}"
-    root.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.filter(~held), root / "train.parquet")
-    pq.write_table(table.filter(held), root / "eval.parquet")
-    return root / "train.parquet", root / "eval.parquet", int((~held).sum())
-
-
 def _rr_summary(record) -> dict | None:
     """Where the RR phase's held-out units stopped it (None without an RR phase)."""
     rr = next((p for p in record.phases if p.name == "rr"), None)
@@ -271,11 +253,6 @@ def _rr_summary(record) -> dict | None:
     return {"epochs_run": rr.validation_checks[-1] if rr.validation_checks else rr.epochs,
             "kept_epoch": rr.validation_checks[kept] if kept is not None else None,
             "validation_auc": rr.validation_auc[kept] if kept is not None else None}
-
-
-def _metrics(record) -> dict:
-    ev = record.metrics["eval"]
-    return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
 def _baselines(plan, train, evaluation, settings, baseline, seed: int, threads) -> dict:
@@ -290,7 +267,7 @@ def _baselines(plan, train, evaluation, settings, baseline, seed: int, threads) 
         t0 = time.perf_counter()
         rec = run_baseline(plan, train, eval_path=evaluation, settings=settings, baseline=baseline, seed=seed,
                            truncated=truncated, threads=threads)
-        out[label] = {**_metrics(rec), "seconds": time.perf_counter() - t0,
+        out[label] = {**h.eval_metrics(rec), "seconds": time.perf_counter() - t0,
                       "auc_tolerance": reference(rec)[1] if rec.metrics["eval"].get("auc") is not None else None}
     if out["nonsensitive"]["auc"] is not None and out["all"]["auc"] is not None:
         out["nonsensitive"]["relative_auc_loss"] = relative_auc_loss(out["nonsensitive"]["auc"], out["all"]["auc"])
@@ -312,7 +289,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
     work = Path(tempfile.mkdtemp(prefix="frontier-"))
     try:
         report("status", None, f"{shape} seed {seed}: data")
-        train, evaluation, n = _data(shape, seed, args, work)
+        train, evaluation, n = h.holdout_data(shape, seed, args.rows, args.users, work)
         if baseline is None:
             report("status", None, f"{shape} seed {seed}: non-private baselines")
             first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0], split="alpha=0.5", n=n,
@@ -336,7 +313,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
                 "noise_multiplier": plan.dpsgd.params.noise_multiplier if plan.dpsgd else None,
                 "dpsgd_steps": plan.dpsgd.params.steps if plan.dpsgd else None,
                 "dpsgd_batch_size": plan.dpsgd.params.batch_size if plan.dpsgd else None,
-                "rr": _rr_summary(rec), **_metrics(rec), "seconds": time.perf_counter() - t0,
+                "rr": _rr_summary(rec), **h.eval_metrics(rec), "seconds": time.perf_counter() - t0,
                 "plan_sha256": plan.sha256})
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -133,8 +133,11 @@ def test_a_changed_planner_default_makes_the_frontier_stale(monkeypatch):
 
 
 def test_a_changed_frontier_arm_setting_makes_it_stale(monkeypatch):
+    from budgetplan.examples import set_key
+
     frontier = _script("utility_frontier.py")
-    monkeypatch.setitem(frontier.PLAN, "rr", {**frontier.PLAN["rr"], "batch_size": 512})
+    original = frontier.scenario  # every arm's scenario is the template as adapted there
+    monkeypatch.setattr(frontier, "scenario", lambda *a, **k: set_key(original(*a, **k), "rr", "batch_size", 512))
     assert differences(_quick_frontier()) == ["scenario.rr.batch_size"]
 
 
@@ -178,9 +181,13 @@ def test_settings_survive_a_json_round_trip():
     assert today["script"] == "utility_frontier.py" and today["argv"] == recorded["argv"]
 
 
-def test_a_changed_split_table_makes_the_frontier_stale(monkeypatch):
+def test_a_changed_split_table_re_renders_the_frontier_but_does_not_make_it_stale(monkeypatch):
+    """The default rule's column is read from the alpha grid's cells: a new table changes what the
+    report says (its ``default_split``), not what was trained."""
     from budgetplan import split
 
+    recorded = _quick_frontier()
     table = split.ALPHA_BY_EPSILON
     monkeypatch.setattr(split, "ALPHA_BY_EPSILON", (dataclasses.replace(table[0], alpha=1.0), *table[1:]))
-    assert differences(_quick_frontier()) == ["alpha_by_epsilon"]
+    assert differences(recorded) == []
+    assert todays_settings(recorded)["default_split"]["alpha_by_epsilon"][0]["alpha"] == 1.0

@@ -227,5 +227,5 @@ def test_cli_plans_verifies_and_states_a_grid(runner, tmp_path):
 
 def test_a_grid_with_a_calibration_release_is_refused_in_one_line():
     with pytest.raises(InvalidParameterError, match=r"^\[calibration\] with a \[tuning\] grid is not supported"):
-        parse_scenario(HYBRID_GRID.replace("[calibration]  # off: these tests plan the training phases alone\nshare = 0\n",
-                                           "[calibration]\nshare = 0.05\n"))
+        opted_out = "[calibration]  # off: these tests plan the training phases alone\nshare = 0\n"
+        parse_scenario(HYBRID_GRID.replace(opted_out, "[calibration]\nshare = 0.05\n"))

@@ -31,7 +31,7 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [algorithm]
     name = "hybrid"                           # rr | walr | dpsgd | hybrid
-    split = "paper-v1"                        # hybrid: "paper-v1", "alpha-by-eps", "alpha=<a>", "eps1=<e>"
+    split = "alpha-by-eps"                    # hybrid (default): "alpha-by-eps", "paper-v1", "alpha=<a>", "eps1=<e>"
     split_evidence = "..."                    # hybrid, optional: where the split came from (written by
                                               # `budgetplan split --proxy`; the statement quotes it)
     tower = "frozen"                          # hybrid: non-sensitive tower in phase 2 ("fine-tune")
@@ -536,7 +536,7 @@ class Scenario:
     key it comes from (errors name it: ``[dpsgd].batch_size must ...``), and so are the
     rules between values (a cap on an impression unit, the tables an algorithm needs, a
     batch larger than N, norms whose derived quantities overflow). Hybrid's ``split`` and
-    ``tower`` default to ``"paper-v1"`` and ``"frozen"``. ``warnings`` are computed here:
+    ``tower`` default to ``budgetplan.split.DEFAULT_RULE`` and ``"frozen"``. ``warnings`` are computed here:
     doubtful but legal settings.
     """
 

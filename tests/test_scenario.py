@@ -45,7 +45,7 @@ def test_every_example_parses():
 
 def test_defaults_and_policy():
     sc = parse_scenario(edit(BASE, "delta = 1e-9", 'delta = "0.1/N"'))
-    assert sc.split == "paper-v1" and sc.tower == "frozen" and sc.cap == 1
+    assert sc.split == "alpha-by-eps" and sc.tower == "frozen" and sc.cap == 1
     assert sc.resolved_delta == pytest.approx(1e-7)
     assert sc.warnings == ()
 
@@ -224,4 +224,4 @@ def test_a_scenario_validates_itself_whatever_built_it():
         replace(s, adjacency="add-remove")
     again = Scenario.from_dict(s.to_dict())
     assert again == s and again.warnings == s.warnings
-    assert replace(s, split=None).split == "paper-v1"  # hybrid's defaults hold however it is built
+    assert replace(s, split=None).split == "alpha-by-eps"  # hybrid's defaults hold however it is built

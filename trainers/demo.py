@@ -51,7 +51,7 @@ batch_size = 1024
 {spec.to_toml()}"""
 
 
-def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 3.0, shape: str = DEMO_SHAPE,
+def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 8.0, shape: str = DEMO_SHAPE,
              out_dir=None, seed: int = 0, progress: bool = True, threads: int | str = "auto") -> dict:
     """Run the demo; returns {"out_dir", "shape", "train_rows", "eval_rows", "epsilon", "split", "runs"}.
 

@@ -330,7 +330,8 @@ MIN_DEMO_ROWS = 2_000  # below it the held-out fifth may have no conversion at a
 @click.option("--rows", type=bounded_int("rows", MAX_SYNTH_ROWS), default=250_000, show_default=True,
               help=f"Synthetic rows, at least {MIN_DEMO_ROWS:,} (a fifth of the users is held out for evaluation).")
 @click.option("--users", type=bounded_int("users", MAX_SYNTH_ROWS), default=None, help="Users (default: rows / 5).")
-@click.option("--epsilon", type=POSITIVE, default=3.0, show_default=True, help="The one budget every arm gets.")
+@click.option("--epsilon", type=POSITIVE, default=8.0, show_default=True,
+              help="The one budget every arm gets (below 5 the default split is plain DP-SGD: Hybrid = DP-SGD).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default="mixed", show_default=True,
               help="The synthetic data (budgetplan data synth --help).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Keep data, plans and runs here.")

@@ -288,7 +288,7 @@ def test_cli_dpsgd_options_reach_the_dpsgd_phase(data, tmp_path, runner):
 def test_cli_demo_small(runner, tmp_path):
     from budgetplan.cli import cli
 
-    out = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "2", "--out", str(tmp_path / "demo"), "--json"])
+    out = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "8", "--out", str(tmp_path / "demo"), "--json"])
     assert out.exit_code == 0, out.output
     result = json.loads(out.stdout)
     names = [r["name"] for r in result["runs"]]
@@ -301,7 +301,7 @@ def test_cli_demo_small(runner, tmp_path):
     assert all(r["calibration_ratio"] is not None for r in result["runs"])
     for arm in ("rr", "dpsgd", "hybrid"):
         assert (tmp_path / "demo" / f"statement-{arm}.txt").exists() and (tmp_path / "demo" / f"run-{arm}").is_dir()
-    human = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "2"])
+    human = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "8"])
     assert human.exit_code == 0 and "Hybrid's split" in human.stdout
 
 

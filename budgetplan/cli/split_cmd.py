@@ -18,6 +18,7 @@ from budgetplan.cli._shell import (
     warn,
 )
 from budgetplan.limits import MAX_GRID_CELLS
+from budgetplan.split import DEFAULT_RULE
 
 __all__ = ["split"]
 
@@ -50,9 +51,9 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--batch-size", type=BATCH_SIZE, help="DP-SGD expected batch size.")
 @click.option("--epochs", type=EPOCHS, help="DP-SGD epochs.")
 @click.option("--steps", type=POSITIVE_INT, help="DP-SGD steps (instead of --epochs).")
-@click.option("--rule", default="paper-v1", show_default=True,
-              help='"paper-v1" (eps1 = min(0.6 eps, 3)), "alpha-by-eps" (alpha from the measured table by eps), '
-                   '"alpha=<a>", "eps1=<e>", or "grid".')
+@click.option("--rule", default=DEFAULT_RULE, show_default=True,
+              help='"alpha-by-eps" (alpha from the measured table by eps: the planner\'s default), "paper-v1" '
+                   '(eps1 = min(0.6 eps, 3)), "alpha=<a>", "eps1=<e>", or "grid".')
 @click.option("--adjacency", type=click.Choice(["replace-one", "add-remove"]), default="replace-one",
               show_default=True, help="Hybrid's semi-sensitive DP is replace-one.")
 @click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)

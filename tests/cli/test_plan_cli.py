@@ -115,7 +115,7 @@ def test_split_paper_v1(runner):
     assert "warning: delta=1e-07 is not below 1/N" in out.stderr
     human = run(runner, "split", "--epsilon", "8", "--delta", "1e-9", "--dataset-size", "32000000", "--batch-size",
                 "16384", "--epochs", "3")
-    assert human.exit_code == 0 and "paper-v1" in human.stdout
+    assert human.exit_code == 0 and "alpha-by-eps" in human.stdout  # the planner's default rule
 
 
 def test_split_grid(runner):

@@ -343,7 +343,7 @@ def demo(rows, users, epsilon, shape, out_dir, seed, threads, as_json):
 
     Plans the shipped synthetic-hybrid template three ways (RR alone, DP-SGD alone, Hybrid with
     the default split), trains each and the non-private baselines, and prints AUC, relative AUC
-    loss, calibration and the split with its reason (about a minute on 2 cores at the defaults).
+    loss, calibration and the split with its reason (about 30 s on 2 idle cores at the defaults).
     """
     from trainers.demo import run_demo
 

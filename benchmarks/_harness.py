@@ -163,6 +163,15 @@ def eval_metrics(record) -> dict:
     return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
+def apply_quick(args, argv: list[str], quick: dict) -> None:
+    """With ``--quick``: ``quick``'s value for every option (``--<key>``) the command line did not give."""
+    if args.quick:
+        given = {a.split("=")[0] for a in argv}
+        for key, value in quick.items():
+            if f"--{key}" not in given:
+                setattr(args, key, value)
+
+
 def save_results(out: Path, name: str, result: dict, render) -> str:
     """Write ``out/name.json`` (the result) and ``out/name.md`` (``render(result)``), atomically;
     returns the markdown."""

@@ -52,11 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
     args.argv = list(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in argv}
-        for key, value in QUICK.items():
-            if f"--{key}" not in given:
-                setattr(args, key, value)
+    h.apply_quick(args, argv, QUICK)
     args.name = args.name or ("split_selection_quick" if args.quick else "split_selection")
     args.users = max(1, args.rows // 5)
     args.shape_list = [s for s in args.shapes.split(",") if s]

@@ -119,11 +119,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--render", action="store_true", help="rewrite the .md and PNGs from the existing .json")
     args = ap.parse_args(argv)
     args.argv = list(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in argv}
-        for key, value in QUICK.items():
-            if f"--{key}" not in given:
-                setattr(args, key, value)
+    h.apply_quick(args, argv, QUICK)
     args.users = args.users or max(1, args.rows // 5)
     args.name = args.name or ("utility_frontier_quick" if args.quick else "utility_frontier")
     args.shape_list = [s for s in args.shapes.split(",") if s]

@@ -69,11 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--name", default=None, help="results file stem (default walr_utility, _quick with --quick)")
     args = ap.parse_args(argv)
     args.argv = list(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in argv}
-        for key, value in QUICK.items():
-            if f"--{key}" not in given:
-                setattr(args, key, value)
+    h.apply_quick(args, argv, QUICK)
     args.name = args.name or ("walr_utility_quick" if args.quick else "walr_utility")
     args.users = max(1, args.rows // 5)
     args.shape_list = [s for s in str(args.shapes).split(",") if s]

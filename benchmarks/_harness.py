@@ -172,6 +172,13 @@ def apply_quick(args, argv: list[str], quick: dict) -> None:
                 setattr(args, key, value)
 
 
+def run_and_save(args, run, render) -> dict:
+    """``run(args)``, its results saved as ``args.out/args.name`` (.json and .md) and the table printed."""
+    result = run(args)
+    print(save_results(args.out, args.name, result, render))
+    return result
+
+
 def save_results(out: Path, name: str, result: dict, render) -> str:
     """Write ``out/name.json`` (the result) and ``out/name.md`` (``render(result)``), atomically;
     returns the markdown."""

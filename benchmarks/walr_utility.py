@@ -269,11 +269,7 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str]) -> dict:
-    args = parse_args(argv)
-    result = run(args)
-    text = h.save_results(args.out, args.name, result, render)
-    print(text)
-    return result
+    return h.run_and_save(parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

@@ -588,8 +588,6 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
     import torch
 
     from trainers.distributed import release_once
-    from trainers.metrics import evaluate_model
-    from trainers.record import build_record, walr_entry
     from trainers.walr import predict, prepare_rows, run_walr
 
     ws = walr_settings or WALRSettings()
@@ -612,24 +610,37 @@ def _execute_walr(plan, prep, spec, settings, walr_settings, rnd, device, eval_p
                           steps=ws.steps, minibatch=ws.minibatch, lr=ws.lr, persist=persist, collective=collective)
     if collective is not None and collective.rank != 0:
         return None, None
+
+    def eval_scores(ev):
+        xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
+                                row_norm_bound=par.row_norm_bound, expected_features=par.features)
+        return predict(theta, xe)
+
+    record = _walr_record(plan, prep, res, rnd, eval_prep, eval_scores, t0, session, device,
+                          model_config={"features": par.features}, training=ws.to_dict())
+    return record, {"theta": theta.cpu()}
+
+
+def _walr_record(plan, prep, res, rnd, eval_prep, eval_scores, t0, session, device, *, model_config: dict,
+                 training: dict):
+    """A WALR run's record: the release entry, the fit's and evaluation's timings, the held-out
+    metrics from ``eval_scores(eval_prep)`` (the model's predictions on the evaluation rows)."""
+    from trainers.metrics import evaluate_model
+    from trainers.record import build_record, walr_entry
+
     timings = dict(prep.timings, walr_fit_seconds=res.fit_seconds)
     metrics = {}
     if eval_prep is not None:
         t2 = time.perf_counter()
-        ev = eval_prep
-        xe, _, _ = prepare_rows(torch.cat([ev.data.ns_num, ev.data.s_num], 1).double(),
-                                row_norm_bound=par.row_norm_bound, expected_features=par.features)
-        metrics["eval"] = evaluate_model(ev.data.label.cpu().numpy(), predict(theta, xe).cpu().numpy())
-        metrics["eval"]["rows"] = len(ev.data)
-        timings["eval_seconds"] = ev.timings["eval_prepare_seconds"] + time.perf_counter() - t2
+        metrics["eval"] = evaluate_model(eval_prep.data.label.cpu().numpy(), eval_scores(eval_prep).cpu().numpy())
+        metrics["eval"]["rows"] = len(eval_prep.data)
+        timings["eval_seconds"] = eval_prep.timings["eval_prepare_seconds"] + time.perf_counter() - t2
     timings["total_seconds"] = time.perf_counter() - t0
-    record = build_record(
+    return build_record(
         plan=plan, entries=[walr_entry(res, release_sha256=res.release_sha256)], data=prep.data_info,
         metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
-        model={"kind": "logistic-regression", "config": {"features": par.features}, "final": "walr"},
-        training={"walr": ws.to_dict()}, ledger=session.ledger_view(), timings=timings,
-        device=_device_name(device))
-    return record, {"theta": theta.cpu()}
+        model={"kind": "logistic-regression", "config": model_config, "final": "walr"},
+        training={"walr": training}, ledger=session.ledger_view(), timings=timings, device=_device_name(device))
 
 
 def _execute_walr_onehot(plan, prep, weights, rnd, device, eval_prep, t0, session, collective=None):
@@ -637,8 +648,6 @@ def _execute_walr_onehot(plan, prep, weights, rnd, device, eval_prep, t0, sessio
     import torch
 
     from trainers.distributed import release_once
-    from trainers.metrics import evaluate_model
-    from trainers.record import build_record, walr_entry
     from trainers.walr_onehot import encode_rows, predict, run_walr_onehot
 
     par = plan.walr.params
@@ -650,23 +659,15 @@ def _execute_walr_onehot(plan, prep, weights, rnd, device, eval_prep, t0, sessio
                                  collective=collective)
     if collective is not None and collective.rank != 0:
         return None, None
-    timings = dict(prep.timings, walr_fit_seconds=res.fit_seconds)
-    metrics = {}
-    if eval_prep is not None:
-        t2 = time.perf_counter()
-        rows, _ = encode_rows(eval_prep.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound)
-        metrics["eval"] = evaluate_model(eval_prep.data.label.cpu().numpy(), predict(model.theta, rows).cpu().numpy())
-        metrics["eval"]["rows"] = len(eval_prep.data)
-        timings["eval_seconds"] = eval_prep.timings["eval_prepare_seconds"] + time.perf_counter() - t2
-    timings["total_seconds"] = time.perf_counter() - t0
-    record = build_record(
-        plan=plan, entries=[walr_entry(res, release_sha256=res.release_sha256)], data=prep.data_info,
-        metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
-        model={"kind": "logistic-regression", "config": {"features": model.k, "encoding": "one-hot",
-                                                         "numeric_range": [model.lo, model.hi], "l2": model.l2},
-               "final": "walr"},
-        training={"walr": {"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2}}, ledger=session.ledger_view(),
-        timings=timings, device=_device_name(device))
+
+    def eval_scores(ev):
+        rows, _ = encode_rows(ev.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound)
+        return predict(model.theta, rows)
+
+    record = _walr_record(plan, prep, res, rnd, eval_prep, eval_scores, t0, session, device,
+                          model_config={"features": model.k, "encoding": "one-hot",
+                                        "numeric_range": [model.lo, model.hi], "l2": model.l2},
+                          training={"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2})
     return record, {"theta": model.theta.cpu(), "numeric_lo": torch.tensor(model.lo, dtype=torch.float64),
                     "numeric_hi": torch.tensor(model.hi, dtype=torch.float64)}
 

@@ -25,7 +25,7 @@ import torch
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.phases import WALRParams
 
-__all__ = ["WALRResult", "fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
+__all__ = ["WALRResult", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
 
 # rows per float64 block. On CPU 2^16 x k x 8 bytes (10 MB at k = 20) stays in cache; with one reused buffer the
 # release of 16M x 20 rows takes 0.16 s on 2 cores, against 2.5 s converting 2^20-row blocks afresh. On an
@@ -317,6 +317,16 @@ class WALRResult:
     fit_seconds: float
 
 
+def draw_once(draw, persist=None, collective=None):
+    """The release ``draw()`` makes, drawn once: through ``persist`` (which keeps it, so a resumed
+    run never draws again), else here, every rank receiving rank 0's draw."""
+    if persist is not None:
+        return persist(draw)
+    if collective is None:
+        return draw()
+    return collective.broadcast_object(draw())
+
+
 def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, steps: int, minibatch: int,
              lr: float, persist=None, collective=None):
     """Execute a WALR phase as planned: prepare, release once, fit.
@@ -357,12 +367,7 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
         return release(Xc, y, wc, noise_std=params.noise_std, randomness=randomness, sensitivity=sens,
                        collective=collective)
 
-    if persist is not None:
-        noisy, rel = persist(draw)
-    elif collective is None:
-        noisy, rel = draw()
-    else:
-        noisy, rel = collective.broadcast_object(draw())
+    noisy, rel = draw_once(draw, persist, collective)
     noisy = torch.as_tensor(noisy, dtype=torch.float64, device=Xc.device)
     t0 = time.perf_counter()
     seed = randomness.torch_seed()

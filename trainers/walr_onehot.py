@@ -261,7 +261,7 @@ class OneHotWALR:
 def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
                     l2_base: float | None = None, iterations: int = FIT_ITERATIONS):
     """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult)."""
-    from trainers.walr import WALRResult
+    from trainers.walr import WALRResult, draw_once
 
     if getattr(params, "encoding", None) != "one-hot":
         raise PlanMismatchError("run_walr_onehot runs a WALR phase planned with encoding = \"one-hot\"")
@@ -283,12 +283,7 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
                       collective=collective)
         return None if out is None else (out[0].cpu().numpy(), out[1])
 
-    if persist is not None:
-        noisy, rel = persist(draw)
-    elif collective is None:
-        noisy, rel = draw()
-    else:
-        noisy, rel = collective.broadcast_object(draw())
+    noisy, rel = draw_once(draw, persist, collective)
     t0 = time.perf_counter()
     noisy = torch.as_tensor(np.asarray(noisy))
     base = L2_BASE if l2_base is None else l2_base

@@ -182,7 +182,7 @@ def run_and_save(args, run, render) -> dict:
 def save_results(out: Path, name: str, result: dict, render) -> str:
     """Write ``out/name.json`` (the result) and ``out/name.md`` (``render(result)``), atomically;
     returns the markdown."""
-    from budgetplan._files import write_atomic
+    from budgetplan.util.fileio import write_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / f"{name}.json", json.dumps(result, indent=2) + "\n")

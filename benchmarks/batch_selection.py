@@ -42,7 +42,7 @@ QUICK_EPOCHS, QUICK_TARGETS = (1, 4, 16), (1.0, 4.0, 12.0)
 
 
 def _solve(eps_of, target: float) -> float:
-    from budgetplan.batch_selection import noise_multiplier
+    from budgetplan.accounting.batch_selection import noise_multiplier
 
     return noise_multiplier(eps_of, epsilon=target)
 
@@ -51,11 +51,11 @@ def cell(epochs: int, target: float) -> dict:
     import dp_accounting as dpa
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    from budgetplan import batch_selection as bs
     from budgetplan.accounting import account, allocation
+    from budgetplan.accounting import batch_selection as bs
     from budgetplan.accounting.shuffle import lower_epsilon
-    from budgetplan.calibrate import dpsgd_noise_multiplier, steps_for_epochs
     from budgetplan.mechanisms import AllocationDPSGD
+    from budgetplan.planning.calibrate import dpsgd_noise_multiplier, steps_for_epochs
 
     t = bs.steps_per_epoch(dataset_size=N, batch_size=B)
     q = B / N
@@ -117,9 +117,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def settings(args: argparse.Namespace) -> dict:
     """The case and every library default the numbers depend on."""
-    from budgetplan import calibrate
     from budgetplan.accounting import allocation, allocation_pld, shuffle
     from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
+    from budgetplan.planning import calibrate
 
     return h.settings_record("batch_selection.py", args.argv, {
         "quick": args.quick, "dataset_size": N, "batch_size": B, "delta": DELTA, "adjacency": "add-remove",

@@ -96,7 +96,7 @@ def reference_sigma(near: float) -> tuple[float, float]:
 
 def user_level(quick: bool) -> dict:
     import budgetplan as bp
-    from budgetplan.calibrate import steps_for_epochs
+    from budgetplan.planning.calibrate import steps_for_epochs
 
     steps = steps_for_epochs(epochs=USER["epochs"], dataset_size=N, batch_size=B)
     unit = bp.PrivacyUnit.capped(USER["cap"])
@@ -134,8 +134,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def settings(args: argparse.Namespace) -> dict:
     """The case, the peer's and the reference's settings, and our calibration's library defaults."""
-    from budgetplan import calibrate
     from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
+    from budgetplan.planning import calibrate
 
     return h.settings_record("calibration.py", args.argv, {
         "quick": args.quick, "repeats": args.repeats, "rounds": "peer and ours alternate, each timed every round",

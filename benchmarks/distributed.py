@@ -112,7 +112,7 @@ share = {CALIBRATION_SHARE!r}
 
 def _plan(epsilon: float, n: int):
     """The plan trained: the scenario as measured, planned as then (no RR validation)."""
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import get_shape
 
@@ -146,7 +146,7 @@ def settings(args: argparse.Namespace) -> dict:
 
 
 def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, baseline_auc: float) -> dict:
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
     from trainers.run import execute_plan
 
     training, dpsgd, _ = _train_settings()

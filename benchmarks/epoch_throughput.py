@@ -134,7 +134,7 @@ def _dpsgd(model, tensors, cfg, batch, steps, warmup, device, dpsgd: dict) -> di
     trainable = list(model.parameters())
 
     def params(n_steps):
-        from budgetplan.phases import DPSGDParams
+        from budgetplan.plan.phases import DPSGDParams
 
         return DPSGDParams(noise_multiplier=SIGMA, noise_std=SIGMA * CLIP, clipping_norm=CLIP, sensitivity=CLIP,
                            sampling_rate=batch / rows, steps=n_steps, batch_size=batch,

@@ -7,7 +7,7 @@ trained by ``canary_audit``, that many rows replaced by canaries whose labels ar
 coins: with the installed trainer, with the DP-SGD noise halved and with per-example
 clipping off (the planted defects of ``tests/trainers/mutants.py``). Each run's model is
 queried on the canaries and its guesses test the plan's trade-off curve
-(``budgetplan.audit_canary``: the f-DP analysis of arXiv:2410.22235, confidence 0.95,
+(``budgetplan.audit.canary``: the f-DP analysis of arXiv:2410.22235, confidence 0.95,
 Bonferroni over the guess fractions). ``refuted``: runs whose guesses refute the plan's own
 curve (``budgetplan audit`` fails them); ``noise divisor``: the largest s such that the
 plan with its noise divided by s is refuted, and the bound is that mechanism's epsilon.
@@ -88,7 +88,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the runs, the library's defaults read from it."""
-    from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS
+    from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS
 
     return h.settings_record("one_run_audit.py", args.argv, {
         "seeds": args.seeds, "first_seed": args.first_seed, "rows_per_canary": args.rows_per_canary,
@@ -176,8 +176,8 @@ def ideal(plan, m: int, seed: int) -> dict:
     """The audit of ``plan`` on m ideal canaries of the mu-GDP mechanism at its (epsilon, delta), honest and at 2 mu."""
     import numpy as np
 
-    from budgetplan.audit_canary import bound_from_scores
-    from budgetplan.audit_fdp import plan_family
+    from budgetplan.audit.canary import bound_from_scores
+    from budgetplan.audit.fdp import plan_family
 
     mu = gdp_mu(plan.guarantee.epsilon, plan.guarantee.delta)
     rng = np.random.default_rng(seed)
@@ -202,7 +202,7 @@ _PLANS: dict = {}
 
 
 def _build_plan(eps: float, m: int, args: argparse.Namespace):
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.canary import audit_scenario
     from trainers.data.synth import SYNTH_FEATURES

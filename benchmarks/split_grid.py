@@ -37,9 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the grid, the CLI's defaults read from the library."""
-    from budgetplan import calibrate
     from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
-    from budgetplan.split import PAPER_ALPHAS, PAPER_EPSILONS
+    from budgetplan.planning import calibrate
+    from budgetplan.planning.split import PAPER_ALPHAS, PAPER_EPSILONS
 
     return h.settings_record("split_grid.py", args.argv, {
         "command": ARGS, "epsilons": PAPER_EPSILONS, "alphas": PAPER_ALPHAS, "adjacency": "replace-one",

@@ -1,12 +1,12 @@
 """What choosing the split on the private data costs and gains: an accounted [tuning] grid against the default rule.
 
 Where no proxy data exists, the split can be chosen on the private data itself with a
-``[tuning]`` grid (``budgetplan.grid``): every configuration trains at its share of the
+``[tuning]`` grid (``budgetplan.planning.grid``): every configuration trains at its share of the
 budget, (eps - eps_sel) / n each by basic composition, and a report-noisy-max on a tenth of
 the units picks one, at eps_sel = 5% of eps. This benchmark measures, per (shape, epsilon),
 the evaluation AUC of:
 
-- the default split rule at the whole epsilon (the template, ``budgetplan.split.DEFAULT_RULE``);
+- the default split rule at the whole epsilon (the template, ``budgetplan.planning.split.DEFAULT_RULE``);
 - the tuned plan over 3 splits (alpha 0.25, 0.5, 0.75) and over 5 (alpha 0 to 1), which
   trains each configuration at its share and keeps the noisy-max's pick;
 
@@ -65,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def settings(args) -> dict:
-    from budgetplan.split import DEFAULT_RULE
+    from budgetplan.planning.split import DEFAULT_RULE
     from trainers.data.synth import get_shape
 
     train, dp = uf._train_settings(args)
@@ -87,9 +87,9 @@ def _tuned(text: str, rules) -> str:
 
 
 def _unit(args, shape: str, seed: int) -> list[dict]:
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.planning.split import DEFAULT_RULE
     from budgetplan.scenario import parse_scenario
-    from budgetplan.split import DEFAULT_RULE
     from trainers.data.synth import get_shape
     from trainers.run import execute_plan
 

@@ -150,7 +150,7 @@ def run(args) -> dict:
     from rich.console import Console
     from rich.progress import Progress
 
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import synthesize
 

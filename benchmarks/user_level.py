@@ -146,7 +146,7 @@ def _capped(train: Path, k: int, seed: int, work: Path) -> tuple[Path, int, int]
 
 
 def _one(args, plan, train, evaluation, seed: int, baseline_auc: float, out: Path) -> dict:
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
     from trainers.run import execute_plan
 
     training, dpsgd, _ = _train_settings()
@@ -167,7 +167,7 @@ def run(args) -> dict:
     from rich.console import Console
     from rich.progress import Progress
 
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import run_baseline

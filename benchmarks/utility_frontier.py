@@ -20,7 +20,7 @@ tests/test_benchmark_settings.py.
 Reported per (shape, epsilon, arm): the relative AUC loss (%) against the baseline trained on
 the same data (arXiv:2401.15246) and the calibration ratio mean(p) / mean(y), each as mean +-
 std over the seeds. The Hybrid column is the library's default split rule
-(``budgetplan.split.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
+(``budgetplan.planning.split.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
 same phases; only the rule's name in the plan differs). Then the regret table: for each
 split rule, how far its alpha's loss is above the best alpha of the grid, per shape and
 epsilon (``_frontier_report.regret``), and the checks the issue asked of the defaults.
@@ -152,7 +152,7 @@ def _train_settings(args):
 
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the run: data, plans, training (the library's defaults resolved)."""
-    from budgetplan.split import ALPHA_BY_EPSILON, DEFAULT_RULE
+    from budgetplan.planning.split import ALPHA_BY_EPSILON, DEFAULT_RULE
     from trainers.data.synth import get_shape
 
     train, dp = _train_settings(args)
@@ -235,7 +235,7 @@ def _new_state(today: dict) -> dict:
 
 
 def _save(path: Path, state: dict) -> None:
-    from budgetplan._files import write_atomic
+    from budgetplan.util.fileio import write_atomic
 
     write_atomic(path, json.dumps(state, indent=2) + "\n")
 
@@ -273,8 +273,8 @@ def _baselines(plan, train, evaluation, settings, baseline, seed: int, threads) 
 def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, report) -> None:
     """Train one (shape, seed): its data, its baselines unless given, then ``cells`` ((eps, arm)
     pairs); ``report(kind, key, value)`` after each ("status", "baseline", "cell")."""
-    from budgetplan.planner import build_plan
-    from budgetplan.plots import arm_of
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.report.plots import arm_of
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import execute_plan
@@ -399,7 +399,7 @@ def _run_parallel(args, units, report) -> None:
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     path = args.out / f"{args.name}.json"
-    from budgetplan._files import write_atomic
+    from budgetplan.util.fileio import write_atomic
 
     if args.render:  # read with today's default split rule: the cells do not depend on it
         state = json.loads(path.read_text())

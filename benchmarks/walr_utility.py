@@ -176,7 +176,7 @@ def _non_private(plan, train, evaluation, seed: int) -> dict:
 
 def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
     """One (shape, seed): its data, the non-private model, then WALR at every epsilon."""
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.metrics import relative_auc_loss

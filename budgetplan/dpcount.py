@@ -24,14 +24,14 @@ import secrets
 
 import numpy as np
 
-from budgetplan import _validate
+from budgetplan.util import validate
 
 __all__ = ["discrete_laplace", "discrete_laplace_pmf", "discrete_laplace_variance", "release_count",
            "noise_std"]
 
 
 def _parameter(epsilon: float, sensitivity: int) -> float:
-    return _validate.positive("epsilon", epsilon) / _validate.positive_int("sensitivity", sensitivity)
+    return validate.positive("epsilon", epsilon) / validate.positive_int("sensitivity", sensitivity)
 
 
 def discrete_laplace(rng: np.random.Generator, *, epsilon: float, sensitivity: int, size=None):
@@ -72,11 +72,11 @@ def release_count(true_count: int, *, epsilon: float, sensitivity: int, seed: in
         "randomness": {"policy", "seed"}}``; ``dataset_size`` is ``max(noisy_count, 1)``,
         what a scenario can state (clamping is post-processing).
     """
-    n = _validate.non_negative_int("true_count", true_count)
+    n = validate.non_negative_int("true_count", true_count)
     if seed is None:
         rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
     else:
-        rng = np.random.Generator(np.random.PCG64(_validate.non_negative_int("seed", seed)))
+        rng = np.random.Generator(np.random.PCG64(validate.non_negative_int("seed", seed)))
     noisy = n + int(discrete_laplace(rng, epsilon=epsilon, sensitivity=sensitivity))
     return {"noisy_count": noisy, "dataset_size": max(noisy, 1), "epsilon": float(epsilon),
             "sensitivity": int(sensitivity), "noise_std": noise_std(epsilon=epsilon, sensitivity=sensitivity),

@@ -91,6 +91,6 @@ class PlanMismatchError(BudgetplanError):
 class OutputError(BudgetplanError):
     """A file could not be written: a read-only or missing directory, a full disk, a name
     the file system refuses. The message names the path and the operating system's reason;
-    nothing was left half-written (``budgetplan._files``)."""
+    nothing was left half-written (``budgetplan.util.fileio``)."""
 
     exit_code = 1

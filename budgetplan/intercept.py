@@ -57,8 +57,8 @@ import math
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["SHIFTS", "SHARE", "coordinates", "sensitivity", "rr_estimate", "combine", "solve_shift",
            "solve_free", "mean_prediction_at_zero"]
@@ -110,9 +110,9 @@ def combine(*estimates: tuple[float, float]) -> tuple[float, float]:
     exact = [v for v, var in estimates if var == 0]
     if exact:
         return float(exact[0]), 0.0
-    weights = [1.0 / _validate.positive("variance", var) for _, var in estimates]
+    weights = [1.0 / validate.positive("variance", var) for _, var in estimates]
     total = math.fsum(weights)
-    return math.fsum(w * _validate.finite("estimate", v) for w, (v, _) in zip(weights, estimates)) / total, 1.0 / total
+    return math.fsum(w * validate.finite("estimate", v) for w, (v, _) in zip(weights, estimates)) / total, 1.0 / total
 
 
 def _logit(mean):
@@ -139,7 +139,7 @@ def solve_shift(sums, *, rows: int, target: float, shifts=SHIFTS) -> tuple[float
         raise InvalidParameterError(f"sums must hold one value per shift ({grid.size}), and the shifts increase")
     if not np.all(np.isfinite(values)) or not math.isfinite(target):
         raise InvalidParameterError("the released sums and the target must be finite")
-    n = _validate.positive_int("rows", rows)
+    n = validate.positive_int("rows", rows)
     # The exact means increase with d; noise may break that, and a running maximum restores it.
     v = np.maximum.accumulate(_logit(values / n))
     t = float(_logit(target / n))
@@ -156,7 +156,7 @@ def mean_prediction_at_zero(sums, *, rows: int, shifts=SHIFTS) -> float:
     """The (noisy) mean prediction of the model as trained: the sum at shift 0 over N."""
     if 0.0 not in shifts:
         raise InvalidParameterError("the grid has no shift 0")
-    return float(np.asarray(sums, dtype=np.float64)[list(shifts).index(0.0)]) / _validate.positive_int("rows", rows)
+    return float(np.asarray(sums, dtype=np.float64)[list(shifts).index(0.0)]) / validate.positive_int("rows", rows)
 
 
 def solve_free(logits, *, target: float, shifts=SHIFTS) -> tuple[float, bool]:

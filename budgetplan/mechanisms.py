@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TypeAlias
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_STEPS
+from budgetplan.util import validate
 
 __all__ = [
     "RandomizedResponse",
@@ -32,7 +32,7 @@ __all__ = [
 
 
 def _steps(value: object) -> int:
-    steps = _validate.positive_int("steps", value)
+    steps = validate.positive_int("steps", value)
     if steps > MAX_STEPS:
         raise InvalidParameterError(f"steps must be at most {MAX_STEPS:.0e} (budgetplan's stated limit), got "
                                     f"{float(steps):.4g}")
@@ -59,7 +59,7 @@ class RandomizedResponse:
     epsilon: float
 
     def __post_init__(self) -> None:
-        eps = _validate.positive("epsilon", self.epsilon)
+        eps = validate.positive("epsilon", self.epsilon)
         if eps > MAX_RR_EPSILON:
             raise InvalidParameterError(
                 f"epsilon must be at most {MAX_RR_EPSILON:g} for randomized response (beyond it the flip probability "
@@ -82,8 +82,8 @@ class GaussianRelease:
     sensitivity: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_std", _validate.positive("noise_std", self.noise_std))
-        object.__setattr__(self, "sensitivity", _validate.positive("sensitivity", self.sensitivity))
+        object.__setattr__(self, "noise_std", validate.positive("noise_std", self.noise_std))
+        object.__setattr__(self, "sensitivity", validate.positive("sensitivity", self.sensitivity))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,9 +101,9 @@ class _PoissonFields:
     steps: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "noise_multiplier", validate.positive("noise_multiplier", self.noise_multiplier))
         object.__setattr__(self, "sampling_rate",
-                           _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
+                           validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
         object.__setattr__(self, "steps", _steps(self.steps))
 
 
@@ -152,9 +152,9 @@ class TruncatedPoissonDPSGD(_PoissonFields):
 
     def __post_init__(self) -> None:
         _PoissonFields.__post_init__(self)  # explicit: slots dataclasses break zero-argument super()
-        object.__setattr__(self, "dataset_size", _validate.positive_int("dataset_size", self.dataset_size))
+        object.__setattr__(self, "dataset_size", validate.positive_int("dataset_size", self.dataset_size))
         object.__setattr__(
-            self, "max_batch_size", _validate.positive_int("max_batch_size", self.max_batch_size)
+            self, "max_batch_size", validate.positive_int("max_batch_size", self.max_batch_size)
         )
         if self.max_batch_size > self.dataset_size:
             raise InvalidParameterError(
@@ -178,10 +178,10 @@ class _EpochDPSGD:
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier)
+            self, "noise_multiplier", validate.positive("noise_multiplier", self.noise_multiplier)
         )
-        object.__setattr__(self, "steps_per_epoch", _validate.positive_int("steps_per_epoch", self.steps_per_epoch))
-        object.__setattr__(self, "epochs", _validate.positive_int("epochs", self.epochs))
+        object.__setattr__(self, "steps_per_epoch", validate.positive_int("steps_per_epoch", self.steps_per_epoch))
+        object.__setattr__(self, "epochs", validate.positive_int("epochs", self.epochs))
         _steps(self.steps_per_epoch * self.epochs)
 
     @property
@@ -230,8 +230,8 @@ class DiscreteLaplaceCount:
     sensitivity: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _validate.positive("epsilon", self.epsilon))
-        object.__setattr__(self, "sensitivity", _validate.positive_int("sensitivity", self.sensitivity))
+        object.__setattr__(self, "epsilon", validate.positive("epsilon", self.epsilon))
+        object.__setattr__(self, "sensitivity", validate.positive_int("sensitivity", self.sensitivity))
 
     @property
     def noise_parameter(self) -> float:

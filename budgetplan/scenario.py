@@ -89,7 +89,7 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     configurations = 8
     selection = "naive"                       # or "repeat-and-select"
     distribution = "poisson"                  # repeat-and-select: poisson | geometric | logarithmic
-    # or a grid (naive only; configurations = the product of the lists, see budgetplan.grid):
+    # or a grid (naive only; configurations = the product of the lists, see budgetplan.planning.grid):
     split = ["alpha=0.25", "alpha=0.5"]       # hybrid: one rule per configuration
     clipping_norm = [5.0, 20.0]               # dpsgd, hybrid
     dpsgd_learning_rate = [0.003, 0.01]       # dpsgd, hybrid: the DP-SGD optimiser's step size
@@ -111,10 +111,11 @@ import tomllib
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from budgetplan import _validate, limits
+from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
 from budgetplan.intercept import SHARE
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY, Adjacency
+from budgetplan.util import validate
 
 __all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
 
@@ -189,7 +190,7 @@ def _text(name: str, value) -> str:
 
 
 def _bounded_int(name: str, value, limit: int) -> int:
-    return _validate.at_most(name, _validate.positive_int(name, value), limit)
+    return validate.at_most(name, validate.positive_int(name, value), limit)
 
 
 def _optional(check, name: str, value, *args):
@@ -206,7 +207,7 @@ def _delta(name: str, value) -> float | str:
         if not (c > 0 and math.isfinite(c)):
             raise InvalidParameterError(f"{name} must have a positive constant, got {value!r}")
         return f"{c!r}/N"
-    return _validate.probability(name, value, allow_zero=True)
+    return validate.probability(name, value, allow_zero=True)
 
 
 def _columns(name: str, value) -> tuple[str, ...]:
@@ -236,23 +237,23 @@ class DPSGDShape:
     sample_by: str = "example"
 
     def __post_init__(self) -> None:
-        _set(self, "batch_size", _validate.positive_int("[dpsgd].batch_size", self.batch_size))
+        _set(self, "batch_size", validate.positive_int("[dpsgd].batch_size", self.batch_size))
         _choice("[dpsgd].sample_by", self.sample_by, SAMPLE_BY)
-        _set(self, "epochs", _optional(lambda n, v: _validate.at_most(n, _validate.positive(n, v), limits.MAX_EPOCHS),
+        _set(self, "epochs", _optional(lambda n, v: validate.at_most(n, validate.positive(n, v), limits.MAX_EPOCHS),
                                        "[dpsgd].epochs", self.epochs))
         _set(self, "steps", _optional(_bounded_int, "[dpsgd].steps", self.steps, limits.MAX_STEPS))
         if (self.epochs is None) == (self.steps is None):
             raise InvalidParameterError("[dpsgd] needs exactly one of epochs or steps")
-        _set(self, "clipping_norm", _validate.positive("[dpsgd].clipping_norm", self.clipping_norm))
+        _set(self, "clipping_norm", validate.positive("[dpsgd].clipping_norm", self.clipping_norm))
         _choice("[dpsgd].sampling", self.sampling, SAMPLING)
-        _set(self, "max_batch_size", _optional(_validate.positive_int, "[dpsgd].max_batch_size",
+        _set(self, "max_batch_size", _optional(validate.positive_int, "[dpsgd].max_batch_size",
                                                self.max_batch_size))
         if self.sampling == "truncated-poisson" and self.max_batch_size is None:
             raise InvalidParameterError("missing required key [dpsgd].max_batch_size for truncated-poisson sampling")
         if self.sampling != "truncated-poisson" and self.max_batch_size is not None:
             raise InvalidParameterError('[dpsgd].max_batch_size needs sampling = "truncated-poisson"')
         for key in ("noise_multiplier", "max_noise_multiplier"):
-            _set(self, key, _optional(_validate.positive, f"[dpsgd].{key}", getattr(self, key)))
+            _set(self, key, _optional(validate.positive, f"[dpsgd].{key}", getattr(self, key)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,14 +274,14 @@ class RRShape:
 
     def __post_init__(self) -> None:
         _set(self, "epochs", _bounded_int("[rr].epochs", self.epochs, limits.MAX_EPOCHS))
-        _set(self, "batch_size", _optional(_validate.positive_int, "[rr].batch_size", self.batch_size))
+        _set(self, "batch_size", _optional(validate.positive_int, "[rr].batch_size", self.batch_size))
         _choice("[rr].per_impression", self.per_impression, PER_IMPRESSION_RULES)
         value = self.validation_fraction
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0 \
                 and math.copysign(1.0, value) > 0:
             _set(self, "validation_fraction", None)  # 0: no held-out part
         elif value is not None:
-            fraction = _validate.open_unit("[rr].validation_fraction", value)
+            fraction = validate.open_unit("[rr].validation_fraction", value)
             if fraction > MAX_VALIDATION:
                 raise InvalidParameterError(f"[rr].validation_fraction must be at most {MAX_VALIDATION:g} (the RR "
                                             f"phase trains on the rest), got {fraction!r}")
@@ -315,11 +316,11 @@ class WALRShape:
                 raise InvalidParameterError(f"missing required key [walr].{missing} for encoding = \"numeric\" (or "
                                             "drop both for the one-hot encoding, which derives them)")
             _set(self, "features", _bounded_int("[walr].features", self.features, limits.MAX_WALR_FEATURES))
-            _set(self, "row_norm_bound", _validate.positive("[walr].row_norm_bound", self.row_norm_bound))
+            _set(self, "row_norm_bound", validate.positive("[walr].row_norm_bound", self.row_norm_bound))
         elif legacy:
             raise InvalidParameterError("[walr].features and [walr].row_norm_bound are derived from [features] for "
                                         "encoding = \"one-hot\"; drop them")
-        _set(self, "weights_bound", _validate.positive("[walr].weights_bound", self.weights_bound))
+        _set(self, "weights_bound", validate.positive("[walr].weights_bound", self.weights_bound))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -402,7 +403,7 @@ class CalibrationShape:
     share: float = SHARE
 
     def __post_init__(self) -> None:
-        share = _validate.probability("[calibration].share", self.share)
+        share = validate.probability("[calibration].share", self.share)
         if share > MAX_SHARE:
             raise InvalidParameterError(f"[calibration].share must be at most {MAX_SHARE:g} (the training phases get "
                                         f"what it leaves), got {share!r}")
@@ -411,7 +412,7 @@ class CalibrationShape:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
-    """Declared tuning: ``configurations`` runs, or a grid of them (``budgetplan.grid``).
+    """Declared tuning: ``configurations`` runs, or a grid of them (``budgetplan.planning.grid``).
 
     A grid lists values of ``split`` (Hybrid), ``clipping_norm`` and ``dpsgd_learning_rate``
     (DP-SGD, Hybrid); its configurations are the product of the lists, ``configurations``
@@ -440,7 +441,7 @@ class Tuning:
             _set(self, key, _optional(_grid_numbers, f"[tuning].{key}", getattr(self, key)))
         if self.dpsgd_learning_rate is not None:
             for v in self.dpsgd_learning_rate:
-                _validate.at_most("[tuning].dpsgd_learning_rate", v, limits.MAX_LEARNING_RATE)
+                validate.at_most("[tuning].dpsgd_learning_rate", v, limits.MAX_LEARNING_RATE)
         if not self.is_grid:
             for key in GRID_DEFAULTS:
                 if getattr(self, key) is not None:
@@ -462,11 +463,11 @@ class Tuning:
                 raise InvalidParameterError("[tuning] grid has 1 configuration: there is nothing to select; list "
                                             "at least two values or drop the grid")
             _set(self, "configurations", n)
-            _set(self, "selection_share", _validate.open_unit(
+            _set(self, "selection_share", validate.open_unit(
                 "[tuning].selection_share", _default(self.selection_share, "selection_share")))
-            _set(self, "validation_fraction", _validate.open_unit(
+            _set(self, "validation_fraction", validate.open_unit(
                 "[tuning].validation_fraction", _default(self.validation_fraction, "validation_fraction")))
-            clip = _validate.open_unit("[tuning].prediction_clip", _default(self.prediction_clip, "prediction_clip"))
+            clip = validate.open_unit("[tuning].prediction_clip", _default(self.prediction_clip, "prediction_clip"))
             if not clip < 0.5:
                 raise InvalidParameterError(f"[tuning].prediction_clip must be below 0.5, got {clip!r}")
             _set(self, "prediction_clip", clip)
@@ -501,7 +502,7 @@ def _grid_list(name: str, value) -> tuple:
 
 
 def _grid_rules(name: str, value) -> tuple[str, ...]:
-    from budgetplan.split import parse_rule
+    from budgetplan.planning.split import parse_rule
 
     rules = _grid_list(name, value)
     parsed = [parse_rule(_string(f"{name}[{i}]", r), f"{name}[{i}]") for i, r in enumerate(rules)]
@@ -510,7 +511,7 @@ def _grid_rules(name: str, value) -> tuple[str, ...]:
 
 
 def _grid_numbers(name: str, value) -> tuple[float, ...]:
-    numbers = tuple(_validate.positive(f"{name}[{i}]", v) for i, v in enumerate(_grid_list(name, value)))
+    numbers = tuple(validate.positive(f"{name}[{i}]", v) for i, v in enumerate(_grid_list(name, value)))
     _no_repeats(name, numbers, numbers)
     return numbers
 
@@ -536,7 +537,7 @@ class Scenario:
     key it comes from (errors name it: ``[dpsgd].batch_size must ...``), and so are the
     rules between values (a cap on an impression unit, the tables an algorithm needs, a
     batch larger than N, norms whose derived quantities overflow). Hybrid's ``split`` and
-    ``tower`` default to ``budgetplan.split.DEFAULT_RULE`` and ``"frozen"``. ``warnings`` are computed here:
+    ``tower`` default to ``budgetplan.planning.split.DEFAULT_RULE`` and ``"frozen"``. ``warnings`` are computed here:
     doubtful but legal settings.
     """
 
@@ -570,7 +571,7 @@ class Scenario:
     def __post_init__(self) -> None:
         _string("name", self.name)
         _text("description", self.description)
-        _set(self, "epsilon", _validate.positive("[budget].epsilon", self.epsilon))
+        _set(self, "epsilon", validate.positive("[budget].epsilon", self.epsilon))
         _set(self, "delta", _delta("[budget].delta", self.delta))
         _choice("[budget].delta_policy", self.delta_policy, ("warn", "strict"))
         _set(self, "adjacency", Adjacency.parse(self.adjacency, "[privacy].adjacency"))
@@ -592,8 +593,8 @@ class Scenario:
                 raise InvalidParameterError(f"[{key}] must be a {optional_kind.__name__}, got "
                                             f"{type(getattr(self, key)).__name__}")
         _choice("[accounting].method", self.method, METHODS)
-        _set(self, "discretization", _validate.positive("[accounting].discretization", self.discretization))
-        _set(self, "size_release_epsilon", _optional(_validate.positive, "[data].size_release_epsilon",
+        _set(self, "discretization", validate.positive("[accounting].discretization", self.discretization))
+        _set(self, "size_release_epsilon", _optional(validate.positive, "[data].size_release_epsilon",
                                                      self.size_release_epsilon))
         _set(self, "units", _optional(_bounded_int, "[data].units", self.units, limits.MAX_DATASET_SIZE))
         grid_split = self.tuning is not None and self.tuning.split is not None
@@ -606,7 +607,7 @@ class Scenario:
                 for rule in self.tuning.split:
                     _check_split(rule, self.epsilon, "[tuning].split")
             else:
-                from budgetplan.split import DEFAULT_RULE
+                from budgetplan.planning.split import DEFAULT_RULE
 
                 split = _split_rule("[algorithm].split", self.split or DEFAULT_RULE)
                 _set(self, "split", split)
@@ -662,7 +663,7 @@ class Scenario:
     @classmethod
     def from_dict(cls, data: object) -> Scenario:
         """The scenario of a plan file, read strictly (unknown or missing keys are refused)."""
-        from budgetplan._typed import from_json_object
+        from budgetplan.util.typed import from_json_object
 
         if not isinstance(data, dict):
             raise InvalidParameterError(f"scenario must be a JSON object, got {type(data).__name__}")
@@ -849,15 +850,15 @@ def _calibration(top: _Table, algorithm, raw: dict) -> CalibrationShape | None:
 
 
 def _split_rule(name: str, value) -> str:
-    from budgetplan.split import parse_rule
+    from budgetplan.planning.split import parse_rule
 
     parse_rule(_string(name, value), name)
     return value
 
 
 def _check_split(split: str, epsilon: float, key: str = "[algorithm].split") -> None:
-    """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.split``)."""
-    from budgetplan.split import split_budget
+    """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.planning.split``)."""
+    from budgetplan.planning.split import split_budget
 
     try:
         split_budget(epsilon, split)
@@ -887,7 +888,7 @@ def _check_derived(s: Scenario) -> None:
     row_norm_bound x weights_bound, K times that per unit, and its noise std a multiple of
     that (up to the same ceiling, for any budget the planner meets).
     """
-    from budgetplan.calibrate import SIGMA_RANGE
+    from budgetplan.planning.calibrate import SIGMA_RANGE
 
     if s.dpsgd is not None:
         _check_clipping_norm(s, s.dpsgd.clipping_norm, "[dpsgd].clipping_norm")
@@ -904,7 +905,7 @@ def _check_derived(s: Scenario) -> None:
 
 def _check_clipping_norm(s: Scenario, clipping_norm: float, key: str) -> None:
     """A clipping norm whose sensitivity and noise std (see ``_check_derived``) are finite numbers."""
-    from budgetplan.calibrate import SIGMA_RANGE
+    from budgetplan.planning.calibrate import SIGMA_RANGE
 
     assert s.dpsgd is not None  # only scenarios with a DP-SGD phase have a clipping norm
     d = s.dpsgd
@@ -981,7 +982,7 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
 
 def _check_epoch_sampling(s: Scenario) -> None:
     """Allocation and shuffled batches run whole epochs; allocation is accounted under add-remove only."""
-    from budgetplan.batch_selection import EPOCH_SAMPLINGS, epoch_steps
+    from budgetplan.accounting.batch_selection import EPOCH_SAMPLINGS, epoch_steps
 
     d = s.dpsgd
     if d is None or d.sampling not in EPOCH_SAMPLINGS:

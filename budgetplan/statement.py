@@ -15,12 +15,12 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.units import Adjacency
 
 if TYPE_CHECKING:  # the records module is imported where a run statement is rendered
-    from budgetplan.records import RRRun
+    from budgetplan.record.records import RRRun
 
 __all__ = ["render_statement", "render_run_statement"]
 
@@ -474,9 +474,9 @@ def render_statement(plan: Plan, tradeoff: dict | None = None) -> str:
     """The privacy statement of ``plan`` as plain text.
 
     Args:
-        tradeoff: ``budgetplan.tradeoff.plan_tradeoff(plan)``, when the caller has it already.
+        tradeoff: ``budgetplan.accounting.tradeoff.plan_tradeoff(plan)``, when the caller has it already.
     """
-    from budgetplan.tradeoff import plan_tradeoff
+    from budgetplan.accounting.tradeoff import plan_tradeoff
 
     tradeoff = tradeoff or plan_tradeoff(plan)
     g = plan.guarantee
@@ -538,7 +538,7 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
             the plan the run executed.
     """
     from budgetplan.errors import PlanMismatchError
-    from budgetplan.records import (
+    from budgetplan.record.records import (
         CalibrationRun,
         CalibrationStats,
         DPSGDRun,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["Adjacency", "PrivacyUnit", "CAPPING_RULES", "SAMPLE_BY"]
 
@@ -67,7 +67,7 @@ class PrivacyUnit:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise InvalidParameterError(f"unit name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "cap", _validate.positive_int("unit cap", self.cap))
+        object.__setattr__(self, "cap", validate.positive_int("unit cap", self.cap))
         if self.cap > 1:
             capping = "random" if self.capping is None else self.capping
             if capping not in CAPPING_RULES:

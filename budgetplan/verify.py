@@ -12,7 +12,7 @@ Checks, in order (each failure names what differs):
 3. guarantees: each phase's guarantee recomputed from its mechanism and parameters, the
    basic and PLD totals and the tuning accounting recomputed, all within tolerance of
    what the plan states and within the plan's budget; for a grid of configurations
-   (``budgetplan.grid``) every configuration's phases likewise, each within the per-run
+   (``budgetplan.planning.grid``) every configuration's phases likewise, each within the per-run
    budget, and the selection's cost and the total re-derived; a table-driven split's
    recorded alpha re-derived from its rule;
 4. the scenario: re-planning the embedded scenario gives the same parameters (every
@@ -33,16 +33,16 @@ import math
 from pathlib import Path
 
 from budgetplan import intercept
-from budgetplan._typed import to_json_object
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.rr import flip_probability
-from budgetplan.calibrate import steps_for_epochs
 from budgetplan.dpcount import noise_std as count_noise_std
 from budgetplan.errors import BudgetplanError, PlanMismatchError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
-from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.plan import Plan, current_versions, load_plan
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.planning.calibrate import steps_for_epochs
 from budgetplan.units import Adjacency
+from budgetplan.util.typed import to_json_object
 
 __all__ = ["verify_plan", "verify_file", "VerifyReport"]
 
@@ -72,7 +72,7 @@ def verify_file(path: str | Path, *, replan: bool = True, signed=None) -> Verify
 
 def verify_plan(plan: Plan, *, replan: bool = True, signed=None) -> VerifyReport:
     """Check ``plan``; ``signed`` is the Scenario it must have been planned from, if given."""
-    from budgetplan.planner import check_within_budget
+    from budgetplan.planning.planner import check_within_budget
 
     problems: list[str] = []
     notes: list[str] = []
@@ -189,7 +189,7 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
 
 def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str]) -> None:
     """The DP-SGD phase's steps and mechanism are those its scenario and sampling choice give."""
-    from budgetplan import batch_selection
+    from budgetplan.accounting import batch_selection
 
     n = plan.dataset_size
     shape = plan.scenario.dpsgd
@@ -227,7 +227,7 @@ def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str
 
 def _check_split(plan: Plan, problems: list[str]) -> None:
     """A table-driven split's record is what the rule gives at the run's epsilon, and the phases follow it."""
-    from budgetplan.planner import split_record
+    from budgetplan.planning.planner import split_record
 
     try:
         wanted = split_record(plan.scenario, plan.run_epsilon)
@@ -296,7 +296,7 @@ def _check_calibration(plan: Plan, close, problems: list[str]) -> None:
 
 
 def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
-    from budgetplan.planner import _EPS_SLACK, _basic_total, _pld_total, _tuning, phase_guarantee
+    from budgetplan.planning.planner import _EPS_SLACK, _basic_total, _pld_total, _tuning, phase_guarantee
 
     for i, p in enumerate(plan.phases):
         g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit, discretization=plan.scenario.discretization)
@@ -326,9 +326,9 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
 
     Returns whether the plan's scenario declares a grid (then this was its tuning check).
     """
-    from budgetplan import grid
-    from budgetplan.phases import phase_to_dict
-    from budgetplan.planner import _EPS_SLACK, phase_guarantee
+    from budgetplan.plan.phases import phase_to_dict
+    from budgetplan.planning import grid
+    from budgetplan.planning.planner import _EPS_SLACK, phase_guarantee
 
     t = plan.scenario.tuning
     stored = plan.tuning
@@ -390,7 +390,7 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
 
 
 def _check_replan(plan: Plan, close, problems: list[str]) -> None:
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
 
     try:
         fresh = build_plan(plan.scenario)
@@ -412,7 +412,7 @@ def _check_replan(plan: Plan, close, problems: list[str]) -> None:
 
 def _check_replan_grid(plan: Plan, fresh: Plan, close, problems: list[str]) -> None:
     """Every configuration of a grid plans, from the scenario, to the parameters the plan lists."""
-    from budgetplan.grid import runs_of
+    from budgetplan.planning.grid import runs_of
 
     mine, theirs = runs_of(plan), runs_of(fresh)
     if len(mine) != len(theirs):

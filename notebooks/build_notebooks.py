@@ -196,7 +196,7 @@ print(f"\nPython: a group of 5 is ({eps_k:g}, {delta_k:.5g})-DP")'''),
 accountant; `plot_epsilon_curve` draws it (one colour per sigma; PLD solid, RDP dashed, PRV dotted
 with its error band). RDP's gap to PLD is what a looser accountant costs: the same training
 reported at a larger epsilon, or more noise for the same target.'''),
-    ("code", r'''from budgetplan.plots import epsilon_curve, plot_epsilon_curve
+    ("code", r'''from budgetplan.report.plots import epsilon_curve, plot_epsilon_curve
 
 epochs = [CURVE_EPOCHS * (i + 1) / CURVE_POINTS for i in range(CURVE_POINTS)]
 curve = epsilon_curve(noise_multipliers=NOISE_MULTIPLIERS, sampling_rate=Q,
@@ -228,7 +228,7 @@ several ways, and they differ in cost:
   user's contribution is a *mixture of Gaussians* (sensitivity Binomial(K, q)); accounting that
   mixture by PLD is tight. Generic **group privacy** over the example-level guarantee is looser,
   and much looser over RDP.'''),
-    ("code", r'''from budgetplan.calibrate import rr_per_example_epsilon
+    ("code", r'''from budgetplan.planning.calibrate import rr_per_example_epsilon
 
 rr_rows = []
 for k in RR_CAPS:
@@ -294,13 +294,13 @@ pCTR shape, replace-one (DP-SGD sensitivity 2C). The v1 rule `paper-v1` is eps1 
                "--epochs", EPOCHS)
 cli("split", "--rule", "grid", "--epsilons", ",".join(f"{e:g}" for e in SPLIT_EPSILONS),
     "--alphas", ",".join(f"{a:g}" for a in SPLIT_ALPHAS), *split_shape)'''),
-    ("code", r'''from budgetplan.sweep import sweep
+    ("code", r'''from budgetplan.planning.sweep import sweep
 
 cells = sweep(SPLIT_EPSILONS, [f"alpha={a:g}" for a in SPLIT_ALPHAS], delta=DELTA, sampling_rate=Q, steps=STEPS,
               adjacency="replace-one")
 show_table(cells, ["epsilon", "rule", "epsilon1", "flip_probability", "epsilon2", "noise_multiplier",
                    "dpsgd_epsilon"])'''),
-    ("code", r'''from budgetplan.split import split_budget
+    ("code", r'''from budgetplan.planning.split import split_budget
 
 cli("split", "--epsilon", 8, "--rule", "paper-v1", *split_shape)
 print("\nPython: paper-v1 at eps = 8 splits into (eps1, eps2) =", split_budget(8.0, "paper-v1"))'''),
@@ -427,8 +427,8 @@ print(scenario_toml(EPSILONS[0], 0.5))'''),
 flip probability to eps1, and accounts the whole; the plan file is canonical, hashed JSON. The CLI
 does the same from a TOML file (`budgetplan plan`), and gives the same hash.'''),
     ("code", r'''from budgetplan.plan import write_atomic
-from budgetplan.planner import build_plan
-from budgetplan.plots import arm_of
+from budgetplan.planning.planner import build_plan
+from budgetplan.report.plots import arm_of
 from budgetplan.scenario import parse_scenario
 
 (WORK / "scenarios").mkdir()
@@ -504,7 +504,7 @@ cli("train", WORK / "plans" / f"eps{EPSILONS[1]:g}-alpha1.json", "--data", TRAIN
 the paper keeps, at each epsilon, the best alpha; we do the same. Note that choosing alpha on
 evaluation data is hyperparameter tuning, which the plans above do not account (declare `[tuning]`
 in a scenario to pay for it).'''),
-    ("code", r'''from budgetplan.plots import frontier, plot_frontier
+    ("code", r'''from budgetplan.report.plots import frontier, plot_frontier
 
 rows = frontier(run_dirs)
 for r in rows:
@@ -578,7 +578,7 @@ EXTRA_STEPS = 10           # the forged record claims this many DP-SGD steps bey
 RR_SAMPLES = 1_000_000     # labels per neighbour in the RR measurement figure (the audit uses 5M)'''),
     ("code", setup_cell("budgetplan-03-", stdlib="import shutil\n", third_party="import pyarrow.parquet as pq\n")),
     ("md", r'''## Plan and train a small Hybrid run'''),
-    ("code", r'''from budgetplan.planner import build_plan
+    ("code", r'''from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import TrainSettings, execute_plan
@@ -649,7 +649,7 @@ What actually ran (labels flipped, steps taken, batch sizes, noise drawn, random
 public record, what the data owner's private record holds (data fingerprint, clipped fraction,
 metrics on private labels: statistics the guarantee does not cover), then the plan's privacy
 statement.'''),
-    ("code", r'''from budgetplan.records import load_record
+    ("code", r'''from budgetplan.record.records import load_record
 from budgetplan.statement import render_run_statement
 
 statement = render_run_statement(plan, load_record(RUN))

@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from budgetplan import audit as audit_mod
-from budgetplan.audit import audit_run
-from budgetplan.ledger import digest, line
-from budgetplan.planner import build_plan
-from budgetplan.records import PrivateRecord, RunRecord, load_record
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.ledger import digest, line
+from budgetplan.record.records import PrivateRecord, RunRecord, load_record
 from budgetplan.scenario import parse_scenario
+from trainers import audit as audit_mod
+from trainers.audit import audit_run
 from trainers.demo import demo_scenario
 
 N = 4000

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from budgetplan.audit_canary import GUESS_FRACTIONS, bound_from_scores, check_one_run, guesses
-from budgetplan.audit_fdp import DIVISOR_TOLERANCE, METHOD, plan_family, refutes
+from budgetplan.audit.canary import GUESS_FRACTIONS, bound_from_scores, check_one_run, guesses
+from budgetplan.audit.fdp import DIVISOR_TOLERANCE, METHOD, plan_family, refutes
 from budgetplan.errors import InvalidParameterError
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from trainers.canary import audit_scenario
 from trainers.data.synth import SYNTH_FEATURES
@@ -92,7 +92,7 @@ def test_check_catches_a_doctored_record(plan, doctor, words):
 
 
 def test_a_legacy_record_is_checked_by_steinke_s_bound(plan):
-    from budgetplan.audit_steinke import epsilon_lower_bound
+    from budgetplan.audit.steinke import epsilon_lower_bound
 
     level = 1 - 0.05 / 7
     legacy = {"canaries": 5000, "guesses": 50, "correct": 48, "level": level, "confidence": 0.95,

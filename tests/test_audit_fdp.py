@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, stats
 
-from budgetplan.audit_canary import GUESS_FRACTIONS, guesses
-from budgetplan.audit_fdp import (
+from budgetplan.audit.canary import GUESS_FRACTIONS, guesses
+from budgetplan.audit.fdp import (
     DIVISOR_TOLERANCE,
     NOISE_DIVISOR_RANGE,
     Curve,
@@ -30,7 +30,7 @@ from budgetplan.audit_fdp import (
     refutes,
     scaled,
 )
-from budgetplan.audit_steinke import epsilon_lower_bound as steinke_bound
+from budgetplan.audit.steinke import epsilon_lower_bound as steinke_bound
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import Composition, DiscreteLaplaceCount, PoissonDPSGD, RandomizedResponse
 from budgetplan.units import Adjacency, PrivacyUnit
@@ -240,7 +240,7 @@ def test_mechanism_family_is_ordered_and_its_epsilon_is_the_accountant_s():
 
 
 def test_plan_family_is_the_joint_pld_or_the_pair():
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.canary import audit_scenario
     from trainers.data.synth import SYNTH_FEATURES

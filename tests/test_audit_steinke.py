@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from budgetplan.audit_canary import guesses
-from budgetplan.audit_steinke import check_legacy, epsilon_lower_bound, p_value
+from budgetplan.audit.canary import guesses
+from budgetplan.audit.steinke import check_legacy, epsilon_lower_bound, p_value
 from budgetplan.errors import InvalidParameterError
 
 

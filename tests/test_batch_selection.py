@@ -10,7 +10,7 @@ from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD
 from budgetplan.plan import Plan
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from budgetplan.verify import verify_plan
 
@@ -216,18 +216,18 @@ def test_allocation_spread_check_against_the_multinomial():
     # and Poisson sizes (which do not) fail, each on the check that sees them
     import numpy as np
 
-    from budgetplan.audit import _epoch_sizes
+    from budgetplan.audit.sampling import epoch_size_checks
 
     par = build_plan(scenario("allocation")).dpsgd.params
     rng = np.random.default_rng(5)
     honest = rng.multinomial(2000, [1 / 20] * 20, size=50).ravel().tolist()
-    checks = {c.name: c.passed for c in _epoch_sizes("A", honest, len(honest), par, 1e-6)}
+    checks = {c.name: c.passed for c in epoch_size_checks("A", honest, len(honest), par, 1e-6)}
     assert checks == {"A: epoch totals": True, "A: spread": True}
     fixed = [100] * 1000
-    checks = {c.name: c.passed for c in _epoch_sizes("A", fixed, len(fixed), par, 1e-6)}
+    checks = {c.name: c.passed for c in epoch_size_checks("A", fixed, len(fixed), par, 1e-6)}
     assert checks == {"A: epoch totals": True, "A: spread": False}
     poisson = rng.binomial(2000, 1 / 20, size=1000).tolist()
-    assert not {c.name: c.passed for c in _epoch_sizes("A", poisson, len(poisson), par, 1e-6)}["A: epoch totals"]
+    assert not {c.name: c.passed for c in epoch_size_checks("A", poisson, len(poisson), par, 1e-6)}["A: epoch totals"]
 
 
 @pytest.mark.parametrize("sampling, says, never", [

@@ -184,7 +184,7 @@ def test_settings_survive_a_json_round_trip():
 def test_a_changed_split_table_re_renders_the_frontier_but_does_not_make_it_stale(monkeypatch):
     """The default rule's column is read from the alpha grid's cells: a new table changes what the
     report says (its ``default_split``), not what was trained."""
-    from budgetplan import split
+    from budgetplan.planning import split
 
     recorded = _quick_frontier()
     table = split.ALPHA_BY_EPSILON

@@ -20,9 +20,9 @@ from budgetplan.dpcount import (
 )
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import DiscreteLaplaceCount, mechanism_from_dict, mechanism_to_dict
-from budgetplan.phases import CountPhase, DPSGDPhase, phase_from_dict, phase_to_dict
 from budgetplan.plan import Plan, canonical_json
-from budgetplan.planner import build_plan
+from budgetplan.plan.phases import CountPhase, DPSGDPhase, phase_from_dict, phase_to_dict
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.units import PrivacyUnit
@@ -335,7 +335,7 @@ def test_cli_plan_json_shows_the_count_phase(runner, tmp_path):
     human = runner.invoke(cli, ["show", str(tmp_path / "plan.json")])
     assert human.exit_code == 0 and "Phase 1: count" in human.stdout and "noise std" in human.stdout
     from budgetplan.plan import load_plan
-    from budgetplan.plots import arm_of
+    from budgetplan.report.plots import arm_of
 
     assert arm_of(load_plan(tmp_path / "plan.json")) == ("DP-SGD", None)
     path.with_name("r.toml").write_text(path.read_text().replace("add-remove", "replace-one"))

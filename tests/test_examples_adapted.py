@@ -4,7 +4,7 @@ import pytest
 
 from budgetplan import examples
 from budgetplan.errors import InvalidParameterError
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import FeatureSpec, parse_scenario
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from budgetplan import examples
 from budgetplan.errors import UnsupportedError
-from budgetplan.export import opacus_settings
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
+from budgetplan.report.export import opacus_settings
 from budgetplan.scenario import parse_scenario
 
 

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from budgetplan import _files
-from budgetplan._files import atomic_output, check_writable, remove_stale_temporaries, write_atomic
 from budgetplan.errors import InvalidParameterError, OutputError
+from budgetplan.util import fileio as _files
+from budgetplan.util.fileio import atomic_output, check_writable, remove_stale_temporaries, write_atomic
 
 
 def _disk_full(*args):

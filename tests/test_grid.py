@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from budgetplan import grid
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import Plan
-from budgetplan.planner import build_plan
+from budgetplan.planning import grid
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.verify import verify_plan

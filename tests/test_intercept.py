@@ -13,9 +13,9 @@ from scipy.special import expit
 
 from budgetplan import intercept
 from budgetplan.errors import InvalidParameterError
-from budgetplan.phases import CalibrationPhase, DPSGDPhase, RRPhase, phase_from_dict, phase_to_dict
 from budgetplan.plan import Plan, canonical_json
-from budgetplan.planner import build_plan
+from budgetplan.plan.phases import CalibrationPhase, DPSGDPhase, RRPhase, phase_from_dict, phase_to_dict
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.verify import verify_plan

@@ -9,7 +9,8 @@ import pytest
 from budgetplan import examples
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.mechanisms import GaussianRelease
-from budgetplan.phases import (
+from budgetplan.plan import Plan, canonical_json
+from budgetplan.plan.phases import (
     CalibrationPhase,
     DPSGDParams,
     DPSGDPhase,
@@ -19,8 +20,7 @@ from budgetplan.phases import (
     phase_from_dict,
     phase_to_dict,
 )
-from budgetplan.plan import Plan, canonical_json
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import load_scenario
 
 

@@ -7,7 +7,7 @@ import pytest
 from budgetplan import examples
 from budgetplan.errors import OutputError, PlanMismatchError
 from budgetplan.plan import Plan, canonical_json, load_plan, write_atomic
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import load_scenario
 from budgetplan.verify import verify_file, verify_plan
 
@@ -116,7 +116,7 @@ def test_write_atomic_never_leaves_a_half_file(tmp_path, monkeypatch):
 
 
 def test_atomic_output_writer_failure_leaves_the_old_file(tmp_path):
-    from budgetplan._files import atomic_output
+    from budgetplan.util.fileio import atomic_output
 
     target = tmp_path / "data.parquet"
     target.write_text("old")
@@ -143,7 +143,7 @@ def test_verify_against_the_signed_off_scenario(tmp_path, runner):
     from budgetplan import examples
     from budgetplan.cli import cli
     from budgetplan.plan import canonical_json
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import load_scenario
 
     scenario_path = examples.path("synthetic-hybrid")

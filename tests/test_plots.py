@@ -5,7 +5,7 @@ import json
 import pytest
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.plots import epsilon_curve, plot_epsilon_curve
+from budgetplan.report.plots import epsilon_curve, plot_epsilon_curve
 
 
 def test_epsilon_curve_rows_and_order():

@@ -90,7 +90,7 @@ def test_defaults_and_policy():
 def test_bad_scenarios_name_the_key(old, new, message):
     with pytest.raises(InvalidParameterError) as err:
         sc = parse_scenario(edit(BASE, old, new))
-        from budgetplan.planner import build_plan
+        from budgetplan.planning.planner import build_plan
 
         build_plan(sc)  # split rules and delta > 0 for DP-SGD are checked when planning
     assert message in str(err.value)

@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
-from budgetplan.planner import build_plan
-from budgetplan.scenario import parse_scenario
-from budgetplan.split import (
+from budgetplan.planning.planner import build_plan
+from budgetplan.planning.split import (
     ALPHA_BY_EPSILON,
     AlphaStep,
     _check_table,
@@ -21,6 +20,7 @@ from budgetplan.split import (
     parse_rule,
     split_budget,
 )
+from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.verify import verify_plan
 from tests.test_planner import HYBRID

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from budgetplan import examples
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import load_scenario, parse_scenario
 from budgetplan.statement import render_statement
 

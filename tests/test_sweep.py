@@ -7,7 +7,7 @@ import pytest
 
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
-from budgetplan.sweep import sweep
+from budgetplan.planning.sweep import sweep
 
 GRID = dict(delta=1e-7, sampling_rate=1000 / 100_000, steps=100, adjacency="replace-one")
 

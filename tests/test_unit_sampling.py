@@ -6,11 +6,11 @@ import json
 import pytest
 
 from budgetplan.accounting import account
-from budgetplan.calibrate import dpsgd_noise_multiplier
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import Composition, PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
 from budgetplan.plan import Plan
-from budgetplan.planner import build_plan
+from budgetplan.planning.calibrate import dpsgd_noise_multiplier
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.units import PrivacyUnit
@@ -237,8 +237,8 @@ def capped(tmp_path_factory):
 
 
 def _trained(root, n, m, name, *, by="unit", adjacency="add-remove", monkeypatch=None, sampler=None):
-    from budgetplan.audit import audit_run
     from trainers import dpsgd as dpsgd_mod
+    from trainers.audit import audit_run
     from trainers.run import TrainSettings, execute_plan
 
     plan = build_plan(scenario(by, adjacency=adjacency, cap=3, n=n, units=f"units = {m}", batch=50,

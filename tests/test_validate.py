@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budgetplan import _validate as v
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate as v
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0.0, -1.0, True, "1", None])

@@ -39,8 +39,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from budgetplan import _typed, _validate, limits
+from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import typed, validate
 
 __all__ = ["BaselineSettings", "validation_split", "train_baseline", "MODEL_SETTINGS", "reference",
            "check_comparable", "compare", "TOLERANCE_Z"]
@@ -78,16 +79,16 @@ class BaselineSettings:
     check_every: int | None = None
 
     def __post_init__(self):
-        _validate.at_most("--baseline-epochs", _validate.positive_int("--baseline-epochs", self.max_epochs),
+        validate.at_most("--baseline-epochs", validate.positive_int("--baseline-epochs", self.max_epochs),
                           limits.MAX_EPOCHS)
-        _validate.at_most("--patience", _validate.positive_int("--patience", self.patience), limits.MAX_EPOCHS)
-        fraction = _validate.open_unit("--validation-fraction", self.validation_fraction)
+        validate.at_most("--patience", validate.positive_int("--patience", self.patience), limits.MAX_EPOCHS)
+        fraction = validate.open_unit("--validation-fraction", self.validation_fraction)
         if fraction > 0.5:
             raise InvalidParameterError(f"--validation-fraction must be at most 0.5 (the baseline trains on the "
                                         f"rest), got {fraction!r}")
-        _validate.at_most("--weight-decay", _validate.non_negative("--weight-decay", self.weight_decay),
+        validate.at_most("--weight-decay", validate.non_negative("--weight-decay", self.weight_decay),
                           limits.MAX_WEIGHT_DECAY)
-        _typed.optional(_validate.positive_int, "check_every", self.check_every)
+        typed.optional(validate.positive_int, "check_every", self.check_every)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -126,7 +126,7 @@ def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=No
     Called once, after the training phases. An RR-only plan's free calibration has no public
     entry (None): it releases nothing.
     """
-    from budgetplan.records import CalibrationRun, CalibrationStats
+    from budgetplan.record.records import CalibrationRun, CalibrationStats
 
     if plan.free_calibration:
         return [(None, _free(model, data, rr_result, collective))]
@@ -151,7 +151,7 @@ def _free(model, data, rr_result, collective=None):
     With several processes rank 0 solves on every rank's logits (gathered in rank order) and
     every rank applies rank 0's shift.
     """
-    from budgetplan.records import CalibrationStats
+    from budgetplan.record.records import CalibrationStats
     from trainers.fit import _logits
 
     if rr_result is None or rr_result.debiased_positives is None:

@@ -4,7 +4,7 @@ The game of Steinke, Nasr and Jagielski (arXiv:2305.08846), tested by the f-DP a
 Mahloujifar, Melis and Chaudhuri (arXiv:2410.22235). ``canary_audit`` replaces m rows of
 the training data by canaries, runs ``execute_plan`` on it (the real trainer, whatever is
 installed), queries the model it wrote on each canary and records the one-run audit
-(``budgetplan.audit_canary``: do the guesses refute the plan's trade-off curve, and the
+(``budgetplan.audit.canary``: do the guesses refute the plan's trade-off curve, and the
 plan with how much of its noise removed do they refute) in the private record, where
 ``budgetplan audit`` recomputes it and fails a refuted plan.
 
@@ -59,13 +59,13 @@ from pathlib import Path
 
 import numpy as np
 
-from budgetplan import _validate
-from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
-from budgetplan.audit_fdp import plan_family
+from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.audit.fdp import plan_family
 from budgetplan.errors import InvalidParameterError, UnsupportedError
-from budgetplan.phases import DPSGDPhase, RRPhase
-from budgetplan.records import PRIVATE_DIR, RunRecord
+from budgetplan.plan.phases import DPSGDPhase, RRPhase
+from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.units import Adjacency
+from budgetplan.util import validate
 
 __all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries"]
 
@@ -154,7 +154,7 @@ def insert_canaries(table, spec, m: int, *, randomness=None, hash_bins: dict[str
 
     rnd = randomness or Randomness()
     n = table.num_rows
-    m = _validate.positive_int("canaries", m)
+    m = validate.positive_int("canaries", m)
     if m > n:
         raise InvalidParameterError(f"canaries must be at most the data's {n} rows, got {m}")
     positions = np.sort(rnd.generator().choice(n, size=m, replace=False))
@@ -254,7 +254,7 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
     data owner's side: it holds the owner's rows) and trained on by ``execute_plan`` with
     ``execute`` (its keyword arguments: ``settings``, ``dpsgd_settings``, ``seed``, ...);
     then each canary is scored by the model's logit, the k highest guessed label 1 and the k
-    lowest label 0, and the lower bound on epsilon (``budgetplan.audit_canary``, at the
+    lowest label 0, and the lower bound on epsilon (``budgetplan.audit.canary``, at the
     plan's delta, compared with its epsilon) goes into the private record's ``one_run``.
     The public record notes that the run was trained with canaries.
 
@@ -271,7 +271,7 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
     out = _check_out(out_dir)
     if out is None:
         raise InvalidParameterError("canaries need the run directory (--out): the model is audited from it")
-    _validate.open_unit("confidence", confidence)
+    validate.open_unit("confidence", confidence)
     if execute.get("nproc", 1) != 1 or execute.get("collective") is not None or execute.get("resume"):
         raise UnsupportedError("a canary run is one fresh process (no --nproc, torchrun or --resume)")
     spec = plan.scenario.features
@@ -284,7 +284,7 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
     audited, positions, bits = insert_canaries(table, spec, canaries, randomness=canary_randomness, hash_bins=bins)
     import pyarrow.parquet as pq
 
-    from budgetplan._files import atomic_output
+    from budgetplan.util.fileio import atomic_output
 
     created = out if not out.exists() else None
     try:

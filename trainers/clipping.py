@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgetplan._validate import positive
 from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.util.validate import positive
 
 __all__ = ["clipped_gradient_sum", "refuse_batch_statistics"]
 

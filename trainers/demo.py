@@ -60,12 +60,12 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     import numpy as np
     import pyarrow.parquet as pq
 
-    from budgetplan._files import atomic_output, write_atomic
     from budgetplan.examples import adapted
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.planning.split import DEFAULT_RULE, choose_split
     from budgetplan.scenario import parse_scenario
-    from budgetplan.split import DEFAULT_RULE, choose_split
     from budgetplan.statement import render_statement
+    from budgetplan.util.fileio import atomic_output, write_atomic
     from trainers.baseline import reference
     from trainers.data.synth import get_shape, synthesize
     from trainers.metrics import relative_auc_loss

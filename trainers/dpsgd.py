@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.phases import DPSGDParams
+from budgetplan.plan.phases import DPSGDParams
 from trainers.progress import bar
 
 __all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",

@@ -1,6 +1,6 @@
 """Writing the write-ahead ledger of privacy spending, and the lock that keeps one writer per run.
 
-The format, its hash chain and how intents are counted are ``budgetplan.ledger``'s: this
+The format, its hash chain and how intents are counted are ``budgetplan.record.ledger``'s: this
 writer reads an existing ledger through that same reader (so the resuming trainer and the
 auditor count alike), then appends. Before each noisy DP-SGD step (with the step's
 Poisson batch size, drawn before any gradient is touched) and before each one-shot
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from budgetplan.errors import BudgetplanError
-from budgetplan.ledger import GENESIS, LedgerError, LedgerView, digest, line, read_ledger
+from budgetplan.record.ledger import GENESIS, LedgerError, LedgerView, digest, line, read_ledger
 
 __all__ = ["Ledger", "LedgerError", "RunLock", "LockedError"]
 

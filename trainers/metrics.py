@@ -14,8 +14,8 @@ import numbers
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["auc", "auc_standard_error", "calibration_ratio", "evaluate", "log_loss", "relative_auc_loss"]
 
@@ -91,9 +91,9 @@ def auc_standard_error(area: float, positives: int, negatives: int) -> float:
         area: the AUC, in [0, 1].
         positives, negatives: n1 and n2, each at least 1.
     """
-    a = _validate.probability("auc", area, allow_zero=True, allow_one=True)
-    n1 = _validate.positive_int("positives", positives)
-    n2 = _validate.positive_int("negatives", negatives)
+    a = validate.probability("auc", area, allow_zero=True, allow_one=True)
+    n1 = validate.positive_int("positives", positives)
+    n2 = validate.positive_int("negatives", negatives)
     q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
     variance = (a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n2 - 1) * (q2 - a * a)) / (n1 * n2)
     return float(np.sqrt(variance))  # both Q - A^2 terms are >= 0: A(1-A)^2/(2-A) and A^2(1-A)/(1+A)

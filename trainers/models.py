@@ -28,8 +28,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from budgetplan._validate import non_negative_int, positive_int
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util.validate import non_negative_int, positive_int
 
 __all__ = ["MODEL_KINDS", "FactorizationMachine", "TwoTowerMLP", "auto_embedding_dim", "build_model"]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.phases import CountPhase, DPSGDPhase
+from budgetplan.plan.phases import CountPhase, DPSGDPhase
 
 __all__ = ["PrivateStep", "PrivateBatch"]
 
@@ -156,8 +156,8 @@ class PrivateStep:
     def __init__(self, model: torch.nn.Module, plan, *, loss_fn, optimizer: torch.optim.Optimizer, run_dir,
                  resume: bool = False, seed: int | None = None, checkpoint_every: int = 0, max_chunk: int | None = 4096,
                  padded_size: int | None = None):
-        from budgetplan._files import check_writable
-        from budgetplan._validate import non_negative_int
+        from budgetplan.util.fileio import check_writable
+        from budgetplan.util.validate import non_negative_int
         from budgetplan.verify import verify_plan
         from trainers.clipping import refuse_batch_statistics
         from trainers.dpsgd import DPSGDSettings
@@ -287,8 +287,8 @@ class PrivateStep:
         Args:
             metrics: the user's evaluation metrics, kept in the private record.
         """
-        from budgetplan._files import atomic_output
-        from budgetplan.records import PRIVATE_DIR
+        from budgetplan.record.records import PRIVATE_DIR
+        from budgetplan.util.fileio import atomic_output
         from trainers.data.fingerprint import new_key, write_key
         from trainers.record import build_record, dpsgd_entry
 

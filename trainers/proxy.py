@@ -86,8 +86,8 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
     """
     import pyarrow.parquet as pq
 
-    from budgetplan._files import atomic_output
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.util.fileio import atomic_output
     from trainers.baseline import reference, validation_split
     from trainers.data.loaders import read_table
     from trainers.run import TrainSettings, execute_plan, run_baseline
@@ -149,7 +149,7 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
 
 def plot_alphas(result: dict, path: Path) -> Path:
     """The proxy's frontier as a PNG: relative AUC loss against alpha, the chosen alpha marked."""
-    from budgetplan.plots import _pyplot, _save
+    from budgetplan.report.plots import _pyplot, _save
 
     plt = _pyplot()
     cells = [c for c in result["cells"] if c["relative_auc_loss"] is not None]

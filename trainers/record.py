@@ -5,7 +5,7 @@ Each phase executor returns what its session did (``RRResult``, ``DPSGDResult``,
 holds only what the guarantee covers or what does not depend on the data, and a private
 statistics entry. Step counts and batch sizes of the DP-SGD phase come from the run's
 write-ahead ledger when there is one, so they cover every session of an interrupted and
-resumed run, counted exactly as the auditor counts them (``budgetplan.ledger``).
+resumed run, counted exactly as the auditor counts them (``budgetplan.record.ledger``).
 
 When the plan's N is a DP count, the true row count is protected: the public record's
 ``rows_used`` is the plan's N, the DP-SGD entry withholds what grows with the true count
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from budgetplan._code import code_fingerprint
-from budgetplan.ledger import LedgerView
-from budgetplan.records import (
+from budgetplan.record.ledger import LedgerView
+from budgetplan.record.records import (
     BaselineRun,
     BaselineStats,
     DPSGDRun,
@@ -32,6 +31,7 @@ from budgetplan.records import (
     WALRStats,
     finite_or_none,
 )
+from budgetplan.util.codehash import code_fingerprint
 
 __all__ = ["rr_entry", "dpsgd_entry", "walr_entry", "baseline_entry", "build_record", "versions"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
-from budgetplan.records import PRIVATE_DIR, RunRecord
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from trainers.threads import torch_threads
 
 __all__ = ["TrainSettings", "WALRSettings", "execute_plan", "run_baseline", "INITIAL_MODEL"]
@@ -80,10 +80,11 @@ class TrainSettings:
                                         f"{self.nonsensitive_encoding!r}")
         if self.hybrid_start not in ("rr-model", "as-trained"):
             raise InvalidParameterError(f"hybrid_start must be rr-model or as-trained, got {self.hybrid_start!r}")
-        from budgetplan import _validate, limits
+        from budgetplan import limits
+        from budgetplan.util import validate
 
         for name in ("rr_checks_per_epoch", "rr_patience"):
-            _validate.at_most(name, _validate.positive_int(name, getattr(self, name)), limits.MAX_EPOCHS)
+            validate.at_most(name, validate.positive_int(name, getattr(self, name)), limits.MAX_EPOCHS)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -305,7 +306,7 @@ def _model(prep, settings: TrainSettings, seed: int):
 
 
 def _check_out(out_dir) -> Path | None:
-    from budgetplan._files import check_writable
+    from budgetplan.util.fileio import check_writable
 
     if out_dir is None:
         return None
@@ -338,7 +339,7 @@ def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict |
 
         import torch
 
-        from budgetplan._files import atomic_output, write_atomic
+        from budgetplan.util.fileio import atomic_output, write_atomic
         from trainers.data.fingerprint import write_key
 
         out.mkdir(parents=True, exist_ok=True)
@@ -356,7 +357,7 @@ def _finish(record: RunRecord, state: dict, out: Path | None, vocabulary: dict |
 def _save_initial(model, out: Path) -> None:
     import torch
 
-    from budgetplan._files import atomic_output
+    from budgetplan.util.fileio import atomic_output
 
     (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
     with atomic_output(out / PRIVATE_DIR / INITIAL_MODEL) as tmp:

@@ -16,7 +16,7 @@ The randomness comes from a torch generator seeded from the run's policy (the OS
 default): the sampling must be unpredictable to an adversary for the amplification the
 accounting relies on.
 
-Two epoch-structured samplers run plans that choose them (``budgetplan.batch_selection``):
+Two epoch-structured samplers run plans that choose them (``budgetplan.accounting.batch_selection``):
 
 * ``AllocationSampler``: at the start of every epoch of T = N // B steps each row draws
   one step uniformly, independently of the others (random allocation, k = 1 per epoch, as
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from budgetplan._validate import positive_int, probability
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util.validate import positive_int, probability
 
 __all__ = ["PoissonSampler", "AllocationSampler", "ShuffleSampler", "UnitPoissonSampler", "Batch", "chunk_size",
            "fixed_chunk_size", "default_padded_size", "unit_table"]

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from budgetplan._files import atomic_output, remove_stale_temporaries
 from budgetplan.errors import InvalidParameterError
-from budgetplan.records import PRIVATE_DIR
+from budgetplan.record.records import PRIVATE_DIR
+from budgetplan.util.fileio import atomic_output, remove_stale_temporaries
 from trainers.ledger import Ledger, LedgerError, RunLock
 
 __all__ = ["Session", "NullSession"]

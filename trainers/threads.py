@@ -27,9 +27,9 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from budgetplan._cpus import available_cpus, busy_elsewhere, free_cpus
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_THREADS
+from budgetplan.util.cpus import available_cpus, busy_elsewhere, free_cpus
 
 __all__ = ["available_cpus", "auto_threads", "busy_elsewhere", "resolve_threads", "torch_threads"]
 

@@ -1,6 +1,6 @@
 """Execute a plan with a grid of configurations: train each, score each, keep the noisy-max pick.
 
-The plan (``budgetplan.grid``) accounts n runs and one selection; this runs exactly those:
+The plan (``budgetplan.planning.grid``) accounts n runs and one selection; this runs exactly those:
 
 1. the units are divided once into a training part and a validation part of the plan's
    ``validation_fraction`` of the units, each unit by a coin flip from the run's
@@ -31,9 +31,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from budgetplan import grid
 from budgetplan.errors import InvalidParameterError, UnsupportedError
-from budgetplan.phases import DPSGDPhase, RRPhase
+from budgetplan.plan.phases import DPSGDPhase, RRPhase
+from budgetplan.planning import grid
 
 __all__ = ["execute_grid", "gumbel", "noisy_max", "split_units", "clipped_log_loss_sum"]
 
@@ -90,7 +90,7 @@ def noisy_max(scores, noise) -> int:
 def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, seed, progress, fingerprint_key,
                  baseline_auc, resume: bool):
     """Run every configuration of ``plan``'s grid and keep the selected model; returns the run record."""
-    from budgetplan.records import phase_run_dict
+    from budgetplan.record.records import phase_run_dict
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.fit import predict
     from trainers.metrics import relative_auc_loss
@@ -218,7 +218,7 @@ def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, s
 
 
 def _stats(stats) -> dict:
-    from budgetplan._typed import to_json_object
+    from budgetplan.util.typed import to_json_object
 
     return to_json_object(stats)
 

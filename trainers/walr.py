@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.phases import WALRParams
+from budgetplan.plan.phases import WALRParams
 
 __all__ = ["WALRResult", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
 

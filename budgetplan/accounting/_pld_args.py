@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from budgetplan import _validate
 from budgetplan.accounting._pld_types import ADD_REMOVE, REPLACE_ONE
 from budgetplan.accounting.limits import MAX_DISCRETIZATION
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 _RELATIONS = (ADD_REMOVE, REPLACE_ONE)
 
@@ -23,7 +23,7 @@ _MIN_TRUNCATION_BOUND = -700.0
 
 
 def _truncation_bound(value: object) -> float:
-    bound = _validate.finite("log_mass_truncation_bound", value)
+    bound = validate.finite("log_mass_truncation_bound", value)
     if not _MIN_TRUNCATION_BOUND <= bound <= 0:
         raise InvalidParameterError(
             f"log_mass_truncation_bound must be in [{_MIN_TRUNCATION_BOUND:g}, 0], got {bound!r}")
@@ -31,7 +31,7 @@ def _truncation_bound(value: object) -> float:
 
 
 def _discretization(value: object) -> float:
-    d = _validate.positive("discretization", value)
+    d = validate.positive("discretization", value)
     if d > MAX_DISCRETIZATION:
         raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
     return d
@@ -42,7 +42,7 @@ _NOISE_RANGE = (1e-100, 1e100)
 
 
 def _noise(name: str, value: object) -> float:
-    sigma = _validate.positive(name, value)
+    sigma = validate.positive(name, value)
     if not _NOISE_RANGE[0] <= sigma <= _NOISE_RANGE[1]:
         raise InvalidParameterError(
             f"{name} must be in [{_NOISE_RANGE[0]:g}, {_NOISE_RANGE[1]:g}] for PLD accounting, got {sigma!r}")

@@ -38,12 +38,12 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import fft as _fft
 
-from budgetplan import _validate
 from budgetplan.accounting._pld_query import _epsilon_for_delta_pmf
 from budgetplan.accounting._pld_tilt import _choose_tilt, _Term, _Terms, _tilt_with_mean, _window
 from budgetplan.accounting._pld_types import PLD, PLDPmf
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_GRID_POINTS, MIN_PLD_DELTA
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["self_compose", "compose", "compose_all", "window_size", "GridLimitError"]
 
@@ -289,17 +289,17 @@ def compose_all(
         if pld.pmfs[0].discretization != first.pmfs[0].discretization:
             raise InvalidParameterError(
                 f"discretizations differ: {first.pmfs[0].discretization} != {pld.pmfs[0].discretization}")
-        count = _validate.positive_int("count", count)
+        count = validate.positive_int("count", count)
         if count > MAX_COMPOSITIONS:
             raise InvalidParameterError(
                 f"count must be at most {MAX_COMPOSITIONS:.0e} for PLD composition, got {count:.4g}")
         counts.append(count)
     if delta is not None:
-        delta = _validate.probability("delta", delta)
+        delta = validate.probability("delta", delta)
         if delta < MIN_PLD_DELTA:
             raise InvalidParameterError(
                 f"delta must be >= {MIN_PLD_DELTA:g} for PLD accounting, got {delta:g}")
-    tail = _validate.probability("tail_mass_truncation", tail_mass_truncation, allow_zero=True)
+    tail = validate.probability("tail_mass_truncation", tail_mass_truncation, allow_zero=True)
     if len(parts) == 1 and counts[0] == 1:
         return first
     n = max(len(p.pmfs) for p, _ in parts)

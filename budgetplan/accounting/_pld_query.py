@@ -13,9 +13,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.accounting._pld_types import PLD, PLDPmf
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["epsilon_for_delta", "delta_for_epsilon"]
 
@@ -109,7 +109,7 @@ def epsilon_for_delta(pld: PLD, delta: float) -> float:
     Raises:
         InvalidParameterError (a ValueError): if delta is not in [0, 1].
     """
-    d = _validate.probability("delta", delta, allow_zero=True, allow_one=True)
+    d = validate.probability("delta", delta, allow_zero=True, allow_one=True)
     return max(_epsilon_for_delta_pmf(p, d) for p in pld.pmfs)
 
 

@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.accounting import allocation_pld, backends, gaussian, group, pld_build, rr
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError, UnsupportedError
@@ -61,6 +60,7 @@ from budgetplan.mechanisms import (
     UnitPoissonDPSGD,
 )
 from budgetplan.units import Adjacency, PrivacyUnit
+from budgetplan.util import validate
 
 __all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION"]
 
@@ -144,9 +144,9 @@ def account(
     """
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
-    delta = _validate.probability("delta", delta, allow_zero=True)
+    delta = validate.probability("delta", delta, allow_zero=True)
     discretization = _check_discretization(discretization)
-    prv_eps_error = _validate.positive("prv_eps_error", prv_eps_error)
+    prv_eps_error = validate.positive("prv_eps_error", prv_eps_error)
     if unit_accounting not in UNIT_ACCOUNTING:
         raise InvalidParameterError(
             f"unit_accounting must be one of {', '.join(UNIT_ACCOUNTING)}, got {unit_accounting!r}"
@@ -205,7 +205,7 @@ def account_phases(
     """Each phase's guarantee, with ``delta`` shared out as basic composition does."""
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
-    delta = _validate.probability("delta", delta, allow_zero=True)
+    delta = validate.probability("delta", delta, allow_zero=True)
     return _basic(composition, delta=delta, adjacency=adjacency, unit=unit,
                   unit_accounting=unit_accounting, discretization=discretization,
                   prv_eps_error=prv_eps_error)[1]
@@ -214,7 +214,7 @@ def account_phases(
 def _check_discretization(value) -> float:
     from budgetplan.accounting.limits import MAX_DISCRETIZATION
 
-    d = _validate.positive("discretization", value)
+    d = validate.positive("discretization", value)
     if d > MAX_DISCRETIZATION:
         raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
     return d

@@ -70,8 +70,8 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan import _validate
 from budgetplan.accounting import gaussian
+from budgetplan.util import validate
 
 __all__ = ["ORDERS", "remove_rdp", "add_rdp", "epsilon", "remove_epsilon", "add_epsilon", "jensen_add_epsilon",
            "REFERENCE"]
@@ -114,9 +114,9 @@ def _log_moments(noise_multiplier: float, steps: int) -> np.ndarray:
 
 def remove_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1) -> np.ndarray:
     """The Renyi divergences D_a(P || Q) at ``ORDERS``, composed over ``epochs`` (an upper bound by 1e-9)."""
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    t = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    e = _validate.positive_int("epochs", epochs)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
+    t = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    e = validate.positive_int("epochs", epochs)
     orders = np.asarray(ORDERS, dtype=float)
     logs = _log_moments(sigma, t)[np.asarray(ORDERS)]
     return e * (logs - orders * math.log(t) + _LOG_SLACK) / (orders - 1)
@@ -126,7 +126,7 @@ def remove_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int
     """Epsilon of the remove direction at ``delta``, from the exact RDP (conversion of arXiv:2004.00010)."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     values = remove_rdp(noise_multiplier=noise_multiplier, steps_per_epoch=steps_per_epoch, epochs=epochs)
     eps, _ = rdp.compute_epsilon(list(ORDERS), [float(v) for v in values], delta)
     return float(eps)
@@ -287,9 +287,9 @@ def add_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1) -
     Certified: the bound of the module note up to the orders it is computed for; above them,
     and wherever it is smaller, the Jensen bound (1 - 1/T) / (2 sigma^2) + a / (2 T sigma^2).
     """
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    t = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    e = _validate.positive_int("epochs", epochs)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
+    t = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    e = validate.positive_int("epochs", epochs)
     orders = np.asarray(ORDERS, dtype=float)
     jensen = (1 - 1 / t) / (2 * sigma**2) + orders / (2 * t * sigma**2)
     logs = _log_negative_moments(sigma, t)
@@ -302,7 +302,7 @@ def add_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, d
     """Epsilon of the add direction at ``delta``, from its certified RDP (conversion of arXiv:2004.00010)."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     values = add_rdp(noise_multiplier=noise_multiplier, steps_per_epoch=steps_per_epoch, epochs=epochs)
     eps, _ = rdp.compute_epsilon(list(ORDERS), [float(v) for v in values], delta)
     return float(eps)
@@ -310,9 +310,9 @@ def add_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, d
 
 def jensen_add_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:
     """A certified but loose add-direction epsilon: the shifted Gaussian of the module note."""
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    t = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    e = _validate.positive_int("epochs", epochs)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
+    t = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    e = validate.positive_int("epochs", epochs)
     shift = e * (1 - 1 / t) / (2 * sigma**2)
     return shift + gaussian.analytic_epsilon(sigma=sigma * math.sqrt(t / e), delta=delta)
 

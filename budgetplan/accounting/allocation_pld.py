@@ -49,11 +49,11 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan import _validate
 from budgetplan.accounting._ctd import _check_grid, _readonly
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, PLDPmf
 from budgetplan.errors import UnsupportedError
 from budgetplan.units import Adjacency, PrivacyUnit
+from budgetplan.util import validate
 
 __all__ = ["REFERENCE", "FINENESS", "MIN_NOISE", "grid_step", "epoch_pld", "epoch_pair", "check_applies"]
 
@@ -253,9 +253,9 @@ def epoch_pair(noise_multiplier: float, steps_per_epoch: int, grid_step: float
 
     Sub-probability: what is missing (the event U) goes to +inf in both directions.
     """
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    t = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    h = _validate.positive("grid_step", grid_step)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
+    t = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    h = validate.positive("grid_step", grid_step)
     steps = _steps(t, h, max(_COARSEST, h), _EVERY)
     power, a0 = _single(1.0 / sigma**2, steps[0])
     total: _Law | None = None
@@ -315,10 +315,10 @@ def epoch_pld(*, noise_multiplier: float, steps_per_epoch: int, discretization: 
     Compose it over the epochs with ``fastpld.self_compose`` (the epochs' allocations are
     independent). ``fineness`` sets the grid of Z (``grid_step``); smaller is tighter and slower.
     """
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    t = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    d = _validate.positive("discretization", discretization)
-    f = _validate.positive("fineness", fineness)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
+    t = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    d = validate.positive("discretization", discretization)
+    f = validate.positive("fineness", fineness)
     if sigma < MIN_NOISE:
         # no amplification claimed: an epoch places one Gaussian release at a random step, a
         # post-processing of it (valid, and the epsilon is in the hundreds down here anyway)

@@ -46,13 +46,13 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan import _validate
 from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
 from budgetplan.accounting._pld_args import _discretization, _noise, _relation, _truncation_bound
 from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
 from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.accounting.mixture_pld import double_mixture_of_gaussians, mixture_of_gaussians
+from budgetplan.util import validate
 
 __all__ = [
     "ADD_REMOVE",
@@ -190,7 +190,7 @@ def gaussian_loss_range(
     discretization within ``MAX_SINGLE_GRID_POINTS`` without allocating anything.
     """
     sigma = _noise("noise_multiplier", noise_multiplier)
-    q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
     bound = _truncation_bound(log_mass_truncation_bound)
     kinds = ("replace",) if _relation(relation) == REPLACE_ONE else ("remove", "add")
     return max(hi - lo for lo, hi in (_gaussian_range(sigma, q, k, bound) for k in kinds))
@@ -237,7 +237,7 @@ def gaussian(
             an unknown relation, a non-positive discretization.
     """
     sigma = _noise("noise_multiplier", noise_multiplier)
-    q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
     d = _discretization(discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
     if _relation(relation) == REPLACE_ONE:
@@ -282,6 +282,6 @@ def randomized_response(*, epsilon: float, discretization: float = 1e-4) -> PLD:
     Returns:
         A replace-one PLD with a single (symmetric) pmf; cached and read-only.
     """
-    eps = _validate.positive("epsilon", epsilon)
+    eps = validate.positive("epsilon", epsilon)
     d = _discretization(discretization)
     return PLD((_rr_pmf(eps, d),), REPLACE_ONE)

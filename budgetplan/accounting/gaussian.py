@@ -21,9 +21,9 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from budgetplan import _validate
 from budgetplan.accounting.limits import MAX_GAUSSIAN_RATIO
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = [
     "analytic_delta",
@@ -46,8 +46,8 @@ _SAFETY = math.log1p(-1e-10)
 
 def _mu(sigma: object, sensitivity: object) -> float:
     """sensitivity / sigma, both validated; refused past MAX_GAUSSIAN_RATIO (epsilon ~ mu^2 / 2)."""
-    sigma = _validate.positive("sigma", sigma)
-    sensitivity = _validate.positive("sensitivity", sensitivity)
+    sigma = validate.positive("sigma", sigma)
+    sensitivity = validate.positive("sensitivity", sensitivity)
     mu = sensitivity / sigma
     if not mu <= MAX_GAUSSIAN_RATIO:
         raise InvalidParameterError(
@@ -69,13 +69,13 @@ def _log_delta(epsilon: float, mu: float) -> float:
 def analytic_delta(*, epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
     """delta at ``epsilon`` of the Gaussian mechanism with noise std ``sigma``."""
     mu = _mu(sigma, sensitivity)
-    return math.exp(_log_delta(_validate.non_negative("epsilon", epsilon), mu))
+    return math.exp(_log_delta(validate.non_negative("epsilon", epsilon), mu))
 
 
 def analytic_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The smallest epsilon >= 0 with delta(epsilon) <= ``delta`` (rounded up)."""
     mu = _mu(sigma, sensitivity)
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     target = math.log(delta) + _SAFETY
     if _log_delta(0.0, mu) <= target:
         return 0.0
@@ -90,11 +90,11 @@ def analytic_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) ->
 
 def analytic_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """The smallest noise std for which the Gaussian mechanism is (epsilon, delta)-DP (rounded up)."""
-    epsilon = _validate.positive("epsilon", epsilon)
+    epsilon = validate.positive("epsilon", epsilon)
     if epsilon > _MAX_EPSILON:
         raise InvalidParameterError(f"epsilon must be at most {_MAX_EPSILON:g}, got {epsilon!r}")
-    delta = _validate.open_unit("delta", delta)
-    sensitivity = _validate.positive("sensitivity", sensitivity)
+    delta = validate.open_unit("delta", delta)
+    sensitivity = validate.positive("sensitivity", sensitivity)
     target = math.log(delta) + 2 * _SAFETY
 
     # The mechanism depends on sigma / sensitivity only: solve at sensitivity 1, so that a huge
@@ -120,15 +120,15 @@ def analytic_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) ->
 
 def classical_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Dwork-Roth's sigma = Delta sqrt(2 ln(1.25/delta)) / eps; proved only for eps < 1."""
-    epsilon = _validate.positive("epsilon", epsilon)
-    delta = _validate.open_unit("delta", delta)
-    sensitivity = _validate.positive("sensitivity", sensitivity)
+    epsilon = validate.positive("epsilon", epsilon)
+    delta = validate.open_unit("delta", delta)
+    sensitivity = validate.positive("sensitivity", sensitivity)
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
 def classical_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The epsilon the classical formula assigns to ``sigma``; meaningful only below 1."""
-    sigma = _validate.positive("sigma", sigma)
-    delta = _validate.open_unit("delta", delta)
-    sensitivity = _validate.positive("sensitivity", sensitivity)
+    sigma = validate.positive("sigma", sigma)
+    delta = validate.open_unit("delta", delta)
+    sensitivity = validate.positive("sensitivity", sensitivity)
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / sigma

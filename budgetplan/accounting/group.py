@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from budgetplan import _validate
+from budgetplan.util import validate
 
 __all__ = ["group_privacy", "group_from_curve"]
 
@@ -37,9 +37,9 @@ _LOG_SMALLEST = math.log(1e-300)
 
 def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
     """(K eps, delta (e^{K eps} - 1) / (e^eps - 1)) for a group of ``group_size`` examples."""
-    epsilon = _validate.non_negative("epsilon", epsilon)
-    delta = _validate.probability("delta", delta, allow_zero=True, allow_one=True)
-    k = _validate.positive_int("group_size", group_size)
+    epsilon = validate.non_negative("epsilon", epsilon)
+    delta = validate.probability("delta", delta, allow_zero=True, allow_one=True)
+    k = validate.positive_int("group_size", group_size)
     if delta == 0:
         return k * epsilon, 0.0
     return k * epsilon, min(1.0, delta * _delta_factor(epsilon, k))

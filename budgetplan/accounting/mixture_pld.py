@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.accounting import _double_mog, _mog
 from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _side, _split_gap
 from budgetplan.accounting._pld_args import _discretization, _noise, _truncation_bound
@@ -22,6 +21,7 @@ from budgetplan.accounting._pld_ops import GridLimitError
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.accounting.limits import MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["mixture_of_gaussians", "double_mixture_of_gaussians"]
 
@@ -80,9 +80,9 @@ def _mixture_args(standard_deviation, sensitivities, probabilities, discretizati
     sigma = _noise("standard_deviation", standard_deviation)
     d = _discretization(discretization)
     bound = _truncation_bound(log_mass_truncation_bound)
-    bottom = _validate.probability("dropped_mass", dropped_mass, allow_zero=True)
-    sens = tuple(_validate.non_negative("sensitivities", s) for s in sensitivities)
-    probs = tuple(_validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)
+    bottom = validate.probability("dropped_mass", dropped_mass, allow_zero=True)
+    sens = tuple(validate.non_negative("sensitivities", s) for s in sensitivities)
+    probs = tuple(validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)
     if len(sens) != len(probs) or not sens:
         raise InvalidParameterError(
             f"sensitivities and probabilities must be non-empty and of equal length, got {len(sens)} and {len(probs)}")

@@ -24,10 +24,10 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan import _validate
 from budgetplan.accounting import _mog
 from budgetplan.accounting.limits import MAX_RR_COUNT
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = [
     "flip_probability",
@@ -40,7 +40,7 @@ __all__ = [
 
 def flip_probability(epsilon: float) -> float:
     """rho = 1 / (1 + e^eps): the probability that binary RR flips a label."""
-    return float(special.expit(-_validate.non_negative("epsilon", epsilon)))
+    return float(special.expit(-validate.non_negative("epsilon", epsilon)))
 
 
 def epsilon_from_flip_probability(rho: float) -> float:
@@ -57,8 +57,8 @@ _MAX_TABLE = 1 << 22
 
 
 def _check(epsilon: object, count: object) -> tuple[float, int]:
-    epsilon = _validate.positive("epsilon", epsilon)
-    count = _validate.positive_int("unit cap", count)
+    epsilon = validate.positive("epsilon", epsilon)
+    count = validate.positive_int("unit cap", count)
     if count > MAX_RR_COUNT:
         raise InvalidParameterError(f"unit cap must be at most {MAX_RR_COUNT:.0e}, got {count:.4g}")
     return epsilon, count
@@ -103,7 +103,7 @@ def composed_delta(epsilon: float, count: int, at_epsilon: float) -> float:
     Exact up to the binomial tails beyond 1e-300, which are counted pessimistically.
     """
     epsilon, count = _check(epsilon, count)
-    at_epsilon = _validate.finite("at_epsilon", at_epsilon)
+    at_epsilon = validate.finite("at_epsilon", at_epsilon)
     losses, log_p = _loss_log_probs(epsilon, count, 1e-300)
     above = losses > at_epsilon
     if not np.any(above):
@@ -122,7 +122,7 @@ def composed_epsilon(epsilon: float, count: int, delta: float) -> float:
     ``_loss_log_probs``), so the answer is exact to that, on the safe side.
     """
     epsilon, count = _check(epsilon, count)
-    delta = _validate.probability("delta", delta, allow_zero=True)
+    delta = validate.probability("delta", delta, allow_zero=True)
     if delta <= 0:
         return float(count * epsilon)
     delta *= 1.0 - 1e-10  # aim a hair inside the target: re-accounting rounds differently
@@ -147,7 +147,7 @@ def max_per_example_epsilon(total_epsilon: float, count: int, delta: float) -> f
     the exact composed epsilon and rounded down, so the composition never exceeds the total.
     """
     total_epsilon, count = _check(total_epsilon, count)
-    delta = _validate.probability("delta", delta, allow_zero=True)
+    delta = validate.probability("delta", delta, allow_zero=True)
     if count == 1 or delta <= 0:
         return total_epsilon / count
     lo, hi = total_epsilon / count, total_epsilon

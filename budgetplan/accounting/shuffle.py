@@ -32,9 +32,9 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan import _validate
 from budgetplan.accounting import gaussian
 from budgetplan.units import Adjacency
+from budgetplan.util import validate
 
 __all__ = ["upper_epsilon", "lower_epsilon", "participations", "sensitivity", "LOWER_REFERENCE"]
 
@@ -45,7 +45,7 @@ _CELL, _DISCRETIZATION = 0.01, 1e-3
 
 def participations(epochs: float) -> int:
     """How many batches an example can be in: one per epoch begun."""
-    return math.ceil(_validate.positive("epochs", epochs) - 1e-12)
+    return math.ceil(validate.positive("epochs", epochs) - 1e-12)
 
 
 def sensitivity(adjacency: Adjacency | str, cap: int = 1) -> float:
@@ -56,7 +56,7 @@ def sensitivity(adjacency: Adjacency | str, cap: int = 1) -> float:
 def upper_epsilon(*, noise_multiplier: float, epochs: float, delta: float, adjacency: Adjacency | str,
                   cap: int = 1) -> float:
     """The no-amplification epsilon: ceil(epochs) Gaussian releases of sensitivity K or 2K."""
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
     if delta <= 0:
         return math.inf
     return gaussian.analytic_epsilon(sigma=sigma / math.sqrt(participations(epochs)), delta=delta,
@@ -90,9 +90,9 @@ def _epoch_pld(sigma: float, steps: int):
 
 def lower_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: float, delta: float) -> float:
     """Chua et al.'s lower bound on a shuffled run's epsilon at ``delta`` (module note)."""
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    t = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    delta = _validate.open_unit("delta", delta)
+    sigma = validate.positive("noise_multiplier", noise_multiplier)
+    t = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    delta = validate.open_unit("delta", delta)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # dp_accounting's FFT on tiny masses
         composed = _epoch_pld(sigma, t).self_compose(participations(epochs))
         return max(0.0, float(composed.get_epsilon_for_delta(delta)))

@@ -18,8 +18,9 @@ from typing import Any
 
 import click
 
-from budgetplan import _validate, limits
+from budgetplan import limits
 from budgetplan.errors import BudgetplanError, InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "DATASET_SIZE", "BATCH_SIZE", "EPOCHS",
            "UNIT_CAP", "LEARNING_RATE", "LEARNING_RATE_OR_AUTO", "THREADS_OR_AUTO", "bounded_int",
@@ -122,31 +123,31 @@ class _Checked(click.ParamType):
         raise click.UsageError(message, ctx)
 
 
-POSITIVE = _Checked("positive", _validate.positive)
-PROBABILITY = _Checked("probability", lambda n, v: _validate.probability(n, v, allow_zero=True))
-OPEN_UNIT = _Checked("open_unit", _validate.open_unit)
-POSITIVE_INT = _Checked("positive_int", _validate.positive_int)
+POSITIVE = _Checked("positive", validate.positive)
+PROBABILITY = _Checked("probability", lambda n, v: validate.probability(n, v, allow_zero=True))
+OPEN_UNIT = _Checked("open_unit", validate.open_unit)
+POSITIVE_INT = _Checked("positive_int", validate.positive_int)
 
 
 def _bounded(check, limit):
-    return lambda name, value: _validate.at_most(name, check(name, value), limit)
+    return lambda name, value: validate.at_most(name, check(name, value), limit)
 
 
 def bounded_int(name: str, limit: int) -> _Checked:
     """An integer in [1, limit], ``limit`` one of ``budgetplan.limits``."""
-    return _Checked(name, _bounded(_validate.positive_int, limit))
+    return _Checked(name, _bounded(validate.positive_int, limit))
 
 
 def bounded_non_negative(name: str, limit: float) -> _Checked:
     """A finite number in [0, limit], ``limit`` one of ``budgetplan.limits``."""
-    return _Checked(name, _bounded(_validate.non_negative, limit))
+    return _Checked(name, _bounded(validate.non_negative, limit))
 
 
 DATASET_SIZE = bounded_int("dataset_size", limits.MAX_DATASET_SIZE)
 BATCH_SIZE = bounded_int("batch_size", limits.MAX_DATASET_SIZE)  # a batch is never larger than the data
 UNIT_CAP = bounded_int("unit_cap", limits.MAX_UNIT_CAP)
-EPOCHS = _Checked("epochs", _bounded(_validate.positive, limits.MAX_EPOCHS))
-LEARNING_RATE = _Checked("learning_rate", _bounded(_validate.positive, limits.MAX_LEARNING_RATE))
+EPOCHS = _Checked("epochs", _bounded(validate.positive, limits.MAX_EPOCHS))
+LEARNING_RATE = _Checked("learning_rate", _bounded(validate.positive, limits.MAX_LEARNING_RATE))
 
 
 class _OrAuto(_Checked):
@@ -157,10 +158,10 @@ class _OrAuto(_Checked):
 
 
 # The DP-SGD phase's step size: a learning rate, or "auto" (trainers.dpsgd: 0.12 / sqrt(steps))
-LEARNING_RATE_OR_AUTO = _OrAuto("learning_rate_or_auto", _bounded(_validate.positive, limits.MAX_LEARNING_RATE))
+LEARNING_RATE_OR_AUTO = _OrAuto("learning_rate_or_auto", _bounded(validate.positive, limits.MAX_LEARNING_RATE))
 
 # CPU threads or worker processes: a count up to MAX_THREADS, or "auto" (the free CPUs)
-THREADS_OR_AUTO = _OrAuto("threads_or_auto", _bounded(_validate.positive_int, limits.MAX_THREADS))
+THREADS_OR_AUTO = _OrAuto("threads_or_auto", _bounded(validate.positive_int, limits.MAX_THREADS))
 
 
 def _clean(value):

@@ -9,7 +9,7 @@ Exactly one unknown is solved for:
 ``--batch-selection allocation`` (each example in one random step of every epoch) and
 ``--batch-selection shuffle`` (fixed batches of B from a permutation per epoch) answer the
 first two questions, over whole epochs of N // B steps, each with its own accounting
-(``budgetplan.batch_selection``); the Poisson figure is shown beside them, labelled as what
+(``budgetplan.accounting.batch_selection``); the Poisson figure is shown beside them, labelled as what
 Poisson sampling would give, and for shuffled batches Chua et al.'s lower bound too.
 """
 
@@ -128,7 +128,7 @@ def _check_truncation(batch_size, max_batch_size, dataset_size, noise_multiplier
 
 
 def _steps(epochs, n, b):
-    from budgetplan.calibrate import steps_for_epochs
+    from budgetplan.planning.calibrate import steps_for_epochs
 
     return steps_for_epochs(epochs=epochs, dataset_size=n, batch_size=b)
 
@@ -205,7 +205,7 @@ def _forward(sigma, q, steps, n, epochs, chosen, ctx, as_json):
 
 
 def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
-    from budgetplan.calibrate import dpsgd_noise_multiplier
+    from budgetplan.planning.calibrate import dpsgd_noise_multiplier
 
     cals = []
     for m in chosen:
@@ -243,7 +243,7 @@ def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
 
 
 def _solve_epochs(sigma, epsilon, n, chosen, ctx, as_json):
-    from budgetplan.calibrate import dpsgd_max_steps
+    from budgetplan.planning.calibrate import dpsgd_max_steps
 
     q = ctx["batch_size"] / n
     m = chosen[0]
@@ -267,7 +267,7 @@ def _solve_epochs(sigma, epsilon, n, chosen, ctx, as_json):
 
 
 def _solve_rows(sigma, epsilon, epochs, steps, chosen, ctx, as_json):
-    from budgetplan.calibrate import dpsgd_min_dataset_size
+    from budgetplan.planning.calibrate import dpsgd_min_dataset_size
 
     if epochs is None:
         raise click.UsageError("solving for --dataset-size needs --epochs (steps grow with the data)")
@@ -306,8 +306,8 @@ def _params(sigma, q, steps, n, epochs, ctx, target=None):
 def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, steps, max_batch_size, unit_cap,
                      unit_accounting, adjacency, accountant, discretization, as_json):
     """Allocation or shuffled batches: epsilon at a noise multiplier, or the noise multiplier for an epsilon."""
-    from budgetplan import batch_selection as bs
     from budgetplan.accounting import account
+    from budgetplan.accounting import batch_selection as bs
     from budgetplan.accounting.shuffle import lower_epsilon
 
     if max_batch_size is not None:

@@ -17,8 +17,8 @@ __all__ = ["export"]
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and caveats as JSON.")
 def export(plan_file, target, as_json):
     """Print the plan's DP-SGD settings (sigma, C, q, steps) for your own Opacus loop, with what they need."""
-    from budgetplan.export import opacus_settings
     from budgetplan.plan import load_plan
+    from budgetplan.report.export import opacus_settings
 
     out = opacus_settings(load_plan(plan_file))
     if as_json:

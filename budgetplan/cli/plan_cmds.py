@@ -23,7 +23,7 @@ def _scenario(source: str):
 
 
 def _summary(p) -> dict:
-    from budgetplan._typed import to_json_object
+    from budgetplan.util.typed import to_json_object
 
     g = p.guarantee
     return {
@@ -91,9 +91,9 @@ def _render(p, out) -> None:
 @_JSON
 def plan(scenario, output, as_json):
     """Plan SCENARIO.toml (or example:NAME): split, calibrate, account, write a hashed plan."""
-    from budgetplan._files import check_not_input
     from budgetplan.plan import write_atomic
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.util.fileio import check_not_input
 
     if output is not None:
         check_not_input(output, scenario)
@@ -119,8 +119,8 @@ def plan(scenario, output, as_json):
 @_JSON
 def show(plan_file, as_json):
     """Render a plan (its integrity is checked; `verify` recomputes the numbers), and what it means to an attacker."""
+    from budgetplan.accounting.tradeoff import plan_tradeoff
     from budgetplan.plan import load_plan
-    from budgetplan.tradeoff import plan_tradeoff
 
     p = load_plan(plan_file)
     attacker = plan_tradeoff(p)
@@ -180,10 +180,10 @@ def statement(plan_file, plan_path, output, as_json):
     """
     from pathlib import Path
 
-    from budgetplan._files import check_not_input
     from budgetplan.errors import PlanMismatchError
     from budgetplan.plan import load_plan, parse_json, write_atomic
     from budgetplan.statement import render_run_statement, render_statement
+    from budgetplan.util.fileio import check_not_input
     from budgetplan.verify import verify_plan
 
     path = Path(plan_file)
@@ -196,18 +196,18 @@ def statement(plan_file, plan_path, output, as_json):
         except (OSError, PlanMismatchError):
             is_run = False
     if is_run:
-        from budgetplan.audit import _find_plan
-        from budgetplan.records import load_record
+        from budgetplan.audit.run import find_plan
+        from budgetplan.record.records import load_record
 
         record = load_record(path)
-        the_plan = _find_plan(path, plan_path)
+        the_plan = find_plan(path, plan_path)
     else:
         record, the_plan = None, load_plan(plan_file)
     report = verify_plan(the_plan)
     if not report.ok:
         raise PlanMismatchError(f"the plan does not verify, so no statement is printed for it: {report.problems[0]}",
                                 report.problems)
-    from budgetplan.tradeoff import plan_tradeoff
+    from budgetplan.accounting.tradeoff import plan_tradeoff
 
     attacker = plan_tradeoff(the_plan)
     text = (render_run_statement(the_plan, record, attacker) if record is not None
@@ -265,15 +265,18 @@ def examples(name, as_json):
 @_JSON
 def audit(run, plan_path, data_path, key_path, data_format, empirical, one_run, signed, as_json):
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
-    from budgetplan.audit import audit_run
+    signed_scenario = _scenario(signed) if signed else None
+    if data_path is None and key_path is None and not (empirical or one_run):
+        from budgetplan.audit import audit_run  # the record and ledger alone: no torch, no data
 
-    key = None
-    if key_path is not None:
+        report = audit_run(run, plan_path, signed=signed_scenario)
+    else:  # the checks that read the data or run the trainer's code live with the trainers
+        from trainers.audit import audit_run as audit_with_data
         from trainers.data.fingerprint import read_key
 
-        key = read_key(key_path)
-    report = audit_run(run, plan_path, data_path=data_path, data_format=data_format, fingerprint_key=key,
-                       empirical=empirical, signed=_scenario(signed) if signed else None, one_run=one_run)
+        report = audit_with_data(run, plan_path, data_path=data_path, data_format=data_format,
+                                 fingerprint_key=read_key(key_path) if key_path is not None else None,
+                                 empirical=empirical, signed=signed_scenario, one_run=one_run)
     if as_json:
         emit_json(report.to_dict())
         if not report.passed:

@@ -32,7 +32,7 @@ def plot():
 @click.option("--json", "as_json", is_flag=True, help="Also print the curve's data as JSON.")
 def curve(sigmas, dataset_size, batch_size, max_epochs, points, delta, accountants, adjacency, output, as_json):
     """Epsilon against epochs for several noise multipliers, per accountant."""
-    from budgetplan.plots import epsilon_curve, plot_epsilon_curve
+    from budgetplan.report.plots import epsilon_curve, plot_epsilon_curve
 
     if len(sigmas) > MAX_CURVES:
         raise click.UsageError(f"--noise-multiplier is given {len(sigmas)} times: at most {MAX_CURVES} curves "
@@ -58,9 +58,9 @@ def curve(sigmas, dataset_size, batch_size, max_epochs, points, delta, accountan
 @click.option("--json", "as_json", is_flag=True, help="Also print the points as JSON.")
 def frontier(runs, baseline_run, output, as_json):
     """Relative AUC loss against epsilon per algorithm (RR, DP-SGD, Hybrid) from run records."""
-    from budgetplan.plots import frontier as frontier_rows
-    from budgetplan.plots import plot_frontier
-    from budgetplan.records import load_record
+    from budgetplan.record.records import load_record
+    from budgetplan.report.plots import frontier as frontier_rows
+    from budgetplan.report.plots import plot_frontier
 
     base = None
     if baseline_run:

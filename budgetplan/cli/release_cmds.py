@@ -57,8 +57,8 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
     """Randomized response on a binary label (label DP, replace-one adjacency)."""
     from budgetplan.accounting import account
     from budgetplan.accounting import rr as rr_math
-    from budgetplan.calibrate import rr_per_example_epsilon
     from budgetplan.mechanisms import RandomizedResponse
+    from budgetplan.planning.calibrate import rr_per_example_epsilon
 
     if (epsilon is None) == (flip_probability is None):
         raise click.UsageError("give exactly one of --epsilon or --flip-probability")
@@ -167,8 +167,8 @@ def gaussian(epsilon, noise_std, delta, sensitivity, unit_cap, adjacency, accoun
     """One Gaussian release (the WALR noisy dot product), exact analytic Gaussian accounting."""
     from budgetplan.accounting import account
     from budgetplan.accounting import gaussian as gauss
-    from budgetplan.calibrate import gaussian_noise_std
     from budgetplan.mechanisms import GaussianRelease
+    from budgetplan.planning.calibrate import gaussian_noise_std
 
     if (epsilon is None) == (noise_std is None):
         raise click.UsageError("give exactly one of --epsilon or --noise-std")

@@ -18,14 +18,14 @@ from budgetplan.cli._shell import (
     warn,
 )
 from budgetplan.limits import MAX_GRID_CELLS
-from budgetplan.split import DEFAULT_RULE
+from budgetplan.planning.split import DEFAULT_RULE
 
 __all__ = ["split"]
 
 
 def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
-    from budgetplan import _validate
     from budgetplan.errors import InvalidParameterError
+    from budgetplan.util import validate
 
     if text is None:
         return None
@@ -36,8 +36,8 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
         except ValueError:
             raise click.UsageError(f"{option} must be comma-separated numbers, got {text!r}") from None
     try:
-        return tuple(_validate.positive(option, x) if option == "--epsilons" else
-                     _validate.probability(option, x, allow_zero=True, allow_one=True) for x in out)
+        return tuple(validate.positive(option, x) if option == "--epsilons" else
+                     validate.probability(option, x, allow_zero=True, allow_one=True) for x in out)
     except InvalidParameterError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -83,9 +83,9 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
     With --proxy and --scenario: train the alpha grid on proxy data and write the scenario with the
     split that did best there (and where it came from, for the statement).
     """
-    from budgetplan.calibrate import steps_for_epochs
-    from budgetplan.split import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
-    from budgetplan.sweep import sweep
+    from budgetplan.planning.calibrate import steps_for_epochs
+    from budgetplan.planning.split import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
+    from budgetplan.planning.sweep import sweep
 
     ctx = click.get_current_context()
     if proxy is not None or scenario_path is not None:
@@ -143,7 +143,7 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
         f"({adjacency}, {accountant})",
         ["epsilon", "rule", "eps1 (RR)", "flip prob", "eps2 (DP-SGD)", "noise multiplier", "DP-SGD eps"], rows))
     if rule != "grid" and parse_rule(rule).kind == "alpha-by-eps":
-        from budgetplan.split import choose_split
+        from budgetplan.planning.split import choose_split
 
         out.print(choose_split(epsilon, rule).reason)
     if rule == "grid":
@@ -166,9 +166,9 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
 
     from click.core import ParameterSource
 
-    from budgetplan._files import write_atomic
     from budgetplan.examples import set_key
     from budgetplan.scenario import load_scenario
+    from budgetplan.util.fileio import write_atomic
 
     given = [p for p in _ACCOUNTING_ONLY if ctx.get_parameter_source(p) not in (ParameterSource.DEFAULT, None)]
     if given:

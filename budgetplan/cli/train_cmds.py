@@ -196,7 +196,7 @@ def _torchrun_group(nproc: int):
 def _baseline_reference(path, plan, settings) -> tuple[float, float]:
     """(eval AUC, tolerance) of the --baseline run, refused unless it is a ceiling for this plan's model."""
     from budgetplan.errors import InvalidParameterError
-    from budgetplan.records import load_record
+    from budgetplan.record.records import load_record
     from trainers.baseline import check_comparable, reference
 
     base = load_record(path, private=True)
@@ -265,7 +265,7 @@ def _fresh_directory(name: str, path: str):
     """``path`` if it is to be created here (returned, for clean-up), None if it exists empty."""
     from pathlib import Path
 
-    from budgetplan._files import check_writable
+    from budgetplan.util.fileio import check_writable
 
     if not path.strip():
         raise click.UsageError(f"{name} is empty: name the directory to create")
@@ -282,7 +282,7 @@ def _fresh_directory(name: str, path: str):
 
 def _print_record(record, out_dir) -> None:
     out = console()
-    from budgetplan.records import BaselineStats, RRRun
+    from budgetplan.record.records import BaselineStats, RRRun
 
     rows = [["algorithm", record.algorithm], ["rows used", fmt(record.rows_used)],
             ["device", record.device], ["seeds", record.seeds["policy"]]]

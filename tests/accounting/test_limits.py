@@ -12,12 +12,13 @@ import re
 
 import pytest
 
-from budgetplan import PoissonDPSGD, PrivacyUnit, account, calibrate
+from budgetplan import PoissonDPSGD, PrivacyUnit, account
 from budgetplan.accounting import _pld_ops, gaussian, group, limits, mixture_pld, pld_build, rr
 from budgetplan.accounting import fastpld as F
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import GaussianRelease
+from budgetplan.planning import calibrate
 
 
 def _one_line(exc: BaseException) -> str:

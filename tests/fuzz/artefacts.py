@@ -211,7 +211,7 @@ class Artefacts:
 
 
 def _plan_of(text: str):
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
 
     return build_plan(parse_scenario(text))

@@ -196,7 +196,7 @@ def _rehashed_cases() -> list[Case]:
     Each field is read by one of show, statement and verify in turn: all three must refuse
     the plan naming the field (they share the loader), never half-read it.
     """
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from tests.fuzz.artefacts import SMALL_SCENARIOS
 

@@ -21,7 +21,7 @@ directory that holds only the case's inputs. Three outcomes are allowed:
   that the outcome is clean, whichever it is.
 
 Faults a case may inject (``Case.fault``) go through the one atomic-output path,
-``budgetplan._files``, so what they test is that path and every command's handling of it:
+``budgetplan.util.fileio``, so what they test is that path and every command's handling of it:
 
 - ``"enospc"``: the disk fills when the written file is committed (``_files._commit``);
 - ``"enospc-create"``: the disk is full before the first byte (``_files._create``);
@@ -196,7 +196,7 @@ def _denied(path: Path) -> bool:
 
 
 def _install_fault(case: Case, monkeypatch) -> None:
-    from budgetplan import _files
+    from budgetplan.util import fileio as _files
 
     real_create, real_commit = _files._create, _files._commit
     if os.geteuid() == 0:
@@ -246,7 +246,7 @@ def _complete(path: Path) -> str | None:
         return f"declared output {path.name} was not written"
     if path.is_dir():
         if (path / "run.json").exists() or (path / "model.pt").exists():
-            from budgetplan.records import load_record
+            from budgetplan.record.records import load_record
 
             try:
                 load_record(path)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.planner import build_plan
-from budgetplan.records import BaselineRun, BaselineStats, load_record
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.records import BaselineRun, BaselineStats, load_record
 from budgetplan.scenario import parse_scenario
 from trainers.baseline import BaselineSettings, compare, reference, train_baseline, validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize

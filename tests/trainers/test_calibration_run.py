@@ -17,13 +17,13 @@ import torch
 from scipy.special import expit
 
 from budgetplan import intercept
-from budgetplan.audit import audit_run
 from budgetplan.errors import InvalidParameterError
-from budgetplan.ledger import digest, line
 from budgetplan.plan import load_plan
-from budgetplan.planner import build_plan
-from budgetplan.records import CalibrationRun, CalibrationStats, PrivateRecord, RunRecord, load_record
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.ledger import digest, line
+from budgetplan.record.records import CalibrationRun, CalibrationStats, PrivateRecord, RunRecord, load_record
 from budgetplan.scenario import parse_scenario
+from trainers.audit import audit_run
 from trainers.calibration import exact_release, run_calibration
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.randomness import Randomness

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from budgetplan.audit import audit_run
 from budgetplan.cli import cli
 from budgetplan.errors import UnsupportedError
-from budgetplan.planner import build_plan
-from budgetplan.records import load_record
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.records import load_record
 from budgetplan.scenario import parse_scenario
 from tests.trainers.mutants import CLIPPING_OFF, NOISE_HALVED
 from trainers.canary import CANARY_DATA, audit_scenario, canary_audit, insert_canaries
@@ -105,7 +105,7 @@ def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
     # the scores are how far training moved each canary's logit from the kept initial model
     import torch
 
-    from budgetplan.records import PRIVATE_DIR
+    from budgetplan.record.records import PRIVATE_DIR
     from trainers.canary import score_canaries
     from trainers.data.encode import encode
     from trainers.fit import _logits

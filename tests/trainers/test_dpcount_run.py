@@ -12,11 +12,11 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from budgetplan.audit import audit_run
-from budgetplan.ledger import digest, line
-from budgetplan.planner import build_plan
-from budgetplan.records import WITHHELD_WITH_N, PrivateRecord, RunRecord, load_record
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.ledger import digest, line
+from budgetplan.record.records import WITHHELD_WITH_N, PrivateRecord, RunRecord, load_record
 from budgetplan.scenario import parse_scenario
+from trainers.audit import audit_run
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import TrainSettings, execute_plan
 
@@ -174,7 +174,7 @@ def rechain(path, edit):
 
 
 def _f_batch_sizes_shown(root, out):
-    from budgetplan._typed import to_json_object
+    from budgetplan.util.typed import to_json_object
 
     record = load_record(out)
     content = record.content()
@@ -273,13 +273,13 @@ def test_each_leak_or_forgery_fails_its_check(run, name, forge, failing):
 
 def test_a_public_n_plan_may_not_withhold(run):
     """Withholding is for a private N only: on a plan with an exact N it hides evidence, and fails."""
-    from budgetplan import audit as audit_mod
+    from budgetplan.audit.private_n import full_dpsgd
 
     _, plan, record = run
     exact = build_plan(parse_scenario(_exact_text()))
-    ran, problem = audit_mod._full_dpsgd(record, exact, record.phases[0])
+    ran, problem = full_dpsgd(record, exact, record.phases[0])
     assert ran is None and "the plan's N is public" in problem
-    ran, problem = audit_mod._full_dpsgd(record, plan, record.phases[0])
+    ran, problem = full_dpsgd(record, plan, record.phases[0])
     assert problem is None and ran.batch_sizes_observed == STEPS
     held, values = ran.withholding()
     assert held == record.phases[0] and set(values) == set(WITHHELD_WITH_N)

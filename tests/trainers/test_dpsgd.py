@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.phases import DPSGDParams
+from budgetplan.plan.phases import DPSGDParams
 from trainers.data.encoded import EncodedData
 from trainers.dpsgd import DPSGDSettings, encoded_rows, noisy_gradient, run_dpsgd
 from trainers.losses import bce

@@ -22,7 +22,7 @@ from budgetplan.accounting.gaussian import analytic_epsilon, analytic_sigma
 from budgetplan.accounting.rr import flip_probability
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import PoissonDPSGD
-from budgetplan.phases import DPSGDParams, RRParams, WALRParams
+from budgetplan.plan.phases import DPSGDParams, RRParams, WALRParams
 from tests.trainers.mutants import Mutant
 from trainers import dpsgd
 from trainers.clipping import CLIP_MARGIN_ULPS

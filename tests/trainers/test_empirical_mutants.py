@@ -35,11 +35,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from budgetplan.audit import audit_run
 from budgetplan.cli import cli
 from budgetplan.examples import path as example_path
 from budgetplan.plan import load_plan
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import load_scenario
 from tests.trainers.mutants import (
     CLIPPING_OFF,
@@ -53,6 +52,7 @@ from tests.trainers.mutants import (
     WALR_NOISE_HALVED_IN_RELEASE,
     WALR_NOISE_HALVED_IN_RUN,
 )
+from trainers.audit import audit_run
 from trainers.empirical import audit_plan
 
 # what each defect must fail (it may fail more)
@@ -151,7 +151,7 @@ def test_the_walr_example_passes(walr_plan):
 
 @pytest.mark.parametrize("mutant", [WALR_NOISE_HALVED_IN_RUN, WALR_NOISE_HALVED_IN_RELEASE], ids=lambda m: m.name)
 def test_walr_with_half_its_noise_fails(walr_plan, monkeypatch, mutant):
-    from budgetplan.audit import run_empirical
+    from trainers.audit import run_empirical
 
     mutant.install(monkeypatch)
     (walr,) = run_empirical(walr_plan, progress=False)

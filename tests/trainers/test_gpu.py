@@ -84,7 +84,7 @@ def readme_run_on_cuda(tmp_path_factory):
 
 
 def test_the_readme_plan_trains_on_cuda_and_audits_clean(readme_run_on_cuda):
-    from budgetplan.records import load_record
+    from budgetplan.record.records import load_record
 
     run, runner = readme_run_on_cuda
     record = load_record(run)
@@ -99,7 +99,7 @@ def test_the_readme_plan_trains_on_cuda_and_audits_clean(readme_run_on_cuda):
 
 
 def test_seeded_runs_on_cuda_reproduce(tmp_path):
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import load_scenario
     from trainers.data.synth import synthesize
     from trainers.run import TrainSettings, execute_plan

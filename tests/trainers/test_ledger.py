@@ -10,8 +10,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from budgetplan.planner import build_plan
-from budgetplan.records import load_record
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.records import load_record
 from budgetplan.scenario import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
@@ -153,7 +153,7 @@ def test_ten_kills_at_random_points_then_the_audit_passes(dp_setup, tmp_path):
     import random
 
     from budgetplan.audit import audit_run
-    from budgetplan.ledger import read_ledger
+    from budgetplan.record.ledger import read_ledger
 
     root, plan = dp_setup
     out = tmp_path / "run"

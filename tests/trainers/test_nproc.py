@@ -18,13 +18,13 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():  # pragma: no cover - every CPU build of torch has it
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from budgetplan.audit import audit_run  # noqa: E402
-from budgetplan.audit_ranks import rank_checks  # noqa: E402
+from budgetplan.audit.ranks import rank_checks  # noqa: E402
 from budgetplan.cli import cli  # noqa: E402
-from budgetplan.planner import build_plan  # noqa: E402
-from budgetplan.records import load_record  # noqa: E402
+from budgetplan.planning.planner import build_plan  # noqa: E402
+from budgetplan.record.records import load_record  # noqa: E402
 from budgetplan.scenario import parse_scenario  # noqa: E402
 from tests.trainers.test_run import WALR_SCENARIO  # noqa: E402
+from trainers.audit import audit_run  # noqa: E402
 from trainers.data.synth import SYNTH_FEATURES, synthesize  # noqa: E402
 from trainers.distributed import launch  # noqa: E402
 from trainers.run import TrainSettings, execute_plan  # noqa: E402
@@ -338,7 +338,7 @@ def test_a_killed_two_process_run_stops_and_resumes_with_the_ledger_count(root, 
     import sys
     import time
 
-    from budgetplan.ledger import read_ledger
+    from budgetplan.record.ledger import read_ledger
 
     plan = build_plan(parse_scenario(hybrid_text().replace("batch_size = 300\nsteps = 30", "batch_size = 30\n"
                                                                                             "steps = 300")))

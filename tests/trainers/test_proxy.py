@@ -8,7 +8,7 @@ import pytest
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.examples import adapted
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import load_scenario, parse_scenario
 from budgetplan.statement import render_statement
 from trainers.data.synth import get_shape, write_synthetic

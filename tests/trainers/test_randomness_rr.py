@@ -59,7 +59,7 @@ def test_randomize_labels_flips_at_the_planned_rate():
 def _phase(cap=1, **kw):
     from budgetplan.accounting.guarantee import Guarantee
     from budgetplan.mechanisms import RandomizedResponse
-    from budgetplan.phases import RRParams, RRPhase
+    from budgetplan.plan.phases import RRParams, RRPhase
     from budgetplan.units import Adjacency, PrivacyUnit
 
     par = dict(per_impression_rule="eps/K", unit_epsilon=3.0, per_impression_epsilon=1.0, flip_probability=0.2,

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from trainers.baseline import validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize

@@ -107,7 +107,7 @@ def test_a_run_records_its_threads_and_restores_the_callers(tmp_path, runner):
     import pyarrow.parquet as pq
 
     from budgetplan.cli import cli
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
     from trainers.data.synth import SYNTH_FEATURES, synthesize
     from trainers.demo import demo_scenario

@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from budgetplan import grid
 from budgetplan.errors import UnsupportedError
-from budgetplan.ledger import read_ledger
-from budgetplan.planner import build_plan
-from budgetplan.records import load_record, phase_run_dict
+from budgetplan.planning import grid
+from budgetplan.planning.planner import build_plan
+from budgetplan.record.ledger import read_ledger
+from budgetplan.record.records import load_record, phase_run_dict
 from budgetplan.scenario import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario

@@ -22,12 +22,12 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():  # pragma: no cover - every CPU build of torch has it
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from budgetplan.audit import audit_run  # noqa: E402
-from budgetplan.audit_ranks import rank_checks  # noqa: E402
+from budgetplan.audit.ranks import rank_checks  # noqa: E402
 from budgetplan.errors import InvalidParameterError  # noqa: E402
-from budgetplan.planner import build_plan  # noqa: E402
-from budgetplan.records import load_record  # noqa: E402
+from budgetplan.planning.planner import build_plan  # noqa: E402
+from budgetplan.record.records import load_record  # noqa: E402
 from budgetplan.scenario import parse_scenario  # noqa: E402
+from trainers.audit import audit_run  # noqa: E402
 from trainers.data.capping import cap_units  # noqa: E402
 from trainers.data.synth import SYNTH_FEATURES, synthesize  # noqa: E402
 from trainers.distributed import launch  # noqa: E402

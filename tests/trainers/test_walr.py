@@ -292,7 +292,7 @@ def test_fit_validates():
 
 def _plan_parameters(n):
     from budgetplan import examples
-    from budgetplan.planner import build_plan
+    from budgetplan.planning.planner import build_plan
     from budgetplan.scenario import parse_scenario
 
     text = examples.text("walr").replace("dataset_size = 1000000", f"dataset_size = {n}")

@@ -11,7 +11,7 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.examples import adapted
-from budgetplan.planner import build_plan
+from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from trainers.data.encoded import EncodedData
@@ -120,7 +120,7 @@ def test_bad_walr_tables_are_refused_in_one_line(edit, message):
 
 
 def test_a_one_hot_walr_plan_trains_on_categoricals_and_audits(tmp_path):
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
 
     table = synthesize(N + 3000, 1500, 4)
     pq.write_table(table.slice(0, N), tmp_path / "train.parquet")

@@ -78,10 +78,10 @@ def capped_rows(unit_ids, caps) -> dict:
 
 def rows_per_cap(counts, caps) -> dict:
     """:func:`capped_rows` from the rows of each unit (``counts``), however they were counted."""
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
     counts = np.asarray(counts, dtype=np.int64)
-    ks = [_validate.positive_int("cap", k) for k in caps]
+    ks = [validate.positive_int("cap", k) for k in caps]
     total = int(counts.sum())
     out = []
     for k in ks:
@@ -118,9 +118,9 @@ def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Genera
         InvalidParameterError: a bad cap or rule, unit ids that are not one-dimensional, or
             priorities missing for ``"keyed"``, given for another rule, or of another length.
     """
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
-    cap = _validate.positive_int("cap", cap)
+    cap = validate.positive_int("cap", cap)
     if rule not in RULES:
         raise InvalidParameterError(f"capping rule must be one of {', '.join(RULES)}, got {rule!r}")
     ids = np.asarray(unit_ids)

@@ -152,9 +152,9 @@ def _vocabulary(table, names, threshold: int, given: dict | None = None, *, rows
 def build_vocabulary(table, spec, threshold: int = VOCAB_THRESHOLD) -> dict:
     """The vocabulary ``encode(..., nonsensitive_encoding="vocab")`` builds from ``table``, without
     encoding a row: what every rank of a run over several processes encodes its block with."""
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
-    return _vocabulary(table, list(spec.nonsensitive_categorical), _validate.positive_int("vocab_threshold", threshold),
+    return _vocabulary(table, list(spec.nonsensitive_categorical), validate.positive_int("vocab_threshold", threshold),
                        rows=False)[3]
 
 
@@ -243,7 +243,7 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
     """
     import torch
 
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
     if nonsensitive_encoding not in ENCODINGS:
         raise InvalidParameterError(f"nonsensitive_encoding must be one of {', '.join(ENCODINGS)}, "
@@ -251,9 +251,9 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
     if sensitive_encoding != "hash":
         raise InvalidParameterError(f"sensitive_encoding must be 'hash', got {sensitive_encoding!r}: a vocabulary "
                                     "of sensitive values is built from their counts, which are private")
-    bins_ns = _validate.positive_int("hash_bins_nonsensitive", hash_bins_nonsensitive)
-    bins_s = _validate.positive_int("hash_bins_sensitive", hash_bins_sensitive)
-    threshold = _validate.positive_int("vocab_threshold", vocab_threshold)
+    bins_ns = validate.positive_int("hash_bins_nonsensitive", hash_bins_nonsensitive)
+    bins_s = validate.positive_int("hash_bins_sensitive", hash_bins_sensitive)
+    threshold = validate.positive_int("vocab_threshold", vocab_threshold)
 
     y = _labels(table, spec.label)
     units, n_units = _units(table, spec.unit_id) if spec.unit_id else (None, None)

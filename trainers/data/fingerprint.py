@@ -61,7 +61,7 @@ def write_key(path, key: bytes) -> None:
     """Write ``key`` to ``path``, readable by its owner only."""
     import os
 
-    from budgetplan._files import atomic_output
+    from budgetplan.util.fileio import atomic_output
 
     with atomic_output(path) as tmp:
         os.chmod(tmp, 0o600)  # before the key is in it

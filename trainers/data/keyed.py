@@ -123,7 +123,7 @@ def split_scores(key: bytes, units) -> np.ndarray:
 
 def held_out_threshold(fraction: float) -> int:
     """floor(fraction * 2^64), exactly: a unit is held out when its score is below it."""
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
-    fraction = _validate.open_unit("held-out fraction", fraction)
+    fraction = validate.open_unit("held-out fraction", fraction)
     return int(Fraction(fraction) * (1 << 64))

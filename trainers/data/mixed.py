@@ -56,9 +56,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario import FeatureSpec
+from budgetplan.util import validate
 from trainers.data.shapes import (
     AD_FORMATS,
     CRITEO_LIKE_FEATURES,
@@ -176,16 +176,16 @@ class MixedShape(Shape):
         "days_since_visit": "float32", "visits_7d": "int16"})
 
     def __post_init__(self) -> None:
-        _validate.probability("nonsensitive_share", self.nonsensitive_share, allow_zero=True, allow_one=True)
-        _validate.probability("cross_share", self.cross_share, allow_zero=True)
-        _validate.positive("signal_std", self.signal_std)
-        _validate.at_most("signal_std", self.signal_std, 5.0)
-        _validate.probability("base_rate", self.base_rate)
-        _validate.at_most("base_rate", self.base_rate, 0.5)
-        _validate.positive("user_sigma", self.user_sigma)
-        _validate.at_most("user_sigma", self.user_sigma, 4.0)
+        validate.probability("nonsensitive_share", self.nonsensitive_share, allow_zero=True, allow_one=True)
+        validate.probability("cross_share", self.cross_share, allow_zero=True)
+        validate.positive("signal_std", self.signal_std)
+        validate.at_most("signal_std", self.signal_std, 5.0)
+        validate.probability("base_rate", self.base_rate)
+        validate.at_most("base_rate", self.base_rate, 0.5)
+        validate.positive("user_sigma", self.user_sigma)
+        validate.at_most("user_sigma", self.user_sigma, 4.0)
         if self.max_user_rows is not None:
-            _validate.positive_int("max_user_rows", self.max_user_rows)
+            validate.positive_int("max_user_rows", self.max_user_rows)
 
     @property
     def categories(self) -> dict[str, tuple[str, ...]]:

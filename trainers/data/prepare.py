@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from budgetplan import _validate, limits
+from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["ENGINES", "cap", "split", "count"]
 
@@ -77,7 +78,7 @@ def cap(data, *, unit_id: str, cap: int, key: bytes, out, engine: str = "local",
     from trainers.data.keyed import hmac_pads
     from trainers.data.prepared import Output, write_manifest
 
-    cap = _validate.at_most("--unit-cap", _validate.positive_int("--unit-cap", cap), limits.MAX_UNIT_CAP)
+    cap = validate.at_most("--unit-cap", validate.positive_int("--unit-cap", cap), limits.MAX_UNIT_CAP)
     hmac_pads(key)  # refuses a short key
     shards = _shards(data, engine)
     output = Output(out)
@@ -116,7 +117,7 @@ def split(data, *, unit_id: str, held_out: float, key: bytes, out, engine: str =
     from trainers.data.keyed import hmac_pads
     from trainers.data.prepared import Output, write_manifest
 
-    fraction = _validate.open_unit("--held-out", held_out)
+    fraction = validate.open_unit("--held-out", held_out)
     hmac_pads(key)
     shards = _shards(data, engine)
     source = _source_manifest(data)
@@ -152,7 +153,7 @@ def count(data, *, unit_id: str, caps, engine: str = "local", spark_master: str 
     """Rows after capping at each K in ``caps``, as ``trainers.data.capping.capped_rows`` returns them."""
     from trainers.data.capping import rows_per_cap
 
-    caps = sorted({_validate.at_most("--unit-cap", _validate.positive_int("--unit-cap", k), limits.MAX_UNIT_CAP)
+    caps = sorted({validate.at_most("--unit-cap", validate.positive_int("--unit-cap", k), limits.MAX_UNIT_CAP)
                    for k in caps})
     shards = _shards(data, engine)
     module, spark, owned = _engine(engine, spark_master)

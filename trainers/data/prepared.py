@@ -47,7 +47,7 @@ class Output:
     """
 
     def __init__(self, out, *, option: str = "--out"):
-        from budgetplan._files import check_writable
+        from budgetplan.util.fileio import check_writable
 
         if not str(out).strip():
             raise InvalidParameterError(f"{option} is empty: name the directory to create")
@@ -83,7 +83,7 @@ def write_manifest(directory, manifest: dict) -> dict:
     """
     import pyarrow.parquet as pq
 
-    from budgetplan._files import write_atomic
+    from budgetplan.util.fileio import write_atomic
 
     directory = Path(directory)
     shards = [{"name": p.name, "rows": pq.ParquetFile(p).metadata.num_rows}

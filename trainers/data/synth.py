@@ -68,9 +68,9 @@ from pathlib import Path
 
 import numpy as np
 
-from budgetplan._files import atomic_output
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario import FeatureSpec
+from budgetplan.util.fileio import atomic_output
 from trainers.data.layouts import LAYOUTS
 from trainers.data.mixed import MIXED
 from trainers.data.shapes import CRITEO_LIKE, Shape, heavy_tailed_users, sigmoid, zipf
@@ -222,9 +222,9 @@ def nonsensitive_probability(table, shape: str | Shape = DEFAULT_SHAPE, *, draws
     their distribution given the non-sensitive ones; the estimate averages ``draws`` such
     replacements. It is the best non-sensitive-only predictor, up to Monte Carlo error.
     """
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
-    draws = _validate.positive_int("draws", draws)
+    draws = validate.positive_int("draws", draws)
     s = get_shape(shape)
     cols = s.columns_of(table)
     sensitive = set(s.features.sensitive)
@@ -260,11 +260,11 @@ def oracle_aucs(table, shape: str | Shape = DEFAULT_SHAPE, *, draws: int = 32) -
 
 
 def _check(rows, users, seed, shape) -> tuple[int, int, int, Shape]:
-    from budgetplan import _validate
+    from budgetplan.util import validate
 
-    rows = _validate.positive_int("rows", rows)
-    users = _validate.positive_int("users", users)
-    seed = _validate.non_negative_int("seed", seed)
+    rows = validate.positive_int("rows", rows)
+    users = validate.positive_int("users", users)
+    seed = validate.non_negative_int("seed", seed)
     if users > rows:
         raise InvalidParameterError(
             f"users must not exceed rows (every user has a row), got users={users} > rows={rows}")
@@ -338,14 +338,14 @@ def write_synthetic_shards(out, rows: int, users: int, seed: int = 0, shape: str
 
     import pyarrow.parquet as pq
 
-    from budgetplan import _validate
-    from budgetplan._files import write_atomic
+    from budgetplan.util import validate
+    from budgetplan.util.fileio import write_atomic
     from trainers.data.prepared import Output, shard_name
     from trainers.progress import bar
 
     start = time.perf_counter()
     rows, users, seed, s = _check(rows, users, seed, shape)
-    shard_rows = _validate.positive_int("shard_rows", shard_rows)
+    shard_rows = validate.positive_int("shard_rows", shard_rows)
     output = Output(out)
     shards, converted, size = [], 0, 0
     with output:

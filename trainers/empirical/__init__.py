@@ -65,7 +65,7 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
     The code measured is the code installed now: it need not be the code that trained a
     given run.
     """
-    from budgetplan.phases import DPSGDPhase, RRPhase, WALRPhase
+    from budgetplan.plan.phases import DPSGDPhase, RRPhase, WALRPhase
     from trainers.empirical import canaries
 
     rows = []

@@ -45,8 +45,8 @@ import torch
 from scipy import stats
 from torch import nn
 
-from budgetplan import _validate
 from budgetplan.errors import UnsupportedError
+from budgetplan.util import validate
 from trainers.empirical.stats import (
     ALPHA,
     DEFAULT_CONFIDENCE,
@@ -183,14 +183,14 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
 
     t0 = time.perf_counter()
     sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     r_def, a_def, t_def = canary_counts(params.dataset_size, params.steps)
-    r = _validate.positive_int("present", present if present is not None else r_def)
-    a = _validate.positive_int("absent", absent if absent is not None else a_def)
-    t = _validate.positive_int("steps", steps if steps is not None else t_def)
+    r = validate.positive_int("present", present if present is not None else r_def)
+    a = validate.positive_int("absent", absent if absent is not None else a_def)
+    t = validate.positive_int("steps", steps if steps is not None else t_def)
     planned = (account(PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t), delta=delta,
                        adjacency="add-remove", method="pld").epsilon if epsilon is None
-               else _validate.non_negative("epsilon", epsilon))
+               else validate.non_negative("epsilon", epsilon))
     rnd = default_randomness(randomness)
     device = torch.device(device)
 

@@ -10,7 +10,7 @@ apart, the replace-one sensitivity the plan accounts. Coordinate i moves by x_t 
 2 S_i) b_t + sigma z_t per step (in C per expected batch), b_t ~ Bernoulli(q); canary i's
 score is the log-likelihood ratio of S_i = 1 against S_i = 0 over the steps. The k highest
 are guessed 1, the k lowest 0, and the counts test the steps' own trade-off curve
-(``budgetplan.audit_canary``, the f-DP one-run analysis of arXiv:2410.22235 in the game of
+(``budgetplan.audit.canary``, the f-DP one-run analysis of arXiv:2410.22235 in the game of
 arXiv:2305.08846); the bound is the epsilon of those steps with the noise divided by the
 largest refuted divisor. The test needs no independence between the canaries.
 """
@@ -23,8 +23,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from budgetplan import _validate
-from budgetplan.audit_canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.util import validate
 from trainers.empirical.canaries import _canary_data, _CanaryModel, _Observer
 from trainers.empirical.stats import default_randomness
 
@@ -63,7 +63,7 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
         "failing", "detail", "seconds", "steps", and the ``bound_from_scores`` fields}.
     """
     from budgetplan.accounting import DEFAULT_DISCRETIZATION
-    from budgetplan.audit_fdp import MechanismFamily
+    from budgetplan.audit.fdp import MechanismFamily
     from budgetplan.mechanisms import PoissonDPSGD
     from budgetplan.units import Adjacency, PrivacyUnit
     from trainers import dpsgd
@@ -71,8 +71,8 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
     t0 = time.perf_counter()
     params = phase.params
     sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
-    m = _validate.positive_int("canaries", canaries)
-    t = _validate.positive_int("steps", steps if steps is not None else min(params.steps, ONE_RUN_STEPS))
+    m = validate.positive_int("canaries", canaries)
+    t = validate.positive_int("steps", steps if steps is not None else min(params.steps, ONE_RUN_STEPS))
     delta = phase.guarantee.delta
     family = MechanismFamily(PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t), Adjacency.REPLACE_ONE,
                              PrivacyUnit.example(), delta, DEFAULT_DISCRETIZATION,
@@ -108,7 +108,7 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
 
 def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE) -> list[dict]:
     """One row per Poisson DP-SGD phase of ``plan`` (a truncated phase's batches are not audited so)."""
-    from budgetplan.phases import DPSGDPhase
+    from budgetplan.plan.phases import DPSGDPhase
 
     return [dpsgd_one_run(p, randomness=randomness, confidence=confidence) for p in plan.phases
             if isinstance(p, DPSGDPhase) and p.params.sampling == "poisson"]

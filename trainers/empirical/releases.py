@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 from scipy import stats
 
-from budgetplan import _validate
 from budgetplan.errors import BudgetplanError, InvalidParameterError
+from budgetplan.util import validate
 from trainers.empirical.stats import (
     ALPHA,
     DEFAULT_CONFIDENCE,
@@ -72,7 +72,7 @@ class _CaptureSession:
 def _rr_phase_at(epsilon: float):
     """A one-row-per-unit RR phase at ``epsilon``, as the plan's would hold it."""
     from budgetplan.accounting.rr import flip_probability
-    from budgetplan.phases import RRParams
+    from budgetplan.plan.phases import RRParams
 
     params = RRParams(per_impression_rule="eps/K", unit_epsilon=epsilon, per_impression_epsilon=epsilon,
                       flip_probability=flip_probability(epsilon), cap=1, capping=None, epochs=1, batch_size=None,
@@ -108,9 +108,9 @@ def rr_lower_bound(*, epsilon: float | None = None, phase=None, samples: int = R
     if (epsilon is None) == (phase is None):
         raise InvalidParameterError("give exactly one of epsilon and phase")
     if phase is None:
-        phase = _rr_phase_at(_validate.positive("epsilon", epsilon))
+        phase = _rr_phase_at(validate.positive("epsilon", epsilon))
     par = phase.params
-    n = _validate.positive_int("samples", samples)
+    n = validate.positive_int("samples", samples)
     rnd = default_randomness(randomness)
     by_count = par.flip_probability_by_count is not None
     planned = float(par.per_impression_epsilon_by_count[0] if by_count else par.per_impression_epsilon)
@@ -216,10 +216,10 @@ def walr_lower_bound(params, *, delta: float, epsilon: float | None = None, samp
 
     t0 = time.perf_counter()
     sigma, sens = params.noise_std, params.sensitivity
-    delta = _validate.open_unit("delta", delta)
-    n = _validate.positive_int("samples", samples)
+    delta = validate.open_unit("delta", delta)
+    n = validate.positive_int("samples", samples)
     planned = (analytic_epsilon(sigma=sigma, delta=delta, sensitivity=sens) if epsilon is None
-               else _validate.non_negative("epsilon", epsilon))
+               else validate.non_negative("epsilon", epsilon))
     rnd = default_randomness(randomness)
     X, w, y1, y0, s1, s0, shift = _walr_inputs(params)
     par = replace(params, dataset_size=3)

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["ALPHA", "DEFAULT_CONFIDENCE", "MechanismCheck", "Result", "alpha_of", "check", "cp_lower", "cp_upper",
            "default_randomness", "epsilon_from_counts", "log_ratio", "make_result", "split_threshold_bound",
@@ -169,7 +169,7 @@ def log_ratio(p_low, p_high, delta):
 
 def alpha_of(confidence: float) -> float:
     """The level of each of the two Clopper-Pearson bounds behind a bound valid at ``confidence``."""
-    return (1.0 - _validate.open_unit("confidence", confidence)) / 2.0
+    return (1.0 - validate.open_unit("confidence", confidence)) / 2.0
 
 
 def epsilon_from_counts(*, hits_numerator: int, n_numerator: int, hits_denominator: int, n_denominator: int,

@@ -1,6 +1,6 @@
 """The CPUs a process may use and how many other threads are running on them now.
 
-Read by ``trainers.threads`` (torch's thread count) and ``budgetplan.sweep`` (how many
+Read by ``trainers.threads`` (torch's thread count) and ``budgetplan.planning.sweep`` (how many
 calibrations run at once): never more workers than free cores.
 """
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from budgetplan import _validate
 from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of"]
 
@@ -34,11 +34,11 @@ def epsilon_curve(*, noise_multipliers, sampling_rate: float, steps_per_epoch: i
     from budgetplan.accounting import account
     from budgetplan.mechanisms import PoissonDPSGD
 
-    q = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    per_epoch = _validate.positive_int("steps_per_epoch", steps_per_epoch)
-    delta = _validate.open_unit("delta", delta)
-    epochs = [_validate.positive("epochs", e) for e in epochs]
-    sigmas = [_validate.positive("noise_multiplier", s) for s in noise_multipliers]
+    q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    per_epoch = validate.positive_int("steps_per_epoch", steps_per_epoch)
+    delta = validate.open_unit("delta", delta)
+    epochs = [validate.positive("epochs", e) for e in epochs]
+    sigmas = [validate.positive("noise_multiplier", s) for s in noise_multipliers]
     unknown = set(accountants) - set(_STYLE)
     if unknown:
         raise InvalidParameterError(f"accountants must be among pld, rdp, prv, got {sorted(unknown)}")
@@ -129,8 +129,8 @@ def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
     record (the metrics are computed on private labels). The relative AUC loss is the one
     in the record, or computed against ``baseline_auc``.
     """
-    from budgetplan.audit import _find_plan
-    from budgetplan.records import load_record
+    from budgetplan.audit.run import find_plan
+    from budgetplan.record.records import load_record
 
     rows = []
     for raw in run_paths:
@@ -138,7 +138,7 @@ def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
         record = load_record(path, private=True)
         if not record.private:
             continue
-        plan = _find_plan(path, None)
+        plan = find_plan(path, None)
         if record.plan_sha256 != plan.sha256:
             raise InvalidParameterError(f"{path}: the record names plan {record.plan_sha256}, not the plan beside it")
         ev = record.metrics.get("eval") or {}
@@ -195,7 +195,7 @@ def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
 
 
 def _save(fig, path) -> Path:
-    from budgetplan._files import atomic_output
+    from budgetplan.util.fileio import atomic_output
 
     path = Path(path)
     try:

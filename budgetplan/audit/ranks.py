@@ -21,6 +21,8 @@ A one-process run has none of this and gets no check.
 
 from __future__ import annotations
 
+from budgetplan.audit.report import Check
+
 __all__ = ["rank_checks"]
 
 NAME = "Poisson batch sizes per rank"
@@ -61,8 +63,6 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
         what: ``"rows"``, or ``"units"`` when the plan samples units: each session must then
             note its ranks' units.
     """
-    from budgetplan.audit import Check
-
     sessions = _sessions(sized_view, what)
     recorded = ran is not None and ran.processes is not None
     if not sessions and not recorded:

@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.util import validate
 
 __all__ = ["ALPHAS", "tpr_bound", "tpr_from_pair", "mechanism_tradeoff", "joint_mechanism", "plan_tradeoff"]
 
@@ -39,7 +39,7 @@ _PLD_DELTA = 1e-4              # the delta the PLD's composition is tilted for: 
 
 
 def _alphas(alphas) -> np.ndarray:
-    a = np.asarray([_validate.open_unit("alpha", x) for x in alphas], dtype=np.float64)
+    a = np.asarray([validate.open_unit("alpha", x) for x in alphas], dtype=np.float64)
     if a.size == 0:
         raise InvalidParameterError("alphas must name at least one false-positive rate")
     return a
@@ -74,8 +74,8 @@ def tpr_from_pair(epsilon: float, delta: float, alphas=ALPHAS) -> list[float]:
     """The largest TPR at each of ``alphas`` allowed by one (epsilon, delta) guarantee."""
     if isinstance(epsilon, (int, float)) and epsilon == math.inf:  # no bound at all
         return [1.0 for _ in _alphas(alphas)]
-    eps = _validate.non_negative("epsilon", epsilon)
-    dl = _validate.probability("delta", delta, allow_zero=True)
+    eps = validate.non_negative("epsilon", epsilon)
+    dl = validate.probability("delta", delta, allow_zero=True)
     return tpr_bound(lambda grid: np.full(grid.shape, dl), alphas, np.array([eps]))
 
 

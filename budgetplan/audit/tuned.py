@@ -1,6 +1,6 @@
 """Audit a tuned run: every configuration of the plan's grid, and the one selection, as accounted.
 
-A plan with a grid (``budgetplan.grid``) accounts n runs on the training part and one
+A plan with a grid (``budgetplan.planning.grid``) accounts n runs on the training part and one
 report-noisy-max selection; the run (``trainers.tune``) logs configuration i's phases in
 the ledger as ``c<i>/rr`` and ``c<i>/dpsgd`` and the selection as ``selection``. The audit
 fails closed on anything it cannot match to the plan:
@@ -27,17 +27,20 @@ import math
 import re
 from pathlib import Path
 
+from budgetplan.audit.ledger import array_sha256, steps_check
+from budgetplan.audit.reaccount import reaccount_check
+from budgetplan.audit.releases import flips_check, noise_check
+from budgetplan.audit.report import Check
+from budgetplan.audit.sampling import sampling_checks
 from budgetplan.errors import BudgetplanError
-from budgetplan.ledger import LedgerView, read_ledger
-from budgetplan.phases import RRPhase
+from budgetplan.plan.phases import RRPhase
+from budgetplan.planning.grid import runs_of
+from budgetplan.record.ledger import LedgerView, read_ledger
+from budgetplan.record.records import phase_run_dict, phase_runs
 
-__all__ = ["audit_tuned", "audit_tuned_interrupted", "is_tuned"]
+__all__ = ["audit_tuned", "audit_tuned_interrupted"]
 
 _PHASE = re.compile(r"^c([0-9]+)/(rr|dpsgd)$")
-
-
-def is_tuned(plan) -> bool:
-    return plan.tuning is not None and "grid" in plan.tuning
 
 
 def _config_view(view: LedgerView, index: int) -> LedgerView:
@@ -94,18 +97,13 @@ def _ledger(record, plan, run_dir: Path, runs) -> tuple[LedgerView | None, list[
                             f"{len(notes)} release(s); exactly one of each is planned")
             continue
         path = run_dir / f"c{c.index}_rr_labels.npy"
-        from budgetplan.audit import _array_sha256
-
-        if path.exists() and _array_sha256(path) != notes[0].get("sha256"):
+        if path.exists() and array_sha256(path) != notes[0].get("sha256"):
             problems.append(f"{path.name} does not match the digest the ledger recorded for it")
     return view, problems
 
 
 def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
     """Append the checks of a tuned run (``record`` read strictly already) to ``report``."""
-    from budgetplan import audit as single
-    from budgetplan.grid import runs_of
-    from budgetplan.records import phase_run_dict, phase_runs
 
     add = report.checks.append
     runs = runs_of(plan)
@@ -113,7 +111,7 @@ def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
     problems: list[str] = []
     listed: list = []
     if t is None:
-        add(single.Check("tuned runs within plan", False, "the plan declares a grid of configurations but the record "
+        add(Check("tuned runs within plan", False, "the plan declares a grid of configurations but the record "
                                                           "shows no tuning: nothing to check the runs against"))
         return
     try:
@@ -121,7 +119,7 @@ def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
         selected = t["selection"]["selected"]
         training_rows = t["training_rows"]
     except (KeyError, TypeError, BudgetplanError) as exc:
-        add(single.Check("tuned runs within plan", False, f"the record's tuning does not read: {exc}"))
+        add(Check("tuned runs within plan", False, f"the record's tuning does not read: {exc}"))
         return
     n = len(runs)
     if t.get("configurations") != plan.tuning["configurations"]:
@@ -143,11 +141,11 @@ def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
     if not (isinstance(training_rows, int) and 0 < training_rows < plan.dataset_size):
         problems.append(f"the training part has {training_rows!r} rows; it must hold some but not all of the "
                         f"N = {plan.dataset_size}")
-    add(single.Check("tuned runs within plan", not problems, "; ".join(problems) or
+    add(Check("tuned runs within plan", not problems, "; ".join(problems) or
                      f"{len(listed)} of {n} declared configurations, each with its planned phases; configuration "
                      f"{selected} selected"))
     view, ledger_problems = _ledger(record, plan, run_dir, runs)
-    add(single.Check("configuration ledgers", view is not None and not ledger_problems,
+    add(Check("configuration ledgers", view is not None and not ledger_problems,
                      "; ".join(ledger_problems) or f"{len(view.entries) if view else 0} lines, hash chain intact; "
                                                    f"{n} configurations opened, each spending only its own phases"))
     add(_selection(view, t, plan, n))
@@ -160,15 +158,13 @@ def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
             for p in phases))
         sub = dataclasses.replace(record, phases=entries, tuning=None)
         cview = _config_view(view, c.index) if view is not None else None
-        for check in [single._steps(sub, mine, cview), single._dpsgd_noise(sub, mine),
-                      *single._sampling(sized, cview, sub, alpha), single._flips(sub, sized, alpha),
-                      single._reaccount(sub, mine)]:
+        for check in [steps_check(sub, mine, cview), noise_check(sub, mine),
+                      *sampling_checks(sized, cview, sub, alpha), flips_check(sub, sized, alpha),
+                      reaccount_check(sub, mine)]:
             add(dataclasses.replace(check, name=f"#{c.index} {check.name}"))
 
 
 def _selection(view: LedgerView | None, t: dict, plan, n: int):
-    from budgetplan.audit import Check
-
     name = "selection released"
     if view is None:
         return Check(name, False, "no readable ledger: the selection's release cannot be confirmed")
@@ -194,9 +190,6 @@ def _selection(view: LedgerView | None, t: dict, plan, n: int):
 
 def audit_tuned_interrupted(report, plan, run_dir: Path) -> None:
     """A tuned run without a record: its ledger spent nothing beyond the plan so far."""
-    from budgetplan.audit import Check
-    from budgetplan.grid import runs_of
-
     runs = runs_of(plan)
     view, problems = _ledger(None, plan, run_dir, runs)
     if view is not None:

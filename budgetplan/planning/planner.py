@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import TypeVar
 
-from budgetplan import batch_selection, calibrate, dpcount, intercept
-from budgetplan.accounting import account
+from budgetplan import dpcount, intercept
+from budgetplan.accounting import account, batch_selection
 from budgetplan.accounting import gaussian as gauss
 from budgetplan.accounting import rr as rr_math
 from budgetplan.accounting.group import group_privacy
@@ -34,7 +34,8 @@ from budgetplan.mechanisms import (
     TruncatedPoissonDPSGD,
     UnitPoissonDPSGD,
 )
-from budgetplan.phases import (
+from budgetplan.plan import Plan, current_versions
+from budgetplan.plan.phases import (
     CalibrationParams,
     CalibrationPhase,
     CountParams,
@@ -47,10 +48,10 @@ from budgetplan.phases import (
     WALRParams,
     WALRPhase,
 )
-from budgetplan.plan import Plan, current_versions
+from budgetplan.planning import calibrate
+from budgetplan.planning.split import choose_split, parse_rule, split_budget
+from budgetplan.planning.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.scenario import Scenario
-from budgetplan.split import choose_split, parse_rule, split_budget
-from budgetplan.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.units import PrivacyUnit
 
 __all__ = ["build_plan", "phase_guarantee", "unit_of"]
@@ -88,7 +89,7 @@ def build_plan(scenario: Scenario) -> Plan:
     total = _basic_total(phases, s, unit)
     total_pld, pld_note = _pld_total(phases, s, unit, total.delta)
     if s.tuning is not None and s.tuning.is_grid:
-        from budgetplan import grid
+        from budgetplan.planning import grid
 
         tuning: dict | None = grid.accounting(s, unit, runs, delta)
     else:
@@ -103,8 +104,8 @@ def build_plan(scenario: Scenario) -> Plan:
 
 
 def _grid_runs(s: Scenario, unit, delta: float):
-    """Every configuration of the declared grid planned to the per-run budget (``budgetplan.grid``)."""
-    from budgetplan import grid
+    """Every configuration of the declared grid planned to the per-run budget (``budgetplan.planning.grid``)."""
+    from budgetplan.planning import grid
 
     t = s.tuning
     assert t is not None and t.selection_share is not None  # a grid Tuning has its defaults filled in

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
-from budgetplan import _typed, _validate
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import (
@@ -38,6 +37,7 @@ from budgetplan.mechanisms import (
     mechanism_to_dict,
 )
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY
+from budgetplan.util import typed, validate
 
 __all__ = [
     "RRParams",
@@ -71,7 +71,7 @@ def _set(obj, name: str, value) -> None:
 
 def _capping(obj, cap: int) -> None:
     if cap > 1:
-        _typed.choice("capping", obj.capping, CAPPING_RULES)
+        typed.choice("capping", obj.capping, CAPPING_RULES)
     elif obj.capping is not None:
         raise InvalidParameterError(f"capping must be null for cap = 1, got {obj.capping!r}")
 
@@ -109,35 +109,35 @@ class RRParams:
     dataset_size: int
     labels_randomised: str
     model: str
-    per_impression_epsilon_by_count: tuple[float, ...] | None = _typed.omit_if_none()
-    flip_probability_by_count: tuple[float, ...] | None = _typed.omit_if_none()
-    validation_fraction: float | None = _typed.omit_if_none()
+    per_impression_epsilon_by_count: tuple[float, ...] | None = typed.omit_if_none()
+    flip_probability_by_count: tuple[float, ...] | None = typed.omit_if_none()
+    validation_fraction: float | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
-        _typed.choice("per_impression_rule", self.per_impression_rule, PER_IMPRESSION_RULES)
-        _set(self, "validation_fraction", _typed.optional(_validate.open_unit, "validation_fraction",
+        typed.choice("per_impression_rule", self.per_impression_rule, PER_IMPRESSION_RULES)
+        _set(self, "validation_fraction", typed.optional(validate.open_unit, "validation_fraction",
                                                           self.validation_fraction))
-        _set(self, "unit_epsilon", _validate.positive("unit_epsilon", self.unit_epsilon))
-        _set(self, "per_impression_epsilon", _validate.positive("per_impression_epsilon",
+        _set(self, "unit_epsilon", validate.positive("unit_epsilon", self.unit_epsilon))
+        _set(self, "per_impression_epsilon", validate.positive("per_impression_epsilon",
                                                                 self.per_impression_epsilon))
-        rho = _validate.probability("flip_probability", self.flip_probability)
+        rho = validate.probability("flip_probability", self.flip_probability)
         if not rho <= 0.5:  # 0.5 itself: a tiny epsilon rounds to pure noise
             raise InvalidParameterError(f"flip_probability must be at most 0.5, got {rho!r}")
         _set(self, "flip_probability", rho)
-        _set(self, "cap", _validate.positive_int("cap", self.cap))
+        _set(self, "cap", validate.positive_int("cap", self.cap))
         _capping(self, self.cap)
-        _set(self, "epochs", _validate.positive_int("epochs", self.epochs))
-        _set(self, "batch_size", _typed.optional(_validate.positive_int, "batch_size", self.batch_size))
-        _set(self, "dataset_size", _validate.positive_int("dataset_size", self.dataset_size))
-        _typed.text("labels_randomised", self.labels_randomised)
-        _typed.text("model", self.model)
+        _set(self, "epochs", validate.positive_int("epochs", self.epochs))
+        _set(self, "batch_size", typed.optional(validate.positive_int, "batch_size", self.batch_size))
+        _set(self, "dataset_size", validate.positive_int("dataset_size", self.dataset_size))
+        typed.text("labels_randomised", self.labels_randomised)
+        typed.text("model", self.model)
         by_count = (self.per_impression_epsilon_by_count, self.flip_probability_by_count)
         if self.per_impression_rule == "eps/K_i":
             if by_count[0] is None or by_count[1] is None:
                 raise InvalidParameterError("the eps/K_i rule needs per_impression_epsilon_by_count and "
                                             "flip_probability_by_count")
-            eps = _typed.float_tuple("per_impression_epsilon_by_count", by_count[0], _validate.positive)
-            rhos = _typed.float_tuple("flip_probability_by_count", by_count[1], _validate.open_unit)
+            eps = typed.float_tuple("per_impression_epsilon_by_count", by_count[0], validate.positive)
+            rhos = typed.float_tuple("flip_probability_by_count", by_count[1], validate.open_unit)
             if not len(eps) == len(rhos) == self.cap:
                 raise InvalidParameterError(f"the eps/K_i tables must have cap = {self.cap} entries, got "
                                             f"{len(eps)} and {len(rhos)}")
@@ -187,40 +187,40 @@ class DPSGDParams:
     capping: str | None
     normalise_by: str
     model: str
-    warm_start: str | None = _typed.omit_if_none()
-    nonsensitive_tower: str | None = _typed.omit_if_none()
-    sample_by: str | None = _typed.omit_if_none()
-    units: int | None = _typed.omit_if_none()
+    warm_start: str | None = typed.omit_if_none()
+    nonsensitive_tower: str | None = typed.omit_if_none()
+    sample_by: str | None = typed.omit_if_none()
+    units: int | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
         if (self.sample_by is None) != (self.units is None) or self.sample_by not in (None, "unit"):
             raise InvalidParameterError(f"sample_by = \"unit\" and units go together (omit both to sample examples), "
                                         f"got sample_by={self.sample_by!r}, units={self.units!r}")
         if self.units is not None:
-            _typed.choice("sample_by", self.sample_by, SAMPLE_BY)
-            _set(self, "units", _validate.positive_int("units", self.units))
+            typed.choice("sample_by", self.sample_by, SAMPLE_BY)
+            _set(self, "units", validate.positive_int("units", self.units))
             if self.sampling != "poisson" or self.cap < 2:
                 raise InvalidParameterError(f"units are sampled with Poisson batches of a unit capped at K > 1, got "
                                             f"sampling {self.sampling!r} and cap {self.cap!r}")
         for name in ("noise_multiplier", "noise_std", "clipping_norm", "sensitivity", "epochs"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
-        _set(self, "sampling_rate", _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
+            _set(self, name, validate.positive(name, getattr(self, name)))
+        _set(self, "sampling_rate", validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
         for name in ("steps", "batch_size", "dataset_size", "cap"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
-        _typed.choice("sampling", self.sampling, SAMPLING)
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
+        typed.choice("sampling", self.sampling, SAMPLING)
         if self.sampling == "truncated-poisson":
-            _set(self, "max_batch_size", _validate.positive_int("max_batch_size", self.max_batch_size))
+            _set(self, "max_batch_size", validate.positive_int("max_batch_size", self.max_batch_size))
         elif self.max_batch_size is not None:
             raise InvalidParameterError(f"max_batch_size applies to truncated-poisson sampling only, got "
                                         f"{self.max_batch_size!r}")
         _capping(self, self.cap)
-        _typed.text("normalise_by", self.normalise_by)
-        _typed.text("model", self.model)
+        typed.text("normalise_by", self.normalise_by)
+        typed.text("model", self.model)
         if (self.warm_start is None) != (self.nonsensitive_tower is None):
             raise InvalidParameterError("warm_start and nonsensitive_tower go together (Hybrid plans)")
         if self.warm_start is not None:
-            _typed.text("warm_start", self.warm_start)
-            _typed.choice("nonsensitive_tower", self.nonsensitive_tower, TOWERS)
+            typed.text("warm_start", self.warm_start)
+            typed.choice("nonsensitive_tower", self.nonsensitive_tower, TOWERS)
 
     @property
     def expected_batch_size(self) -> float:
@@ -265,8 +265,8 @@ class WALRParams:
     noise_std: float
     sensitivity: float
     unit_sensitivity: float
-    features: int | None = _typed.omit_if_none()
-    encoding: str | None = _typed.omit_if_none()
+    features: int | None = typed.omit_if_none()
+    encoding: str | None = typed.omit_if_none()
     row_norm_bound: float
     weights_bound: float
     dataset_size: int
@@ -279,16 +279,16 @@ class WALRParams:
     def __post_init__(self) -> None:
         for name in ("noise_std", "sensitivity", "unit_sensitivity", "row_norm_bound", "weights_bound",
                      "classical_noise_std"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
+            _set(self, name, validate.positive(name, getattr(self, name)))
         for name in ("dataset_size", "cap"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         if (self.features is None) != (self.encoding == "one-hot") or self.encoding not in (None, "one-hot"):
             raise InvalidParameterError(f"a WALR phase states features (numeric columns) or encoding \"one-hot\", "
                                         f"got features={self.features!r}, encoding={self.encoding!r}")
-        _set(self, "features", _typed.optional(_validate.positive_int, "features", self.features))
+        _set(self, "features", typed.optional(validate.positive_int, "features", self.features))
         _capping(self, self.cap)
-        _typed.text("release", self.release)
-        _typed.flag("classical_valid", self.classical_valid)
+        typed.text("release", self.release)
+        typed.flag("classical_valid", self.classical_valid)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,13 +315,13 @@ class CountParams:
 
     def __post_init__(self) -> None:
         for name in ("epsilon", "noise_std"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
+            _set(self, name, validate.positive(name, getattr(self, name)))
         for name in ("sensitivity", "dataset_size", "cap"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         _capping(self, self.cap)
         if self.sensitivity != self.cap:
             raise InvalidParameterError(f"sensitivity must be the unit's cap {self.cap}, got {self.sensitivity}")
-        _typed.text("released", self.released)
+        typed.text("released", self.released)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -355,20 +355,20 @@ class CalibrationParams:
     release: str
 
     def __post_init__(self) -> None:
-        shifts = _typed.float_tuple("shifts", self.shifts)
+        shifts = typed.float_tuple("shifts", self.shifts)
         if len(shifts) < 2 or any(b <= a for a, b in zip(shifts, shifts[1:])) or 0.0 not in shifts:
             raise InvalidParameterError(f"shifts must be at least two increasing numbers, 0 among them, got "
                                         f"{list(shifts)!r}")
         _set(self, "shifts", shifts)
         for name in ("coordinates", "dataset_size", "cap"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         for name in ("sensitivity", "unit_sensitivity", "noise_std"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
-        _set(self, "share", _validate.probability("share", self.share))
+            _set(self, name, validate.positive(name, getattr(self, name)))
+        _set(self, "share", validate.probability("share", self.share))
         _capping(self, self.cap)
-        _typed.choice("target", self.target, CALIBRATION_TARGETS)
-        _typed.text("model", self.model)
-        _typed.text("release", self.release)
+        typed.choice("target", self.target, CALIBRATION_TARGETS)
+        typed.text("model", self.model)
+        typed.text("release", self.release)
 
 
 CALIBRATION_TARGETS = ("positives", "positives and rr labels")
@@ -385,10 +385,10 @@ class _PhaseBase:
     guarantee: Guarantee
 
     def _check_common(self) -> None:
-        _set(self, "target_epsilon", _validate.positive("target_epsilon", self.target_epsilon))
-        _set(self, "target_delta", _validate.probability("target_delta", self.target_delta, allow_zero=True))
-        _typed.choice("method", self.method, METHODS)
-        _typed.choice("unit_accounting", self.unit_accounting, UNIT_ACCOUNTING)
+        _set(self, "target_epsilon", validate.positive("target_epsilon", self.target_epsilon))
+        _set(self, "target_delta", validate.probability("target_delta", self.target_delta, allow_zero=True))
+        typed.choice("method", self.method, METHODS)
+        typed.choice("unit_accounting", self.unit_accounting, UNIT_ACCOUNTING)
         if not isinstance(self.guarantee, Guarantee):
             raise InvalidParameterError(f"guarantee must be a Guarantee, got {type(self.guarantee).__name__}")
 
@@ -487,7 +487,7 @@ def phase_to_dict(phase: Phase) -> dict:
     return {
         "name": phase.name, "mechanism": mechanism_to_dict(phase.mechanism),
         "target_epsilon": phase.target_epsilon, "target_delta": phase.target_delta, "method": phase.method,
-        "unit_accounting": phase.unit_accounting, "parameters": _typed.to_json_object(phase.params),
+        "unit_accounting": phase.unit_accounting, "parameters": typed.to_json_object(phase.params),
         "guarantee": phase.guarantee.to_dict(),
     }
 
@@ -510,7 +510,7 @@ def phase_from_dict(data: object, where: str = "phase") -> Phase:
     if kind is None:
         raise InvalidParameterError(f"{where}.name must be one of {', '.join(map(repr, _KINDS))}, got "
                                     f"{data['name']!r}")
-    params: RRParams | DPSGDParams | WALRParams | CountParams | CalibrationParams = _typed.from_json_object(
+    params: RRParams | DPSGDParams | WALRParams | CountParams | CalibrationParams = typed.from_json_object(
         _PARAMS[kind], data["parameters"], f"{where}.parameters")
     try:
         mechanism = mechanism_from_dict(data["mechanism"])

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["omit_if_none", "from_json_object", "to_json_object", "choice", "optional", "float_tuple"]
 
@@ -93,7 +93,7 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def float_tuple(name: str, value: object, check=_validate.finite) -> tuple[float, ...]:
+def float_tuple(name: str, value: object, check=validate.finite) -> tuple[float, ...]:
     """A tuple of numbers, each passed through ``check``."""
     if not isinstance(value, (list, tuple)):
         raise InvalidParameterError(f"{name} must be a list of numbers, got {value!r}")

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeAlias
 
-from budgetplan import _typed, _validate
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan import canonical_json, parse_json, write_atomic
+from budgetplan.util import typed, validate
 
 __all__ = [
     "RECORD_SCHEMA_VERSION",
@@ -89,18 +89,18 @@ def _hex(name: str, value: object) -> str:
 
 
 def _count(name: str, value: object) -> int:
-    return _validate.non_negative_int(name, value)
+    return validate.non_negative_int(name, value)
 
 
 def _seconds(name: str, value: object) -> float:
-    return _validate.non_negative(name, value)
+    return validate.non_negative(name, value)
 
 
 def _losses(name: str, value: object) -> tuple[float | None, ...]:
     """Per-epoch losses; null where an epoch's loss was not finite (JSON has no NaN)."""
     if not isinstance(value, (list, tuple)):
         raise InvalidParameterError(f"{name} must be a list of numbers, got {value!r}")
-    return tuple(None if v is None else _validate.finite(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return tuple(None if v is None else validate.finite(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
 def finite_or_none(x: float) -> float | None:
@@ -143,15 +143,15 @@ class RRRun:
     epoch_loss: tuple[float | None, ...]
     model: str
     seconds: float
-    validation_rows: int | None = _typed.omit_if_none()
-    validation_checks: tuple[float, ...] | None = _typed.omit_if_none()
-    validation_log_loss: tuple[float | None, ...] | None = _typed.omit_if_none()
-    validation_auc: tuple[float | None, ...] | None = _typed.omit_if_none()
-    validation_kept: int | None = _typed.omit_if_none()
-    stopped: str | None = _typed.omit_if_none()
+    validation_rows: int | None = typed.omit_if_none()
+    validation_checks: tuple[float, ...] | None = typed.omit_if_none()
+    validation_log_loss: tuple[float | None, ...] | None = typed.omit_if_none()
+    validation_auc: tuple[float | None, ...] | None = typed.omit_if_none()
+    validation_kept: int | None = typed.omit_if_none()
+    stopped: str | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
-        _set(self, "labels", _validate.positive_int("labels", self.labels))
+        _set(self, "labels", validate.positive_int("labels", self.labels))
         self._check_validation()
         if (self.labels_flipped is None) != (self.flip_probability is None):
             raise InvalidParameterError("labels_flipped and flip_probability are public together or not at all")
@@ -160,15 +160,15 @@ class RRRun:
             if flipped > self.labels:
                 raise InvalidParameterError(f"labels_flipped ({flipped}) exceeds labels ({self.labels})")
             _set(self, "labels_flipped", flipped)
-            _set(self, "flip_probability", _validate.open_unit("flip_probability", self.flip_probability))
-        _typed.text("per_impression_rule", self.per_impression_rule)
+            _set(self, "flip_probability", validate.open_unit("flip_probability", self.flip_probability))
+        typed.text("per_impression_rule", self.per_impression_rule)
         _hex("release_sha256", self.release_sha256)
         for name in ("epochs", "batch_size"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         _set(self, "batches", _count("batches", self.batches))
-        _typed.text("loss", self.loss)
+        typed.text("loss", self.loss)
         _set(self, "epoch_loss", _losses("epoch_loss", self.epoch_loss))
-        _typed.text("model", self.model)
+        typed.text("model", self.model)
         _set(self, "seconds", _seconds("seconds", self.seconds))
 
     def _check_validation(self) -> None:
@@ -178,11 +178,11 @@ class RRRun:
             if any(v is not None for v in rest):
                 raise InvalidParameterError("an RR entry's validation fields come with validation_rows")
             return
-        rows = _validate.positive_int("validation_rows", self.validation_rows)
+        rows = validate.positive_int("validation_rows", self.validation_rows)
         if rows >= self.labels:
             raise InvalidParameterError(f"validation_rows ({rows}) must be below labels ({self.labels})")
         _set(self, "validation_rows", rows)
-        checks = _typed.float_tuple("validation_checks", self.validation_checks or (), _validate.positive)
+        checks = typed.float_tuple("validation_checks", self.validation_checks or (), validate.positive)
         _set(self, "validation_checks", checks)
         losses = _losses("validation_log_loss", self.validation_log_loss or ())
         areas = _losses("validation_auc", self.validation_auc or ())
@@ -191,11 +191,11 @@ class RRRun:
         if not len(checks) == len(losses) == len(areas):
             raise InvalidParameterError("validation_checks, validation_log_loss and validation_auc must have one "
                                         "entry per check")
-        kept = _typed.optional(_count, "validation_kept", self.validation_kept)
+        kept = typed.optional(_count, "validation_kept", self.validation_kept)
         if kept is not None and kept >= len(checks):
             raise InvalidParameterError(f"validation_kept ({kept}) names no check (there are {len(checks)})")
         _set(self, "validation_kept", kept)
-        _typed.choice("stopped", self.stopped, ("patience", "epochs"))
+        typed.choice("stopped", self.stopped, ("patience", "epochs"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,10 +245,10 @@ class DPSGDRun:
     settings: dict
     seconds: float
     peak_memory: dict | None
-    withheld: tuple[str, ...] | None = _typed.omit_if_none()
-    processes: int | None = _typed.omit_if_none()
-    rank_steps: tuple[int, ...] | None = _typed.omit_if_none()
-    clipped_per: str | None = _typed.omit_if_none()
+    withheld: tuple[str, ...] | None = typed.omit_if_none()
+    processes: int | None = typed.omit_if_none()
+    rank_steps: tuple[int, ...] | None = typed.omit_if_none()
+    clipped_per: str | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
         if self.clipped_per not in (None, "unit"):
@@ -256,13 +256,13 @@ class DPSGDRun:
         if (self.processes is None) != (self.rank_steps is None):
             raise InvalidParameterError("processes and rank_steps go together (a phase run by several processes)")
         if self.processes is not None:
-            _set(self, "processes", _validate.positive_int("processes", self.processes))
+            _set(self, "processes", validate.positive_int("processes", self.processes))
             steps = tuple(_count("rank_steps", s) for s in self.rank_steps or ())
             if len(steps) != self.processes:
                 raise InvalidParameterError(f"rank_steps has {len(steps)} entries for {self.processes} processes")
             _set(self, "rank_steps", steps)
         for name in ("steps_planned", "sessions", "trainable_parameters", "padded_size"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         for name in ("steps_executed", "steps_this_session", "steps_lost_to_interruptions", "batches_truncated",
                      "noise_draws"):
             _set(self, name, _count(name, getattr(self, name)))
@@ -276,11 +276,11 @@ class DPSGDRun:
         else:
             self._check_withholdable()
         for name in ("batch_size_expected", "noise_std", "noise_multiplier", "clipping_norm"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
-        _set(self, "sampling_rate", _validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
-        _typed.flag("truncated", self.truncated)
-        _typed.text("model", self.model)
-        _typed.optional(_typed.text, "nonsensitive_tower", self.nonsensitive_tower)
+            _set(self, name, validate.positive(name, getattr(self, name)))
+        _set(self, "sampling_rate", validate.probability("sampling_rate", self.sampling_rate, allow_one=True))
+        typed.flag("truncated", self.truncated)
+        typed.text("model", self.model)
+        typed.optional(typed.text, "nonsensitive_tower", self.nonsensitive_tower)
         _object("settings", self.settings)
         _set(self, "seconds", _seconds("seconds", self.seconds))
 
@@ -288,7 +288,7 @@ class DPSGDRun:
         for name in ("batch_sizes_observed", "batch_size_sum", "batch_size_sumsq", "chunks"):
             _set(self, name, _count(name, getattr(self, name)))
         for name in ("batch_size_min", "batch_size_max"):
-            _set(self, name, _typed.optional(_count, name, getattr(self, name)))
+            _set(self, name, typed.optional(_count, name, getattr(self, name)))
         if (self.batch_size_min is None) != (self.batch_sizes_observed == 0):
             raise InvalidParameterError("batch_size_min/max are null exactly when no batch size was observed")
         _object("peak_memory", self.peak_memory)
@@ -329,10 +329,10 @@ class WALRRun:
 
     def __post_init__(self) -> None:
         for name in ("rows", "releases", "noise_draws"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         _hex("release_sha256", self.release_sha256)
         for name in ("noise_std", "sensitivity"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
+            _set(self, name, validate.positive(name, getattr(self, name)))
         _set(self, "fit_steps", _count("fit_steps", self.fit_steps))
         for name in ("release_seconds", "fit_seconds"):
             _set(self, name, _seconds(name, getattr(self, name)))
@@ -358,10 +358,10 @@ class CalibrationRun:
 
     def __post_init__(self) -> None:
         for name in ("rows", "releases", "coordinates", "noise_draws"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
         _hex("release_sha256", self.release_sha256)
         for name in ("noise_std", "sensitivity"):
-            _set(self, name, _validate.positive(name, getattr(self, name)))
+            _set(self, name, validate.positive(name, getattr(self, name)))
         _set(self, "seconds", _seconds("seconds", self.seconds))
 
 
@@ -385,11 +385,11 @@ class BaselineRun:
 
     def __post_init__(self) -> None:
         for name in ("max_epochs", "patience", "batch_size"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
-        _set(self, "validation_fraction", _validate.open_unit("validation_fraction", self.validation_fraction))
-        _typed.choice("validation_split", self.validation_split, ("unit", "row"))
-        _typed.text("selection", self.selection)
-        _typed.choice("model", self.model, ("full", "truncated"))
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
+        _set(self, "validation_fraction", validate.open_unit("validation_fraction", self.validation_fraction))
+        typed.choice("validation_split", self.validation_split, ("unit", "row"))
+        typed.text("selection", self.selection)
+        typed.choice("model", self.model, ("full", "truncated"))
 
 
 PhaseRun: TypeAlias = RRRun | DPSGDRun | WALRRun | CalibrationRun | BaselineRun
@@ -408,8 +408,8 @@ class RRStats:
     flip_probability_mean: float | None = None
 
     def __post_init__(self) -> None:
-        _set(self, "labels_flipped", _typed.optional(_count, "labels_flipped", self.labels_flipped))
-        _set(self, "flip_probability_mean", _typed.optional(_validate.open_unit, "flip_probability_mean",
+        _set(self, "labels_flipped", typed.optional(_count, "labels_flipped", self.labels_flipped))
+        _set(self, "flip_probability_mean", typed.optional(validate.open_unit, "flip_probability_mean",
                                                             self.flip_probability_mean))
 
 
@@ -423,10 +423,10 @@ class DPSGDStats:
 
     name: ClassVar[str] = "dpsgd"
     clipped_fraction: float
-    withheld: dict | None = _typed.omit_if_none()
+    withheld: dict | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
-        _set(self, "clipped_fraction", _validate.probability("clipped_fraction", self.clipped_fraction,
+        _set(self, "clipped_fraction", validate.probability("clipped_fraction", self.clipped_fraction,
                                                              allow_zero=True, allow_one=True))
         if self.withheld is not None:
             keys = tuple(_object("withheld", self.withheld))
@@ -446,7 +446,7 @@ class WALRStats:
     def __post_init__(self) -> None:
         for name in ("rows_clipped", "weights_clipped"):
             _set(self, name, _count(name, getattr(self, name)))
-        _set(self, "max_contribution", _validate.non_negative("max_contribution", self.max_contribution))
+        _set(self, "max_contribution", validate.non_negative("max_contribution", self.max_contribution))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -474,10 +474,10 @@ class CalibrationStats:
     clamped: bool
 
     def __post_init__(self) -> None:
-        _set(self, "release", _typed.float_tuple("release", self.release))
+        _set(self, "release", typed.float_tuple("release", self.release))
         for name in ("target_positives", "mean_prediction_before", "shift"):
-            _set(self, name, _validate.finite(name, getattr(self, name)))
-        _set(self, "target_variance", _validate.positive("target_variance", self.target_variance))
+            _set(self, name, validate.finite(name, getattr(self, name)))
+        _set(self, "target_variance", validate.positive("target_variance", self.target_variance))
         if not isinstance(self.clamped, bool):
             raise InvalidParameterError(f"clamped must be true or false, got {self.clamped!r}")
 
@@ -506,7 +506,7 @@ class BaselineStats:
     validation_positives: int
 
     def __post_init__(self) -> None:
-        _set(self, "checked_at", _typed.float_tuple("checked_at", self.checked_at, _validate.positive))
+        _set(self, "checked_at", typed.float_tuple("checked_at", self.checked_at, validate.positive))
         checks = len(self.checked_at)
         for name in ("train_loss", "validation_log_loss", "validation_auc"):
             _set(self, name, _losses(name, getattr(self, name)))
@@ -517,10 +517,10 @@ class BaselineStats:
             if best >= checks or self.validation_log_loss[best] is None:
                 raise InvalidParameterError(f"best must index a check with a finite validation loss, got {best}")
             _set(self, "best", best)
-        _typed.choice("stopped", self.stopped, ("patience", "max_epochs"))
+        typed.choice("stopped", self.stopped, ("patience", "max_epochs"))
         for name in ("batches", "train_rows", "validation_rows"):
-            _set(self, name, _validate.positive_int(name, getattr(self, name)))
-        _set(self, "validation_units", _typed.optional(_validate.positive_int, "validation_units",
+            _set(self, name, validate.positive_int(name, getattr(self, name)))
+        _set(self, "validation_units", typed.optional(validate.positive_int, "validation_units",
                                                        self.validation_units))
         positives = _count("validation_positives", self.validation_positives)
         if positives > self.validation_rows:
@@ -547,12 +547,12 @@ def _entries(kinds: dict[str, type], items: object, where: str) -> tuple:
         if kind is None:
             raise InvalidParameterError(f"{here}.name must be one of {', '.join(map(repr, kinds))}, got "
                                         f"{item.get('name')!r}")
-        out.append(_typed.from_json_object(kind, {k: v for k, v in item.items() if k != "name"}, here))
+        out.append(typed.from_json_object(kind, {k: v for k, v in item.items() if k != "name"}, here))
     return tuple(out)
 
 
 def _entry_dict(entry) -> dict:
-    return {"name": entry.name, **_typed.to_json_object(entry)}
+    return {"name": entry.name, **typed.to_json_object(entry)}
 
 
 def phase_runs(items: object, where: str) -> tuple[PhaseRun, ...]:
@@ -600,7 +600,7 @@ class PrivateRecord:
         encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).
         one_run: a run trained with canaries (``trainers.canary``): the one-run audit's
             guess counts, its verdict on the plan's trade-off curve and its bound
-            (``budgetplan.audit_canary.bound_from_scores``, with ``planned_epsilon``,
+            (``budgetplan.audit.canary.bound_from_scores``, with ``planned_epsilon``,
             ``score`` and ``canary``). None (and absent) otherwise.
     """
 
@@ -613,7 +613,7 @@ class PrivateRecord:
     one_run: dict | None = None
 
     def __post_init__(self) -> None:
-        _typed.optional(_hex, "plan_sha256", self.plan_sha256)
+        typed.optional(_hex, "plan_sha256", self.plan_sha256)
         _object("data", self.data)
         fp = _object("data.fingerprint", self.data.get("fingerprint"))
         _hex("data.fingerprint.hmac_sha256", fp.get("hmac_sha256"))
@@ -684,7 +684,7 @@ class RunRecord:
         timings, device, versions: seconds by stage, where it ran, library versions.
         private_sha256: the hash of the data owner's private record.
         status: "completed".
-        tuning: a run of a plan with a grid of configurations (``budgetplan.grid``):
+        tuning: a run of a plan with a grid of configurations (``budgetplan.planning.grid``):
             {"configurations": declared, "runs": [{"index", "phases": [entries]}], one per
             configuration trained, "selection": {"selected", "epsilon", "gumbel_scale", ...}};
             ``phases`` are then the selected configuration's. None (and absent) otherwise.
@@ -713,23 +713,23 @@ class RunRecord:
     private_part: PrivateRecord | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        _typed.optional(_hex, "plan_sha256", self.plan_sha256)
-        _typed.flag("private", self.private)
+        typed.optional(_hex, "plan_sha256", self.plan_sha256)
+        typed.flag("private", self.private)
         if self.private != (self.plan_sha256 is not None):
             raise InvalidParameterError("a private run names its plan, a non-private one none")
-        _typed.text("algorithm", self.algorithm)
-        _set(self, "rows_used", _validate.positive_int("rows_used", self.rows_used))
+        typed.text("algorithm", self.algorithm)
+        _set(self, "rows_used", validate.positive_int("rows_used", self.rows_used))
         seeds = _object("seeds", self.seeds)
-        _typed.choice("seeds.policy", seeds.get("policy"), ("csprng", "seeded"))
+        typed.choice("seeds.policy", seeds.get("policy"), ("csprng", "seeded"))
         _set(self, "phases", tuple(self.phases))
         for name in ("model", "training", "code", "timings", "versions"):
             _object(name, getattr(self, name))
         if self.ledger is not None:
             _hex("ledger.head", _object("ledger", self.ledger).get("head"))
-        _typed.text("device", self.device)
+        typed.text("device", self.device)
         _hex("private_sha256", self.private_sha256)
-        _typed.choice("status", self.status, ("completed",))
-        _set(self, "notes", tuple(_typed.text("notes[]", n) for n in self.notes))
+        typed.choice("status", self.status, ("completed",))
+        _set(self, "notes", tuple(typed.text("notes[]", n) for n in self.notes))
         if self.private_part is not None and self.private_part.sha256 != self.private_sha256:
             raise InvalidParameterError("the private record is not the one this record names")
         if self.tuning is not None:
@@ -783,7 +783,7 @@ class RunRecord:
         try:
             if "private_part" in data:
                 raise InvalidParameterError("run record has an unknown field 'private_part'")
-            record = _typed.from_json_object(cls, {**data, "phases": _entries(_RUN_KINDS, data.get("phases"),
+            record = typed.from_json_object(cls, {**data, "phases": _entries(_RUN_KINDS, data.get("phases"),
                                                                                 "phases")}, "run record")
         except InvalidParameterError as exc:
             raise PlanMismatchError(f"run record does not match its schema: {exc}") from None

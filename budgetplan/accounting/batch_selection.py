@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 
-from budgetplan import _validate
 from budgetplan.errors import InfeasibleError, InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
+from budgetplan.util import validate
 
 __all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "noise_multiplier",
            "method_for", "compare"]
@@ -37,8 +37,8 @@ _METHODS = {"allocation": ("pld", "rdp"), "shuffle": ("exact",)}
 
 def steps_per_epoch(*, dataset_size: int, batch_size: int) -> int:
     """N // B, at least 1: the steps of one epoch of allocation or shuffled batches."""
-    n = _validate.positive_int("dataset_size", dataset_size)
-    b = _validate.positive_int("batch_size", batch_size)
+    n = validate.positive_int("dataset_size", dataset_size)
+    b = validate.positive_int("batch_size", batch_size)
     return max(1, n // b)
 
 
@@ -54,12 +54,12 @@ def epoch_steps(*, dataset_size: int, batch_size: int, epochs: float | None = No
     if (epochs is None) == (steps is None):
         raise InvalidParameterError(f"give exactly one of {names[0]} and {names[1]}")
     if epochs is not None:
-        e = _validate.positive(names[0], epochs)
+        e = validate.positive(names[0], epochs)
         if e != math.floor(e):
             raise InvalidParameterError(f"{names[0]} must be a whole number for allocation or shuffled batches "
                                         f"(every epoch is {t} steps), got {epochs!r}")
         return int(e) * t, int(e)
-    s = _validate.positive_int(names[1], steps)
+    s = validate.positive_int(names[1], steps)
     if s % t:
         raise InvalidParameterError(f"{names[1]} must be a multiple of the {t} steps of an epoch for allocation or "
                                     f"shuffled batches, got {steps!r}")
@@ -103,7 +103,7 @@ def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int
 
 def noise_multiplier(eps_of, *, epsilon: float, guess: float = 1.0, step: float = 0.25) -> float:
     """The smallest sigma whose ``eps_of(sigma)`` meets ``epsilon`` (eps_of non-increasing)."""
-    from budgetplan import calibrate
+    from budgetplan.planning import calibrate
 
     try:
         sigma, _, _ = calibrate._solve_decreasing(eps_of, epsilon, guess, step=step,

@@ -8,7 +8,7 @@ answer still meets its target at the working grid, with the usual margin); ``bud
 plan`` re-checks the cell it plans. Progress shows on stderr.
 
 The calibrations are independent: ``jobs`` runs them in that many processes at once
-(``"auto"``: the free CPUs, ``budgetplan._cpus``). Each is deterministic, so the grid is the
+(``"auto"``: the free CPUs, ``budgetplan.util.cpus``). Each is deterministic, so the grid is the
 same whatever ``jobs``; on 2 cores the 35-cell pCTR grid went from 17.0 s to about 10 s.
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 
 from budgetplan.accounting import rr
-from budgetplan.calibrate import Calibration, dpsgd_noise_multiplier
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_THREADS
-from budgetplan.split import choose_split
+from budgetplan.planning.calibrate import Calibration, dpsgd_noise_multiplier
+from budgetplan.planning.split import choose_split
 
 __all__ = ["sweep"]
 
@@ -33,7 +33,7 @@ def _calibrate(eps2: float, *, delta: float, sampling_rate: float, steps: int, a
 
 def _workers(jobs: int | str, tasks: int) -> int:
     if jobs == "auto":
-        from budgetplan._cpus import free_cpus
+        from budgetplan.util.cpus import free_cpus
 
         return max(1, min(tasks, free_cpus()))
     if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_THREADS:

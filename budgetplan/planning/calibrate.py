@@ -22,7 +22,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from budgetplan import _validate
 from budgetplan.accounting import gaussian, rr
 from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account
 from budgetplan.accounting.guarantee import Guarantee
@@ -31,6 +30,7 @@ from budgetplan.accounting.pld_build import pld_of
 from budgetplan.errors import AccountingError, InfeasibleError, InvalidParameterError
 from budgetplan.mechanisms import GaussianRelease, PoissonDPSGD
 from budgetplan.units import Adjacency, PrivacyUnit
+from budgetplan.util import validate
 
 __all__ = [
     "Calibration",
@@ -82,9 +82,9 @@ def steps_for_epochs(*, epochs: float, dataset_size: int, batch_size: int) -> in
         InvalidParameterError: on a non-positive or non-finite input, or more than
             ``MAX_STEPS`` steps (naming the most epochs that fit).
     """
-    epochs = _validate.positive("epochs", epochs)
-    dataset_size = _validate.positive_int("dataset_size", dataset_size)
-    batch_size = _validate.positive_int("batch_size", batch_size)
+    epochs = validate.positive("epochs", epochs)
+    dataset_size = validate.positive_int("dataset_size", dataset_size)
+    batch_size = validate.positive_int("batch_size", batch_size)
     steps = epochs * dataset_size / batch_size
     if not steps <= MAX_STEPS:
         most = MAX_STEPS * batch_size / dataset_size
@@ -104,18 +104,18 @@ def rr_per_example_epsilon(*, epsilon: float, cap: int, delta: float = 0.0) -> d
     per-example budget whose exact K-fold composition is (epsilon, delta)-DP (equal to the
     even split when delta = 0). A unit with K_i < K examples may use epsilon / K_i.
     """
-    epsilon = _validate.positive("epsilon", epsilon)
-    cap = _validate.positive_int("unit cap", cap)
-    delta = _validate.probability("delta", delta, allow_zero=True)
+    epsilon = validate.positive("epsilon", epsilon)
+    cap = validate.positive_int("unit cap", cap)
+    delta = validate.probability("delta", delta, allow_zero=True)
     return {"eps/K": epsilon / cap, "tight": rr.max_per_example_epsilon(epsilon, cap, delta)}
 
 
 def gaussian_noise_std(*, epsilon: float, delta: float, sensitivity: float, cap: int = 1) -> Calibration:
     """The exact (analytic Gaussian) noise std for one release, at the unit's sensitivity."""
-    epsilon = _validate.positive("epsilon", epsilon)
-    delta = _validate.open_unit("delta", delta)
-    sensitivity = _validate.positive("sensitivity", sensitivity)
-    cap = _validate.positive_int("unit cap", cap)
+    epsilon = validate.positive("epsilon", epsilon)
+    delta = validate.open_unit("delta", delta)
+    sensitivity = validate.positive("sensitivity", sensitivity)
+    cap = validate.positive_int("unit cap", cap)
     sigma = gaussian.analytic_sigma(epsilon=epsilon, delta=delta, sensitivity=sensitivity * cap)
     unit = PrivacyUnit.example() if cap == 1 else PrivacyUnit.capped(cap)
     g = account(GaussianRelease(noise_std=sigma, sensitivity=sensitivity), delta=delta,
@@ -228,14 +228,14 @@ def dpsgd_noise_multiplier(
         InvalidParameterError: a bad input, or epsilon above MAX_CALIBRATION_EPSILON.
         InfeasibleError: when no noise multiplier up to 1e4 meets it.
     """
-    epsilon = _validate.positive("epsilon", epsilon)
+    epsilon = validate.positive("epsilon", epsilon)
     if epsilon > MAX_CALIBRATION_EPSILON:
         raise InvalidParameterError(
             f"epsilon must be at most {MAX_CALIBRATION_EPSILON:g} for noise calibration, got {epsilon:g}")
-    delta = _validate.open_unit("delta", delta)
-    sampling_rate = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    steps = _validate.positive_int("steps", steps)
-    discretization = _validate.positive("discretization", discretization)
+    delta = validate.open_unit("delta", delta)
+    sampling_rate = validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    steps = validate.positive_int("steps", steps)
+    discretization = validate.positive("discretization", discretization)
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
     x0 = _clt_guess(epsilon=epsilon, delta=delta, sampling_rate=sampling_rate, steps=steps)
@@ -338,10 +338,10 @@ def dpsgd_max_steps(
         InfeasibleError: when even one step exceeds the budget (names the noise multiplier
             that would allow one step).
     """
-    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
-    sampling_rate = _validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    epsilon = _validate.positive("epsilon", epsilon)
-    delta = _validate.open_unit("delta", delta)
+    noise_multiplier = validate.positive("noise_multiplier", noise_multiplier)
+    sampling_rate = validate.probability("sampling_rate", sampling_rate, allow_one=True)
+    epsilon = validate.positive("epsilon", epsilon)
+    delta = validate.open_unit("delta", delta)
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
     evals = 0
@@ -387,11 +387,11 @@ def dpsgd_min_dataset_size(
     More rows at a fixed batch size means a smaller sampling rate q = B/N and more steps
     T = ceil(epochs N / B); at fixed epochs the epsilon falls as N grows.
     """
-    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
-    batch_size = _validate.positive_int("batch_size", batch_size)
-    epochs = _validate.positive("epochs", epochs)
-    epsilon = _validate.positive("epsilon", epsilon)
-    delta = _validate.open_unit("delta", delta)
+    noise_multiplier = validate.positive("noise_multiplier", noise_multiplier)
+    batch_size = validate.positive_int("batch_size", batch_size)
+    epochs = validate.positive("epochs", epochs)
+    epsilon = validate.positive("epsilon", epsilon)
+    delta = validate.open_unit("delta", delta)
     adjacency = Adjacency.parse(adjacency)
     unit = PrivacyUnit.example() if unit is None else unit
     evals = 0

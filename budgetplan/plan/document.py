@@ -18,10 +18,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from budgetplan._files import write_atomic
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.phases import (
+from budgetplan.plan.phases import (
     CalibrationPhase,
     CountPhase,
     DPSGDPhase,
@@ -31,9 +30,10 @@ from budgetplan.phases import (
     phase_from_dict,
     phase_to_dict,
 )
-from budgetplan.plan_schema import check_plan_types
+from budgetplan.plan.schema import check_plan_types
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
+from budgetplan.util.fileio import write_atomic
 
 __all__ = ["SCHEMA_VERSION", "Phase", "Plan", "load_plan", "write_atomic", "canonical_json", "parse_json"]
 
@@ -42,7 +42,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
-    """A complete plan. Build one with ``budgetplan.planner.build_plan``.
+    """A complete plan. Build one with ``budgetplan.planning.planner.build_plan``.
 
     Attributes:
         scenario: the validated scenario it was planned from.
@@ -89,6 +89,11 @@ class Plan:
         if self.tuning is not None:
             return Guarantee.from_dict(self.tuning["guarantee"])
         return self.total
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the plan declares a grid of configurations and one selection among them."""
+        return self.tuning is not None and "grid" in self.tuning
 
     @property
     def nonsensitive_fixed(self) -> bool:

@@ -28,8 +28,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from budgetplan import _validate
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget", "choose_split", "alpha_by_epsilon",
            "DEFAULT_RULE",
@@ -95,7 +95,7 @@ _check_table(ALPHA_BY_EPSILON)
 
 def alpha_by_epsilon(epsilon: float, table: tuple[AlphaStep, ...] = ALPHA_BY_EPSILON) -> AlphaStep:
     """The table's step for ``epsilon`` (> 0)."""
-    epsilon = _validate.positive("epsilon", epsilon)
+    epsilon = validate.positive("epsilon", epsilon)
     return [step for step in _check_table(table) if step.from_epsilon <= epsilon][-1]
 
 
@@ -139,11 +139,11 @@ def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
         raise InvalidParameterError(f"{name} must be {_FORMS}, got {rule!r}")
     value = float(m.group(2))
     if m.group(1) == "alpha":
-        return SplitRule("alpha", _validate.probability(f"{name} alpha", value, allow_zero=True, allow_one=True))
+        return SplitRule("alpha", validate.probability(f"{name} alpha", value, allow_zero=True, allow_one=True))
     if value == 0:
         raise InvalidParameterError(f"{name} eps1 must be > 0, got {rule!r}: the arm without an RR phase is "
                                     "spelled alpha=0")
-    return SplitRule("eps1", _validate.positive(f"{name} eps1", value))
+    return SplitRule("eps1", validate.positive(f"{name} eps1", value))
 
 
 def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
@@ -154,7 +154,7 @@ def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
 
 def choose_split(epsilon: float, rule: str | SplitRule) -> SplitChoice:
     """The split of ``epsilon`` by ``rule``, with the alpha it resolved to and the reason in words."""
-    epsilon = _validate.positive("epsilon", epsilon)
+    epsilon = validate.positive("epsilon", epsilon)
     r = parse_rule(rule)
     if r.kind == "paper-v1":
         eps1 = min(0.6 * epsilon, 3.0)

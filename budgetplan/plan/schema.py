@@ -9,7 +9,7 @@ does not is refused naming the place (``phases[0].target_epsilon must be a numbe
 
 The description mirrors ``Plan.content`` (schema 1): a field's meaning and type never change
 within a version, so neither does this. The scenario and each phase's parameters are typed
-values that read themselves strictly (``Scenario.from_dict``, ``budgetplan.phases``); only
+values that read themselves strictly (``Scenario.from_dict``, ``budgetplan.plan.phases``); only
 their outer shape is checked here.
 """
 
@@ -110,14 +110,14 @@ _UNIT = {"name": STR, "cap": INT, "capping": _Optional(STR)}
 _GUARANTEE = {"epsilon": _Optional(NUM), "delta": NUM, "method": STR, "adjacency": STR, "unit": _UNIT,
               "bound": STR, "epsilon_range": _Optional(_List(NUM)), "discretization": _Optional(NUM),
               "conversion": _Optional(STR), "notes": _List(STR), "versions": _Map(STR)}
-# A phase's parameters are typed by its kind (``budgetplan.phases``), which reads them strictly.
+# A phase's parameters are typed by its kind (``budgetplan.plan.phases``), which reads them strictly.
 _PHASE = {"name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
           "target_delta": NUM, "method": STR, "unit_accounting": STR,
           "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
               v, (int, float, str, bool, list)))),
           "guarantee": _GUARANTEE}
 _TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE),
-                              # a grid's configurations (phases read strictly by budgetplan.grid) and selection
+                              # a grid's configurations (phases read strictly by budgetplan.planning.grid) and selection
                               "grid": _List(_Map(_T("any JSON value", lambda v: True))),
                               "noisy_max": _Map(SCALAR)},
                required=("configurations", "selection", "guarantee"))

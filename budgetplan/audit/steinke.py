@@ -12,7 +12,7 @@ satisfies (their Theorem 3.1)
 so an observed v whose right-hand side falls below 1 - confidence proves, at that
 confidence, that the run is not (eps, delta)-DP: the largest such eps is the lower bound.
 
-One-run audits now test the plan's whole trade-off curve (``budgetplan.audit_fdp``), which
+One-run audits now test the plan's whole trade-off curve (``budgetplan.audit.fdp``), which
 at a few thousand canaries can catch what this bound cannot (it tests one (eps, delta)
 point, and at delta = 1e-8 little more than pure DP). ``budgetplan audit`` still checks a
 record that carries this bound (a ``one_run`` entry without ``method``) by it.
@@ -25,8 +25,8 @@ import math
 import numpy as np
 from scipy import stats
 
-from budgetplan import _validate
-from budgetplan.audit_fdp import check_counts
+from budgetplan.audit.fdp import check_counts
+from budgetplan.util import validate
 
 __all__ = ["EPSILON_SEARCH_LIMIT", "RELATIVE_TOLERANCE", "p_value", "epsilon_lower_bound", "check_legacy"]
 
@@ -45,8 +45,8 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
         epsilon, delta: the hypothesis: training is (epsilon, delta)-DP per canary.
     """
     m, r, v = check_counts(m, r, v)
-    eps = _validate.non_negative("epsilon", epsilon)
-    delta = _validate.probability("delta", delta, allow_zero=True)
+    eps = validate.non_negative("epsilon", epsilon)
+    delta = validate.probability("delta", delta, allow_zero=True)
     q = 1.0 / (1.0 + math.exp(-eps))  # the accuracy of eps-DP randomized response on one bit
     tail = float(stats.binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
     if delta == 0 or v == 0:
@@ -70,7 +70,7 @@ def epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, confidence: flo
     it grows with epsilon).
     """
     m, r, v = check_counts(m, r, v)
-    level = 1.0 - _validate.open_unit("confidence", confidence)
+    level = 1.0 - validate.open_unit("confidence", confidence)
     if p_value(m, r, v, 0.0, delta) > level:
         return 0.0
     lo, hi = 0.0, EPSILON_SEARCH_LIMIT

@@ -56,9 +56,9 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from budgetplan import _validate
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.units import Adjacency, PrivacyUnit
+from budgetplan.util import validate
 
 __all__ = ["METHOD", "NOISE_DIVISOR_RANGE", "DIVISOR_TOLERANCE", "Curve", "check_counts", "least_mass", "refutes",
            "Family", "MechanismFamily", "PairFamily", "plan_family", "scaled", "refuted_by", "noise_divisor_bound"]
@@ -126,8 +126,8 @@ class Curve:
     @classmethod
     def epsilon_delta(cls, epsilon: float, delta: float) -> Curve:
         """The curve of (epsilon, delta)-DP: max(0, (x - delta) e^-eps, 1 - delta - e^eps (1 - x))."""
-        eps = _validate.non_negative("epsilon", epsilon)
-        dl = _validate.probability("delta", delta, allow_zero=True)
+        eps = validate.non_negative("epsilon", epsilon)
+        dl = validate.probability("delta", delta, allow_zero=True)
         return cls.from_hockey_stick([eps], [dl])
 
     def __call__(self, x: float) -> float:
@@ -137,9 +137,9 @@ class Curve:
 
 def check_counts(m: int, guesses: int, correct: int) -> tuple[int, int, int]:
     """(m, guesses, correct) as ints, or an error naming the one out of 0 <= correct <= guesses <= m, m >= 1."""
-    m = _validate.positive_int("canaries", m)
-    g = _validate.non_negative_int("guesses", guesses)
-    c = _validate.non_negative_int("correct", correct)
+    m = validate.positive_int("canaries", m)
+    g = validate.non_negative_int("guesses", guesses)
+    c = validate.non_negative_int("correct", correct)
     if not c <= g <= m:
         raise InvalidParameterError(f"need 0 <= correct <= guesses <= canaries, got correct={c!r}, guesses={g!r}, "
                                     f"canaries={m!r}")
@@ -154,7 +154,7 @@ def least_mass(curve: Curve, m: int, guesses: int, correct: int, tail: float) ->
     forces nothing (no level below can force anything then either: r and h stay).
     """
     m, g, c = check_counts(m, guesses, correct)
-    tau = _validate.probability("tail", tail, allow_zero=True, allow_one=True)
+    tau = validate.probability("tail", tail, allow_zero=True, allow_one=True)
     r, h = tau * c / m, tau * (g - c) / m
     cap = g / m
     for i in range(c - 1, -1, -1):
@@ -170,7 +170,7 @@ def least_mass(curve: Curve, m: int, guesses: int, correct: int, tail: float) ->
 
 def refutes(curve: Curve, m: int, guesses: int, correct: int, level: float) -> bool:
     """Whether ``correct`` of ``guesses`` right on ``m`` canaries refutes ``curve`` at significance ``level``."""
-    lv = _validate.open_unit("level", level)
+    lv = validate.open_unit("level", level)
     return least_mass(curve, m, guesses, correct, lv) > (guesses / m) * (1.0 + _MARGIN)
 
 
@@ -264,7 +264,7 @@ class PairFamily(Family):
 
 def plan_family(plan) -> Family:
     """The hypotheses a one-run audit of ``plan`` tests: its phases' joint PLD where there is one, else (eps, delta)."""
-    from budgetplan.tradeoff import joint_mechanism
+    from budgetplan.accounting.tradeoff import joint_mechanism
 
     g = plan.guarantee
     mech = joint_mechanism(plan)

@@ -103,8 +103,8 @@ def accounting(scenario, unit, runs, delta: float) -> dict:
         runs: (Configuration, phases) per configuration, in grid order.
         delta: the plan's total delta.
     """
-    from budgetplan.phases import phase_to_dict
-    from budgetplan.planner import _basic_total, split_record
+    from budgetplan.plan.phases import phase_to_dict
+    from budgetplan.planning.planner import _basic_total, split_record
 
     t = scenario.tuning
     n = len(runs)
@@ -140,7 +140,7 @@ def runs_of(plan) -> list[tuple[Configuration, tuple]]:
         PlanMismatchError: the plan's grid does not read as configurations with phases.
     """
     from budgetplan.errors import InvalidParameterError
-    from budgetplan.phases import phase_from_dict
+    from budgetplan.plan.phases import phase_from_dict
 
     t = plan.tuning
     if t is None or "grid" not in t:

@@ -4,7 +4,7 @@ m canaries each take one of two neighbouring values by an independent fair coin 
 run is made once, and each canary gets a score (higher: S_i = 1 more likely). The k
 highest are guessed 1, the k lowest 0, the rest abstained on, for each of the fractions
 ``GUESS_FRACTIONS`` of m fixed in advance (few guesses are precise, many are numerous).
-Each fraction's counts test the hypotheses of ``budgetplan.audit_fdp`` at significance
+Each fraction's counts test the hypotheses of ``budgetplan.audit.fdp`` at significance
 (1 - confidence) / len(fractions) (Bonferroni, so that the best of them holds at the
 confidence):
 
@@ -28,8 +28,7 @@ import math
 
 import numpy as np
 
-from budgetplan import _validate
-from budgetplan.audit_fdp import (
+from budgetplan.audit.fdp import (
     DIVISOR_TOLERANCE,
     METHOD,
     NOISE_DIVISOR_RANGE,
@@ -40,6 +39,7 @@ from budgetplan.audit_fdp import (
     refuted_by,
 )
 from budgetplan.errors import BudgetplanError, InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["DEFAULT_CONFIDENCE", "GUESS_FRACTIONS", "guesses", "bound_from_scores", "check_one_run"]
 
@@ -93,7 +93,7 @@ def bound_from_scores(scores, secrets, *, family: Family, confidence: float = DE
     """
     b = np.asarray(secrets)
     m = int(b.size)
-    conf = _validate.open_unit("confidence", confidence)
+    conf = validate.open_unit("confidence", confidence)
     fracs = _fractions(fractions)
     if m < 2:
         raise InvalidParameterError(f"canaries must be at least 2, got {m}")
@@ -115,7 +115,7 @@ def bound_from_scores(scores, secrets, *, family: Family, confidence: float = DE
 
 def _recorded(one_run: dict) -> tuple[int, list[tuple[int, int, int]], float, float, float]:
     """(m, [(m, guesses, correct)], significance, noise divisor, epsilon) from a record, checked for shape."""
-    m = _validate.positive_int("canaries", one_run["canaries"])
+    m = validate.positive_int("canaries", one_run["canaries"])
     fracs = _fractions(one_run["fractions"])
     rows = one_run["counts"]
     if not isinstance(rows, list) or len(rows) != len(fracs):
@@ -127,11 +127,11 @@ def _recorded(one_run: dict) -> tuple[int, list[tuple[int, int, int]], float, fl
             raise InvalidParameterError(f"fraction {f:g} of {m} canaries guesses {k} on each side, the record says "
                                         f"{row.get('k')!r} ({row.get('guesses')!r} in all)")
         counts.append(check_counts(m, 2 * k, row["correct"]))
-    level = _validate.open_unit("level", one_run["level"])
+    level = validate.open_unit("level", one_run["level"])
     if not math.isclose(level, 1.0 - (1.0 - float(one_run["confidence"])) / len(fracs), rel_tol=1e-12):
         raise InvalidParameterError(f"level {level!r} is not the confidence split over {len(fracs)} fractions")
-    s = _validate.non_negative("noise_divisor", one_run["noise_divisor"])
-    eps = _validate.non_negative("epsilon_lower_bound", one_run["epsilon_lower_bound"])
+    s = validate.non_negative("noise_divisor", one_run["noise_divisor"])
+    eps = validate.non_negative("epsilon_lower_bound", one_run["epsilon_lower_bound"])
     return m, counts, 1.0 - level, s, eps
 
 
@@ -146,7 +146,7 @@ def check_one_run(one_run: dict, plan) -> tuple[bool, str]:
     """
     g = plan.guarantee
     if "method" not in one_run:
-        from budgetplan.audit_steinke import check_legacy
+        from budgetplan.audit.steinke import check_legacy
 
         return check_legacy(one_run, g.epsilon, g.delta)
     try:

@@ -1,0 +1,63 @@
+"""Does the record name the plan: its hash, its algorithm, its N and exactly its phases?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from budgetplan.audit.report import Check
+from budgetplan.plan import Plan
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.record.records import (
+    CalibrationRun,
+    DPSGDRun,
+    RRRun,
+    RunRecord,
+    WALRRun,
+)
+
+RUN_OF: dict[type, Any] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun,
+                            CalibrationPhase: CalibrationRun}
+
+
+
+def names_plan_check(record: RunRecord, plan: Plan) -> Check:
+    problems = []
+    if record.plan_sha256 != plan.sha256:
+        problems.append(f"the record names plan {record.plan_sha256}, not {plan.sha256}")
+    if not record.private:
+        problems.append("the record is of a non-private run: no guarantee applies to it")
+    if record.algorithm != plan.scenario.algorithm:
+        problems.append(f"the record's algorithm is {record.algorithm!r}, the plan's {plan.scenario.algorithm!r}")
+    if record.rows_used != plan.dataset_size:
+        problems.append(f"the run used {record.rows_used} rows; the plan accounts N = {plan.dataset_size}")
+    expected = [RUN_OF[type(p)].name for p in plan.phases if not isinstance(p, CountPhase)]
+    shown = [p.name for p in record.phases]
+    if record.tuning is not None and not plan.tuned:
+        problems.append("the record shows a tuned run; the plan declares no grid of configurations")
+    if plan.tuned:
+        expected = shown  # the selected configuration's: checked by "tuned runs within plan"
+    elif shown != expected:
+        problems.append(f"the record shows the phases {shown}; the plan has {expected}")
+    detail = "; ".join(problems) or (f"plan {plan.sha256[:12]}..., phases {expected}, N = {plan.dataset_size}")
+    return Check("record names the plan", not problems, detail)
+
+
+
+def record_entry(record: RunRecord, kind: type):
+    """The record's entry of ``kind`` (the plan has that phase; ``names_plan_check`` fails if the record lacks it)."""
+    return next((p for p in record.phases if isinstance(p, kind)), None)
+
+
+
+def missing_check(name: str, what: str) -> Check:
+    return Check(name, False, f"the plan has {what} but the record shows none: nothing to check it against")
+
+
+
+def settled_check(name: str, planned, ran, what: str) -> Check | None:
+    """The check's verdict when the plan lacks the phase or the record does; None when both have it."""
+    if planned is None:
+        return Check(name, ran is None, f"no {what} planned" + ("" if ran is None else ", but one ran"))
+    if ran is None:
+        return missing_check(name, f"a {what}")
+    return None

@@ -1,0 +1,45 @@
+"""What an audit reports: named checks, each passed or failed with its reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALPHA = 1e-6                 # false-alarm rate of each statistical test
+
+
+
+REACCOUNT_TOLERANCE = 1e-3   # relative agreement required between independent accountings
+
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "passed", bool(self.passed))  # numpy booleans are not JSON
+
+
+
+@dataclass
+class AuditReport:
+    record: str
+    plan_sha256: str | None
+    status: str = "completed"
+    checks: list = field(default_factory=list)
+    empirical: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks) and all(e["passed"] for e in self.empirical)
+
+    def failing(self) -> list[str]:
+        return [c.name for c in self.checks if not c.passed] + [e["name"] for e in self.empirical if not e["passed"]]
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "status": self.status, "record": self.record, "plan_sha256": self.plan_sha256,
+                "alpha": ALPHA, "tolerance": REACCOUNT_TOLERANCE,
+                "checks": [c.__dict__ for c in self.checks], "empirical": self.empirical,
+                "failing": self.failing()}

@@ -1,0 +1,267 @@
+"""Audit a run: is the guarantee the plan promised true of what actually ran?
+
+The audit fails closed. Every planned phase must appear in the record with every statistic
+its checks need, the write-ahead ledger must be there and intact, and anything missing,
+unknown or malformed is a failing check that names it: a check never passes because its
+evidence is absent. Each check is named and independent:
+
+1. ``plan verifies``: hash, schema and every recomputed number (``verify``), and, given the
+   signed-off scenario, that the plan embeds exactly it.
+2. ``record is well-formed``: the public record (and the private one, when present) read
+   strictly; the two name each other.
+3. ``record names the plan``: the plan's hash, a private run, the plan's algorithm, its N,
+   and exactly the plan's phases in the plan's order.
+4. ``ledger``: the write-ahead ledger beside the record verifies its hash chain, names the
+   plan, ends where the record says it ends, and holds exactly one release per one-shot
+   phase whose digest is the record's (and the persisted file's).
+5. ``steps within plan``: DP-SGD steps counted by the ledger (read exactly as the trainer
+   reads it) equal the record's, never exceed the plan, and a completed run took them all.
+6. ``DP-SGD noise``: the noise std, noise multiplier, C and q the run used are the plan's,
+   and noise was drawn for every trainable parameter at every step of the session.
+7. ``Poisson batch sizes``: every step's batch size, from the ledger across all sessions,
+   is consistent with Poisson sampling at q (total and spread, two-sided, at ``alpha``).
+   A plan that allocates or shuffles gets ``Allocation batch sizes`` (every whole epoch
+   totals exactly N; multinomial spread) or ``Shuffled batch sizes`` (every batch exactly B).
+   A run over several processes also gets ``Poisson batch sizes per rank``
+   (``budgetplan.audit.ranks``): the ranks agree on the step count, their sizes add up to
+   each step's, and each rank's batches are Poisson at q over its rows.
+8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
+   with it (two-sided binomial test at ``alpha``).
+9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
+   ``intercept calibration`` (plans or records with one): one release, with the plan's
+   noise std, sensitivity and number of coordinates; the private record's released vector,
+   when present, is the one whose digest the public record and the ledger hold.
+   ``N kept private`` (plans whose N is a DP count): the public record and ledger show
+   nothing that grows with the true row count; the private batch-size ledger is intact,
+   names the plan, ends where the private record says and was written on that one count.
+10. ``independent re-accounting``: every phase's guarantee recomputed by another path
+    agrees with the plan, and the steps executed stay within the phase budget.
+``one-run canary audit`` (runs trained with canaries, ``trainers.canary``): the private
+    record's test recomputes from its guess counts and the plan, and its guesses do not
+    refute the plan's trade-off curve (``budgetplan.audit.canary``).
+The checks that need the training data or torch live with the trainers
+(``trainers.audit.audit_run`` runs these and then them): ``data fingerprint`` (the keyed
+fingerprint in the private record recomputes on the given data), ``code that ran`` and the
+empirical lower bounds on the installed code, and the one-run audit with gradient canaries.
+
+A plan whose N is a DP count has no record entry for its count phase (it was released
+before planning; ``independent re-accounting`` re-derives its epsilon with dp_accounting),
+and its batch sizes are tested against the true row count, both from the private side
+(``private/record.json``, ``private/ledger.jsonl``): without them the test fails closed.
+
+An interrupted run (a run directory with a ledger but no record yet) is audited on what
+its ledger shows: nothing beyond the plan so far.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from budgetplan.audit.canary import check_one_run
+from budgetplan.audit.ledger import RELEASE_FILES, ledger_check, release_problems, steps_check
+from budgetplan.audit.private_n import n_private_check, sizes_evidence
+from budgetplan.audit.reaccount import reaccount_check
+from budgetplan.audit.record import names_plan_check, record_entry
+from budgetplan.audit.releases import calibration_check, flips_check, noise_check, walr_check
+from budgetplan.audit.report import ALPHA, REACCOUNT_TOLERANCE, AuditReport, Check
+from budgetplan.audit.sampling import (
+    sampling_checks,
+)
+from budgetplan.audit.tuned import audit_tuned, audit_tuned_interrupted
+from budgetplan.errors import BudgetplanError
+from budgetplan.plan import Plan, load_plan
+from budgetplan.record.ledger import read_ledger
+from budgetplan.record.records import (
+    CalibrationRun,
+    RunRecord,
+    load_record,
+)
+
+__all__ = ["Check", "AuditReport", "audit_run", "ALPHA", "REACCOUNT_TOLERANCE"]
+
+
+
+
+
+
+
+
+def run_dir_of(record_path: Path) -> Path:
+    return record_path if record_path.is_dir() or record_path.suffix != ".json" else record_path.parent
+
+
+def find_plan(record_path: Path, plan_path) -> Plan:
+    if plan_path is not None:
+        return load_plan(plan_path)
+    beside = run_dir_of(Path(record_path)) / "plan.json"
+    if not beside.exists():
+        raise BudgetplanError(f"no plan given and none beside the record ({beside}); pass --plan")
+    return load_plan(beside)
+
+
+def audit_run(record_path, plan_path=None, *, alpha: float = ALPHA, signed=None) -> AuditReport:
+    """Run every check of the record and ledger on the run at ``record_path`` (a run directory or its run.json).
+
+    The checks that need the training data or torch (the keyed data fingerprint, the
+    empirical lower bounds, the one-run canary audit) are added by ``trainers.audit.audit_run``.
+
+    Args:
+        plan_path: the plan; default the ``plan.json`` the trainer copied into the run directory.
+        signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
+    """
+    from budgetplan.verify import verify_plan
+
+    record_path = Path(record_path)
+    run_dir = run_dir_of(record_path)
+    plan = find_plan(record_path, plan_path)
+    report = AuditReport(record=str(record_path), plan_sha256=plan.sha256)
+    add = report.checks.append
+    verified = verify_plan(plan, signed=signed)
+    add(Check("plan verifies", verified.ok, "hash, schema and recomputed numbers hold" if verified.ok
+              else "; ".join(verified.problems[:3])))
+    record_file = record_path if record_path.suffix == ".json" and not record_path.is_dir() else run_dir / "run.json"
+    if not record_file.exists() and (run_dir / "ledger.jsonl").exists():
+        report.status = "interrupted"
+        if plan.tuned:
+            audit_tuned_interrupted(report, plan, run_dir)
+        else:
+            audit_interrupted(report, plan, run_dir, alpha)
+        return report
+    try:
+        record = load_record(record_file)
+    except BudgetplanError as exc:
+        add(Check("record is well-formed", False, str(exc)))
+        return report
+    add(Check("record is well-formed", True, "public record" + (" and private record" if record.private_part
+                                                                else "") + " read strictly; hashes hold"))
+    add(names_plan_check(record, plan))
+    if plan.tuned:  # n runs and a selection: checked configuration by configuration
+        audit_tuned(report, record, plan, run_dir, alpha)
+    else:
+        audit_single(report, record, plan, run_dir, alpha)
+    return report
+
+
+def audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Path, alpha: float) -> None:
+    """The checks of one run of the plan's phases."""
+    add = report.checks.append
+    ledger = ledger_check(record, plan, run_dir, add)
+    add(steps_check(record, plan, ledger))
+    add(noise_check(record, plan))
+    sizes = sizes_evidence(plan, run_dir, record)
+    if plan.count is not None:
+        add(n_private_check(record, plan, ledger, sizes))
+    report.checks.extend(sampling_checks(plan, ledger, record, alpha, sizes))
+    add(flips_check(record, plan, alpha))
+    add(walr_check(record, plan))
+    if plan.calibration is not None or record_entry(record, CalibrationRun) is not None:
+        add(calibration_check(record, plan))
+    add(reaccount_check(record, plan))
+    one_run = record.private_part.one_run if record.private_part is not None else None
+    if one_run is not None:  # a run trained with canaries (trainers.canary)
+        add(Check("one-run canary audit", *check_one_run(one_run, plan)))
+
+
+# --------------------------------------------------------------------------- the record
+
+
+
+
+# ------------------------------------------------------------- a private N (DP count)
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+
+
+
+
+
+
+# ----------------------------------------------------------------------------- DP-SGD
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# -------------------------------------------------------------------------- RR and WALR
+
+
+
+
+
+
+
+
+
+
+# ----------------------------------------------------------------------- re-accounting
+
+
+
+
+# --------------------------------------------------------------- data and code evidence
+
+
+def code_check(record: RunRecord) -> Check:
+    from budgetplan.util.codehash import code_fingerprint
+
+    here = code_fingerprint()
+    differ = sorted(k for k in set(here) | set(record.code) if here.get(k) != record.code.get(k))
+    if differ:
+        return Check("code that ran", False, f"the installed {', '.join(differ)} differ from the code that ran: the "
+                                            "empirical tests below measure other code than this run's")
+    return Check("code that ran", True, "the installed budgetplan and trainers are the code that ran")
+
+
+# ----------------------------------------------------------------------- interrupted runs
+
+
+def audit_interrupted(report: AuditReport, plan: Plan, run_dir: Path, alpha: float) -> None:
+    """What the ledger of a run without a record shows: nothing beyond the plan so far."""
+    add = report.checks.append
+    try:
+        view = read_ledger(run_dir / "ledger.jsonl", plan_sha256=plan.sha256)
+    except BudgetplanError as exc:
+        add(Check("ledger", False, str(exc)))
+        return
+    problems = []
+    for phase in plan.phases:
+        if phase.name in RELEASE_FILES and view.events("intent", phase.name):
+            problems += release_problems(view, run_dir, {phase.name: None})
+    add(Check("ledger", not problems, "; ".join(problems) or f"{len(view.entries)} lines, hash chain intact, "
+                                                            f"{view.sessions} session(s)"))
+    planned = plan.dpsgd.params.steps if plan.dpsgd is not None else 0
+    counted = view.count("dpsgd")
+    add(Check("steps within plan", counted <= planned,
+              f"interrupted: {counted} of {planned} noisy steps counted so far" +
+              ("" if counted <= planned else ": more than planned")))
+    report.checks.extend(sampling_checks(plan, view, None, alpha, sizes_evidence(plan, run_dir, None)))

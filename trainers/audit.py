@@ -1,0 +1,106 @@
+"""The audit checks that need the training data or the trainer's code, added to the core audit.
+
+``budgetplan.audit.audit_run`` checks a run from its plan, record and ledger alone (no
+torch, no data). ``audit_run`` here runs those checks and then, when asked:
+
+- ``data fingerprint`` (``data_path``): the keyed fingerprint in the private record
+  recomputes on the given data with the data owner's key;
+- ``code that ran`` and the empirical lower bounds (``empirical``): the installed code is
+  the code the record says ran, and every phase of the plan, run on neighbouring inputs by
+  the installed trainer code (``trainers.empirical.audit_plan``), shows no more privacy
+  loss than planned;
+- the one-run audit (``one_run``): each DP-SGD phase audited in one run with a million
+  gradient canaries (``trainers.empirical.one_run``, arXiv:2410.22235).
+
+A run that is interrupted or whose record does not read gets the core checks only: they
+already fail or report it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from budgetplan import audit as core
+from budgetplan.audit.report import ALPHA, AuditReport, Check
+from budgetplan.audit.run import code_check, find_plan, run_dir_of
+from budgetplan.plan import Plan
+from budgetplan.record.records import PRIVATE_DIR, RunRecord, load_record
+from trainers.data.columns import parquet_source
+from trainers.data.fingerprint import fingerprint, key_id, read_key
+from trainers.data.loaders import read_table
+
+__all__ = ["audit_run", "fingerprint_check", "run_empirical"]
+
+
+def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto", fingerprint_key=None,
+              empirical: bool = False, alpha: float = ALPHA, signed=None, one_run: bool = False) -> AuditReport:
+    """Every check of ``budgetplan.audit.audit_run``, then those that need the data or the trainer's code.
+
+    Args:
+        plan_path: the plan; default the ``plan.json`` the trainer copied into the run directory.
+        data_path: the training data, to recompute the keyed fingerprint (needs the private
+            record and the key: ``fingerprint_key`` bytes, default ``private/fingerprint.key``).
+        empirical: also run the empirical lower bounds on the installed trainer code.
+        signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
+        one_run: also audit each DP-SGD phase in one run with a million gradient canaries on
+            the installed code (``trainers.empirical.one_run``, arXiv:2410.22235).
+    """
+    report = core.audit_run(record_path, plan_path, alpha=alpha, signed=signed)
+    read = any(c.name == "record is well-formed" and c.passed for c in report.checks)
+    if report.status == "interrupted" or not read or not (data_path is not None or empirical or one_run):
+        return report
+    record_path = Path(record_path)
+    run_dir = run_dir_of(record_path)
+    plan = find_plan(record_path, plan_path)
+    record = load_record(record_path if record_path.suffix == ".json" and not record_path.is_dir()
+                         else run_dir / "run.json")
+    if data_path is not None:
+        report.checks.append(fingerprint_check(record, plan, run_dir, data_path, data_format, fingerprint_key))
+    if empirical:
+        report.checks.append(code_check(record))
+        report.empirical = run_empirical(plan)
+    if one_run:
+        from trainers.empirical.one_run import one_run_rows  # torch, and a million canaries: only when asked
+
+        report.empirical += one_run_rows(plan)
+    return report
+
+
+def run_empirical(plan: Plan, *, progress: bool = True) -> list[dict]:
+    """Audit every phase of ``plan`` on the installed trainer code (needs torch); one row per phase.
+
+    ``trainers.empirical.audit_plan`` runs the real training loops (RR phase, WALR, DP-SGD)
+    on neighbouring inputs: each row holds a lower bound on epsilon against the planned one
+    and the mechanism checks, and passes when the bound is at most the plan and every check
+    holds. It measures the code installed now, not necessarily the code that trained the run.
+    """
+    from trainers.empirical import audit_plan  # imports torch
+
+    return audit_plan(plan, progress=progress)
+
+
+def fingerprint_check(record: RunRecord, plan: Plan, run_dir: Path, data_path, data_format, key) -> Check:
+    """The keyed fingerprint in the private record recomputes on ``data_path`` with the data owner's key."""
+    name = "data fingerprint"
+    if record.private_part is None:
+        return Check(name, False, f"the private record ({run_dir / PRIVATE_DIR / 'record.json'}) is not here: the "
+                                  "data owner holds the fingerprint")
+    fp = record.private_part.data.get("fingerprint") or {}
+    if key is None:
+        key_path = run_dir / PRIVATE_DIR / "fingerprint.key"
+        if not key_path.exists():
+            return Check(name, False, f"no fingerprint key given and none at {key_path}")
+        key = read_key(key_path)
+    if key_id(key) != fp.get("key_id"):
+        return Check(name, False, f"the key given is {key_id(key)}, the fingerprint was made with {fp.get('key_id')}")
+    spec = plan.scenario.features
+    if spec is None:
+        return Check(name, False, "the plan's scenario has no [features] table naming the columns")
+    # Parquet is digested a window at a time (as the trainer does): a 40M-row file is never read whole.
+    table = parquet_source(data_path, data_format, list(spec.columns))
+    if table is None:
+        table = read_table(data_path, format=data_format, columns=list(spec.columns))
+    again = fingerprint(table, list(fp.get("columns") or spec.columns), key)
+    if again["hmac_sha256"] != fp.get("hmac_sha256"):
+        return Check(name, False, f"the data at {data_path} is not the data the run read")
+    return Check(name, True, f"{again['rows']} rows of {data_path} match the keyed fingerprint (key {fp['key_id']})")

@@ -24,7 +24,7 @@ _OLD_TABLE = ((0.0, 0.0), (2.0, 0.75), (10.0, 0.5))
 def rule_arm(rule: str, epsilon: float, share: float | None) -> str | None:
     """The arm of the grid (or the paper-v1 arm) that a split rule's plan at ``epsilon`` is: the rule
     splits what the calibration release leaves. None where its alpha is not on the grid."""
-    from budgetplan.planning.split import choose_split
+    from budgetplan.scenario.split_rules import choose_split
 
     if rule == "paper-v1":
         return "paper-v1"
@@ -80,7 +80,7 @@ def summarise(state: dict) -> dict:
 
 def _default(state: dict) -> tuple[str, float | None]:
     """(the default split rule the results are read with, the calibration share the plans had)."""
-    from budgetplan.planning.split import DEFAULT_RULE
+    from budgetplan.scenario.split_rules import DEFAULT_RULE
 
     rule = state["settings"].get("default_split", {}).get("rule", DEFAULT_RULE)
     share = state["settings"]["values"].get("scenario", {}).get("calibration") or {}

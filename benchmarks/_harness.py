@@ -124,7 +124,7 @@ def as_planned_then(scenario: str) -> str:
     """
     import tomllib
 
-    from budgetplan.examples import set_key
+    from budgetplan.scenario.examples import set_key
 
     raw = tomllib.loads(scenario)
     if "rr" in raw and "validation_fraction" not in raw["rr"]:

@@ -42,9 +42,9 @@ QUICK_EPOCHS, QUICK_TARGETS = (1, 4, 16), (1.0, 4.0, 12.0)
 
 
 def _solve(eps_of, target: float) -> float:
-    from budgetplan.accounting.batch_selection import noise_multiplier
+    from budgetplan.planning.calibrate import solve_noise_multiplier
 
-    return noise_multiplier(eps_of, epsilon=target)
+    return solve_noise_multiplier(eps_of, epsilon=target)
 
 
 def cell(epochs: int, target: float) -> dict:

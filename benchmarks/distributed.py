@@ -113,7 +113,7 @@ share = {CALIBRATION_SHARE!r}
 def _plan(epsilon: float, n: int):
     """The plan trained: the scenario as measured, planned as then (no RR validation)."""
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
 
     plan = build_plan(parse_scenario(h.as_planned_then(scenario(epsilon, n, get_shape(SHAPE).features))))

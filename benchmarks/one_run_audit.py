@@ -203,7 +203,7 @@ _PLANS: dict = {}
 
 def _build_plan(eps: float, m: int, args: argparse.Namespace):
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.canary import audit_scenario
     from trainers.data.synth import SYNTH_FEATURES
 

@@ -39,7 +39,7 @@ def settings(args: argparse.Namespace) -> dict:
     """Every setting of the grid, the CLI's defaults read from the library."""
     from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
     from budgetplan.planning import calibrate
-    from budgetplan.planning.split import PAPER_ALPHAS, PAPER_EPSILONS
+    from budgetplan.scenario.split_rules import PAPER_ALPHAS, PAPER_EPSILONS
 
     return h.settings_record("split_grid.py", args.argv, {
         "command": ARGS, "epsilons": PAPER_EPSILONS, "alphas": PAPER_ALPHAS, "adjacency": "replace-one",

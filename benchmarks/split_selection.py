@@ -6,7 +6,7 @@ budget, (eps - eps_sel) / n each by basic composition, and a report-noisy-max on
 the units picks one, at eps_sel = 5% of eps. This benchmark measures, per (shape, epsilon),
 the evaluation AUC of:
 
-- the default split rule at the whole epsilon (the template, ``budgetplan.planning.split.DEFAULT_RULE``);
+- the default split rule at the whole epsilon (the template, ``budgetplan.scenario.split_rules.DEFAULT_RULE``);
 - the tuned plan over 3 splits (alpha 0.25, 0.5, 0.75) and over 5 (alpha 0 to 1), which
   trains each configuration at its share and keeps the noisy-max's pick;
 
@@ -65,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def settings(args) -> dict:
-    from budgetplan.planning.split import DEFAULT_RULE
+    from budgetplan.scenario.split_rules import DEFAULT_RULE
     from trainers.data.synth import get_shape
 
     train, dp = uf._train_settings(args)
@@ -77,7 +77,7 @@ def settings(args) -> dict:
 
 
 def _tuned(text: str, rules) -> str:
-    from budgetplan.examples import set_key
+    from budgetplan.scenario.examples import set_key
 
     lines = [line for line in text.splitlines() if not line.startswith("split = ")]
     text = "\n".join(lines) + "\n"
@@ -88,8 +88,8 @@ def _tuned(text: str, rules) -> str:
 
 def _unit(args, shape: str, seed: int) -> list[dict]:
     from budgetplan.planning.planner import build_plan
-    from budgetplan.planning.split import DEFAULT_RULE
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
+    from budgetplan.scenario.split_rules import DEFAULT_RULE
     from trainers.data.synth import get_shape
     from trainers.run import execute_plan
 

@@ -168,7 +168,7 @@ def run(args) -> dict:
     from rich.progress import Progress
 
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import run_baseline
 

@@ -20,7 +20,7 @@ tests/test_benchmark_settings.py.
 Reported per (shape, epsilon, arm): the relative AUC loss (%) against the baseline trained on
 the same data (arXiv:2401.15246) and the calibration ratio mean(p) / mean(y), each as mean +-
 std over the seeds. The Hybrid column is the library's default split rule
-(``budgetplan.planning.split.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
+(``budgetplan.scenario.split_rules.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
 same phases; only the rule's name in the plan differs). Then the regret table: for each
 split rule, how far its alpha's loss is above the best alpha of the grid, per shape and
 epsilon (``_frontier_report.regret``), and the checks the issue asked of the defaults.
@@ -71,7 +71,7 @@ def _template_values() -> dict:
     """What the template sets that the arms share (read from the shipped file, so the two cannot drift)."""
     import tomllib
 
-    from budgetplan import examples
+    from budgetplan.scenario import examples
 
     raw = tomllib.loads(Path(examples.path(TEMPLATE)).read_text())
     return {"delta": raw["budget"]["delta"], "adjacency": raw["privacy"]["adjacency"],
@@ -152,7 +152,7 @@ def _train_settings(args):
 
 def settings(args: argparse.Namespace) -> dict:
     """Every setting of the run: data, plans, training (the library's defaults resolved)."""
-    from budgetplan.planning.split import ALPHA_BY_EPSILON, DEFAULT_RULE
+    from budgetplan.scenario.split_rules import ALPHA_BY_EPSILON, DEFAULT_RULE
     from trainers.data.synth import get_shape
 
     train, dp = _train_settings(args)
@@ -179,7 +179,7 @@ def _shared_scenario(args) -> dict:
     """What every arm's scenario shares, the planner's defaults resolved (accountant,
     discretisation, sampling, RR's per-impression rule, ...): the name, epsilon, split, tower,
     N (and what follows from it) and features vary by cell and shape."""
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
 
     text = scenario(args, epsilon=max(args.epsilon_list), split="alpha=0.5", n=args.rows,
@@ -196,7 +196,7 @@ def _shared_scenario(args) -> dict:
 def scenario(args, *, epsilon: float, split: str, n: int, spec, tower: str | None = None) -> str:
     """The template's scenario with its epsilon, N, split, tower and [features] set (and the options
     that override its training shape, where given), as a user adapts it."""
-    from budgetplan.examples import adapted, set_key
+    from budgetplan.scenario.examples import adapted, set_key
 
     text = adapted(TEMPLATE, epsilon=epsilon, dataset_size=n, split=split, tower=tower or PLAN["tower"],
                    features=spec, scenario_name=f"frontier-{split}-eps{epsilon:g}")
@@ -275,7 +275,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
     pairs); ``report(kind, key, value)`` after each ("status", "baseline", "cell")."""
     from budgetplan.planning.planner import build_plan
     from budgetplan.report.plots import arm_of
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import execute_plan
 

@@ -91,7 +91,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def scenario(*, epsilon: float, n: int, spec) -> str:
     """The shipped example with its epsilon, N and [features] set and the numeric encoding's
     ``[walr]`` keys removed (the plan then encodes one-hot, its row bound derived from [features])."""
-    from budgetplan.examples import adapted
+    from budgetplan.scenario.examples import adapted
 
     lines, table = [], None
     for line in adapted(EXAMPLE, epsilon=epsilon, dataset_size=n, features=spec).splitlines():
@@ -106,7 +106,7 @@ def scenario(*, epsilon: float, n: int, spec) -> str:
 def _shared_scenario(args) -> dict:
     """What every private plan's scenario shares, the planner's defaults resolved: epsilon, N
     and the features vary by cell and shape (the shapes' features are recorded apart)."""
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
 
     text = scenario(epsilon=max(args.epsilon_list), n=args.rows, spec=get_shape(args.shape_list[0]).features)
@@ -118,7 +118,7 @@ def _shared_scenario(args) -> dict:
 
 def settings(args) -> dict:
     """Every setting of the run: data, plans, encoding and both fits (the library's defaults resolved)."""
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import TrainSettings
     from trainers.walr_onehot import FIT_ITERATIONS, L2_BASE
@@ -177,7 +177,7 @@ def _non_private(plan, train, evaluation, seed: int) -> dict:
 def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
     """One (shape, seed): its data, the non-private model, then WALR at every epsilon."""
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.metrics import relative_auc_loss
     from trainers.run import execute_plan

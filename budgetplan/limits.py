@@ -87,3 +87,6 @@ MAX_STEPS = 10**15
 MAX_THREADS = 1_024
 # Processes of one distributed run (--nproc, torchrun's world): beyond this, a typo.
 MAX_PROCESSES = 1_024
+
+# Noise multipliers a calibration searches between (the scenario refuses a given one outside them).
+SIGMA_RANGE = (1e-3, 1e4)

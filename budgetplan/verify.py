@@ -227,7 +227,7 @@ def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str
 
 def _check_split(plan: Plan, problems: list[str]) -> None:
     """A table-driven split's record is what the rule gives at the run's epsilon, and the phases follow it."""
-    from budgetplan.planning.planner import split_record
+    from budgetplan.planning.shares import split_record
 
     try:
         wanted = split_record(plan.scenario, plan.run_epsilon)
@@ -296,24 +296,24 @@ def _check_calibration(plan: Plan, close, problems: list[str]) -> None:
 
 
 def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
-    from budgetplan.planning.planner import _EPS_SLACK, _basic_total, _pld_total, _tuning, phase_guarantee
+    from budgetplan.planning.composition import EPS_SLACK, basic_total, phase_guarantee, pld_total, tuning_accounting
 
     for i, p in enumerate(plan.phases):
         g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit, discretization=plan.scenario.discretization)
-        if g.epsilon > p.target_epsilon * (1 + _EPS_SLACK) or g.delta > p.target_delta * (1 + _EPS_SLACK):
+        if g.epsilon > p.target_epsilon * (1 + EPS_SLACK) or g.delta > p.target_delta * (1 + EPS_SLACK):
             problems.append(f"phases[{i}] ({p.name}): the recomputed guarantee ({g.epsilon:.6g}, {g.delta:.3g}) "
                             f"exceeds its target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
         close(f"phases[{i}] ({p.name}).guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
         close(f"phases[{i}] ({p.name}).guarantee.delta", p.guarantee.delta, g.delta)
         close(f"phases[{i}] ({p.name}).guarantee.method", p.guarantee.method, g.method)
-    basic = _basic_total(plan.phases, plan.scenario, plan.unit)
+    basic = basic_total(plan.phases, plan.scenario, plan.unit)
     close("total.basic.epsilon", plan.total.epsilon, basic.epsilon)
     close("total.basic.delta", plan.total.delta, basic.delta)
-    pld, _ = _pld_total(plan.phases, plan.scenario, plan.unit, basic.delta)
+    pld, _ = pld_total(plan.phases, plan.scenario, plan.unit, basic.delta)
     close("total.pld.epsilon", plan.total_pld.epsilon if plan.total_pld else None, pld.epsilon if pld else None)
     if _check_grid(plan, close, problems):
         return
-    tuning = _tuning(plan.scenario, plan.unit, plan.phases, basic, plan.delta)
+    tuning = tuning_accounting(plan.scenario, plan.unit, plan.phases, basic, plan.delta)
     if (tuning is None) != (plan.tuning is None):
         close("tuning", plan.tuning, tuning)
     elif tuning is not None and plan.tuning is not None:
@@ -328,7 +328,7 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
     """
     from budgetplan.plan.phases import phase_to_dict
     from budgetplan.planning import grid
-    from budgetplan.planning.planner import _EPS_SLACK, phase_guarantee
+    from budgetplan.planning.composition import EPS_SLACK, phase_guarantee
 
     t = plan.scenario.tuning
     stored = plan.tuning
@@ -361,7 +361,7 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
             _check_phase(plan, where, p, close, problems)
             g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit,
                                 discretization=plan.scenario.discretization)
-            if g.epsilon > p.target_epsilon * (1 + _EPS_SLACK) or g.delta > p.target_delta * (1 + _EPS_SLACK):
+            if g.epsilon > p.target_epsilon * (1 + EPS_SLACK) or g.delta > p.target_delta * (1 + EPS_SLACK):
                 problems.append(f"{where}: the recomputed guarantee ({g.epsilon:.6g}, {g.delta:.3g}) exceeds its "
                                 f"target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
             close(f"{where}.guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
@@ -370,7 +370,7 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
                 close(f"{where}.parameters.clipping_norm vs the grid", p.params.clipping_norm,
                       c.clipping_norm if c.clipping_norm is not None else plan.scenario.dpsgd.clipping_norm)
         spent = (math.fsum(p.target_epsilon for p in phases), math.fsum(p.target_delta for p in phases))
-        if spent[0] > eps_run * (1 + _EPS_SLACK) or spent[1] > delta_run * (1 + _EPS_SLACK):
+        if spent[0] > eps_run * (1 + EPS_SLACK) or spent[1] > delta_run * (1 + EPS_SLACK):
             problems.append(f"tuning.grid[{c.index}]: its phases are planned to ({spent[0]:.6g}, {spent[1]:.3g}), "
                             f"above the run budget ({eps_run:.6g}, {delta_run:.3g})")
     fresh = grid.accounting(plan.scenario, plan.unit, [(c, list(ph)) for c, ph in runs], plan.delta)

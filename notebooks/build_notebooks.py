@@ -300,7 +300,7 @@ cells = sweep(SPLIT_EPSILONS, [f"alpha={a:g}" for a in SPLIT_ALPHAS], delta=DELT
               adjacency="replace-one")
 show_table(cells, ["epsilon", "rule", "epsilon1", "flip_probability", "epsilon2", "noise_multiplier",
                    "dpsgd_epsilon"])'''),
-    ("code", r'''from budgetplan.planning.split import split_budget
+    ("code", r'''from budgetplan.scenario.split_rules import split_budget
 
 cli("split", "--epsilon", 8, "--rule", "paper-v1", *split_shape)
 print("\nPython: paper-v1 at eps = 8 splits into (eps1, eps2) =", split_budget(8.0, "paper-v1"))'''),
@@ -429,7 +429,7 @@ does the same from a TOML file (`budgetplan plan`), and gives the same hash.''')
     ("code", r'''from budgetplan.plan import write_atomic
 from budgetplan.planning.planner import build_plan
 from budgetplan.report.plots import arm_of
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 
 (WORK / "scenarios").mkdir()
 (WORK / "plans").mkdir()
@@ -579,7 +579,7 @@ RR_SAMPLES = 1_000_000     # labels per neighbour in the RR measurement figure (
     ("code", setup_cell("budgetplan-03-", stdlib="import shutil\n", third_party="import pyarrow.parquet as pq\n")),
     ("md", r'''## Plan and train a small Hybrid run'''),
     ("code", r'''from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import TrainSettings, execute_plan
 

@@ -7,7 +7,7 @@ from budgetplan.audit.canary import GUESS_FRACTIONS, bound_from_scores, check_on
 from budgetplan.audit.fdp import DIVISOR_TOLERANCE, METHOD, plan_family, refutes
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.canary import audit_scenario
 from trainers.data.synth import SYNTH_FEATURES
 

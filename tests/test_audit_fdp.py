@@ -241,7 +241,7 @@ def test_mechanism_family_is_ordered_and_its_epsilon_is_the_accountant_s():
 
 def test_plan_family_is_the_joint_pld_or_the_pair():
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.canary import audit_scenario
     from trainers.data.synth import SYNTH_FEATURES
 

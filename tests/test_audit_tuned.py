@@ -9,7 +9,7 @@ import pytest
 from budgetplan.audit import audit_run
 from budgetplan.cli import cli
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from tests.test_audit import copy_run, public, rechain, write_record
 from tests.trainers.test_tune import FAST, GRID_2X1, grid_scenario
 

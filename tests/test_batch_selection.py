@@ -11,7 +11,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD
 from budgetplan.plan import Plan
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.verify import verify_plan
 
 N = 2000

@@ -124,16 +124,16 @@ def test_a_changed_data_shape_makes_the_frontier_stale(monkeypatch):
 
 
 def test_a_changed_planner_default_makes_the_frontier_stale(monkeypatch):
-    import budgetplan.scenario
+    import budgetplan.scenario.model
 
-    parse = budgetplan.scenario.parse_scenario
-    monkeypatch.setattr(budgetplan.scenario, "parse_scenario",
+    parse = budgetplan.scenario.model.parse_scenario
+    monkeypatch.setattr(budgetplan.scenario.model, "parse_scenario",
                         lambda text: dataclasses.replace(parse(text), method="rdp"))
     assert differences(_quick_frontier()) == ["scenario.method"]
 
 
 def test_a_changed_frontier_arm_setting_makes_it_stale(monkeypatch):
-    from budgetplan.examples import set_key
+    from budgetplan.scenario.examples import set_key
 
     frontier = _script("utility_frontier.py")
     original = frontier.scenario  # every arm's scenario is the template as adapted there
@@ -184,7 +184,7 @@ def test_settings_survive_a_json_round_trip():
 def test_a_changed_split_table_re_renders_the_frontier_but_does_not_make_it_stale(monkeypatch):
     """The default rule's column is read from the alpha grid's cells: a new table changes what the
     report says (its ``default_split``), not what was trained."""
-    from budgetplan.planning import split
+    from budgetplan.scenario import split_rules as split
 
     recorded = _quick_frontier()
     table = split.ALPHA_BY_EPSILON

@@ -23,7 +23,7 @@ from budgetplan.mechanisms import DiscreteLaplaceCount, mechanism_from_dict, mec
 from budgetplan.plan import Plan, canonical_json
 from budgetplan.plan.phases import CountPhase, DPSGDPhase, phase_from_dict, phase_to_dict
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.units import PrivacyUnit
 from budgetplan.verify import verify_plan
@@ -227,7 +227,7 @@ def test_bad_size_release_is_refused(kwargs, error, fragment):
 
 
 def test_rr_under_replace_one_refuses_a_dp_count():
-    from budgetplan import examples
+    from budgetplan.scenario import examples
 
     text = open(examples.path("rr-impression")).read()
     with pytest.raises(InvalidParameterError, match="add-remove adjacency only"):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from budgetplan import examples
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import FeatureSpec, parse_scenario
+from budgetplan.scenario import examples
+from budgetplan.scenario.model import FeatureSpec, parse_scenario
 
 
 def test_adapting_sets_only_what_is_asked_and_plans():

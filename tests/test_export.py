@@ -10,11 +10,10 @@ import re
 
 import pytest
 
-from budgetplan import examples
 from budgetplan.errors import UnsupportedError
 from budgetplan.planning.planner import build_plan
 from budgetplan.report.export import opacus_settings
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario import examples, parse_scenario
 
 
 def load_example(name):

@@ -11,7 +11,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import Plan
 from budgetplan.planning import grid
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.verify import verify_plan
 from tests.test_planner import DPSGD, HYBRID

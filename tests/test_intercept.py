@@ -16,7 +16,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import Plan, canonical_json
 from budgetplan.plan.phases import CalibrationPhase, DPSGDPhase, RRPhase, phase_from_dict, phase_to_dict
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.verify import verify_plan
 
@@ -155,7 +155,7 @@ def test_bad_calibration_tables_are_refused_in_one_line(kwargs, fragment):
     ("rr-impression", "share = 0.05\n", "calibrates its intercept for free"),
 ])
 def test_tables_that_do_not_apply_are_refused(example, table, fragment):
-    from budgetplan import examples
+    from budgetplan.scenario import examples
 
     text = open(examples.path(example)).read()
     with pytest.raises(InvalidParameterError, match=r"\[calibration\]") as exc:
@@ -164,7 +164,7 @@ def test_tables_that_do_not_apply_are_refused(example, table, fragment):
 
 
 def _rr_text():
-    from budgetplan import examples
+    from budgetplan.scenario import examples
 
     return open(examples.path("rr-impression")).read() + "\n[calibration]\n"  # RR is replace-one: labels only
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from budgetplan import examples
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.mechanisms import GaussianRelease
 from budgetplan.plan import Plan, canonical_json
@@ -21,7 +20,7 @@ from budgetplan.plan.phases import (
     phase_to_dict,
 )
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import load_scenario
+from budgetplan.scenario import examples, load_scenario
 
 
 @pytest.fixture(scope="module")

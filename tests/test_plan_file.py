@@ -4,11 +4,10 @@ import json
 
 import pytest
 
-from budgetplan import examples
 from budgetplan.errors import OutputError, PlanMismatchError
 from budgetplan.plan import Plan, canonical_json, load_plan, write_atomic
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import load_scenario
+from budgetplan.scenario import examples, load_scenario
 from budgetplan.verify import verify_file, verify_plan
 
 
@@ -140,11 +139,10 @@ def test_verify_against_the_signed_off_scenario(tmp_path, runner):
     """
     import hashlib
 
-    from budgetplan import examples
     from budgetplan.cli import cli
     from budgetplan.plan import canonical_json
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import load_scenario
+    from budgetplan.scenario import examples, load_scenario
 
     scenario_path = examples.path("synthetic-hybrid")
     plan = build_plan(load_scenario(scenario_path))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from budgetplan import examples
 from budgetplan.errors import InvalidParameterError
-from budgetplan.scenario import Scenario, load_scenario, parse_scenario
+from budgetplan.scenario import examples
+from budgetplan.scenario.model import Scenario, load_scenario, parse_scenario
 
 BASE = """
 [budget]
@@ -145,14 +145,14 @@ def test_file_errors_name_the_file(tmp_path):
 
 
 def test_round_trip_dict():
-    from budgetplan.scenario import Scenario
+    from budgetplan.scenario.model import Scenario
 
     sc = parse_scenario(BASE)
     assert Scenario.from_dict(sc.to_dict()) == sc
 
 
 def test_feature_spec_toml_round_trips():
-    from budgetplan.scenario import FeatureSpec
+    from budgetplan.scenario.model import FeatureSpec
 
     specs = [FeatureSpec(label="y", unit_id="user", nonsensitive_categorical=("a", "b"), sensitive_numeric=("s",)),
              FeatureSpec(label="conv", sensitive_categorical=('odd "name"', "caf\u00e9"))]
@@ -162,7 +162,7 @@ def test_feature_spec_toml_round_trips():
 
 
 def parse_scenario_text_with_features(features_toml: str):
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
 
     base = """name = "t"
 [budget]
@@ -203,7 +203,7 @@ def test_a_scenario_validates_itself_whatever_built_it():
     """Python construction goes through the same rules as TOML: dataclasses.replace included."""
     from dataclasses import replace
 
-    from budgetplan.scenario import RRShape, Scenario
+    from budgetplan.scenario.model import RRShape, Scenario
 
     s = load_scenario(examples.path("synthetic-hybrid"))
     with pytest.raises(InvalidParameterError, match=r"\[privacy\].cap = 4 contradicts \[privacy\].unit"):

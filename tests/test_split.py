@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
-from budgetplan.planning.split import (
+from budgetplan.scenario.model import parse_scenario
+from budgetplan.scenario.split_rules import (
     ALPHA_BY_EPSILON,
     AlphaStep,
     _check_table,
@@ -20,7 +21,6 @@ from budgetplan.planning.split import (
     parse_rule,
     split_budget,
 )
-from budgetplan.scenario import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.verify import verify_plan
 from tests.test_planner import HYBRID

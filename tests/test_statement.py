@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from budgetplan import examples
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import load_scenario, parse_scenario
+from budgetplan.scenario import examples, load_scenario, parse_scenario
 from budgetplan.statement import render_statement
 
 GOLDEN = Path(__file__).parent / "golden" / "statements"
@@ -59,7 +58,7 @@ def test_declared_tuning_is_named_and_not_listed_as_uncovered():
     text = load_scenario(examples.path("dpsgd-user-level"))
     from dataclasses import replace
 
-    from budgetplan.scenario import Tuning
+    from budgetplan.scenario.model import Tuning
 
     plan = build_plan(replace(text, tuning=Tuning(configurations=4)))
     out = render_statement(plan)

@@ -7,13 +7,12 @@ import pytest
 from click.testing import CliRunner
 from scipy import stats
 
-from budgetplan import examples
 from budgetplan.accounting.tradeoff import ALPHAS, mechanism_tradeoff, plan_tradeoff, tpr_from_pair
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import GaussianRelease, RandomizedResponse
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import load_scenario
+from budgetplan.scenario import examples, load_scenario
 from budgetplan.statement import render_statement
 
 ALPHA_GRID = (1e-4, 1e-3, 1e-2, 0.1, 0.5)

@@ -11,7 +11,7 @@ from budgetplan.mechanisms import Composition, PoissonDPSGD, RandomizedResponse,
 from budgetplan.plan import Plan
 from budgetplan.planning.calibrate import dpsgd_noise_multiplier
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.statement import render_statement
 from budgetplan.units import PrivacyUnit
 from budgetplan.verify import verify_plan

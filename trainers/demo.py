@@ -60,10 +60,10 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     import numpy as np
     import pyarrow.parquet as pq
 
-    from budgetplan.examples import adapted
     from budgetplan.planning.planner import build_plan
-    from budgetplan.planning.split import DEFAULT_RULE, choose_split
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.examples import adapted
+    from budgetplan.scenario.model import parse_scenario
+    from budgetplan.scenario.split_rules import DEFAULT_RULE, choose_split
     from budgetplan.statement import render_statement
     from budgetplan.util.fileio import atomic_output, write_atomic
     from trainers.baseline import reference

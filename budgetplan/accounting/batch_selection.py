@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import math
 
-from budgetplan.errors import InfeasibleError, InvalidParameterError
+from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
 from budgetplan.util import validate
 
-__all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "noise_multiplier",
-           "method_for", "compare"]
+__all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "method_for", "compare"]
 
 SAMPLINGS = ("poisson", "truncated-poisson", "allocation", "shuffle")
 EPOCH_SAMPLINGS = ("allocation", "shuffle")
@@ -99,20 +98,6 @@ def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int
     if sampling == "shuffle":
         return ShuffledDPSGD(noise_multiplier=sigma, steps_per_epoch=t, epochs=steps // t)
     raise InvalidParameterError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
-
-
-def noise_multiplier(eps_of, *, epsilon: float, guess: float = 1.0, step: float = 0.25) -> float:
-    """The smallest sigma whose ``eps_of(sigma)`` meets ``epsilon`` (eps_of non-increasing)."""
-    from budgetplan.planning import calibrate
-
-    try:
-        sigma, _, _ = calibrate._solve_decreasing(eps_of, epsilon, guess, step=step,
-                                                  lo_limit=calibrate.SIGMA_RANGE[0],
-                                                  hi_limit=calibrate.SIGMA_RANGE[1])
-    except InfeasibleError:
-        raise InfeasibleError(f"no noise up to {calibrate.SIGMA_RANGE[1]:g} meets epsilon {epsilon:g}",
-                              knob="epsilon") from None
-    return sigma
 
 
 def compare(*, sigma: float, dataset_size: int, batch_size: int, epochs: int, delta: float, adjacency,

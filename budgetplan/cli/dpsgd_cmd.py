@@ -115,7 +115,7 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
 
 def _check_truncation(batch_size, max_batch_size, dataset_size, noise_multiplier, epsilon):
     """The scenario's rule for truncated Poisson, and only the questions it can answer."""
-    from budgetplan.scenario import check_max_batch_size
+    from budgetplan.scenario.model import check_max_batch_size
 
     if noise_multiplier is None or epsilon is not None or dataset_size is None:
         raise click.UsageError("--max-batch-size is accounted for a given --noise-multiplier, --dataset-size and "
@@ -309,6 +309,7 @@ def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, st
     from budgetplan.accounting import account
     from budgetplan.accounting import batch_selection as bs
     from budgetplan.accounting.shuffle import lower_epsilon
+    from budgetplan.planning.calibrate import solve_noise_multiplier
 
     if max_batch_size is not None:
         raise click.UsageError("--max-batch-size applies to --batch-selection poisson only")
@@ -331,7 +332,7 @@ def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, st
                        unit_accounting=unit_accounting if unit.cap > 1 else "tight", discretization=discretization)
 
     if sigma is None:
-        sigma = bs.noise_multiplier(lambda x: guarantee(x).epsilon, epsilon=epsilon)
+        sigma = solve_noise_multiplier(lambda x: guarantee(x).epsilon, epsilon=epsilon)
     head = guarantee(sigma)
     poisson = _row("poisson", lambda: guarantee(sigma, "poisson"))
     lower = lower_epsilon(noise_multiplier=sigma, steps_per_epoch=t // whole, epochs=whole, delta=delta) \

@@ -13,8 +13,8 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON obj
 
 
 def _scenario(source: str):
-    from budgetplan import examples as ex
-    from budgetplan.scenario import load_scenario, parse_scenario
+    from budgetplan.scenario import examples as ex
+    from budgetplan.scenario.model import load_scenario, parse_scenario
 
     if source.startswith(ex.PREFIX):
         name = source[len(ex.PREFIX):]
@@ -230,7 +230,7 @@ def statement(plan_file, plan_path, output, as_json):
 @_JSON
 def examples(name, as_json):
     """List the shipped example scenarios, or print one (use it as example:NAME)."""
-    from budgetplan import examples as ex
+    from budgetplan.scenario import examples as ex
 
     if name is not None:
         text = ex.text(name)

@@ -18,7 +18,7 @@ from budgetplan.cli._shell import (
     warn,
 )
 from budgetplan.limits import MAX_GRID_CELLS
-from budgetplan.planning.split import DEFAULT_RULE
+from budgetplan.scenario.split_rules import DEFAULT_RULE
 
 __all__ = ["split"]
 
@@ -84,8 +84,8 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
     split that did best there (and where it came from, for the statement).
     """
     from budgetplan.planning.calibrate import steps_for_epochs
-    from budgetplan.planning.split import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
     from budgetplan.planning.sweep import sweep
+    from budgetplan.scenario.split_rules import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
 
     ctx = click.get_current_context()
     if proxy is not None or scenario_path is not None:
@@ -143,7 +143,7 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
         f"({adjacency}, {accountant})",
         ["epsilon", "rule", "eps1 (RR)", "flip prob", "eps2 (DP-SGD)", "noise multiplier", "DP-SGD eps"], rows))
     if rule != "grid" and parse_rule(rule).kind == "alpha-by-eps":
-        from budgetplan.planning.split import choose_split
+        from budgetplan.scenario.split_rules import choose_split
 
         out.print(choose_split(epsilon, rule).reason)
     if rule == "grid":
@@ -166,8 +166,8 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
 
     from click.core import ParameterSource
 
-    from budgetplan.examples import set_key
-    from budgetplan.scenario import load_scenario
+    from budgetplan.scenario.examples import set_key
+    from budgetplan.scenario.model import load_scenario
     from budgetplan.util.fileio import write_atomic
 
     given = [p for p in _ACCOUNTING_ONLY if ctx.get_parameter_source(p) not in (ParameterSource.DEFAULT, None)]
@@ -214,6 +214,6 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
 
 
 def load_scenario_text(text: str, name: str):
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
 
     return parse_scenario(text, default_name=name)

@@ -31,7 +31,7 @@ from budgetplan.plan.phases import (
     phase_to_dict,
 )
 from budgetplan.plan.schema import check_plan_types
-from budgetplan.scenario import Scenario
+from budgetplan.scenario.model import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util.fileio import write_atomic
 

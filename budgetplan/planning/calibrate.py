@@ -28,11 +28,13 @@ from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.limits import MAX_CALIBRATION_EPSILON, MAX_COMPOSITIONS, MAX_STEPS
 from budgetplan.accounting.pld_build import pld_of
 from budgetplan.errors import AccountingError, InfeasibleError, InvalidParameterError
+from budgetplan.limits import SIGMA_RANGE
 from budgetplan.mechanisms import GaussianRelease, PoissonDPSGD
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
 
 __all__ = [
+    "solve_noise_multiplier",
     "Calibration",
     "steps_for_epochs",
     "rr_per_example_epsilon",
@@ -42,7 +44,6 @@ __all__ = [
     "dpsgd_min_dataset_size",
 ]
 
-SIGMA_RANGE = (1e-3, 1e4)
 _REL_TOL = 1e-4
 _COARSE_FACTOR = 16
 # PLD searches aim 2e-5 (relative) inside the target: float64 FFT noise moves a composed
@@ -429,3 +430,14 @@ def dpsgd_min_dataset_size(
         else:
             lo = mid
     return Calibration(value=hi, guarantee=guarantee(hi), evaluations=evals)
+
+
+def solve_noise_multiplier(eps_of, *, epsilon: float, guess: float = 1.0, step: float = 0.25) -> float:
+    """The smallest sigma whose ``eps_of(sigma)`` meets ``epsilon`` (eps_of non-increasing)."""
+    try:
+        sigma, _, _ = _solve_decreasing(eps_of, epsilon, guess, step=step, lo_limit=SIGMA_RANGE[0],
+                                        hi_limit=SIGMA_RANGE[1])
+    except InfeasibleError:
+        raise InfeasibleError(f"no noise up to {SIGMA_RANGE[1]:g} meets epsilon {epsilon:g}",
+                              knob="epsilon") from None
+    return sigma

@@ -104,7 +104,8 @@ def accounting(scenario, unit, runs, delta: float) -> dict:
         delta: the plan's total delta.
     """
     from budgetplan.plan.phases import phase_to_dict
-    from budgetplan.planning.planner import _basic_total, split_record
+    from budgetplan.planning.composition import basic_total
+    from budgetplan.planning.shares import split_record
 
     t = scenario.tuning
     n = len(runs)
@@ -112,7 +113,7 @@ def accounting(scenario, unit, runs, delta: float) -> dict:
     sensitivity = score_sensitivity(unit.cap, t.prediction_clip)
     grid, totals = [], []
     for c, phases in runs:
-        total = _basic_total(phases, scenario, unit)
+        total = basic_total(phases, scenario, unit)
         totals.append(total)
         grid.append({**c.to_dict(), "split_choice": split_record(configured(scenario, c), eps_run),
                      "phases": [phase_to_dict(p) for p in phases], "total": total.to_dict()})

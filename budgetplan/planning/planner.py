@@ -26,12 +26,10 @@ from budgetplan.accounting.group import group_privacy
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import BudgetplanError, InfeasibleError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
-    Composition,
     DiscreteLaplaceCount,
     GaussianRelease,
     PoissonDPSGD,
     RandomizedResponse,
-    TruncatedPoissonDPSGD,
     UnitPoissonDPSGD,
 )
 from budgetplan.plan import Plan, current_versions
@@ -49,14 +47,21 @@ from budgetplan.plan.phases import (
     WALRPhase,
 )
 from budgetplan.planning import calibrate
-from budgetplan.planning.split import choose_split, parse_rule, split_budget
-from budgetplan.planning.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
-from budgetplan.scenario import Scenario
+from budgetplan.planning.composition import (
+    EPS_SLACK,
+    basic_total,
+    phase_guarantee,
+    pld_total,
+    run_mechanism,
+    tuning_accounting,
+)
+from budgetplan.planning.shares import calibration_released, rest_of, split_record, training_epsilon
+from budgetplan.planning.tuning import repeat_and_select_epsilon
+from budgetplan.scenario.model import Scenario
+from budgetplan.scenario.split_rules import split_budget
 from budgetplan.units import PrivacyUnit
 
-__all__ = ["build_plan", "phase_guarantee", "unit_of"]
-
-_EPS_SLACK = 1e-9  # relative: a guarantee within this of its target meets it (float rounding)
+__all__ = ["build_plan", "unit_of"]
 
 
 def unit_of(s: Scenario) -> PrivacyUnit:
@@ -70,7 +75,7 @@ def build_plan(scenario: Scenario) -> Plan:
     unit = unit_of(s)
     if s.size_release_epsilon is not None:
         count = _count_phase(s, unit)
-        run_eps, run_delta = _rest_of(s.epsilon, count.guarantee.epsilon), delta
+        run_eps, run_delta = rest_of(s.epsilon, count.guarantee.epsilon), delta
         phases = [count, *_plan_phases(s, unit, run_eps, run_delta, delta)]
     elif s.tuning is not None and s.tuning.is_grid:
         runs, run_eps, run_delta = _grid_runs(s, unit, delta)
@@ -86,14 +91,14 @@ def build_plan(scenario: Scenario) -> Plan:
     else:
         run_eps, run_delta = s.epsilon, delta
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
-    total = _basic_total(phases, s, unit)
-    total_pld, pld_note = _pld_total(phases, s, unit, total.delta)
+    total = basic_total(phases, s, unit)
+    total_pld, pld_note = pld_total(phases, s, unit, total.delta)
     if s.tuning is not None and s.tuning.is_grid:
         from budgetplan.planning import grid
 
         tuning: dict | None = grid.accounting(s, unit, runs, delta)
     else:
-        tuning = _tuning(s, unit, phases, total, delta)
+        tuning = tuning_accounting(s, unit, phases, total, delta)
     alternatives = _unit_alternatives(s, unit, phases)
     return Plan(split=split_record(s, run_eps),
         scenario=s, epsilon=s.epsilon, delta=delta, adjacency=s.adjacency, unit=unit, dataset_size=s.dataset_size,
@@ -121,36 +126,17 @@ def _grid_runs(s: Scenario, unit, delta: float):
     return runs, run_eps, run_delta
 
 
-def split_record(s: Scenario, run_eps: float) -> dict | None:
-    """What a table-driven split rule resolved to at the epsilon it splits; None for fixed rules.
-
-    That epsilon is the run's, less the intercept calibration's share when the run releases one
-    (the training phases are planned to the rest; see :func:`_plan_phases`).
-    """
-    if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
-        return None
-    return choose_split(_training_epsilon(s, run_eps), s.split).to_dict()
-
-
-def _training_epsilon(s: Scenario, run_eps: float) -> float:
-    """The run's epsilon left to its training phases (all of it unless a calibration release takes a share)."""
-    if not _calibration_released(s, run_eps):
-        return run_eps
-    assert s.calibration is not None  # released only when calibrated
-    return _rest_of(run_eps, s.calibration.share * run_eps)
-
-
 # ----------------------------------------------------------------------- phases
 
 
 def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
     """The run's phases: the training phases, then the calibration release when the run needs one."""
-    if not _calibration_released(s, run_eps):
+    if not calibration_released(s, run_eps):
         return _training_phases(s, unit, run_eps, run_delta, delta)
     assert s.calibration is not None  # released only when calibrated
     share = s.calibration.share
     cal_eps, cal_delta = share * run_eps, share * run_delta
-    train_eps, train_delta = _training_epsilon(s, run_eps), _rest_of(run_delta, cal_delta)
+    train_eps, train_delta = training_epsilon(s, run_eps), rest_of(run_delta, cal_delta)
     if s.algorithm == "hybrid":
         assert s.split is not None  # a hybrid Scenario always has its split rule
         try:
@@ -162,16 +148,6 @@ def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
     phases = _training_phases(s, unit, train_eps, train_delta, delta)
     return [*phases, _calibration_phase(s, unit, cal_eps, cal_delta,
                                         rr=any(isinstance(p, RRPhase) for p in phases))]
-
-
-def _calibration_released(s: Scenario, run_eps: float) -> bool:
-    """Whether the run's intercept calibration needs a release: it does after DP-SGD (RR alone is free)."""
-    if s.calibration is None or s.algorithm not in ("dpsgd", "hybrid"):
-        return False
-    if s.algorithm == "dpsgd":
-        return True
-    assert s.split is not None  # a hybrid Scenario always has its split rule
-    return parse_rule(s.split).kind != "alpha" or split_budget(run_eps, s.split)[1] > 0
 
 
 def _training_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
@@ -217,14 +193,6 @@ def _count_phase(s: Scenario, unit) -> CountPhase:
     return _with_guarantee(phase, s, unit)
 
 
-def _rest_of(total: float, spent: float) -> float:
-    """total - spent, stepped down until spent + rest never exceeds total in floating point."""
-    rest = total - spent
-    while spent + rest > total:
-        rest = math.nextafter(rest, 0.0)
-    return rest
-
-
 def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
     """The run, planned to the largest budget whose repeat-and-select total meets the budget."""
     if s.algorithm == "hybrid":
@@ -239,7 +207,7 @@ def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
     def total_at(inverse_budget: float) -> float:
         budget = 1.0 / inverse_budget
         runs[inverse_budget] = phases = _plan_phases(s, unit, budget, delta, delta)
-        return repeat_and_select_epsilon(_run_mechanism(phases), adjacency=s.adjacency, unit=unit, delta=delta,
+        return repeat_and_select_epsilon(run_mechanism(phases), adjacency=s.adjacency, unit=unit, delta=delta,
                                          mean=t.configurations, distribution=t.distribution)
 
     # the tuned total grows with the run budget: search 1/budget, smallest that meets it
@@ -251,11 +219,6 @@ def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
             f"no run budget down to epsilon {s.epsilon * 1e-6:g} keeps {t.configurations} repeat-and-select "
             f"runs within epsilon {s.epsilon:g}: lower [tuning].configurations", knob="configurations") from None
     return runs[best] if best in runs else _plan_phases(s, unit, 1.0 / best, delta, delta)
-
-
-def _run_mechanism(phases):
-    """What one run releases: its one phase's mechanism, or their composition (DP-SGD and its calibration)."""
-    return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
 
 
 def _round_down_share(total: float, k: int) -> float:
@@ -387,7 +350,7 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
     if d.noise_multiplier is not None:
         sigma = d.noise_multiplier
         have = eps_of(sigma)
-        if have > eps * (1 + _EPS_SLACK):
+        if have > eps * (1 + EPS_SLACK):
             raise _too_little_noise(s, eps, delta, q, steps, sigma, have, acc_unit, unit_accounting, method, epoch_eps)
     else:
         sigma = _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, acc_unit, unit_accounting, method)
@@ -425,7 +388,7 @@ def _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accountin
 
 
 def _solve_noise(eps_of, target: float, guess: float, step: float = 0.25) -> float:
-    return batch_selection.noise_multiplier(eps_of, epsilon=target, guess=guess, step=step)
+    return calibrate.solve_noise_multiplier(eps_of, epsilon=target, guess=guess, step=step)
 
 
 def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=None):
@@ -435,7 +398,7 @@ def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=
         lo, hi = 0, max(1, round(s.dpsgd.epochs or (s.dpsgd.steps or t) / t))
         while lo < hi:  # the most whole epochs that fit: epsilon grows with the epochs
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if eps_of(sigma, mid * t) <= eps * (1 + _EPS_SLACK) else (lo, mid - 1)
+            lo, hi = (mid, hi) if eps_of(sigma, mid * t) <= eps * (1 + EPS_SLACK) else (lo, mid - 1)
         return lo * t, float(lo)
     try:
         cal = calibrate.dpsgd_max_steps(noise_multiplier=sigma, sampling_rate=q, epsilon=eps, delta=delta,
@@ -449,7 +412,7 @@ def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=
 
 def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method, eps_of=None):
     if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
-        need = batch_selection.noise_multiplier(eps_of, epsilon=eps, guess=sigma)
+        need = calibrate.solve_noise_multiplier(eps_of, epsilon=eps, guess=sigma)
     else:
         need = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
                                                 adjacency=s.adjacency, unit=unit, method=method,
@@ -492,87 +455,6 @@ def _with_guarantee(phase: P, s: Scenario, unit) -> P:
 
     return replace(phase, guarantee=phase_guarantee(phase, adjacency=s.adjacency, unit=unit,
                                                    discretization=s.discretization))
-
-
-def phase_guarantee(phase: Phase, *, adjacency, unit, discretization: float) -> Guarantee:
-    """A phase's guarantee, recomputed from its mechanism and parameters alone."""
-    if isinstance(phase, RRPhase) and phase.params.per_impression_epsilon_by_count is not None:
-        shares = phase.params.per_impression_epsilon_by_count
-        worst = max((account(RandomizedResponse(epsilon=e), delta=phase.target_delta, adjacency=adjacency,
-                             unit=PrivacyUnit(name=unit.name, cap=i, capping=unit.capping if i > 1 else None),
-                             method="exact") for i, e in enumerate(shares, 1)), key=lambda g: g.epsilon)
-        from dataclasses import replace
-
-        return replace(worst, unit=unit).with_notes(
-            f"eps/K_i: a unit with K_i <= {unit.cap} examples spends {phase.target_epsilon:g}/K_i per example")
-    return account(phase.mechanism, delta=phase.target_delta, adjacency=adjacency, unit=unit,
-                   method=phase.method, unit_accounting=phase.unit_accounting, discretization=discretization)
-
-
-def _per_count(phase: Phase) -> bool:
-    """Whether a phase spends eps/K_i per example (its guarantee is a maximum over K_i)."""
-    return isinstance(phase, RRPhase) and phase.params.per_impression_rule == "eps/K_i"
-
-
-def _basic_total(phases, s, unit) -> Guarantee:
-    if len(phases) == 1:
-        return phases[0].guarantee
-    return Guarantee(
-        epsilon=math.fsum(p.guarantee.epsilon for p in phases),
-        delta=math.fsum(p.guarantee.delta for p in phases), method="basic-composition",
-        adjacency=s.adjacency, unit=unit,
-        notes=(f"sum of {len(phases)} phase guarantee(s): " + ", ".join(
-            f"{p.name} ({p.guarantee.epsilon:.6g}, {p.guarantee.delta:.3g})" for p in phases),))
-
-
-def _pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
-    if len(phases) < 2:
-        return None, "one phase: the total is that phase's guarantee"
-    if any(isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases):
-        return None, "truncated-Poisson phases are composed by basic composition only"
-    if any(p.unit_accounting == "group" for p in phases):
-        return None, "group-privacy phases are composed by basic composition only"
-    if any(_per_count(p) for p in phases):
-        return None, "eps/K_i phases are composed by basic composition only"
-    try:
-        g = account(Composition(phases=tuple(p.mechanism for p in phases)), delta=delta, adjacency=s.adjacency,
-                    unit=unit, method="pld", discretization=s.discretization)
-    except UnsupportedError as exc:
-        return None, f"no PLD composition: {exc}"
-    return g, None
-
-
-def _tuning(s: Scenario, unit, phases, total: Guarantee, delta: float) -> dict | None:
-    t = s.tuning
-    if t is None:
-        return None
-    n = t.configurations
-    if t.selection == "naive":
-        g = Guarantee(epsilon=n * total.epsilon, delta=min(1.0, n * total.delta), method="naive-composition",
-                      adjacency=s.adjacency, unit=unit,
-                      notes=(f"{n} runs of ({total.epsilon:.6g}, {total.delta:.3g}) composed by basic composition",))
-        out = {"configurations": n, "selection": "naive", "distribution": None, "guarantee": g.to_dict(),
-               "pld_guarantee": None}
-        if all(p.unit_accounting == "tight" and not isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases) \
-                and not any(_per_count(p) for p in phases):
-            run = Composition(phases=tuple(p.mechanism for p in phases) * n)
-            try:
-                pld = account(run, delta=delta, adjacency=s.adjacency, unit=unit, method="pld",
-                              discretization=s.discretization)
-                out["pld_guarantee"] = pld.with_notes(f"{n}-fold PLD composition of the run").to_dict()
-            except BudgetplanError:
-                pass
-        return out
-    if any(isinstance(p, (RRPhase, CountPhase)) for p in phases) and len(phases) > 1:
-        raise UnsupportedError("repeat-and-select accounting covers runs of DP-SGD and Gaussian releases, or RR "
-                               "alone; use [tuning].selection = \"naive\" for hybrid")
-    eps = repeat_and_select_epsilon(_run_mechanism(phases), adjacency=s.adjacency, unit=unit, delta=delta, mean=n,
-                                    distribution=t.distribution)
-    g = Guarantee(epsilon=eps, delta=delta, method="repeat-and-select(rdp)", adjacency=s.adjacency, unit=unit,
-                  notes=(f"the number of runs is drawn from a {t.distribution} distribution with mean {n}; only "
-                         "the best run's output is released", REPEAT_AND_SELECT_REFERENCE))
-    return {"configurations": n, "selection": "repeat-and-select", "distribution": t.distribution,
-            "guarantee": g.to_dict(), "pld_guarantee": None}
 
 
 # ------------------------------------------------------- unit alternatives
@@ -714,12 +596,12 @@ def check_within_budget(plan: Plan) -> list[str]:
     """Problems if any phase or the headline guarantee exceeds what it was planned to."""
     problems = []
     for p in plan.phases:
-        if p.guarantee.epsilon > p.target_epsilon * (1 + _EPS_SLACK) or p.guarantee.delta > p.target_delta * (
-                1 + _EPS_SLACK):
+        if p.guarantee.epsilon > p.target_epsilon * (1 + EPS_SLACK) or p.guarantee.delta > p.target_delta * (
+                1 + EPS_SLACK):
             problems.append(f"phase {p.name}: guarantee ({p.guarantee.epsilon:.6g}, {p.guarantee.delta:.3g}) "
                             f"exceeds its target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
     g = plan.guarantee
-    if g.epsilon > plan.epsilon * (1 + _EPS_SLACK) or g.delta > plan.delta * (1 + _EPS_SLACK):
+    if g.epsilon > plan.epsilon * (1 + EPS_SLACK) or g.delta > plan.delta * (1 + EPS_SLACK):
         problems.append(f"total guarantee ({g.epsilon:.6g}, {g.delta:.3g}) exceeds the budget "
                         f"({plan.epsilon:.6g}, {plan.delta:.3g})")
     return problems

@@ -20,7 +20,7 @@ from budgetplan.accounting import rr
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_THREADS
 from budgetplan.planning.calibrate import Calibration, dpsgd_noise_multiplier
-from budgetplan.planning.split import choose_split
+from budgetplan.scenario.split_rules import choose_split
 
 __all__ = ["sweep"]
 

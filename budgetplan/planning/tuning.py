@@ -22,7 +22,7 @@ import math
 from budgetplan.accounting.backends import RDP_CONVERSION, _quiet_absl, _relation
 from budgetplan.errors import AccountingError, UnsupportedError
 from budgetplan.mechanisms import Composition, GaussianRelease, PoissonDPSGD, RandomizedResponse
-from budgetplan.scenario import DISTRIBUTIONS
+from budgetplan.scenario.model import DISTRIBUTIONS
 from budgetplan.units import Adjacency, PrivacyUnit
 
 __all__ = ["repeat_and_select_epsilon", "REPEAT_AND_SELECT_REFERENCE"]

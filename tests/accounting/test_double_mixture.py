@@ -24,7 +24,7 @@ from budgetplan.accounting.account import account
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.units import PrivacyUnit
 from budgetplan.verify import verify_plan
 

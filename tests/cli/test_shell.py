@@ -18,7 +18,7 @@ def test_sigterm_is_taken_over_only_while_a_command_runs(runner, monkeypatch):
 
     previous = signal.signal(signal.SIGTERM, outer)
     try:
-        monkeypatch.setattr("budgetplan.planning.split.parse_rule", rule_parser)
+        monkeypatch.setattr("budgetplan.scenario.split_rules.parse_rule", rule_parser)
         out = runner.invoke(cli, ["split", "--epsilon", "8", "--delta", "1e-6", "--dataset-size", "100",
                                   "--batch-size", "10", "--steps", "1", "--rule", "alpha=0.5"])
         assert out.exit_code == 1 and out.stderr.strip().splitlines()[-1] == "error: terminated (SIGTERM)"

@@ -212,7 +212,7 @@ class Artefacts:
 
 def _plan_of(text: str):
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
 
     return build_plan(parse_scenario(text))
 
@@ -225,7 +225,7 @@ def _write(a: Artefacts, name: str, data: bytes | str) -> Path:
 
 def _example_plan(example: str):
     def build(a: Artefacts) -> Path:
-        from budgetplan import examples as ex
+        from budgetplan.scenario import examples as ex
 
         return _write(a, f"plan-{example}.json", _plan_of(ex.text(example)).to_json())
     return build

@@ -197,7 +197,7 @@ def _rehashed_cases() -> list[Case]:
     the plan naming the field (they share the loader), never half-read it.
     """
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from tests.fuzz.artefacts import SMALL_SCENARIOS
 
     readers = ("show", "statement", "verify")

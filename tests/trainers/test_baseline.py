@@ -11,7 +11,7 @@ import torch
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import BaselineRun, BaselineStats, load_record
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.baseline import BaselineSettings, compare, reference, train_baseline, validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario

@@ -22,7 +22,7 @@ from budgetplan.plan import load_plan
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.ledger import digest, line
 from budgetplan.record.records import CalibrationRun, CalibrationStats, PrivateRecord, RunRecord, load_record
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.audit import audit_run
 from trainers.calibration import exact_release, run_calibration
 from trainers.data.synth import SYNTH_FEATURES, synthesize

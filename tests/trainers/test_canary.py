@@ -20,7 +20,7 @@ from budgetplan.cli import cli
 from budgetplan.errors import UnsupportedError
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import load_record
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from tests.trainers.mutants import CLIPPING_OFF, NOISE_HALVED
 from trainers.canary import CANARY_DATA, audit_scenario, canary_audit, insert_canaries
 from trainers.data.synth import SYNTH_FEATURES, synthesize
@@ -163,8 +163,7 @@ def test_noise_halved_is_caught_by_the_audit_of_the_model(tmp_path, monkeypatch)
 
 
 def test_the_shipped_example_is_the_audit_scenario():
-    from budgetplan import examples
-    from budgetplan.scenario import load_scenario
+    from budgetplan.scenario import examples, load_scenario
 
     shipped = build_plan(load_scenario(examples.path("one-run-audit")))
     made = build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=DELTA, dataset_size=80_000, batch_size=40_000,

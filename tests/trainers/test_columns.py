@@ -130,7 +130,7 @@ def test_strings_with_nulls_digest_alike_streamed_and_whole(tmp_path, monkeypatc
 def test_a_run_on_shards_audits_its_fingerprint_from_the_directory(shards, tmp_path, runner):
     from budgetplan.cli import cli
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.demo import demo_scenario
     from trainers.run import TrainSettings, execute_plan
 

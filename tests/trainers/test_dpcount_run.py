@@ -15,7 +15,7 @@ import pytest
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.ledger import digest, line
 from budgetplan.record.records import WITHHELD_WITH_N, PrivateRecord, RunRecord, load_record
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.audit import audit_run
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import TrainSettings, execute_plan

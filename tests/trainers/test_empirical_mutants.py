@@ -36,10 +36,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from budgetplan.cli import cli
-from budgetplan.examples import path as example_path
 from budgetplan.plan import load_plan
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import load_scenario
+from budgetplan.scenario.examples import path as example_path
+from budgetplan.scenario.model import load_scenario
 from tests.trainers.mutants import (
     CLIPPING_OFF,
     NOISE_HALVED,

@@ -9,7 +9,7 @@ pa = pytest.importorskip("pyarrow")
 torch = pytest.importorskip("torch")
 
 from budgetplan.errors import InvalidParameterError  # noqa: E402
-from budgetplan.scenario import FeatureSpec  # noqa: E402
+from budgetplan.scenario.model import FeatureSpec  # noqa: E402
 from trainers.data.encode import encode, hash_value  # noqa: E402
 
 SPEC = FeatureSpec(label="y", unit_id="uid", nonsensitive_categorical=("a", "b"), nonsensitive_numeric=("n",),
@@ -189,7 +189,7 @@ def test_encoded_data_moves_and_takes():
 def test_vocabulary_is_reused_on_held_out_data():
     import pyarrow as pa
 
-    from budgetplan.scenario import FeatureSpec
+    from budgetplan.scenario.model import FeatureSpec
     from trainers.data.encode import encode
 
     spec = FeatureSpec(label="y", nonsensitive_categorical=("c",))

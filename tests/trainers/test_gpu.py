@@ -100,7 +100,7 @@ def test_the_readme_plan_trains_on_cuda_and_audits_clean(readme_run_on_cuda):
 
 def test_seeded_runs_on_cuda_reproduce(tmp_path):
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import load_scenario
+    from budgetplan.scenario.model import load_scenario
     from trainers.data.synth import synthesize
     from trainers.run import TrainSettings, execute_plan
 
@@ -128,6 +128,6 @@ def _same(a, b) -> bool:
 
 
 def load_scenario_text() -> str:
-    from budgetplan import examples
+    from budgetplan.scenario import examples
 
     return examples.path("synthetic-hybrid").read_text()

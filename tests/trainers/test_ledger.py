@@ -12,7 +12,7 @@ import pytest
 
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import load_record
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
 from trainers.ledger import Ledger, LedgerError, LockedError, RunLock

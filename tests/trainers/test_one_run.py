@@ -9,7 +9,7 @@ only for the mutant (benchmarks/one_run_audit.py has more seeds).
 import pytest
 
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from tests.trainers.mutants import NOISE_HALVED
 from trainers.canary import audit_scenario
 from trainers.data.synth import SYNTH_FEATURES

@@ -20,7 +20,7 @@ from torch import nn
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from tests.trainers.mutants import NOISE_HALVED
 from tests.trainers.test_dpsgd import tiny_data, tiny_model
 from trainers.dpsgd import DPSGDSettings, run_dpsgd

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.examples import adapted
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import load_scenario, parse_scenario
+from budgetplan.scenario.examples import adapted
+from budgetplan.scenario.model import load_scenario, parse_scenario
 from budgetplan.statement import render_statement
 from trainers.data.synth import get_shape, write_synthetic
 from trainers.proxy import proxy_scenario
@@ -67,7 +67,7 @@ def test_cli_refusals_are_one_line(files, runner, extra, message):
 
 def test_only_a_hybrid_scenario_with_features_gets_a_proxy_split(files, runner, tmp_path):
     from budgetplan.cli import cli
-    from budgetplan.examples import path
+    from budgetplan.scenario.examples import path
 
     rr = runner.invoke(cli, ["split", "--proxy", str(files / "proxy.parquet"), "--scenario",
                              str(path("rr-impression"))])

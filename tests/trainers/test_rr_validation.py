@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.baseline import validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import TrainSettings, execute_plan

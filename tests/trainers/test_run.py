@@ -10,7 +10,7 @@ import pytest
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import RunRecord, load_record
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.baseline import BaselineSettings
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
@@ -293,7 +293,7 @@ def test_cli_demo_small(runner, tmp_path):
     result = json.loads(out.stdout)
     names = [r["name"] for r in result["runs"]]
     assert names == ["non-private", "non-private, non-sensitive only", "RR", "DP-SGD", "Hybrid"]
-    from budgetplan.planning.split import DEFAULT_RULE
+    from budgetplan.scenario.split_rules import DEFAULT_RULE
 
     assert result["split"]["rule"] == DEFAULT_RULE and result["split"]["reason"]
     hybrid = result["runs"][-1]

@@ -6,7 +6,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 
 from budgetplan.errors import InvalidParameterError  # noqa: E402
-from budgetplan.scenario import parse_scenario  # noqa: E402
+from budgetplan.scenario.model import parse_scenario  # noqa: E402
 from trainers.data import shapes  # noqa: E402
 from trainers.data.synth import SHAPES, nonsensitive_probability, oracle_aucs, synthesize, true_probability  # noqa: E402
 

@@ -108,7 +108,7 @@ def test_a_run_records_its_threads_and_restores_the_callers(tmp_path, runner):
 
     from budgetplan.cli import cli
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import SYNTH_FEATURES, synthesize
     from trainers.demo import demo_scenario
 

@@ -15,7 +15,7 @@ from budgetplan.planning import grid
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.ledger import read_ledger
 from budgetplan.record.records import load_record, phase_run_dict
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
 from trainers.randomness import Randomness

@@ -26,7 +26,7 @@ from budgetplan.audit.ranks import rank_checks  # noqa: E402
 from budgetplan.errors import InvalidParameterError  # noqa: E402
 from budgetplan.planning.planner import build_plan  # noqa: E402
 from budgetplan.record.records import load_record  # noqa: E402
-from budgetplan.scenario import parse_scenario  # noqa: E402
+from budgetplan.scenario.model import parse_scenario  # noqa: E402
 from trainers.audit import audit_run  # noqa: E402
 from trainers.data.capping import cap_units  # noqa: E402
 from trainers.data.synth import SYNTH_FEATURES, synthesize  # noqa: E402

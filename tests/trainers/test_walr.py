@@ -291,9 +291,8 @@ def test_fit_validates():
 
 
 def _plan_parameters(n):
-    from budgetplan import examples
     from budgetplan.planning.planner import build_plan
-    from budgetplan.scenario import parse_scenario
+    from budgetplan.scenario import examples, parse_scenario
 
     text = examples.text("walr").replace("dataset_size = 1000000", f"dataset_size = {n}")
     return build_plan(parse_scenario(text)).phases[0].params

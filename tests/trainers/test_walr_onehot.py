@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
-from budgetplan.examples import adapted
 from budgetplan.planning.planner import build_plan
-from budgetplan.scenario import parse_scenario
+from budgetplan.scenario.examples import adapted
+from budgetplan.scenario.model import parse_scenario
 from budgetplan.statement import render_statement
 from trainers.data.encoded import EncodedData
 from trainers.data.synth import SYNTH_FEATURES, synthesize

@@ -222,7 +222,7 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
 
     Args:
         table: a ``pyarrow.Table`` holding every column of ``spec`` (others are ignored).
-        spec: a ``budgetplan.scenario.FeatureSpec``.
+        spec: a ``budgetplan.scenario.model.FeatureSpec``.
         nonsensitive_encoding: ``"hash"`` or ``"vocab"`` for the non-sensitive categoricals.
         sensitive_encoding: must be ``"hash"``; present so that asking for a vocabulary over
             private counts fails loudly instead of being ignored.

@@ -51,7 +51,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.scenario import FeatureSpec
+from budgetplan.scenario.model import FeatureSpec
 from trainers.data.shapes import USER_WEIGHT_SIGMA, Shape, sigmoid
 
 __all__ = ["Column", "LayoutShape", "LAYOUTS", "BLOCK_ROWS"]

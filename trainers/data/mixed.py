@@ -57,7 +57,7 @@ from functools import lru_cache
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.scenario import FeatureSpec
+from budgetplan.scenario.model import FeatureSpec
 from budgetplan.util import validate
 from trainers.data.shapes import (
     AD_FORMATS,

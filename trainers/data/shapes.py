@@ -70,7 +70,7 @@ from functools import lru_cache
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.scenario import FeatureSpec
+from budgetplan.scenario.model import FeatureSpec
 
 __all__ = ["Shape", "CriteoLikeShape", "CRITEO_LIKE", "CRITEO_LIKE_FEATURES", "heavy_tailed_users", "zipf", "sigmoid",
            "MODEL_SEED", "draw_criteo_like", "nonsensitive_part", "sensitive_part"]

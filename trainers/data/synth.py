@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.scenario import FeatureSpec
+from budgetplan.scenario.model import FeatureSpec
 from budgetplan.util.fileio import atomic_output
 from trainers.data.layouts import LAYOUTS
 from trainers.data.mixed import MIXED

@@ -114,6 +114,7 @@ from pathlib import Path
 from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
 from budgetplan.intercept import SHARE
+from budgetplan.limits import SIGMA_RANGE
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY, Adjacency
 from budgetplan.util import validate
 
@@ -502,7 +503,7 @@ def _grid_list(name: str, value) -> tuple:
 
 
 def _grid_rules(name: str, value) -> tuple[str, ...]:
-    from budgetplan.planning.split import parse_rule
+    from budgetplan.scenario.split_rules import parse_rule
 
     rules = _grid_list(name, value)
     parsed = [parse_rule(_string(f"{name}[{i}]", r), f"{name}[{i}]") for i, r in enumerate(rules)]
@@ -537,8 +538,8 @@ class Scenario:
     key it comes from (errors name it: ``[dpsgd].batch_size must ...``), and so are the
     rules between values (a cap on an impression unit, the tables an algorithm needs, a
     batch larger than N, norms whose derived quantities overflow). Hybrid's ``split`` and
-    ``tower`` default to ``budgetplan.planning.split.DEFAULT_RULE`` and ``"frozen"``. ``warnings`` are computed here:
-    doubtful but legal settings.
+    ``tower`` default to ``budgetplan.scenario.split_rules.DEFAULT_RULE`` and ``"frozen"``.
+    ``warnings`` are computed here: doubtful but legal settings.
     """
 
     name: str
@@ -607,7 +608,7 @@ class Scenario:
                 for rule in self.tuning.split:
                     _check_split(rule, self.epsilon, "[tuning].split")
             else:
-                from budgetplan.planning.split import DEFAULT_RULE
+                from budgetplan.scenario.split_rules import DEFAULT_RULE
 
                 split = _split_rule("[algorithm].split", self.split or DEFAULT_RULE)
                 _set(self, "split", split)
@@ -850,15 +851,15 @@ def _calibration(top: _Table, algorithm, raw: dict) -> CalibrationShape | None:
 
 
 def _split_rule(name: str, value) -> str:
-    from budgetplan.planning.split import parse_rule
+    from budgetplan.scenario.split_rules import parse_rule
 
     parse_rule(_string(name, value), name)
     return value
 
 
 def _check_split(split: str, epsilon: float, key: str = "[algorithm].split") -> None:
-    """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.planning.split``)."""
-    from budgetplan.planning.split import split_budget
+    """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.scenario.split_rules``)."""
+    from budgetplan.scenario.split_rules import split_budget
 
     try:
         split_budget(epsilon, split)
@@ -888,7 +889,6 @@ def _check_derived(s: Scenario) -> None:
     row_norm_bound x weights_bound, K times that per unit, and its noise std a multiple of
     that (up to the same ceiling, for any budget the planner meets).
     """
-    from budgetplan.planning.calibrate import SIGMA_RANGE
 
     if s.dpsgd is not None:
         _check_clipping_norm(s, s.dpsgd.clipping_norm, "[dpsgd].clipping_norm")
@@ -905,7 +905,6 @@ def _check_derived(s: Scenario) -> None:
 
 def _check_clipping_norm(s: Scenario, clipping_norm: float, key: str) -> None:
     """A clipping norm whose sensitivity and noise std (see ``_check_derived``) are finite numbers."""
-    from budgetplan.planning.calibrate import SIGMA_RANGE
 
     assert s.dpsgd is not None  # only scenarios with a DP-SGD phase have a clipping norm
     d = s.dpsgd

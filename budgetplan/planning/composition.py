@@ -1,0 +1,107 @@
+"""What a plan's phases add up to: each phase's guarantee, their basic and PLD totals, and tuning's.
+
+The planner states these and ``verify`` recomputes them, from the same functions.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EPS_SLACK", "phase_guarantee", "basic_total", "pld_total", "tuning_accounting", "run_mechanism"]
+
+import math
+
+from budgetplan.accounting import account
+from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.errors import BudgetplanError, UnsupportedError
+from budgetplan.mechanisms import Composition, RandomizedResponse, TruncatedPoissonDPSGD
+from budgetplan.plan.phases import CountPhase, Phase, RRPhase
+from budgetplan.planning.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
+from budgetplan.scenario import Scenario
+from budgetplan.units import PrivacyUnit
+
+EPS_SLACK = 1e-9  # relative: a guarantee within this of its target meets it (float rounding)
+
+
+def phase_guarantee(phase: Phase, *, adjacency, unit, discretization: float) -> Guarantee:
+    """A phase's guarantee, recomputed from its mechanism and parameters alone."""
+    if isinstance(phase, RRPhase) and phase.params.per_impression_epsilon_by_count is not None:
+        shares = phase.params.per_impression_epsilon_by_count
+        worst = max((account(RandomizedResponse(epsilon=e), delta=phase.target_delta, adjacency=adjacency,
+                             unit=PrivacyUnit(name=unit.name, cap=i, capping=unit.capping if i > 1 else None),
+                             method="exact") for i, e in enumerate(shares, 1)), key=lambda g: g.epsilon)
+        from dataclasses import replace
+
+        return replace(worst, unit=unit).with_notes(
+            f"eps/K_i: a unit with K_i <= {unit.cap} examples spends {phase.target_epsilon:g}/K_i per example")
+    return account(phase.mechanism, delta=phase.target_delta, adjacency=adjacency, unit=unit,
+                   method=phase.method, unit_accounting=phase.unit_accounting, discretization=discretization)
+
+
+def counted_per_example(phase: Phase) -> bool:
+    """Whether a phase spends eps/K_i per example (its guarantee is a maximum over K_i)."""
+    return isinstance(phase, RRPhase) and phase.params.per_impression_rule == "eps/K_i"
+
+
+def basic_total(phases, s, unit) -> Guarantee:
+    if len(phases) == 1:
+        return phases[0].guarantee
+    return Guarantee(
+        epsilon=math.fsum(p.guarantee.epsilon for p in phases),
+        delta=math.fsum(p.guarantee.delta for p in phases), method="basic-composition",
+        adjacency=s.adjacency, unit=unit,
+        notes=(f"sum of {len(phases)} phase guarantee(s): " + ", ".join(
+            f"{p.name} ({p.guarantee.epsilon:.6g}, {p.guarantee.delta:.3g})" for p in phases),))
+
+
+def pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
+    if len(phases) < 2:
+        return None, "one phase: the total is that phase's guarantee"
+    if any(isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases):
+        return None, "truncated-Poisson phases are composed by basic composition only"
+    if any(p.unit_accounting == "group" for p in phases):
+        return None, "group-privacy phases are composed by basic composition only"
+    if any(counted_per_example(p) for p in phases):
+        return None, "eps/K_i phases are composed by basic composition only"
+    try:
+        g = account(Composition(phases=tuple(p.mechanism for p in phases)), delta=delta, adjacency=s.adjacency,
+                    unit=unit, method="pld", discretization=s.discretization)
+    except UnsupportedError as exc:
+        return None, f"no PLD composition: {exc}"
+    return g, None
+
+
+def tuning_accounting(s: Scenario, unit, phases, total: Guarantee, delta: float) -> dict | None:
+    t = s.tuning
+    if t is None:
+        return None
+    n = t.configurations
+    if t.selection == "naive":
+        g = Guarantee(epsilon=n * total.epsilon, delta=min(1.0, n * total.delta), method="naive-composition",
+                      adjacency=s.adjacency, unit=unit,
+                      notes=(f"{n} runs of ({total.epsilon:.6g}, {total.delta:.3g}) composed by basic composition",))
+        out = {"configurations": n, "selection": "naive", "distribution": None, "guarantee": g.to_dict(),
+               "pld_guarantee": None}
+        if all(p.unit_accounting == "tight" and not isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases) \
+                and not any(counted_per_example(p) for p in phases):
+            run = Composition(phases=tuple(p.mechanism for p in phases) * n)
+            try:
+                pld = account(run, delta=delta, adjacency=s.adjacency, unit=unit, method="pld",
+                              discretization=s.discretization)
+                out["pld_guarantee"] = pld.with_notes(f"{n}-fold PLD composition of the run").to_dict()
+            except BudgetplanError:
+                pass
+        return out
+    if any(isinstance(p, (RRPhase, CountPhase)) for p in phases) and len(phases) > 1:
+        raise UnsupportedError("repeat-and-select accounting covers runs of DP-SGD and Gaussian releases, or RR "
+                               "alone; use [tuning].selection = \"naive\" for hybrid")
+    eps = repeat_and_select_epsilon(run_mechanism(phases), adjacency=s.adjacency, unit=unit, delta=delta, mean=n,
+                                    distribution=t.distribution)
+    g = Guarantee(epsilon=eps, delta=delta, method="repeat-and-select(rdp)", adjacency=s.adjacency, unit=unit,
+                  notes=(f"the number of runs is drawn from a {t.distribution} distribution with mean {n}; only "
+                         "the best run's output is released", REPEAT_AND_SELECT_REFERENCE))
+    return {"configurations": n, "selection": "repeat-and-select", "distribution": t.distribution,
+            "guarantee": g.to_dict(), "pld_guarantee": None}
+
+
+def run_mechanism(phases):
+    """What one run releases: its one phase's mechanism, or their composition (DP-SGD and its calibration)."""
+    return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))

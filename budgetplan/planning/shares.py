@@ -1,0 +1,50 @@
+"""How a run's epsilon is shared out: the calibration release's share, then the split between training phases.
+
+The planner plans the phases to these shares and ``verify`` recomputes them from here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from budgetplan.scenario import Scenario
+from budgetplan.scenario.split_rules import choose_split, parse_rule, split_budget
+
+__all__ = ["split_record", "training_epsilon", "calibration_released", "rest_of"]
+
+
+def split_record(s: Scenario, run_eps: float) -> dict | None:
+    """What a table-driven split rule resolved to at the epsilon it splits; None for fixed rules.
+
+    That epsilon is the run's, less the intercept calibration's share when the run releases one
+    (the training phases are planned to the rest; see :func:`_plan_phases`).
+    """
+    if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
+        return None
+    return choose_split(training_epsilon(s, run_eps), s.split).to_dict()
+
+
+def training_epsilon(s: Scenario, run_eps: float) -> float:
+    """The run's epsilon left to its training phases (all of it unless a calibration release takes a share)."""
+    if not calibration_released(s, run_eps):
+        return run_eps
+    assert s.calibration is not None  # released only when calibrated
+    return rest_of(run_eps, s.calibration.share * run_eps)
+
+
+def calibration_released(s: Scenario, run_eps: float) -> bool:
+    """Whether the run's intercept calibration needs a release: it does after DP-SGD (RR alone is free)."""
+    if s.calibration is None or s.algorithm not in ("dpsgd", "hybrid"):
+        return False
+    if s.algorithm == "dpsgd":
+        return True
+    assert s.split is not None  # a hybrid Scenario always has its split rule
+    return parse_rule(s.split).kind != "alpha" or split_budget(run_eps, s.split)[1] > 0
+
+
+def rest_of(total: float, spent: float) -> float:
+    """total - spent, stepped down until spent + rest never exceeds total in floating point."""
+    rest = total - spent
+    while spent + rest > total:
+        rest = math.nextafter(rest, 0.0)
+    return rest

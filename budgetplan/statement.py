@@ -93,39 +93,8 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                         f"row{'s' if c.sensitivity > 1 else ''}. It was released before training, at planning "
                         "time, so no run record has an entry for it; releasing it again would cost its epsilon "
                         "again.")
-            case DPSGDPhase(params=sgd):
-                rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
-                        f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
-                text = f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over {rows}; "
-                if sgd.sampling == "allocation":
-                    text += ("each epoch of T steps puts every example in exactly one uniformly random step (random "
-                             f"allocation; batches of {sgd.batch_size} on average")
-                elif sgd.sampling == "shuffle":
-                    text += (f"each epoch cuts a random permutation into batches of exactly {sgd.batch_size} (the "
-                             "rows left over sit that epoch out")
-                elif sgd.samples_units:
-                    text += (f"each step samples every one of the M = {sgd.units} {plan.unit.name} units "
-                             f"independently with probability q = {_num(sgd.sampling_rate)} (expected "
-                             f"{sgd.batch_size} units per batch")
-                else:
-                    text += (f"each step samples every example independently with probability q = "
-                             f"{_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
-                if sgd.max_batch_size:
-                    text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
-                divisor = "the expected units per batch q M" if sgd.samples_units else "the expected batch size q N" \
-                    if sgd.sampling in ("poisson", "truncated-poisson") else f"the batch size {sgd.batch_size}"
-                clipped = (f"), sums the gradients of each sampled unit's examples and clips that sum to L2 norm C = "
-                           f"{_num(sgd.clipping_norm)} once per unit" if sgd.samples_units else
-                           f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}")
-                text += (f"{clipped} (scaled to "
-                         "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
-                         "contribution past C), adds "
-                         f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
-                         f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by "
-                         f"{divisor}.")
-                if sgd.warm_start is not None:
-                    text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
-                             f"tower {sgd.nonsensitive_tower}.")
+            case DPSGDPhase():
+                text = _dpsgd_words(plan, i, p)
             case CalibrationPhase(params=cal):
                 target = ("that count" if cal.target == "positives" else
                           "that count combined with the debiased count of the randomized labels")
@@ -152,6 +121,44 @@ def _mechanism_lines(plan: Plan) -> list[str]:
         out.append(_item(text + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
                                 f"{p.guarantee.method}."))
     return out
+
+
+def _dpsgd_words(plan: Plan, i: int, p: DPSGDPhase) -> str:
+    """The mechanism item of DP-SGD phase ``i``: its steps, batches, clipping, noise and divisor."""
+    sgd = p.params
+    rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
+            f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
+    text = f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over {rows}; "
+    if sgd.sampling == "allocation":
+        text += ("each epoch of T steps puts every example in exactly one uniformly random step (random "
+                 f"allocation; batches of {sgd.batch_size} on average")
+    elif sgd.sampling == "shuffle":
+        text += (f"each epoch cuts a random permutation into batches of exactly {sgd.batch_size} (the "
+                 "rows left over sit that epoch out")
+    elif sgd.samples_units:
+        text += (f"each step samples every one of the M = {sgd.units} {plan.unit.name} units "
+                 f"independently with probability q = {_num(sgd.sampling_rate)} (expected "
+                 f"{sgd.batch_size} units per batch")
+    else:
+        text += (f"each step samples every example independently with probability q = "
+                 f"{_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
+    if sgd.max_batch_size:
+        text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
+    divisor = "the expected units per batch q M" if sgd.samples_units else "the expected batch size q N" \
+        if sgd.sampling in ("poisson", "truncated-poisson") else f"the batch size {sgd.batch_size}"
+    clipped = (f"), sums the gradients of each sampled unit's examples and clips that sum to L2 norm C = "
+               f"{_num(sgd.clipping_norm)} once per unit" if sgd.samples_units else
+               f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}")
+    text += (f"{clipped} (scaled to "
+             "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
+             "contribution past C), adds "
+             f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
+             f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by "
+             f"{divisor}.")
+    if sgd.warm_start is not None:
+        text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
+                 f"tower {sgd.nonsensitive_tower}.")
+    return text
 
 
 def _unit_words(plan: Plan) -> str:

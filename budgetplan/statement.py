@@ -20,7 +20,7 @@ from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRP
 from budgetplan.units import Adjacency
 
 if TYPE_CHECKING:  # the records module is imported where a run statement is rendered
-    from budgetplan.record.records import RRRun
+    from budgetplan.record.records import DPSGDRun, PhaseRun, PhaseStats, PrivateRecord, RRRun, RunRecord
 
 __all__ = ["render_statement", "render_run_statement"]
 
@@ -93,39 +93,8 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                         f"row{'s' if c.sensitivity > 1 else ''}. It was released before training, at planning "
                         "time, so no run record has an entry for it; releasing it again would cost its epsilon "
                         "again.")
-            case DPSGDPhase(params=sgd):
-                rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
-                        f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
-                text = f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over {rows}; "
-                if sgd.sampling == "allocation":
-                    text += ("each epoch of T steps puts every example in exactly one uniformly random step (random "
-                             f"allocation; batches of {sgd.batch_size} on average")
-                elif sgd.sampling == "shuffle":
-                    text += (f"each epoch cuts a random permutation into batches of exactly {sgd.batch_size} (the "
-                             "rows left over sit that epoch out")
-                elif sgd.samples_units:
-                    text += (f"each step samples every one of the M = {sgd.units} {plan.unit.name} units "
-                             f"independently with probability q = {_num(sgd.sampling_rate)} (expected "
-                             f"{sgd.batch_size} units per batch")
-                else:
-                    text += (f"each step samples every example independently with probability q = "
-                             f"{_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
-                if sgd.max_batch_size:
-                    text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
-                divisor = "the expected units per batch q M" if sgd.samples_units else "the expected batch size q N" \
-                    if sgd.sampling in ("poisson", "truncated-poisson") else f"the batch size {sgd.batch_size}"
-                clipped = (f"), sums the gradients of each sampled unit's examples and clips that sum to L2 norm C = "
-                           f"{_num(sgd.clipping_norm)} once per unit" if sgd.samples_units else
-                           f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}")
-                text += (f"{clipped} (scaled to "
-                         "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
-                         "contribution past C), adds "
-                         f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
-                         f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by "
-                         f"{divisor}.")
-                if sgd.warm_start is not None:
-                    text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
-                             f"tower {sgd.nonsensitive_tower}.")
+            case DPSGDPhase():
+                text = _dpsgd_words(plan, i, p)
             case CalibrationPhase(params=cal):
                 target = ("that count" if cal.target == "positives" else
                           "that count combined with the debiased count of the randomized labels")
@@ -152,6 +121,44 @@ def _mechanism_lines(plan: Plan) -> list[str]:
         out.append(_item(text + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
                                 f"{p.guarantee.method}."))
     return out
+
+
+def _dpsgd_words(plan: Plan, i: int, p: DPSGDPhase) -> str:
+    """The mechanism item of DP-SGD phase ``i``: its steps, batches, clipping, noise and divisor."""
+    sgd = p.params
+    rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
+            f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
+    text = f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over {rows}; "
+    if sgd.sampling == "allocation":
+        text += ("each epoch of T steps puts every example in exactly one uniformly random step (random "
+                 f"allocation; batches of {sgd.batch_size} on average")
+    elif sgd.sampling == "shuffle":
+        text += (f"each epoch cuts a random permutation into batches of exactly {sgd.batch_size} (the "
+                 "rows left over sit that epoch out")
+    elif sgd.samples_units:
+        text += (f"each step samples every one of the M = {sgd.units} {plan.unit.name} units "
+                 f"independently with probability q = {_num(sgd.sampling_rate)} (expected "
+                 f"{sgd.batch_size} units per batch")
+    else:
+        text += (f"each step samples every example independently with probability q = "
+                 f"{_num(sgd.sampling_rate)} (expected batch {sgd.batch_size}")
+    if sgd.max_batch_size:
+        text += f", truncated to at most {sgd.max_batch_size} by a uniformly random subset"
+    divisor = "the expected units per batch q M" if sgd.samples_units else "the expected batch size q N" \
+        if sgd.sampling in ("poisson", "truncated-poisson") else f"the batch size {sgd.batch_size}"
+    clipped = (f"), sums the gradients of each sampled unit's examples and clips that sum to L2 norm C = "
+               f"{_num(sgd.clipping_norm)} once per unit" if sgd.samples_units else
+               f"), clips each example's gradient to L2 norm C = {_num(sgd.clipping_norm)}")
+    text += (f"{clipped} (scaled to "
+             "C (1 - 64 machine epsilons) as computed, so floating-point rounding never takes a "
+             "contribution past C), adds "
+             f"Gaussian noise of standard deviation {_num(sgd.noise_std)} (noise multiplier "
+             f"{_num(sgd.noise_multiplier)}) to the clipped sum once per step, and divides by "
+             f"{divisor}.")
+    if sgd.warm_start is not None:
+        text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
+                 f"tower {sgd.nonsensitive_tower}.")
+    return text
 
 
 def _unit_words(plan: Plan) -> str:
@@ -537,17 +544,22 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
             or it names another plan than ``plan``: a statement is only ever printed for
             the plan the run executed.
     """
+    _check_record_is_of_plan(plan, record)
+    lines = [f"RUN STATEMENT - {plan.scenario.name}", "=" * min(_WIDTH, len(plan.scenario.name) + 16), ""]
+    lines += ["What ran (public record):", *_public_run_items(plan, record), "", f"Run record sha256: {record.sha256}",
+              ""]
+    private = record.private_part
+    if private is not None:
+        lines += [_para("Held by the data owner (private record; statistics of the private data that the "
+                        "guarantee does not cover, never to travel with the model):"), *_private_run_items(private), "",
+                  f"Private record sha256: {private.sha256}", ""]
+    lines.append(render_statement(plan, tradeoff))
+    return "\n".join(lines)
+
+
+def _check_record_is_of_plan(plan: Plan, record: RunRecord) -> None:
+    """A run statement is printed only for a private run of this very plan."""
     from budgetplan.errors import PlanMismatchError
-    from budgetplan.record.records import (
-        CalibrationRun,
-        CalibrationStats,
-        DPSGDRun,
-        DPSGDStats,
-        RRRun,
-        RRStats,
-        WALRRun,
-        WALRStats,
-    )
 
     if not record.private:
         raise PlanMismatchError("the record is of a non-private run: no privacy guarantee applies to it, so there is "
@@ -555,7 +567,10 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
     if record.plan_sha256 != plan.sha256:
         raise PlanMismatchError(f"the record names plan {record.plan_sha256}, not {plan.sha256}: its statement is "
                                 "that plan's; pass the plan the run executed")
-    lines = [f"RUN STATEMENT - {plan.scenario.name}", "=" * min(_WIDTH, len(plan.scenario.name) + 16), ""]
+
+
+def _public_run_items(plan: Plan, record: RunRecord) -> list[str]:
+    """The public record's items: plan and rows, randomness, each phase as run, tuning, code."""
     rows = (f"N = {record.rows_used} rows" if plan.count is None else
             f"the data planned with the DP count N = {record.rows_used} (its true row count is in the private record)")
     items = [_item(f"Executed plan {plan.sha256} on {rows}, on {record.device}.")]
@@ -564,33 +579,7 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
                        "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
                        f"Randomness: SEEDED with {seeds.get('seed')} for a reproducible debugging run: anyone who "
                        "knows the seed can remove the noise, so this run's outputs are not private."))
-    for ph in record.phases:
-        match ph:
-            case RRRun():
-                flips = (f"flipped {ph.labels_flipped} of {ph.labels} labels once (flip probability "
-                         f"{_num(ph.flip_probability)})" if ph.labels_flipped is not None else
-                         f"randomised {ph.labels} labels once with each unit's own flip probability (eps/K_i; the "
-                         "count of flips depends on the unit sizes and stays in the private record)")
-                items.append(_item(f"Randomized response {flips}; " + _rr_training(ph)))
-            case DPSGDRun():
-                text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
-                        + (f" over {ph.sessions} sessions ({ph.steps_lost_to_interruptions} counted but lost to "
-                           "interruptions)" if ph.sessions > 1 else ""))
-                if ph.withheld is not None:
-                    text += "; its batch sizes grow with the true row count and are in the private record"
-                elif ph.batch_sizes_observed and ph.batch_size_sum is not None:
-                    text += (f"; realised batch sizes mean {_num(ph.batch_size_sum / ph.batch_sizes_observed)} "
-                             f"(expected {_num(ph.batch_size_expected)}), min {ph.batch_size_min}, max "
-                             f"{ph.batch_size_max} over {ph.batch_sizes_observed} steps")
-                text += f"; noise std {_num(ph.noise_std)} with {ph.noise_draws} draws in the last session."
-                items.append(_item(text))
-            case WALRRun():
-                items.append(_item(f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std "
-                                   f"{_num(ph.noise_std)})."))
-            case CalibrationRun():
-                items.append(_item(f"The intercept calibration released its {ph.coordinates} noisy sums once "
-                                   f"({ph.noise_draws} noise draws of std {_num(ph.noise_std)}) and shifted the "
-                                   "model's intercept by what it solved from them."))
+    items += [_item(text) for text in map(_phase_run_words, record.phases) if text is not None]
     if record.tuning is not None:
         sel = record.tuning.get("selection") or {}
         items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
@@ -599,53 +588,92 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
                            "are the ones above; the other configurations' phases are in the record."))
     items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
                        f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
-    lines += ["What ran (public record):", *items, "", f"Run record sha256: {record.sha256}", ""]
-    private = record.private_part
-    if private is not None:
-        held = [_item(f"Data: {private.data.get('rows_in')} rows read from {private.data.get('path')}, "
-                      f"{private.data.get('rows_used')} used; keyed fingerprint (HMAC-SHA256, key "
-                      f"{(private.data.get('fingerprint') or {}).get('key_id')}) "
-                      f"{(private.data.get('fingerprint') or {}).get('hmac_sha256')}.")]
-        cap = private.data.get("capping")
-        if cap:
-            held.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
-                              f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
-        for st in private.phases:
-            match st:
-                case RRStats(labels_flipped=int() as flipped):
-                    held.append(_item(f"Randomized response flipped {flipped} labels (mean flip probability "
-                                      f"{_num(st.flip_probability_mean)})."))
-                case DPSGDStats():
-                    text = f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."
-                    w = st.withheld
-                    if w is not None and w.get("batch_sizes_observed"):
-                        text += (f" Realised batch sizes (withheld from the public record): mean "
-                                 f"{_num(w['batch_size_sum'] / w['batch_sizes_observed'])}, min {w['batch_size_min']}, "
-                                 f"max {w['batch_size_max']} over {w['batch_sizes_observed']} steps.")
-                    held.append(_item(text))
-                case WALRStats():
-                    held.append(_item(f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the "
-                                      "declared bounds."))
-                case CalibrationStats():
-                    held.append(_item(
-                        f"The intercept calibration{'' if st.release else ' (free, from the RR labels)'} moved the "
-                        f"intercept by {_num(st.shift)}"
-                        + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
-                        + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
-                        f"as trained, the target {_num(st.target_positives)} positives (variance "
-                        f"{_num(st.target_variance)})."))
-        one_run = private.one_run
-        if one_run is not None:
-            held.append(_item(_one_run_words(one_run)))
-        ev = private.metrics.get("eval")
-        if ev:
-            held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
-                              f"{_num(ev['log_loss'])}."))
-        lines += [_para("Held by the data owner (private record; statistics of the private data that the "
-                        "guarantee does not cover, never to travel with the model):"), *held, "",
-                  f"Private record sha256: {private.sha256}", ""]
-    lines.append(render_statement(plan, tradeoff))
-    return "\n".join(lines)
+    return items
+
+
+def _phase_run_words(ph: PhaseRun) -> str | None:
+    """What one phase did, as the public record shows it (None for a phase the statement does not describe)."""
+    from budgetplan.record.records import CalibrationRun, DPSGDRun, RRRun, WALRRun
+
+    match ph:
+        case RRRun():
+            flips = (f"flipped {ph.labels_flipped} of {ph.labels} labels once (flip probability "
+                     f"{_num(ph.flip_probability)})" if ph.labels_flipped is not None else
+                     f"randomised {ph.labels} labels once with each unit's own flip probability (eps/K_i; the "
+                     "count of flips depends on the unit sizes and stays in the private record)")
+            return f"Randomized response {flips}; " + _rr_training(ph)
+        case DPSGDRun():
+            return _dpsgd_run_words(ph)
+        case WALRRun():
+            return f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std {_num(ph.noise_std)})."
+        case CalibrationRun():
+            return (f"The intercept calibration released its {ph.coordinates} noisy sums once "
+                    f"({ph.noise_draws} noise draws of std {_num(ph.noise_std)}) and shifted the "
+                    "model's intercept by what it solved from them.")
+    return None
+
+
+def _dpsgd_run_words(ph: DPSGDRun) -> str:
+    """The DP-SGD phase as run: steps and sessions, realised batch sizes (unless withheld), noise."""
+    text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
+            + (f" over {ph.sessions} sessions ({ph.steps_lost_to_interruptions} counted but lost to "
+               "interruptions)" if ph.sessions > 1 else ""))
+    if ph.withheld is not None:
+        text += "; its batch sizes grow with the true row count and are in the private record"
+    elif ph.batch_sizes_observed and ph.batch_size_sum is not None:
+        text += (f"; realised batch sizes mean {_num(ph.batch_size_sum / ph.batch_sizes_observed)} "
+                 f"(expected {_num(ph.batch_size_expected)}), min {ph.batch_size_min}, max "
+                 f"{ph.batch_size_max} over {ph.batch_sizes_observed} steps")
+    return text + f"; noise std {_num(ph.noise_std)} with {ph.noise_draws} draws in the last session."
+
+
+def _private_run_items(private: PrivateRecord) -> list[str]:
+    """The private record's items: the data read, capping, each phase's data-dependent statistics, audit, eval."""
+    held = [_item(f"Data: {private.data.get('rows_in')} rows read from {private.data.get('path')}, "
+                  f"{private.data.get('rows_used')} used; keyed fingerprint (HMAC-SHA256, key "
+                  f"{(private.data.get('fingerprint') or {}).get('key_id')}) "
+                  f"{(private.data.get('fingerprint') or {}).get('hmac_sha256')}.")]
+    cap = private.data.get("capping")
+    if cap:
+        held.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
+                          f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
+    held += [_item(text) for text in map(_phase_stats_words, private.phases) if text is not None]
+    one_run = private.one_run
+    if one_run is not None:
+        held.append(_item(_one_run_words(one_run)))
+    ev = private.metrics.get("eval")
+    if ev:
+        held.append(_item(f"Evaluated on {ev.get('rows')} held-out rows: AUC {_num(ev['auc'])}, log loss "
+                          f"{_num(ev['log_loss'])}."))
+    return held
+
+
+def _phase_stats_words(st: PhaseStats) -> str | None:
+    """One phase's statistics of the private data (None for a phase with none to state)."""
+    from budgetplan.record.records import CalibrationStats, DPSGDStats, RRStats, WALRStats
+
+    match st:
+        case RRStats(labels_flipped=int() as flipped):
+            return (f"Randomized response flipped {flipped} labels (mean flip probability "
+                    f"{_num(st.flip_probability_mean)}).")
+        case DPSGDStats():
+            text = f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."
+            w = st.withheld
+            if w is not None and w.get("batch_sizes_observed"):
+                text += (f" Realised batch sizes (withheld from the public record): mean "
+                         f"{_num(w['batch_size_sum'] / w['batch_sizes_observed'])}, min {w['batch_size_min']}, "
+                         f"max {w['batch_size_max']} over {w['batch_sizes_observed']} steps.")
+            return text
+        case WALRStats():
+            return f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the declared bounds."
+        case CalibrationStats():
+            return (f"The intercept calibration{'' if st.release else ' (free, from the RR labels)'} moved the "
+                    f"intercept by {_num(st.shift)}"
+                    + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
+                    + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
+                    f"as trained, the target {_num(st.target_positives)} positives (variance "
+                    f"{_num(st.target_variance)}).")
+    return None
 
 
 def _one_run_words(one_run: dict) -> str:

@@ -328,7 +328,6 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
     """
     from budgetplan.plan.phases import phase_to_dict
     from budgetplan.planning import grid
-    from budgetplan.planning.composition import EPS_SLACK, phase_guarantee
 
     t = plan.scenario.tuning
     stored = plan.tuning
@@ -356,23 +355,39 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
     if [phase_to_dict(p) for p in plan.phases] != stored["grid"][0]["phases"]:
         problems.append("phases: a grid plan's phases must be its first configuration's")
     for c, phases in runs:
-        for j, p in enumerate(phases):
-            where = f"tuning.grid[{c.index}].phases[{j}] ({p.name})"
-            _check_phase(plan, where, p, close, problems)
-            g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit,
-                                discretization=plan.scenario.discretization)
-            if g.epsilon > p.target_epsilon * (1 + EPS_SLACK) or g.delta > p.target_delta * (1 + EPS_SLACK):
-                problems.append(f"{where}: the recomputed guarantee ({g.epsilon:.6g}, {g.delta:.3g}) exceeds its "
-                                f"target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
-            close(f"{where}.guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
-            close(f"{where}.guarantee.delta", p.guarantee.delta, g.delta)
-            if isinstance(p, DPSGDPhase) and plan.scenario.dpsgd is not None:
-                close(f"{where}.parameters.clipping_norm vs the grid", p.params.clipping_norm,
-                      c.clipping_norm if c.clipping_norm is not None else plan.scenario.dpsgd.clipping_norm)
-        spent = (math.fsum(p.target_epsilon for p in phases), math.fsum(p.target_delta for p in phases))
-        if spent[0] > eps_run * (1 + EPS_SLACK) or spent[1] > delta_run * (1 + EPS_SLACK):
-            problems.append(f"tuning.grid[{c.index}]: its phases are planned to ({spent[0]:.6g}, {spent[1]:.3g}), "
-                            f"above the run budget ({eps_run:.6g}, {delta_run:.3g})")
+        _check_grid_configuration(plan, c, phases, eps_run, delta_run, close, problems)
+    _check_grid_accounting(plan, stored, runs, close)
+    return True
+
+
+def _check_grid_configuration(plan: Plan, c, phases: tuple, eps_run: float, delta_run: float, close,
+                              problems: list[str]) -> None:
+    """One configuration of a grid: each phase's parameters and guarantee, and all of them within the run budget."""
+    from budgetplan.planning.composition import EPS_SLACK, phase_guarantee
+
+    for j, p in enumerate(phases):
+        where = f"tuning.grid[{c.index}].phases[{j}] ({p.name})"
+        _check_phase(plan, where, p, close, problems)
+        g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit,
+                            discretization=plan.scenario.discretization)
+        if g.epsilon > p.target_epsilon * (1 + EPS_SLACK) or g.delta > p.target_delta * (1 + EPS_SLACK):
+            problems.append(f"{where}: the recomputed guarantee ({g.epsilon:.6g}, {g.delta:.3g}) exceeds its "
+                            f"target ({p.target_epsilon:.6g}, {p.target_delta:.3g})")
+        close(f"{where}.guarantee.epsilon", p.guarantee.epsilon, g.epsilon)
+        close(f"{where}.guarantee.delta", p.guarantee.delta, g.delta)
+        if isinstance(p, DPSGDPhase) and plan.scenario.dpsgd is not None:
+            close(f"{where}.parameters.clipping_norm vs the grid", p.params.clipping_norm,
+                  c.clipping_norm if c.clipping_norm is not None else plan.scenario.dpsgd.clipping_norm)
+    spent = (math.fsum(p.target_epsilon for p in phases), math.fsum(p.target_delta for p in phases))
+    if spent[0] > eps_run * (1 + EPS_SLACK) or spent[1] > delta_run * (1 + EPS_SLACK):
+        problems.append(f"tuning.grid[{c.index}]: its phases are planned to ({spent[0]:.6g}, {spent[1]:.3g}), "
+                        f"above the run budget ({eps_run:.6g}, {delta_run:.3g})")
+
+
+def _check_grid_accounting(plan: Plan, stored: dict, runs: list, close) -> None:
+    """The grid's tuning object re-accounted from its configurations: guarantee, selection, each one's total."""
+    from budgetplan.planning import grid
+
     fresh = grid.accounting(plan.scenario, plan.unit, [(c, list(ph)) for c, ph in runs], plan.delta)
     for key in ("epsilon", "delta"):
         close(f"tuning.guarantee.{key}", Guarantee.from_dict(stored["guarantee"]).to_dict()[key],
@@ -386,7 +401,6 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
                 close(f"tuning.grid[{again['index']}].{key}", entry.get(key), again.get(key))
         close(f"tuning.grid[{again['index']}].total.epsilon", (entry.get("total") or {}).get("epsilon"),
               again["total"]["epsilon"])
-    return True
 
 
 def _check_replan(plan: Plan, close, problems: list[str]) -> None:

@@ -17,7 +17,7 @@ from budgetplan.cli._shell import (
     emit_json,
     warn,
 )
-from budgetplan.limits import MAX_GRID_CELLS
+from budgetplan.planning.sweep import SweepCells, SweepShape
 from budgetplan.scenario.split_rules import DEFAULT_RULE
 
 __all__ = ["split"]
@@ -83,14 +83,44 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
     With --proxy and --scenario: train the alpha grid on proxy data and write the scenario with the
     split that did best there (and where it came from, for the statement).
     """
-    from budgetplan.planning.calibrate import steps_for_epochs
-    from budgetplan.planning.sweep import sweep
-    from budgetplan.scenario.split_rules import PAPER_ALPHAS, PAPER_EPSILONS, parse_rule
+    from budgetplan.errors import InvalidParameterError
+    from budgetplan.planning.sweep import check_sweep_shape, sweep, sweep_warnings
 
     ctx = click.get_current_context()
     if proxy is not None or scenario_path is not None:
         _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, seed, threads, as_json)
         return
+    _check_accounting_options(proxy_eval=proxy_eval, out_dir=out_dir, write_path=write_path, seed=seed, delta=delta,
+                              dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, steps=steps)
+    try:
+        check_sweep_shape(dataset_size=dataset_size, batch_size=batch_size, adjacency=adjacency, label=_option)
+    except InvalidParameterError as exc:
+        raise click.UsageError(str(exc)) from None
+    for message in sweep_warnings(delta=delta, dataset_size=dataset_size):
+        warn(message)
+    shape = SweepShape.of(delta=delta, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, steps=steps,
+                          adjacency=adjacency, accountant=accountant)
+    todo = _cells(rule, epsilon, epsilons, alphas)
+    cells = sweep(todo.epsilons, todo.rules, delta=shape.delta, sampling_rate=shape.sampling_rate, steps=shape.steps,
+                  adjacency=shape.adjacency, method=shape.accountant, progress=not as_json and todo.size > 1,
+                  jobs=jobs)
+    if as_json:
+        if rule == "grid":
+            emit_json({"epsilon": None, **shape.to_dict(), "rule": "grid", "results": cells})
+        else:
+            emit_json({**cells[0], **shape.to_dict()})
+        return
+    _print_split(shape, rule, todo, cells)
+
+
+def _option(name: str) -> str:
+    """A core input's name as this command's option: ``batch_size`` is ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _check_accounting_options(*, proxy_eval, out_dir, write_path, seed, delta, dataset_size, batch_size, epochs,
+                              steps) -> None:
+    """Without --proxy: no proxy options, and the DP-SGD shape given in full (exactly one of --epochs, --steps)."""
     for option, value in (("--proxy-eval", proxy_eval), ("--out", out_dir), ("--write", write_path),
                           ("--seed", seed)):
         if value is not None:
@@ -100,54 +130,42 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
             raise click.UsageError(f"missing option {option} (or choose the split on proxy data: --proxy, --scenario)")
     if (epochs is None) == (steps is None):
         raise click.UsageError("give exactly one of --epochs or --steps")
-    if batch_size > dataset_size:
-        raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({dataset_size})")
-    if adjacency != "replace-one":
-        raise click.UsageError("--adjacency add-remove cannot account Hybrid's RR phase: randomized response "
-                               "protects labels, a replace-one relation")
-    if delta >= 1.0 / dataset_size:
-        warn(f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: prefer delta << 1/N")
-    if steps is None:
-        steps = steps_for_epochs(epochs=epochs, dataset_size=dataset_size, batch_size=batch_size)
+
+
+def _cells(rule: str, epsilon: float | None, epsilons: str | None, alphas: str | None) -> SweepCells:
+    """The cells the options ask for: the alpha grid for --rule grid, else the one --rule at --epsilon."""
+    from budgetplan.errors import InvalidParameterError
+    from budgetplan.planning.sweep import alpha_grid, one_rule
+
     if rule == "grid":
-        eps_list = _floats("--epsilons", epsilons) or ((epsilon,) if epsilon else PAPER_EPSILONS)
-        rules = [f"alpha={a:g}" for a in (_floats("--alphas", alphas) or PAPER_ALPHAS)]
-        if len(eps_list) * len(rules) > MAX_GRID_CELLS:
-            raise click.UsageError(f"--rule grid of {len(eps_list)} epsilons x {len(rules)} alphas is "
-                                   f"{len(eps_list) * len(rules)} calibrations: at most {MAX_GRID_CELLS} "
-                                   "(budgetplan's stated limit)")
-    else:
-        if epsilons or alphas:
-            raise click.UsageError("--epsilons and --alphas go with --rule grid")
-        if epsilon is None:
-            raise click.UsageError("give --epsilon (or --rule grid)")
-        parse_rule(rule, "--rule")
-        eps_list, rules = (epsilon,), [rule]
-    cells = sweep(eps_list, rules, delta=delta, sampling_rate=batch_size / dataset_size, steps=steps,
-                  adjacency=adjacency, method=accountant, progress=not as_json and len(eps_list) * len(rules) > 1,
-                  jobs=jobs)
-    shape = {"delta": delta, "dataset_size": dataset_size, "batch_size": batch_size, "steps": steps,
-             "epochs": epochs, "sampling_rate": batch_size / dataset_size, "adjacency": adjacency,
-             "accountant": accountant}
-    if as_json:
-        if rule == "grid":
-            emit_json({"epsilon": None, **shape, "rule": "grid", "results": cells})
-        else:
-            emit_json({**cells[0], **shape})
-        return
+        eps_list, alpha_list = _floats("--epsilons", epsilons), _floats("--alphas", alphas)
+        try:
+            return alpha_grid(eps_list, alpha_list, epsilon, label=_option)
+        except InvalidParameterError as exc:
+            raise click.UsageError(str(exc)) from None
+    if epsilons or alphas:
+        raise click.UsageError("--epsilons and --alphas go with --rule grid")
+    if epsilon is None:
+        raise click.UsageError("give --epsilon (or --rule grid)")
+    return one_rule(epsilon, rule, label=_option)
+
+
+def _print_split(shape: SweepShape, rule: str, todo: SweepCells, cells: list[dict]) -> None:
+    """The human output: the cells' table, then the table rule's reason or the grid's noise by epsilon and alpha."""
+    from budgetplan.scenario.split_rules import choose_split, parse_rule
+
     out = console()
     rows = [[c["epsilon"], c["rule"], c["epsilon1"], c["flip_probability"], c["epsilon2"], c["noise_multiplier"],
              c["dpsgd_epsilon"]] for c in cells]
     out.print(results_table(
-        f"Hybrid split, delta={fmt(delta)}, N={fmt(dataset_size)}, batch {fmt(batch_size)}, {fmt(steps)} steps "
-        f"({adjacency}, {accountant})",
+        f"Hybrid split, delta={fmt(shape.delta)}, N={fmt(shape.dataset_size)}, batch {fmt(shape.batch_size)}, "
+        f"{fmt(shape.steps)} steps ({shape.adjacency}, {shape.accountant})",
         ["epsilon", "rule", "eps1 (RR)", "flip prob", "eps2 (DP-SGD)", "noise multiplier", "DP-SGD eps"], rows))
     if rule != "grid" and parse_rule(rule).kind == "alpha-by-eps":
-        from budgetplan.scenario.split_rules import choose_split
-
-        out.print(choose_split(epsilon, rule).reason)
+        out.print(choose_split(todo.epsilons[0], rule).reason)
     if rule == "grid":
-        table = {}
+        rules = list(todo.rules)
+        table: dict = {}
         for c in cells:
             table.setdefault(c["epsilon"], {})[c["rule"]] = c["noise_multiplier"]
         out.print(results_table("Noise multiplier by total epsilon (rows) and alpha (columns); - : no DP-SGD phase",

@@ -15,14 +15,16 @@ same whatever ``jobs``; on 2 cores the 35-cell pCTR grid went from 17.0 s to abo
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from budgetplan.accounting import rr
 from budgetplan.errors import InvalidParameterError
-from budgetplan.limits import MAX_THREADS
-from budgetplan.planning.calibrate import Calibration, dpsgd_noise_multiplier
-from budgetplan.scenario.split_rules import choose_split
+from budgetplan.limits import MAX_GRID_CELLS, MAX_THREADS
+from budgetplan.planning.calibrate import Calibration, dpsgd_noise_multiplier, steps_for_epochs
+from budgetplan.scenario.split_rules import PAPER_ALPHAS, PAPER_EPSILONS, choose_split, parse_rule
 
-__all__ = ["sweep"]
+__all__ = ["sweep", "SweepShape", "SweepCells", "check_sweep_shape", "sweep_warnings", "alpha_grid", "one_rule"]
 
 
 def _calibrate(eps2: float, *, delta: float, sampling_rate: float, steps: int, adjacency: str,
@@ -96,3 +98,100 @@ def _progress(total: int):
                         TimeElapsedColumn(), console=Console(stderr=True), transient=True)
     progress.start()
     return progress, progress.add_task("grid", total=total)
+
+
+# ------------------------------------------------------------------ sweeps of splits (``budgetplan split``)
+
+
+def _as_named(name: str) -> str:
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class SweepShape:
+    """The DP-SGD shape a sweep of splits is calibrated for; RR is pure, so all of delta goes to DP-SGD."""
+
+    delta: float
+    dataset_size: int
+    batch_size: int
+    steps: int
+    epochs: float | None
+    adjacency: str
+    accountant: str
+
+    @classmethod
+    def of(cls, *, delta: float, dataset_size: int, batch_size: int, epochs: float | None, steps: int | None,
+           adjacency: str, accountant: str) -> SweepShape:
+        """The shape with its steps: ``steps`` as given, else the steps of ``epochs`` at expected batch B."""
+        if steps is None:
+            assert epochs is not None  # one of the two is given
+            steps = steps_for_epochs(epochs=epochs, dataset_size=dataset_size, batch_size=batch_size)
+        return cls(delta=delta, dataset_size=dataset_size, batch_size=batch_size, steps=steps, epochs=epochs,
+                   adjacency=adjacency, accountant=accountant)
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.batch_size / self.dataset_size
+
+    def to_dict(self) -> dict:
+        return {"delta": self.delta, "dataset_size": self.dataset_size, "batch_size": self.batch_size,
+                "steps": self.steps, "epochs": self.epochs, "sampling_rate": self.sampling_rate,
+                "adjacency": self.adjacency, "accountant": self.accountant}
+
+
+def check_sweep_shape(*, dataset_size: int, batch_size: int, adjacency: str,
+                      label: Callable[[str], str] = _as_named) -> None:
+    """Refuse a batch larger than the data, and any adjacency Hybrid's RR phase cannot be accounted under.
+
+    ``label`` names each input in the messages as the caller knows it (the CLI: its options).
+
+    Raises:
+        InvalidParameterError: batch_size > dataset_size, or an adjacency other than replace-one.
+    """
+    if batch_size > dataset_size:
+        raise InvalidParameterError(f"{label('batch_size')} ({batch_size}) must not exceed {label('dataset_size')} "
+                                    f"({dataset_size})")
+    if adjacency != "replace-one":
+        raise InvalidParameterError(f"{label('adjacency')} {adjacency} cannot account Hybrid's RR phase: randomized "
+                                    "response protects labels, a replace-one relation")
+
+
+def sweep_warnings(*, delta: float, dataset_size: int) -> tuple[str, ...]:
+    """Doubtful but legal: a delta not below 1/N."""
+    if delta >= 1.0 / dataset_size:
+        return (f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: prefer delta << 1/N",)
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCells:
+    """The (total epsilon, split rule) cells a sweep calibrates: every epsilon with every rule."""
+
+    epsilons: tuple[float, ...]
+    rules: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.epsilons) * len(self.rules)
+
+
+def alpha_grid(epsilons: tuple[float, ...] | None, alphas: tuple[float, ...] | None, epsilon: float | None = None,
+               *, label: Callable[[str], str] = _as_named) -> SweepCells:
+    """The paper's grid: ``epsilons`` (else ``epsilon`` alone, else PAPER_EPSILONS) by ``alphas`` (else PAPER_ALPHAS).
+
+    Raises:
+        InvalidParameterError: more than ``MAX_GRID_CELLS`` cells.
+    """
+    eps_list = epsilons or ((epsilon,) if epsilon else PAPER_EPSILONS)
+    rules = tuple(f"alpha={a:g}" for a in (alphas or PAPER_ALPHAS))
+    cells = SweepCells(tuple(eps_list), rules)
+    if cells.size > MAX_GRID_CELLS:
+        raise InvalidParameterError(f"{label('rule')} grid of {len(eps_list)} epsilons x {len(rules)} alphas is "
+                                    f"{cells.size} calibrations: at most {MAX_GRID_CELLS} (budgetplan's stated limit)")
+    return cells
+
+
+def one_rule(epsilon: float, rule: str, *, label: Callable[[str], str] = _as_named) -> SweepCells:
+    """One cell: ``rule`` (checked by :func:`parse_rule`) at ``epsilon``."""
+    parse_rule(rule, label("rule"))
+    return SweepCells((epsilon,), (rule,))

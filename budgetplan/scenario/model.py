@@ -918,23 +918,43 @@ def _check_clipping_norm(s: Scenario, clipping_norm: float, key: str) -> None:
 
 def _check_consistency(s: Scenario) -> tuple[str, ...]:
     """Contradictions between values are errors; doubtful but legal settings become warnings."""
-    warnings = []
-    algorithm, n = s.algorithm, s.dataset_size
     if is_example_unit(s.unit_name) and s.cap > 1:
         raise InvalidParameterError(
             f"[privacy].cap = {s.cap} contradicts [privacy].unit = {s.unit_name!r}: name the unit the cap applies to")
-    d = s.resolved_delta
+    warnings = _check_delta(s)
+    _check_adjacency_for_algorithm(s)
+    _check_hybrid_only_keys(s)
+    _check_batch_sizes(s)
+    _check_epoch_sampling(s)
+    _check_units(s)
+    _check_derived(s)
+    _check_features(s)
+    _check_size_release(s)
+    _check_grid(s)
+    _check_calibration(s)
+    return tuple(warnings + _doubtful_settings(s))
+
+
+def _check_delta(s: Scenario) -> list[str]:
+    """Whether the resolved delta is usable for the algorithm: an error, or a warning when it is not below 1/N."""
+    d, algorithm, n = s.resolved_delta, s.algorithm, s.dataset_size
     if not 0 <= d < 1:
         raise InvalidParameterError(f"[budget].delta resolves to {d!r}, which is not in [0, 1)")
     if d == 0 and algorithm in ("dpsgd", "walr"):
         raise InvalidParameterError(f"[budget].delta must be > 0 for algorithm {algorithm!r} (only randomized "
                                     "response is pure DP)")
-    if d >= 1.0 / n:
-        if s.delta_policy == "strict":
-            raise InvalidParameterError(
-                f"[budget].delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}, which delta_policy = \"strict\" refuses")
-        warnings.append(f"delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}: even publishing one random row "
-                        "in full meets it; prefer delta << 1/N")
+    if d < 1.0 / n:
+        return []
+    if s.delta_policy == "strict":
+        raise InvalidParameterError(
+            f"[budget].delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}, which delta_policy = \"strict\" refuses")
+    return [f"delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}: even publishing one random row "
+            "in full meets it; prefer delta << 1/N"]
+
+
+def _check_adjacency_for_algorithm(s: Scenario) -> None:
+    """RR, Hybrid and WALR protect labels only, so they are accounted under replace-one only."""
+    algorithm = s.algorithm
     if algorithm in ("rr", "hybrid") and s.adjacency is not Adjacency.REPLACE_ONE:
         raise InvalidParameterError(
             f"[privacy].adjacency must be replace-one for algorithm {algorithm!r}: randomized response protects "
@@ -943,40 +963,62 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
         raise InvalidParameterError(
             "[privacy].adjacency must be replace-one for algorithm 'walr': WALR's descent reads every row's "
             "features without noise, so only a change of labels (label DP) is protected, not a row's presence")
-    if algorithm != "hybrid":
-        if s.split is not None:
-            raise InvalidParameterError(f"[algorithm].split applies to hybrid only, not {algorithm!r}")
-        if s.tower is not None:
-            raise InvalidParameterError(f"[algorithm].tower applies to hybrid only, not {algorithm!r}")
-    if s.dpsgd is not None:
-        if s.dpsgd.batch_size > n:
-            raise InvalidParameterError(f"[dpsgd].batch_size ({s.dpsgd.batch_size}) must not exceed "
-                                        f"[data].dataset_size ({n})")
-        if s.dpsgd.max_batch_size is not None:
-            check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
-        _check_epoch_sampling(s)
-    _check_units(s)
-    _check_derived(s)
-    if s.features is not None:
-        if s.cap > 1 and s.features.unit_id is None:
-            raise InvalidParameterError("[features].unit_id is required: the unit is capped at "
-                                        f"{s.cap} examples, and capping needs unit ids")
-        if s.features.weight is not None and algorithm != "walr":
-            raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {algorithm!r}")
-    _check_size_release(s)
-    _check_grid(s)
-    if s.calibration is not None and s.tuning is not None and s.tuning.is_grid:
+
+
+def _check_hybrid_only_keys(s: Scenario) -> None:
+    """[algorithm].split and [algorithm].tower are Hybrid's keys."""
+    if s.algorithm == "hybrid":
+        return
+    if s.split is not None:
+        raise InvalidParameterError(f"[algorithm].split applies to hybrid only, not {s.algorithm!r}")
+    if s.tower is not None:
+        raise InvalidParameterError(f"[algorithm].tower applies to hybrid only, not {s.algorithm!r}")
+
+
+def _check_batch_sizes(s: Scenario) -> None:
+    """A DP-SGD batch (and its truncation bound) fits in the dataset."""
+    if s.dpsgd is None:
+        return
+    n = s.dataset_size
+    if s.dpsgd.batch_size > n:
+        raise InvalidParameterError(f"[dpsgd].batch_size ({s.dpsgd.batch_size}) must not exceed "
+                                    f"[data].dataset_size ({n})")
+    if s.dpsgd.max_batch_size is not None:
+        check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
+
+
+def _check_features(s: Scenario) -> None:
+    """Capping needs unit ids; a weight column is WALR's."""
+    if s.features is None:
+        return
+    if s.cap > 1 and s.features.unit_id is None:
+        raise InvalidParameterError("[features].unit_id is required: the unit is capped at "
+                                    f"{s.cap} examples, and capping needs unit ids")
+    if s.features.weight is not None and s.algorithm != "walr":
+        raise InvalidParameterError(f"[features].weight applies to algorithm 'walr' only, not {s.algorithm!r}")
+
+
+def _check_calibration(s: Scenario) -> None:
+    """Intercept calibration: not with a [tuning] grid, and only for the algorithms that train a model it shifts."""
+    if s.calibration is None:
+        return
+    if s.tuning is not None and s.tuning.is_grid:
         raise InvalidParameterError("[calibration] with a [tuning] grid is not supported yet: the grid plans its "
                                     "configurations without the calibration release; drop one of them")
-    if s.calibration is not None and algorithm not in CALIBRATED:
-        raise InvalidParameterError(f"[calibration] does not apply to algorithm {algorithm!r}: it calibrates the "
+    if s.algorithm not in CALIBRATED:
+        raise InvalidParameterError(f"[calibration] does not apply to algorithm {s.algorithm!r}: it calibrates the "
                                     "intercept of a model trained by rr, dpsgd or hybrid")
+
+
+def _doubtful_settings(s: Scenario) -> list[str]:
+    """Legal settings that are probably not what was meant: the warnings after the delta's."""
+    warnings = []
     if s.rr is not None and s.rr.per_impression != "eps/K" and s.cap == 1:
         warnings.append(f"[rr].per_impression = {s.rr.per_impression!r} only matters for a unit cap > 1")
-    if s.calibration is None and algorithm in ("dpsgd", "hybrid") and s.tuning is not None and s.tuning.is_grid:
+    if s.calibration is None and s.algorithm in ("dpsgd", "hybrid") and s.tuning is not None and s.tuning.is_grid:
         warnings.append("no intercept calibration: a [tuning] grid does not plan its release, and after DP-SGD the "
                         "mean prediction can sit well below the base rate")
-    return tuple(warnings)
+    return warnings
 
 
 def _check_epoch_sampling(s: Scenario) -> None:

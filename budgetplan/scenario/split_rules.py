@@ -183,5 +183,3 @@ def choose_split(epsilon: float, rule: str | SplitRule) -> SplitChoice:
 
 
 _NO_PHASE = 1e-12  # relative: a DP-SGD share below this is no phase (alpha within rounding of 1)
-
-

@@ -204,7 +204,7 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
     if as_json:
         emit_json({"epsilon": result["epsilon"], **result})
         return
-    rows: list[list[object]] = [[fmt(c["alpha"]), fmt(c["auc"], 4),
+    rows: list[list[str]] = [[fmt(c["alpha"]), fmt(c["auc"], 4),
              "-" if c["relative_auc_loss"] is None else fmt(c["relative_auc_loss"], 3),
              fmt(c["calibration_ratio"], 3), fmt(c["seconds"], 3)] for c in result["cells"]]
     console().print(results_table(

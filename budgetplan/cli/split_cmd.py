@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from budgetplan.cli._render import fmt, results_table
@@ -19,6 +21,9 @@ from budgetplan.cli._shell import (
 )
 from budgetplan.limits import MAX_GRID_CELLS
 from budgetplan.split import DEFAULT_RULE
+
+if TYPE_CHECKING:
+    from budgetplan.scenario import Scenario
 
 __all__ = ["split"]
 
@@ -147,7 +152,7 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
 
         out.print(choose_split(epsilon, rule).reason)
     if rule == "grid":
-        table = {}
+        table: dict[float, dict[str, float | None]] = {}
         for c in cells:
             table.setdefault(c["epsilon"], {})[c["rule"]] = c["noise_multiplier"]
         out.print(results_table("Noise multiplier by total epsilon (rows) and alpha (columns); - : no DP-SGD phase",
@@ -160,7 +165,9 @@ _ACCOUNTING_ONLY = ("epsilon", "epsilons", "delta", "dataset_size", "batch_size"
                     "adjacency", "accountant", "jobs")
 
 
-def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, seed, threads, as_json) -> None:
+def _proxy(ctx: click.Context, proxy: str | None, scenario_path: str | None, proxy_eval: str | None,
+           out_dir: str | None, write_path: str | None, alphas: str | None, seed: int | None, threads: int | str,
+           as_json: bool) -> None:
     """``split --proxy``: the alpha grid on proxy data, the frontier written, the scenario written with the best."""
     from pathlib import Path
 
@@ -213,7 +220,7 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
     console().print(f"alpha = {best:g} did best; written to {target} with split_evidence. Frontier: {out}")
 
 
-def load_scenario_text(text: str, name: str):
+def load_scenario_text(text: str, name: str) -> Scenario:
     from budgetplan.scenario import parse_scenario
 
     return parse_scenario(text, default_name=name)

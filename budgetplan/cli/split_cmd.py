@@ -152,7 +152,7 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
 
         out.print(choose_split(epsilon, rule).reason)
     if rule == "grid":
-        table: dict[float, dict[str, float | None]] = {}
+        table = {}
         for c in cells:
             table.setdefault(c["epsilon"], {})[c["rule"]] = c["noise_multiplier"]
         out.print(results_table("Noise multiplier by total epsilon (rows) and alpha (columns); - : no DP-SGD phase",

@@ -483,7 +483,7 @@ def render_statement(plan: Plan, tradeoff: dict | None = None) -> str:
     Args:
         tradeoff: ``budgetplan.accounting.tradeoff.plan_tradeoff(plan)``, when the caller has it already.
     """
-    from budgetplan.accounting.tradeoff import plan_tradeoff
+    from budgetplan.planning.composition import plan_tradeoff
 
     tradeoff = tradeoff or plan_tradeoff(plan)
     g = plan.guarantee

@@ -7,10 +7,11 @@ import pytest
 from click.testing import CliRunner
 from scipy import stats
 
-from budgetplan.accounting.tradeoff import ALPHAS, mechanism_tradeoff, plan_tradeoff, tpr_from_pair
+from budgetplan.accounting.tradeoff import ALPHAS, mechanism_tradeoff, tpr_from_pair
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import GaussianRelease, RandomizedResponse
+from budgetplan.planning.composition import plan_tradeoff
 from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import examples, load_scenario
 from budgetplan.statement import render_statement

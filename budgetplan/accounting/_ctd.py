@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import NDArray
 
 from budgetplan.accounting._pld_ops import GridLimitError
 from budgetplan.accounting._pld_types import PLDPmf
@@ -51,12 +52,12 @@ def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, 
     if discretization <= 1.0:
         em1, ed = math.expm1(discretization), math.exp(discretization)
 
-        def second_difference(v: np.ndarray) -> np.ndarray:
+        def second_difference(v: NDArray[np.float64]) -> NDArray[np.float64]:
             return ((v[2:] - v[1:-1]) - ed * (v[1:-1] - v[:-2])) / em1
     else:  # the same divided by e^d, which would overflow on a coarse grid
         em1, ed = -math.expm1(-discretization), math.exp(-discretization)
 
-        def second_difference(v: np.ndarray) -> np.ndarray:
+        def second_difference(v: NDArray[np.float64]) -> NDArray[np.float64]:
             return (ed * (v[2:] - v[1:-1]) - (v[1:-1] - v[:-2])) / em1
 
     probs = np.empty_like(eps)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 from scipy import special
 
 from budgetplan.accounting._mog import Atoms, _lse_atoms
@@ -55,12 +56,14 @@ class DoubleMixture(Atoms):
         """F(y) = logsumexp_k(c_k + s_k y / sigma^2), elementwise over y."""
         terms = self.c[:, None] + self.sens[:, None] * (np.asarray(y, dtype=np.float64)[None, :] / self.sigma**2)
         top = terms.max(axis=0)
-        return top + np.log(np.exp(terms - top).sum(axis=0))
+        out: np.ndarray = top + np.log(np.exp(terms - top).sum(axis=0))
+        return out
 
-    def privacy_loss(self, x) -> np.ndarray:
+    def privacy_loss(self, x: npt.ArrayLike) -> np.ndarray:
         """L(x) = ln(upper(x) / lower(x)) = F(-x) - F(x), elementwise."""
-        x = np.atleast_1d(np.asarray(x, dtype=np.float64))
-        return self._f(-x) - self._f(x)
+        xs = np.atleast_1d(np.asarray(x, dtype=np.float64))
+        out: np.ndarray = self._f(-xs) - self._f(xs)
+        return out
 
 
 def grid_loss_bounds(mix: DoubleMixture, log_mass_truncation_bound: float) -> tuple[float, float]:
@@ -76,7 +79,7 @@ def grid_loss_bounds(mix: DoubleMixture, log_mass_truncation_bound: float) -> tu
     return float(lower_eps), float(upper_eps)
 
 
-def _gap_and_slope(mix: DoubleMixture, u: np.ndarray, a: np.ndarray):
+def _gap_and_slope(mix: DoubleMixture, u: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """H(u) = F(u) - F(-u) - a and H'(u) = (E_u[s] + E_-u[s]) / sigma^2 (softmax means)."""
     var = mix.sigma**2
     c, s = mix.c[:, None], mix.sens[:, None]
@@ -103,11 +106,11 @@ def solve(mix: DoubleMixture, a: np.ndarray) -> np.ndarray:
     var = mix.sigma**2
     f0 = float(mix._f(np.zeros(1))[0])
     pos_c, pos_s = mix.c[mix.pos], mix.sens[mix.pos]
-    hi = np.min((a[None, :] + f0 - pos_c[:, None]) * var / pos_s[:, None], axis=0)
+    hi: np.ndarray = np.min((a[None, :] + f0 - pos_c[:, None]) * var / pos_s[:, None], axis=0)
     lo = np.zeros_like(a)
     weights = np.exp(mix.c - f0)
     m0 = float(np.dot(weights, mix.sens))  # E_0[s]: H'(0) = 2 m0 / sigma^2
-    u = np.minimum(hi, a * var / (2.0 * m0))
+    u: np.ndarray = np.minimum(hi, a * var / (2.0 * m0))
     active = np.flatnonzero(a > 0)
     u[a == 0] = 0.0
     for _ in range(_MAX_ROUNDS):
@@ -132,7 +135,9 @@ def solve(mix: DoubleMixture, a: np.ndarray) -> np.ndarray:
 def _log_expm1(a: np.ndarray) -> np.ndarray:
     """ln(e^a - 1) for a >= 0 (-inf at 0), without overflow for large a."""
     with np.errstate(divide="ignore"):
-        return np.where(a > 1.0, a + np.log1p(-np.exp(-np.maximum(a, 1.0))), np.log(np.expm1(np.minimum(a, 1.0))))
+        out: np.ndarray = np.where(a > 1.0, a + np.log1p(-np.exp(-np.maximum(a, 1.0))),
+                                   np.log(np.expm1(np.minimum(a, 1.0))))
+    return out
 
 
 def split_terms(mix: DoubleMixture, a: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,8 +22,10 @@ discretisation.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 from scipy import special
 
 __all__ = ["Atoms", "Mixture", "binomial_window", "grid_loss_bounds", "split_terms"]
@@ -44,7 +46,8 @@ class Atoms:
 
     __slots__ = ("sigma", "sens", "probs", "pos", "p_zero", "bottom", "c")
 
-    def __init__(self, sigma: float, sensitivities, probabilities, bottom: float = 0.0):
+    def __init__(self, sigma: float, sensitivities: npt.ArrayLike, probabilities: npt.ArrayLike,
+                 bottom: float = 0.0) -> None:
         sens = np.asarray(sensitivities, dtype=np.float64)
         probs = np.asarray(probabilities, dtype=np.float64)
         keep = probs != 0.0
@@ -68,7 +71,8 @@ class Mixture(Atoms):
 
     __slots__ = ("q",)
 
-    def __init__(self, sigma: float, sensitivities, probabilities, bottom: float = 0.0):
+    def __init__(self, sigma: float, sensitivities: npt.ArrayLike, probabilities: npt.ArrayLike,
+                 bottom: float = 0.0) -> None:
         super().__init__(sigma, sensitivities, probabilities, bottom)
         # 1 - p_zero = q + bottom: the left-out mass is an outcome the lower distribution never gives.
         self.q = float(np.clip(self.probs[self.pos].sum(), 0.0, 1.0))
@@ -102,7 +106,7 @@ def binomial_window(count: int, rate: float, drop: float) -> tuple[int, int, flo
     mean = count * rate
     half = drop / 2
 
-    def first_ok(lo_k: int, hi_k: int, ok) -> int:
+    def first_ok(lo_k: int, hi_k: int, ok: Callable[[int], bool]) -> int:
         while lo_k < hi_k:
             mid = (lo_k + hi_k) // 2
             if ok(mid):
@@ -122,7 +126,7 @@ def binomial_window(count: int, rate: float, drop: float) -> tuple[int, int, flo
     return lo, hi, min(1.0, outside)
 
 
-def grid_loss_bounds(mix: Mixture, adjacency: str, log_mass_truncation_bound: float):
+def grid_loss_bounds(mix: Mixture, adjacency: str, log_mass_truncation_bound: float) -> tuple[float, float]:
     """(eps_lower, eps_upper): the privacy losses at the truncated support's ends.
 
     Follows dp_accounting's MixtureGaussianPrivacyLoss.privacy_loss_tail so that the
@@ -160,7 +164,7 @@ def _solve_lse(c: np.ndarray, s: np.ndarray, var: float, target: np.ndarray) -> 
     reduction runs over the short axis with long vectorised rows.
     """
     c, s = c[:, None], s[:, None]
-    y = np.max((c - target[None, :]) * var / s, axis=0)
+    y: np.ndarray = np.max((c - target[None, :]) * var / s, axis=0)
     active = np.arange(y.size)
     for _ in range(100):
         if active.size == 0:
@@ -181,12 +185,14 @@ def _lse_atoms(log_cdf: np.ndarray, log_w: np.ndarray) -> np.ndarray:
     a = log_cdf + log_w[:, None]
     top = a.max(axis=0)
     safe = np.where(np.isfinite(top), top, 0.0)
-    return safe + np.log(np.exp(a - safe).sum(axis=0))
+    out: np.ndarray = safe + np.log(np.exp(a - safe).sum(axis=0))
+    return out
 
 
 def _exp_minus(x: np.ndarray, mix: Mixture) -> np.ndarray:
     """e^x - p0 as expm1(x) + (q + bottom), accurate near x = 0; only its sign is read above 0."""
-    return np.where(x > 0, 1.0, np.expm1(np.minimum(x, 0.0)) + (mix.q + mix.bottom))
+    out: np.ndarray = np.where(x > 0, 1.0, np.expm1(np.minimum(x, 0.0)) + (mix.q + mix.bottom))
+    return out
 
 
 def _log_exp_minus(x: np.ndarray, mix: Mixture) -> np.ndarray:
@@ -198,7 +204,8 @@ def _log_exp_minus(x: np.ndarray, mix: Mixture) -> np.ndarray:
     return out
 
 
-def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray, side: np.ndarray):
+def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray,
+                side: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The two terms of delta(eps) = P - Q at the root x* of the loss, in log space.
 
     P = upper(X <= x*) and Q = e^eps lower(X <= x*), the sensitivity-0 atom (present in

@@ -148,7 +148,7 @@ def delta_for_epsilon(pld: PLD, epsilon: float | np.ndarray) -> float | np.ndarr
     if np.isnan(eps).any():
         raise InvalidParameterError(f"epsilon must not be NaN, got {epsilon!r}")
     flat = eps.reshape(-1)
-    deltas = np.max([_delta_for_epsilons_pmf(p, flat) for p in pld.pmfs], axis=0)
+    deltas: np.ndarray = np.max([_delta_for_epsilons_pmf(p, flat) for p in pld.pmfs], axis=0)
     if eps.ndim == 0:
         return float(deltas[0])
     return deltas.reshape(eps.shape)

@@ -14,7 +14,7 @@ p_ij e^{theta L_j} of the pmfs being composed (``_moments``, exact up to roundin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,13 +47,15 @@ class _Term:
             return cls(pmf, count, np.log(pmf.probs), losses, np.square(losses), np.empty_like(losses))
 
 
-class _Terms(tuple):
+class _Terms(tuple[_Term, ...]):
     """The terms of one composition, with a memo of their cumulants by order.
 
     The tilt and window solvers revisit orders (a bracket's end is the next solve's start).
     """
 
-    def __new__(cls, items):
+    memo: dict[float, tuple[float, float, float]]
+
+    def __new__(cls, items: Iterable[_Term]) -> _Terms:
         obj = super().__new__(cls, items)
         obj.memo = {}
         return obj
@@ -71,7 +73,7 @@ def _moments(terms: Sequence[_Term], theta: float) -> tuple[float, float, float]
     moment loses a few digits of the variance to cancellation, which only steers solvers.
     einsum, not a BLAS product: under load BLAS spends milliseconds waking its threads.
     """
-    memo = getattr(terms, "memo", None)
+    memo: dict[float, tuple[float, float, float]] | None = getattr(terms, "memo", None)
     if memo is not None and theta in memo:
         return memo[theta]
     c = c1 = c2 = 0.0
@@ -93,7 +95,7 @@ def _moments(terms: Sequence[_Term], theta: float) -> tuple[float, float, float]
     return c, c1, c2
 
 
-def _bracket_root(f, x0: float, cap: float, rel: float) -> tuple[float, float]:
+def _bracket_root(f: Callable[[float], float], x0: float, cap: float, rel: float) -> tuple[float, float]:
     """(near, far) with f(near) < 0 <= f(far), far - near <= rel * far, f increasing on (0, cap].
 
     Regula falsi (Illinois, falling back to bisection when the secant stalls at an end)
@@ -147,7 +149,7 @@ def _bracket_root(f, x0: float, cap: float, rel: float) -> tuple[float, float]:
 
 
 def _legendre(terms: Sequence[_Term], theta0: float, c0: float, var: float, target: float, side: int,
-              tried=None) -> float:
+              tried: Callable[[float, float], None] | None = None) -> float:
     """A theta on ``side`` of theta0 (+1 above, -1 below) with I(theta) >= target.
 
     I(theta) = (theta - theta0) C'(theta) - C(theta) + C(theta0) is the Chernoff exponent
@@ -223,7 +225,8 @@ def _choose_tilt(terms: Sequence[_Term], delta: float, gamma: float) -> float:
 # -------------------------------------------------------------------------- window
 
 
-def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tail: float, side: int):
+def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tail: float,
+                  side: int) -> tuple[float, float, float]:
     """(loss, theta, C(theta)): the best Chernoff end of the law tilted by lam at the orders tried.
 
     For an order t > 0 the tilted mass above u(t) = (C(lam + t) - C(lam) - ln tail) / t is
@@ -244,7 +247,8 @@ def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tai
     return best[0], best[1], best[2]
 
 
-def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float, infinity_budget: float = 1.0):
+def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float,
+            infinity_budget: float = 1.0) -> tuple[int, int, float, float]:
     """Loss window [low, high] of the tilted composition and the untilted mass outside it.
 
     Chernoff on the law tilted by lam, at near-optimal orders (``_chernoff_end``): the tilted

@@ -53,6 +53,7 @@ from budgetplan.mechanisms import (
     Composition,
     DiscreteLaplaceCount,
     GaussianRelease,
+    Mechanism,
     PoissonDPSGD,
     RandomizedResponse,
     ShuffledDPSGD,
@@ -115,7 +116,7 @@ class _Curve:
 
 
 def account(
-    mechanism,
+    mechanism: Mechanism,
     *,
     delta: float,
     adjacency: Adjacency | str,
@@ -211,7 +212,7 @@ def account_phases(
                   prv_eps_error=prv_eps_error)[1]
 
 
-def _check_discretization(value) -> float:
+def _check_discretization(value: object) -> float:
     from budgetplan.accounting.limits import MAX_DISCRETIZATION
 
     d = validate.positive("discretization", value)
@@ -220,7 +221,7 @@ def _check_discretization(value) -> float:
     return d
 
 
-def _check_method(mechanism, method: str | None) -> str:
+def _check_method(mechanism: object, method: str | None) -> str:
     kind = type(mechanism)
     if kind not in _SUPPORTED:
         raise InvalidParameterError(f"mechanism must be a budgetplan mechanism, got {mechanism!r}")
@@ -235,7 +236,8 @@ def _check_method(mechanism, method: str | None) -> str:
     return method
 
 
-def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretization, prv_eps_error):
+def _basic(composition: Mechanism, *, delta: float, adjacency: Adjacency, unit: PrivacyUnit, unit_accounting: str,
+           discretization: float, prv_eps_error: float) -> tuple[Guarantee, list[Guarantee]]:
     """Basic composition: sum the phases' epsilons and deltas (adaptive composition).
 
     Phases that are pure DP under their default method (RR accounted exactly) take no
@@ -270,8 +272,8 @@ def _basic(composition, *, delta, adjacency, unit, unit_accounting, discretizati
 # --------------------------------------------------------------------------- curves
 
 
-def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, delta, *,
-           smallest: float | None = None) -> _Curve:
+def _curve(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, method: str, discretization: float,
+           prv_eps_error: float, delta: float, *, smallest: float | None = None) -> _Curve:
     """The curve of ``mechanism``, read first at ``delta`` and never below ``smallest``."""
     if isinstance(mechanism, RandomizedResponse):
         return _rr_curve(mechanism, adjacency, unit, method, discretization, delta)
@@ -306,7 +308,8 @@ def _curve(mechanism, adjacency, unit, method, discretization, prv_eps_error, de
                       ("PLD composition of all phases under one adjacency",))
 
 
-def _pld_curve(mechanism, adjacency, unit, discretization, delta, method, notes=()) -> _Curve:
+def _pld_curve(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, discretization: float, delta: float,
+               method: str, notes: tuple[str, ...] = ()) -> _Curve:
     """The fast-engine PLD of ``mechanism`` as a curve, one composition per delta read.
 
     Each composition is tilted for its delta (tight there); the one for ``delta`` is built
@@ -341,7 +344,8 @@ def _pld_curve(mechanism, adjacency, unit, discretization, delta, method, notes=
     )
 
 
-def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization, delta) -> _Curve:
+def _rr_curve(mech: RandomizedResponse, adjacency: Adjacency, unit: PrivacyUnit, method: str, discretization: float,
+              delta: float) -> _Curve:
     if adjacency is not Adjacency.REPLACE_ONE:
         raise UnsupportedError(
             "randomized response protects labels under replace-one adjacency; add-remove would "
@@ -368,7 +372,8 @@ def _rr_curve(mech: RandomizedResponse, adjacency, unit, method, discretization,
     return _pld_curve(mech, adjacency, unit, discretization, delta, "pld")
 
 
-def _gaussian_curve(mech: GaussianRelease, adjacency, unit, method, discretization, delta) -> _Curve:
+def _gaussian_curve(mech: GaussianRelease, adjacency: Adjacency, unit: PrivacyUnit, method: str, discretization: float,
+                    delta: float) -> _Curve:
     sens = mech.sensitivity * unit.cap  # a unit of K examples moves the sum by at most K * Delta
     sigma = mech.noise_std
     notes = (f"unit sensitivity {unit.cap} x {mech.sensitivity:.6g}",) if unit.cap > 1 else ()
@@ -385,8 +390,8 @@ def _gaussian_curve(mech: GaussianRelease, adjacency, unit, method, discretizati
     return _pld_curve(mech, adjacency, unit, discretization, delta, "pld", notes)
 
 
-def _dpsgd_curve(mech: PoissonDPSGD, adjacency, unit, method, discretization, prv_eps_error, delta,
-                 smallest) -> _Curve:
+def _dpsgd_curve(mech: PoissonDPSGD, adjacency: Adjacency, unit: PrivacyUnit, method: str, discretization: float,
+                 prv_eps_error: float, delta: float, smallest: float) -> _Curve:
     user_level = unit.cap > 1
     if method in ("rdp", "prv"):
         if adjacency is not Adjacency.ADD_REMOVE:
@@ -455,7 +460,8 @@ def _count_losses(mech: DiscreteLaplaceCount, shift: int) -> tuple[np.ndarray, n
     return losses, probs
 
 
-def _composed_with_counts(mechanism: Composition, adjacency, unit, discretization, delta) -> _Curve:
+def _composed_with_counts(mechanism: Composition, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
+                          delta: float) -> _Curve:
     """PLD composition of pure DP counts with the other phases, mixing the counts' losses exactly.
 
     For independent releases the losses add, so delta(eps) = sum_l P(L = l) delta_rest(eps - l)
@@ -480,7 +486,7 @@ def _composed_with_counts(mechanism: Composition, adjacency, unit, discretizatio
     rest_mech = rest[0] if len(rest) == 1 else Composition(phases=rest)
     built: dict[float, pld_build.BuiltPLD] = {}
 
-    def pld_at(d: float):
+    def pld_at(d: float) -> fastpld.PLD:
         # Tilted for d (tight there); every entry is an upper bound, so reading it at the
         # shifted epsilons eps - l stays an upper bound too.
         if d not in built:
@@ -511,7 +517,8 @@ def _composed_with_counts(mechanism: Composition, adjacency, unit, discretizatio
                   notes=("pessimistic PLD (connect-the-dots, arXiv:2207.04380)",) + notes)
 
 
-def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretization) -> _Curve:
+def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency: Adjacency, unit: PrivacyUnit,
+                     discretization: float) -> _Curve:
     if unit.cap > 1:
         raise UnsupportedError(
             f"no tight accounting of truncated Poisson batches for K={unit.cap} examples per unit; "
@@ -533,9 +540,9 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
             f"discretization {discretization:g} needs about {span / discretization:.3g} grid points per step of "
             f"these truncated Poisson batches (limit {MAX_SINGLE_GRID_POINTS:,}); use discretization >= "
             f"{span / MAX_SINGLE_GRID_POINTS * 1.05:.3g}")
-    cache: list = []
+    cache: list[fastpld.PLD] = []
 
-    def single():  # dp_accounting's step takes seconds: built once, composed per delta read
+    def single() -> fastpld.PLD:  # dp_accounting's step takes seconds: built once, composed per delta read
         if not cache:
             pmfs = backends.truncated_single_step(
                 noise_multiplier=mech.noise_multiplier, sampling_rate=mech.sampling_rate,
@@ -554,7 +561,7 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency, unit, discretizatio
                       "uniformly random subset"))
 
 
-def _allocation_curve(mech: AllocationDPSGD, adjacency, unit) -> _Curve:
+def _allocation_curve(mech: AllocationDPSGD, adjacency: Adjacency, unit: PrivacyUnit) -> _Curve:
     from budgetplan.accounting import allocation
 
     allocation_pld.check_applies(adjacency, unit)
@@ -578,7 +585,8 @@ def _allocation_notes(mech: AllocationDPSGD, how: tuple[str, ...]) -> tuple[str,
         "generator; Poisson, shuffled or fixed-size batches void it",)
 
 
-def _shuffle_curve(mech: ShuffledDPSGD, adjacency, unit, method, discretization, delta) -> _Curve:
+def _shuffle_curve(mech: ShuffledDPSGD, adjacency: Adjacency, unit: PrivacyUnit, method: str, discretization: float,
+                   delta: float) -> _Curve:
     from budgetplan.accounting import shuffle
 
     sens = shuffle.sensitivity(adjacency, unit.cap)

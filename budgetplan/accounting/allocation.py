@@ -89,7 +89,8 @@ def _log_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = a.size
     k, j = np.ogrid[:n, :n]
     terms = np.where(j <= k, a[None, :] + b[np.clip(k - j, 0, n - 1)], -np.inf)
-    return special.logsumexp(terms, axis=1)
+    out: np.ndarray = special.logsumexp(terms, axis=1)
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -98,7 +99,7 @@ def _log_moments(noise_multiplier: float, steps: int) -> np.ndarray:
     top = max(ORDERS)
     m = np.arange(top + 1, dtype=float)
     base = m * (m - 1) / (2 * noise_multiplier**2) - special.gammaln(m + 1)  # ln(E[Y^m] / m!)
-    out = np.full(top + 1, -np.inf)
+    out: np.ndarray = np.full(top + 1, -np.inf)
     out[0] = 0.0
     power, e = base, steps
     while e:
@@ -119,7 +120,8 @@ def remove_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1
     e = validate.positive_int("epochs", epochs)
     orders = np.asarray(ORDERS, dtype=float)
     logs = _log_moments(sigma, t)[np.asarray(ORDERS)]
-    return e * (logs - orders * math.log(t) + _LOG_SLACK) / (orders - 1)
+    rdp: np.ndarray = e * (logs - orders * math.log(t) + _LOG_SLACK) / (orders - 1)
+    return rdp
 
 
 def remove_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:
@@ -155,13 +157,15 @@ def _log_ndtr_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     flip = a > 0
     high = special.log_ndtr(np.where(flip, -a, b))
     low = special.log_ndtr(np.where(flip, -b, a))
-    return high + _log1mexp(low - high)
+    out: np.ndarray = high + _log1mexp(low - high)
+    return out
 
 
 def _log1mexp(d: np.ndarray) -> np.ndarray:
     """ln(1 - e^d) for d <= 0."""
     with np.errstate(divide="ignore"):
-        return np.where(d > -math.log(2), np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
+        out: np.ndarray = np.where(d > -math.log(2), np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
+        return out
 
 
 def _phi_nodes(v: float, z_low: float, z_step: float) -> tuple[np.ndarray, np.ndarray, float, float]:
@@ -259,7 +263,7 @@ def _log_negative_moments(noise_multiplier: float, steps: int, z_step: float = _
         cell = np.where(bb > 1, np.fmin(linear, quadratic), linear)
         body = special.logsumexp((bb - 1) * np.log(mid) + steps * (log_phi[:-1] + log_phi[1:]) / 2 + cell, axis=1)
     head = b * _W_LOW - np.log(b)  # 3
-    out = special.logsumexp(np.stack([body - log_gamma, head - log_gamma, tail]), axis=0) + _LOG_SLACK
+    out: np.ndarray = special.logsumexp(np.stack([body - log_gamma, head - log_gamma, tail]), axis=0) + _LOG_SLACK
     out.setflags(write=False)
     return out
 
@@ -270,7 +274,8 @@ def _log_tail(b: np.ndarray, v: float, steps: int, log_g: np.ndarray, log_s: flo
     m, var_g = -v / 2, v / steps
     below = -b * m + b * b * var_g / 2 + special.log_ndtr((log_g - m + b * var_g) / math.sqrt(var_g))
     x = np.exp(log_s + log_g)
-    return np.logaddexp(below, -b * log_g + b * np.log(x) - x - np.log(x - b + 1) - special.gammaln(b))
+    out: np.ndarray = np.logaddexp(below, -b * log_g + b * np.log(x) - x - np.log(x - b + 1) - special.gammaln(b))
+    return out
 
 
 def _log_sinhc(x: np.ndarray) -> np.ndarray:
@@ -278,7 +283,8 @@ def _log_sinhc(x: np.ndarray) -> np.ndarray:
     ax = np.abs(x)
     with np.errstate(divide="ignore"):
         big = ax + np.log1p(-np.exp(-2 * ax)) - math.log(2) - np.log(np.maximum(ax, 1e-300))
-    return np.where(ax < 1e-4, ax * ax / 6, big)
+    out: np.ndarray = np.where(ax < 1e-4, ax * ax / 6, big)
+    return out
 
 
 def add_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1) -> np.ndarray:
@@ -295,7 +301,8 @@ def add_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1) -
     logs = _log_negative_moments(sigma, t)
     numeric = np.full(orders.size, np.inf)
     numeric[:logs.size] = logs / (orders[:logs.size] - 1)
-    return e * np.minimum(numeric, jensen)
+    rdp: np.ndarray = e * np.minimum(numeric, jensen)
+    return rdp
 
 
 def add_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:

@@ -86,7 +86,8 @@ _ROUNDING = 1e-12
 def _ndtr_between(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """P(lo < N(0, 1) < hi), from whichever tail keeps the small differences accurate."""
     upper = lo > 0
-    return np.where(upper, special.ndtr(-lo) - special.ndtr(-hi), special.ndtr(hi) - special.ndtr(lo))
+    out: np.ndarray = np.where(upper, special.ndtr(-lo) - special.ndtr(-hi), special.ndtr(hi) - special.ndtr(lo))
+    return out
 
 
 class _Law:

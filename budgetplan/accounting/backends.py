@@ -13,9 +13,13 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from budgetplan.errors import AccountingError
 from budgetplan.units import Adjacency
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "RDP_CONVERSION",
@@ -39,14 +43,14 @@ def _quiet_absl() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def _relation(adjacency: Adjacency):
+def _relation(adjacency: Adjacency) -> object:
     from dp_accounting import privacy_accountant
 
     rel = privacy_accountant.NeighboringRelation
     return rel.ADD_OR_REMOVE_ONE if adjacency is Adjacency.ADD_REMOVE else rel.REPLACE_ONE
 
 
-def _rdp_curve(event, relation) -> Callable[[float], float]:
+def _rdp_curve(event: object, relation: object) -> Callable[[float], float]:
     """eps(delta) of ``event`` under RDP; the RDP vector is computed once."""
     _quiet_absl()
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
@@ -104,7 +108,7 @@ def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
 
 def reference_pld_dpsgd(
     *, noise_multiplier: float, sampling_rate: float, steps: int, adjacency: Adjacency, discretization: float
-):
+) -> Any:  # a dp_accounting PrivacyLossDistribution (dp_accounting ships no types)
     """dp_accounting's own PLD of Poisson DP-SGD: the slow reference the fast engine is checked against."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
@@ -124,7 +128,7 @@ def truncated_single_step(
     max_batch_size: int,
     adjacency: Adjacency,
     discretization: float,
-):
+) -> list[tuple[int, np.ndarray, float]]:
     """One step of truncated Poisson DP-SGD (arXiv:2508.15089), dp_accounting's pessimistic pmfs.
 
     Returns:
@@ -150,7 +154,7 @@ def truncated_single_step(
         raise AccountingError(f"dp_accounting truncated-Poisson PLD failed: {exc}") from None
 
 
-def _check_prv_size(prv, steps: int, eps_error: float, delta_error: float) -> None:
+def _check_prv_size(prv: object, steps: int, eps_error: float, delta_error: float) -> None:
     """Refuse a PRV composition whose grid would exceed MAX_GRID_POINTS, before it is allocated.
 
     prv_accountant's grid spans [-L, L] at mesh eps_error / sqrt(T/2 ln(12/delta_error))

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import math
 
+from budgetplan.accounting import shuffle
+from budgetplan.accounting.account import account
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
+from budgetplan.units import Adjacency
 from budgetplan.util import validate
 
 __all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "method_for", "compare"]
@@ -100,16 +103,13 @@ def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int
     raise InvalidParameterError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
 
 
-def compare(*, sigma: float, dataset_size: int, batch_size: int, epochs: int, delta: float, adjacency,
-            discretization: float = 1e-4) -> dict:
+def compare(*, sigma: float, dataset_size: int, batch_size: int, epochs: int, delta: float,
+            adjacency: Adjacency | str, discretization: float = 1e-4) -> dict[str, float | None]:
     """The epsilons of one run shape under each batch selection, at noise ``sigma`` (for tables and the CLI).
 
     Keys: ``poisson`` (PLD), ``allocation`` (add-remove only, else None), ``shuffle_upper``
     (the guarantee of a shuffled run) and ``shuffle_lower`` (Chua et al.: no analysis gives less).
     """
-    from budgetplan.accounting import account, shuffle
-    from budgetplan.units import Adjacency
-
     adjacency = Adjacency.parse(adjacency)
     steps, whole = epoch_steps(dataset_size=dataset_size, batch_size=batch_size, epochs=epochs)
     t = steps // whole

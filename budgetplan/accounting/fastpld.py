@@ -96,7 +96,7 @@ def _gaussian_loss(x: float, sigma: float, q: float, adjacency: str) -> float:
 def _log1p_expm1_over(e: np.ndarray, q: float) -> np.ndarray:
     """ln(1 + (e^e - 1) / q); where (e^e - 1) / q overflows, as e - ln q + ln(1 - (1 - q) e^-e)."""
     with np.errstate(over="ignore"):
-        out = np.log1p(np.expm1(e) / q)
+        out: np.ndarray = np.log1p(np.expm1(e) / q)
     big = ~np.isfinite(out)
     if big.any():
         eb = e[big]

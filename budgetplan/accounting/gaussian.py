@@ -82,7 +82,7 @@ def analytic_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) ->
     hi = max(1.0, mu * mu)
     while _log_delta(hi, mu) > target:
         hi *= 2.0
-    eps = optimize.brentq(lambda e: _log_delta(e, mu) - target, 0.0, hi, xtol=1e-14, rtol=1e-15)
+    eps: float = optimize.brentq(lambda e: _log_delta(e, mu) - target, 0.0, hi, xtol=1e-14, rtol=1e-15)
     while _log_delta(eps, mu) > target:  # land on the safe side of the root
         eps = math.nextafter(eps, math.inf)
     return eps

@@ -12,6 +12,7 @@ import functools
 import importlib.metadata
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -78,7 +79,7 @@ class Guarantee:
     def is_finite(self) -> bool:
         return math.isfinite(self.epsilon)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``epsilon`` is ``None`` when no finite bound exists."""
         return {
             "epsilon": self.epsilon if math.isfinite(self.epsilon) else None,
@@ -95,7 +96,7 @@ class Guarantee:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> Guarantee:
+    def from_dict(cls, data: dict[str, Any]) -> Guarantee:
         eps = data["epsilon"]
         rng = data.get("epsilon_range")
         return cls(

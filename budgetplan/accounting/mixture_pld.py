@@ -46,8 +46,8 @@ def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discreti
 
 
 @functools.lru_cache(maxsize=16)
-def _mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, adjacency: str, discretization: float,
-             log_bound: float) -> PLDPmf:
+def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bottom: float, adjacency: str,
+             discretization: float, log_bound: float) -> PLDPmf:
     mix = _mog.Mixture(sigma, sens, probs, bottom)
     eps_lower, eps_upper = _mog.grid_loss_bounds(mix, adjacency, log_bound)
     atoms = int(np.count_nonzero(mix.pos))
@@ -74,8 +74,9 @@ def _mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, adjacency: 
     return _connect_the_dots(discretization, lo, eps, h)
 
 
-def _mixture_args(standard_deviation, sensitivities, probabilities, discretization, log_mass_truncation_bound,
-                  dropped_mass) -> tuple:
+def _mixture_args(standard_deviation: float, sensitivities: Sequence[float], probabilities: Sequence[float],
+                  discretization: float, log_mass_truncation_bound: float, dropped_mass: float,
+                  ) -> tuple[float, tuple[float, ...], tuple[float, ...], float, float, float]:
     """The validated (sigma, sens, probs, bottom, discretization, bound) of a mixture builder."""
     sigma = _noise("standard_deviation", standard_deviation)
     d = _discretization(discretization)
@@ -141,8 +142,8 @@ def mixture_of_gaussians(
 
 
 @functools.lru_cache(maxsize=16)
-def _double_mog_pmf(sigma: float, sens: tuple, probs: tuple, bottom: float, discretization: float,
-                    log_bound: float) -> PLDPmf:
+def _double_mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bottom: float,
+                    discretization: float, log_bound: float) -> PLDPmf:
     mix = _double_mog.DoubleMixture(sigma, sens, probs, bottom)
     eps_lower, eps_upper = _double_mog.grid_loss_bounds(mix, log_bound)
     atoms = int(mix.sens.size)

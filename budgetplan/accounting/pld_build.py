@@ -19,6 +19,7 @@ counts beyond MAX_COMPOSITIONS, are refused with the largest value that works.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,6 +31,7 @@ from budgetplan.mechanisms import (
     AllocationDPSGD,
     Composition,
     GaussianRelease,
+    Mechanism,
     PoissonDPSGD,
     RandomizedResponse,
     ShuffledDPSGD,
@@ -60,7 +62,7 @@ class BuiltPLD:
     notes: tuple[str, ...] = ()
 
 
-def build(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
+def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
           delta: float) -> BuiltPLD:
     """The PLD of ``mechanism`` for ``unit`` under ``adjacency``, tight at ``delta``.
 
@@ -87,12 +89,13 @@ def build(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization:
     return BuiltPLD(pld, d, notes)
 
 
-def pld_of(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float, delta: float):
+def pld_of(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
+           delta: float) -> fastpld.PLD:
     """``build(...).pld``."""
     return build(mechanism, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta).pld
 
 
-def pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
+def pure_epsilon(mechanism: Mechanism, unit: PrivacyUnit, discretization: float) -> float:
     """epsilon at delta = 0 on the PLD grid: the sum of each RR copy's rounded-up loss; inf otherwise."""
     if isinstance(mechanism, Composition):
         return math.fsum(pure_epsilon(p, unit, discretization) for p in mechanism.leaves())
@@ -112,14 +115,14 @@ def pure_epsilon(mechanism, unit: PrivacyUnit, discretization: float) -> float:
 # ------------------------------------------------------------------- refusals
 
 
-def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) -> str:
+def _hopeless(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) -> str:
     """Why no PLD grid within the limits holds ``mechanism``, and the value that would work.
 
     The value is found by bisection on the parameter, each probe building the single step
     at the coarsest grid (MAX_DISCRETIZATION) and sizing its composition without running it
     (``fastpld.window_size``).
     """
-    def fits(mech, u: PrivacyUnit) -> bool:
+    def fits(mech: Mechanism, u: PrivacyUnit) -> bool:
         try:
             parts = _parts(mech, adjacency, u, MAX_DISCRETIZATION, delta)
             return fastpld.window_size(parts, delta) <= MAX_GRID_POINTS
@@ -153,7 +156,7 @@ def _hopeless(mechanism, adjacency: Adjacency, unit: PrivacyUnit, delta: float) 
             "account the phases separately (method 'basic')")
 
 
-def _boundary(fits, value: float, *, larger_fits: bool) -> float:
+def _boundary(fits: Callable[[float], bool], value: float, *, larger_fits: bool) -> float:
     """The value nearest ``value`` (above it if larger values fit, else below) that fits, to 1%."""
     sign = 1.0 if larger_fits else -1.0
     bad, good = math.log(value), math.log(value) + sign
@@ -185,7 +188,8 @@ def _count(name: str, count: int) -> int:
     return count
 
 
-def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: float) -> list:
+def _parts(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float,
+           delta: float) -> list[tuple[fastpld.PLD, int]]:
     if isinstance(mechanism, Composition):
         return [part for leaf in mechanism.leaves() for part in _parts(leaf, adjacency, unit, d, delta)]
     rel = adjacency.value
@@ -235,7 +239,8 @@ def _parts(mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: float, delta: 
     )
 
 
-def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound: float, drop: float):
+def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound: float,
+             drop: float) -> fastpld.PLD:
     """One step for a unit of ``cap`` examples: sensitivity Binomial(cap, q), tails dropped.
 
     Add-remove: the mixture of Gaussians (REMOVE and ADD). Replace-one: the double mixture,

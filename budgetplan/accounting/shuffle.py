@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 from scipy import special
@@ -64,7 +65,7 @@ def upper_epsilon(*, noise_multiplier: float, epochs: float, delta: float, adjac
 
 
 @functools.lru_cache(maxsize=64)
-def _epoch_pld(sigma: float, steps: int):
+def _epoch_pld(sigma: float, steps: int) -> Any:  # dp_accounting's PrivacyLossDistribution (untyped)
     """Optimistic PLD of one epoch's largest coordinate under (P, Q) (module note)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -72,7 +73,8 @@ def _epoch_pld(sigma: float, steps: int):
     caps = np.arange(lo, hi, _CELL)
 
     def log_cdf(mean: float) -> np.ndarray:
-        return special.log_ndtr((caps - mean) / sigma) + (steps - 1) * special.log_ndtr(caps / sigma)
+        out: np.ndarray = special.log_ndtr((caps - mean) / sigma) + (steps - 1) * special.log_ndtr(caps / sigma)
+        return out
 
     def cells(mean: float) -> np.ndarray:
         c = np.exp(log_cdf(mean))

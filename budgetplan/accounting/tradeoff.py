@@ -23,14 +23,19 @@ grid of eps, which can only raise it: still a bound.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
-from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.accounting import fastpld, pld_build
+from budgetplan.accounting.account import DEFAULT_DISCRETIZATION
+from budgetplan.errors import InvalidParameterError
+from budgetplan.mechanisms import Mechanism
+from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
 
-__all__ = ["ALPHAS", "tpr_bound", "tpr_from_pair", "mechanism_tradeoff", "joint_mechanism", "plan_tradeoff"]
+__all__ = ["ALPHAS", "alpha_array", "tpr_bound", "tpr_from_pair", "mechanism_tradeoff"]
 
 ALPHAS = (1e-3, 1e-2)          # the false-positive rates a statement reports
 _EPS_GRID = np.linspace(0.0, 40.0, 4001)  # step 0.01: the second-order loss of the grid is < 1e-4 relative here
@@ -38,26 +43,27 @@ _REFINE = 201                  # points of the finer grid around each coarse min
 _PLD_DELTA = 1e-4              # the delta the PLD's composition is tilted for: the TPRs read it at 1e-4..1
 
 
-def _alphas(alphas) -> np.ndarray:
+def alpha_array(alphas: Sequence[float]) -> NDArray[np.float64]:
     a = np.asarray([validate.open_unit("alpha", x) for x in alphas], dtype=np.float64)
     if a.size == 0:
         raise InvalidParameterError("alphas must name at least one false-positive rate")
     return a
 
 
-def tpr_bound(delta_of_eps: Callable[[np.ndarray], np.ndarray], alphas=ALPHAS,
-              eps_grid: np.ndarray = _EPS_GRID) -> list[float]:
+def tpr_bound(delta_of_eps: Callable[[NDArray[np.float64]], NDArray[np.float64]], alphas: Sequence[float] = ALPHAS,
+              eps_grid: NDArray[np.float64] = _EPS_GRID) -> list[float]:
     """The largest TPR at each false-positive rate in ``alphas`` for a release with this hockey-stick curve.
 
     Args:
         delta_of_eps: delta(eps) on an array of epsilons (an upper bound keeps the result one).
     """
-    a = _alphas(alphas)
+    a = alpha_array(alphas)
 
-    def lines(eps: np.ndarray) -> np.ndarray:  # (eps, alpha) -> the smaller of the two lines' TPR
+    def lines(eps: NDArray[np.float64]) -> NDArray[np.float64]:  # (eps, alpha) -> the smaller of the two lines' TPR
         d = np.clip(np.asarray(delta_of_eps(eps), dtype=np.float64), 0.0, 1.0)[:, None]
         e = np.exp(eps)[:, None]
-        return np.minimum(e * a[None, :] + d, 1.0 - (1.0 - d - a[None, :]) / e)
+        out: NDArray[np.float64] = np.minimum(e * a[None, :] + d, 1.0 - (1.0 - d - a[None, :]) / e)
+        return out
 
     eps = np.asarray(eps_grid, dtype=np.float64)
     coarse = lines(eps)
@@ -70,62 +76,24 @@ def tpr_bound(delta_of_eps: Callable[[np.ndarray], np.ndarray], alphas=ALPHAS,
     return [float(min(1.0, max(x, alpha))) for x, alpha in zip(best, a)]
 
 
-def tpr_from_pair(epsilon: float, delta: float, alphas=ALPHAS) -> list[float]:
+def tpr_from_pair(epsilon: float, delta: float, alphas: Sequence[float] = ALPHAS) -> list[float]:
     """The largest TPR at each of ``alphas`` allowed by one (epsilon, delta) guarantee."""
     if isinstance(epsilon, (int, float)) and epsilon == math.inf:  # no bound at all
-        return [1.0 for _ in _alphas(alphas)]
+        return [1.0 for _ in alpha_array(alphas)]
     eps = validate.non_negative("epsilon", epsilon)
     dl = validate.probability("delta", delta, allow_zero=True)
     return tpr_bound(lambda grid: np.full(grid.shape, dl), alphas, np.array([eps]))
 
 
-def mechanism_tradeoff(mechanism, *, adjacency, unit=None, discretization: float | None = None,
-                       alphas=ALPHAS) -> list[float]:
+def mechanism_tradeoff(mechanism: Mechanism, *, adjacency: Adjacency | str, unit: PrivacyUnit | None = None,
+                       discretization: float | None = None, alphas: Sequence[float] = ALPHAS) -> list[float]:
     """TPR bounds at ``alphas`` from the PLD of ``mechanism`` (a ``budgetplan.mechanisms`` value).
 
     Raises:
         UnsupportedError: a mechanism or unit without a PLD here.
     """
-    from budgetplan.accounting import DEFAULT_DISCRETIZATION, fastpld, pld_build
-    from budgetplan.units import Adjacency, PrivacyUnit
-
     built = pld_build.build(mechanism, adjacency=Adjacency.parse(adjacency), unit=unit or PrivacyUnit.example(),
                             discretization=discretization or DEFAULT_DISCRETIZATION, delta=_PLD_DELTA)
     return tpr_bound(lambda eps: np.asarray(fastpld.delta_for_epsilon(built.pld, eps)), alphas)
 
 
-def joint_mechanism(plan):
-    """The mechanism of all of ``plan``'s phases composed, where their composition has a PLD here; else None.
-
-    None where the phases compose only by basic composition: group privacy, eps/K_i, a
-    truncated Poisson phase, a DP count, a tuning grid.
-    """
-    from budgetplan.mechanisms import Composition, DiscreteLaplaceCount, TruncatedPoissonDPSGD
-
-    phases = plan.phases
-    if (plan.tuning is not None or not all(p.unit_accounting == "tight" for p in phases)
-            or any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
-            or any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases)):
-        return None
-    return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
-
-
-def plan_tradeoff(plan, alphas=ALPHAS) -> dict:
-    """The attacker's best TPR at each false-positive rate in ``alphas`` under ``plan``'s guarantee.
-
-    Returns:
-        {"alphas": [...], "tpr": [...], "from": "pld" | "epsilon-delta", "note": ...}.
-    """
-    a = [float(x) for x in _alphas(alphas)]
-    g = plan.guarantee
-    mech = joint_mechanism(plan)
-    if mech is not None:
-        try:
-            tpr = mechanism_tradeoff(mech, adjacency=plan.adjacency, unit=plan.unit,
-                                     discretization=plan.scenario.discretization, alphas=a)
-            return {"alphas": a, "tpr": tpr, "from": "pld",
-                    "note": "from the PLD of all phases composed: delta(eps) for every eps"}
-        except UnsupportedError:
-            pass
-    return {"alphas": a, "tpr": tpr_from_pair(g.epsilon, g.delta, a), "from": "epsilon-delta",
-            "note": f"from the one guarantee ({g.epsilon:.6g}, {g.delta:.3g}): the phases have no joint PLD here"}

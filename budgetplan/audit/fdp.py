@@ -264,7 +264,7 @@ class PairFamily(Family):
 
 def plan_family(plan) -> Family:
     """The hypotheses a one-run audit of ``plan`` tests: its phases' joint PLD where there is one, else (eps, delta)."""
-    from budgetplan.accounting.tradeoff import joint_mechanism
+    from budgetplan.planning.composition import joint_mechanism
 
     g = plan.guarantee
     mech = joint_mechanism(plan)

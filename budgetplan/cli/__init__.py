@@ -6,6 +6,8 @@ never imports torch or pyarrow.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 
 from budgetplan import __version__
@@ -24,7 +26,7 @@ __all__ = ["cli", "main"]
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="budgetplan")
-def cli():
+def cli() -> None:
     """Plan, execute and audit differential-privacy budgets for ads models."""
 
 
@@ -46,6 +48,6 @@ cli.add_command(audit)
 cli.add_command(plot)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point."""
     return cli.main(args=argv, prog_name="budgetplan")

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
-__all__ = ["fmt", "params_table", "results_table"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["Cell", "fmt", "params_table", "results_table"]
+
+# A table cell: text shown as is, a number (or None) shown by ``fmt``.
+Cell: TypeAlias = "str | float | None"
 
 
-def fmt(x, digits: int = 6) -> str:
+def fmt(x: float | None, digits: int = 6) -> str:
     """A number as a user wants to read it: inf spelled out, small values in e-notation."""
     if x is None:
         return "-"
@@ -21,7 +28,7 @@ def fmt(x, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
-def params_table(title: str, rows: Sequence[tuple[str, object]]):
+def params_table(title: str, rows: Sequence[tuple[str, Cell]]) -> Table:
     from rich.table import Table
 
     table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
@@ -32,7 +39,7 @@ def params_table(title: str, rows: Sequence[tuple[str, object]]):
     return table
 
 
-def _numberish(value) -> bool:
+def _numberish(value: object) -> bool:
     """A number, or text that reads as one (a formatted number, "-" for none, "12.3%")."""
     if not isinstance(value, str):
         return True
@@ -46,7 +53,7 @@ def _numberish(value) -> bool:
     return True
 
 
-def results_table(title: str, columns: list[str], rows: list[list[object]]):
+def results_table(title: str, columns: list[str], rows: Sequence[Sequence[Cell]]) -> Table:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")

@@ -14,13 +14,24 @@ import json
 import math
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import click
 
 from budgetplan import limits
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 from budgetplan.util import validate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    # The value a _Checked option converts to depends on its check (a float, an int, or "auto").
+    # ParamType is generic in click's recent type information only: pyproject allows click >= 8.1.
+    _ParamType = click.ParamType[Any]
+else:
+    _ParamType = click.ParamType
 
 __all__ = ["Group", "POSITIVE", "PROBABILITY", "OPEN_UNIT", "POSITIVE_INT", "DATASET_SIZE", "BATCH_SIZE", "EPOCHS",
            "UNIT_CAP", "LEARNING_RATE", "LEARNING_RATE_OR_AUTO", "THREADS_OR_AUTO", "bounded_int",
@@ -35,7 +46,16 @@ class Group(click.Group):
     left half-written.
     """
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    @overload
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: Literal[True] = True, **extra: Any) -> NoReturn: ...
+
+    @overload
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = ..., **extra: Any) -> int: ...
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> int:
         previous = _catch_sigterm()
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
@@ -76,18 +96,18 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so that it unwinds like Ctrl-C."""
 
 
-def _raise_terminated(signum, frame):
+def _raise_terminated(signum: int, frame: FrameType | None) -> NoReturn:
     raise Terminated()
 
 
-def _catch_sigterm():
+def _catch_sigterm() -> signal.Handlers | Callable[[int, FrameType | None], Any] | int | None:
     try:
         return signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: signals stay with whoever owns them
         return None
 
 
-def _restore_sigterm(previous) -> None:
+def _restore_sigterm(previous: signal.Handlers | Callable[[int, FrameType | None], Any] | int | None) -> None:
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
 
@@ -96,15 +116,15 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-class _Checked(click.ParamType):
+class _Checked(_ParamType):
     """A float or int option checked by a ``_validate`` function, named as the option."""
 
-    def __init__(self, name: str, check, base=float):
+    def __init__(self, name: str, check: Callable[[str, Any], Any], base: type = float) -> None:
         self.name = name
         self._check = check
         self._base = base
 
-    def convert(self, value: Any, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         long = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
         label = long[0] if long else (f"--{param.name.replace('_', '-')}" if param is not None else "value")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -119,7 +139,7 @@ class _Checked(click.ParamType):
         except InvalidParameterError as exc:
             self.fail(str(exc), param, ctx)
 
-    def fail(self, message, param=None, ctx=None):
+    def fail(self, message: str, param: click.Parameter | None = None, ctx: click.Context | None = None) -> NoReturn:
         raise click.UsageError(message, ctx)
 
 
@@ -129,7 +149,7 @@ OPEN_UNIT = _Checked("open_unit", validate.open_unit)
 POSITIVE_INT = _Checked("positive_int", validate.positive_int)
 
 
-def _bounded(check, limit):
+def _bounded(check: Callable[[str, object], float], limit: float) -> Callable[[str, object], float]:
     return lambda name, value: validate.at_most(name, check(name, value), limit)
 
 
@@ -153,7 +173,7 @@ LEARNING_RATE = _Checked("learning_rate", _bounded(validate.positive, limits.MAX
 class _OrAuto(_Checked):
     """``"auto"``, or what the wrapped check accepts."""
 
-    def convert(self, value: Any, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         return "auto" if value == "auto" else super().convert(value, param, ctx)
 
 
@@ -164,7 +184,7 @@ LEARNING_RATE_OR_AUTO = _OrAuto("learning_rate_or_auto", _bounded(validate.posit
 THREADS_OR_AUTO = _OrAuto("threads_or_auto", _bounded(validate.positive_int, limits.MAX_THREADS))
 
 
-def _clean(value):
+def _clean(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -174,7 +194,7 @@ def _clean(value):
     return value
 
 
-def emit_json(payload: dict) -> None:
+def emit_json(payload: Mapping[str, Any]) -> None:
     """One JSON object, alone on stdout; non-finite floats become null."""
     click.echo(json.dumps(_clean(payload), indent=2, allow_nan=False))
 
@@ -183,7 +203,7 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
-def console():
+def console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False)

@@ -16,6 +16,7 @@ Poisson sampling would give, and for shuffled batches Chua et al.'s lower bound 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
@@ -35,9 +36,36 @@ from budgetplan.cli._shell import (
 from budgetplan.cli.release_cmds import _guarantee_table, _head, _result, _row, _unit
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from budgetplan.accounting.guarantee import Guarantee
+    from budgetplan.cli._render import Cell
+    from budgetplan.cli.release_cmds import _Row
+    from budgetplan.mechanisms import PoissonDPSGD, TruncatedPoissonDPSGD
+    from budgetplan.planning.calibrate import Calibration
+    from budgetplan.units import PrivacyUnit
+
 __all__ = ["dpsgd"]
 
 _ACCOUNTANTS = ("pld", "rdp", "prv")
+
+
+class _Shape(TypedDict):
+    """The run's shape as the JSON reports it (``_shape``)."""
+
+    batch_size: int
+    max_batch_size: int | None
+    unit: PrivacyUnit
+    unit_accounting: str
+    discretization: float
+
+
+class _Ctx(_Shape):
+    """What every DP-SGD question shares: the shape, the delta and the adjacency."""
+
+    delta: float
+    adjacency: str
 
 
 @click.command()
@@ -62,8 +90,10 @@ _ACCOUNTANTS = ("pld", "rdp", "prv")
 @click.option("--accountant", type=click.Choice(list(_ACCOUNTANTS) + ["all"]), default="pld", show_default=True)
 @click.option("--discretization", type=POSITIVE, default=1e-4, show_default=True, help="PLD grid spacing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps, batch_selection, max_batch_size,
-          unit_cap, unit_accounting, adjacency, accountant, discretization, as_json):
+def dpsgd(noise_multiplier: float | None, epsilon: float | None, delta: float, dataset_size: int | None,
+          batch_size: int, epochs: float | None, steps: int | None, batch_selection: str, max_batch_size: int | None,
+          unit_cap: int | None, unit_accounting: str, adjacency: str, accountant: str, discretization: float,
+          as_json: bool) -> None:
     """DP-SGD: epsilon, noise multiplier, most epochs or fewest rows; Poisson, allocation or shuffled batches."""
     if epochs is not None and steps is not None:
         raise click.UsageError("give at most one of --epochs or --steps")
@@ -93,7 +123,7 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
         warn(f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: even a mechanism that publishes "
              "one random row in full meets such a delta; prefer delta << 1/N")
     unit = _unit(unit_cap)
-    ctx = dict(delta=delta, batch_size=batch_size, unit=unit, unit_accounting=unit_accounting,
+    ctx: _Ctx = dict(delta=delta, batch_size=batch_size, unit=unit, unit_accounting=unit_accounting,
                adjacency=adjacency, discretization=discretization, max_batch_size=max_batch_size)
     chosen = list(_ACCOUNTANTS) if accountant == "all" else [accountant]
     if noise_multiplier is not None and epsilon is not None:
@@ -101,19 +131,25 @@ def dpsgd(noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, st
             raise click.UsageError("everything is given: drop --epsilon to get it, or drop --epochs/--steps or "
                                    "--dataset-size to solve for it")
         if not have_length:
+            assert dataset_size is not None  # required above when solving for epochs
             _solve_epochs(noise_multiplier, epsilon, dataset_size, chosen, ctx, as_json)
         else:
             _solve_rows(noise_multiplier, epsilon, epochs, steps, chosen, ctx, as_json)
         return
-    steps = steps if steps is not None else _steps(epochs, dataset_size, batch_size)
+    assert dataset_size is not None  # required above unless solving for it
+    if steps is None:
+        assert epochs is not None  # --epochs or --steps, checked above
+        steps = _steps(epochs, dataset_size, batch_size)
     q = batch_size / dataset_size
     if epsilon is not None:
         _calibrate(epsilon, q, steps, dataset_size, epochs, chosen, ctx, as_json)
     else:
+        assert noise_multiplier is not None  # --noise-multiplier or --epsilon, checked above
         _forward(noise_multiplier, q, steps, dataset_size, epochs, chosen, ctx, as_json)
 
 
-def _check_truncation(batch_size, max_batch_size, dataset_size, noise_multiplier, epsilon):
+def _check_truncation(batch_size: int, max_batch_size: int, dataset_size: int | None, noise_multiplier: float | None,
+                      epsilon: float | None) -> None:
     """The scenario's rule for truncated Poisson, and only the questions it can answer."""
     from budgetplan.scenario.model import check_max_batch_size
 
@@ -127,13 +163,14 @@ def _check_truncation(batch_size, max_batch_size, dataset_size, noise_multiplier
         raise click.UsageError(str(exc)) from None
 
 
-def _steps(epochs, n, b):
+def _steps(epochs: float, n: int, b: int) -> int:
     from budgetplan.planning.calibrate import steps_for_epochs
 
     return steps_for_epochs(epochs=epochs, dataset_size=n, batch_size=b)
 
 
-def _mechanism(sigma, q, steps, n, max_batch_size):
+def _mechanism(sigma: float, q: float, steps: int, n: int,
+               max_batch_size: int | None) -> PoissonDPSGD | TruncatedPoissonDPSGD:
     from budgetplan.mechanisms import PoissonDPSGD, TruncatedPoissonDPSGD
 
     if max_batch_size is not None:
@@ -142,7 +179,8 @@ def _mechanism(sigma, q, steps, n, max_batch_size):
     return PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps)
 
 
-def _account(sigma, q, steps, n, method, ctx, unit_accounting=None):
+def _account(sigma: float, q: float, steps: int, n: int, method: str, ctx: _Ctx,
+             unit_accounting: str | None = None) -> Guarantee:
     from budgetplan.accounting import account
 
     return account(_mechanism(sigma, q, steps, n, ctx["max_batch_size"]), delta=ctx["delta"],
@@ -150,7 +188,7 @@ def _account(sigma, q, steps, n, method, ctx, unit_accounting=None):
                    unit_accounting=unit_accounting or ctx["unit_accounting"], discretization=ctx["discretization"])
 
 
-def _user_level_rows(sigma, q, steps, n, ctx):
+def _user_level_rows(sigma: float, q: float, steps: int, n: int, ctx: _Ctx) -> list[_Row]:
     """What each way of bounding a unit's K examples costs, side by side."""
     rows = []
     if ctx["max_batch_size"] is None:
@@ -165,7 +203,7 @@ def _user_level_rows(sigma, q, steps, n, ctx):
     return rows
 
 
-def _unit_sampled(sigma, q, steps, ctx):
+def _unit_sampled(sigma: float, q: float, steps: int, ctx: _Ctx) -> Guarantee:
     from budgetplan.accounting import account
     from budgetplan.mechanisms import UnitPoissonDPSGD
 
@@ -173,13 +211,14 @@ def _unit_sampled(sigma, q, steps, ctx):
                    adjacency=ctx["adjacency"], unit=ctx["unit"], discretization=ctx["discretization"])
 
 
-def _shape(q, steps, n, epochs, ctx):
+def _shape(q: float, steps: int, n: int, epochs: float | None, ctx: _Shape) -> dict[str, object]:
     return {"sampling_rate": q, "steps": steps, "dataset_size": n, "batch_size": ctx["batch_size"],
             "epochs": epochs, "max_batch_size": ctx["max_batch_size"], "unit": ctx["unit"].to_dict(),
             "unit_accounting": ctx["unit_accounting"], "discretization": ctx["discretization"]}
 
 
-def _forward(sigma, q, steps, n, epochs, chosen, ctx, as_json):
+def _forward(sigma: float, q: float, steps: int, n: int, epochs: float | None, chosen: list[str], ctx: _Ctx,
+             as_json: bool) -> None:
     results = [_row(m, lambda m=m: _account(sigma, q, steps, n, m, ctx)) for m in chosen]
     head = _head(results)
     payload = {"epsilon": head.epsilon, "delta": ctx["delta"], "accountant": chosen[0],
@@ -204,10 +243,11 @@ def _forward(sigma, q, steps, n, epochs, chosen, ctx, as_json):
         out.print(_guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples"))
 
 
-def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
+def _calibrate(epsilon: float, q: float, steps: int, n: int, epochs: float | None, chosen: list[str], ctx: _Ctx,
+               as_json: bool) -> None:
     from budgetplan.planning.calibrate import dpsgd_noise_multiplier
 
-    cals = []
+    cals: list[tuple[str, Calibration | None, BudgetplanError | None]] = []
     for m in chosen:
         try:
             cal = dpsgd_noise_multiplier(epsilon=epsilon, delta=ctx["delta"], sampling_rate=q, steps=steps,
@@ -221,7 +261,9 @@ def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
             cals.append((m, None, exc))
     head = next((c for _, c, _ in cals if c is not None), None)
     if head is None:
-        raise cals[0][2]
+        error = cals[0][2]
+        assert error is not None  # a calibration that failed holds its error
+        raise error
     payload = {"epsilon": head.guarantee.epsilon, "target_epsilon": epsilon, "delta": ctx["delta"],
                "accountant": chosen[0], "adjacency": ctx["adjacency"], "noise_multiplier": head.value,
                "verified_epsilon": head.verified_epsilon, **_shape(q, steps, n, epochs, ctx),
@@ -242,7 +284,7 @@ def _calibrate(epsilon, q, steps, n, epochs, chosen, ctx, as_json):
                             rows))
 
 
-def _solve_epochs(sigma, epsilon, n, chosen, ctx, as_json):
+def _solve_epochs(sigma: float, epsilon: float, n: int, chosen: list[str], ctx: _Ctx, as_json: bool) -> None:
     from budgetplan.planning.calibrate import dpsgd_max_steps
 
     q = ctx["batch_size"] / n
@@ -266,7 +308,8 @@ def _solve_epochs(sigma, epsilon, n, chosen, ctx, as_json):
               f"{fmt(cal.guarantee.epsilon)} ({cal.guarantee.method})")
 
 
-def _solve_rows(sigma, epsilon, epochs, steps, chosen, ctx, as_json):
+def _solve_rows(sigma: float, epsilon: float, epochs: float | None, steps: int | None, chosen: list[str], ctx: _Ctx,
+                as_json: bool) -> None:
     from budgetplan.planning.calibrate import dpsgd_min_dataset_size
 
     if epochs is None:
@@ -290,8 +333,10 @@ def _solve_rows(sigma, epsilon, epochs, steps, chosen, ctx, as_json):
               f"there epsilon = {fmt(cal.guarantee.epsilon)} ({cal.guarantee.method})")
 
 
-def _params(sigma, q, steps, n, epochs, ctx, target=None):
-    rows = [("unit", ctx["unit"].describe()), ("adjacency", ctx["adjacency"]), ("noise multiplier", sigma),
+def _params(sigma: float, q: float, steps: int, n: int, epochs: float | None, ctx: _Ctx,
+            target: float | None = None) -> Table:
+    rows: list[tuple[str, Cell]] = [
+            ("unit", ctx["unit"].describe()), ("adjacency", ctx["adjacency"]), ("noise multiplier", sigma),
             ("sampling rate q", q), ("steps", steps), ("dataset size", n), ("batch size", ctx["batch_size"])]
     if epochs is not None:
         rows.append(("epochs", epochs))
@@ -303,8 +348,10 @@ def _params(sigma, q, steps, n, epochs, ctx, target=None):
     return params_table("DP-SGD, Poisson sampling", rows)
 
 
-def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, steps, max_batch_size, unit_cap,
-                     unit_accounting, adjacency, accountant, discretization, as_json):
+def _epoch_selection(selection: str, sigma: float | None, epsilon: float | None, delta: float, n: int | None,
+                     batch_size: int, epochs: float | None, steps: int | None, max_batch_size: int | None,
+                     unit_cap: int | None, unit_accounting: str, adjacency: str, accountant: str, discretization: float,
+                     as_json: bool) -> None:
     """Allocation or shuffled batches: epsilon at a noise multiplier, or the noise multiplier for an epsilon."""
     from budgetplan.accounting import account
     from budgetplan.accounting import batch_selection as bs
@@ -325,13 +372,14 @@ def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, st
     unit = _unit(unit_cap)
     q = batch_size / n
 
-    def guarantee(x: float, sampling: str = selection):
+    def guarantee(x: float, sampling: str = selection) -> Guarantee:
         mech = bs.mechanism(sampling, x, dataset_size=n, batch_size=batch_size, steps=t)
         method = bs.method_for(sampling, accountant if sampling == selection else "pld")
         return account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                        unit_accounting=unit_accounting if unit.cap > 1 else "tight", discretization=discretization)
 
     if sigma is None:
+        assert epsilon is not None  # exactly one of the two, checked above
         sigma = solve_noise_multiplier(lambda x: guarantee(x).epsilon, epsilon=epsilon)
     head = guarantee(sigma)
     poisson = _row("poisson", lambda: guarantee(sigma, "poisson"))
@@ -348,13 +396,13 @@ def _epoch_selection(selection, sigma, epsilon, delta, n, batch_size, epochs, st
         emit_json(payload)
         return
     out = console()
-    rows = [("batch selection", selection), ("unit", unit.describe()), ("adjacency", adjacency),
+    rows: list[tuple[str, Cell]] = [("batch selection", selection), ("unit", unit.describe()), ("adjacency", adjacency),
             ("noise multiplier", sigma), ("steps per epoch (N // B)", t // whole), ("epochs", whole),
             ("steps", t), ("dataset size", n), ("batch size", batch_size), ("delta", delta)]
     if epsilon is not None:
         rows.append(("target epsilon", epsilon))
     out.print(params_table(f"DP-SGD, {selection} batches", rows))
-    table = [[f"{selection}: the guarantee", head.epsilon, delta, head.bound, head.method]]
+    table: list[list[Cell]] = [[f"{selection}: the guarantee", head.epsilon, delta, head.bound, head.method]]
     if lower is not None:
         table.append(["shuffle: lower bound (Chua et al.)", lower, delta, "lower", "arXiv:2403.17673"])
     if poisson[1] is not None:

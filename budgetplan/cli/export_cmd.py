@@ -15,7 +15,7 @@ __all__ = ["export"]
 @click.option("--to", "target", type=click.Choice(["opacus"]), default="opacus", show_default=True,
               help="The library whose settings to print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and caveats as JSON.")
-def export(plan_file, target, as_json):
+def export(plan_file: str, target: str, as_json: bool) -> None:
     """Print the plan's DP-SGD settings (sigma, C, q, steps) for your own Opacus loop, with what they need."""
     from budgetplan.plan import load_plan
     from budgetplan.report.export import opacus_settings

@@ -119,8 +119,8 @@ def plan(scenario, output, as_json):
 @_JSON
 def show(plan_file, as_json):
     """Render a plan (its integrity is checked; `verify` recomputes the numbers), and what it means to an attacker."""
-    from budgetplan.accounting.tradeoff import plan_tradeoff
     from budgetplan.plan import load_plan
+    from budgetplan.planning.composition import plan_tradeoff
 
     p = load_plan(plan_file)
     attacker = plan_tradeoff(p)
@@ -207,7 +207,7 @@ def statement(plan_file, plan_path, output, as_json):
     if not report.ok:
         raise PlanMismatchError(f"the plan does not verify, so no statement is printed for it: {report.problems[0]}",
                                 report.problems)
-    from budgetplan.accounting.tradeoff import plan_tradeoff
+    from budgetplan.planning.composition import plan_tradeoff
 
     attacker = plan_tradeoff(the_plan)
     text = (render_run_statement(the_plan, record, attacker) if record is not None

@@ -11,7 +11,7 @@ __all__ = ["plot"]
 
 
 @click.group()
-def plot():
+def plot() -> None:
     """Figures: epsilon against epochs, utility against epsilon."""
 
 
@@ -30,7 +30,8 @@ def plot():
               show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the curve's data as JSON.")
-def curve(sigmas, dataset_size, batch_size, max_epochs, points, delta, accountants, adjacency, output, as_json):
+def curve(sigmas: tuple[float, ...], dataset_size: int, batch_size: int, max_epochs: float, points: int, delta: float,
+          accountants: tuple[str, ...], adjacency: str, output: str, as_json: bool) -> None:
     """Epsilon against epochs for several noise multipliers, per accountant."""
     from budgetplan.report.plots import epsilon_curve, plot_epsilon_curve
 
@@ -56,7 +57,7 @@ def curve(sigmas, dataset_size, batch_size, max_epochs, points, delta, accountan
               help="A non-private run.json whose eval AUC the relative loss is measured against.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the points as JSON.")
-def frontier(runs, baseline_run, output, as_json):
+def frontier(runs: tuple[str, ...], baseline_run: str | None, output: str, as_json: bool) -> None:
     """Relative AUC loss against epsilon per algorithm (RR, DP-SGD, Hybrid) from run records."""
     from budgetplan.record.records import load_record
     from budgetplan.report.plots import frontier as frontier_rows

@@ -7,13 +7,18 @@ the keyed rule from a file (``--key``), or make one (``--new-key``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
 
 import click
 
 from budgetplan.cli._shell import OPEN_UNIT, UNIT_CAP, console, emit_json
 
 __all__ = ["cap", "split", "ENGINE", "SPARK_MASTER"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 ENGINE = click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True,
                       help="local: streamed on this machine; spark: PySpark (pip install 'budgetplan[spark]'). "
@@ -22,7 +27,7 @@ SPARK_MASTER = click.option("--spark-master", envvar="SPARK_MASTER", show_envvar
                             help="With --engine spark: the master URL (default local[*]).")
 
 
-def _key_options(f):
+def _key_options(f: _F) -> _F:
     f = click.option("--new-key", "new_key", type=click.Path(dir_okay=False, path_type=Path),
                      help="Make a fresh 32-byte key, save it here (owner-only), and use it.")(f)
     return click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -33,7 +38,7 @@ def _key_options(f):
 class _Key:
     """The key read from ``--key``, or a fresh one for ``--new-key`` (saved now, removed again on failure)."""
 
-    def __init__(self, key_path: Path | None, new_key: Path | None):
+    def __init__(self, key_path: Path | None, new_key: Path | None) -> None:
         from trainers.data.fingerprint import new_key as fresh
         from trainers.data.fingerprint import read_key
 
@@ -56,12 +61,12 @@ class _Key:
             write_key(self.saved, self.key)
         return self.key
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if kind is not None and self.saved is not None:
             self.saved.unlink(missing_ok=True)
 
 
-def _show(title: str, manifest: dict, out) -> None:
+def _show(title: str, manifest: dict[str, Any], out: Path) -> None:
     from budgetplan.cli._render import params_table
 
     rows = [("rows after (N)", f"{manifest['rows']:,}"), ("rows before", f"{manifest['rows_in']:,}"),
@@ -83,7 +88,8 @@ def _show(title: str, manifest: dict, out) -> None:
 @ENGINE
 @SPARK_MASTER
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as one JSON object on stdout.")
-def cap(data_paths, unit_id, cap, key_path, new_key, out, engine, spark_master, as_json):
+def cap(data_paths: tuple[str, ...], unit_id: str, cap: int, key_path: Path | None, new_key: Path | None, out: Path,
+        engine: str, spark_master: str | None, as_json: bool) -> None:
     """Cap every unit at K rows by the keyed rule and write the result as a prepared directory.
 
     DATA is a file or a directory of Parquet (or, with --engine local, CSV/TSV) shards, or
@@ -116,7 +122,8 @@ def cap(data_paths, unit_id, cap, key_path, new_key, out, engine, spark_master, 
 @ENGINE
 @SPARK_MASTER
 @click.option("--json", "as_json", is_flag=True, help="Print both manifests as one JSON object on stdout.")
-def split(data_paths, unit_id, held_out, key_path, new_key, out, engine, spark_master, as_json):
+def split(data_paths: tuple[str, ...], unit_id: str, held_out: float, key_path: Path | None, new_key: Path | None,
+          out: Path, engine: str, spark_master: str | None, as_json: bool) -> None:
     """Split the data by unit into OUT/train and OUT/held_out, each a prepared directory.
 
     A unit goes to held_out when the keyed HMAC-SHA256 of its id, as a fraction of 2^64, is

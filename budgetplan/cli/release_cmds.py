@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import click
 
 from budgetplan.cli._render import fmt, params_table, results_table
 from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, PROBABILITY, UNIT_CAP, console, emit_json
 from budgetplan.errors import BudgetplanError, UnsupportedError
+
+if TYPE_CHECKING:
+    from rich.console import Group as RichGroup
+
+    from budgetplan.accounting.guarantee import Guarantee
+    from budgetplan.cli._render import Cell
+    from budgetplan.units import PrivacyUnit
 
 __all__ = ["rr", "gaussian", "group"]
 
@@ -18,14 +27,17 @@ _PER_COUNT_ROWS = 100
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
+# One accountant's answer: its name, and its guarantee or why it has none.
+_Row: TypeAlias = "tuple[str, Guarantee | None, BudgetplanError | None]"
 
-def _unit(cap: int | None):
+
+def _unit(cap: int | None) -> PrivacyUnit:
     from budgetplan.units import PrivacyUnit
 
     return PrivacyUnit.example() if not cap or cap == 1 else PrivacyUnit.capped(cap)
 
 
-def _row(accountant: str, fn):
+def _row(accountant: str, fn: Callable[..., Guarantee]) -> _Row:
     """Run one accountant; an unsupported or failing one becomes a row that says why."""
     try:
         return accountant, fn(), None
@@ -33,12 +45,14 @@ def _row(accountant: str, fn):
         return accountant, None, exc
 
 
-def _head(results):
+def _head(results: Sequence[_Row]) -> Guarantee:
     """The first guarantee; if every accountant failed, the first failure, re-raised as is."""
     for _, g, _ in results:
         if g is not None:
             return g
-    raise results[0][2]
+    error = results[0][2]
+    assert error is not None  # a row without a guarantee holds its error
+    raise error
 
 
 # --------------------------------------------------------------------------- rr
@@ -53,7 +67,8 @@ def _head(results):
 @click.option("--accountant", type=click.Choice(["exact", "pld", "rdp", "all"]), default="exact",
               show_default=True, help="How the unit-level guarantee is (re-)accounted.")
 @_JSON
-def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
+def rr(epsilon: float | None, flip_probability: float | None, unit_cap: int | None, delta: float, accountant: str,
+       as_json: bool) -> None:
     """Randomized response on a binary label (label DP, replace-one adjacency)."""
     from budgetplan.accounting import account
     from budgetplan.accounting import rr as rr_math
@@ -68,6 +83,7 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
         if unit_cap and unit_cap > 1:
             raise click.UsageError("--flip-probability describes one impression; use --epsilon with --unit-cap")
         epsilon = rr_math.epsilon_from_flip_probability(flip_probability)
+    assert epsilon is not None  # given, or derived from --flip-probability above
     cap = unit_cap or 1
     unit = _unit(cap)
     splits = rr_per_example_epsilon(epsilon=epsilon, cap=cap, delta=delta)
@@ -75,7 +91,7 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
     per = splits[rule]
     mech = RandomizedResponse(epsilon=per)
     chosen = ["exact", "pld", "rdp"] if accountant == "all" else [accountant]
-    results = []
+    results: list[_Row] = []
     for name in chosen:
         if name == "rdp" and delta == 0:
             results.append((name, None, UnsupportedError("rdp gives no pure-DP bound; pass --delta > 0")))
@@ -83,7 +99,7 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
         results.append(_row(name, lambda n=name: account(mech, delta=delta, adjacency="replace-one",
                                                           unit=unit, method=n)))
     head = _head(results)
-    split_rows = [
+    split_rows: list[dict[str, str | float]] = [
         {"rule": r, "per_impression_epsilon": e, "flip_probability": rr_math.flip_probability(e),
          "unit_epsilon": rr_math.composed_epsilon(e, cap, delta)}
         for r, e in splits.items() if cap > 1 and (r == "eps/K" or delta > 0)
@@ -105,7 +121,7 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
         emit_json(payload)
         return
     out = console()
-    rows = [("unit", unit.describe()), ("adjacency", "replace-one (label DP)")]
+    rows: list[tuple[str, Cell]] = [("unit", unit.describe()), ("adjacency", "replace-one (label DP)")]
     flip = rr_math.flip_probability(per) if flip_probability is None else flip_probability
     rows += [("per-impression epsilon", per), ("flip probability", flip), ("keep probability", 1 - flip)]
     out.print(params_table("Randomized response", rows))
@@ -120,19 +136,20 @@ def rr(epsilon, flip_probability, unit_cap, delta, accountant, as_json):
     out.print(_guarantee_table(results))
 
 
-def _result(name, g, err):
+def _result(name: str, g: Guarantee | None, err: BudgetplanError | None) -> dict[str, object]:
     if g is None:
         return {"accountant": name, "epsilon": None, "error": str(err)}
     return {"accountant": name, "epsilon": g.epsilon, "delta": g.delta, "adjacency": g.adjacency.value,
             "method": g.method, "bound": g.bound, "guarantee": g.to_dict()}
 
 
-def _guarantee_table(results, title="Guarantee"):
+def _guarantee_table(results: Sequence[_Row], title: str = "Guarantee") -> RichGroup:
     """The guarantees as a table, their notes once each underneath."""
     from rich.console import Group as RichGroup
     from rich.text import Text
 
-    rows, notes = [], []
+    rows: list[list[Cell]] = []
+    notes: list[str] = []
     for name, g, err in results:
         if g is None:
             rows.append([name, "-", "-", f"n/a: {err}"])
@@ -163,7 +180,8 @@ def _guarantee_table(results, title="Guarantee"):
 @click.option("--accountant", type=click.Choice(["exact", "pld", "rdp", "all"]), default="exact",
               show_default=True)
 @_JSON
-def gaussian(epsilon, noise_std, delta, sensitivity, unit_cap, adjacency, accountant, as_json):
+def gaussian(epsilon: float | None, noise_std: float | None, delta: float, sensitivity: float, unit_cap: int | None,
+             adjacency: str, accountant: str, as_json: bool) -> None:
     """One Gaussian release (the WALR noisy dot product), exact analytic Gaussian accounting."""
     from budgetplan.accounting import account
     from budgetplan.accounting import gaussian as gauss
@@ -178,6 +196,7 @@ def gaussian(epsilon, noise_std, delta, sensitivity, unit_cap, adjacency, accoun
         noise_std = gaussian_noise_std(epsilon=epsilon, delta=delta, sensitivity=sensitivity, cap=cap).value
         classical_std = gauss.classical_sigma(epsilon=epsilon, delta=delta, sensitivity=sensitivity * cap)
         classical = {"noise_std": classical_std, "valid": epsilon < gauss.CLASSICAL_VALID_BELOW}
+    assert noise_std is not None  # given, or calibrated from --epsilon above
     mech = GaussianRelease(noise_std=noise_std, sensitivity=sensitivity)
     chosen = ["exact", "pld", "rdp"] if accountant == "all" else [accountant]
     results = [_row(n, lambda n=n: account(mech, delta=delta, adjacency=adjacency, unit=unit, method=n))
@@ -216,7 +235,7 @@ def gaussian(epsilon, noise_std, delta, sensitivity, unit_cap, adjacency, accoun
 @click.option("--delta", type=PROBABILITY, required=True, help="Example-level delta.")
 @click.option("--group-size", type=UNIT_CAP, required=True, help="K: examples per group.")
 @_JSON
-def group(epsilon, delta, group_size, as_json):
+def group(epsilon: float, delta: float, group_size: int, as_json: bool) -> None:
     """Generic group privacy: (K eps, delta (e^{K eps} - 1) / (e^eps - 1)) for any mechanism."""
     from budgetplan.accounting.group import group_privacy
 

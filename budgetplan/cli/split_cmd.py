@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from budgetplan.cli._render import fmt, results_table
@@ -19,6 +21,9 @@ from budgetplan.cli._shell import (
 )
 from budgetplan.planning.sweep import SweepCells, SweepShape
 from budgetplan.scenario.split_rules import DEFAULT_RULE
+
+if TYPE_CHECKING:
+    from budgetplan.scenario.model import Scenario
 
 __all__ = ["split"]
 
@@ -178,7 +183,9 @@ _ACCOUNTING_ONLY = ("epsilon", "epsilons", "delta", "dataset_size", "batch_size"
                     "adjacency", "accountant", "jobs")
 
 
-def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, seed, threads, as_json) -> None:
+def _proxy(ctx: click.Context, proxy: str | None, scenario_path: str | None, proxy_eval: str | None,
+           out_dir: str | None, write_path: str | None, alphas: str | None, seed: int | None, threads: int | str,
+           as_json: bool) -> None:
     """``split --proxy``: the alpha grid on proxy data, the frontier written, the scenario written with the best."""
     from pathlib import Path
 
@@ -222,7 +229,7 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
     if as_json:
         emit_json({"epsilon": result["epsilon"], **result})
         return
-    rows: list[list[object]] = [[fmt(c["alpha"]), fmt(c["auc"], 4),
+    rows: list[list[str]] = [[fmt(c["alpha"]), fmt(c["auc"], 4),
              "-" if c["relative_auc_loss"] is None else fmt(c["relative_auc_loss"], 3),
              fmt(c["calibration_ratio"], 3), fmt(c["seconds"], 3)] for c in result["cells"]]
     console().print(results_table(
@@ -231,7 +238,7 @@ def _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, s
     console().print(f"alpha = {best:g} did best; written to {target} with split_evidence. Frontier: {out}")
 
 
-def load_scenario_text(text: str, name: str):
+def load_scenario_text(text: str, name: str) -> Scenario:
     from budgetplan.scenario.model import parse_scenario
 
     return parse_scenario(text, default_name=name)

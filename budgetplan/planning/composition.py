@@ -5,14 +5,25 @@ The planner states these and ``verify`` recomputes them, from the same functions
 
 from __future__ import annotations
 
-__all__ = ["EPS_SLACK", "phase_guarantee", "basic_total", "pld_total", "tuning_accounting", "run_mechanism"]
+__all__ = ["EPS_SLACK", "phase_guarantee", "basic_total", "pld_total", "tuning_accounting", "run_mechanism",
+           "joint_mechanism", "plan_tradeoff"]
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from budgetplan.accounting import account
 from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.accounting.tradeoff import ALPHAS, alpha_array, mechanism_tradeoff, tpr_from_pair
 from budgetplan.errors import BudgetplanError, UnsupportedError
-from budgetplan.mechanisms import Composition, RandomizedResponse, TruncatedPoissonDPSGD
+from budgetplan.mechanisms import (
+    Composition,
+    DiscreteLaplaceCount,
+    Mechanism,
+    RandomizedResponse,
+    TruncatedPoissonDPSGD,
+)
+from budgetplan.plan.document import Plan
 from budgetplan.plan.phases import CountPhase, Phase, RRPhase
 from budgetplan.planning.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.scenario import Scenario
@@ -105,3 +116,38 @@ def tuning_accounting(s: Scenario, unit, phases, total: Guarantee, delta: float)
 def run_mechanism(phases):
     """What one run releases: its one phase's mechanism, or their composition (DP-SGD and its calibration)."""
     return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
+
+
+def joint_mechanism(plan: Plan) -> Mechanism | None:
+    """The mechanism of all of ``plan``'s phases composed, where their composition has a PLD here; else None.
+
+    None where the phases compose only by basic composition: group privacy, eps/K_i, a
+    truncated Poisson phase, a DP count, a tuning grid.
+    """
+    phases = plan.phases
+    if (plan.tuning is not None or not all(p.unit_accounting == "tight" for p in phases)
+            or any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
+            or any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases)):
+        return None
+    return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
+
+
+def plan_tradeoff(plan: Plan, alphas: Sequence[float] = ALPHAS) -> dict[str, Any]:
+    """The attacker's best TPR at each false-positive rate in ``alphas`` under ``plan``'s guarantee.
+
+    Returns:
+        {"alphas": [...], "tpr": [...], "from": "pld" | "epsilon-delta", "note": ...}.
+    """
+    a = [float(x) for x in alpha_array(alphas)]
+    g = plan.guarantee
+    mech = joint_mechanism(plan)
+    if mech is not None:
+        try:
+            tpr = mechanism_tradeoff(mech, adjacency=plan.adjacency, unit=plan.unit,
+                                     discretization=plan.scenario.discretization, alphas=a)
+            return {"alphas": a, "tpr": tpr, "from": "pld",
+                    "note": "from the PLD of all phases composed: delta(eps) for every eps"}
+        except UnsupportedError:
+            pass
+    return {"alphas": a, "tpr": tpr_from_pair(g.epsilon, g.delta, a), "from": "epsilon-delta",
+            "note": f"from the one guarantee ({g.epsilon:.6g}, {g.delta:.3g}): the phases have no joint PLD here"}

@@ -6,7 +6,9 @@ import json
 import re
 import tomllib
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Protocol
 
 from budgetplan.errors import InvalidParameterError
 
@@ -15,7 +17,13 @@ __all__ = ["names", "path", "text", "describe", "adapted", "set_key"]
 PREFIX = "example:"
 
 
-def _files():
+class _ToToml(Protocol):
+    """What ``adapted`` needs of a ``FeatureSpec``: its ``[features]`` table as TOML."""
+
+    def to_toml(self) -> str: ...
+
+
+def _files() -> list[Traversable]:
     return sorted((f for f in resources.files(__package__).iterdir() if f.name.endswith(".toml")),
                   key=lambda f: f.name)
 
@@ -34,7 +42,8 @@ def text(name: str) -> str:
 
 
 def describe(name: str) -> str:
-    return tomllib.loads(text(name)).get("description", "")
+    description: str = tomllib.loads(text(name)).get("description", "")
+    return description
 
 
 def path(name: str) -> Path:
@@ -43,7 +52,7 @@ def path(name: str) -> Path:
     return Path(str(resources.files(__package__) / f"{name}.toml"))
 
 
-def set_key(toml: str, table: str, key: str, value) -> str:
+def set_key(toml: str, table: str, key: str, value: str | bool | int | float) -> str:
     """``toml`` with ``[table].key`` set to ``value`` (the line replaced, or added under the table's header).
 
     ``value`` is written as TOML: a string quoted, a bool lower-case, a number as Python prints it.
@@ -64,7 +73,7 @@ def set_key(toml: str, table: str, key: str, value) -> str:
 
 
 def adapted(name: str, *, epsilon: float | None = None, dataset_size: int | None = None, split: str | None = None,
-            tower: str | None = None, features=None, scenario_name: str | None = None) -> str:
+            tower: str | None = None, features: _ToToml | None = None, scenario_name: str | None = None) -> str:
     """An example scenario as a user adapts it: its epsilon, N, Hybrid split and tower, and its
     ``[features]`` table (a ``FeatureSpec``) replaced where given, everything else as shipped."""
     toml = text(name)

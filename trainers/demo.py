@@ -69,7 +69,7 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     from trainers.baseline import reference
     from trainers.data.synth import get_shape, synthesize
     from trainers.metrics import relative_auc_loss
-    from trainers.run import execute_plan, run_baseline
+    from trainers.run import RunOptions, execute_plan, run_baseline
     from trainers.threads import resolve_threads
 
     threads = resolve_threads(threads)  # before the demo's own work adds to the load
@@ -108,8 +108,10 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     for arm, stem, _ in ARMS:
         plan = plans[arm]
         t0 = time.perf_counter()
-        rec = execute_plan(plan, out / "train.parquet", eval_path=out / "eval.parquet", out_dir=out / f"run-{stem}",
-                           baseline_auc=base_auc, baseline_tolerance=tolerance, progress=progress, threads=threads)
+        rec = execute_plan(plan, out / "train.parquet", RunOptions(eval_path=out / "eval.parquet",
+                                                                   out_dir=out / f"run-{stem}", baseline_auc=base_auc,
+                                                                   baseline_tolerance=tolerance, progress=progress,
+                                                                   threads=threads))
         runs.append(_row(arm, epsilon, rec, time.perf_counter() - t0, plan))
     hybrid = plans["Hybrid"]
     share = hybrid.calibration.params.share if hybrid.calibration is not None else 0.0

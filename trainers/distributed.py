@@ -42,7 +42,14 @@ import torch.distributed as dist
 
 from budgetplan.errors import BudgetplanError, PlanMismatchError
 
-__all__ = ["Collective", "RankFailed", "launch", "release_once", "from_environment"]
+__all__ = ["Collective", "RankFailed", "block", "launch", "release_once", "from_environment"]
+
+
+def block(count: int, parts: int, index: int) -> slice:
+    """The ``index``-th of ``parts`` contiguous blocks of ``count`` items: in order, sizes differing by at most one."""
+    base, extra = divmod(int(count), int(parts))
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (index < extra))
 
 
 class RankFailed(BudgetplanError, RuntimeError):
@@ -126,8 +133,6 @@ class Collective:
 
     def shard(self, rows: int) -> slice:
         """This rank's contiguous block of ``rows`` rows: ranks in order, sizes differing by at most one."""
-        from trainers.ranks import block
-
         return block(rows, self.world_size, self.rank)
 
 

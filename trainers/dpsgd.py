@@ -426,15 +426,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     check_resume(params, start_step)
     if collective is not None:
-        collective.agree("the DP-SGD phase's steps", steps)
-        collective.agree("the steps already taken", start_step)
-        collective.broadcast_(model)  # identical replicas from the first step on
-        if ledger is not None and hasattr(ledger, "note_ranks"):
-            # the auditor tests each rank's batches against what it sampled from: its rows, or its units
-            if rank_units is not None:
-                ledger.note_ranks(rank_units, what="units")
-            else:
-                ledger.note_ranks([r[0] for r in collective.gather([len(data)])])
+        _join_ranks(collective, model, data, ledger, steps=steps, start_step=start_step, rank_units=rank_units)
     device = data.label.device
     sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
@@ -470,6 +462,19 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             p.grad = None
     used = {**settings.to_dict(), "lr": settings.step_size(steps)}  # the step size that ran, not "auto"
     return engine.result(padded_size=sampler.padded_size, settings=used, device=device)
+
+
+def _join_ranks(collective, model, data, ledger, *, steps: int, start_step: int, rank_units) -> None:
+    """The ranks agree on the phase, start from rank 0's parameters, and rank 0's ledger notes their shares."""
+    collective.agree("the DP-SGD phase's steps", steps)
+    collective.agree("the steps already taken", start_step)
+    collective.broadcast_(model)  # identical replicas from the first step on
+    if ledger is not None and hasattr(ledger, "note_ranks"):
+        # the auditor tests each rank's batches against what it sampled from: its rows, or its units
+        if rank_units is not None:
+            ledger.note_ranks(rank_units, what="units")
+        else:
+            ledger.note_ranks([r[0] for r in collective.gather([len(data)])])
 
 
 def check_unit_count(params: DPSGDParams, units: int | None) -> None:

@@ -17,6 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainers.baseline import reference
+from trainers.data.synth import get_shape, synthesize
+from trainers.metrics import relative_auc_loss
+from trainers.run import RunOptions, execute_plan, run_baseline
+from trainers.threads import resolve_threads
+
 __all__ = ["run_demo", "demo_scenario", "DEMO_SHAPE", "DEMO_TEMPLATE"]
 
 DEMO_SHAPE = "mixed"
@@ -66,11 +72,6 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     from budgetplan.scenario import parse_scenario
     from budgetplan.split import DEFAULT_RULE, choose_split
     from budgetplan.statement import render_statement
-    from trainers.baseline import reference
-    from trainers.data.synth import get_shape, synthesize
-    from trainers.metrics import relative_auc_loss
-    from trainers.run import RunOptions, execute_plan, run_baseline
-    from trainers.threads import resolve_threads
 
     threads = resolve_threads(threads)  # before the demo's own work adds to the load
     users = users or max(1, rows // 5)

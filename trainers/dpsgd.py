@@ -27,7 +27,19 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.phases import DPSGDParams
+from trainers import clipping  # clipped_gradient_sum looked up at each call: tests swap it
+from trainers.losses import bce
 from trainers.progress import bar
+from trainers.sampling import (
+    AllocationSampler,
+    PoissonSampler,
+    ShuffleSampler,
+    UnitPoissonSampler,
+    chunk_size,
+    default_padded_size,
+    fixed_chunk_size,
+    unit_table,
+)
 
 __all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
            "check_unit_count", "count_units", "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd",
@@ -176,13 +188,12 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
             and each block's summed gradient is clipped once (``clipped_gradient_sum``); the
             count returned is then of clipped units.
     """
-    from trainers.clipping import clipped_gradient_sum
 
     acc: list | None = None  # the first chunk's sums are the accumulator: no zeroed copy, no extra pass
     clipped = 0
     for idx, mask in batch.chunks:
         inputs, targets = rows(idx)
-        out = clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
+        out = clipping.clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
                                    parameters=trainable, truncated=truncated, unit_rows=unit_rows)
         if acc is None:
             acc = [p.grad for p in trainable]
@@ -310,16 +321,6 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
     their mean batch N / (N // B) or exactly B. The indices live on ``device`` (default the
     labels').
     """
-    from trainers.sampling import (
-        AllocationSampler,
-        PoissonSampler,
-        ShuffleSampler,
-        UnitPoissonSampler,
-        chunk_size,
-        default_padded_size,
-        fixed_chunk_size,
-        unit_table,
-    )
 
     device = data.label.device if device is None else device
     padded = settings.padded_size
@@ -410,7 +411,6 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             be given a ledger. When units are sampled every unit's rows must be on one rank
             (``trainers.ranks.rank_rows``), and the plan's M is the units of all ranks.
     """
-    from trainers.losses import bce
 
     settings = settings or DPSGDSettings.for_device(data.label.device)
     if not isinstance(params, DPSGDParams):

@@ -448,17 +448,22 @@ def run_child(script: str, spec: dict, *, step_limit: float, build_limit: float 
             result = {"status": "infeasible", "reason": ev.get("reason"), "error": ev.get("message")}
     rc = proc.wait()
     if result is None:
-        if rc < 0:
-            why = f"killed by signal {-rc}" + (" (SIGKILL: most likely the out-of-memory killer)" if rc == -9 else "")
-        else:
-            why = f"exited with status {rc} without a result"
-        tail = "".join(err[-5:]).strip()
-        result = {"status": "infeasible", "reason": why, "error": tail[-600:] or None}
+        result = _died(rc, err)
     result["wall_seconds"] = time.perf_counter() - t0
     result["steps_seen"] = len(steps)
     if ready is not None:
         result.setdefault("ready", {k: v for k, v in ready.items() if k != "event"})
     return result
+
+
+def _died(rc: int, err: list[str]) -> dict:
+    """A child that exited (status ``rc``, the tail of its stderr ``err``) without a result."""
+    if rc < 0:
+        why = f"killed by signal {-rc}" + (" (SIGKILL: most likely the out-of-memory killer)" if rc == -9 else "")
+    else:
+        why = f"exited with status {rc} without a result"
+    tail = "".join(err[-5:]).strip()
+    return {"status": "infeasible", "reason": why, "error": tail[-600:] or None}
 
 
 def failure_reason(exc: BaseException) -> str:

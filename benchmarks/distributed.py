@@ -146,15 +146,16 @@ def settings(args: argparse.Namespace) -> dict:
 
 
 def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, baseline_auc: float) -> dict:
-    from trainers.audit import audit_run
-    from trainers.run import execute_plan
+    from budgetplan.audit import audit_run
+    from trainers.run import RunOptions, execute_plan
 
     training, dpsgd, _ = _train_settings()
     out = work / f"run-{seed}-{nproc}"
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    record = execute_plan(plan, train, eval_path=evaluation, out_dir=out, settings=training, dpsgd_settings=dpsgd,
-                          seed=seed, threads=1, nproc=nproc, baseline_auc=baseline_auc)
+    record = execute_plan(plan, train, RunOptions(eval_path=evaluation, out_dir=out, settings=training,
+                                                  dpsgd_settings=dpsgd, seed=seed, threads=1, nproc=nproc,
+                                                  baseline_auc=baseline_auc))
     wall = time.perf_counter() - t0
     report = audit_run(out, data_path=train)
     dp = next(p for p in record.phases if p.name == "dpsgd")

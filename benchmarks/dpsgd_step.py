@@ -111,8 +111,6 @@ def _packed_module(model, cfg):
 
 
 def child(spec: dict) -> None:
-    import functools
-
     import torch
 
     device, mode, batch = spec["device"], spec["mode"], int(spec["batch"])
@@ -126,11 +124,33 @@ def child(spec: dict) -> None:
     except ImportError:
         pass
 
-    from trainers.dpsgd import encoded_rows, noisy_gradient
+    import trainers.dpsgd  # noqa: F401  (imported before the baseline, as every mode's modules)
+    from trainers.models import build_model
+
+    _page_in(cfg, device)
+    mem = h.Memory(device)
+    torch.manual_seed(0)
+    model = build_model("mlp", cfg).to(device)
+    inputs = h.synthetic_inputs(cfg, batch, device)
+    params = list(model.parameters())
+    n_params = sum(p.numel() for p in params)
+    checked = {"parameters": n_params}
+    make = {"non-private": _non_private_step, "ours": _our_step, "ours-4chunks": _our_step}.get(mode, _opacus_step)
+    step = make(mode, model, cfg, inputs, params, checked, batch, device)
+    if step is None:
+        return  # the error is reported
+    h.sync(device)
+    h.emit("ready", parameters=n_params, build_memory=mem.report())
+    _measure(step, spec, device, mem, checked)
+
+
+def _page_in(cfg: dict, device) -> None:
+    """Page in torch's common code paths (shared-library pages count in RSS) before the baseline."""
+    import torch
+
     from trainers.losses import bce
     from trainers.models import build_model
 
-    # Page in torch's common code paths (shared-library pages count in RSS) before the baseline.
     tiny_cfg = dict(cfg, ns_vocab=16, s_vocab=16, tower_hidden=8, common_hidden=(8,))
     tiny = build_model("mlp", tiny_cfg).to(device)
     tiny_opt = torch.optim.SGD(tiny.parameters(), lr=LR, momentum=0.9)
@@ -141,85 +161,98 @@ def child(spec: dict) -> None:
     del tiny, tiny_opt
     h.sync(device)
 
-    mem = h.Memory(device)
-    torch.manual_seed(0)
-    model = build_model("mlp", cfg).to(device)
-    ns_cat, ns_num, s_cat, s_num, label = h.synthetic_inputs(cfg, batch, device)
-    params = list(model.parameters())
-    n_params = sum(p.numel() for p in params)
-    checked = {"parameters": n_params}
 
-    if mode == "non-private":
-        opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+def _non_private_step(mode, model, cfg, inputs, params, checked, batch, device):
+    import torch
 
-        def step(check=False):
-            opt.zero_grad(set_to_none=True)
-            bce(model(ns_cat, ns_num, s_cat, s_num), label).backward()
-            opt.step()
+    from trainers.losses import bce
 
-    elif mode in ("ours", "ours-4chunks"):
-        from trainers.data.encoded import EncodedData
-        from trainers.sampling import Batch
+    ns_cat, ns_num, s_cat, s_num, label = inputs
+    opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
 
-        data = EncodedData(ns_cat, ns_num, s_cat, s_num, label, None, cfg["ns_vocab"], cfg["s_vocab"])
-        # "ours-4chunks": the same logical batch in four fixed-size chunks (DPSGDSettings.padded_size =
-        # batch / 4), clipped sums added before the one noise draw: memory for a quarter of the batch.
-        parts = 1 if mode == "ours" else 4
-        size = batch // parts
-        full = Batch(chunks=[(torch.arange(i * size, (i + 1) * size, device=device), torch.ones(size, device=device))
-                             for i in range(parts)], size=size * parts, drawn=size * parts, truncated=False)
-        gen = torch.Generator(device=device).manual_seed(1)
-        opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
-        loss_fn = functools.partial(bce, reduction="none")
+    def step(check=False):
+        opt.zero_grad(set_to_none=True)
+        bce(model(ns_cat, ns_num, s_cat, s_num), label).backward()
+        opt.step()
 
-        def step(check=False):
-            noisy_gradient(model, encoded_rows(data), full, params, clipping_norm=CLIP, noise_std=SIGMA * CLIP,
-                           expected_batch=float(batch), noise_generator=gen, loss_fn=loss_fn)
-            opt.step()
-            if check:
-                checked["parameters_with_grad"] = sum(p.numel() for p in params if p.grad is not None)
+    return step
 
+
+def _our_step(mode, model, cfg, inputs, params, checked, batch, device):
+    import functools
+
+    import torch
+
+    from trainers.data.encoded import EncodedData
+    from trainers.dpsgd import encoded_rows, noisy_gradient
+    from trainers.losses import bce
+    from trainers.sampling import Batch
+
+    ns_cat, ns_num, s_cat, s_num, label = inputs
+    data = EncodedData(ns_cat, ns_num, s_cat, s_num, label, None, cfg["ns_vocab"], cfg["s_vocab"])
+    # "ours-4chunks": the same logical batch in four fixed-size chunks (DPSGDSettings.padded_size =
+    # batch / 4), clipped sums added before the one noise draw: memory for a quarter of the batch.
+    parts = 1 if mode == "ours" else 4
+    size = batch // parts
+    full = Batch(chunks=[(torch.arange(i * size, (i + 1) * size, device=device), torch.ones(size, device=device))
+                         for i in range(parts)], size=size * parts, drawn=size * parts, truncated=False)
+    gen = torch.Generator(device=device).manual_seed(1)
+    opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+    loss_fn = functools.partial(bce, reduction="none")
+
+    def step(check=False):
+        noisy_gradient(model, encoded_rows(data), full, params, clipping_norm=CLIP, noise_std=SIGMA * CLIP,
+                       expected_batch=float(batch), noise_generator=gen, loss_fn=loss_fn)
+        opt.step()
+        if check:
+            checked["parameters_with_grad"] = sum(p.numel() for p in params if p.grad is not None)
+
+    return step
+
+
+def _opacus_step(mode, model, cfg, inputs, params, checked, batch, device):
+    """Opacus's step ("opacus": per-sample gradients; "opacus-ghost": ghost clipping), or None after an error."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ns_cat, ns_num, s_cat, s_num, label = inputs
+    wrapper = _packed_module(model, cfg)
+    packed = torch.cat([ns_cat.float(), ns_num, s_cat.float(), s_num], dim=1)
+    loader = DataLoader(TensorDataset(packed, label), batch_size=batch)  # one batch: expected size = batch
+    engine = PrivacyEngine()
+    base_opt = torch.optim.SGD(wrapper.parameters(), lr=LR, momentum=0.9)
+    if mode == "opacus":
+        module, opt, _ = engine.make_private(module=wrapper, optimizer=base_opt, data_loader=loader,
+                                             noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False)
+        criterion = nn.BCEWithLogitsLoss()
     else:
-        from opacus import PrivacyEngine
-        from torch import nn
-        from torch.utils.data import DataLoader, TensorDataset
+        module, opt, criterion, _ = engine.make_private(
+            module=wrapper, optimizer=base_opt, data_loader=loader, criterion=nn.BCEWithLogitsLoss(),
+            noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False, grad_sample_mode="ghost")
+    hooked = [p for p in module.parameters() if p.requires_grad]
+    if {id(p) for p in hooked} != {id(p) for p in params}:
+        h.emit("error", reason="error", message="Opacus hooks a different parameter set than ours")
+        return None
+    checked["opacus_parameters"] = sum(p.numel() for p in hooked)
+    checked["expected_batch_size"] = opt.expected_batch_size
+    attribute, key = ("grad_sample", "per_sample_gradients_of") if mode == "opacus" else (
+        "_norm_sample", "per_sample_norms_of")
 
-        wrapper = _packed_module(model, cfg)
-        packed = torch.cat([ns_cat.float(), ns_num, s_cat.float(), s_num], dim=1)
-        loader = DataLoader(TensorDataset(packed, label), batch_size=batch)  # one batch: expected size = batch
-        engine = PrivacyEngine()
-        base_opt = torch.optim.SGD(wrapper.parameters(), lr=LR, momentum=0.9)
-        if mode == "opacus":
-            module, opt, _ = engine.make_private(module=wrapper, optimizer=base_opt, data_loader=loader,
-                                                 noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False)
-            criterion = nn.BCEWithLogitsLoss()
-        else:
-            module, opt, criterion, _ = engine.make_private(
-                module=wrapper, optimizer=base_opt, data_loader=loader, criterion=nn.BCEWithLogitsLoss(),
-                noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False, grad_sample_mode="ghost")
-        hooked = [p for p in module.parameters() if p.requires_grad]
-        if {id(p) for p in hooked} != {id(p) for p in params}:
-            h.emit("error", reason="error", message="Opacus hooks a different parameter set than ours")
-            return
-        checked["opacus_parameters"] = sum(p.numel() for p in hooked)
-        checked["expected_batch_size"] = opt.expected_batch_size
+    def step(check=False):
+        opt.zero_grad(set_to_none=True)
+        loss = criterion(module(packed), label)
+        loss.backward()
+        if check:
+            checked[key] = sum(p.numel() for p in params if getattr(p, attribute, None) is not None)
+        opt.step()
 
-        def step(check=False):
-            opt.zero_grad(set_to_none=True)
-            loss = criterion(module(packed), label)
-            loss.backward()
-            if check:
-                if mode == "opacus":
-                    got = [p for p in params if getattr(p, "grad_sample", None) is not None]
-                    checked["per_sample_gradients_of"] = sum(p.numel() for p in got)
-                else:
-                    got = [p for p in params if getattr(p, "_norm_sample", None) is not None]
-                    checked["per_sample_norms_of"] = sum(p.numel() for p in got)
-            opt.step()
+    return step
 
-    h.sync(device)
-    h.emit("ready", parameters=n_params, build_memory=mem.report())
 
+def _measure(step, spec: dict, device, mem, checked: dict) -> None:
+    """Warm up, time the steps, measure the memory; emit ``done`` (or ``error``)."""
     cpu_times = []
 
     def timed(check=False) -> float:

@@ -109,7 +109,7 @@ def _run(plan, data, out, model, args, seed, arm, optimizer: str, canaries: int)
     from trainers.canary import CANARY_DATA, canary_audit, score_canaries
     from trainers.data.synth import SYNTH_FEATURES
     from trainers.randomness import Randomness
-    from trainers.run import TrainSettings
+    from trainers.run import RunOptions, TrainSettings
 
     settings_ = TrainSettings(model=model, embedding_dim=args.embedding_dim, nonsensitive_encoding="hash",
                               hash_bins_nonsensitive=args.hash_bins, hash_bins_sensitive=args.hash_bins)
@@ -119,8 +119,9 @@ def _run(plan, data, out, model, args, seed, arm, optimizer: str, canaries: int)
     t0 = time.perf_counter()
     try:
         dpsgd = _dpsgd_settings(optimizer, args)
-        rec = canary_audit(plan, data, canaries=canaries, out_dir=out, settings=settings_, seed=1000 + seed,
-                           canary_randomness=Randomness(2000 + seed), threads=2, dpsgd_settings=dpsgd)
+        rec = canary_audit(plan, data, RunOptions(out_dir=out, settings=settings_, seed=1000 + seed, threads=2,
+                                                  dpsgd_settings=dpsgd),
+                           canaries=canaries, canary_randomness=Randomness(2000 + seed))
     finally:
         patch.undo()
     seconds = time.perf_counter() - t0

@@ -91,7 +91,7 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
     from budgetplan.scenario.model import parse_scenario
     from budgetplan.scenario.split_rules import DEFAULT_RULE
     from trainers.data.synth import get_shape
-    from trainers.run import execute_plan
+    from trainers.run import RunOptions, execute_plan
 
     train_settings, dp = uf._train_settings(args)
     threads = 1 if args.jobs > 1 else "auto"
@@ -109,8 +109,9 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
             for label, text in plans.items():
                 t0 = time.perf_counter()
                 plan = build_plan(parse_scenario(text))
-                rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings, dpsgd_settings=dp,
-                                   seed=1000 + seed, baseline_auc=base["all"]["auc"], threads=threads)
+                rec = execute_plan(plan, train, RunOptions(eval_path=evaluation, settings=train_settings,
+                                                           dpsgd_settings=dp, seed=1000 + seed,
+                                                           baseline_auc=base["all"]["auc"], threads=threads))
                 chosen = None
                 if rec.tuning is not None:
                     index = rec.tuning["selection"]["selected"]

@@ -126,7 +126,7 @@ def _spin() -> None:
 
 
 def _measure(args, path: Path, plan, threads) -> dict:
-    from trainers.run import execute_plan, run_baseline
+    from trainers.run import RunOptions, execute_plan, run_baseline
 
     training, dpsgd, baseline = _train_settings(args)
     out = {}
@@ -137,7 +137,8 @@ def _measure(args, path: Path, plan, threads) -> dict:
             if workload == "non-private":
                 rec = run_baseline(plan, path, settings=training, baseline=baseline, seed=r, threads=threads)
             else:
-                rec = execute_plan(plan, path, settings=training, dpsgd_settings=dpsgd, seed=r, threads=threads)
+                rec = execute_plan(plan, path, RunOptions(settings=training, dpsgd_settings=dpsgd, seed=r,
+                                                          threads=threads))
             times.append(time.perf_counter() - t0)
             used = rec.timings.get("torch_threads")
         out[workload] = {"threads_used": used, "seconds": times, "median": statistics.median(times),

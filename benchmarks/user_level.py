@@ -146,12 +146,13 @@ def _capped(train: Path, k: int, seed: int, work: Path) -> tuple[Path, int, int]
 
 
 def _one(args, plan, train, evaluation, seed: int, baseline_auc: float, out: Path) -> dict:
-    from trainers.audit import audit_run
-    from trainers.run import execute_plan
+    from budgetplan.audit import audit_run
+    from trainers.run import RunOptions, execute_plan
 
     training, dpsgd, _ = _train_settings()
-    record = execute_plan(plan, train, eval_path=evaluation, out_dir=out, settings=training, dpsgd_settings=dpsgd,
-                          seed=seed, threads=1, baseline_auc=baseline_auc)
+    record = execute_plan(plan, train, RunOptions(eval_path=evaluation, out_dir=out, settings=training,
+                                                  dpsgd_settings=dpsgd, seed=seed, threads=1,
+                                                  baseline_auc=baseline_auc))
     report = audit_run(out, data_path=train)
     dp = next(p for p in record.phases if p.name == "dpsgd")
     return {**h.eval_metrics(record), "noise_multiplier": plan.dpsgd.params.noise_multiplier,

@@ -71,7 +71,7 @@ def _template_values() -> dict:
     """What the template sets that the arms share (read from the shipped file, so the two cannot drift)."""
     import tomllib
 
-    from budgetplan.scenario import examples
+    from budgetplan.scenario.model import examples
 
     raw = tomllib.loads(Path(examples.path(TEMPLATE)).read_text())
     return {"delta": raw["budget"]["delta"], "adjacency": raw["privacy"]["adjacency"],
@@ -277,7 +277,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
     from budgetplan.report.plots import arm_of
     from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
-    from trainers.run import execute_plan
+    from trainers.run import RunOptions, execute_plan
 
     train_settings, dp = _train_settings(args)
     threads = 1 if args.jobs > 1 else "auto"  # a worker's siblings hold the other cores
@@ -298,9 +298,11 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
             t0 = time.perf_counter()
             split, tower = ARMS[arm]
             plan = build_plan(parse_scenario(scenario(args, epsilon=eps, split=split, n=n, spec=spec, tower=tower)))
-            rec = execute_plan(plan, train, eval_path=evaluation, settings=train_settings, dpsgd_settings=dp,
-                               seed=1000 + seed, baseline_auc=baseline["all"]["auc"],
-                               baseline_tolerance=baseline["all"]["auc_tolerance"], threads=threads)
+            rec = execute_plan(plan, train, RunOptions(eval_path=evaluation, settings=train_settings,
+                                                       dpsgd_settings=dp, seed=1000 + seed,
+                                                       baseline_auc=baseline["all"]["auc"],
+                                                       baseline_tolerance=baseline["all"]["auc_tolerance"],
+                                                       threads=threads))
             report("cell", _key(shape, seed, eps, arm), {
                 "shape": shape, "seed": seed, "epsilon": eps, "arm": arm, "split": split,
                 "tower": plan.dpsgd.params.nonsensitive_tower if plan.dpsgd else None,

@@ -15,8 +15,8 @@ other benchmarks (``_harness.holdout_data``),
   (``penalties``) gives at no noise: a uniform L2 of ``L2_BASE`` (10), the intercept free.
 
 The rows and their encoding are those ``execute_plan`` prepares: the non-private arm reads them
-with the trainer's own ``trainers.run._prepare`` and ``_prepare_eval`` (private helpers: there
-is no public function that reads, caps and encodes data as a plan's run does), with the
+with the trainer's own ``trainers.inputs.prepare_data`` and ``prepare_eval`` (what reads, caps and
+encodes data as a plan's run does), with the
 settings resolved for the same plan, then ``numeric_range`` and ``encode_rows``; each
 (shape, seed) checks that the private run's dimension and numeric range are the non-private
 arm's.
@@ -49,7 +49,7 @@ HOLDOUT = h.HOLDOUT
 QUICK = {"rows": 20_000, "seeds": 1, "epsilons": "3", "shapes": "mixed"}
 # the [walr] keys of the numeric example that a one-hot plan leaves out (derived from [features])
 REMOVED = ("features", "row_norm_bound")
-# the TrainSettings fields a one-hot WALR run reads (``trainers.run._prepare`` and ``resolve_device``)
+# the TrainSettings fields a one-hot WALR run reads (``trainers.inputs.prepare_data`` and ``resolve_device``)
 TRAINING = ("hash_bins_nonsensitive", "hash_bins_sensitive", "nonsensitive_encoding", "vocab_threshold", "device",
             "data_format")
 
@@ -145,9 +145,10 @@ def _non_private(plan, train, evaluation, seed: int) -> dict:
     """The logistic regression on the rows and encoding of ``plan``'s run, fitted on the exact sum."""
     import torch
 
+    from trainers.inputs import prepare_data, prepare_eval, resolve_device
     from trainers.metrics import evaluate_model
     from trainers.randomness import Randomness
-    from trainers.run import TrainSettings, _prepare, _prepare_eval, resolve_device
+    from trainers.run import TrainSettings
     from trainers.threads import torch_threads
     from trainers.walr_onehot import L2_BASE, encode_rows, fit, numeric_range, penalties, predict, release
 
@@ -158,9 +159,9 @@ def _non_private(plan, train, evaluation, seed: int) -> dict:
         settings = TrainSettings().for_plan(plan)  # as execute_plan resolves them
         device = resolve_device(settings.device)
         rnd = Randomness(seed)
-        prep = _prepare(train, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
+        prep = prepare_data(train, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                         expected_rows=plan.dataset_size, randomness=rnd)
-        eval_prep = _prepare_eval(evaluation, spec, settings, device, prep.vocabulary)
+        eval_prep = prepare_eval(evaluation, spec, settings, device, prep.vocabulary)
         lo, hi = numeric_range(prep.data)
         rows, _ = encode_rows(prep.data, lo, hi, row_norm_bound=par.row_norm_bound)
         w = torch.ones(len(rows), dtype=torch.float64, device=rows.scale.device)
@@ -180,7 +181,7 @@ def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
     from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.metrics import relative_auc_loss
-    from trainers.run import execute_plan
+    from trainers.run import RunOptions, execute_plan
 
     spec = get_shape(shape).features
     work = Path(tempfile.mkdtemp(prefix="walr-utility-"))
@@ -199,7 +200,8 @@ def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
             par = plan.walr.params
             if par.encoding != "one-hot" or par.row_norm_bound != first.walr.params.row_norm_bound:
                 raise RuntimeError(f"the plan at epsilon {eps:g} is not the one-hot plan of the non-private arm")
-            rec = execute_plan(plan, train, eval_path=evaluation, out_dir=work / f"run-{eps:g}", seed=1000 + seed)
+            rec = execute_plan(plan, train, RunOptions(eval_path=evaluation, out_dir=work / f"run-{eps:g}",
+                                                       seed=1000 + seed))
             shutil.rmtree(work / f"run-{eps:g}", ignore_errors=True)
             config = rec.model["config"]
             if config["features"] != lr["k"] or config["numeric_range"] != lr["numeric_range"]:

@@ -65,7 +65,7 @@ def _adjacency_words(plan: Plan) -> str:
 
 def _mechanism_lines(plan: Plan) -> list[str]:
     out = []
-    if plan.tuning is not None and "grid" in plan.tuning:
+    if plan.tuned:
         out.append(_item("A grid of configurations is declared: the phases below are configuration 0's, each run on "
                          "the training part of the data; every configuration's phases are listed under "
                          "Composition, with the selection among them."))
@@ -433,7 +433,7 @@ def _artifacts(plan: Plan) -> list[str]:
                          "guarantee), indexed by row: it stays with the data."))
     if plan.walr is not None:
         out.append(_item("walr_sum.npy: the one noisy release (covered)."))
-    if plan.tuning is not None and "grid" in plan.tuning:
+    if plan.tuned:
         out.append(_item(
             "A tuned run: run.json lists every configuration's phases as above, the selected configuration (the "
             "selection's one release) and the training part's row count, which its randomized-response labels and "

@@ -460,7 +460,7 @@ non-private *truncated* model (non-sensitive features only) is the ceiling RR ca
 epsilon: RR may not use the sensitive features.'''),
     ("code", r'''from trainers.dpsgd import DPSGDSettings
 from trainers.metrics import relative_auc_loss
-from trainers.run import TrainSettings, execute_plan, run_baseline
+from trainers.run import RunOptions, TrainSettings, execute_plan, run_baseline
 
 settings = TrainSettings(device=DEVICE, lr=LR, batch_size=RR_BATCH, **MODEL)
 dpsgd_settings = DPSGDSettings(optimizer="adam", lr=DPSGD_LR)
@@ -485,8 +485,8 @@ run_dirs = []
 t0 = time.perf_counter()
 for (eps, alpha), plan in plans.items():
     out = RUNS / f"eps{eps:g}-alpha{alpha:g}"
-    record = execute_plan(plan, TRAIN, eval_path=EVAL, out_dir=out, settings=settings,
-                          dpsgd_settings=dpsgd_settings, baseline_auc=BASE_AUC)
+    record = execute_plan(plan, TRAIN, RunOptions(eval_path=EVAL, out_dir=out, settings=settings,
+                                                  dpsgd_settings=dpsgd_settings, baseline_auc=BASE_AUC))
     run_dirs.append(out)
     ev = record.metrics["eval"]
     print(f"eps {eps:>4g}  alpha {alpha:<4g}  AUC {ev['auc']:.4f}  relative AUC loss {ev['relative_auc_loss']:6.2f}%  "
@@ -581,7 +581,7 @@ RR_SAMPLES = 1_000_000     # labels per neighbour in the RR measurement figure (
     ("code", r'''from budgetplan.planning.planner import build_plan
 from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
-from trainers.run import TrainSettings, execute_plan
+from trainers.run import RunOptions, TrainSettings, execute_plan
 
 DATA = WORK / "train.parquet"
 pq.write_table(synthesize(ROWS, USERS, SEED), DATA)
@@ -621,8 +621,8 @@ for phase in plan.phases:
     keys = ("flip_probability", "noise_multiplier", "steps", "sampling_rate")
     print(phase.name, {k: getattr(phase.params, k) for k in keys if hasattr(phase.params, k)})
 RUN = WORK / "runs" / "hybrid"
-record = execute_plan(plan, DATA, out_dir=RUN, settings=TrainSettings(device=DEVICE, embedding_dim=4, tower_hidden=32,
-                                                                     common_hidden=(32,)))
+record = execute_plan(plan, DATA, RunOptions(out_dir=RUN, settings=TrainSettings(device=DEVICE, embedding_dim=4,
+                                                                                 tower_hidden=32, common_hidden=(32,))))
 print("run directory:", sorted(p.name for p in RUN.iterdir()))'''),
     ("md", r'''## The audit
 

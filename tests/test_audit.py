@@ -26,7 +26,7 @@ N = 4000
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from trainers.data.synth import SYNTH_FEATURES, synthesize
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     root = tmp_path_factory.mktemp("audit")
     table = synthesize(N + 1000, 900, 3)
@@ -35,7 +35,8 @@ def runs(tmp_path_factory):
         'name = "rr"', 'name = "hybrid"\nsplit = "alpha=0.5"').replace("delta = 0.0", "delta = 1e-6")
     text += "\n[dpsgd]\nbatch_size = 100\nsteps = 60\nclipping_norm = 1.0\n"
     plan = build_plan(parse_scenario(text))
-    execute_plan(plan, root / "train.parquet", out_dir=root / "run", settings=TrainSettings(embedding_dim=4))
+    execute_plan(plan, root / "train.parquet", RunOptions(out_dir=root / "run",
+                                                          settings=TrainSettings(embedding_dim=4)))
     return root, plan
 
 

@@ -19,12 +19,12 @@ ROWS = 3000
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     from trainers.data.synth import synthesize
-    from trainers.run import execute_plan
+    from trainers.run import RunOptions, execute_plan
 
     root = tmp_path_factory.mktemp("audit-tuned")
     pq.write_table(synthesize(ROWS, 900, 4), root / "train.parquet")
     plan = build_plan(parse_scenario(grid_scenario(GRID_2X1)))
-    execute_plan(plan, root / "train.parquet", out_dir=root / "run", settings=FAST)
+    execute_plan(plan, root / "train.parquet", RunOptions(out_dir=root / "run", settings=FAST))
     return root, plan
 
 

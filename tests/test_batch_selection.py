@@ -148,12 +148,12 @@ sensitive_numeric = ["days_since_visit", "visits_7d"]
 
 def _train(root, name, plan, monkeypatch=None, sampler=None):
     from trainers import dpsgd as dpsgd_mod
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     if sampler is not None:
         monkeypatch.setattr(dpsgd_mod, "phase_sampler", sampler)
     out = root / name
-    execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=2))
+    execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=2)))
     from budgetplan.audit import audit_run
 
     return audit_run(out)

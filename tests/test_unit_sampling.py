@@ -239,14 +239,15 @@ def capped(tmp_path_factory):
 def _trained(root, n, m, name, *, by="unit", adjacency="add-remove", monkeypatch=None, sampler=None):
     from trainers import dpsgd as dpsgd_mod
     from trainers.audit import audit_run
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     plan = build_plan(scenario(by, adjacency=adjacency, cap=3, n=n, units=f"units = {m}", batch=50,
                                extra=FEATURES))
     if sampler is not None:
         monkeypatch.setattr(dpsgd_mod, "phase_sampler", sampler)
     out = root / name
-    record = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=2), seed=3)
+    record = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out,
+                                                                   settings=TrainSettings(embedding_dim=2), seed=3))
     return plan, record, audit_run(out, data_path=root / "train.parquet")
 
 

@@ -42,6 +42,10 @@ import numpy as np
 from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import typed, validate
+from trainers import losses
+from trainers.data.capping import unit_ids
+from trainers.fit import fit, predict
+from trainers.metrics import auc, auc_standard_error, log_loss, relative_auc_loss
 
 __all__ = ["BaselineSettings", "validation_split", "train_baseline", "MODEL_SETTINGS", "reference",
            "check_comparable", "compare", "TOLERANCE_Z"]
@@ -112,7 +116,6 @@ def validation_split(table, unit_column: str | None, fraction: float, what: str 
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from trainers.data.capping import unit_ids
 
         unit_ids(table, unit_column, why="to be held out whole")  # refuses missing ids
         column = table.column(unit_column)
@@ -135,8 +138,6 @@ def validation_split(table, unit_column: str | None, fraction: float, what: str 
 
 def _scores(model, data, truncated: bool) -> tuple[float | None, float | None]:
     """(log loss, AUC) on ``data``; None where a prediction is not finite or (AUC) a class is missing."""
-    from trainers.fit import predict
-    from trainers.metrics import auc, log_loss
 
     p = predict(model, data, truncated=truncated)
     if not np.all(np.isfinite(p)):
@@ -162,8 +163,6 @@ def train_baseline(model, train, validation, fit_settings, settings: BaselineSet
     """
     import copy
 
-    from trainers import losses
-    from trainers.fit import fit
 
     curve: dict = {"checked_at": [], "train_loss": [], "validation_log_loss": [], "validation_auc": []}
     best = {"loss": float("inf"), "index": None, "state": None}
@@ -198,7 +197,6 @@ def reference(record) -> tuple[float, float]:
     Raises:
         InvalidParameterError: the record is not a non-private baseline, or has no eval AUC.
     """
-    from trainers.metrics import auc_standard_error
 
     if record.algorithm != "non-private":
         raise InvalidParameterError(f"it is a {record.algorithm} run, not a non-private baseline (train one with "
@@ -231,7 +229,6 @@ def check_comparable(record, settings, *, full_model: bool) -> None:
 
 def compare(metrics: dict, auc: float, tolerance: float | None) -> None:
     """Add the baseline's AUC, the relative AUC loss and the beats-the-ceiling flag to eval ``metrics``."""
-    from trainers.metrics import relative_auc_loss
 
     metrics["baseline_auc"] = auc
     own = metrics["auc"]

@@ -20,8 +20,11 @@ import torch
 
 from budgetplan import intercept
 from budgetplan.errors import InvalidParameterError
+from budgetplan.record.records import CalibrationRun, CalibrationStats
+from trainers.distributed import release_once
+from trainers.fit import _logits
 
-__all__ = ["CalibrationResult", "exact_release", "run_calibration", "calibrate_if_planned"]
+__all__ = ["CalibrationResult", "exact_release", "run_calibration", "calibration_entry", "free_calibration"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +52,6 @@ def exact_release(model, data, shifts, *, truncated: bool = False, batch_size: i
     A non-finite logit counts as 1/2 at every shift, so each row's contribution to every
     coordinate stays in [0, 1] whatever the model does (the sensitivity relies on it).
     """
-    from trainers.fit import _logits
-
     d = torch.as_tensor(shifts, dtype=torch.float64, device=data.label.device)
     sums = torch.zeros(d.numel(), dtype=torch.float64, device=d.device)
     model.eval()
@@ -77,8 +78,6 @@ def run_calibration(model, data, phase, *, randomness, session, rr_result=None, 
             are added across ranks and rank 0 alone adds the noise, once; every rank then
             solves the same shift from the same noisy vector.
     """
-    from trainers.distributed import release_once
-
     par = phase.params
     t0 = time.perf_counter()
     shifts = par.shifts
@@ -120,40 +119,25 @@ def run_calibration(model, data, phase, *, randomness, session, rr_result=None, 
         shift=shift, clamped=clamped)
 
 
-def calibrate_if_planned(plan, model, data, *, randomness, session, rr_result=None, collective=None) -> list:
-    """The run's calibration, if its plan has one: ``[(public entry, private statistics)]``, else ``[]``.
-
-    Called once, after the training phases. An RR-only plan's free calibration has no public
-    entry (None): it releases nothing.
-    """
-    from budgetplan.record.records import CalibrationRun, CalibrationStats
-
-    if plan.free_calibration:
-        return [(None, _free(model, data, rr_result, collective))]
-    phase = plan.calibration
-    if phase is None:
-        return []
-    r = run_calibration(model, data, phase, randomness=randomness, session=session, rr_result=rr_result,
-                        collective=collective)
+def calibration_entry(r: CalibrationResult) -> tuple[CalibrationRun, CalibrationStats]:
+    """The calibration's release as the record holds it: ``(public entry, private statistics)``."""
     public = CalibrationRun(rows=r.rows, releases=1, release_sha256=r.release_sha256, coordinates=r.coordinates,
                             noise_std=r.noise_std, noise_draws=r.coordinates, sensitivity=r.sensitivity,
                             seconds=r.seconds)
     stats = CalibrationStats(release=r.release, target_positives=r.target_positives,
                              target_variance=r.target_variance, mean_prediction_before=r.mean_prediction_before,
                              shift=r.shift, clamped=r.clamped)
-    return [(public, stats)]
+    return public, stats
 
 
 @torch.no_grad()
-def _free(model, data, rr_result, collective=None):
+def free_calibration(model, data, rr_result, collective=None) -> CalibrationStats:
     """An RR-only run's exact shift: its truncated logits over the training rows meet the RR labels' debiased count.
 
-    With several processes rank 0 solves on every rank's logits (gathered in rank order) and
-    every rank applies rank 0's shift.
+    Called after the RR phase of a plan whose calibration is free (``plan.free_calibration``):
+    it releases nothing, so it has no public entry. With several processes rank 0 solves on
+    every rank's logits (gathered in rank order) and every rank applies rank 0's shift.
     """
-    from budgetplan.record.records import CalibrationStats
-    from trainers.fit import _logits
-
     if rr_result is None or rr_result.debiased_positives is None:
         raise InvalidParameterError("the plan calibrates the intercept from the RR labels, but the run has no RR "
                                     "result to take their debiased count from")

@@ -66,6 +66,14 @@ from budgetplan.plan.phases import DPSGDPhase, RRPhase
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
+from trainers.data.encode import encode, hash_value
+from trainers.data.loaders import read_table
+from trainers.fit import _logits
+from trainers.models import build_model
+from trainers.outputs import INITIAL_MODEL, check_out
+from trainers.randomness import Randomness
+from trainers.run import execute_plan
+from trainers.settings import RunOptions, TrainSettings
 
 __all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries"]
 
@@ -150,7 +158,6 @@ def insert_canaries(table, spec, m: int, *, randomness=None, hash_bins: dict[str
     """
     import pyarrow as pa
 
-    from trainers.randomness import Randomness
 
     rnd = randomness or Randomness()
     n = table.num_rows
@@ -184,7 +191,6 @@ def insert_canaries(table, spec, m: int, *, randomness=None, hash_bins: dict[str
 
 def _canary_values(table, spec, m: int, tag: str, hash_bins: dict[str, int]) -> dict[str, np.ndarray]:
     """Each categorical column's m canary values, on rows of their own in the hashed tables."""
-    from trainers.data.encode import hash_value
 
     out: dict[str, np.ndarray] = {}
     for group, names in (("nonsensitive", spec.nonsensitive_categorical), ("sensitive", spec.sensitive_categorical)):
@@ -218,10 +224,6 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
     minus the initial model's where the run kept it (``execute_plan(keep_initial=True)``)."""
     import torch
 
-    from trainers.data.encode import encode
-    from trainers.fit import _logits
-    from trainers.models import build_model
-    from trainers.run import INITIAL_MODEL
 
     run_dir = Path(run_dir)
     training = record.training
@@ -246,13 +248,14 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
     return logits.numpy()
 
 
-def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float = DEFAULT_CONFIDENCE,
-                 fractions: tuple[float, ...] = GUESS_FRACTIONS, canary_randomness=None, **execute) -> RunRecord:
+def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries: int,
+                 confidence: float = DEFAULT_CONFIDENCE, fractions: tuple[float, ...] = GUESS_FRACTIONS,
+                 canary_randomness=None) -> RunRecord:
     """Train ``plan`` once on ``data_path`` with ``canaries`` rows replaced by canaries; audit the model.
 
     The data with its canaries is written to ``out_dir/private/canary_data.parquet`` (the
     data owner's side: it holds the owner's rows) and trained on by ``execute_plan`` with
-    ``execute`` (its keyword arguments: ``settings``, ``dpsgd_settings``, ``seed``, ...);
+    ``options`` (its ``RunOptions``: ``out_dir``, which is required, ``settings``, ``seed``, ...);
     then each canary is scored by the model's logit, the k highest guessed label 1 and the k
     lowest label 0, and the lower bound on epsilon (``budgetplan.audit.canary``, at the
     plan's delta, compared with its epsilon) goes into the private record's ``one_run``.
@@ -264,18 +267,16 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
     Returns:
         The run record, with ``private_part.one_run``.
     """
-    from trainers.data.loaders import read_table
-    from trainers.run import TrainSettings, _check_out, execute_plan
-
+    options = options or RunOptions()
     _check_plan(plan)
-    out = _check_out(out_dir)
+    out = check_out(options.out_dir)
     if out is None:
         raise InvalidParameterError("canaries need the run directory (--out): the model is audited from it")
     validate.open_unit("confidence", confidence)
-    if execute.get("nproc", 1) != 1 or execute.get("collective") is not None or execute.get("resume"):
+    if options.nproc != 1 or options.collective is not None or options.resume:
         raise UnsupportedError("a canary run is one fresh process (no --nproc, torchrun or --resume)")
     spec = plan.scenario.features
-    settings = execute.pop("settings", None) or TrainSettings()
+    settings = options.settings or TrainSettings()
     table = read_table(data_path, format=settings.data_format, columns=list(spec.columns))
     resolved = settings.for_plan(plan)
     bins = {"sensitive": resolved.hash_bins_sensitive}
@@ -291,8 +292,8 @@ def canary_audit(plan, data_path, *, canaries: int, out_dir, confidence: float =
         (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
         with atomic_output(out / CANARY_DATA) as tmp:
             pq.write_table(audited, tmp)
-        record = execute_plan(plan, out / CANARY_DATA, out_dir=out, settings=replace(settings, data_format="parquet"),
-                              keep_initial=True, **execute)
+        record = execute_plan(plan, out / CANARY_DATA, replace(options, out_dir=out, keep_initial=True,
+                                                               settings=replace(settings, data_format="parquet")))
     except BaseException:
         # a refusal leaves nothing behind; a run that began (its ledger exists) keeps its evidence
         if not (out / "ledger.jsonl").exists():

@@ -502,28 +502,13 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
             dimension 0 is not the example, an Embedding with ``scale_grad_by_freq``, or a
             call with autograd disabled.
     """
-    bound = positive("clipping_norm", clipping_norm)
-    if not torch.is_grad_enabled():
-        # Every output would come back without a gradient, and the sum would be silently zero.
-        raise UnsupportedError("clipped_gradient_sum needs autograd; it was called under torch.no_grad() "
-                               "or torch.inference_mode()")
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 1:
-        raise InvalidParameterError(f"mask must be a 1-D tensor, one entry per row, got {mask!r:.80}")
+    bound = _check_call(clipping_norm, mask)
     batch = mask.shape[0]
     k = _unit_rows(unit_rows, batch)
     units = batch // k
     layers, fallback = _select(model, parameters)
     xs = tuple(inputs[:2]) if truncated else tuple(inputs)
-
-    handles = []
-    try:
-        for layer in layers:
-            # prepend: capture the layer's own output, before any user hook could replace it.
-            handles.append(layer.module.register_forward_hook(layer.record, with_kwargs=True, prepend=True))
-        logits = model.forward_truncated(*xs) if truncated else model(*xs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    logits = _hooked_forward(model, layers, xs, truncated)
 
     pieces: list = []
     try:
@@ -575,19 +560,50 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
                 c = torch.where(real, mask.to(dtype) * factor, 0)
             else:  # the weights are already inside the unit's gradient
                 c = torch.where(real, factor.repeat_interleave(k), 0)
-            for piece in pieces:
-                piece.set_grads(c.to(piece.g.dtype))
-            for (_, p), g in zip(fallback, per_example):
-                p.grad = (c.to(g.dtype) @ g.reshape(batch, -1)).reshape(p.shape).to(p.dtype)
-            for _, p, g in unreached:
-                if g is None:
-                    p.grad = torch.zeros_like(p)
+            _set_grads(c, pieces, fallback, per_example, unreached, batch)
             return {"norms": norms, "clipped": (present & (norms > bound)).sum(), "loss_sum": objective.detach()}
     finally:
         # The activations must not outlive the call, not even through a traceback.
         for layer in layers:
             layer.calls.clear()
         pieces.clear()
+
+
+def _check_call(clipping_norm: float, mask) -> float:
+    """C, checked, once autograd is on and ``mask`` is one entry per row."""
+    bound = positive("clipping_norm", clipping_norm)
+    if not torch.is_grad_enabled():
+        # Every output would come back without a gradient, and the sum would be silently zero.
+        raise UnsupportedError("clipped_gradient_sum needs autograd; it was called under torch.no_grad() "
+                               "or torch.inference_mode()")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 1:
+        raise InvalidParameterError(f"mask must be a 1-D tensor, one entry per row, got {mask!r:.80}")
+    return bound
+
+
+def _hooked_forward(model: nn.Module, layers: list[_Layer], xs: tuple, truncated: bool) -> torch.Tensor:
+    """The logits, every hooked layer's calls recorded (the hooks removed again whatever happens)."""
+    handles = []
+    try:
+        for layer in layers:
+            # prepend: capture the layer's own output, before any user hook could replace it.
+            handles.append(layer.module.register_forward_hook(layer.record, with_kwargs=True, prepend=True))
+        return model.forward_truncated(*xs) if truncated else model(*xs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _set_grads(c: torch.Tensor, pieces: list, fallback: list, per_example: list, unreached: list,
+               batch: int) -> None:
+    """Every trainable ``.grad`` := its clipped sum with the rows' factors ``c`` (zero where never reached)."""
+    for piece in pieces:
+        piece.set_grads(c.to(piece.g.dtype))
+    for (_, p), g in zip(fallback, per_example):
+        p.grad = (c.to(g.dtype) @ g.reshape(batch, -1)).reshape(p.shape).to(p.dtype)
+    for _, p, g in unreached:
+        if g is None:
+            p.grad = torch.zeros_like(p)
 
 
 def _unit_rows(value: object, batch: int) -> int:

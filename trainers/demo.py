@@ -17,6 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from budgetplan.util.fileio import atomic_output, write_atomic
+from trainers.baseline import reference
+from trainers.data.synth import get_shape, synthesize
+from trainers.metrics import relative_auc_loss
+from trainers.run import RunOptions, execute_plan, run_baseline
+from trainers.threads import resolve_threads
+
 __all__ = ["run_demo", "demo_scenario", "DEMO_SHAPE", "DEMO_TEMPLATE"]
 
 DEMO_SHAPE = "mixed"
@@ -65,12 +72,6 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     from budgetplan.scenario.model import parse_scenario
     from budgetplan.scenario.split_rules import DEFAULT_RULE, choose_split
     from budgetplan.statement import render_statement
-    from budgetplan.util.fileio import atomic_output, write_atomic
-    from trainers.baseline import reference
-    from trainers.data.synth import get_shape, synthesize
-    from trainers.metrics import relative_auc_loss
-    from trainers.run import execute_plan, run_baseline
-    from trainers.threads import resolve_threads
 
     threads = resolve_threads(threads)  # before the demo's own work adds to the load
     users = users or max(1, rows // 5)
@@ -108,8 +109,10 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     for arm, stem, _ in ARMS:
         plan = plans[arm]
         t0 = time.perf_counter()
-        rec = execute_plan(plan, out / "train.parquet", eval_path=out / "eval.parquet", out_dir=out / f"run-{stem}",
-                           baseline_auc=base_auc, baseline_tolerance=tolerance, progress=progress, threads=threads)
+        rec = execute_plan(plan, out / "train.parquet", RunOptions(eval_path=out / "eval.parquet",
+                                                                   out_dir=out / f"run-{stem}", baseline_auc=base_auc,
+                                                                   baseline_tolerance=tolerance, progress=progress,
+                                                                   threads=threads))
         runs.append(_row(arm, epsilon, rec, time.perf_counter() - t0, plan))
     hybrid = plans["Hybrid"]
     share = hybrid.calibration.params.share if hybrid.calibration is not None else 0.0

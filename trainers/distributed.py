@@ -42,7 +42,14 @@ import torch.distributed as dist
 
 from budgetplan.errors import BudgetplanError, PlanMismatchError
 
-__all__ = ["Collective", "RankFailed", "launch", "release_once", "from_environment"]
+__all__ = ["Collective", "RankFailed", "block", "launch", "release_once", "from_environment"]
+
+
+def block(count: int, parts: int, index: int) -> slice:
+    """The ``index``-th of ``parts`` contiguous blocks of ``count`` items: in order, sizes differing by at most one."""
+    base, extra = divmod(int(count), int(parts))
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (index < extra))
 
 
 class RankFailed(BudgetplanError, RuntimeError):
@@ -126,8 +133,6 @@ class Collective:
 
     def shard(self, rows: int) -> slice:
         """This rank's contiguous block of ``rows`` rows: ranks in order, sizes differing by at most one."""
-        from trainers.ranks import block
-
         return block(rows, self.world_size, self.rank)
 
 
@@ -265,22 +270,37 @@ def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.
             except queues.Empty:
                 pass
             if all(p.exitcode is not None for p in procs):
-                while True:  # what the last processes put before they exited
-                    try:
-                        take(*results.get(timeout=1.0))
-                    except queues.Empty:
-                        break
+                _drain(results, take)  # what the last processes put before they exited
                 break
             if failed_since is None and (first_error is not None or any(p.exitcode not in (None, 0) for p in procs)):
                 failed_since = time.monotonic()
             if failed_since is not None and time.monotonic() - failed_since > timeout_s + 60.0:
                 break
     finally:
-        for p in procs:
-            p.join(timeout=5.0)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        _join(procs)
+    return _results(got, procs, first_error)
+
+
+def _drain(results, take) -> None:
+    """``take`` every result still in the queue."""
+    while True:
+        try:
+            take(*results.get(timeout=1.0))
+        except queues.Empty:
+            return
+
+
+def _join(procs) -> None:
+    """Wait for every process a little, then end those still running."""
+    for p in procs:
+        p.join(timeout=5.0)
+        if p.is_alive():
+            p.terminate()
+            p.join()
+
+
+def _results(got: dict, procs, first_error: tuple | None) -> list:
+    """Every rank's result in rank order, or the first rank's own error, or ``RankFailed``."""
     if first_error is not None and first_error[1] is not None:
         raise _own_error(*first_error[1:])
     failed = [f"rank {r}: {v[1][0].splitlines()[0]}" for r, v in sorted(got.items()) if v[0] == "error"]
@@ -288,4 +308,4 @@ def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.
                if r not in got]
     if failed:
         raise RankFailed("the distributed run failed, no result is used: " + "; ".join(failed))
-    return [got[r][1] for r in range(nproc)]
+    return [got[r][1] for r in range(len(procs))]

@@ -27,7 +27,19 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import DPSGDParams
+from trainers import clipping  # clipped_gradient_sum looked up at each call: tests swap it
+from trainers.losses import bce
 from trainers.progress import bar
+from trainers.sampling import (
+    AllocationSampler,
+    PoissonSampler,
+    ShuffleSampler,
+    UnitPoissonSampler,
+    chunk_size,
+    default_padded_size,
+    fixed_chunk_size,
+    unit_table,
+)
 
 __all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
            "check_unit_count", "count_units", "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd",
@@ -176,13 +188,12 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
             and each block's summed gradient is clipped once (``clipped_gradient_sum``); the
             count returned is then of clipped units.
     """
-    from trainers.clipping import clipped_gradient_sum
 
     acc: list | None = None  # the first chunk's sums are the accumulator: no zeroed copy, no extra pass
     clipped = 0
     for idx, mask in batch.chunks:
         inputs, targets = rows(idx)
-        out = clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
+        out = clipping.clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
                                    parameters=trainable, truncated=truncated, unit_rows=unit_rows)
         if acc is None:
             acc = [p.grad for p in trainable]
@@ -310,16 +321,6 @@ def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness
     their mean batch N / (N // B) or exactly B. The indices live on ``device`` (default the
     labels').
     """
-    from trainers.sampling import (
-        AllocationSampler,
-        PoissonSampler,
-        ShuffleSampler,
-        UnitPoissonSampler,
-        chunk_size,
-        default_padded_size,
-        fixed_chunk_size,
-        unit_table,
-    )
 
     device = data.label.device if device is None else device
     padded = settings.padded_size
@@ -410,7 +411,6 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             be given a ledger. When units are sampled every unit's rows must be on one rank
             (``trainers.ranks.rank_rows``), and the plan's M is the units of all ranks.
     """
-    from trainers.losses import bce
 
     settings = settings or DPSGDSettings.for_device(data.label.device)
     if not isinstance(params, DPSGDParams):
@@ -426,15 +426,7 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
         raise InvalidParameterError(f"start_step must be in [0, {steps}], got {start_step}")
     check_resume(params, start_step)
     if collective is not None:
-        collective.agree("the DP-SGD phase's steps", steps)
-        collective.agree("the steps already taken", start_step)
-        collective.broadcast_(model)  # identical replicas from the first step on
-        if ledger is not None and hasattr(ledger, "note_ranks"):
-            # the auditor tests each rank's batches against what it sampled from: its rows, or its units
-            if rank_units is not None:
-                ledger.note_ranks(rank_units, what="units")
-            else:
-                ledger.note_ranks([r[0] for r in collective.gather([len(data)])])
+        _join_ranks(collective, model, data, ledger, steps=steps, start_step=start_step, rank_units=rank_units)
     device = data.label.device
     sampler = phase_sampler(data, params, settings, randomness, distributed=collective is not None)
     noise_gen = torch.Generator(device=device).manual_seed(randomness.torch_seed())
@@ -470,6 +462,19 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             p.grad = None
     used = {**settings.to_dict(), "lr": settings.step_size(steps)}  # the step size that ran, not "auto"
     return engine.result(padded_size=sampler.padded_size, settings=used, device=device)
+
+
+def _join_ranks(collective, model, data, ledger, *, steps: int, start_step: int, rank_units) -> None:
+    """The ranks agree on the phase, start from rank 0's parameters, and rank 0's ledger notes their shares."""
+    collective.agree("the DP-SGD phase's steps", steps)
+    collective.agree("the steps already taken", start_step)
+    collective.broadcast_(model)  # identical replicas from the first step on
+    if ledger is not None and hasattr(ledger, "note_ranks"):
+        # the auditor tests each rank's batches against what it sampled from: its rows, or its units
+        if rank_units is not None:
+            ledger.note_ranks(rank_units, what="units")
+        else:
+            ledger.note_ranks([r[0] for r in collective.gather([len(data)])])
 
 
 def check_unit_count(params: DPSGDParams, units: int | None) -> None:

@@ -109,7 +109,7 @@ def _dpsgd_phase(plan) -> DPSGDPhase:
     names = [p.name for p in plan.phases]
     if phase is None:
         raise PlanMismatchError(f"the plan has no DP-SGD phase (its phases are {names}): PrivateStep runs one")
-    if plan.tuning is not None and "grid" in plan.tuning:
+    if plan.tuned:
         raise UnsupportedError("the plan selects among a grid of configurations: PrivateStep runs one plan's DP-SGD "
                                "phase; plan the chosen configuration alone")
     if phase.params.samples_units:

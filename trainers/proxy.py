@@ -90,7 +90,7 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
     from budgetplan.util.fileio import atomic_output
     from trainers.baseline import reference, validation_split
     from trainers.data.loaders import read_table
-    from trainers.run import TrainSettings, execute_plan, run_baseline
+    from trainers.run import RunOptions, TrainSettings, execute_plan, run_baseline
 
     _check(scenario)
     say = progress or (lambda line: None)
@@ -124,8 +124,9 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
     for a in alphas:
         t0 = time.perf_counter()
         say(f"proxy: alpha = {a:g}")
-        rec = execute_plan(plans[a], train_path, eval_path=eval_file, settings=settings, seed=seed,
-                           baseline_auc=base_auc, baseline_tolerance=tolerance, threads=threads)
+        rec = execute_plan(plans[a], train_path, RunOptions(eval_path=eval_file, settings=settings, seed=seed,
+                                                            baseline_auc=base_auc, baseline_tolerance=tolerance,
+                                                            threads=threads))
         ev = rec.metrics["eval"]
         cells.append({"alpha": a, "auc": ev["auc"], "relative_auc_loss": ev.get("relative_auc_loss"),
                       "calibration_ratio": ev["calibration_ratio"], "seconds": time.perf_counter() - t0,

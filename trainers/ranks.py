@@ -21,19 +21,17 @@ rows are all on the rank that clips their summed gradient, once.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.limits import MAX_PROCESSES
+from trainers.distributed import block, launch
+from trainers.dpsgd import GLOBAL_SAMPLING
+from trainers.threads import resolve_threads
 
 __all__ = ["block", "check_nproc", "launch_plan", "check_distributable", "note_shard", "rank_rows"]
-
-
-def block(count: int, parts: int, index: int) -> slice:
-    """The ``index``-th of ``parts`` contiguous blocks of ``count`` items: in order, sizes differing by at most one."""
-    base, extra = divmod(int(count), int(parts))
-    start = index * base + min(index, extra)
-    return slice(start, start + base + (index < extra))
 
 
 def rank_rows(ranks: int, rank: int, *, rows: int | None = None, units=None) -> np.ndarray:
@@ -72,12 +70,10 @@ def check_nproc(nproc) -> int:
 
 def check_distributable(plan) -> None:
     """Refuse, before anything is spent, what is not run over several processes yet."""
-    if plan.tuning is not None and "grid" in plan.tuning:
+    if plan.tuned:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
     if plan.dpsgd is not None and plan.dpsgd.params.sampling != "poisson":
-        from trainers.dpsgd import GLOBAL_SAMPLING
-
         raise UnsupportedError(f"{GLOBAL_SAMPLING[plan.dpsgd.params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or train with --nproc 1)")
 
@@ -88,22 +84,17 @@ def note_shard(prep, collective) -> None:
     prep.encoding["rows"] = prep.data_info["rows_used"]  # every rank's; the per-column counts are rank 0's
 
 
-def _rank(collective, plan, data_path, threads: int, kwargs: dict):
-    from trainers.run import execute_plan
+def launch_plan(run_rank, plan, data_path, options):
+    """Run ``run_rank(collective, plan, data_path, options)`` in ``options.nproc`` processes; rank 0's result.
 
-    return execute_plan(plan, data_path, threads=threads, collective=collective, **kwargs)
-
-
-def launch_plan(plan, data_path, nproc, threads, kwargs: dict):
-    """Run ``execute_plan`` in ``nproc`` processes; rank 0's run record.
-
-    ``threads`` is per process; ``"auto"`` shares the free CPUs between the processes (at
-    least one each).
+    ``run_rank`` is a module-level function (it is pickled to each process): ``trainers.run``'s,
+    which runs ``execute_plan`` with the rank's ``Collective``. ``options.threads`` is per
+    process; ``"auto"`` shares the free CPUs between the processes (at least one each). Each
+    rank's options are ``options`` with its thread count, one process and no initial model kept.
     """
-    from trainers.distributed import launch
-    from trainers.threads import resolve_threads
-
-    nproc = check_nproc(nproc)
+    threads = options.threads
+    nproc = check_nproc(options.nproc)
     per_rank = max(1, resolve_threads(threads) // nproc) if threads in (None, "auto") else resolve_threads(threads)
     check_distributable(plan)
-    return launch(_rank, nproc, plan, data_path, per_rank, kwargs, threads=per_rank)[0]
+    ranked = replace(options, threads=per_rank, nproc=1, collective=None, keep_initial=False)
+    return launch(run_rank, nproc, plan, data_path, ranked, threads=per_rank)[0]

@@ -19,8 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.intercept import rr_estimate
+from trainers import distributed, losses, rr_validation  # looked up at each call: tests swap their functions
+from trainers.fit import FitSettings, fit
+from trainers.session import NullSession
 
 __all__ = ["RRResult", "flip_probabilities", "randomize_labels", "run_rr_phase"]
 
@@ -103,7 +108,6 @@ def _start_at_base_rate(model, targets) -> None:
     hundreds of steps only move the intercept down. Starting there is post-processing of the
     release (the debiased rate of the noisy labels), so it costs nothing.
     """
-    import torch
 
     noisy, rho = targets[:, 0].double(), targets[:, 1].double()
     rate = float(((noisy - rho) / (1 - 2 * rho)).mean()) if len(noisy) else 0.5
@@ -137,13 +141,6 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     (``trainers.fit`` adds the gradients across ranks), and the counts and the debiased
     estimate cover all rows.
     """
-    import torch
-
-    from budgetplan.intercept import rr_estimate
-    from trainers import losses
-    from trainers.distributed import release_once
-    from trainers.fit import FitSettings, fit
-    from trainers.session import NullSession
 
     session = session or NullSession()
     device = data.label.device
@@ -168,7 +165,7 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
             raise RuntimeError("the ranks' shares of the rows do not cover every row")
         return release, {"labels_flipped": sum(s[2] for s in shares), "labels": sum(s[1].size for s in shares)}
 
-    noisy, note = release_once(collective, session, "rr", draw)
+    noisy, note = distributed.release_once(collective, session, "rr", draw)
     if noisy.size != total:
         raise InvalidParameterError(f"the run's saved RR labels have {noisy.size} rows, the data {total}")
     if collective is not None:
@@ -182,14 +179,13 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
                            lr=lr, optimizer=optimizer, weight_decay=weight_decay)
     train_data, train_targets, stopping, every = data, targets, None, None
     if holdout is not None:
-        from trainers.rr_validation import DebiasedStopping, check_every
 
         mask = torch.as_tensor(np.asarray(holdout, dtype=bool), device=device)
         train_data, train_targets = data.take(~mask), targets[~mask]
-        stopping = DebiasedStopping(model, data.take(mask), noisy[holdout], rho[holdout], patience=patience,
-                                    collective=collective)
+        stopping = rr_validation.DebiasedStopping(model, data.take(mask), noisy[holdout], rho[holdout],
+                                                  patience=patience, collective=collective)
         train_rows = len(train_data) if collective is None else collective.total(len(train_data))
-        every = check_every(train_rows, settings.batch_size, checks_per_epoch)
+        every = rr_validation.check_every(train_rows, settings.batch_size, checks_per_epoch)
     if init_bias:
         _start_at_base_rate(model, train_targets)
     history = fit(model, train_data, train_targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,

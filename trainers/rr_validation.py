@@ -30,8 +30,10 @@ import copy
 import math
 
 import numpy as np
+import torch
 
 from trainers.debiased import debiased_auc
+from trainers.fit import predict
 
 __all__ = ["DebiasedStopping", "check_every", "FIRST_CHECK"]
 
@@ -70,10 +72,6 @@ class DebiasedStopping:
         self._state = None
 
     def _scores(self) -> tuple[float | None, float | None]:
-        import torch
-
-        from trainers.fit import predict
-
         p = predict(self.model, self.validation, truncated=True) if len(self.validation) else np.zeros(0)
         p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
         finite = bool(np.all(np.isfinite(p)))

@@ -27,17 +27,25 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
+import torch
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
-from budgetplan.plan.phases import DPSGDPhase, RRPhase
 from budgetplan.planning import grid
+from budgetplan.record.records import phase_run_dict
+from budgetplan.util.typed import to_json_object
+from trainers.dpsgd import DPSGDSettings
+from trainers.executors import PhaseContext, check_executable, run_phases
+from trainers.fit import predict
+from trainers.inputs import device_name, new_model, prepare_data, prepare_eval, resolve_device
+from trainers.metrics import relative_auc_loss
+from trainers.outputs import evaluate, fingerprint_keys, write_run
+from trainers.randomness import Randomness
+from trainers.record import build_record
+from trainers.session import NullSession, Session
 
 __all__ = ["execute_grid", "gumbel", "noisy_max", "split_units", "clipped_log_loss_sum"]
-
-_EXECUTABLE = {(RRPhase,), (DPSGDPhase,), (RRPhase, DPSGDPhase)}
 
 
 class _ConfigSession:
@@ -54,6 +62,21 @@ class _ConfigSession:
     def intend(self, step: int, batch_size: int | None = None) -> None:
         if hasattr(self.session, "ledger"):
             self.session.ledger.intend(step, phase=f"c{self.index}/dpsgd", batch_size=batch_size)
+
+    # A tuned run is never resumed: no checkpoint, no steps taken before, and its entries count
+    # this session's steps (the ledger's lines are per configuration).
+    checkpoint_every = 0
+
+    def dpsgd_steps_taken(self) -> int:
+        return 0
+
+    def save_checkpoint(self, state: dict) -> None:
+        pass
+
+    def ledger_view(self):
+        return None
+
+    sizes_view = ledger_view
 
 
 def split_units(units: np.ndarray, fraction: float, generator: np.random.Generator) -> np.ndarray:
@@ -87,124 +110,69 @@ def noisy_max(scores, noise) -> int:
     return int(np.argmax([s + g for s, g in zip(scores, noise)]))
 
 
-def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, seed, progress, fingerprint_key,
-                 baseline_auc, resume: bool):
-    """Run every configuration of ``plan``'s grid and keep the selected model; returns the run record."""
-    from budgetplan.record.records import phase_run_dict
-    from trainers.dpsgd import DPSGDSettings, run_dpsgd
-    from trainers.fit import predict
-    from trainers.metrics import relative_auc_loss
-    from trainers.randomness import Randomness
-    from trainers.record import build_record, dpsgd_entry, rr_entry
-    from trainers.rr_phase import run_rr_phase
-    from trainers.run import (
-        _device_name,
-        _eval,
-        _finish,
-        _key,
-        _model,
-        _prepare,
-        _prepare_eval,
-        _trainable,
-        resolve_device,
-    )
-    from trainers.session import NullSession, Session
+def execute_grid(plan, data_path, options, *, settings, out):
+    """Run every configuration of ``plan``'s grid and keep the selected model; returns the run record.
 
-    if resume:
+    ``options`` is ``execute_plan``'s ``RunOptions`` (read: ``eval_path``, ``dpsgd_settings``,
+    ``seed``, ``progress``, ``fingerprint_key``, ``baseline_auc``, ``resume``); ``settings`` are
+    its resolved ``TrainSettings`` and ``out`` its checked run directory. Each configuration's
+    phases run through the same executors as ``execute_plan``'s (``trainers.executors``).
+    """
+    if options.resume:
         raise UnsupportedError("a tuned run cannot be resumed: its ledger shows what it spent; start a new run under "
                                "a new plan")
     runs = grid.runs_of(plan)
     for c, phases in runs:
-        if tuple(type(p) for p in phases) not in _EXECUTABLE:
-            raise UnsupportedError(f"no executor for configuration {c.label}'s phases {[p.name for p in phases]}")
+        check_executable(phases, f"configuration {c.label}'s phases", torch_model_only=True)
     sel = plan.tuning["noisy_max"]
     spec = plan.scenario.features
-    rnd = Randomness(seed)
+    rnd = Randomness(options.seed)
     device = resolve_device(settings.device)
     t0 = time.perf_counter()
-    key, new_key = _key(fingerprint_key)
-    prep = _prepare(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
-                    expected_rows=plan.dataset_size, randomness=rnd, key=key)
-    eval_prep = _prepare_eval(eval_path, spec, settings, device, prep.vocabulary)
+    key, new_key = fingerprint_keys(options.fingerprint_key)
+    prep = prepare_data(data_path, spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
+                        expected_rows=plan.dataset_size, randomness=rnd, key=key)
+    eval_prep = prepare_eval(options.eval_path, spec, settings, device, prep.vocabulary)
     data = prep.data
     # The privacy unit: a capped unit's rows stay together; otherwise each row is its own unit.
     units = data.unit.cpu().numpy() if plan.unit.cap > 1 else np.arange(len(data))
     held = split_units(units, sel["validation_fraction"], rnd.generator())
-    import torch
-
     train_idx = torch.as_tensor(np.flatnonzero(~held), device=data.label.device)
     val_idx = torch.as_tensor(np.flatnonzero(held), device=data.label.device)
     if len(train_idx) == 0 or len(val_idx) == 0:
         raise InvalidParameterError(f"the data's {len(np.unique(units))} units leave the "
                                     f"{'training' if len(train_idx) == 0 else 'validation'} part empty at "
                                     f"validation_fraction {sel['validation_fraction']:g}")
-    train, val = data.take(train_idx), data.take(val_idx)
-    train_counts = prep.unit_counts[~held] if prep.unit_counts is not None else None
-    y_val = val.label.cpu().numpy()
+    part = _Part(data.take(train_idx), data.take(val_idx), prep.unit_counts[~held] if prep.unit_counts is not None
+                 else None)
     session = Session(out, plan, rows=prep.data_info["rows_used"]) if out else NullSession()
-    base = dpsgd_settings or DPSGDSettings.for_device(device)
-    public_runs, private_runs = [], []
+    base = options.dpsgd_settings or DPSGDSettings.for_device(device)
     timings = dict(prep.timings)
     try:
         # The noise is drawn before any model is trained (it depends on nothing), so only the model
         # with the best noisy score so far need be held: the argmax is the same as after the fact.
         noise = _intend_selection(session, len(runs), sel["gumbel_scale"], rnd)
-        best: tuple | None = None
-        for c, phases in runs:
-            if hasattr(session, "ledger"):
-                session.ledger.note("configuration", index=c.index, phases=[p.name for p in phases])
-            sub = _ConfigSession(session, c.index)
-            model = _model(prep, settings, rnd.torch_seed()).to(device)
-            entries, rr = [], None
-            sgd_settings = base if c.dpsgd_learning_rate is None else replace(base, lr=c.dpsgd_learning_rate)
-            for j, phase in enumerate(phases):
-                label = f"#{c.index} " if progress else None
-                if isinstance(phase, RRPhase):
-                    rr = run_rr_phase(model, train, phase, unit_counts=train_counts, loss=settings.loss, lr=settings.lr,
-                                      optimizer=settings.optimizer, batch_size=settings.batch_size, randomness=rnd,
-                                      session=sub, progress=label and label + "RR phase")
-                    entries.append(rr_entry(rr))
-                else:
-                    if rr is not None and settings.hybrid_start == "rr-model":
-                        model.match_truncated()
-                    # The training part is not N rows: every row of it is sampled at the plan's q and the
-                    # sum divided by the plan's q N, as for a DP-count N (the accounting never assumed N).
-                    sgd = run_dpsgd(model, train, phase.params,
-                                    trainable=_trainable(model, SimpleNamespace(phases=phases), j), randomness=rnd,
-                                    settings=sgd_settings, progress=label and label + "DP-SGD phase", ledger=sub,
-                                    size_private=True)
-                    entries.append(dpsgd_entry(sgd, None, nonsensitive_tower=phase.params.nonsensitive_tower))
-            truncated = tuple(type(p) for p in phases) == (RRPhase,)
-            loss_sum = clipped_log_loss_sum(y_val, predict(model, val, truncated=truncated), sel["prediction_clip"])
-            trains_dpsgd = any(isinstance(p, DPSGDPhase) for p in phases)
-            public_runs.append({"index": c.index, "phases": [phase_run_dict(e) for e, _ in entries],
-                                "dpsgd_learning_rate": sgd_settings.lr if trains_dpsgd else None})
-            private_runs.append({"index": c.index, "validation_log_loss_sum": loss_sum,
-                                 "validation_log_loss": loss_sum / len(y_val), "score": -loss_sum,
-                                 "gumbel_noise": noise[c.index], "noisy_score": -loss_sum + noise[c.index],
-                                 "phases": [{"name": st.name, **_stats(st)} for _, st in entries]})
-            if best is None or -loss_sum + noise[c.index] > best[0]:
-                best = (-loss_sum + noise[c.index], c.index, model, entries, truncated)
-            del model
-        assert best is not None  # a grid has at least two configurations
-        _, selected, model, entries, truncated = best
+        public_runs, private_runs, best = _train_all(runs, noise, part, prep, session, settings, base, rnd, device,
+                                                     sel["prediction_clip"], options.progress)
+        _, selected, final, entries = best
         assert selected == noisy_max([r["score"] for r in private_runs], noise)
         _release_selection(session, selected, len(runs))
+        y_val = part.validation.label
         metrics: dict = {"tuning": {"validation_rows": len(y_val), "training_rows": len(train_idx),
                                     "runs": private_runs, "selected": selected}}
         if eval_prep is not None:
-            metrics["eval"], timings["eval_seconds"] = _eval(model, eval_prep, eval_path, truncated=truncated)
-            if baseline_auc is not None:
-                metrics["eval"]["baseline_auc"] = baseline_auc
+            metrics["eval"], timings["eval_seconds"] = evaluate(final.model, eval_prep, options.eval_path,
+                                                                truncated=final.truncated)
+            if options.baseline_auc is not None:
+                metrics["eval"]["baseline_auc"] = options.baseline_auc
                 auc = metrics["eval"]["auc"]
-                metrics["eval"]["relative_auc_loss"] = None if auc is None else relative_auc_loss(auc, baseline_auc)
+                metrics["eval"]["relative_auc_loss"] = (None if auc is None
+                                                        else relative_auc_loss(auc, options.baseline_auc))
         timings["total_seconds"] = time.perf_counter() - t0
         record = build_record(
             plan=plan, entries=entries, data=prep.data_info, metrics=metrics, encoding=prep.encoding,
-            seeds=rnd.record(),
-            model={"kind": settings.model, "config": model.config(), "final": "truncated" if truncated else "full"},
-            training={**settings.to_dict(), "dpsgd": base.to_dict()}, ledger=session.ledger_view(), timings=timings,
-            device=_device_name(device),
+            seeds=rnd.record(), model=final.describe(), training={**settings.to_dict(), "dpsgd": base.to_dict()},
+            ledger=session.ledger_view(), timings=timings, device=device_name(device),
             notes=(f"tuned: {len(runs)} configurations trained on the training part, configuration {selected} "
                    "selected by report-noisy-max on the validation part",))
         record = replace(record, tuning={
@@ -212,14 +180,53 @@ def execute_grid(plan, data_path, *, eval_path, out, settings, dpsgd_settings, s
             "selection": {"phase": "selection", "mechanism": sel["mechanism"], "noise": sel["noise"],
                           "epsilon": sel["epsilon"], "gumbel_scale": sel["gumbel_scale"], "candidates": len(runs),
                           "selected": selected}})
-        return _finish(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)
+        return write_run(record, final.state(), out, prep.vocabulary, new_key=new_key if out else None)
     finally:
         session.close()
 
 
-def _stats(stats) -> dict:
-    from budgetplan.util.typed import to_json_object
+class _Part:
+    """The training part (with its rows' unit counts) and the validation part of a tuned run's data."""
 
+    def __init__(self, train, validation, train_counts):
+        self.train, self.validation, self.train_counts = train, validation, train_counts
+
+
+def _train_all(runs, noise, part: _Part, prep, session, settings, base, rnd, device, clip: float, progress: bool):
+    """Train and score every configuration in grid order; (public runs, private runs, the best noisy score's
+    (noisy score, index, kept model, entries))."""
+    y_val = part.validation.label.cpu().numpy()
+    public_runs, private_runs = [], []
+    best: tuple | None = None
+    for c, phases in runs:
+        if hasattr(session, "ledger"):
+            session.ledger.note("configuration", index=c.index, phases=[p.name for p in phases])
+        model = new_model(prep, settings, rnd.torch_seed()).to(device)
+        sgd_settings = base if c.dpsgd_learning_rate is None else replace(base, lr=c.dpsgd_learning_rate)
+        # The training part is not N rows: every row of it is sampled at the plan's q and the sum
+        # divided by the plan's q N, as for a DP-count N (the accounting never assumed N).
+        context = PhaseContext(phases=phases, prep=prep, data=part.train, unit_counts=part.train_counts,
+                               randomness=rnd, session=_ConfigSession(session, c.index), settings=settings,
+                               device=device, model=model, dpsgd_settings=sgd_settings,
+                               progress=f"#{c.index} " if progress else None, size_private=True)
+        entries = run_phases(context)
+        final = context.final
+        assert final is not None  # a configuration has a training phase
+        loss_sum = clipped_log_loss_sum(y_val, predict(model, part.validation, truncated=final.truncated), clip)
+        public_runs.append({"index": c.index, "phases": [phase_run_dict(e) for e, _ in entries],
+                            "dpsgd_learning_rate": sgd_settings.lr if final.dpsgd_settings is not None else None})
+        private_runs.append({"index": c.index, "validation_log_loss_sum": loss_sum,
+                             "validation_log_loss": loss_sum / len(y_val), "score": -loss_sum,
+                             "gumbel_noise": noise[c.index], "noisy_score": -loss_sum + noise[c.index],
+                             "phases": [{"name": st.name, **_stats(st)} for _, st in entries]})
+        if best is None or -loss_sum + noise[c.index] > best[0]:
+            best = (-loss_sum + noise[c.index], c.index, final, entries)
+        del model, context
+    assert best is not None  # a grid has at least two configurations
+    return public_runs, private_runs, best
+
+
+def _stats(stats) -> dict:
     return to_json_object(stats)
 
 

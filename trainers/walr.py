@@ -24,6 +24,7 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan.phases import WALRParams
+from trainers.randomness import Randomness
 
 __all__ = ["WALRResult", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
 
@@ -389,7 +390,6 @@ def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
 
     Bytes counted: the rows (N k 4), the weights (N 8) and the labels (N 1) read once.
     """
-    from trainers.randomness import Randomness
 
     n, k = _count("n_rows", n_rows, low=1), _count("k", k, low=1)
     g = torch.Generator(device=device).manual_seed(0)

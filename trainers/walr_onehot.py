@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from trainers.walr import WALRResult, draw_once
 
 __all__ = ["OneHotRows", "numeric_range", "encode_rows", "release", "fit", "predict", "run_walr_onehot",
            "curvature", "penalties", "L2_BASE", "FIT_ITERATIONS"]
@@ -261,7 +262,6 @@ class OneHotWALR:
 def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
                     l2_base: float | None = None, iterations: int = FIT_ITERATIONS):
     """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult)."""
-    from trainers.walr import WALRResult, draw_once
 
     if getattr(params, "encoding", None) != "one-hot":
         raise PlanMismatchError("run_walr_onehot runs a WALR phase planned with encoding = \"one-hot\"")

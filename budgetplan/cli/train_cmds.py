@@ -127,7 +127,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     """
     from budgetplan.plan import load_plan
     from trainers.dpsgd import DPSGDSettings
-    from trainers.run import execute_plan, resolve_device, run_baseline
+    from trainers.run import RunOptions, execute_plan, resolve_device, run_baseline
 
     emb = "auto" if embedding_dim == "auto" else _int_option("--embedding-dim", embedding_dim, MAX_EMBEDDING_DIM)
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
@@ -161,14 +161,14 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
 
             run_with = partial(canary_audit, canaries=canaries, confidence=canary_confidence)
         collective = _torchrun_group(nproc)
-        record = run_with(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed,
-                          baseline_auc=base_auc, baseline_tolerance=tolerance, progress=not as_json,
-                          resume=resume,
-                          dpsgd_settings=DPSGDSettings.for_device(resolve_device(device), optimizer=dpsgd_optimizer,
-                                                                  lr=None if dpsgd_lr == "auto" else dpsgd_lr,
-                                                                  cosine_decay=dpsgd_schedule == "cosine"),
-                          checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
-                          collective=collective)
+        record = run_with(plan, data_path, RunOptions(
+            eval_path=eval_path, out_dir=out_dir, settings=settings, seed=seed, baseline_auc=base_auc,
+            baseline_tolerance=tolerance, progress=not as_json, resume=resume,
+            dpsgd_settings=DPSGDSettings.for_device(resolve_device(device), optimizer=dpsgd_optimizer,
+                                                    lr=None if dpsgd_lr == "auto" else dpsgd_lr,
+                                                    cosine_decay=dpsgd_schedule == "cosine"),
+            checkpoint_every=checkpoint_every, fingerprint_key=key, threads=threads, nproc=nproc,
+            collective=collective))
         if record is None:
             return  # a rank other than 0 under torchrun: rank 0 reports
     if as_json:

@@ -225,7 +225,7 @@ def _write(a: Artefacts, name: str, data: bytes | str) -> Path:
 
 def _example_plan(example: str):
     def build(a: Artefacts) -> Path:
-        from budgetplan.scenario import examples as ex
+        from budgetplan.scenario.model import examples as ex
 
         return _write(a, f"plan-{example}.json", _plan_of(ex.text(example)).to_json())
     return build
@@ -302,11 +302,11 @@ _FAST = dict(embedding_dim=2, tower_hidden=8, common_hidden=(8,), batch_size=64)
 
 def _run_rr(a: Artefacts) -> Path:
     from budgetplan.plan import load_plan
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     out = a.root / "run-rr"
-    execute_plan(load_plan(a.path("plan-train")), a.path("train-parquet"), eval_path=a.path("eval-parquet"),
-                 out_dir=out, settings=TrainSettings(**_FAST), seed=7)
+    execute_plan(load_plan(a.path("plan-train")), a.path("train-parquet"),
+                 RunOptions(eval_path=a.path("eval-parquet"), out_dir=out, settings=TrainSettings(**_FAST), seed=7))
     return out
 
 

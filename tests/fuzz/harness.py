@@ -287,6 +287,21 @@ def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
         from dataclasses import replace
 
         case = replace(case, expect="accept" if out.exit_code == 0 else "reject")
+    problems = _general_problems(out)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    if case.expect in ("reject", "interrupted"):
+        problems += _refusal_problems(out, lines)
+    if case.expect == "interrupted":
+        problems += _interrupted_problems(out, root)
+    elif case.expect == "reject":
+        problems += _rejected_problems(out)
+    else:
+        problems += _accepted_problems(case, out, root, lines)
+    return problems
+
+
+def _general_problems(out: Outcome) -> list[str]:
+    """What no outcome may show: a traceback, temporary files."""
     problems = []
     if out.exception is not None and not isinstance(out.exception, SystemExit):
         problems.append(f"traceback: {type(out.exception).__name__}: {out.exception}")
@@ -295,49 +310,66 @@ def _judge(case: Case, out: Outcome, root: Path) -> list[str]:
     temps = [p for p in out.after if p.endswith(".tmp")]
     if temps:
         problems.append(f"temporary files left: {temps}")
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    if case.expect in ("reject", "interrupted"):
-        if out.exit_code not in (1, 2):
-            problems.append(f"silently accepted: exit {out.exit_code}, expected 1 or 2")
-        errors = [line for line in lines if line.startswith("error:")]
-        others = [line for line in lines if not line.startswith(("error:", "warning:", PROGRESS))]
-        if len(errors) != 1 or others or (lines and not lines[-1].startswith("error:")):
-            problems.append(f"stderr is not one 'error:' line: {out.stderr!r}")
-    if case.expect == "interrupted":
-        new = sorted(set(out.after) - set(out.before))
-        if any(Path(p).name == "run.json" for p in new):
-            problems.append("an interrupted run left a run.json: it reads as complete")
-        for rel in new:
-            if out.after[rel] != "dir" and rel.endswith((".json", ".pt", ".png", ".parquet")):
-                why = _complete(root / rel)
-                if why:
-                    problems.append(why)
-    elif case.expect == "reject":
-        if out.after != out.before:
-            new = sorted(set(out.after) - set(out.before))
-            gone = sorted(set(out.before) - set(out.after))
-            changed = sorted(p for p in set(out.after) & set(out.before) if out.after[p] != out.before[p])
-            problems.append(f"files left behind: new {new}, removed {gone}, changed {changed}")
-    else:
-        if out.exit_code != 0:
-            problems.append(f"refused a valid input: exit {out.exit_code}, stderr {out.stderr.strip()!r}")
-            return problems
-        for rel in case.outputs:
+    return problems
+
+
+def _refusal_problems(out: Outcome, lines: list[str]) -> list[str]:
+    """A refusal (or an interruption) exits 1 or 2 with exactly one 'error:' line, last."""
+    problems = []
+    if out.exit_code not in (1, 2):
+        problems.append(f"silently accepted: exit {out.exit_code}, expected 1 or 2")
+    errors = [line for line in lines if line.startswith("error:")]
+    others = [line for line in lines if not line.startswith(("error:", "warning:", PROGRESS))]
+    if len(errors) != 1 or others or (lines and not lines[-1].startswith("error:")):
+        problems.append(f"stderr is not one 'error:' line: {out.stderr!r}")
+    return problems
+
+
+def _interrupted_problems(out: Outcome, root: Path) -> list[str]:
+    """An interrupted run leaves no run.json and only complete files."""
+    problems = []
+    new = sorted(set(out.after) - set(out.before))
+    if any(Path(p).name == "run.json" for p in new):
+        problems.append("an interrupted run left a run.json: it reads as complete")
+    for rel in new:
+        if out.after[rel] != "dir" and rel.endswith((".json", ".pt", ".png", ".parquet")):
             why = _complete(root / rel)
             if why:
                 problems.append(why)
-        allowed = set(out.before) | {p for p in out.after
-                                     if any(p == o or p.startswith(o.rstrip("/") + "/") for o in case.outputs)}
-        extra = sorted(set(out.after) - allowed)
-        if extra:
-            problems.append(f"undeclared files written: {extra}")
-        if "--json" in case.argv or (case.argv[:1] == ("plan",) and not {"-o", "--output"} & set(case.argv)):
-            try:
-                json.loads(out.stdout, parse_constant=_no_constants)
-            except ValueError as exc:
-                problems.append(f"--json output is not one JSON object: {exc}")
-        if any(not line.startswith(("warning:", PROGRESS)) for line in lines):
-            problems.append(f"stderr carries more than warnings: {out.stderr!r}")
+    return problems
+
+
+def _rejected_problems(out: Outcome) -> list[str]:
+    """A refusal leaves the directory as it found it."""
+    if out.after == out.before:
+        return []
+    new = sorted(set(out.after) - set(out.before))
+    gone = sorted(set(out.before) - set(out.after))
+    changed = sorted(p for p in set(out.after) & set(out.before) if out.after[p] != out.before[p])
+    return [f"files left behind: new {new}, removed {gone}, changed {changed}"]
+
+
+def _accepted_problems(case: Case, out: Outcome, root: Path, lines: list[str]) -> list[str]:
+    """An accepted input exits 0, writes its declared outputs complete and nothing else, and warns at most."""
+    if out.exit_code != 0:
+        return [f"refused a valid input: exit {out.exit_code}, stderr {out.stderr.strip()!r}"]
+    problems = []
+    for rel in case.outputs:
+        why = _complete(root / rel)
+        if why:
+            problems.append(why)
+    allowed = set(out.before) | {p for p in out.after
+                                 if any(p == o or p.startswith(o.rstrip("/") + "/") for o in case.outputs)}
+    extra = sorted(set(out.after) - allowed)
+    if extra:
+        problems.append(f"undeclared files written: {extra}")
+    if "--json" in case.argv or (case.argv[:1] == ("plan",) and not {"-o", "--output"} & set(case.argv)):
+        try:
+            json.loads(out.stdout, parse_constant=_no_constants)
+        except ValueError as exc:
+            problems.append(f"--json output is not one JSON object: {exc}")
+    if any(not line.startswith(("warning:", PROGRESS)) for line in lines):
+        problems.append(f"stderr carries more than warnings: {out.stderr!r}")
     return problems
 
 

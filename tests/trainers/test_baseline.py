@@ -17,7 +17,7 @@ from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
 from trainers.fit import FitSettings, predict
 from trainers.metrics import auc_standard_error, log_loss
-from trainers.run import TrainSettings, execute_plan, run_baseline
+from trainers.run import RunOptions, TrainSettings, execute_plan, run_baseline
 
 SMALL = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=256,
                       nonsensitive_encoding="vocab")
@@ -92,14 +92,14 @@ def test_bad_baseline_settings_are_refused(field, value, message):
 
 
 def _encoded(data):
-    from trainers.run import _model, _prepare, resolve_device
+    from trainers.inputs import new_model, prepare_data, resolve_device
 
     root, plan, _ = data
-    prep = _prepare(root / "train.parquet", SYNTH_FEATURES, SMALL, resolve_device("cpu"), cap=1, capping=None,
+    prep = prepare_data(root / "train.parquet", SYNTH_FEATURES, SMALL, resolve_device("cpu"), cap=1, capping=None,
                     expected_rows=None, randomness=None)
     held, _, _ = validation_split(prep.table, "user_id", 0.25)
     mask = torch.from_numpy(held)
-    return prep.data.take(~mask), prep.data.take(mask), _model(prep, SMALL, 5)
+    return prep.data.take(~mask), prep.data.take(mask), new_model(prep, SMALL, 5)
 
 
 def test_early_stopping_stops_on_patience_and_keeps_the_best_state(data):
@@ -181,8 +181,8 @@ def test_reference_and_the_flag(data, tmp_path):
     compare(metrics, auc, tolerance)
     assert metrics["beats_baseline"] is False and metrics["relative_auc_loss"] is None
     # A DP run is not a ceiling.
-    rr = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=SMALL, seed=2,
-                      baseline_auc=0.5, baseline_tolerance=0.001)
+    rr = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet", settings=SMALL,
+                                                               seed=2, baseline_auc=0.5, baseline_tolerance=0.001))
     assert rr.private_part.metrics["eval"]["beats_baseline"] is (rr.private_part.metrics["eval"]["auc"] > 0.501)
     with pytest.raises(InvalidParameterError, match="not a non-private baseline"):
         reference(rr)

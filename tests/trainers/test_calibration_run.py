@@ -27,7 +27,7 @@ from trainers.audit import audit_run
 from trainers.calibration import exact_release, run_calibration
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.randomness import Randomness
-from trainers.run import TrainSettings, execute_plan
+from trainers.run import RunOptions, TrainSettings, execute_plan
 from trainers.session import NullSession
 
 N = 4000
@@ -74,18 +74,19 @@ def runs(root):
     out = {}
     for name, cal in (("with", "[calibration]\nshare = 0.5\n"), ("without", "[calibration]\nshare = 0\n")):
         plan = build_plan(parse_scenario(plan_text(calibration=cal, eps=40.0)))
-        out[name] = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet",
-                                 out_dir=root / name, settings=FAST, seed=11, dpsgd_settings=DPSGDSettings(lr=0.01))
+        out[name] = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet",
+                                                                          out_dir=root / name, settings=FAST, seed=11,
+                                                                          dpsgd_settings=DPSGDSettings(lr=0.01)))
     return out
 
 
 def _train_sums(root, run_dir, record, *, truncated=False):
     """(sum_i s(z_i), sum_i y_i) of the saved model over the training rows, exactly."""
+    from trainers.inputs import prepare_data
     from trainers.models import build_model
-    from trainers.run import _prepare
 
     plan = load_plan(run_dir / "plan.json")
-    prep = _prepare(root / "train.parquet", plan.scenario.features, FAST.for_plan(plan), torch.device("cpu"), cap=1,
+    prep = prepare_data(root / "train.parquet", plan.scenario.features, FAST.for_plan(plan), torch.device("cpu"), cap=1,
                     capping=None, expected_rows=N, randomness=None)
     model = build_model("mlp", record.model["config"])
     model.load_state_dict(torch.load(run_dir / "model.pt"))
@@ -117,8 +118,8 @@ def test_the_release_file_is_the_private_record_s_release(root, runs):
 
 def test_hybrid_combines_the_rr_labels_into_the_target(root, runs):
     plan = build_plan(parse_scenario(plan_text(algorithm="hybrid", eps=40.0)))
-    record = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", out_dir=root / "hybrid",
-                          settings=FAST, seed=12)
+    record = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet",
+                                                                   out_dir=root / "hybrid", settings=FAST, seed=12))
     assert [p.name for p in record.phases] == ["rr", "dpsgd", "calibration"]
     stats = record.private_part.phases[-1]
     # inverse-variance weighting: the combined target is surer than the noisy count alone
@@ -143,7 +144,7 @@ def test_rr_alone_shifts_for_free_to_the_debiased_count(root):
     text = demo_scenario(epsilon=2.0, dataset_size=N, spec=SYNTH_FEATURES, epochs=2)  # calibrated by default
     plan = build_plan(parse_scenario(text))
     assert plan.free_calibration and plan.calibration is None
-    record = execute_plan(plan, root / "train.parquet", out_dir=root / "rr", settings=FAST, seed=13)
+    record = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=root / "rr", settings=FAST, seed=13))
     assert [p.name for p in record.phases] == ["rr"]  # nothing released, nothing public
     stats = record.private_part.phases[-1]
     assert isinstance(stats, CalibrationStats) and stats.release == () and not stats.clamped

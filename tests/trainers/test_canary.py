@@ -26,7 +26,7 @@ from trainers.canary import CANARY_DATA, audit_scenario, canary_audit, insert_ca
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.dpsgd import DPSGDSettings
 from trainers.randomness import Randomness
-from trainers.run import TrainSettings
+from trainers.run import RunOptions, TrainSettings
 
 # The audit's setting (measured in benchmarks/one_run_audit.py): FM model, hashed columns
 # with room for every canary's values, the plan at epsilon 2 with C small against a canary's
@@ -48,8 +48,9 @@ def setting(tmp_path_factory):
 
 
 def audited(root, plan, name):
-    return canary_audit(plan, root / "train.parquet", canaries=CANARIES, out_dir=root / name, settings=SETTINGS,
-                        dpsgd_settings=DPSGDSettings(), seed=11, canary_randomness=Randomness(12), threads=2)
+    return canary_audit(plan, root / "train.parquet", RunOptions(out_dir=root / name, settings=SETTINGS,
+                                                                  dpsgd_settings=DPSGDSettings(), seed=11, threads=2),
+                        canaries=CANARIES, canary_randomness=Randomness(12))
 
 
 def test_canaries_replace_rows_and_keep_the_rest():
@@ -152,9 +153,10 @@ def test_noise_halved_is_caught_by_the_audit_of_the_model(tmp_path, monkeypatch)
     plan = build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=DELTA, dataset_size=rows, batch_size=rows // 2,
                                                     epochs=EPOCHS, clipping_norm=CLIP, spec=SYNTH_FEATURES)))
     NOISE_HALVED.install(monkeypatch)
-    rec = canary_audit(plan, tmp_path / "train.parquet", canaries=canaries, out_dir=tmp_path / "halved",
-                       settings=SETTINGS, dpsgd_settings=DPSGDSettings(optimizer="sgd", lr=1.0), seed=11,
-                       canary_randomness=Randomness(12), threads=2)
+    rec = canary_audit(plan, tmp_path / "train.parquet",
+                       RunOptions(out_dir=tmp_path / "halved", settings=SETTINGS,
+                                  dpsgd_settings=DPSGDSettings(optimizer="sgd", lr=1.0), seed=11, threads=2),
+                       canaries=canaries, canary_randomness=Randomness(12))
     monkeypatch.undo()
     one = rec.private_part.one_run
     assert one["refutes_plan"] and one["noise_divisor"] > 1 and one["epsilon_lower_bound"] > 4.0, one
@@ -163,7 +165,7 @@ def test_noise_halved_is_caught_by_the_audit_of_the_model(tmp_path, monkeypatch)
 
 
 def test_the_shipped_example_is_the_audit_scenario():
-    from budgetplan.scenario import examples, load_scenario
+    from budgetplan.scenario.model import examples, load_scenario
 
     shipped = build_plan(load_scenario(examples.path("one-run-audit")))
     made = build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=DELTA, dataset_size=80_000, batch_size=40_000,
@@ -177,7 +179,7 @@ def test_add_remove_and_walr_plans_are_refused(tmp_path):
                                                        'name = "dpsgd"').replace("replace-one", "add-remove")
     plan = build_plan(parse_scenario(text))
     with pytest.raises(UnsupportedError, match="replace-one"):
-        canary_audit(plan, tmp_path / "x.parquet", canaries=10, out_dir=tmp_path / "run")
+        canary_audit(plan, tmp_path / "x.parquet", RunOptions(out_dir=tmp_path / "run"), canaries=10)
     assert not (tmp_path / "run").exists()
 
 

@@ -132,12 +132,13 @@ def test_a_run_on_shards_audits_its_fingerprint_from_the_directory(shards, tmp_p
     from budgetplan.planning.planner import build_plan
     from budgetplan.scenario.model import parse_scenario
     from trainers.demo import demo_scenario
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     plan = build_plan(parse_scenario(demo_scenario(epsilon=2.0, dataset_size=7000, spec=SYNTH_FEATURES, epochs=1)))
     (tmp_path / "plan.json").write_text(plan.to_json())
-    execute_plan(plan, shards, out_dir=tmp_path / "run", settings=TrainSettings(embedding_dim=4, tower_hidden=8,
-                                                                                  common_hidden=(8,)))
+    execute_plan(plan, shards, RunOptions(out_dir=tmp_path / "run",
+                                          settings=TrainSettings(embedding_dim=4, tower_hidden=8,
+                                                                                  common_hidden=(8,))))
     result = runner.invoke(cli, ["audit", str(tmp_path / "run"), "--data", str(shards)])
     assert result.exit_code == 0, result.output
     assert "7000 rows" in result.output and "match the keyed fingerprint" in result.output

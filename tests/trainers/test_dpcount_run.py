@@ -18,7 +18,7 @@ from budgetplan.record.records import WITHHELD_WITH_N, PrivateRecord, RunRecord,
 from budgetplan.scenario.model import parse_scenario
 from trainers.audit import audit_run
 from trainers.data.synth import SYNTH_FEATURES, synthesize
-from trainers.run import TrainSettings, execute_plan
+from trainers.run import RunOptions, TrainSettings, execute_plan
 
 TRUE_N, NOISY_N, STEPS = 2987, 3046, 30
 FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
@@ -48,7 +48,7 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpcount")
     pq.write_table(synthesize(TRUE_N, 700, 4), root / "train.parquet")
     plan = count_plan()
-    record = execute_plan(plan, root / "train.parquet", out_dir=root / "run", settings=FAST)
+    record = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=root / "run", settings=FAST))
     return root, plan, record
 
 
@@ -112,8 +112,8 @@ def test_a_plan_with_an_exact_n_still_refuses_another_count(run, tmp_path):
 
     root, _, _ = run
     with pytest.raises(InvalidParameterError, match=f"the data has {TRUE_N} rows"):
-        execute_plan(build_plan(parse_scenario(_exact_text())), root / "train.parquet", out_dir=tmp_path / "run",
-                     settings=FAST)
+        execute_plan(build_plan(parse_scenario(_exact_text())), root / "train.parquet",
+                     RunOptions(out_dir=tmp_path / "run", settings=FAST))
     assert not (tmp_path / "run").exists()
 
 
@@ -132,11 +132,13 @@ def test_interrupted_then_resumed_run_audits_clean(run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(session_mod.Session, "intend", dying)
     with pytest.raises(KeyboardInterrupt):
-        execute_plan(plan, root / "train.parquet", out_dir=tmp_path / "run", settings=FAST, checkpoint_every=5)
+        execute_plan(plan, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST,
+                                                              checkpoint_every=5))
     interrupted = audit_run(tmp_path / "run")
     assert interrupted.status == "interrupted" and interrupted.passed, interrupted.to_dict()
     monkeypatch.setattr(session_mod.Session, "intend", original)
-    record = execute_plan(plan, root / "train.parquet", out_dir=tmp_path / "run", settings=FAST, resume=True)
+    record = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST,
+                                                                   resume=True))
     assert record.phases[0].sessions == 2 and record.phases[0].steps_executed == STEPS
     report = audit_run(tmp_path / "run")
     assert report.passed, [c for c in report.checks if not c.passed]
@@ -343,7 +345,7 @@ def test_the_released_count_plans_and_trains(run, runner, tmp_path):
         "[data]\n", "[data]\nsize_release_epsilon = 0.2\n")
     released = build_plan(parse_scenario(text))
     assert released.count is not None and released.dataset_size == got["noisy_count"]
-    record = execute_plan(released, root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+    record = execute_plan(released, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
     assert record.rows_used == got["noisy_count"] and audit_run(tmp_path / "run").passed
 
 
@@ -377,11 +379,12 @@ def test_resume_on_data_of_another_size_is_refused(run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(session_mod.Session, "intend", dying)
     with pytest.raises(KeyboardInterrupt):
-        execute_plan(plan, root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+        execute_plan(plan, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
     monkeypatch.setattr(session_mod.Session, "intend", original)
     pq.write_table(pq.read_table(root / "train.parquet").slice(0, TRUE_N - 7), tmp_path / "fewer.parquet")
     with pytest.raises(InvalidParameterError, match="data of another size"):
-        execute_plan(plan, tmp_path / "fewer.parquet", out_dir=tmp_path / "run", settings=FAST, resume=True)
+        execute_plan(plan, tmp_path / "fewer.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST,
+                                                                  resume=True))
 
 
 def test_cli_json_of_verify_audit_and_show(run, runner):

@@ -73,15 +73,15 @@ def readme_run(tmp_path_factory):
     from click.testing import CliRunner
 
     from trainers.data.synth import synthesize
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     root = tmp_path_factory.mktemp("readme")
     pq.write_table(synthesize(200_000, 40_000, 1), root / "train.parquet")
     made = CliRunner().invoke(cli, ["plan", "example:synthetic-hybrid", "-o", str(root / "plan.json")])
     assert made.exit_code == 0, made.output
     plan = load_plan(root / "plan.json")
-    execute_plan(plan, root / "train.parquet", out_dir=root / "run",
-                 settings=TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,)))
+    execute_plan(plan, root / "train.parquet", RunOptions(
+        out_dir=root / "run", settings=TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,))))
     return root / "run", plan
 
 

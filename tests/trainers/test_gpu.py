@@ -102,7 +102,7 @@ def test_seeded_runs_on_cuda_reproduce(tmp_path):
     from budgetplan.planning.planner import build_plan
     from budgetplan.scenario.model import load_scenario
     from trainers.data.synth import synthesize
-    from trainers.run import TrainSettings, execute_plan
+    from trainers.run import RunOptions, TrainSettings, execute_plan
 
     pq.write_table(synthesize(20_000, 5_000, 3), tmp_path / "train.parquet")
     text = load_scenario_text().replace("dataset_size = 200000", "dataset_size = 20000")
@@ -111,7 +111,7 @@ def test_seeded_runs_on_cuda_reproduce(tmp_path):
     settings = TrainSettings(device="cuda", embedding_dim=4)
     models = []
     for name in ("a", "b"):
-        execute_plan(plan, tmp_path / "train.parquet", out_dir=tmp_path / name, settings=settings, seed=7)
+        execute_plan(plan, tmp_path / "train.parquet", RunOptions(out_dir=tmp_path / name, settings=settings, seed=7))
         models.append(torch.load(tmp_path / name / "model.pt", map_location="cpu", weights_only=False))
     assert _same(*models)
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's mode, given back
@@ -128,6 +128,6 @@ def _same(a, b) -> bool:
 
 
 def load_scenario_text() -> str:
-    from budgetplan.scenario import examples
+    from budgetplan.scenario.model import examples
 
     return examples.path("synthetic-hybrid").read_text()

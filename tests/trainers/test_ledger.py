@@ -16,7 +16,7 @@ from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
 from trainers.ledger import Ledger, LedgerError, LockedError, RunLock
-from trainers.run import TrainSettings, execute_plan
+from trainers.run import RunOptions, TrainSettings, execute_plan
 
 PLAN = "a" * 64
 
@@ -127,8 +127,8 @@ def test_killed_run_resumes_with_the_ledger_count(dp_setup, tmp_path):
     taken = counted.count("dpsgd")
     counted.close()
     assert taken >= before
-    rec = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
-                       resume=True)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4),
+                                                                resume=True))
     dp = next(p for p in rec.phases if p.name == "dpsgd")
     led = Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
     assert led.count("dpsgd") == dp.steps_executed == 400  # never more than planned, never fewer counted
@@ -170,8 +170,8 @@ def test_ten_kills_at_random_points_then_the_audit_passes(dp_setup, tmp_path):
         assert not (out / "run.json").exists()
         interrupted = audit_run(out)
         assert interrupted.status == "interrupted" and interrupted.passed, interrupted.to_dict()
-    rec = execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
-                       resume=True)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4),
+                                                                resume=True))
     assert not list(out.glob(".*.tmp"))
     view = read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
     dp = next(p for p in rec.phases if p.name == "dpsgd")
@@ -189,7 +189,8 @@ def test_concurrent_writer_is_refused(dp_setup, tmp_path):
     held = RunLock(out)
     try:
         with pytest.raises(LockedError):
-            execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4))
+            execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out,
+                                                                  settings=TrainSettings(embedding_dim=4)))
     finally:
         held.release()
 
@@ -202,8 +203,8 @@ def test_interrupted_release_fails_closed(dp_setup, tmp_path):
     led.intend(0, phase="rr")  # intent logged, then the process died before saving the labels
     led.close()
     with pytest.raises(LedgerError, match="second release"):
-        execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4),
-                     resume=True)
+        execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4),
+                                                              resume=True))
 
 
 def test_fresh_run_refuses_an_interrupted_directory(dp_setup, tmp_path):
@@ -214,4 +215,4 @@ def test_fresh_run_refuses_an_interrupted_directory(dp_setup, tmp_path):
     out.mkdir()
     Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256).close()
     with pytest.raises(InvalidParameterError, match="interrupted run"):
-        execute_plan(plan, root / "train.parquet", out_dir=out, settings=TrainSettings(embedding_dim=4))
+        execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4)))

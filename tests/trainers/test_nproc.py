@@ -27,7 +27,7 @@ from tests.trainers.test_run import WALR_SCENARIO  # noqa: E402
 from trainers.audit import audit_run  # noqa: E402
 from trainers.data.synth import SYNTH_FEATURES, synthesize  # noqa: E402
 from trainers.distributed import launch  # noqa: E402
-from trainers.run import TrainSettings, execute_plan  # noqa: E402
+from trainers.run import RunOptions, TrainSettings, execute_plan  # noqa: E402
 
 N = 6000
 FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
@@ -106,7 +106,7 @@ def test_the_record_names_both_processes_and_their_steps(root, two):
 def test_it_matches_the_single_process_run(root, two):
     """Same plan, so the same guarantee; the accuracy within what seeds move it by at this size."""
     one = execute_plan(build_plan(parse_scenario(hybrid_text())), root / "train.parquet",
-                       eval_path=root / "eval.parquet", settings=FAST, seed=5, threads=1)
+                       RunOptions(eval_path=root / "eval.parquet", settings=FAST, seed=5, threads=1))
     assert two["plan_sha256"] == one.plan_sha256
     metrics = two["private_record"]["metrics"]["eval"]
     assert abs(metrics["auc"] - one.metrics["eval"]["auc"]) < 0.05
@@ -221,10 +221,10 @@ WALR_TEXT = WALR_SCENARIO.replace("dataset_size = 5000", f"dataset_size = {N}")
 def test_walr_over_two_processes_is_the_one_process_release_and_fit(root, tmp_path):
     """Rank 0's noise from the same seed: the same released vector, the same theta, an audit that passes."""
     plan = build_plan(parse_scenario(WALR_TEXT))
-    alone = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", seed=4, threads=1,
-                         out_dir=tmp_path / "one")
-    two = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", seed=4, threads=1, nproc=2,
-                       out_dir=tmp_path / "two")
+    alone = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet", seed=4, threads=1,
+                                                                  out_dir=tmp_path / "one"))
+    two = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet", seed=4, threads=1,
+                                                                nproc=2, out_dir=tmp_path / "two"))
     a, b = np.load(tmp_path / "one" / "walr_sum.npy"), np.load(tmp_path / "two" / "walr_sum.npy")
     np.testing.assert_allclose(b, a, rtol=1e-9)  # summed over ranks, noised once
     theta_a = torch.load(tmp_path / "one" / "model.pt")["theta"]
@@ -257,7 +257,7 @@ def test_nproc_under_torchrun_is_refused(root, runner, tmp_path, monkeypatch):
 def test_a_refusal_on_the_ranks_reaches_the_caller_as_itself(root, tmp_path):
     plan = build_plan(parse_scenario(hybrid_text(N + 1)))  # the data has N rows
     with pytest.raises(Exception, match=f"plan accounts N = {N + 1}") as exc:
-        execute_plan(plan, root / "train.parquet", out_dir=tmp_path / "run", nproc=2, threads=1)
+        execute_plan(plan, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", nproc=2, threads=1))
     assert type(exc.value).__name__ == "InvalidParameterError"
     assert not (tmp_path / "run").exists()
 
@@ -377,12 +377,12 @@ def test_a_killed_two_process_run_stops_and_resumes_with_the_ledger_count(root, 
 
 
 def _prepare_rank(coll, path, encoding):
-    from trainers.run import _prepare
+    from trainers.inputs import prepare_data
 
     settings = TrainSettings(nonsensitive_encoding=encoding, vocab_threshold=3)
     from trainers.randomness import Randomness
 
-    prep = _prepare(path, SYNTH_FEATURES, settings, "cpu", cap=2, capping="first", expected_rows=None,
+    prep = prepare_data(path, SYNTH_FEATURES, settings, "cpu", cap=2, capping="first", expected_rows=None,
                     randomness=Randomness(0), collective=coll)
     d = prep.data
     return [t.numpy() for t in (d.ns_cat, d.ns_num, d.s_cat, d.s_num, d.label)], prep.unit_counts
@@ -392,11 +392,11 @@ def _prepare_rank(coll, path, encoding):
 def test_the_ranks_blocks_are_the_one_process_encoding(root, encoding):
     """Capped whole, encoded by block: the blocks in rank order are the one-process tensors (a
     vocabulary counted over every rank's rows)."""
+    from trainers.inputs import prepare_data
     from trainers.randomness import Randomness
-    from trainers.run import _prepare
 
     settings = TrainSettings(nonsensitive_encoding=encoding, vocab_threshold=3)
-    alone = _prepare(root / "train.parquet", SYNTH_FEATURES, settings, "cpu", cap=2, capping="first",
+    alone = prepare_data(root / "train.parquet", SYNTH_FEATURES, settings, "cpu", cap=2, capping="first",
                      expected_rows=None, randomness=Randomness(0))
     ranks = launch(_prepare_rank, 2, root / "train.parquet", encoding, timeout_s=60)
     d = alone.data

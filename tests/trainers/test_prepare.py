@@ -203,26 +203,28 @@ def synth_capped(tmp_path_factory):
 
 def test_train_on_a_prepared_directory_reconciles_n_and_k(synth_capped, tmp_path):
     from tests.trainers.test_run import FAST, rr_plan
-    from trainers.run import execute_plan
+    from trainers.run import RunOptions, execute_plan
 
     root, manifest = synth_capped
     n = manifest["rows"]
     user = 'unit = "user x time"\ncap = 2'
-    rec = execute_plan(rr_plan(n, extra_privacy=user), root / "capped", settings=FAST)
+    rec = execute_plan(rr_plan(n, extra_privacy=user), root / "capped", RunOptions(settings=FAST))
     data = rec.private_part.data
     assert data["rows_used"] == n and data["capping"]["rows_dropped"] == 0 and data["capping"]["capped_ahead"]
     assert data["prepared"]["key_id"] == manifest["key_id"]
     with pytest.raises(InvalidParameterError, match=f"holds N = {n} rows .* the plan accounts N = {n + 1}"):
-        execute_plan(rr_plan(n + 1, extra_privacy=user), root / "capped", settings=FAST, out_dir=tmp_path / "r")
+        execute_plan(rr_plan(n + 1, extra_privacy=user), root / "capped",
+                     RunOptions(settings=FAST, out_dir=tmp_path / "r"))
     with pytest.raises(InvalidParameterError, match="was capped at K = 2; the plan caps each unit at K = 3"):
-        execute_plan(rr_plan(n, extra_privacy='unit = "user x time"\ncap = 3'), root / "capped", settings=FAST)
+        execute_plan(rr_plan(n, extra_privacy='unit = "user x time"\ncap = 3'), root / "capped",
+                     RunOptions(settings=FAST))
     assert not (tmp_path / "r").exists()
 
 
 def test_train_refuses_a_unit_over_the_plans_k(synth_capped, tmp_path):
     """A manifest that claims a smaller cap than its shards hold is caught by the count, not trusted."""
     from tests.trainers.test_run import FAST, rr_plan
-    from trainers.run import execute_plan
+    from trainers.run import RunOptions, execute_plan
 
     root, _ = synth_capped
     wide = prepare.cap(root / "train.parquet", unit_id="user_id", cap=4, key=KEY, out=tmp_path / "wide")
@@ -230,4 +232,4 @@ def test_train_refuses_a_unit_over_the_plans_k(synth_capped, tmp_path):
     (tmp_path / "wide" / MANIFEST).write_text(json.dumps({**lie, "cap": 2}))
     with pytest.raises(InvalidParameterError, match="has a unit with 4 rows, more than the plan's K = 2"):
         execute_plan(rr_plan(wide["rows"], extra_privacy='unit = "user x time"\ncap = 2'), tmp_path / "wide",
-                     settings=FAST)
+                     RunOptions(settings=FAST))

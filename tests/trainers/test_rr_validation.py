@@ -18,7 +18,7 @@ from budgetplan.planning.planner import build_plan
 from budgetplan.scenario.model import parse_scenario
 from trainers.baseline import validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize
-from trainers.run import TrainSettings, execute_plan
+from trainers.run import RunOptions, TrainSettings, execute_plan
 
 FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=256, rr_checks_per_epoch=2,
                      rr_patience=2)
@@ -87,7 +87,7 @@ def test_held_out_rows_are_the_keyed_split_and_the_best_state_is_kept(data, monk
     root, table = data
     _Recording.made = []
     monkeypatch.setattr(rv, "DebiasedStopping", _Recording(rv.DebiasedStopping))
-    rec = execute_plan(_plan(), root / "train.parquet", settings=FAST, seed=3, threads=1)
+    rec = execute_plan(_plan(), root / "train.parquet", RunOptions(settings=FAST, seed=3, threads=1))
     rr = rec.phases[0]
     held, what, _ = validation_split(table, "user_id", 0.1)
     assert what == "unit" and rr.validation_rows == int(held.sum()) and rr.labels == N
@@ -111,8 +111,8 @@ def test_nothing_after_the_release_reads_a_true_label(data, monkeypatch):
 
     root, _ = data
     plan = _plan()
-    clean = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST, seed=9,
-                         threads=1)
+    clean = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet", settings=FAST,
+                                                                  seed=9, threads=1))
     original_phase, original_release = rrp.run_rr_phase, dist.release_once
     seen = {}
 
@@ -127,8 +127,8 @@ def test_nothing_after_the_release_reads_a_true_label(data, monkeypatch):
 
     monkeypatch.setattr(rrp, "run_rr_phase", phase)
     monkeypatch.setattr(dist, "release_once", release)
-    poisoned = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST, seed=9,
-                            threads=1)
+    poisoned = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet", settings=FAST,
+                                                                     seed=9, threads=1))
     assert torch.isnan(seen["data"].label).all()
     a, b = clean.phases[0], poisoned.phases[0]
     assert a.validation_log_loss == b.validation_log_loss and a.validation_auc == b.validation_auc
@@ -138,8 +138,8 @@ def test_nothing_after_the_release_reads_a_true_label(data, monkeypatch):
 
 def test_without_validation_the_plans_epochs_are_trained_exactly(data):
     root, _ = data
-    rec = execute_plan(_plan(epochs=2, rr_extra="validation_fraction = 0"), root / "train.parquet", settings=FAST,
-                       seed=3, threads=1)
+    rec = execute_plan(_plan(epochs=2, rr_extra="validation_fraction = 0"), root / "train.parquet",
+                       RunOptions(settings=FAST, seed=3, threads=1))
     rr = rec.phases[0]
     assert rr.validation_rows is None and rr.stopped is None
     assert rr.batches == 2 * int(np.ceil(N / 256)) and len(rr.epoch_loss) == 2
@@ -147,7 +147,7 @@ def test_without_validation_the_plans_epochs_are_trained_exactly(data):
 
 def test_a_hybrid_run_starts_its_dpsgd_phase_from_the_kept_rr_state(data):
     root, _ = data
-    rec = execute_plan(_plan(split="alpha=0.5"), root / "train.parquet", settings=FAST, seed=4, threads=1)
+    rec = execute_plan(_plan(split="alpha=0.5"), root / "train.parquet", RunOptions(settings=FAST, seed=4, threads=1))
     rr, dpsgd = rec.phases[0], rec.phases[1]
     assert rr.validation_rows and rr.validation_kept is not None
     assert dpsgd.name == "dpsgd" and dpsgd.steps_executed == dpsgd.steps_planned
@@ -205,7 +205,7 @@ def test_the_statements_say_what_the_held_out_units_decided(data):
     root, _ = data
     plan = _plan()
     assert "scores itself on those held-out units' randomised labels" in " ".join(render_statement(plan).split())
-    rec = execute_plan(plan, root / "train.parquet", settings=FAST, seed=3, threads=1)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST, seed=3, threads=1))
     text = " ".join(render_run_statement(plan, rec).split())
     rr = rec.phases[0]
     assert f"on {rr.validation_rows} held-out rows" in text and "was kept (debiased held-out AUC" in text

@@ -14,7 +14,7 @@ from budgetplan.scenario.model import parse_scenario
 from trainers.baseline import BaselineSettings
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
-from trainers.run import TrainSettings, execute_plan, run_baseline
+from trainers.run import RunOptions, TrainSettings, execute_plan, run_baseline
 
 FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
 ROWS, USERS = 6000, 1500
@@ -43,8 +43,9 @@ def test_rr_run_writes_a_complete_record(data, tmp_path):
     plan = rr_plan(5000)
     base = run_baseline(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST,
                         baseline=BaselineSettings(max_epochs=1))
-    rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", out_dir=tmp_path / "run",
-                       settings=FAST, baseline_auc=base.metrics["eval"]["auc"])
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet",
+                                                                out_dir=tmp_path / "run", settings=FAST,
+                                                                baseline_auc=base.metrics["eval"]["auc"]))
     assert (tmp_path / "run" / "run.json").exists() and (tmp_path / "run" / "model.pt").exists()
     again = load_record(tmp_path / "run")
     assert again == rec and again.sha256 == rec.sha256
@@ -66,8 +67,8 @@ def test_rr_run_writes_a_complete_record(data, tmp_path):
 def test_seeded_runs_are_reproducible(data):
     root, _ = data
     plan = rr_plan(5000)
-    a = execute_plan(plan, root / "train.parquet", settings=FAST, seed=123)
-    b = execute_plan(plan, root / "train.parquet", settings=FAST, seed=123)
+    a = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST, seed=123))
+    b = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST, seed=123))
     assert a.seeds == {"policy": "seeded", "seed": 123, "note": a.seeds["note"]}
     assert a.phases[0].labels_flipped == b.phases[0].labels_flipped
     assert a.phases[0].epoch_loss == b.phases[0].epoch_loss
@@ -79,7 +80,7 @@ def test_user_level_capping_and_eps_over_k_i(data):
     counts = np.unique(units, return_counts=True)[1]
     n_capped = int(np.minimum(counts, 2).sum())
     plan = rr_plan(n_capped, extra_privacy='unit = "user x time"\ncap = 2', rr_extra='per_impression = "eps/K_i"')
-    rec = execute_plan(plan, root / "train.parquet", settings=FAST)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST))
     data = rec.private_part.data
     assert data["rows_in"] == 5000 and data["rows_used"] == rec.rows_used == n_capped
     assert data["capping"]["rows_dropped"] == 5000 - n_capped
@@ -94,7 +95,7 @@ def test_user_level_capping_and_eps_over_k_i(data):
 def test_refuses_a_different_row_count_and_writes_nothing(data, tmp_path):
     root, _ = data
     with pytest.raises(InvalidParameterError, match="the data has 5000 rows; the plan accounts N = 5001"):
-        execute_plan(rr_plan(5001), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+        execute_plan(rr_plan(5001), root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
     assert not (tmp_path / "run").exists()
 
 
@@ -105,7 +106,7 @@ def test_refuses_labels_outside_0_1(data, tmp_path):
     bad = table.set_column(table.column_names.index("label"), "label", pa.array(labels))
     pq.write_table(bad, tmp_path / "bad.parquet")
     with pytest.raises(InvalidParameterError, match="label"):
-        execute_plan(rr_plan(5000), tmp_path / "bad.parquet", out_dir=tmp_path / "run", settings=FAST)
+        execute_plan(rr_plan(5000), tmp_path / "bad.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
     assert not (tmp_path / "run").exists()
 
 
@@ -121,7 +122,8 @@ def test_data_count_gives_the_n_a_user_level_plan_trains_on(data, tmp_path, runn
     n3 = counted["caps"][1]["rows"]
     assert counted["caps"][0]["rows"] == counted["units"] == len(set(table.column("user_id").to_pylist()))
     assert counted["units"] < n3 < 5000
-    rec = execute_plan(rr_plan(n3, extra_privacy='unit = "user"\ncap = 3'), root / "train.parquet", settings=FAST)
+    rec = execute_plan(rr_plan(n3, extra_privacy='unit = "user"\ncap = 3'), root / "train.parquet",
+                       RunOptions(settings=FAST))
     assert rec.rows_used == n3
     human = runner.invoke(cli, ["data", "count", str(root / "train.parquet"), "--unit-id", "user_id",
                                 "--unit-cap", "3"])
@@ -135,7 +137,7 @@ def test_refuses_user_level_plan_without_unit_ids(data, tmp_path):
     pq.write_table(table.drop(["user_id"]), tmp_path / "nouser.parquet")
     plan = rr_plan(5000, extra_privacy='unit = "user"\ncap = 3')
     with pytest.raises(InvalidParameterError):
-        execute_plan(plan, tmp_path / "nouser.parquet", settings=FAST)
+        execute_plan(plan, tmp_path / "nouser.parquet", RunOptions(settings=FAST))
 
 
 def test_refuses_a_plan_that_does_not_verify(data):
@@ -147,7 +149,7 @@ def test_refuses_a_plan_that_does_not_verify(data):
     tampered = dataclasses.replace(plan, phases=(dataclasses.replace(
         phase, params=dataclasses.replace(phase.params, flip_probability=0.01)),))
     with pytest.raises(PlanMismatchError, match="does not verify"):
-        execute_plan(tampered, root / "train.parquet", settings=FAST)
+        execute_plan(tampered, root / "train.parquet", RunOptions(settings=FAST))
 
 
 def test_refuses_an_existing_record(data, tmp_path):
@@ -155,7 +157,7 @@ def test_refuses_an_existing_record(data, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run.json").write_text("{}")
     with pytest.raises(InvalidParameterError, match="already holds a run record"):
-        execute_plan(rr_plan(5000), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+        execute_plan(rr_plan(5000), root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
 
 
 def hybrid_plan(n, split, *, tower="frozen", extra_privacy=""):
@@ -171,7 +173,7 @@ def hybrid_plan(n, split, *, tower="frozen", extra_privacy=""):
 def test_hybrid_family_runs_through_one_code_path(data, split, phases):
     root, _ = data
     plan = hybrid_plan(5000, split)
-    rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet", settings=FAST)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet", settings=FAST))
     assert [p.name for p in rec.phases] == phases
     if "dpsgd" in phases:
         dp = rec.phases[phases.index("dpsgd")]
@@ -195,7 +197,7 @@ def test_user_level_dpsgd_mixture_plan(data):
                         "[dpsgd]\nbatch_size = 250\nepochs = 1\nclipping_norm = 1.0\n")
     plan = build_plan(parse_scenario(text))
     assert plan.phases[0].guarantee.method == "mixture-of-gaussians(pld)"
-    rec = execute_plan(plan, root / "train.parquet", settings=FAST)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST))
     assert rec.rows_used == n and rec.phases[0].steps_executed == plan.phases[0].params.steps
 
 
@@ -224,7 +226,7 @@ sensitive_numeric = ["days_since_visit", "visits_7d"]
 def test_walr_plan_runs(data):
     root, _ = data
     plan = build_plan(parse_scenario(WALR_SCENARIO))
-    rec = execute_plan(plan, root / "train.parquet", eval_path=root / "eval.parquet")
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(eval_path=root / "eval.parquet"))
     ph, stats = rec.phases[0], rec.private_part.phases[0]
     assert ph.name == "walr" and ph.noise_draws == 5 and ph.rows == 5000 and ph.releases == 1
     assert ph.noise_std == plan.phases[0].params.noise_std
@@ -234,7 +236,7 @@ def test_walr_plan_runs(data):
 
 def test_record_tamper_is_detected(data, tmp_path):
     root, _ = data
-    rec = execute_plan(rr_plan(5000), root / "train.parquet", out_dir=tmp_path / "run", settings=FAST)
+    rec = execute_plan(rr_plan(5000), root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
     path = tmp_path / "run" / "run.json"
     path.write_text(path.read_text().replace(f'"labels_flipped": {rec.phases[0].labels_flipped}',
                                              '"labels_flipped": 1'))
@@ -319,8 +321,8 @@ def test_vocabulary_encoding_trains_and_is_kept(data, tmp_path):
 
     root, _ = data
     settings = dataclasses.replace(FAST, nonsensitive_encoding="vocab", vocab_threshold=3)
-    rec = execute_plan(rr_plan(5000), root / "train.parquet", eval_path=root / "eval.parquet",
-                       out_dir=tmp_path / "run", settings=settings)
+    rec = execute_plan(rr_plan(5000), root / "train.parquet", RunOptions(eval_path=root / "eval.parquet",
+                                                                         out_dir=tmp_path / "run", settings=settings))
     assert rec.private_part.encoding["nonsensitive"]["encoding"] == "vocab"
     assert "vocabulary" not in rec.private_part.encoding
     vocab = json.loads((tmp_path / "run" / "vocabulary.json").read_text())
@@ -346,7 +348,7 @@ def test_vocabulary_is_refused_where_the_adjacency_protects_the_columns(data, tm
     assert not full_dp.nonsensitive_fixed
     vocab = dataclasses.replace(FAST, nonsensitive_encoding="vocab")
     with pytest.raises(UnsupportedError, match="--encoding vocab.*add-remove"):
-        execute_plan(full_dp, root / "train.parquet", out_dir=tmp_path / "run", settings=vocab)
+        execute_plan(full_dp, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=vocab))
     assert not (tmp_path / "run").exists()
 
 
@@ -357,17 +359,17 @@ def test_a_seeded_cuda_run_takes_deterministic_kernels_and_gives_the_mode_back(m
 
     import torch
 
-    from trainers.run import _reproducible_kernels
+    from trainers.inputs import reproducible_kernels
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert not torch.are_deterministic_algorithms_enabled()
     for device, seeded in [(torch.device("cpu"), True), (torch.device("cuda"), False)]:
-        with _reproducible_kernels(device, seeded=seeded):
+        with reproducible_kernels(device, seeded=seeded):
             assert not torch.are_deterministic_algorithms_enabled()
-    with _reproducible_kernels(torch.device("cuda"), seeded=True):
+    with reproducible_kernels(torch.device("cuda"), seeded=True):
         assert torch.are_deterministic_algorithms_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert not torch.are_deterministic_algorithms_enabled()
-    with pytest.raises(RuntimeError), _reproducible_kernels(torch.device("cuda"), seeded=True):
+    with pytest.raises(RuntimeError), reproducible_kernels(torch.device("cuda"), seeded=True):
         raise RuntimeError("a failing run")
     assert not torch.are_deterministic_algorithms_enabled()

@@ -19,7 +19,7 @@ from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
 from trainers.randomness import Randomness
-from trainers.run import TrainSettings, execute_plan
+from trainers.run import RunOptions, TrainSettings, execute_plan
 from trainers.tune import clipped_log_loss_sum, gumbel, noisy_max, split_units
 
 FAST = TrainSettings(embedding_dim=4, tower_hidden=16, common_hidden=(16,), batch_size=512)
@@ -49,7 +49,8 @@ def data(tmp_path_factory):
 def tuned(data, tmp_path_factory):
     plan = build_plan(parse_scenario(grid_scenario(GRID_2X1)))
     out = tmp_path_factory.mktemp("runs") / "run"
-    record = execute_plan(plan, data / "train.parquet", eval_path=data / "eval.parquet", out_dir=out, settings=FAST)
+    record = execute_plan(plan, data / "train.parquet", RunOptions(eval_path=data / "eval.parquet", out_dir=out,
+                                                                   settings=FAST))
     return plan, record, out
 
 
@@ -116,7 +117,7 @@ def test_ledger_covers_every_configuration_and_one_selection(tuned):
 def test_a_tuned_run_is_not_resumed(data, tmp_path):
     plan = build_plan(parse_scenario(grid_scenario(GRID_2X1)))
     with pytest.raises(UnsupportedError, match="a tuned run cannot be resumed"):
-        execute_plan(plan, data / "train.parquet", out_dir=tmp_path / "run", settings=FAST, resume=True)
+        execute_plan(plan, data / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST, resume=True))
     assert not (tmp_path / "run").exists()
 
 
@@ -127,7 +128,7 @@ def test_user_level_units_stay_in_one_part(data, tmp_path):
     plan = build_plan(parse_scenario(grid_scenario('clipping_norm = [1.0, 4.0]\n', n=n,
                                                    unit='unit = "user x time"\ncap = 2\nunit_accounting = "group"')))
     assert plan.tuning["noisy_max"]["sensitivity"] == pytest.approx(2 * math.log(1000))
-    record = execute_plan(plan, data / "train.parquet", settings=FAST, seed=3)
+    record = execute_plan(plan, data / "train.parquet", RunOptions(settings=FAST, seed=3))
     dpsgd = [next(p for p in r["phases"] if p["name"] == "dpsgd") for r in record.tuning["runs"]]
     assert [p["clipping_norm"] for p in dpsgd] == [1.0, 4.0]
 

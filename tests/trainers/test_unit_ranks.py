@@ -31,8 +31,9 @@ from trainers.audit import audit_run  # noqa: E402
 from trainers.data.capping import cap_units  # noqa: E402
 from trainers.data.synth import SYNTH_FEATURES, synthesize  # noqa: E402
 from trainers.distributed import launch  # noqa: E402
+from trainers.inputs import new_model, prepare_data  # noqa: E402
 from trainers.ranks import block, rank_rows  # noqa: E402
-from trainers.run import TrainSettings, _prepare, execute_plan  # noqa: E402
+from trainers.run import RunOptions, TrainSettings, execute_plan  # noqa: E402
 
 CAP = 3
 FAST = TrainSettings(embedding_dim=2, tower_hidden=8, common_hidden=(8,), batch_size=256)
@@ -43,7 +44,7 @@ def prepare(path, n, **kw):
     """The training data as ``execute_plan`` prepares it (capping changes nothing: it is capped already)."""
     from trainers.randomness import Randomness
 
-    return _prepare(path, SYNTH_FEATURES, PREP, "cpu", cap=CAP, capping="first", expected_rows=n,
+    return prepare_data(path, SYNTH_FEATURES, PREP, "cpu", cap=CAP, capping="first", expected_rows=n,
                     randomness=Randomness(0), **kw)
 
 
@@ -117,7 +118,7 @@ def test_the_shares_partition_the_rows_into_whole_units(sizes, ranks, rnd):
 
 
 def test_prepare_gives_each_rank_whole_units_and_the_one_process_rows(data):
-    """``_prepare`` as ranks 0 and 1 see it: disjoint units covering all M, rows as one process encodes them."""
+    """``prepare_data`` as ranks 0 and 1 see it: disjoint units covering all M, rows as one process encodes them."""
     alone = prepare(data.root / "train.parquet", data.n)
 
     def shares(whole_units):
@@ -145,11 +146,10 @@ def _one_step(coll, plan_json, path, whole_units):
     from budgetplan.plan import Plan
     from trainers.dpsgd import DPSGDSettings, run_dpsgd
     from trainers.randomness import Randomness
-    from trainers.run import _model
 
     plan = Plan.from_json(plan_json)
     prep = prepare(path, plan.dataset_size, collective=coll, whole_units=whole_units)
-    model = _model(prep, PREP, 0)
+    model = new_model(prep, PREP, 0)
     before = [p.detach().numpy().copy() for p in model.parameters()]
     try:
         result = run_dpsgd(model, prep.data, plan.dpsgd.params, trainable=list(model.parameters()),
@@ -196,8 +196,10 @@ def runs(data):
     plan = build_plan(parse_scenario(scenario_text(data.n, data.m, hybrid=True)))
     out = {}
     for nproc in (1, 2):
-        out[nproc] = execute_plan(plan, data.root / "train.parquet", eval_path=data.root / "eval.parquet",
-                                  out_dir=data.root / f"run{nproc}", settings=FAST, seed=5, threads=1, nproc=nproc)
+        out[nproc] = execute_plan(plan, data.root / "train.parquet", RunOptions(eval_path=data.root / "eval.parquet",
+                                                                                out_dir=data.root / f"run{nproc}",
+                                                                                settings=FAST, seed=5, threads=1,
+                                                                                nproc=nproc))
     return plan, out
 
 

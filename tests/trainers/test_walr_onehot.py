@@ -17,7 +17,7 @@ from budgetplan.statement import render_statement
 from trainers.data.encoded import EncodedData
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.randomness import Randomness
-from trainers.run import execute_plan
+from trainers.run import RunOptions, execute_plan
 from trainers.walr_onehot import encode_rows, fit, numeric_range, predict, release
 
 N = 6000
@@ -126,8 +126,8 @@ def test_a_one_hot_walr_plan_trains_on_categoricals_and_audits(tmp_path):
     pq.write_table(table.slice(0, N), tmp_path / "train.parquet")
     pq.write_table(table.slice(N), tmp_path / "eval.parquet")
     plan = build_plan(parse_scenario(_onehot_text(eps=8.0)))
-    rec = execute_plan(plan, tmp_path / "train.parquet", eval_path=tmp_path / "eval.parquet", out_dir=tmp_path / "run",
-                       seed=3, threads=1)
+    rec = execute_plan(plan, tmp_path / "train.parquet", RunOptions(eval_path=tmp_path / "eval.parquet",
+                                                                    out_dir=tmp_path / "run", seed=3, threads=1))
     entry = rec.phases[0]
     assert entry.name == "walr" and rec.model["config"]["encoding"] == "one-hot"
     assert entry.noise_draws == rec.model["config"]["features"] > 100  # one coordinate per category value
@@ -143,8 +143,8 @@ def test_over_two_processes_it_is_the_one_process_release_and_fit(tmp_path):
     table = synthesize(N + 1000, 1500, 6)
     pq.write_table(table.slice(0, N), tmp_path / "train.parquet")
     plan = build_plan(parse_scenario(_onehot_text(eps=4.0)))
-    execute_plan(plan, tmp_path / "train.parquet", seed=4, threads=1, out_dir=tmp_path / "one")
-    execute_plan(plan, tmp_path / "train.parquet", seed=4, threads=1, nproc=2, out_dir=tmp_path / "two")
+    execute_plan(plan, tmp_path / "train.parquet", RunOptions(seed=4, threads=1, out_dir=tmp_path / "one"))
+    execute_plan(plan, tmp_path / "train.parquet", RunOptions(seed=4, threads=1, nproc=2, out_dir=tmp_path / "two"))
     a, b = np.load(tmp_path / "one" / "walr_sum.npy"), np.load(tmp_path / "two" / "walr_sum.npy")
     np.testing.assert_allclose(b, a, rtol=1e-9)  # summed over ranks, noised once
     one, two = torch.load(tmp_path / "one" / "model.pt"), torch.load(tmp_path / "two" / "model.pt")

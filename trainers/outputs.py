@@ -1,0 +1,81 @@
+"""What a run writes and scores at its end: the run directory, the evaluation, the model and record files.
+
+Shared by every way into training (``trainers.run``, ``trainers.tune``, the baseline, the
+canary audit), so that none of them imports another's helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from budgetplan.errors import InvalidParameterError
+from budgetplan.record.records import PRIVATE_DIR, RunRecord
+from budgetplan.util.fileio import atomic_output, check_writable, write_atomic
+from trainers.data.fingerprint import new_key, write_key
+from trainers.fit import predict
+from trainers.metrics import evaluate_model
+
+__all__ = ["INITIAL_MODEL", "check_out", "fingerprint_keys", "evaluate", "write_run", "save_initial"]
+
+INITIAL_MODEL = "initial_model.pt"  # under private/, with keep_initial
+
+
+def check_out(out_dir) -> Path | None:
+    """The run directory, refused if it already holds a record or cannot be written; None without one."""
+    if out_dir is None:
+        return None
+    if not str(out_dir).strip():
+        raise InvalidParameterError("--out is empty: name the run directory to create")
+    out = Path(out_dir)
+    if (out / "run.json").exists():
+        raise InvalidParameterError(f"{out} already holds a run record; choose a new --out")
+    if out.exists() and not out.is_dir():
+        raise InvalidParameterError(f"--out {out} exists and is not a directory")
+    check_writable(out)
+    return out
+
+
+def fingerprint_keys(fingerprint_key: bytes | None) -> tuple[bytes, bytes | None]:
+    """(the data owner's fingerprint key, the same key if it was made here and must be saved)."""
+    if fingerprint_key is not None:
+        return fingerprint_key, None
+    key = new_key()
+    return key, key
+
+
+def evaluate(model, prep, path, *, truncated: bool) -> tuple[dict, float]:
+    """The model's metrics on the held-out data ``prep`` (read from ``path``), and the seconds they took."""
+    t0 = time.perf_counter()
+    p = predict(model, prep.data, truncated=truncated)
+    y = prep.data.label.cpu().numpy()
+    metrics = evaluate_model(y, p)
+    metrics["rows"] = int(y.size)
+    metrics["path"] = str(path)
+    return metrics, prep.timings["eval_prepare_seconds"] + time.perf_counter() - t0
+
+
+def write_run(record: RunRecord, state: dict, out: Path | None, vocabulary: dict | None = None,
+              new_key: bytes | None = None) -> RunRecord:
+    """Write the model, the key, the private then the public record (last): a directory with run.json is complete."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_output(out / "model.pt") as tmp:
+            torch.save(state, tmp)
+        if vocabulary is not None:  # non-sensitive values only: needed to encode new data alike
+            write_atomic(out / "vocabulary.json", json.dumps(vocabulary, sort_keys=True) + "\n")
+        if new_key is not None:
+            (out / PRIVATE_DIR).mkdir(exist_ok=True)
+            write_key(out / PRIVATE_DIR / "fingerprint.key", new_key)
+        record.write(out)
+    return record
+
+
+def save_initial(model, out: Path) -> None:
+    """The model as initialised, before any phase: ``private/initial_model.pt`` (``trainers.canary``)."""
+    (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
+    with atomic_output(out / PRIVATE_DIR / INITIAL_MODEL) as tmp:
+        torch.save(model.state_dict(), tmp)

@@ -1,0 +1,44 @@
+"""The RR phase's executor: the labels randomised once, the truncated model trained on them.
+
+An RR-only plan's intercept calibration is free (no release: its shift is solved from the
+truncated model's logits and the RR labels' debiased count), so it runs here, after the phase.
+"""
+
+from __future__ import annotations
+
+from budgetplan.plan.phases import RRPhase
+from trainers import rr_phase  # its run_rr_phase looked up at each call: tests swap it
+from trainers.calibration import free_calibration
+from trainers.phases.registry import PhaseContext, register_executor
+from trainers.phases.trained import TrainedModel
+from trainers.record import rr_entry
+
+__all__ = ["execute_rr"]
+
+
+def _needs(phase: RRPhase) -> dict:
+    return {"holdout": phase.params.validation_fraction}  # the units held out to stop the phase early
+
+
+@register_executor(RRPhase, follows=((),), needs=_needs)
+def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
+    c = context
+    ckpt = c.checkpoint
+    if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
+        rr = ckpt["rr_result"]  # trained in an earlier session
+    else:
+        s = c.settings
+        rr = rr_phase.run_rr_phase(
+            c.model, c.data, phase, unit_counts=c.unit_counts, loss=s.loss, lr=s.lr, optimizer=s.optimizer,
+            batch_size=s.batch_size, randomness=c.randomness, session=c.session, progress=c.label("RR phase"),
+            collective=c.collective, rows=c.rows, holdout=c.holdout, patience=s.rr_patience,
+            checks_per_epoch=s.rr_checks_per_epoch, weight_decay=s.rr_weight_decay)
+        if len(c.phases) > 1:
+            c.session.save_checkpoint({"phase": "rr-done", "model": c.model.state_dict(), "rr_result": rr})
+    c.timings["rr_phase_seconds"] = rr.seconds
+    c.rr_result = rr
+    c.final = TrainedModel.of(c, truncated=True, dpsgd_settings=None)  # non-sensitive features only
+    entries = [rr_entry(rr)]
+    if c.free_calibration:
+        entries.append((None, free_calibration(c.model, c.data, rr, c.collective)))
+    return entries

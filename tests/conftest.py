@@ -34,6 +34,9 @@ SLOW = {
     "tests/trainers/test_unit_ranks.py::test_a_two_process_unit_run_audits_clean_with_batch_sizes_in_units",  # [31]
     "tests/trainers/test_canary.py::test_noise_halved_is_caught_by_the_audit_of_the_model",  # [23]
     "tests/trainers/test_canary.py::test_clipping_off_is_caught_by_the_audit_of_the_model",  # [18]
+    # the docs' examples, page by page (tests/docs/test_examples.py); the pages not listed take under 15 s
+    "tests/docs/test_examples.py::test_examples_run[docs/guide/audit.md]",  # a run, its empirical and one-run audits
+    "tests/docs/test_examples.py::test_examples_run[docs/guide/train.md]",  # plan, then train at 200,000 rows
 }
 SLOW_MODULES = {
     "tests/test_notebooks.py",  # [183] the three notebooks top to bottom

@@ -650,7 +650,7 @@ public record, what the data owner's private record holds (data fingerprint, cli
 metrics on private labels: statistics the guarantee does not cover), then the plan's privacy
 statement.'''),
     ("code", r'''from budgetplan.record.records import load_record
-from budgetplan.statement import render_run_statement
+from budgetplan.report.statement import render_run_statement
 
 statement = render_run_statement(plan, load_record(RUN))
 print(statement)'''),

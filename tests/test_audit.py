@@ -439,7 +439,7 @@ def test_a_statement_is_refused_for_a_plan_that_does_not_verify(runs, runner, tm
 
 
 def test_run_statement_lines_fit_88_columns(runs):
-    from budgetplan.statement import render_run_statement
+    from budgetplan.report.statement import render_run_statement
 
     root, plan = runs
     text = render_run_statement(plan, load_record(root / "run"))

@@ -6,13 +6,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from budgetplan.accounting import account
+from budgetplan.audit.verify import verify_plan
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD
 from budgetplan.plan import Plan
 from budgetplan.planning.planner import build_plan
 from budgetplan.scenario.model import parse_scenario
-from budgetplan.verify import verify_plan
 
 N = 2000
 SCENARIO = """
@@ -236,7 +236,7 @@ def test_allocation_spread_check_against_the_multinomial():
     ("shuffle", "NOT a guarantee here", "independently with probability q ="),
 ])
 def test_the_statement_describes_the_batches_the_plan_draws(sampling, says, never):
-    from budgetplan.statement import render_statement
+    from budgetplan.report.statement import render_statement
 
     text = render_statement(build_plan(scenario(sampling)))
     assert says in text and never not in text

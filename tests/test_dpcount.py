@@ -12,6 +12,7 @@ from scipy import stats
 
 from budgetplan.accounting import account
 from budgetplan.accounting.backends import reference_discrete_laplace_epsilon
+from budgetplan.audit.verify import verify_plan
 from budgetplan.dpcount import (
     discrete_laplace,
     discrete_laplace_pmf,
@@ -23,10 +24,9 @@ from budgetplan.mechanisms import DiscreteLaplaceCount, mechanism_from_dict, mec
 from budgetplan.plan import Plan, canonical_json
 from budgetplan.plan.phases import CountPhase, DPSGDPhase, phase_from_dict, phase_to_dict
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
-from budgetplan.statement import render_statement
 from budgetplan.units import PrivacyUnit
-from budgetplan.verify import verify_plan
 
 
 def scenario(*, eps=4.0, release=0.1, n=100_003, adjacency="add-remove", cap=1, extra="", dpsgd_extra=""):

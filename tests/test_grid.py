@@ -6,14 +6,14 @@ import math
 
 import pytest
 
+from budgetplan.audit.verify import verify_plan
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import Plan
 from budgetplan.planning import grid
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
-from budgetplan.statement import render_statement
-from budgetplan.verify import verify_plan
 from tests.test_planner import DPSGD, HYBRID
 
 DPSGD_GRID = DPSGD.format(unit="impression", cap="", extra="", tuning="""[tuning]

@@ -12,13 +12,13 @@ from scipy import optimize
 from scipy.special import expit
 
 from budgetplan import intercept
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import Plan, canonical_json
 from budgetplan.plan.phases import CalibrationPhase, DPSGDPhase, RRPhase, phase_from_dict, phase_to_dict
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
-from budgetplan.statement import render_statement
-from budgetplan.verify import verify_plan
 
 
 def scenario(*, eps=4.0, algorithm="dpsgd", calibration="share = 0.05", cap=1, adjacency="add-remove",

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from budgetplan.audit.verify import verify_file, verify_plan
 from budgetplan.errors import OutputError, PlanMismatchError
 from budgetplan.plan import Plan, canonical_json, load_plan, write_atomic
 from budgetplan.planning.planner import build_plan
 from budgetplan.scenario import examples, load_scenario
-from budgetplan.verify import verify_file, verify_plan
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import pytest
 
 from budgetplan.accounting import gaussian as gauss
 from budgetplan.accounting import rr as rr_math
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InfeasibleError, UnsupportedError
 from budgetplan.plan import Plan
 from budgetplan.planning.planner import build_plan, check_within_budget
 from budgetplan.scenario import examples, load_scenario, parse_scenario
-from budgetplan.verify import verify_plan
 
 HYBRID = """
 [budget]

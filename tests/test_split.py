@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from budgetplan.audit.verify import verify_plan
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
 from budgetplan.scenario.split_rules import (
     ALPHA_BY_EPSILON,
@@ -21,8 +23,6 @@ from budgetplan.scenario.split_rules import (
     parse_rule,
     split_budget,
 )
-from budgetplan.statement import render_statement
-from budgetplan.verify import verify_plan
 from tests.test_planner import HYBRID
 
 

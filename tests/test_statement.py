@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario import examples, load_scenario, parse_scenario
-from budgetplan.statement import render_statement
 
 GOLDEN = Path(__file__).parent / "golden" / "statements"
 

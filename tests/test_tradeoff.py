@@ -13,8 +13,8 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import GaussianRelease, RandomizedResponse
 from budgetplan.planning.composition import plan_tradeoff
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario import examples, load_scenario
-from budgetplan.statement import render_statement
 
 ALPHA_GRID = (1e-4, 1e-3, 1e-2, 0.1, 0.5)
 

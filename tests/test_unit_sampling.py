@@ -6,15 +6,15 @@ import json
 import pytest
 
 from budgetplan.accounting import account
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import Composition, PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
 from budgetplan.plan import Plan
 from budgetplan.planning.calibrate import dpsgd_noise_multiplier
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
-from budgetplan.statement import render_statement
 from budgetplan.units import PrivacyUnit
-from budgetplan.verify import verify_plan
 
 N, M = 20_000, 5_000
 SCENARIO = """

@@ -68,10 +68,10 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
     import pyarrow.parquet as pq
 
     from budgetplan.planning.planner import build_plan
+    from budgetplan.report.statement import render_statement
     from budgetplan.scenario.examples import adapted
     from budgetplan.scenario.model import parse_scenario
     from budgetplan.scenario.split_rules import DEFAULT_RULE, choose_split
-    from budgetplan.statement import render_statement
 
     threads = resolve_threads(threads)  # before the demo's own work adds to the load
     users = users or max(1, rows // 5)

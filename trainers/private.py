@@ -156,9 +156,9 @@ class PrivateStep:
     def __init__(self, model: torch.nn.Module, plan, *, loss_fn, optimizer: torch.optim.Optimizer, run_dir,
                  resume: bool = False, seed: int | None = None, checkpoint_every: int = 0, max_chunk: int | None = 4096,
                  padded_size: int | None = None):
+        from budgetplan.audit.verify import verify_plan
         from budgetplan.util.fileio import check_writable
         from budgetplan.util.validate import non_negative_int
-        from budgetplan.verify import verify_plan
         from trainers.clipping import refuse_batch_statistics
         from trainers.dpsgd import DPSGDSettings
         from trainers.randomness import Randomness

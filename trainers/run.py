@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.record.records import RunRecord
-from budgetplan.verify import verify_plan
 from trainers.baseline import BaselineSettings, compare, train_baseline, validation_split
 from trainers.dpsgd import DPSGDSettings
 from trainers.executors import (

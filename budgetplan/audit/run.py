@@ -109,7 +109,7 @@ def audit_run(record_path, plan_path=None, *, alpha: float = ALPHA, signed=None)
         plan_path: the plan; default the ``plan.json`` the trainer copied into the run directory.
         signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
     """
-    from budgetplan.verify import verify_plan
+    from budgetplan.audit.verify import verify_plan
 
     record_path = Path(record_path)
     run_dir = run_dir_of(record_path)

@@ -143,7 +143,7 @@ def show(plan_file, as_json):
 @_JSON
 def verify(plan_file, no_replan, signed, as_json):
     """Recompute every guarantee of a plan; exit 1 naming each difference."""
-    from budgetplan.verify import verify_file
+    from budgetplan.audit.verify import verify_file
 
     report = verify_file(plan_file, replan=not no_replan, signed=_scenario(signed) if signed else None)
     if as_json:
@@ -180,11 +180,11 @@ def statement(plan_file, plan_path, output, as_json):
     """
     from pathlib import Path
 
+    from budgetplan.audit.verify import verify_plan
     from budgetplan.errors import PlanMismatchError
     from budgetplan.plan import load_plan, parse_json, write_atomic
-    from budgetplan.statement import render_run_statement, render_statement
+    from budgetplan.report.statement import render_run_statement, render_statement
     from budgetplan.util.fileio import check_not_input
-    from budgetplan.verify import verify_plan
 
     path = Path(plan_file)
     if output is not None:  # the plan or record read here, including those found beside a run

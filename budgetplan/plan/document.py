@@ -4,7 +4,7 @@ A plan file is JSON in one canonical form (sorted keys, two-space indent, shorte
 round-trip floats) with a ``sha256`` over the canonical compact JSON of everything else.
 Loading checks the schema version, the hash, and that the file is byte for byte the
 canonical form of its content, so one flipped byte anywhere (whitespace included) is
-detected. ``budgetplan.verify`` goes further and recomputes every number.
+detected. ``budgetplan.audit.verify`` goes further and recomputes every number.
 
 Schema history (``schema_version``): 1, the first. A later version gets a new number and
 a loader for this one in ``_LOADERS``; a field's meaning never changes within a version.

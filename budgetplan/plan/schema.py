@@ -5,7 +5,7 @@ edits a plan and recomputes the hash gets a file that passes the integrity check
 reader (``show``, ``statement``, ``verify``, the trainers) then meets the values; so a plan
 is first checked to have, at every place, the type its writer puts there, and a plan that
 does not is refused naming the place (``phases[0].target_epsilon must be a number, got
-'x'``), never half-read. The meaning of the values is ``budgetplan.verify``'s to check.
+'x'``), never half-read. The meaning of the values is ``budgetplan.audit.verify``'s to check.
 
 The description mirrors ``Plan.content`` (schema 1): a field's meaning and type never change
 within a version, so neither does this. The scenario and each phase's parameters are typed

@@ -10,7 +10,7 @@ Each phase is planned to its share of the run budget at the plan's unit and adja
 the phases' guarantees are then composed (basic, and PLD where the adjacencies agree),
 tuning is accounted if declared, and for units capped at K > 1 the alternatives to the
 chosen way of bounding a unit are costed side by side. ``phase_guarantee`` recomputes a
-phase's guarantee from its stored parameters alone; ``budgetplan.verify`` uses it.
+phase's guarantee from its stored parameters alone; ``budgetplan.audit.verify`` uses it.
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ from scipy import integrate, optimize, special, stats
 from budgetplan.accounting import fastpld as F
 from budgetplan.accounting import gaussian, mixture_pld
 from budgetplan.accounting.account import account
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.planning.planner import build_plan
 from budgetplan.scenario.model import parse_scenario
 from budgetplan.units import PrivacyUnit
-from budgetplan.verify import verify_plan
 
 
 def double_mixture(sigma: float, q: float, k: int, d: float = 1e-4) -> F.PLD:

@@ -8,9 +8,9 @@ import pytest
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.examples import adapted
 from budgetplan.scenario.model import load_scenario, parse_scenario
-from budgetplan.statement import render_statement
 from trainers.data.synth import get_shape, write_synthetic
 from trainers.proxy import proxy_scenario
 

@@ -200,7 +200,7 @@ def test_two_ranks_pool_the_held_out_scores_into_the_one_process_numbers():
 
 
 def test_the_statements_say_what_the_held_out_units_decided(data):
-    from budgetplan.statement import render_run_statement, render_statement
+    from budgetplan.report.statement import render_run_statement, render_statement
 
     root, _ = data
     plan = _plan()

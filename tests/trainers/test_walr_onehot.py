@@ -11,9 +11,9 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
 from budgetplan.scenario.examples import adapted
 from budgetplan.scenario.model import parse_scenario
-from budgetplan.statement import render_statement
 from trainers.data.encoded import EncodedData
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.randomness import Randomness

@@ -71,7 +71,7 @@ def _template_values() -> dict:
     """What the template sets that the arms share (read from the shipped file, so the two cannot drift)."""
     import tomllib
 
-    from budgetplan.scenario.model import examples
+    from budgetplan.scenario import examples
 
     raw = tomllib.loads(Path(examples.path(TEMPLATE)).read_text())
     return {"delta": raw["budget"]["delta"], "adjacency": raw["privacy"]["adjacency"],

@@ -63,7 +63,8 @@ from budgetplan.mechanisms import (
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
 
-__all__ = ["account", "account_phases", "METHODS", "DEFAULT_DISCRETIZATION"]
+__all__ = ["account", "account_phases", "supports", "supported_methods", "default_method", "METHODS",
+           "DEFAULT_DISCRETIZATION"]
 
 DEFAULT_DISCRETIZATION = 1e-4
 METHODS = ("exact", "pld", "rdp", "prv", "classical", "basic")
@@ -219,6 +220,26 @@ def _check_discretization(value: object) -> float:
     if d > MAX_DISCRETIZATION:
         raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
     return d
+
+
+def supported_methods(mechanism: object) -> tuple[str, ...]:
+    """The accounting methods that apply to ``mechanism`` (a mechanism or its type), the default first."""
+    kind = mechanism if isinstance(mechanism, type) else type(mechanism)
+    if kind not in _SUPPORTED:
+        raise InvalidParameterError(f"mechanism must be a budgetplan mechanism, got {mechanism!r}")
+    default = _DEFAULT_METHOD[kind]
+    return (default, *(m for m in _SUPPORTED[kind] if m != default))
+
+
+def supports(mechanism: object, method: str) -> bool:
+    """Whether ``method`` applies to ``mechanism`` (a mechanism or its type): the one table the planner,
+    the CLI and ``account`` all ask (as dp_accounting's accountants answer ``supports(event)``)."""
+    return method in supported_methods(mechanism)
+
+
+def default_method(mechanism: object) -> str:
+    """The method ``account`` uses for ``mechanism`` (a mechanism or its type) when none is named."""
+    return supported_methods(mechanism)[0]
 
 
 def _check_method(mechanism: object, method: str | None) -> str:

@@ -24,17 +24,20 @@ from __future__ import annotations
 import math
 
 from budgetplan.accounting import shuffle
-from budgetplan.accounting.account import account
+from budgetplan.accounting.account import account, default_method, supports
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
 
-__all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "method_for", "compare"]
+__all__ = ["SAMPLINGS", "EPOCH_SAMPLINGS", "steps_per_epoch", "epoch_steps", "mechanism", "method_for", "compare",
+           "MECHANISM_TYPES"]
 
 SAMPLINGS = ("poisson", "truncated-poisson", "allocation", "shuffle")
 EPOCH_SAMPLINGS = ("allocation", "shuffle")
-_METHODS = {"allocation": ("pld", "rdp"), "shuffle": ("exact",)}
+# The mechanism each batch selection is accounted as (``mechanism`` builds it).
+MECHANISM_TYPES: dict[str, type] = {"poisson": PoissonDPSGD, "truncated-poisson": TruncatedPoissonDPSGD,
+                                    "allocation": AllocationDPSGD, "shuffle": ShuffledDPSGD}
 
 
 def steps_per_epoch(*, dataset_size: int, batch_size: int) -> int:
@@ -69,10 +72,17 @@ def epoch_steps(*, dataset_size: int, batch_size: int, epochs: float | None = No
 
 
 def method_for(sampling: str, requested: str) -> str:
-    """The accounting method a phase with ``sampling`` uses: ``requested`` where it applies, else the
-    sampling's own (allocation: pld; shuffle: exact)."""
-    own = _METHODS.get(sampling)
-    return requested if own is None or requested in own else own[0]
+    """The accounting method a DP-SGD phase with ``sampling`` uses, from ``account``'s one table of what applies.
+
+    A mechanism with an exact closed form uses it (shuffled batches: nothing is tighter); otherwise
+    ``requested`` where it applies, else the mechanism's default (allocation under ``prv``: pld).
+    """
+    kind = MECHANISM_TYPES.get(sampling)
+    if kind is None:
+        raise InvalidParameterError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+    if supports(kind, "exact"):
+        return "exact"
+    return requested if supports(kind, requested) else default_method(kind)
 
 
 def mechanism(sampling: str, sigma: float, *, dataset_size: int, batch_size: int, steps: int,

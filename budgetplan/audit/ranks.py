@@ -67,19 +67,46 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
     recorded = ran is not None and ran.processes is not None
     if not sessions and not recorded:
         return []
+    problems = _record_problems(ran, sessions) + _session_problems(sessions, rows, what)
+    if problems:
+        return [Check(NAME, False, "; ".join(problems))]
+    worst, details = 1.0, []
+    for s in sessions:
+        width, t = len(s["rows"]), len(s["sizes"])
+        for r in range(width):
+            k = sum(parts[r] for parts in s["sizes"])
+            p = two_sided_binomial(k, s["rows"][r] * t, q)
+            worst = min(worst, p * width)
+            details.append(f"rank {r}: {k} {what} over {t} steps from {s['rows'][r]}, expected "
+                           f"{s['rows'][r] * t * q:.1f}, p = {p:.3g}")
+    passed = worst >= alpha
+    return [Check(NAME, passed, f"{len(sessions)} distributed session(s); " + "; ".join(details)
+                  + f"; each rank two-sided binomial at {alpha:g}/ranks (Bonferroni)")]
+
+
+def _record_problems(ran, sessions: list[dict]) -> list[str]:
+    """Where the record's processes and per-rank step counts disagree with the ledger's sessions."""
     problems: list[str] = []
-    if ran is not None and not recorded:
+    if ran is None:
+        return problems
+    if ran.processes is None:
         problems.append("the ledger holds per-rank batch sizes but the record names no processes")
-    if recorded and ran is not None:
-        steps = set(ran.rank_steps or ())
-        if steps != {ran.steps_this_session}:
-            problems.append(f"the ranks disagree on the step count: {list(ran.rank_steps or ())} against the "
-                            f"session's {ran.steps_this_session}")
-        if not sessions:
-            problems.append(f"the record names {ran.processes} processes but the ledger holds no per-rank batch sizes")
-        elif sessions[-1]["rows"] is not None and len(sessions[-1]["rows"]) != ran.processes:
-            problems.append(f"the record names {ran.processes} processes, the ledger's last session "
-                            f"{len(sessions[-1]['rows'])}")
+        return problems
+    steps = set(ran.rank_steps or ())
+    if steps != {ran.steps_this_session}:
+        problems.append(f"the ranks disagree on the step count: {list(ran.rank_steps or ())} against the "
+                        f"session's {ran.steps_this_session}")
+    if not sessions:
+        problems.append(f"the record names {ran.processes} processes but the ledger holds no per-rank batch sizes")
+    elif sessions[-1]["rows"] is not None and len(sessions[-1]["rows"]) != ran.processes:
+        problems.append(f"the record names {ran.processes} processes, the ledger's last session "
+                        f"{len(sessions[-1]['rows'])}")
+    return problems
+
+
+def _session_problems(sessions: list[dict], rows: int, what: str) -> list[str]:
+    """Sessions that did not note their ranks, whose ranks do not add up, or whose steps lack per-rank sizes."""
+    problems: list[str] = []
     for i, s in enumerate(sessions, 1):
         if s["rows"] is None:
             problems.append(f"session {i} took per-rank steps without noting its ranks and their {what}")
@@ -96,17 +123,4 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
             if sum(parts) != total:
                 problems.append(f"session {i} has a step of {total} {what} whose ranks add up to {sum(parts)}")
                 break
-    if problems:
-        return [Check(NAME, False, "; ".join(problems))]
-    worst, details = 1.0, []
-    for s in sessions:
-        width, t = len(s["rows"]), len(s["sizes"])
-        for r in range(width):
-            k = sum(parts[r] for parts in s["sizes"])
-            p = two_sided_binomial(k, s["rows"][r] * t, q)
-            worst = min(worst, p * width)
-            details.append(f"rank {r}: {k} {what} over {t} steps from {s['rows'][r]}, expected "
-                           f"{s['rows'][r] * t * q:.1f}, p = {p:.3g}")
-    passed = worst >= alpha
-    return [Check(NAME, passed, f"{len(sessions)} distributed session(s); " + "; ".join(details)
-                  + f"; each rank two-sided binomial at {alpha:g}/ranks (Bonferroni)")]
+    return problems

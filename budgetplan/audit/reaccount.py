@@ -1,89 +1,132 @@
-"""Independent re-accounting: every phase's guarantee recomputed by another path agrees with the plan."""
+"""Independent re-accounting: every phase's guarantee recomputed by another path agrees with the plan.
+
+One re-accounting per phase kind, registered for its phase type (``reaccounts``): a new kind
+registers its own here, and a kind without one fails the check (nothing is taken on trust).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from budgetplan.accounting import account, backends
+from budgetplan.accounting.gaussian import analytic_epsilon
 from budgetplan.audit.record import record_entry
 from budgetplan.audit.report import REACCOUNT_TOLERANCE, Check
 from budgetplan.errors import BudgetplanError
 from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
 from budgetplan.plan import Plan
 from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
-from budgetplan.record.records import (
-    DPSGDRun,
-    RunRecord,
-)
+from budgetplan.record.records import DPSGDRun, RunRecord
+
+__all__ = ["reaccount_check", "reaccounts"]
+
+# (phase, record, plan) -> (the note shown when it agrees, the problems found)
+Reaccount = Callable[[Any, RunRecord, Plan], tuple[str, list[str]]]
+_REACCOUNT: dict[type, Reaccount] = {}
+F = TypeVar("F", bound=Reaccount)
+
+
+def reaccounts(phase_type: type) -> Callable[[F], F]:
+    """Register the independent re-accounting of ``phase_type``'s phases."""
+    def register(fn: F) -> F:
+        _REACCOUNT[phase_type] = fn
+        return fn
+    return register
 
 
 def reaccount_check(record: RunRecord, plan: Plan) -> Check:
     """Each phase by an independent path; the executed steps within budget."""
-    from budgetplan.accounting import account, backends
-    from budgetplan.accounting.gaussian import analytic_epsilon
-
     notes, problems = [], []
     for phase in plan.phases:
-        g = phase.guarantee
+        how = _REACCOUNT.get(type(phase))
+        if how is None:
+            problems.append(f"{phase.name}: no independent re-accounting is registered for {type(phase).__name__}")
+            continue
         try:
-            match phase:
-                case DPSGDPhase(mechanism=PoissonDPSGD() | UnitPoissonDPSGD() as m):
-                    ran = record_entry(record, DPSGDRun)
-                    executed = ran.steps_executed if ran is not None else m.steps
-                    # a unit-sampled phase is example-level DP-SGD over units: dp_accounting's own PLD
-                    if plan.unit.cap == 1 or isinstance(m, UnitPoissonDPSGD):
-                        ref = backends.reference_pld_dpsgd(
-                            noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate, steps=executed,
-                            adjacency=plan.adjacency, discretization=g.discretization or 1e-4)
-                        other, how = float(ref.get_epsilon_for_delta(g.delta)), "dp_accounting PLD"
-                    else:
-                        other = account(PoissonDPSGD(noise_multiplier=m.noise_multiplier,
-                                                     sampling_rate=m.sampling_rate, steps=executed),
-                                        delta=g.delta, adjacency=plan.adjacency, unit=plan.unit, method=phase.method,
-                                        unit_accounting=phase.unit_accounting,
-                                        discretization=(g.discretization or 1e-4) / 2).epsilon
-                        how = "PLD at half the grid"
-                    if executed == m.steps and abs(other - g.epsilon) > REACCOUNT_TOLERANCE * max(g.epsilon, 1e-9):
-                        problems.append(f"dpsgd: {how} gives {other:.6g}, the plan {g.epsilon:.6g}")
-                    if other > phase.target_epsilon * (1 + REACCOUNT_TOLERANCE):
-                        problems.append(f"dpsgd: the {executed} executed steps cost {other:.6g} > the phase budget "
-                                        f"{phase.target_epsilon:.6g}")
-                    notes.append(f"dpsgd {other:.6g} by {how} (plan {g.epsilon:.6g})")
-                case DPSGDPhase():
-                    notes.append(f"dpsgd ({phase.params.sampling}): no second accountant exists; the plan's "
-                                 "figure stands")
-                case CountPhase(mechanism=m):
-                    # dp_accounting's event for the K the plan's unit has (its own sensitivity check aside)
-                    other = backends.reference_discrete_laplace_epsilon(
-                        epsilon=m.epsilon * plan.unit.cap / m.sensitivity, sensitivity=plan.unit.cap, delta=g.delta)
-                    if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
-                        problems.append(f"count: dp_accounting's discrete Laplace PLD gives {other:.6g}, the plan "
-                                        f"{g.epsilon:.6g}")
-                    notes.append(f"count {other:.6g} by dp_accounting's discrete Laplace PLD (plan {g.epsilon:.6g}, "
-                                 "released before the run)")
-                case RRPhase(params=par):
-                    other = account(RandomizedResponse(epsilon=par.per_impression_epsilon), delta=g.delta,
-                                    adjacency="replace-one", unit=plan.unit, method="pld").epsilon
-                    tol = plan.unit.cap * 1e-4 * 1.01 + 1e-9  # PLD rounds each of K losses up by <= one grid step
-                    if par.per_impression_rule != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
-                        problems.append(f"rr: PLD gives {other:.6g}, the exact closed form {g.epsilon:.6g}")
-                    notes.append(f"rr {other:.6g} by PLD (exact {g.epsilon:.6g})")
-                case CalibrationPhase(mechanism=m):
-                    other = analytic_epsilon(sigma=m.noise_std, delta=g.delta,
-                                             sensitivity=m.sensitivity * plan.unit.cap)
-                    if plan.unit.cap > 1 and phase.unit_accounting == "group":
-                        # group privacy is looser than the exact Gaussian at K times the sensitivity
-                        if other > g.epsilon * (1 + REACCOUNT_TOLERANCE):
-                            problems.append(f"calibration: the analytic Gaussian gives {other:.6g}, more than the "
-                                            f"plan's group bound {g.epsilon:.6g}")
-                    elif abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
-                        problems.append(f"calibration: the analytic Gaussian gives {other:.6g}, the plan "
-                                        f"{g.epsilon:.6g}")
-                    notes.append(f"calibration {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})")
-                case WALRPhase(mechanism=m):
-                    other = analytic_epsilon(sigma=m.noise_std, delta=g.delta,
-                                             sensitivity=m.sensitivity * plan.unit.cap)
-                    if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
-                        problems.append(f"walr: the analytic Gaussian gives {other:.6g}, the plan {g.epsilon:.6g}")
-                    notes.append(f"walr {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})")
+            note, found = how(phase, record, plan)
         except BudgetplanError as exc:
             problems.append(f"{phase.name}: re-accounting failed: {exc}")
+            continue
+        notes.append(note)
+        problems += found
     detail = "; ".join(problems) or "; ".join(notes)
     return Check("independent re-accounting", not problems, detail)
+
+
+@reaccounts(DPSGDPhase)
+def _dpsgd(phase: DPSGDPhase, record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
+    m, g = phase.mechanism, phase.guarantee
+    if not isinstance(m, (PoissonDPSGD, UnitPoissonDPSGD)):
+        return (f"dpsgd ({phase.params.sampling}): no second accountant exists; the plan's figure stands"), []
+    ran = record_entry(record, DPSGDRun)
+    executed = ran.steps_executed if ran is not None else m.steps
+    # a unit-sampled phase is example-level DP-SGD over units: dp_accounting's own PLD
+    if plan.unit.cap == 1 or isinstance(m, UnitPoissonDPSGD):
+        ref = backends.reference_pld_dpsgd(
+            noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate, steps=executed,
+            adjacency=plan.adjacency, discretization=g.discretization or 1e-4)
+        other, how = float(ref.get_epsilon_for_delta(g.delta)), "dp_accounting PLD"
+    else:
+        other = account(PoissonDPSGD(noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate,
+                                     steps=executed),
+                        delta=g.delta, adjacency=plan.adjacency, unit=plan.unit, method=phase.method,
+                        unit_accounting=phase.unit_accounting, discretization=(g.discretization or 1e-4) / 2).epsilon
+        how = "PLD at half the grid"
+    problems = []
+    if executed == m.steps and abs(other - g.epsilon) > REACCOUNT_TOLERANCE * max(g.epsilon, 1e-9):
+        problems.append(f"dpsgd: {how} gives {other:.6g}, the plan {g.epsilon:.6g}")
+    if other > phase.target_epsilon * (1 + REACCOUNT_TOLERANCE):
+        problems.append(f"dpsgd: the {executed} executed steps cost {other:.6g} > the phase budget "
+                        f"{phase.target_epsilon:.6g}")
+    return f"dpsgd {other:.6g} by {how} (plan {g.epsilon:.6g})", problems
+
+
+@reaccounts(CountPhase)
+def _count(phase: CountPhase, record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
+    m, g = phase.mechanism, phase.guarantee
+    # dp_accounting's event for the K the plan's unit has (its own sensitivity check aside)
+    other = backends.reference_discrete_laplace_epsilon(
+        epsilon=m.epsilon * plan.unit.cap / m.sensitivity, sensitivity=plan.unit.cap, delta=g.delta)
+    problems = []
+    if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
+        problems.append(f"count: dp_accounting's discrete Laplace PLD gives {other:.6g}, the plan {g.epsilon:.6g}")
+    return (f"count {other:.6g} by dp_accounting's discrete Laplace PLD (plan {g.epsilon:.6g}, released before "
+            "the run)"), problems
+
+
+@reaccounts(RRPhase)
+def _rr(phase: RRPhase, record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
+    par, g = phase.params, phase.guarantee
+    other = account(RandomizedResponse(epsilon=par.per_impression_epsilon), delta=g.delta,
+                    adjacency="replace-one", unit=plan.unit, method="pld").epsilon
+    tol = plan.unit.cap * 1e-4 * 1.01 + 1e-9  # PLD rounds each of K losses up by <= one grid step
+    problems = []
+    if par.per_impression_rule != "eps/K_i" and not g.epsilon <= other <= g.epsilon + tol:
+        problems.append(f"rr: PLD gives {other:.6g}, the exact closed form {g.epsilon:.6g}")
+    return f"rr {other:.6g} by PLD (exact {g.epsilon:.6g})", problems
+
+
+@reaccounts(CalibrationPhase)
+def _calibration(phase: CalibrationPhase, record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
+    m, g = phase.mechanism, phase.guarantee
+    other = analytic_epsilon(sigma=m.noise_std, delta=g.delta, sensitivity=m.sensitivity * plan.unit.cap)
+    problems = []
+    if plan.unit.cap > 1 and phase.unit_accounting == "group":
+        # group privacy is looser than the exact Gaussian at K times the sensitivity
+        if other > g.epsilon * (1 + REACCOUNT_TOLERANCE):
+            problems.append(f"calibration: the analytic Gaussian gives {other:.6g}, more than the plan's group "
+                            f"bound {g.epsilon:.6g}")
+    elif abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
+        problems.append(f"calibration: the analytic Gaussian gives {other:.6g}, the plan {g.epsilon:.6g}")
+    return f"calibration {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})", problems
+
+
+@reaccounts(WALRPhase)
+def _walr(phase: WALRPhase, record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
+    m, g = phase.mechanism, phase.guarantee
+    other = analytic_epsilon(sigma=m.noise_std, delta=g.delta, sensitivity=m.sensitivity * plan.unit.cap)
+    problems = []
+    if abs(other - g.epsilon) > REACCOUNT_TOLERANCE * g.epsilon:
+        problems.append(f"walr: the analytic Gaussian gives {other:.6g}, the plan {g.epsilon:.6g}")
+    return f"walr {other:.6g} by the analytic Gaussian (plan {g.epsilon:.6g})", problems

@@ -96,44 +96,22 @@ def epoch_size_checks(name: str, sizes: list[int], counted: int, par, alpha: flo
     return checks
 
 
-
 def sampling_checks(plan: Plan, ledger: LedgerView | None, record: RunRecord | None, alpha: float,
-              evidence: SizesEvidence | None = None) -> list[Check]:
+                    evidence: SizesEvidence | None = None) -> list[Check]:
+    """The batch sizes the ledger holds against the plan's batch selection (one check per test)."""
     planned = plan.dpsgd
     if planned is None:
         return []
-    name = EPOCH_NAMES.get(planned.params.sampling, "Poisson batch sizes")
-    ran = record_entry(record, DPSGDRun) if record is not None else None
-    if record is not None and ran is None:
-        return [missing_check(name, "a DP-SGD phase")]
-    if ledger is None:
-        return [Check(name, False, "no readable ledger: the batch sizes of the run cannot be read")]
-    if ran is not None and record is not None:
-        ran, problem = full_dpsgd(record, plan, ran)
-        if problem is not None:
-            return [Check(name, False, problem)]
-    # a unit-sampled phase draws its batches from the M units: its sizes count units
-    n = planned.params.dataset_size if planned.params.units is None else planned.params.units
-    what = "rows" if planned.params.units is None else "units"
-    sized = ledger
-    if plan.count is not None:
-        evidence = evidence or SizesEvidence(problem="no private batch-size ledger was read")
-        if evidence.problem is not None or evidence.view is None or evidence.rows is None:
-            return [Check(name, False, evidence.problem or "the private batch sizes cannot be read")]
-        sized, n = evidence.view, evidence.rows  # drawn at q from every row there was
+    par = planned.params
+    name = EPOCH_NAMES.get(par.sampling, "Poisson batch sizes")
+    found = _batch_evidence(name, plan, ledger, record, evidence)
+    if isinstance(found, Check):
+        return [found]
+    ran, sized, n = found
+    assert ledger is not None  # _batch_evidence fails the check without one
     sizes = sized.batch_sizes("dpsgd")
     counted = ledger.count("dpsgd")
-    problems = []
-    if ran is not None and (len(sizes), sum(sizes), sum(s * s for s in sizes)) != (
-            ran.batch_sizes_observed, ran.batch_size_sum, ran.batch_size_sumsq):
-        problems.append("the record's batch-size statistics are not those of the ledger")
-    if counted and not sizes:
-        problems.append(f"the ledger counts {counted} noisy steps but records no batch size")
-    if len(sizes) < counted - ledger.sessions:  # at most one torn intent per session lacks its size
-        problems.append(f"only {len(sizes)} of {counted} counted steps have a batch size in the ledger")
-    if len(sizes) > counted:
-        problems.append(f"{len(sizes)} batch sizes for {counted} counted steps")
-    par = planned.params
+    problems = _size_problems(ran, sizes, counted, ledger)
     if par.sampling in EPOCH_NAMES and not problems:
         return epoch_size_checks(name, sizes, counted, par, alpha) if sizes else [Check(name, True,
                                                                                   "no noisy step taken yet")]
@@ -144,7 +122,55 @@ def sampling_checks(plan: Plan, ledger: LedgerView | None, record: RunRecord | N
         return [Check(name, False, "; ".join(problems))]
     if not sizes:
         return [Check(name, True, "no noisy step taken yet")]
-    q, t = par.sampling_rate, len(sizes)
+    what = "rows" if par.units is None else "units"
+    return _poisson_tests(name, sizes, n, par.sampling_rate, cap, what, alpha) + rank_checks(
+        sized, ran, rows=n, q=par.sampling_rate, alpha=alpha, two_sided_binomial=two_sided_binomial, what=what)
+
+
+def _batch_evidence(name: str, plan: Plan, ledger: LedgerView | None, record: RunRecord | None,
+                    evidence: SizesEvidence | None) -> Check | tuple[DPSGDRun | None, LedgerView, int]:
+    """The record's DP-SGD entry (withheld statistics restored), the ledger holding the batch sizes and the
+    N (or M) they were drawn from; a failing check when any of it cannot be read."""
+    planned = plan.dpsgd
+    assert planned is not None
+    ran = record_entry(record, DPSGDRun) if record is not None else None
+    if record is not None and ran is None:
+        return missing_check(name, "a DP-SGD phase")
+    if ledger is None:
+        return Check(name, False, "no readable ledger: the batch sizes of the run cannot be read")
+    if ran is not None and record is not None:
+        ran, problem = full_dpsgd(record, plan, ran)
+        if problem is not None:
+            return Check(name, False, problem)
+    # a unit-sampled phase draws its batches from the M units: its sizes count units
+    n = planned.params.dataset_size if planned.params.units is None else planned.params.units
+    if plan.count is None:
+        return ran, ledger, n
+    evidence = evidence or SizesEvidence(problem="no private batch-size ledger was read")
+    if evidence.problem is not None or evidence.view is None or evidence.rows is None:
+        return Check(name, False, evidence.problem or "the private batch sizes cannot be read")
+    return ran, evidence.view, evidence.rows  # drawn at q from every row there was
+
+
+def _size_problems(ran: DPSGDRun | None, sizes: list[int], counted: int, ledger: LedgerView) -> list[str]:
+    """Where the ledger's batch sizes disagree with its step count or with the record's statistics."""
+    problems = []
+    if ran is not None and (len(sizes), sum(sizes), sum(s * s for s in sizes)) != (
+            ran.batch_sizes_observed, ran.batch_size_sum, ran.batch_size_sumsq):
+        problems.append("the record's batch-size statistics are not those of the ledger")
+    if counted and not sizes:
+        problems.append(f"the ledger counts {counted} noisy steps but records no batch size")
+    if len(sizes) < counted - ledger.sessions:  # at most one torn intent per session lacks its size
+        problems.append(f"only {len(sizes)} of {counted} counted steps have a batch size in the ledger")
+    if len(sizes) > counted:
+        problems.append(f"{len(sizes)} batch sizes for {counted} counted steps")
+    return problems
+
+
+def _poisson_tests(name: str, sizes: list[int], n: int, q: float, cap: int | None, what: str,
+                   alpha: float) -> list[Check]:
+    """The total and the spread of Poisson (or truncated Poisson) batch sizes, two-sided at ``alpha``."""
+    t = len(sizes)
     total = sum(sizes)
     mu, var1 = batch_moments(n, q, cap)
     if cap is None:
@@ -165,5 +191,4 @@ def sampling_checks(plan: Plan, ledger: LedgerView | None, record: RunRecord | N
         checks.append(Check(f"{name}: spread", p_var >= alpha,
                             f"variance {var:.2f} against {var1:.2f}; two-sided chi-square p = {p_var:.3g} "
                             "(fixed-size or shuffled batches have no spread)"))
-    return checks + rank_checks(sized, ran, rows=n, q=q, alpha=alpha, two_sided_binomial=two_sided_binomial,
-                                what=what)
+    return checks

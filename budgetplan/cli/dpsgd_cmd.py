@@ -98,10 +98,7 @@ def dpsgd(noise_multiplier: float | None, epsilon: float | None, delta: float, d
     if epochs is not None and steps is not None:
         raise click.UsageError("give at most one of --epochs or --steps")
     if batch_selection != "poisson":
-        own = {"allocation": ("pld", "rdp"), "shuffle": ("pld",)}[batch_selection]
-        if accountant not in own:
-            raise click.UsageError(f"--accountant {accountant} does not apply to --batch-selection {batch_selection} "
-                                   f"(allocation: pld or rdp; shuffle: its own exact accounting), got {accountant!r}")
+        _check_accountant(batch_selection, accountant)
         _epoch_selection(batch_selection, noise_multiplier, epsilon, delta, dataset_size, batch_size, epochs, steps,
                          max_batch_size, unit_cap, unit_accounting, adjacency, accountant, discretization, as_json)
         return
@@ -119,9 +116,11 @@ def dpsgd(noise_multiplier: float | None, epsilon: float | None, delta: float, d
             raise click.UsageError("truncated Poisson batches with --unit-cap need --unit-accounting group")
     if not have_length and not (noise_multiplier is not None and epsilon is not None):
         raise click.UsageError("give --epochs or --steps")
-    if dataset_size is not None and delta >= 1.0 / dataset_size:
-        warn(f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: even a mechanism that publishes "
-             "one random row in full meets such a delta; prefer delta << 1/N")
+    from budgetplan.util.validate import delta_warning
+
+    doubtful = delta_warning(delta, dataset_size) if dataset_size is not None else None
+    if doubtful is not None:
+        warn(doubtful)
     unit = _unit(unit_cap)
     ctx: _Ctx = dict(delta=delta, batch_size=batch_size, unit=unit, unit_accounting=unit_accounting,
                adjacency=adjacency, discretization=discretization, max_batch_size=max_batch_size)
@@ -161,6 +160,16 @@ def _check_truncation(batch_size: int, max_batch_size: int, dataset_size: int | 
                              names=("--batch-size", "--max-batch-size", "--dataset-size"))
     except InvalidParameterError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _check_accountant(batch_selection: str, accountant: str) -> None:
+    """Refuse an --accountant the batch selection's mechanism has no accounting by (``account``'s one table)."""
+    from budgetplan.accounting.account import supports
+    from budgetplan.accounting.batch_selection import MECHANISM_TYPES
+
+    if not supports(MECHANISM_TYPES[batch_selection], accountant):
+        raise click.UsageError(f"--accountant {accountant} does not apply to --batch-selection {batch_selection} "
+                               f"(allocation: pld or rdp; shuffle: its own exact accounting), got {accountant!r}")
 
 
 def _steps(epochs: float, n: int, b: int) -> int:

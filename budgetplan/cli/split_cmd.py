@@ -19,10 +19,10 @@ from budgetplan.cli._shell import (
     emit_json,
     warn,
 )
-from budgetplan.planning.sweep import SweepCells, SweepShape
 from budgetplan.scenario.split_rules import DEFAULT_RULE
 
 if TYPE_CHECKING:
+    from budgetplan.planning.sweep import SweepCells, SweepShape  # accounting back-ends: not for --help
     from budgetplan.scenario.model import Scenario
 
 __all__ = ["split"]
@@ -89,7 +89,7 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
     split that did best there (and where it came from, for the statement).
     """
     from budgetplan.errors import InvalidParameterError
-    from budgetplan.planning.sweep import check_sweep_shape, sweep, sweep_warnings
+    from budgetplan.planning.sweep import SweepShape, check_sweep_shape, sweep, sweep_warnings
 
     ctx = click.get_current_context()
     if proxy is not None or scenario_path is not None:

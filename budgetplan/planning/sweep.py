@@ -23,6 +23,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_GRID_CELLS, MAX_THREADS
 from budgetplan.planning.calibrate import Calibration, dpsgd_noise_multiplier, steps_for_epochs
 from budgetplan.scenario.split_rules import PAPER_ALPHAS, PAPER_EPSILONS, choose_split, parse_rule
+from budgetplan.util import validate
 
 __all__ = ["sweep", "SweepShape", "SweepCells", "check_sweep_shape", "sweep_warnings", "alpha_grid", "one_rule"]
 
@@ -158,9 +159,8 @@ def check_sweep_shape(*, dataset_size: int, batch_size: int, adjacency: str,
 
 def sweep_warnings(*, delta: float, dataset_size: int) -> tuple[str, ...]:
     """Doubtful but legal: a delta not below 1/N."""
-    if delta >= 1.0 / dataset_size:
-        return (f"delta={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: prefer delta << 1/N",)
-    return ()
+    warning = validate.delta_warning(delta, dataset_size)
+    return () if warning is None else (warning,)
 
 
 @dataclass(frozen=True, slots=True)

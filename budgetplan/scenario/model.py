@@ -948,8 +948,7 @@ def _check_delta(s: Scenario) -> list[str]:
     if s.delta_policy == "strict":
         raise InvalidParameterError(
             f"[budget].delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}, which delta_policy = \"strict\" refuses")
-    return [f"delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}: even publishing one random row "
-            "in full meets it; prefer delta << 1/N"]
+    return [validate.delta_warning(d, n) or ""]
 
 
 def _check_adjacency_for_algorithm(s: Scenario) -> None:

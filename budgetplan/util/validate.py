@@ -14,6 +14,7 @@ import numbers
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
+    "delta_warning",
     "finite",
     "positive",
     "non_negative",
@@ -117,3 +118,11 @@ def at_most(name: str, value, limit):
         given = repr(value) if len(repr(value)) <= 24 else f"{value:.6g}"
         raise InvalidParameterError(f"{name} must be at most {shown} (budgetplan's stated limit), got {given}")
     return value
+
+
+def delta_warning(delta: float, dataset_size: int, name: str = "delta") -> str | None:
+    """Doubtful but legal: a delta not below 1/N (the one wording the scenario, the planner and the CLI use)."""
+    if delta < 1.0 / dataset_size:
+        return None
+    return (f"{name}={delta:g} is not below 1/N={1.0 / dataset_size:.6g}: even a mechanism that publishes one random "
+            "row in full meets such a delta; prefer delta << 1/N")

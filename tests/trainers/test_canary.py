@@ -165,7 +165,7 @@ def test_noise_halved_is_caught_by_the_audit_of_the_model(tmp_path, monkeypatch)
 
 
 def test_the_shipped_example_is_the_audit_scenario():
-    from budgetplan.scenario.model import examples, load_scenario
+    from budgetplan.scenario import examples, load_scenario
 
     shipped = build_plan(load_scenario(examples.path("one-run-audit")))
     made = build_plan(parse_scenario(audit_scenario(epsilon=4.0, delta=DELTA, dataset_size=80_000, batch_size=40_000,

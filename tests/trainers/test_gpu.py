@@ -128,6 +128,6 @@ def _same(a, b) -> bool:
 
 
 def load_scenario_text() -> str:
-    from budgetplan.scenario.model import examples
+    from budgetplan.scenario import examples
 
     return examples.path("synthetic-hybrid").read_text()

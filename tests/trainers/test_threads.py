@@ -131,9 +131,10 @@ def test_the_cli_default_is_the_api_default():
     import inspect
 
     from budgetplan.cli.train_cmds import demo, train
-    from trainers.run import execute_plan, run_baseline
+    from trainers.run import run_baseline
+    from trainers.settings import RunOptions
 
     for command in (train, demo):
         assert {p.name: p.default for p in command.params}["threads"] == "auto"
-    for fn in (execute_plan, run_baseline):
-        assert inspect.signature(fn).parameters["threads"].default == "auto"
+    assert RunOptions().threads == "auto"  # execute_plan's options
+    assert inspect.signature(run_baseline).parameters["threads"].default == "auto"

@@ -3,6 +3,9 @@
 The planning core never imports torch: ``import budgetplan`` stays light (a test enforces it).
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
 
 # Public names resolve lazily (PEP 562): `budgetplan --help` must not pay for scipy and the
@@ -38,16 +41,42 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str):
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers (nothing is imported at run time)
+    from budgetplan.accounting.account import account as account
+    from budgetplan.accounting.account import account_phases as account_phases
+    from budgetplan.accounting.guarantee import Guarantee as Guarantee
+    from budgetplan.errors import AccountingError as AccountingError
+    from budgetplan.errors import BudgetplanError as BudgetplanError
+    from budgetplan.errors import InfeasibleError as InfeasibleError
+    from budgetplan.errors import InvalidParameterError as InvalidParameterError
+    from budgetplan.errors import UnsupportedError as UnsupportedError
+    from budgetplan.mechanisms import AllocationDPSGD as AllocationDPSGD
+    from budgetplan.mechanisms import Composition as Composition
+    from budgetplan.mechanisms import GaussianRelease as GaussianRelease
+    from budgetplan.mechanisms import PoissonDPSGD as PoissonDPSGD
+    from budgetplan.mechanisms import RandomizedResponse as RandomizedResponse
+    from budgetplan.mechanisms import ShuffledDPSGD as ShuffledDPSGD
+    from budgetplan.mechanisms import TruncatedPoissonDPSGD as TruncatedPoissonDPSGD
+    from budgetplan.mechanisms import UnitPoissonDPSGD as UnitPoissonDPSGD
+    from budgetplan.planning.calibrate import Calibration as Calibration
+    from budgetplan.planning.calibrate import dpsgd_max_steps as dpsgd_max_steps
+    from budgetplan.planning.calibrate import dpsgd_min_dataset_size as dpsgd_min_dataset_size
+    from budgetplan.planning.calibrate import dpsgd_noise_multiplier as dpsgd_noise_multiplier
+    from budgetplan.planning.calibrate import gaussian_noise_std as gaussian_noise_std
+    from budgetplan.planning.calibrate import rr_per_example_epsilon as rr_per_example_epsilon
+    from budgetplan.planning.calibrate import steps_for_epochs as steps_for_epochs
+    from budgetplan.units import Adjacency as Adjacency
+    from budgetplan.units import PrivacyUnit as PrivacyUnit
+
+
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'budgetplan' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(__all__)

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import secrets
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from budgetplan.util import validate
 
@@ -34,14 +36,15 @@ def _parameter(epsilon: float, sensitivity: int) -> float:
     return validate.positive("epsilon", epsilon) / validate.positive_int("sensitivity", sensitivity)
 
 
-def discrete_laplace(rng: np.random.Generator, *, epsilon: float, sensitivity: int, size=None):
+def discrete_laplace(rng: np.random.Generator, *, epsilon: float, sensitivity: int,
+                     size: int | tuple[int, ...] | None = None) -> int | NDArray[np.int64]:
     """Draws of Z with P(Z = z) = tanh(a / 2) exp(-a |z|), a = epsilon / sensitivity."""
     a = _parameter(epsilon, sensitivity)
     p = -math.expm1(-a)  # 1 - e^{-a}, exact for small a
     return rng.geometric(p, size=size) - rng.geometric(p, size=size)
 
 
-def discrete_laplace_pmf(z, *, epsilon: float, sensitivity: int):
+def discrete_laplace_pmf(z: ArrayLike, *, epsilon: float, sensitivity: int) -> NDArray[np.float64]:
     """The exact pmf tanh(a / 2) exp(-a |z|) at the integers ``z``."""
     a = _parameter(epsilon, sensitivity)
     return math.tanh(a / 2) * np.exp(-a * np.abs(np.asarray(z, dtype=np.float64)))
@@ -57,7 +60,7 @@ def noise_std(*, epsilon: float, sensitivity: int) -> float:
     return math.sqrt(discrete_laplace_variance(epsilon=epsilon, sensitivity=sensitivity))
 
 
-def release_count(true_count: int, *, epsilon: float, sensitivity: int, seed: int | None = None) -> dict:
+def release_count(true_count: int, *, epsilon: float, sensitivity: int, seed: int | None = None) -> dict[str, Any]:
     """N~ = ``true_count`` + Z, once. The result never holds ``true_count``.
 
     Args:

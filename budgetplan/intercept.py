@@ -54,8 +54,10 @@ prediction ends at 0.975 (eps 3) and 0.90 (eps 8) of the debiased rate.)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
@@ -73,17 +75,17 @@ SHARE = 0.05
 _EDGE = 1e-12
 
 
-def coordinates(shifts=SHIFTS) -> int:
+def coordinates(shifts: Sequence[float] = SHIFTS) -> int:
     """m + 1: one noisy sum of sigmoids per shift, and the count of positives."""
     return len(shifts) + 1
 
 
-def sensitivity(shifts=SHIFTS) -> float:
+def sensitivity(shifts: Sequence[float] = SHIFTS) -> float:
     """sqrt(m + 1), the L2 sensitivity of the release per example under either adjacency (see the module)."""
     return math.sqrt(coordinates(shifts))
 
 
-def rr_estimate(noisy_labels, flip_probability) -> tuple[float, float]:
+def rr_estimate(noisy_labels: ArrayLike, flip_probability: ArrayLike) -> tuple[float, float]:
     """(sum_i t_i, its variance): the debiased count of positives from randomized-response labels.
 
     t_i = (y^_i - rho_i) / (1 - 2 rho_i) has expectation y_i, and variance
@@ -115,12 +117,13 @@ def combine(*estimates: tuple[float, float]) -> tuple[float, float]:
     return math.fsum(w * validate.finite("estimate", v) for w, (v, _) in zip(weights, estimates)) / total, 1.0 / total
 
 
-def _logit(mean):
+def _logit(mean: ArrayLike) -> NDArray[np.float64]:
     m = np.clip(np.asarray(mean, dtype=np.float64), _EDGE, 1.0 - _EDGE)
     return np.log(m) - np.log1p(-m)
 
 
-def solve_shift(sums, *, rows: int, target: float, shifts=SHIFTS) -> tuple[float, bool]:
+def solve_shift(sums: ArrayLike, *, rows: int, target: float,
+                shifts: Sequence[float] = SHIFTS) -> tuple[float, bool]:
     """The shift d whose interpolated mean prediction is ``target / rows``; post-processing of the release.
 
     Args:
@@ -152,14 +155,14 @@ def solve_shift(sums, *, rows: int, target: float, shifts=SHIFTS) -> tuple[float
     return float(grid[j - 1] + frac * (grid[j] - grid[j - 1])), False
 
 
-def mean_prediction_at_zero(sums, *, rows: int, shifts=SHIFTS) -> float:
+def mean_prediction_at_zero(sums: ArrayLike, *, rows: int, shifts: Sequence[float] = SHIFTS) -> float:
     """The (noisy) mean prediction of the model as trained: the sum at shift 0 over N."""
     if 0.0 not in shifts:
         raise InvalidParameterError("the grid has no shift 0")
     return float(np.asarray(sums, dtype=np.float64)[list(shifts).index(0.0)]) / validate.positive_int("rows", rows)
 
 
-def solve_free(logits, *, target: float, shifts=SHIFTS) -> tuple[float, bool]:
+def solve_free(logits: ArrayLike, *, target: float, shifts: Sequence[float] = SHIFTS) -> tuple[float, bool]:
     """The exact shift d with sum_i s(z_i + d) = ``target``, clamped to the grid's range.
 
     For RR-only plans, whose logits are a function of public features and the released

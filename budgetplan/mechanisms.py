@@ -9,7 +9,7 @@ no back-end ever sees NaN or infinity.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_STEPS
@@ -246,7 +246,7 @@ class Composition:
     Later phases may depend on the outputs of earlier ones (adaptive composition).
     """
 
-    phases: tuple
+    phases: tuple[Mechanism, ...]
 
     def __post_init__(self) -> None:
         phases = tuple(self.phases)
@@ -257,9 +257,9 @@ class Composition:
                 raise InvalidParameterError(f"phases[{i}] must be a mechanism, got {phase!r}")
         object.__setattr__(self, "phases", phases)
 
-    def leaves(self) -> tuple:
+    def leaves(self) -> tuple[Leaf, ...]:
         """The phases with nested compositions flattened, in order."""
-        out: list = []
+        out: list[Leaf] = []
         for phase in self.phases:
             out.extend(phase.leaves() if isinstance(phase, Composition) else (phase,))
         return tuple(out)
@@ -267,21 +267,23 @@ class Composition:
 
 _LEAVES = (RandomizedResponse, GaussianRelease, PoissonDPSGD, UnitPoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD,
            ShuffledDPSGD, DiscreteLaplaceCount)
+Leaf: TypeAlias = (RandomizedResponse | GaussianRelease | PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD
+                   | AllocationDPSGD | ShuffledDPSGD | DiscreteLaplaceCount)
 Mechanism: TypeAlias = (RandomizedResponse | GaussianRelease | PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD
                         | AllocationDPSGD | ShuffledDPSGD | DiscreteLaplaceCount | Composition)
 _BY_NAME = {cls.__name__: cls for cls in _LEAVES}
 
 
-def mechanism_to_dict(mechanism: Mechanism) -> dict:
+def mechanism_to_dict(mechanism: Mechanism) -> dict[str, Any]:
     """A JSON-ready dict with a ``type`` tag; the inverse of :func:`mechanism_from_dict`."""
     if isinstance(mechanism, Composition):
         return {"type": "Composition", "phases": [mechanism_to_dict(p) for p in mechanism.phases]}
-    out = {"type": type(mechanism).__name__}
+    out: dict[str, Any] = {"type": type(mechanism).__name__}
     out.update({f.name: getattr(mechanism, f.name) for f in fields(mechanism)})
     return out
 
 
-def mechanism_from_dict(data: dict) -> Mechanism:
+def mechanism_from_dict(data: dict[str, Any]) -> Mechanism:
     """Rebuild a mechanism from :func:`mechanism_to_dict` output, validating every field."""
     kind = data.get("type")
     if kind == "Composition":

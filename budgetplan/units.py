@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
@@ -99,9 +100,9 @@ class PrivacyUnit:
             return self.name
         return f"{self.name} (at most {self.cap} examples, {self.capping} kept)"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "cap": self.cap, "capping": self.capping}
 
     @classmethod
-    def from_dict(cls, data: dict) -> PrivacyUnit:
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyUnit:
         return cls(name=data["name"], cap=data["cap"], capping=data.get("capping"))

@@ -25,8 +25,11 @@ here, independent of each other or not.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from budgetplan.audit.fdp import (
     DIVISOR_TOLERANCE,
@@ -38,7 +41,9 @@ from budgetplan.audit.fdp import (
     plan_family,
     refuted_by,
 )
+from budgetplan.audit.steinke import check_legacy
 from budgetplan.errors import BudgetplanError, InvalidParameterError
+from budgetplan.plan import Plan
 from budgetplan.util import validate
 
 __all__ = ["DEFAULT_CONFIDENCE", "GUESS_FRACTIONS", "guesses", "bound_from_scores", "check_one_run"]
@@ -48,7 +53,7 @@ GUESS_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 RELATIVE_TOLERANCE = 1e-6   # a recorded epsilon must recompute to this
 
 
-def guesses(scores, secrets, k_pos: int, k_neg: int) -> tuple[int, int]:
+def guesses(scores: ArrayLike, secrets: ArrayLike, k_pos: int, k_neg: int) -> tuple[int, int]:
     """(guesses, correct): the k_pos highest scores guessed 1, the k_neg lowest guessed 0.
 
     Ties are broken by position, which is independent of the secrets (canaries are placed
@@ -73,15 +78,15 @@ def _per_side(m: int, fraction: float) -> int:
     return max(1, min(m // 2, round(fraction * m)))
 
 
-def _fractions(fractions) -> tuple[float, ...]:
+def _fractions(fractions: Iterable[float]) -> tuple[float, ...]:
     out = tuple(float(f) for f in fractions)
     if not out or any(not (math.isfinite(f) and 0 < f <= 0.5) for f in out):
         raise InvalidParameterError(f"fractions must lie in (0, 0.5], got {fractions!r}")
     return out
 
 
-def bound_from_scores(scores, secrets, *, family: Family, confidence: float = DEFAULT_CONFIDENCE,
-                      fractions: tuple[float, ...] = GUESS_FRACTIONS) -> dict:
+def bound_from_scores(scores: ArrayLike, secrets: ArrayLike, *, family: Family, confidence: float = DEFAULT_CONFIDENCE,
+                      fractions: tuple[float, ...] = GUESS_FRACTIONS) -> dict[str, Any]:
     """The one-run audit of canary ``scores`` (higher: S_i = 1 more likely) against ``family``.
 
     Returns the ``one_run`` fields: method, hypotheses (the family's description), canaries,
@@ -98,7 +103,7 @@ def bound_from_scores(scores, secrets, *, family: Family, confidence: float = DE
     if m < 2:
         raise InvalidParameterError(f"canaries must be at least 2, got {m}")
     level = 1.0 - (1.0 - conf) / len(fracs)
-    counts = []
+    counts: list[dict[str, int]] = []
     for f in fracs:
         k = _per_side(m, f)
         r, v = guesses(scores, b, k, k)
@@ -113,14 +118,14 @@ def bound_from_scores(scores, secrets, *, family: Family, confidence: float = DE
             "refutes_plan": s >= 1.0, "confidence": conf, "level": level, "delta": float(family.delta)}
 
 
-def _recorded(one_run: dict) -> tuple[int, list[tuple[int, int, int]], float, float, float]:
+def _recorded(one_run: dict[str, Any]) -> tuple[int, list[tuple[int, int, int]], float, float, float]:
     """(m, [(m, guesses, correct)], significance, noise divisor, epsilon) from a record, checked for shape."""
     m = validate.positive_int("canaries", one_run["canaries"])
     fracs = _fractions(one_run["fractions"])
     rows = one_run["counts"]
     if not isinstance(rows, list) or len(rows) != len(fracs):
         raise InvalidParameterError(f"counts must hold one entry per fraction ({len(fracs)})")
-    counts = []
+    counts: list[tuple[int, int, int]] = []
     for f, row in zip(fracs, rows):
         k = _per_side(m, f)
         if row.get("k") != k or row.get("guesses") != 2 * k:
@@ -135,7 +140,7 @@ def _recorded(one_run: dict) -> tuple[int, list[tuple[int, int, int]], float, fl
     return m, counts, 1.0 - level, s, eps
 
 
-def check_one_run(one_run: dict, plan) -> tuple[bool, str]:
+def check_one_run(one_run: dict[str, Any], plan: Plan) -> tuple[bool, str]:
     """(passed, detail) for ``budgetplan audit``: the recorded audit recomputes, and the plan's curve stands.
 
     Every number is recomputed from the recorded guess counts and ``plan`` (never from the
@@ -146,8 +151,6 @@ def check_one_run(one_run: dict, plan) -> tuple[bool, str]:
     """
     g = plan.guarantee
     if "method" not in one_run:
-        from budgetplan.audit.steinke import check_legacy
-
         return check_legacy(one_run, g.epsilon, g.delta)
     try:
         if one_run["method"] != METHOD:

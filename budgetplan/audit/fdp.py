@@ -52,11 +52,28 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from budgetplan.accounting import fastpld, pld_build
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
+from budgetplan.mechanisms import (
+    AllocationDPSGD,
+    Composition,
+    DiscreteLaplaceCount,
+    GaussianRelease,
+    Mechanism,
+    PoissonDPSGD,
+    RandomizedResponse,
+    ShuffledDPSGD,
+    TruncatedPoissonDPSGD,
+    UnitPoissonDPSGD,
+)
+from budgetplan.plan import Plan
+from budgetplan.planning.composition import joint_mechanism
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
 
@@ -81,7 +98,7 @@ class Curve:
 
     __slots__ = ("_breaks", "_slopes", "_intercepts")
 
-    def __init__(self, slopes, intercepts) -> None:
+    def __init__(self, slopes: ArrayLike, intercepts: ArrayLike) -> None:
         a = np.concatenate([np.asarray(slopes, dtype=np.float64).ravel(), [0.0]])
         b = np.concatenate([np.asarray(intercepts, dtype=np.float64).ravel(), [0.0]])
         if a.shape != b.shape or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))) or np.any(a < 0):
@@ -107,7 +124,7 @@ class Curve:
         self._breaks = [(hull_b[k] - hull_b[k + 1]) / (hull_a[k + 1] - hull_a[k]) for k in range(len(hull_a) - 1)]
 
     @classmethod
-    def from_hockey_stick(cls, epsilons, deltas) -> Curve:
+    def from_hockey_stick(cls, epsilons: ArrayLike, deltas: ArrayLike) -> Curve:
         """The curve of a release that is (eps, delta)-DP for each pair, in both directions.
 
         Args:
@@ -174,24 +191,26 @@ def refutes(curve: Curve, m: int, guesses: int, correct: int, level: float) -> b
     return least_mass(curve, m, guesses, correct, lv) > (guesses / m) * (1.0 + _MARGIN)
 
 
-def scaled(mechanism, s: float):
+def scaled(mechanism: Mechanism, s: float) -> Mechanism:
     """``mechanism`` with its Gaussian noise divided by ``s`` and its randomized-response epsilons multiplied by it.
 
     Raises:
         UnsupportedError: a mechanism with neither.
     """
-    from budgetplan.mechanisms import Composition
-
     if isinstance(mechanism, Composition):
         return replace(mechanism, phases=tuple(scaled(p, s) for p in mechanism.phases))
-    names = {f.name for f in fields(mechanism)}
-    if "noise_multiplier" in names:
+    # by the field that carries the noise: noise_multiplier (DP-SGD), noise_std (Gaussian releases),
+    # epsilon (randomized response, the discrete Laplace count)
+    if isinstance(mechanism, _NOISE_MULTIPLIER):
         return replace(mechanism, noise_multiplier=mechanism.noise_multiplier / s)
-    if "noise_std" in names:
+    if isinstance(mechanism, GaussianRelease):
         return replace(mechanism, noise_std=mechanism.noise_std / s)
-    if "epsilon" in names:
+    if isinstance(mechanism, (RandomizedResponse, DiscreteLaplaceCount)):
         return replace(mechanism, epsilon=mechanism.epsilon * s)
     raise UnsupportedError(f"{type(mechanism).__name__} has no noise to scale")
+
+
+_NOISE_MULTIPLIER = (PoissonDPSGD, UnitPoissonDPSGD, TruncatedPoissonDPSGD, AllocationDPSGD, ShuffledDPSGD)
 
 
 class Family:
@@ -215,18 +234,16 @@ class MechanismFamily(Family):
     Raises (from ``curve``/``epsilon``): UnsupportedError where no PLD can be built at s.
     """
 
-    mechanism: object
+    mechanism: Mechanism
     adjacency: Adjacency
     unit: PrivacyUnit
     delta: float
     discretization: float
     description: str = ""
-    _cache: dict = field(default_factory=dict, repr=False)
+    _cache: dict[float, tuple[Curve, float]] = field(default_factory=dict, repr=False)
 
-    def _built(self, s: float):
+    def _built(self, s: float) -> tuple[Curve, float]:
         if s not in self._cache:
-            from budgetplan.accounting import fastpld, pld_build
-
             try:
                 pld = pld_build.build(scaled(self.mechanism, s), adjacency=self.adjacency, unit=self.unit,
                                       discretization=self.discretization, delta=self.delta).pld
@@ -262,10 +279,8 @@ class PairFamily(Family):
         return s * self.epsilon_
 
 
-def plan_family(plan) -> Family:
+def plan_family(plan: Plan) -> Family:
     """The hypotheses a one-run audit of ``plan`` tests: its phases' joint PLD where there is one, else (eps, delta)."""
-    from budgetplan.planning.composition import joint_mechanism
-
     g = plan.guarantee
     mech = joint_mechanism(plan)
     if mech is not None:
@@ -279,7 +294,7 @@ def plan_family(plan) -> Family:
     return PairFamily(g.epsilon, g.delta, description="(s x the plan's epsilon, the plan's delta)-DP")
 
 
-def refuted_by(family: Family, counts, s: float, level: float) -> int | None:
+def refuted_by(family: Family, counts: Iterable[tuple[int, int, int]], s: float, level: float) -> int | None:
     """The index of the first (canaries, guesses, correct) in ``counts`` that refutes ``family.curve(s)``, or None.
 
     A member the family cannot build is not refuted, except the plan itself (s = 1), whose
@@ -294,7 +309,8 @@ def refuted_by(family: Family, counts, s: float, level: float) -> int | None:
     return next((i for i, (m, g, c) in enumerate(counts) if refutes(curve, m, g, c, level)), None)
 
 
-def noise_divisor_bound(family: Family, counts, level: float) -> tuple[float, int | None]:
+def noise_divisor_bound(family: Family, counts: Iterable[tuple[int, int, int]],
+                        level: float) -> tuple[float, int | None]:
     """(s, i): the largest noise divisor s that guess counts ``counts[i]`` refute at ``level``.
 
     ``counts``: (canaries, guesses, correct) triples; s is refuted if any of them refutes

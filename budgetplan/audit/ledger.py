@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from budgetplan.audit.record import RUN_OF, missing_check, record_entry
 from budgetplan.audit.report import Check
@@ -20,7 +23,7 @@ RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy", "calibration": "
 
 
 
-def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add) -> LedgerView | None:
+def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add: Callable[[Check], None]) -> LedgerView | None:
     path = run_dir / "ledger.jsonl"
     if not path.exists():
         add(Check("ledger", False, f"no write-ahead ledger at {path}: the steps and releases of the run cannot be "
@@ -31,7 +34,7 @@ def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add) -> LedgerVie
     except BudgetplanError as exc:
         add(Check("ledger", False, str(exc)))
         return None
-    problems = []
+    problems: list[str] = []
     if record.ledger is None:
         problems.append("the record names no ledger")
     elif record.ledger.get("head") != view.head or record.ledger.get("lines") != len(view.entries):
@@ -48,7 +51,7 @@ def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add) -> LedgerVie
 
 
 
-def release_problems(view: LedgerView, run_dir: Path, expected: dict) -> list[str]:
+def release_problems(view: LedgerView, run_dir: Path, expected: dict[str, str | None]) -> list[str]:
     """Each one-shot phase released exactly once, with the digest the record (if given) and the file show."""
     problems = []
     for phase, digest in expected.items():
@@ -67,8 +70,6 @@ def release_problems(view: LedgerView, run_dir: Path, expected: dict) -> list[st
 
 
 def array_sha256(path: Path) -> str | None:
-    import numpy as np
-
     try:
         return hashlib.sha256(np.ascontiguousarray(np.load(path, allow_pickle=False)).tobytes()).hexdigest()
     except (OSError, ValueError):

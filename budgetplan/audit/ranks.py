@@ -21,18 +21,23 @@ A one-process run has none of this and gets no check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from budgetplan.audit.report import Check
+from budgetplan.record.ledger import LedgerView
+from budgetplan.record.records import DPSGDRun
 
 __all__ = ["rank_checks"]
 
 NAME = "Poisson batch sizes per rank"
 
 
-def _sessions(view, what: str) -> list[dict]:
+def _sessions(view: LedgerView, what: str) -> list[dict[str, Any]]:
     """Each distributed session of the phase: its ranks' rows (or units, ``what``) and the per-rank sizes of its
     steps (``rows`` None: the session did not note them)."""
-    sessions: list[dict] = []
-    current: dict | None = None
+    sessions: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
     for entry in view.entries:
         event = entry.get("event")
         if event == "ranks":
@@ -50,8 +55,8 @@ def _sessions(view, what: str) -> list[dict]:
     return sessions
 
 
-def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided_binomial,
-                what: str = "rows") -> list:
+def rank_checks(sized_view: LedgerView, ran: DPSGDRun | None, *, rows: int, q: float, alpha: float,
+                two_sided_binomial: Callable[[int, int, float], float], what: str = "rows") -> list[Check]:
     """The per-rank checks of one DP-SGD phase (``[]`` for a one-process run).
 
     Args:
@@ -84,7 +89,7 @@ def rank_checks(sized_view, ran, *, rows: int, q: float, alpha: float, two_sided
                   + f"; each rank two-sided binomial at {alpha:g}/ranks (Bonferroni)")]
 
 
-def _record_problems(ran, sessions: list[dict]) -> list[str]:
+def _record_problems(ran: DPSGDRun | None, sessions: list[dict[str, Any]]) -> list[str]:
     """Where the record's processes and per-rank step counts disagree with the ledger's sessions."""
     problems: list[str] = []
     if ran is None:
@@ -104,7 +109,7 @@ def _record_problems(ran, sessions: list[dict]) -> list[str]:
     return problems
 
 
-def _session_problems(sessions: list[dict], rows: int, what: str) -> list[str]:
+def _session_problems(sessions: list[dict[str, Any]], rows: int, what: str) -> list[str]:
     """Sessions that did not note their ranks, whose ranks do not add up, or whose steps lack per-rank sizes."""
     problems: list[str] = []
     for i, s in enumerate(sessions, 1):

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 from budgetplan.audit.report import Check
 from budgetplan.plan import Plan
-from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
 from budgetplan.record.records import (
     CalibrationRun,
     DPSGDRun,
+    PhaseRun,
     RRRun,
     RunRecord,
     WALRRun,
 )
 
-RUN_OF: dict[type, Any] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun,
+_R = TypeVar("_R")
+
+RUN_OF: dict[type[Phase], type[PhaseRun]] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun,
                             CalibrationPhase: CalibrationRun}
 
 
@@ -43,7 +46,7 @@ def names_plan_check(record: RunRecord, plan: Plan) -> Check:
 
 
 
-def record_entry(record: RunRecord, kind: type):
+def record_entry(record: RunRecord, kind: type[_R]) -> _R | None:
     """The record's entry of ``kind`` (the plan has that phase; ``names_plan_check`` fails if the record lacks it)."""
     return next((p for p in record.phases if isinstance(p, kind)), None)
 
@@ -54,7 +57,7 @@ def missing_check(name: str, what: str) -> Check:
 
 
 
-def settled_check(name: str, planned, ran, what: str) -> Check | None:
+def settled_check(name: str, planned: object, ran: object, what: str) -> Check | None:
     """The check's verdict when the plan lacks the phase or the record does; None when both have it."""
     if planned is None:
         return Check(name, ran is None, f"no {what} planned" + ("" if ran is None else ", but one ran"))

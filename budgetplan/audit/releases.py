@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 
+import numpy as np
 from scipy import stats
 
 from budgetplan.audit.record import record_entry, settled_check
@@ -13,6 +14,7 @@ from budgetplan.audit.sampling import (
     two_sided_binomial,
 )
 from budgetplan.plan import Plan
+from budgetplan.plan.phases import CalibrationParams, WALRParams
 from budgetplan.record.records import (
     CalibrationRun,
     CalibrationStats,
@@ -95,7 +97,7 @@ def flips_check(record: RunRecord, plan: Plan, alpha: float) -> Check:
 
 
 
-def gaussian_release_problems(ran, par) -> list[str]:
+def gaussian_release_problems(ran: WALRRun | CalibrationRun, par: WALRParams | CalibrationParams) -> list[str]:
     """What every one-shot Gaussian release (WALR's, the calibration's) must match: one release at
     the plan's noise std and sensitivity."""
     problems = []
@@ -145,8 +147,6 @@ def calibration_check(record: RunRecord, plan: Plan) -> Check:
     stats_ = next((s for s in record.private_part.phases if isinstance(s, CalibrationStats)), None) \
         if record.private_part is not None else None
     if record.private_part is not None:
-        import numpy as np
-
         if stats_ is None:
             problems.append("the private record holds no calibration statistics")
         elif hashlib.sha256(np.asarray(stats_.release, dtype=np.float64).tobytes()).hexdigest() != \

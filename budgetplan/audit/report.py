@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 ALPHA = 1e-6                 # false-alarm rate of each statistical test
 
@@ -18,7 +19,7 @@ class Check:
     passed: bool
     detail: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "passed", bool(self.passed))  # numpy booleans are not JSON
 
 
@@ -28,8 +29,8 @@ class AuditReport:
     record: str
     plan_sha256: str | None
     status: str = "completed"
-    checks: list = field(default_factory=list)
-    empirical: list = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    empirical: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -38,7 +39,7 @@ class AuditReport:
     def failing(self) -> list[str]:
         return [c.name for c in self.checks if not c.passed] + [e["name"] for e in self.empirical if not e["passed"]]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "status": self.status, "record": self.record, "plan_sha256": self.plan_sha256,
                 "alpha": ALPHA, "tolerance": REACCOUNT_TOLERANCE,
                 "checks": [c.__dict__ for c in self.checks], "empirical": self.empirical,

@@ -68,6 +68,7 @@ from budgetplan.audit.sampling import (
     sampling_checks,
 )
 from budgetplan.audit.tuned import audit_tuned, audit_tuned_interrupted
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan, load_plan
 from budgetplan.record.ledger import read_ledger
@@ -76,6 +77,8 @@ from budgetplan.record.records import (
     RunRecord,
     load_record,
 )
+from budgetplan.scenario.model import Scenario
+from budgetplan.util.codehash import code_fingerprint
 
 __all__ = ["Check", "AuditReport", "audit_run", "ALPHA", "REACCOUNT_TOLERANCE"]
 
@@ -90,7 +93,7 @@ def run_dir_of(record_path: Path) -> Path:
     return record_path if record_path.is_dir() or record_path.suffix != ".json" else record_path.parent
 
 
-def find_plan(record_path: Path, plan_path) -> Plan:
+def find_plan(record_path: Path, plan_path: str | Path | None) -> Plan:
     if plan_path is not None:
         return load_plan(plan_path)
     beside = run_dir_of(Path(record_path)) / "plan.json"
@@ -99,7 +102,8 @@ def find_plan(record_path: Path, plan_path) -> Plan:
     return load_plan(beside)
 
 
-def audit_run(record_path, plan_path=None, *, alpha: float = ALPHA, signed=None) -> AuditReport:
+def audit_run(record_path: str | Path, plan_path: str | Path | None = None, *, alpha: float = ALPHA,
+              signed: Scenario | None = None) -> AuditReport:
     """Run every check of the record and ledger on the run at ``record_path`` (a run directory or its run.json).
 
     The checks that need the training data or torch (the keyed data fingerprint, the
@@ -109,8 +113,6 @@ def audit_run(record_path, plan_path=None, *, alpha: float = ALPHA, signed=None)
         plan_path: the plan; default the ``plan.json`` the trainer copied into the run directory.
         signed: the signed-off Scenario the plan must embed exactly (``verify --scenario``).
     """
-    from budgetplan.audit.verify import verify_plan
-
     record_path = Path(record_path)
     run_dir = run_dir_of(record_path)
     plan = find_plan(record_path, plan_path)
@@ -232,8 +234,6 @@ def audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pa
 
 
 def code_check(record: RunRecord) -> Check:
-    from budgetplan.util.codehash import code_fingerprint
-
     here = code_fingerprint()
     differ = sorted(k for k in set(here) | set(record.code) if here.get(k) != record.code.get(k))
     if differ:

@@ -11,6 +11,7 @@ from budgetplan.audit.ranks import rank_checks
 from budgetplan.audit.record import missing_check, record_entry
 from budgetplan.audit.report import Check
 from budgetplan.plan import Plan
+from budgetplan.plan.phases import DPSGDParams
 from budgetplan.record.ledger import LedgerView
 from budgetplan.record.records import (
     DPSGDRun,
@@ -54,7 +55,7 @@ EPOCH_NAMES = {"allocation": "Allocation batch sizes", "shuffle": "Shuffled batc
 
 
 
-def epoch_size_checks(name: str, sizes: list[int], counted: int, par, alpha: float) -> list[Check]:
+def epoch_size_checks(name: str, sizes: list[int], counted: int, par: DPSGDParams, alpha: float) -> list[Check]:
     """The batch sizes of an allocation or shuffled run against the plan's epochs of T = N // B steps.
 
     Shuffle: every batch is exactly B, so an epoch totals T B. Allocation: every row is in

@@ -26,17 +26,19 @@ import dataclasses
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 from budgetplan.audit.ledger import array_sha256, steps_check
 from budgetplan.audit.reaccount import reaccount_check
 from budgetplan.audit.releases import flips_check, noise_check
-from budgetplan.audit.report import Check
+from budgetplan.audit.report import AuditReport, Check
 from budgetplan.audit.sampling import sampling_checks
 from budgetplan.errors import BudgetplanError
-from budgetplan.plan.phases import RRPhase
-from budgetplan.planning.grid import runs_of
+from budgetplan.plan import Plan
+from budgetplan.plan.phases import DPSGDPhase, Phase, RRPhase
+from budgetplan.planning.grid import Configuration, runs_of
 from budgetplan.record.ledger import LedgerView, read_ledger
-from budgetplan.record.records import phase_run_dict, phase_runs
+from budgetplan.record.records import PhaseRun, RunRecord, phase_run_dict, phase_runs
 
 __all__ = ["audit_tuned", "audit_tuned_interrupted"]
 
@@ -63,14 +65,15 @@ def _config_view(view: LedgerView, index: int) -> LedgerView:
     return LedgerView(path=view.path, entries=tuple(out), torn=view.torn)
 
 
-def _ledger(record, plan, run_dir: Path, runs) -> tuple[LedgerView | None, list[str]]:
+def _ledger(record: RunRecord | None, plan: Plan, run_dir: Path,
+            runs: list[tuple[Configuration, tuple[Phase, ...]]]) -> tuple[LedgerView | None, list[str]]:
     if not (run_dir / "ledger.jsonl").exists():
         return None, [f"no write-ahead ledger at {run_dir / 'ledger.jsonl'}: the runs cannot be confirmed"]
     try:
         view = read_ledger(run_dir / "ledger.jsonl", plan_sha256=plan.sha256)
     except BudgetplanError as exc:
         return None, [str(exc)]
-    problems = []
+    problems: list[str] = []
     if record is not None and (record.ledger is None or record.ledger.get("head") != view.head
                                or record.ledger.get("lines") != len(view.entries)):
         problems.append("the ledger does not end where the record says: it was cut or extended after the run")
@@ -102,14 +105,15 @@ def _ledger(record, plan, run_dir: Path, runs) -> tuple[LedgerView | None, list[
     return view, problems
 
 
-def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
+def audit_tuned(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Path, alpha: float) -> None:
     """Append the checks of a tuned run (``record`` read strictly already) to ``report``."""
+    assert plan.tuning is not None  # audited as tuned because the plan declares its grid
 
     add = report.checks.append
     runs = runs_of(plan)
     t = record.tuning
     problems: list[str] = []
-    listed: list = []
+    listed: list[tuple[int, tuple[PhaseRun, ...]]] = []
     if t is None:
         add(Check("tuned runs within plan", False, "the plan declares a grid of configurations but the record "
                                                           "shows no tuning: nothing to check the runs against"))
@@ -154,7 +158,9 @@ def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
     for (c, phases), (_, entries) in zip(runs, listed):
         mine = dataclasses.replace(plan, phases=phases, tuning=None)
         sized = dataclasses.replace(plan, dataset_size=training_rows, tuning=None, phases=tuple(
-            dataclasses.replace(p, params=dataclasses.replace(p.params, dataset_size=training_rows))
+            # each phase gets its own kind of parameters back: mypy cannot pair a union of phases with the union
+            # of their parameters (as in plan.phases.phase_from_dict)
+            dataclasses.replace(p, params=dataclasses.replace(p.params, dataset_size=training_rows))  # type: ignore[arg-type]
             for p in phases))
         sub = dataclasses.replace(record, phases=entries, tuning=None)
         cview = _config_view(view, c.index) if view is not None else None
@@ -164,12 +170,13 @@ def audit_tuned(report, record, plan, run_dir: Path, alpha: float) -> None:
             add(dataclasses.replace(check, name=f"#{c.index} {check.name}"))
 
 
-def _selection(view: LedgerView | None, t: dict, plan, n: int):
+def _selection(view: LedgerView | None, t: dict[str, Any], plan: Plan, n: int) -> Check:
     name = "selection released"
     if view is None:
         return Check(name, False, "no readable ledger: the selection's release cannot be confirmed")
+    assert plan.tuning is not None  # a tuned plan's selection
     want, sel = plan.tuning["noisy_max"], t.get("selection")
-    problems = []
+    problems: list[str] = []
     if not isinstance(sel, dict):
         return Check(name, False, "the record shows no selection")
     intents, notes = view.events("intent", "selection"), view.events("released", "selection")
@@ -188,7 +195,7 @@ def _selection(view: LedgerView | None, t: dict, plan, n: int):
                  f"{want['epsilon']:.6g}, Gumbel scale {want['gumbel_scale']:.6g}")
 
 
-def audit_tuned_interrupted(report, plan, run_dir: Path) -> None:
+def audit_tuned_interrupted(report: AuditReport, plan: Plan, run_dir: Path) -> None:
     """A tuned run without a record: its ledger spent nothing beyond the plan so far."""
     runs = runs_of(plan)
     view, problems = _ledger(None, plan, run_dir, runs)
@@ -196,7 +203,7 @@ def audit_tuned_interrupted(report, plan, run_dir: Path) -> None:
         for c, phases in runs:
             mine = _config_view(view, c.index)
             for p in phases:
-                planned = p.params.steps if p.name == "dpsgd" else 1
+                planned = p.params.steps if isinstance(p, DPSGDPhase) else 1
                 if mine.count(p.name) > planned:
                     problems.append(f"configuration {c.index}: {mine.count(p.name)} {p.name} intents, more than the "
                                     f"{planned} planned")

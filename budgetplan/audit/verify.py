@@ -30,21 +30,48 @@ Numbers are compared to a relative 1e-9 when the library versions match the plan
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from budgetplan import intercept
+from budgetplan.accounting import batch_selection
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.rr import flip_probability
 from budgetplan.dpcount import noise_std as count_noise_std
 from budgetplan.errors import BudgetplanError, PlanMismatchError
-from budgetplan.mechanisms import AllocationDPSGD, PoissonDPSGD, ShuffledDPSGD, TruncatedPoissonDPSGD, UnitPoissonDPSGD
+from budgetplan.mechanisms import (
+    AllocationDPSGD,
+    Mechanism,
+    PoissonDPSGD,
+    ShuffledDPSGD,
+    TruncatedPoissonDPSGD,
+    UnitPoissonDPSGD,
+)
 from budgetplan.plan import Plan, current_versions, load_plan
-from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.plan.phases import (
+    CalibrationPhase,
+    CountPhase,
+    DPSGDParams,
+    DPSGDPhase,
+    Phase,
+    RRPhase,
+    WALRPhase,
+    phase_to_dict,
+)
+from budgetplan.planning import grid
 from budgetplan.planning.calibrate import steps_for_epochs
+from budgetplan.planning.composition import EPS_SLACK, basic_total, phase_guarantee, pld_total, tuning_accounting
+from budgetplan.planning.planner import build_plan, check_within_budget
+from budgetplan.planning.shares import split_record
+from budgetplan.scenario.model import Scenario
 from budgetplan.units import Adjacency
 from budgetplan.util.typed import to_json_object
 
 __all__ = ["verify_plan", "verify_file", "VerifyReport"]
+
+# close(where, stored, recomputed): a problem named ``where`` unless the two agree (to the version's tolerance)
+_Close = Callable[[str, object, object], None]
 
 
 class VerifyReport:
@@ -57,12 +84,12 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "sha256": self.plan.sha256 if self.plan else None, "problems": self.problems,
                 "notes": self.notes}
 
 
-def verify_file(path: str | Path, *, replan: bool = True, signed=None) -> VerifyReport:
+def verify_file(path: str | Path, *, replan: bool = True, signed: Scenario | None = None) -> VerifyReport:
     try:
         plan = load_plan(path)
     except PlanMismatchError as exc:
@@ -70,10 +97,8 @@ def verify_file(path: str | Path, *, replan: bool = True, signed=None) -> Verify
     return verify_plan(plan, replan=replan, signed=signed)
 
 
-def verify_plan(plan: Plan, *, replan: bool = True, signed=None) -> VerifyReport:
+def verify_plan(plan: Plan, *, replan: bool = True, signed: Scenario | None = None) -> VerifyReport:
     """Check ``plan``; ``signed`` is the Scenario it must have been planned from, if given."""
-    from budgetplan.planning.planner import check_within_budget
-
     problems: list[str] = []
     notes: list[str] = []
     same_versions = plan.versions == current_versions()
@@ -82,7 +107,7 @@ def verify_plan(plan: Plan, *, replan: bool = True, signed=None) -> VerifyReport
         diff = {k: (v, current_versions().get(k)) for k, v in plan.versions.items() if current_versions().get(k) != v}
         notes.append(f"library versions differ from the plan's {diff}: numbers compared to 1e-6")
 
-    def close(where: str, stored, recomputed) -> None:
+    def close(where: str, stored: object, recomputed: object) -> None:
         if stored is None or recomputed is None:
             if stored != recomputed:
                 problems.append(f"{where}: stored {stored!r}, recomputed {recomputed!r}")
@@ -110,10 +135,10 @@ def verify_plan(plan: Plan, *, replan: bool = True, signed=None) -> VerifyReport
     return VerifyReport(plan, problems, notes)
 
 
-def _check_signed(plan: Plan, signed) -> list[str]:
+def _check_signed(plan: Plan, signed: Scenario) -> list[str]:
     """Every field of the embedded scenario that differs from the signed-off one, named."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
+    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for k, v in d.items():
             if isinstance(v, dict):
                 out.update(flat(v, f"{prefix}{k}."))
@@ -126,7 +151,7 @@ def _check_signed(plan: Plan, signed) -> list[str]:
             for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
 
 
-def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
+def _check_parameters(plan: Plan, close: _Close, problems: list[str]) -> None:
     n = plan.dataset_size
     close("privacy.dataset_size vs scenario", n, plan.scenario.dataset_size)
     close("budget.delta vs scenario", plan.delta, plan.scenario.resolved_delta)
@@ -138,7 +163,7 @@ def _check_parameters(plan: Plan, close, problems: list[str]) -> None:
         _check_phase(plan, f"phases[{i}] ({p.name})", p, close, problems)
 
 
-def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
+def _check_phase(plan: Plan, where: str, p: Phase, close: _Close, problems: list[str]) -> None:
     """One phase's derived parameters agree with the ones they derive from and with the plan."""
     n = plan.dataset_size
     close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
@@ -187,10 +212,9 @@ def _check_phase(plan: Plan, where: str, p, close, problems: list[str]) -> None:
             close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
 
 
-def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str]) -> None:
+def _check_dpsgd_shape(plan: Plan, where: str, m: Mechanism, par: DPSGDParams, close: _Close,
+                       problems: list[str]) -> None:
     """The DP-SGD phase's steps and mechanism are those its scenario and sampling choice give."""
-    from budgetplan.accounting import batch_selection
-
     n = plan.dataset_size
     shape = plan.scenario.dpsgd
     if shape is None:
@@ -227,8 +251,6 @@ def _check_dpsgd_shape(plan: Plan, where: str, m, par, close, problems: list[str
 
 def _check_split(plan: Plan, problems: list[str]) -> None:
     """A table-driven split's record is what the rule gives at the run's epsilon, and the phases follow it."""
-    from budgetplan.planning.shares import split_record
-
     try:
         wanted = split_record(plan.scenario, plan.run_epsilon)
     except BudgetplanError as exc:
@@ -246,7 +268,7 @@ def _check_split(plan: Plan, problems: list[str]) -> None:
                             f"is {wanted[key]!r}")
 
 
-def _check_count(plan: Plan, close, problems: list[str]) -> None:
+def _check_count(plan: Plan, close: _Close, problems: list[str]) -> None:
     """The scenario's DP count of N, if any, is the plan's first phase and the run gets the rest."""
     counts = [i for i, p in enumerate(plan.phases) if isinstance(p, CountPhase)]
     wanted = plan.scenario.size_release_epsilon
@@ -268,7 +290,7 @@ def _check_count(plan: Plan, close, problems: list[str]) -> None:
                         f"{plan.epsilon!r}")
 
 
-def _check_calibration(plan: Plan, close, problems: list[str]) -> None:
+def _check_calibration(plan: Plan, close: _Close, problems: list[str]) -> None:
     """A calibrated scenario's release, when its run has DP-SGD, is the last phase and takes its share of the run."""
     at = [i for i, p in enumerate(plan.phases) if isinstance(p, CalibrationPhase)]
     cal = plan.scenario.calibration
@@ -295,9 +317,7 @@ def _check_calibration(plan: Plan, close, problems: list[str]) -> None:
                         f"{plan.run_epsilon!r}")
 
 
-def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
-    from budgetplan.planning.composition import EPS_SLACK, basic_total, phase_guarantee, pld_total, tuning_accounting
-
+def _check_guarantees(plan: Plan, close: _Close, problems: list[str]) -> None:
     for i, p in enumerate(plan.phases):
         g = phase_guarantee(p, adjacency=plan.adjacency, unit=plan.unit, discretization=plan.scenario.discretization)
         if g.epsilon > p.target_epsilon * (1 + EPS_SLACK) or g.delta > p.target_delta * (1 + EPS_SLACK):
@@ -321,14 +341,11 @@ def _check_guarantees(plan: Plan, close, problems: list[str]) -> None:
               Guarantee.from_dict(tuning["guarantee"]).epsilon)
 
 
-def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
+def _check_grid(plan: Plan, close: _Close, problems: list[str]) -> bool:
     """A declared grid: its configurations, each one's phases and guarantees, the selection, the total.
 
     Returns whether the plan's scenario declares a grid (then this was its tuning check).
     """
-    from budgetplan.plan.phases import phase_to_dict
-    from budgetplan.planning import grid
-
     t = plan.scenario.tuning
     stored = plan.tuning
     if t is None or not t.is_grid:
@@ -360,11 +377,9 @@ def _check_grid(plan: Plan, close, problems: list[str]) -> bool:
     return True
 
 
-def _check_grid_configuration(plan: Plan, c, phases: tuple, eps_run: float, delta_run: float, close,
-                              problems: list[str]) -> None:
+def _check_grid_configuration(plan: Plan, c: grid.Configuration, phases: tuple[Phase, ...], eps_run: float,
+                              delta_run: float, close: _Close, problems: list[str]) -> None:
     """One configuration of a grid: each phase's parameters and guarantee, and all of them within the run budget."""
-    from budgetplan.planning.composition import EPS_SLACK, phase_guarantee
-
     for j, p in enumerate(phases):
         where = f"tuning.grid[{c.index}].phases[{j}] ({p.name})"
         _check_phase(plan, where, p, close, problems)
@@ -384,10 +399,9 @@ def _check_grid_configuration(plan: Plan, c, phases: tuple, eps_run: float, delt
                         f"above the run budget ({eps_run:.6g}, {delta_run:.3g})")
 
 
-def _check_grid_accounting(plan: Plan, stored: dict, runs: list, close) -> None:
+def _check_grid_accounting(plan: Plan, stored: dict[str, Any],
+                           runs: list[tuple[grid.Configuration, tuple[Phase, ...]]], close: _Close) -> None:
     """The grid's tuning object re-accounted from its configurations: guarantee, selection, each one's total."""
-    from budgetplan.planning import grid
-
     fresh = grid.accounting(plan.scenario, plan.unit, [(c, list(ph)) for c, ph in runs], plan.delta)
     for key in ("epsilon", "delta"):
         close(f"tuning.guarantee.{key}", Guarantee.from_dict(stored["guarantee"]).to_dict()[key],
@@ -403,9 +417,7 @@ def _check_grid_accounting(plan: Plan, stored: dict, runs: list, close) -> None:
               again["total"]["epsilon"])
 
 
-def _check_replan(plan: Plan, close, problems: list[str]) -> None:
-    from budgetplan.planning.planner import build_plan
-
+def _check_replan(plan: Plan, close: _Close, problems: list[str]) -> None:
     try:
         fresh = build_plan(plan.scenario)
     except BudgetplanError as exc:
@@ -424,11 +436,9 @@ def _check_replan(plan: Plan, close, problems: list[str]) -> None:
     _check_replan_grid(plan, fresh, close, problems)
 
 
-def _check_replan_grid(plan: Plan, fresh: Plan, close, problems: list[str]) -> None:
+def _check_replan_grid(plan: Plan, fresh: Plan, close: _Close, problems: list[str]) -> None:
     """Every configuration of a grid plans, from the scenario, to the parameters the plan lists."""
-    from budgetplan.planning.grid import runs_of
-
-    mine, theirs = runs_of(plan), runs_of(fresh)
+    mine, theirs = grid.runs_of(plan), grid.runs_of(fresh)
     if len(mine) != len(theirs):
         problems.append(f"tuning.grid: the plan has {len(mine)} configurations, its scenario plans {len(theirs)}")
         return

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from budgetplan.cli._shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
 from budgetplan.cli.prep_cmds import ENGINE, SPARK_MASTER, cap, split
 from budgetplan.limits import MAX_SYNTH_ROWS
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from trainers.data.shapes import Shape
 
 # The names of trainers.data.synth.SHAPES, spelled here so that `--help` imports no numpy
 # (tests/trainers/test_data_cli.py checks that the two agree).
@@ -19,7 +26,7 @@ __all__ = ["data"]
 
 
 @click.group()
-def data():
+def data() -> None:
     """Data for the trainers: synthetic ads data, row counts under a cap, capping and splitting ahead of training."""
 
 
@@ -67,8 +74,9 @@ def _format_for(out: Path, given: str | None) -> str:
 @click.option("--max-user-rows", type=bounded_int("max-user-rows", MAX_SYNTH_ROWS), default=None,
               help="Mixed shapes: the most rows a user has (3,000 by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def synth(rows, users, out, seed, fmt, shape, shard_rows, nonsensitive_share, cross_share, signal_std, base_rate,
-          user_sigma, max_user_rows, as_json):
+def synth(rows: int, users: int, out: str, seed: int, fmt: str | None, shape: str, shard_rows: int,
+          nonsensitive_share: float | None, cross_share: float | None, signal_std: float | None,
+          base_rate: float | None, user_sigma: float | None, max_user_rows: int | None, as_json: bool) -> None:
     """Write the built-in synthetic ads data (user_id, label, non-sensitive and sensitive features).
 
     Conversions follow a known logistic model in which both feature groups carry signal;
@@ -79,18 +87,18 @@ def synth(rows, users, out, seed, fmt, shape, shard_rows, nonsensitive_share, cr
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
     directory_out = out.endswith(("/", os.sep))
-    out = Path(out)
+    out_path = Path(out)
     if directory_out:
         if fmt == "csv":
             raise click.UsageError("--format csv writes one file; a directory --out (ending in /) holds Parquet "
                                    "shards")
     else:
-        directory = out.parent if str(out.parent) else Path(".")
-        if out.is_dir():
-            raise click.UsageError(f"--out is a directory: {out} (end it with / to write shards into it)")
+        directory = out_path.parent if str(out_path.parent) else Path(".")
+        if out_path.is_dir():
+            raise click.UsageError(f"--out is a directory: {out_path} (end it with / to write shards into it)")
         if not directory.is_dir():
             raise click.UsageError(f"--out directory does not exist: {directory}")
-        fmt = _format_for(out, fmt)
+        fmt = _format_for(out_path, fmt)
 
     from rich.console import Console
 
@@ -102,23 +110,28 @@ def synth(rows, users, out, seed, fmt, shape, shard_rows, nonsensitive_share, cr
     if given and not shape.startswith("mixed"):
         raise click.UsageError(f"--{given[0].replace('_', '-')} applies to the mixed shapes (--shape mixed, mixed-ns, "
                                f"mixed-s), not {shape}")
+    chosen: str | Shape = shape
     if given:
-        from trainers.data.mixed import adjusted
+        from trainers.data.mixed import MixedShape, adjusted
 
-        shape = adjusted(SHAPES[shape], **knobs)
+        base = SHAPES[shape]
+        assert isinstance(base, MixedShape)  # --shape is one of the mixed shapes (checked above)
+        chosen = adjusted(base, **knobs)
         if max_user_rows is not None and max_user_rows * users < rows:
             raise click.UsageError(f"--max-user-rows {max_user_rows} x --users {users} cannot hold --rows {rows}")
-    spec = (SHAPES[shape] if isinstance(shape, str) else shape).features
+    spec = (SHAPES[chosen] if isinstance(chosen, str) else chosen).features
     if directory_out:
-        summary = write_synthetic_shards(out, rows, users, seed, shape, shard_rows=shard_rows, progress=not as_json)
+        summary = write_synthetic_shards(out_path, rows, users, seed, chosen, shard_rows=shard_rows,
+                                         progress=not as_json)
     else:
-        shown = shape if isinstance(shape, str) else shape.name
+        assert fmt is not None  # a file --out has its format (_format_for above)
+        shown = chosen if isinstance(chosen, str) else chosen.name
         status = Console(stderr=True).status(f"synthesising {rows:,} rows for {users:,} users ({shown})") \
             if not as_json else None
         if status is not None:
             status.start()
         try:
-            summary = write_synthetic(out, rows, users, seed, format=fmt, shape=shape)
+            summary = write_synthetic(out_path, rows, users, seed, format=fmt, shape=chosen)
         finally:
             if status is not None:
                 status.stop()
@@ -163,7 +176,8 @@ def synth(rows, users, out, seed, fmt, shape, shard_rows, nonsensitive_share, cr
 @ENGINE
 @SPARK_MASTER
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def count(data_path, unit_id, caps, dp_epsilon, seed, data_format, engine, spark_master, as_json):
+def count(data_path: str, unit_id: str | None, caps: tuple[int, ...], dp_epsilon: float | None, seed: int | None,
+          data_format: str, engine: str, spark_master: str | None, as_json: bool) -> None:
     """Rows left after capping each unit at K: the N a user-level scenario must state.
 
     The count is the same under the `first` and `random` capping rules. It is a statistic
@@ -192,14 +206,15 @@ def count(data_path, unit_id, caps, dp_epsilon, seed, data_format, engine, spark
     return _dp_count(data_path, unit_id, caps[0] if caps else 1, dp_epsilon, seed, data_format, as_json, spark)
 
 
-def _unit_ids(data_path, unit_id, data_format):
+def _unit_ids(data_path: str, unit_id: str, data_format: str) -> NDArray[Any]:
     from trainers.data.capping import unit_ids
     from trainers.data.loaders import read_table
 
     return unit_ids(read_table(data_path, format=data_format, columns=[unit_id]), unit_id)
 
 
-def _capped(data_path, unit_id, caps, data_format, spark) -> dict:
+def _capped(data_path: str, unit_id: str, caps: Sequence[int], data_format: str,
+            spark: tuple[str, str | None]) -> dict[str, Any]:
     """``capped_rows`` of the data; ``spark`` is (the engine, the Spark master or None)."""
     engine, master = spark
     if engine == "local":
@@ -211,7 +226,8 @@ def _capped(data_path, unit_id, caps, data_format, spark) -> dict:
     return engine_count(data_path, unit_id=unit_id, caps=caps, engine=engine, spark_master=master)
 
 
-def _exact_count(data_path, unit_id, caps, data_format, as_json, spark):
+def _exact_count(data_path: str, unit_id: str, caps: Sequence[int], data_format: str, as_json: bool,
+                 spark: tuple[str, str | None]) -> None:
     result = {"path": str(data_path), "unit_id": unit_id} | _capped(data_path, unit_id, caps, data_format, spark)
     if as_json:
         emit_json(result)
@@ -227,7 +243,8 @@ def _exact_count(data_path, unit_id, caps, data_format, as_json, spark):
                     "covered by a plan).")
 
 
-def _dp_count(data_path, unit_id, cap, epsilon, seed, data_format, as_json, spark):
+def _dp_count(data_path: str, unit_id: str | None, cap: int, epsilon: float, seed: int | None, data_format: str,
+             as_json: bool, spark: tuple[str, str | None]) -> None:
     """One release of N~ = N + Z; nothing else about the data (its N, units, drops) is printed."""
     from budgetplan.dpcount import release_count
 

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from budgetplan.cli._render import fmt, params_table, results_table
 from budgetplan.cli._shell import console, emit_json, warn
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from budgetplan.plan import Plan
+    from budgetplan.record.records import RunRecord
+    from budgetplan.scenario.model import Scenario
 
 __all__ = ["plan", "show", "verify", "statement", "examples", "audit"]
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
-def _scenario(source: str):
+def _scenario(source: str) -> Scenario:
     from budgetplan.scenario import examples as ex
     from budgetplan.scenario.model import load_scenario, parse_scenario
 
@@ -22,7 +31,7 @@ def _scenario(source: str):
     return load_scenario(source)
 
 
-def _summary(p) -> dict:
+def _summary(p: Plan) -> dict[str, Any]:
     from budgetplan.util.typed import to_json_object
 
     g = p.guarantee
@@ -49,7 +58,7 @@ _SHOWN = {  # what `show` lists per phase kind (parameter names of its params ty
 }
 
 
-def _render(p, out) -> None:
+def _render(p: Plan, out: Console) -> None:
     g = p.guarantee
     out.print(params_table(f"Plan {p.scenario.name}", [
         ("algorithm", p.scenario.algorithm), ("unit", p.unit.describe()), ("adjacency", p.adjacency.value),
@@ -89,7 +98,7 @@ def _render(p, out) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write the plan here (atomically); without it the plan JSON goes to stdout.")
 @_JSON
-def plan(scenario, output, as_json):
+def plan(scenario: str, output: str | None, as_json: bool) -> None:
     """Plan SCENARIO.toml (or example:NAME): split, calibrate, account, write a hashed plan."""
     from budgetplan.plan import write_atomic
     from budgetplan.planning.planner import build_plan
@@ -117,7 +126,7 @@ def plan(scenario, output, as_json):
 @click.command()
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @_JSON
-def show(plan_file, as_json):
+def show(plan_file: str, as_json: bool) -> None:
     """Render a plan (its integrity is checked; `verify` recomputes the numbers), and what it means to an attacker."""
     from budgetplan.plan import load_plan
     from budgetplan.planning.composition import plan_tradeoff
@@ -141,7 +150,7 @@ def show(plan_file, as_json):
               help="The scenario that was signed off: the plan's embedded scenario must be exactly it "
               "(catches a re-hashed plan whose columns or budget were changed).")
 @_JSON
-def verify(plan_file, no_replan, signed, as_json):
+def verify(plan_file: str, no_replan: bool, signed: str | None, as_json: bool) -> None:
     """Recompute every guarantee of a plan; exit 1 naming each difference."""
     from budgetplan.audit.verify import verify_file
 
@@ -155,6 +164,7 @@ def verify(plan_file, no_replan, signed, as_json):
         for note in report.notes:
             warn(note)
         if report.ok:
+            assert report.plan is not None  # a plan that verifies was read
             g = report.plan.guarantee
             click.echo(f"{plan_file}: verified ({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}, "
                        f"sha256 {report.plan.sha256}")
@@ -172,7 +182,7 @@ def verify(plan_file, no_replan, signed, as_json):
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write it here (atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the guarantee, what it means to an attacker (the "
               "largest true-positive rate at false-positive rates 0.001 and 0.01) and the text.")
-def statement(plan_file, plan_path, output, as_json):
+def statement(plan_file: str, plan_path: str | None, output: str | None, as_json: bool) -> None:
     """The plain-language privacy statement of a plan, or of what a run actually did.
 
     The plan is verified first (every number recomputed): a statement is never printed for a
@@ -195,6 +205,7 @@ def statement(plan_file, plan_path, output, as_json):
             is_run = "plan_sha256" in parse_json(path.read_bytes().decode("ascii", errors="replace"), "file")
         except (OSError, PlanMismatchError):
             is_run = False
+    record: RunRecord | None
     if is_run:
         from budgetplan.audit.run import find_plan
         from budgetplan.record.records import load_record
@@ -228,7 +239,7 @@ def statement(plan_file, plan_path, output, as_json):
 @click.command()
 @click.argument("name", required=False)
 @_JSON
-def examples(name, as_json):
+def examples(name: str | None, as_json: bool) -> None:
     """List the shipped example scenarios, or print one (use it as example:NAME)."""
     from budgetplan.scenario import examples as ex
 
@@ -263,7 +274,8 @@ def examples(name, as_json):
 @click.option("--scenario", "signed", metavar="SCENARIO.toml",
               help="The signed-off scenario the plan must embed exactly.")
 @_JSON
-def audit(run, plan_path, data_path, key_path, data_format, empirical, one_run, signed, as_json):
+def audit(run: str, plan_path: str | None, data_path: str | None, key_path: str | None, data_format: str,
+          empirical: bool, one_run: bool, signed: str | None, as_json: bool) -> None:
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
     signed_scenario = _scenario(signed) if signed else None
     if data_path is None and key_path is None and not (empirical or one_run):
@@ -289,6 +301,7 @@ def audit(run, plan_path, data_path, key_path, data_format, empirical, one_run, 
                   + (f"; {e['detail']}" if e.get("detail") and not e["passed"] else "")]
                  for e in report.empirical]
         status = "" if report.status == "completed" else f", {report.status}"
+        assert report.plan_sha256 is not None  # an audit reads its plan before anything else
         console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}...{status})",
                                       ["check", "result", "detail"], rows))
         if not report.passed:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -81,8 +81,11 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 @click.option("--threads", type=THREADS_OR_AUTO, default="auto", show_default=True,
               help="--proxy: torch CPU threads.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, steps, rule, adjacency, accountant,
-          jobs, proxy, scenario_path, proxy_eval, out_dir, write_path, seed, threads, as_json):
+def split(epsilon: float | None, epsilons: str | None, alphas: str | None, delta: float | None,
+          dataset_size: int | None, batch_size: int | None, epochs: float | None, steps: int | None, rule: str,
+          adjacency: str, accountant: str, jobs: int | str, proxy: str | None, scenario_path: str | None,
+          proxy_eval: str | None, out_dir: str | None, write_path: str | None, seed: int | None, threads: int | str,
+          as_json: bool) -> None:
     """Split a total budget between Hybrid's RR phase (eps1, 0) and DP-SGD phase (eps2, delta).
 
     With --proxy and --scenario: train the alpha grid on proxy data and write the scenario with the
@@ -97,6 +100,8 @@ def split(epsilon, epsilons, alphas, delta, dataset_size, batch_size, epochs, st
         return
     _check_accounting_options(proxy_eval=proxy_eval, out_dir=out_dir, write_path=write_path, seed=seed, delta=delta,
                               dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, steps=steps)
+    # _check_accounting_options refused these missing
+    assert delta is not None and dataset_size is not None and batch_size is not None
     try:
         check_sweep_shape(dataset_size=dataset_size, batch_size=batch_size, adjacency=adjacency, label=_option)
     except InvalidParameterError as exc:
@@ -123,9 +128,11 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _check_accounting_options(*, proxy_eval, out_dir, write_path, seed, delta, dataset_size, batch_size, epochs,
-                              steps) -> None:
+def _check_accounting_options(*, proxy_eval: str | None, out_dir: str | None, write_path: str | None,
+                              seed: int | None, delta: float | None, dataset_size: int | None,
+                              batch_size: int | None, epochs: float | None, steps: int | None) -> None:
     """Without --proxy: no proxy options, and the DP-SGD shape given in full (exactly one of --epochs, --steps)."""
+    value: object
     for option, value in (("--proxy-eval", proxy_eval), ("--out", out_dir), ("--write", write_path),
                           ("--seed", seed)):
         if value is not None:
@@ -155,7 +162,7 @@ def _cells(rule: str, epsilon: float | None, epsilons: str | None, alphas: str |
     return one_rule(epsilon, rule, label=_option)
 
 
-def _print_split(shape: SweepShape, rule: str, todo: SweepCells, cells: list[dict]) -> None:
+def _print_split(shape: SweepShape, rule: str, todo: SweepCells, cells: list[dict[str, Any]]) -> None:
     """The human output: the cells' table, then the table rule's reason or the grid's noise by epsilon and alpha."""
     from budgetplan.scenario.split_rules import choose_split, parse_rule
 
@@ -170,7 +177,7 @@ def _print_split(shape: SweepShape, rule: str, todo: SweepCells, cells: list[dic
         out.print(choose_split(todo.epsilons[0], rule).reason)
     if rule == "grid":
         rules = list(todo.rules)
-        table: dict = {}
+        table: dict[float, dict[str, float | None]] = {}
         for c in cells:
             table.setdefault(c["epsilon"], {})[c["rule"]] = c["noise_multiplier"]
         out.print(results_table("Noise multiplier by total epsilon (rows) and alpha (columns); - : no DP-SGD phase",

@@ -5,6 +5,9 @@ Both import the torch trainer lazily: the rest of the CLI never loads torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
 import click
 
 from budgetplan.cli._render import fmt, results_table
@@ -33,6 +36,14 @@ from budgetplan.limits import (
     MAX_WEIGHT_DECAY,
 )
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from budgetplan.plan import Plan
+    from budgetplan.record.records import RunRecord
+    from trainers.distributed import Collective
+    from trainers.settings import TrainSettings
+
 __all__ = ["train", "demo"]
 
 _THREADS = click.option(
@@ -41,7 +52,7 @@ _THREADS = click.option(
     "less the threads other work runs now: never more threads than free cores).")
 
 
-def _settings(**kw):
+def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSettings checks each
     from trainers.run import TrainSettings
 
     return TrainSettings(**{k: v for k, v in kw.items() if v is not None})
@@ -116,10 +127,13 @@ def _settings(**kw):
 @click.option("--canary-confidence", type=OPEN_UNIT, default=0.95, show_default=True,
               help="--canaries: the confidence of the audit's test and bound.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
-def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
-          dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
-          threads, seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated,
-          baseline_run, resume, checkpoint_every, key_path, nproc, canaries, canary_confidence, as_json):
+def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, data_format: str, model: str,
+          embedding_dim: str, lr: float, dpsgd_optimizer: str, dpsgd_lr: float | str, dpsgd_schedule: str, loss: str,
+          hybrid_start: str, batch_size: int | None, nonsensitive_encoding: str, vocab_threshold: int, hash_bins: int,
+          device: str, threads: int | str, seed: int | None, non_private: bool, baseline_epochs: int, patience: int,
+          validation_fraction: float, weight_decay: float, truncated: bool, baseline_run: str | None, resume: bool,
+          checkpoint_every: int, key_path: str | None, nproc: int, canaries: int | None, canary_confidence: float,
+          as_json: bool) -> None:
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline).
 
     Under torchrun (WORLD_SIZE > 1 in the environment) every process runs this command and
@@ -137,6 +151,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     plan = load_plan(plan_file)
     _refuse_unused(click.get_current_context(), plan, non_private)
     key = None
+    record: RunRecord | None
     if key_path is not None:
         from trainers.data.fingerprint import read_key
 
@@ -153,7 +168,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
         base_auc = tolerance = None
         if baseline_run:
             base_auc, tolerance = _baseline_reference(baseline_run, plan, settings)
-        run_with = execute_plan
+        run_with: Callable[..., RunRecord | None] = execute_plan
         if canaries is not None:
             from functools import partial
 
@@ -179,7 +194,7 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
     _print_record(record, out_dir)
 
 
-def _torchrun_group(nproc: int):
+def _torchrun_group(nproc: int) -> Collective | None:
     """This process's place in the group torchrun describes, or None (one process, or --nproc here)."""
     import os
 
@@ -193,7 +208,7 @@ def _torchrun_group(nproc: int):
     return from_environment()
 
 
-def _baseline_reference(path, plan, settings) -> tuple[float, float]:
+def _baseline_reference(path: str, plan: Plan, settings: TrainSettings) -> tuple[float, float]:
     """(eval AUC, tolerance) of the --baseline run, refused unless it is a ceiling for this plan's model."""
     from budgetplan.errors import InvalidParameterError
     from budgetplan.record.records import load_record
@@ -217,14 +232,14 @@ _BASELINE_ONLY = ("baseline_epochs", "patience", "validation_fraction", "weight_
 _NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold", "hash_bins")
 
 
-def _refuse_unused(ctx, plan, non_private: bool) -> None:
+def _refuse_unused(ctx: click.Context, plan: Plan, non_private: bool) -> None:
     from click.core import ParameterSource
 
     given = {p.name: p for p in ctx.command.params
              if ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT, None)}
     names = [ph.name for ph in plan.phases]
 
-    def refuse(param: str, why: str):
+    def refuse(param: str, why: str) -> NoReturn:
         raise click.UsageError(f"{given[param].opts[-1]} {why}")
 
     for param in _PRIVATE_ONLY + _DPSGD_ONLY:
@@ -261,7 +276,7 @@ def _int_option(name: str, text: str, limit: int) -> int:
     return value
 
 
-def _fresh_directory(name: str, path: str):
+def _fresh_directory(name: str, path: str) -> Path | None:
     """``path`` if it is to be created here (returned, for clean-up), None if it exists empty."""
     from pathlib import Path
 
@@ -280,7 +295,7 @@ def _fresh_directory(name: str, path: str):
     return target
 
 
-def _print_record(record, out_dir) -> None:
+def _print_record(record: RunRecord, out_dir: str) -> None:
     out = console()
     from budgetplan.record.records import BaselineStats, RRRun
 
@@ -338,7 +353,8 @@ MIN_DEMO_ROWS = 2_000  # below it the held-out fifth may have no conversion at a
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Synthetic data seed.")
 @_THREADS
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-def demo(rows, users, epsilon, shape, out_dir, seed, threads, as_json):
+def demo(rows: int, users: int | None, epsilon: float, shape: str, out_dir: str | None, seed: int, threads: int | str,
+         as_json: bool) -> None:
     """RR, DP-SGD and Hybrid at one budget on synthetic data, against the non-private model.
 
     Plans the shipped synthetic-hybrid template three ways (RR alone, DP-SGD alone, Hybrid with
@@ -368,12 +384,12 @@ def demo(rows, users, epsilon, shape, out_dir, seed, threads, as_json):
         return
     out = console()
 
-    def phases(r):
+    def phases(r: dict[str, Any]) -> str:
         got = r.get("phases")
         short = {"calibration": "cal"}
         return "-" if not got else " + ".join(f"{short.get(k, k)} {fmt(v, 3)}" for k, v in got.items())
 
-    def heldout(r):
+    def heldout(r: dict[str, Any]) -> str:
         return "-" if r.get("rr_heldout_auc") is None else \
             f"{fmt(r['rr_heldout_auc'], 4)} (epoch {fmt(r['rr_kept_epoch'], 3)})"
 

@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
@@ -76,11 +77,11 @@ class Plan:
     total: Guarantee
     total_pld: Guarantee | None
     total_pld_note: str | None
-    tuning: dict | None
-    unit_alternatives: tuple[dict, ...]
+    tuning: dict[str, Any] | None
+    unit_alternatives: tuple[dict[str, Any], ...]
     warnings: tuple[str, ...]
-    versions: dict
-    split: dict | None = None
+    versions: dict[str, str]
+    split: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -134,9 +135,9 @@ class Plan:
         """The WALR release, if the plan has one."""
         return next((p for p in self.phases if isinstance(p, WALRPhase)), None)
 
-    def content(self) -> dict:
+    def content(self) -> dict[str, Any]:
         """Everything the hash covers (``split`` only where there is one: other plans keep their bytes)."""
-        out = {
+        out: dict[str, Any] = {
             "schema_version": self.schema_version,
             "versions": self.versions,
             "scenario": self.scenario.to_dict(),
@@ -165,7 +166,7 @@ class Plan:
         return _pretty({**self.content(), "sha256": self.sha256})
 
     @classmethod
-    def from_dict(cls, data: dict) -> Plan:
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
         version = data.get("schema_version")
         loader = _LOADERS.get(version) if isinstance(version, int) else None
         if loader is None:
@@ -193,7 +194,7 @@ class Plan:
         return plan
 
 
-def _load_v1(d: dict) -> Plan:
+def _load_v1(d: dict[str, Any]) -> Plan:
     check_plan_types(d)
     total = d["total"]
     return Plan(
@@ -214,23 +215,23 @@ def _load_v1(d: dict) -> Plan:
 _LOADERS = {1: _load_v1}
 
 
-def current_versions() -> dict:
+def current_versions() -> dict[str, str]:
     return dict(library_versions())
 
 
-def canonical_json(obj) -> str:
+def canonical_json(obj: object) -> str:
     """Compact, sorted, ASCII JSON; NaN and infinity are refused (they are not JSON)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-def parse_json(text: str, what: str) -> dict:
+def parse_json(text: str, what: str) -> dict[str, Any]:
     """``text`` as one JSON object, strictly: NaN and Infinity are not JSON and are refused, as
     are nesting deeper than the parser's stack and integers too long to read.
 
     Raises:
         PlanMismatchError: naming ``what`` ("plan", "run record") and the problem.
     """
-    def refuse(constant: str):
+    def refuse(constant: str) -> NoReturn:
         raise ValueError(f"{constant} is not a JSON number")
 
     try:
@@ -244,7 +245,7 @@ def parse_json(text: str, what: str) -> dict:
     return data
 
 
-def _pretty(obj) -> str:
+def _pretty(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
 
 

@@ -20,7 +20,7 @@ have always had: ``{"name", "mechanism", "target_epsilon", "target_delta", "meth
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import InvalidParameterError
@@ -65,11 +65,16 @@ METHODS = ("exact", "pld", "rdp", "prv")
 UNIT_ACCOUNTING = ("tight", "group")
 
 
-def _set(obj, name: str, value) -> None:
+class _Capped(Protocol):
+    @property
+    def capping(self) -> str | None: ...
+
+
+def _set(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)
 
 
-def _capping(obj, cap: int) -> None:
+def _capping(obj: _Capped, cap: int) -> None:
     if cap > 1:
         typed.choice("capping", obj.capping, CAPPING_RULES)
     elif obj.capping is not None:
@@ -473,7 +478,7 @@ _PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams, Co
            CalibrationPhase: CalibrationParams}
 
 
-def _expect(phase, mechanism_types, params_type) -> None:
+def _expect(phase: Phase, mechanism_types: type[object] | tuple[type[object], ...], params_type: type[object]) -> None:
     if not isinstance(phase.mechanism, mechanism_types):
         raise InvalidParameterError(f"a {phase.name} phase cannot be accounted as "
                                     f"{type(phase.mechanism).__name__}")
@@ -482,7 +487,7 @@ def _expect(phase, mechanism_types, params_type) -> None:
                                     f"{type(phase.params).__name__}")
 
 
-def phase_to_dict(phase: Phase) -> dict:
+def phase_to_dict(phase: Phase) -> dict[str, Any]:
     """The phase's JSON object, as plan files hold it."""
     return {
         "name": phase.name, "mechanism": mechanism_to_dict(phase.mechanism),

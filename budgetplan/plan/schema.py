@@ -15,25 +15,36 @@ their outer shape is checked here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol, TypeAlias
+
 from budgetplan.errors import PlanMismatchError
 
 __all__ = ["check_plan_types"]
 
 
+class _Check(Protocol):
+    def check(self, value: object, where: str) -> None: ...
+
+
+# A check, or an object with exactly these keys, each value checked by its own spec.
+_Spec: TypeAlias = "_Check | dict[str, _Spec]"
+
+
 class _T:
     """A type check: ``ok(value)`` and a description for the message."""
 
-    def __init__(self, what: str, ok):
+    def __init__(self, what: str, ok: Callable[[object], bool]):
         self.what, self.ok = what, ok
 
-    def check(self, value, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         if not self.ok(value):
             shown = repr(value)
             raise PlanMismatchError(f"plan field {where} must be {self.what}, got "
                                     f"{shown if len(shown) <= 40 else shown[:40] + '...'}")
 
 
-def _is_num(v) -> bool:
+def _is_num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -45,19 +56,19 @@ SCALAR = _T("a number, string, boolean or null", lambda v: v is None or isinstan
 
 
 class _Optional:
-    def __init__(self, inner):
+    def __init__(self, inner: _Spec):
         self.inner = inner
 
-    def check(self, value, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         if value is not None:
             _check(self.inner, value, where)
 
 
 class _List:
-    def __init__(self, inner, nonempty: bool = False):
+    def __init__(self, inner: _Spec, nonempty: bool = False):
         self.inner, self.nonempty = inner, nonempty
 
-    def check(self, value, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         if not isinstance(value, list) or (self.nonempty and not value):
             raise PlanMismatchError(f"plan field {where} must be a {'non-empty ' if self.nonempty else ''}list")
         for i, item in enumerate(value):
@@ -67,10 +78,10 @@ class _List:
 class _Map:
     """An object with any string keys, every value of one type (``known`` keys: their own)."""
 
-    def __init__(self, values, known: dict | None = None, required: tuple = ()):
+    def __init__(self, values: _Spec, known: dict[str, _Spec] | None = None, required: tuple[str, ...] = ()):
         self.values, self.known, self.required = values, known or {}, required
 
-    def check(self, value, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         if not isinstance(value, dict):
             raise PlanMismatchError(f"plan field {where} must be an object")
         for key in self.required:
@@ -83,14 +94,14 @@ class _Map:
 class _MayLack:
     """A key of an exact object that may be absent (added in a way that keeps older files' bytes)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: _Spec):
         self.inner = inner
 
-    def check(self, value, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         _check(self.inner, value, where)
 
 
-def _check(spec, value, where: str) -> None:
+def _check(spec: _Spec, value: object, where: str) -> None:
     if isinstance(spec, dict):  # an object with exactly these keys
         if not isinstance(value, dict):
             raise PlanMismatchError(f"plan field {where} must be an object")
@@ -106,22 +117,24 @@ def _check(spec, value, where: str) -> None:
         spec.check(value, where)
 
 
-_UNIT = {"name": STR, "cap": INT, "capping": _Optional(STR)}
-_GUARANTEE = {"epsilon": _Optional(NUM), "delta": NUM, "method": STR, "adjacency": STR, "unit": _UNIT,
-              "bound": STR, "epsilon_range": _Optional(_List(NUM)), "discretization": _Optional(NUM),
-              "conversion": _Optional(STR), "notes": _List(STR), "versions": _Map(STR)}
+_UNIT: dict[str, _Spec] = {"name": STR, "cap": INT, "capping": _Optional(STR)}
+_GUARANTEE: dict[str, _Spec] = {
+    "epsilon": _Optional(NUM), "delta": NUM, "method": STR, "adjacency": STR, "unit": _UNIT,
+    "bound": STR, "epsilon_range": _Optional(_List(NUM)), "discretization": _Optional(NUM),
+    "conversion": _Optional(STR), "notes": _List(STR), "versions": _Map(STR)}
 # A phase's parameters are typed by its kind (``budgetplan.plan.phases``), which reads them strictly.
-_PHASE = {"name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
-          "target_delta": NUM, "method": STR, "unit_accounting": STR,
-          "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
-              v, (int, float, str, bool, list)))),
-          "guarantee": _GUARANTEE}
+_PHASE: dict[str, _Spec] = {
+    "name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
+    "target_delta": NUM, "method": STR, "unit_accounting": STR,
+    "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
+        v, (int, float, str, bool, list)))),
+    "guarantee": _GUARANTEE}
 _TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE),
                               # a grid's configurations (phases read strictly by budgetplan.planning.grid) and selection
                               "grid": _List(_Map(_T("any JSON value", lambda v: True))),
                               "noisy_max": _Map(SCALAR)},
                required=("configurations", "selection", "guarantee"))
-_PLAN = {
+_PLAN: dict[str, _Spec] = {
     "schema_version": INT, "versions": _Map(STR),
     "scenario": _Map(_T("any JSON value", lambda v: True)),  # read strictly by Scenario.from_dict
     "budget": {"epsilon": NUM, "delta": NUM},
@@ -137,6 +150,6 @@ _PLAN = {
 }
 
 
-def check_plan_types(data: dict) -> None:
+def check_plan_types(data: dict[str, Any]) -> None:
     """Raise PlanMismatchError naming the first field of ``data`` whose type is not schema 1's."""
     _check(_PLAN, data, "")

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from budgetplan.accounting import gaussian, rr
+from budgetplan.accounting import fastpld, gaussian, rr
 from budgetplan.accounting.account import DEFAULT_DISCRETIZATION, account
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.accounting.limits import MAX_CALIBRATION_EPSILON, MAX_COMPOSITIONS, MAX_STEPS
@@ -137,7 +137,8 @@ def _clt_guess(*, epsilon: float, delta: float, sampling_rate: float, steps: int
 
 
 def _solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float, *,
-                      step: float, lo_limit: float, hi_limit: float, rel_tol: float = _REL_TOL):
+                      step: float, lo_limit: float, hi_limit: float,
+                      rel_tol: float = _REL_TOL) -> tuple[float, float, int]:
     """Smallest x (within rel_tol) with eps_of(x) <= target, for non-increasing eps_of.
 
     Works in (log x, log eps). Returns (x, eps_of(x), evaluations); x is always one that was
@@ -200,8 +201,6 @@ def _solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float
 
 def _fast_pld_epsilon(adjacency: Adjacency, unit: PrivacyUnit, sampling_rate: float, steps: int,
                       delta: float, discretization: float) -> Callable[[float], float]:
-    from budgetplan.accounting import fastpld
-
     def eps_of(sigma: float) -> float:
         mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
         return fastpld.epsilon_for_delta(
@@ -432,7 +431,8 @@ def dpsgd_min_dataset_size(
     return Calibration(value=hi, guarantee=guarantee(hi), evaluations=evals)
 
 
-def solve_noise_multiplier(eps_of, *, epsilon: float, guess: float = 1.0, step: float = 0.25) -> float:
+def solve_noise_multiplier(eps_of: Callable[[float], float], *, epsilon: float, guess: float = 1.0,
+                           step: float = 0.25) -> float:
     """The smallest sigma whose ``eps_of(sigma)`` meets ``epsilon`` (eps_of non-increasing)."""
     try:
         sigma, _, _ = _solve_decreasing(eps_of, epsilon, guess, step=step, lo_limit=SIGMA_RANGE[0],

@@ -10,6 +10,7 @@ __all__ = ["EPS_SLACK", "phase_guarantee", "basic_total", "pld_total", "tuning_a
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from budgetplan.accounting import account
@@ -27,20 +28,18 @@ from budgetplan.plan.document import Plan
 from budgetplan.plan.phases import CountPhase, Phase, RRPhase
 from budgetplan.planning.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.scenario import Scenario
-from budgetplan.units import PrivacyUnit
+from budgetplan.units import Adjacency, PrivacyUnit
 
 EPS_SLACK = 1e-9  # relative: a guarantee within this of its target meets it (float rounding)
 
 
-def phase_guarantee(phase: Phase, *, adjacency, unit, discretization: float) -> Guarantee:
+def phase_guarantee(phase: Phase, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float) -> Guarantee:
     """A phase's guarantee, recomputed from its mechanism and parameters alone."""
     if isinstance(phase, RRPhase) and phase.params.per_impression_epsilon_by_count is not None:
         shares = phase.params.per_impression_epsilon_by_count
         worst = max((account(RandomizedResponse(epsilon=e), delta=phase.target_delta, adjacency=adjacency,
                              unit=PrivacyUnit(name=unit.name, cap=i, capping=unit.capping if i > 1 else None),
                              method="exact") for i, e in enumerate(shares, 1)), key=lambda g: g.epsilon)
-        from dataclasses import replace
-
         return replace(worst, unit=unit).with_notes(
             f"eps/K_i: a unit with K_i <= {unit.cap} examples spends {phase.target_epsilon:g}/K_i per example")
     return account(phase.mechanism, delta=phase.target_delta, adjacency=adjacency, unit=unit,
@@ -52,7 +51,7 @@ def counted_per_example(phase: Phase) -> bool:
     return isinstance(phase, RRPhase) and phase.params.per_impression_rule == "eps/K_i"
 
 
-def basic_total(phases, s, unit) -> Guarantee:
+def basic_total(phases: Sequence[Phase], s: Scenario, unit: PrivacyUnit) -> Guarantee:
     if len(phases) == 1:
         return phases[0].guarantee
     return Guarantee(
@@ -63,7 +62,8 @@ def basic_total(phases, s, unit) -> Guarantee:
             f"{p.name} ({p.guarantee.epsilon:.6g}, {p.guarantee.delta:.3g})" for p in phases),))
 
 
-def pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
+def pld_total(phases: Sequence[Phase], s: Scenario, unit: PrivacyUnit,
+              delta: float) -> tuple[Guarantee | None, str | None]:
     if len(phases) < 2:
         return None, "one phase: the total is that phase's guarantee"
     if any(isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases):
@@ -80,7 +80,8 @@ def pld_total(phases, s, unit, delta) -> tuple[Guarantee | None, str | None]:
     return g, None
 
 
-def tuning_accounting(s: Scenario, unit, phases, total: Guarantee, delta: float) -> dict | None:
+def tuning_accounting(s: Scenario, unit: PrivacyUnit, phases: Sequence[Phase], total: Guarantee,
+                      delta: float) -> dict[str, Any] | None:
     t = s.tuning
     if t is None:
         return None
@@ -89,8 +90,8 @@ def tuning_accounting(s: Scenario, unit, phases, total: Guarantee, delta: float)
         g = Guarantee(epsilon=n * total.epsilon, delta=min(1.0, n * total.delta), method="naive-composition",
                       adjacency=s.adjacency, unit=unit,
                       notes=(f"{n} runs of ({total.epsilon:.6g}, {total.delta:.3g}) composed by basic composition",))
-        out = {"configurations": n, "selection": "naive", "distribution": None, "guarantee": g.to_dict(),
-               "pld_guarantee": None}
+        out: dict[str, Any] = {"configurations": n, "selection": "naive", "distribution": None,
+                               "guarantee": g.to_dict(), "pld_guarantee": None}
         if all(p.unit_accounting == "tight" and not isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases) \
                 and not any(counted_per_example(p) for p in phases):
             run = Composition(phases=tuple(p.mechanism for p in phases) * n)
@@ -113,7 +114,7 @@ def tuning_accounting(s: Scenario, unit, phases, total: Guarantee, delta: float)
             "guarantee": g.to_dict(), "pld_guarantee": None}
 
 
-def run_mechanism(phases):
+def run_mechanism(phases: Sequence[Phase]) -> Mechanism:
     """What one run releases: its one phase's mechanism, or their composition (DP-SGD and its calibration)."""
     return phases[0].mechanism if len(phases) == 1 else Composition(phases=tuple(p.mechanism for p in phases))
 

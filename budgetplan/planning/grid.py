@@ -32,10 +32,18 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import PlanMismatchError
+from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.plan.document import Plan
+from budgetplan.plan.phases import Phase, phase_from_dict, phase_to_dict
+from budgetplan.planning.composition import basic_total
+from budgetplan.planning.shares import split_record
+from budgetplan.scenario.model import Scenario, Tuning
+from budgetplan.units import PrivacyUnit
 
 __all__ = ["Configuration", "configurations", "configured", "budgets", "score_sensitivity", "accounting",
            "runs_of", "NOISY_MAX_REFERENCE"]
@@ -54,7 +62,7 @@ class Configuration:
     clipping_norm: float | None = None
     dpsgd_learning_rate: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "split": self.split, "clipping_norm": self.clipping_norm,
                 "dpsgd_learning_rate": self.dpsgd_learning_rate}
 
@@ -66,16 +74,22 @@ class Configuration:
         return f"#{self.index} (" + ", ".join(p for p in parts if p) + ")"
 
 
-def configurations(tuning) -> list[Configuration]:
+def configurations(tuning: Tuning) -> list[Configuration]:
     """The grid's configurations in product order (split, clipping norm, learning rate)."""
-    lists = [tuning.split or (None,), tuning.clipping_norm or (None,), tuning.dpsgd_learning_rate or (None,)]
-    return [Configuration(i, *values) for i, values in enumerate(itertools.product(*lists))]
+    splits: tuple[str | None, ...] = tuning.split or (None,)
+    norms: tuple[float | None, ...] = tuning.clipping_norm or (None,)
+    rates: tuple[float | None, ...] = tuning.dpsgd_learning_rate or (None,)
+    return [Configuration(i, *values) for i, values in enumerate(itertools.product(splits, norms, rates))]
 
 
-def configured(scenario, c: Configuration):
+def configured(scenario: Scenario, c: Configuration) -> Scenario:
     """The scenario one configuration plans: its split and clipping norm, no tuning."""
     s = scenario
-    dpsgd = s.dpsgd if c.clipping_norm is None else replace(s.dpsgd, clipping_norm=c.clipping_norm)
+    if c.clipping_norm is None:
+        dpsgd = s.dpsgd
+    else:
+        assert s.dpsgd is not None  # a grid of clipping norms needs a DP-SGD phase (the Scenario checks)
+        dpsgd = replace(s.dpsgd, clipping_norm=c.clipping_norm)
     return replace(s, split=c.split if c.split is not None else s.split, dpsgd=dpsgd, tuning=None)
 
 
@@ -96,22 +110,22 @@ def score_sensitivity(cap: int, prediction_clip: float) -> float:
     return cap * math.log(1.0 / prediction_clip)
 
 
-def accounting(scenario, unit, runs, delta: float) -> dict:
+def accounting(scenario: Scenario, unit: PrivacyUnit, runs: Sequence[tuple[Configuration, Sequence[Phase]]],
+               delta: float) -> dict[str, Any]:
     """The plan's ``tuning`` object for a grid, from each configuration's planned phases.
 
     Args:
         runs: (Configuration, phases) per configuration, in grid order.
         delta: the plan's total delta.
     """
-    from budgetplan.plan.phases import phase_to_dict
-    from budgetplan.planning.composition import basic_total
-    from budgetplan.planning.shares import split_record
-
     t = scenario.tuning
+    # a grid plan's scenario declares its tuning, whose grid defaults the Tuning has filled in
+    assert t is not None and t.selection_share is not None and t.prediction_clip is not None
     n = len(runs)
     eps_sel, eps_run, delta_run = budgets(scenario.epsilon, delta, n, t.selection_share)
     sensitivity = score_sensitivity(unit.cap, t.prediction_clip)
-    grid, totals = [], []
+    grid: list[dict[str, Any]] = []
+    totals: list[Guarantee] = []
     for c, phases in runs:
         total = basic_total(phases, scenario, unit)
         totals.append(total)
@@ -134,20 +148,17 @@ def accounting(scenario, unit, runs, delta: float) -> dict:
     }
 
 
-def runs_of(plan) -> list[tuple[Configuration, tuple]]:
+def runs_of(plan: Plan) -> list[tuple[Configuration, tuple[Phase, ...]]]:
     """A grid plan's configurations with their phases, read strictly from the plan; [] without a grid.
 
     Raises:
         PlanMismatchError: the plan's grid does not read as configurations with phases.
     """
-    from budgetplan.errors import InvalidParameterError
-    from budgetplan.plan.phases import phase_from_dict
-
     t = plan.tuning
     if t is None or "grid" not in t:
         return []
     try:
-        out = []
+        out: list[tuple[Configuration, tuple[Phase, ...]]] = []
         for i, entry in enumerate(t["grid"]):
             c = Configuration(entry["index"], entry["split"], entry["clipping_norm"], entry["dpsgd_learning_rate"])
             phases = tuple(phase_from_dict(p, f"tuning.grid[{i}].phases[{j}]") for j, p in enumerate(entry["phases"]))

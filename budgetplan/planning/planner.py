@@ -16,7 +16,9 @@ phase's guarantee from its stored parameters alone; ``budgetplan.audit.verify`` 
 from __future__ import annotations
 
 import math
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from budgetplan import dpcount, intercept
 from budgetplan.accounting import account, batch_selection
@@ -26,10 +28,14 @@ from budgetplan.accounting.group import group_privacy
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import BudgetplanError, InfeasibleError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
+    AllocationDPSGD,
     DiscreteLaplaceCount,
     GaussianRelease,
+    Mechanism,
     PoissonDPSGD,
     RandomizedResponse,
+    ShuffledDPSGD,
+    TruncatedPoissonDPSGD,
     UnitPoissonDPSGD,
 )
 from budgetplan.plan import Plan, current_versions
@@ -46,7 +52,7 @@ from budgetplan.plan.phases import (
     WALRParams,
     WALRPhase,
 )
-from budgetplan.planning import calibrate
+from budgetplan.planning import calibrate, grid
 from budgetplan.planning.composition import (
     EPS_SLACK,
     basic_total,
@@ -62,6 +68,14 @@ from budgetplan.scenario.split_rules import split_budget
 from budgetplan.units import PrivacyUnit
 
 __all__ = ["build_plan", "unit_of"]
+
+_DPSGDMechanism: TypeAlias = PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD
+
+
+class _EpsOf(Protocol):
+    """A DP-SGD phase's epsilon at noise ``sigma`` over ``t`` steps (its planned steps by default)."""
+
+    def __call__(self, sigma: float, t: int = ...) -> float: ...
 
 
 def unit_of(s: Scenario) -> PrivacyUnit:
@@ -94,9 +108,7 @@ def build_plan(scenario: Scenario) -> Plan:
     total = basic_total(phases, s, unit)
     total_pld, pld_note = pld_total(phases, s, unit, total.delta)
     if s.tuning is not None and s.tuning.is_grid:
-        from budgetplan.planning import grid
-
-        tuning: dict | None = grid.accounting(s, unit, runs, delta)
+        tuning: dict[str, Any] | None = grid.accounting(s, unit, runs, delta)
     else:
         tuning = tuning_accounting(s, unit, phases, total, delta)
     alternatives = _unit_alternatives(s, unit, phases)
@@ -108,14 +120,13 @@ def build_plan(scenario: Scenario) -> Plan:
     )
 
 
-def _grid_runs(s: Scenario, unit, delta: float):
+def _grid_runs(s: Scenario, unit: PrivacyUnit,
+               delta: float) -> tuple[list[tuple[grid.Configuration, list[Phase]]], float, float]:
     """Every configuration of the declared grid planned to the per-run budget (``budgetplan.planning.grid``)."""
-    from budgetplan.planning import grid
-
     t = s.tuning
     assert t is not None and t.selection_share is not None  # a grid Tuning has its defaults filled in
     _, run_eps, run_delta = grid.budgets(s.epsilon, delta, t.configurations, t.selection_share)
-    runs = []
+    runs: list[tuple[grid.Configuration, list[Phase]]] = []
     for c in grid.configurations(t):
         try:
             phases = _plan_phases(grid.configured(s, c), unit, run_eps, run_delta, delta)
@@ -129,7 +140,7 @@ def _grid_runs(s: Scenario, unit, delta: float):
 # ----------------------------------------------------------------------- phases
 
 
-def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
+def _plan_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float) -> list[Phase]:
     """The run's phases: the training phases, then the calibration release when the run needs one."""
     if not calibration_released(s, run_eps):
         return _training_phases(s, unit, run_eps, run_delta, delta)
@@ -150,7 +161,8 @@ def _plan_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
                                         rr=any(isinstance(p, RRPhase) for p in phases))]
 
 
-def _training_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase]:
+def _training_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float,
+                     delta: float) -> list[Phase]:
     if s.algorithm == "rr":
         return [_rr_phase(s, unit, run_eps, run_delta,
                           model="non-sensitive features only (RR protects labels, not features)")]
@@ -172,7 +184,7 @@ def _training_phases(s: Scenario, unit, run_eps, run_delta, delta) -> list[Phase
     return phases
 
 
-def _count_phase(s: Scenario, unit) -> CountPhase:
+def _count_phase(s: Scenario, unit: PrivacyUnit) -> CountPhase:
     """The DP count of N that the scenario's dataset_size is; refuses what would need the exact N."""
     if s.tuning is not None:
         raise UnsupportedError("[tuning] with [data].size_release_epsilon is not supported: the count is released "
@@ -193,7 +205,7 @@ def _count_phase(s: Scenario, unit) -> CountPhase:
     return _with_guarantee(phase, s, unit)
 
 
-def _repeat_and_select_run(s: Scenario, unit, delta: float) -> list[Phase]:
+def _repeat_and_select_run(s: Scenario, unit: PrivacyUnit, delta: float) -> list[Phase]:
     """The run, planned to the largest budget whose repeat-and-select total meets the budget."""
     if s.algorithm == "hybrid":
         raise UnsupportedError("repeat-and-select accounting covers single-phase runs; use [tuning].selection = "
@@ -229,7 +241,7 @@ def _round_down_share(total: float, k: int) -> float:
     return e
 
 
-def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
+def _rr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, *, model: str) -> Phase:
     shape = s.rr
     assert shape is not None  # a Scenario of an RR algorithm always has its [rr] shape
     k, rule = unit.cap, shape.per_impression
@@ -255,7 +267,7 @@ def _rr_phase(s: Scenario, unit, eps, delta, *, model: str) -> Phase:
     return _with_guarantee(phase, s, unit)
 
 
-def _gaussian_noise(s: Scenario, unit, sens: float, eps: float, delta: float) -> float:
+def _gaussian_noise(s: Scenario, unit: PrivacyUnit, sens: float, eps: float, delta: float) -> float:
     """The noise std of one Gaussian release of per-example sensitivity ``sens`` at (eps, delta) for the unit."""
     exact = gauss.analytic_sigma(epsilon=eps, delta=delta, sensitivity=sens * unit.cap)
     if s.unit_accounting == "group" and unit.cap > 1:
@@ -265,7 +277,7 @@ def _gaussian_noise(s: Scenario, unit, sens: float, eps: float, delta: float) ->
     return exact
 
 
-def _calibration_phase(s: Scenario, unit, eps, delta, *, rr: bool) -> Phase:
+def _calibration_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, *, rr: bool) -> Phase:
     """The intercept calibration's release: m + 1 coordinates, each moved at most 1 by an example."""
     assert s.calibration is not None  # planned only for calibrated scenarios
     sens = intercept.sensitivity()
@@ -285,7 +297,7 @@ def _calibration_phase(s: Scenario, unit, eps, delta, *, rr: bool) -> Phase:
     return _with_guarantee(phase, s, unit)
 
 
-def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
+def _walr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_delta: float) -> Phase:
     w = s.walr
     assert w is not None  # a WALR Scenario always has its [walr] shape
     bound = s.walr_row_norm_bound
@@ -312,7 +324,8 @@ def _walr_phase(s: Scenario, unit, eps, delta, total_delta) -> Phase:
     return _with_guarantee(phase, s, unit)
 
 
-def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool = False) -> Phase:
+def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_delta: float, *,
+                 warm_start: bool = False) -> Phase:
     d = s.dpsgd
     assert d is not None  # a DP-SGD or Hybrid Scenario always has its [dpsgd] shape
     by_unit = d.sample_by == "unit"
@@ -336,7 +349,7 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
     unit_accounting = s.unit_accounting if unit.cap > 1 and not by_unit else "tight"
     method = batch_selection.method_for(d.sampling, s.method)
 
-    def mech(sigma: float, t: int = steps):
+    def mech(sigma: float, t: int = steps) -> _DPSGDMechanism:
         return batch_selection.mechanism(d.sampling, sigma, dataset_size=s.dataset_size, batch_size=d.batch_size,
                                          steps=t, max_batch_size=d.max_batch_size, units=s.units if by_unit else None)
 
@@ -374,7 +387,9 @@ def _dpsgd_phase(s: Scenario, unit, eps, delta, total_delta, *, warm_start: bool
     return _with_guarantee(phase, s, unit)
 
 
-def _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accounting, method) -> float:
+def _calibrate_sigma(s: Scenario, mech: Callable[[float], Mechanism], eps_of: Callable[[float], float], eps: float,
+                     delta: float, q: float, steps: int, unit: PrivacyUnit, unit_accounting: str, method: str) -> float:
+    assert s.dpsgd is not None  # DP-SGD phases only
     if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
         # their own accounting from the start: a Poisson answer is not a bound for them
         return _solve_noise(eps_of, eps, 1.0)
@@ -387,11 +402,13 @@ def _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, unit, unit_accountin
     return _solve_noise(eps_of, eps, cal.value, step=0.02)
 
 
-def _solve_noise(eps_of, target: float, guess: float, step: float = 0.25) -> float:
+def _solve_noise(eps_of: Callable[[float], float], target: float, guess: float, step: float = 0.25) -> float:
     return calibrate.solve_noise_multiplier(eps_of, epsilon=target, guess=guess, step=step)
 
 
-def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=None):
+def _most_epochs(s: Scenario, sigma: float, eps: float, delta: float, q: float, unit: PrivacyUnit,
+                 unit_accounting: str, method: str, eps_of: _EpsOf | None = None) -> tuple[int, float]:
+    assert s.dpsgd is not None  # DP-SGD phases only
     if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
         assert eps_of is not None  # the epoch samplings pass their accounting
         t = batch_selection.steps_per_epoch(dataset_size=s.dataset_size, batch_size=s.dpsgd.batch_size)
@@ -407,11 +424,17 @@ def _most_epochs(s, sigma, eps, delta, q, unit, unit_accounting, method, eps_of=
     except InfeasibleError:
         return 0, 0.0
     t = int(cal.value)
-    return t, t * s.dpsgd.batch_size / (s.units if s.dpsgd.sample_by == "unit" else s.dataset_size)
+    n = s.units if s.dpsgd.sample_by == "unit" else s.dataset_size
+    assert n is not None  # unit sampling states M (the Scenario checks)
+    return t, t * s.dpsgd.batch_size / n
 
 
-def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accounting, method, eps_of=None):
+def _too_little_noise(s: Scenario, eps: float, delta: float, q: float, steps: int, sigma: float, have: float,
+                      unit: PrivacyUnit, unit_accounting: str, method: str,
+                      eps_of: _EpsOf | None = None) -> InfeasibleError:
+    assert s.dpsgd is not None  # DP-SGD phases only
     if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
+        assert eps_of is not None  # the epoch samplings pass their accounting
         need = calibrate.solve_noise_multiplier(eps_of, epsilon=eps, guess=sigma)
     else:
         need = calibrate.dpsgd_noise_multiplier(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
@@ -425,8 +448,11 @@ def _too_little_noise(s, eps, delta, q, steps, sigma, have, unit, unit_accountin
         f"use noise_multiplier >= {need:.4g}, or {fix}", knob="noise_multiplier", suggestion=need)
 
 
-def _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, method, eps_of=None):
+def _too_much_noise(s: Scenario, eps: float, delta: float, q: float, steps: int, sigma: float, unit: PrivacyUnit,
+                    unit_accounting: str, method: str, eps_of: _EpsOf | None = None) -> InfeasibleError:
+    assert s.dpsgd is not None  # DP-SGD phases only
     cap = s.dpsgd.max_noise_multiplier
+    assert cap is not None  # raised only when the noise needed exceeds a stated cap
     t, epochs = _most_epochs(s, cap, eps, delta, q, unit, unit_accounting, method, eps_of)
     if eps_of is not None:
         at_cap = eps_of(cap)
@@ -443,16 +469,14 @@ def _too_much_noise(s, eps, delta, q, steps, sigma, unit, unit_accounting, metho
 # -------------------------------------------------------------- guarantees
 
 
-def _placeholder(s, unit) -> Guarantee:
+def _placeholder(s: Scenario, unit: PrivacyUnit) -> Guarantee:
     return Guarantee(epsilon=math.inf, delta=0.0, method="pending", adjacency=s.adjacency, unit=unit)
 
 
 P = TypeVar("P", RRPhase, DPSGDPhase, WALRPhase, CountPhase, CalibrationPhase)
 
 
-def _with_guarantee(phase: P, s: Scenario, unit) -> P:
-    from dataclasses import replace
-
+def _with_guarantee(phase: P, s: Scenario, unit: PrivacyUnit) -> P:
     return replace(phase, guarantee=phase_guarantee(phase, adjacency=s.adjacency, unit=unit,
                                                    discretization=s.discretization))
 
@@ -460,11 +484,11 @@ def _with_guarantee(phase: P, s: Scenario, unit) -> P:
 # ------------------------------------------------------- unit alternatives
 
 
-def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
+def _unit_alternatives(s: Scenario, unit: PrivacyUnit, phases: Sequence[Phase]) -> list[dict[str, Any]]:
     """What each way of bounding a unit of K examples costs, per phase, at the phase's target."""
     if unit.cap == 1:
         return []
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     k = unit.cap
     for p in phases:
         eps, delta = p.target_epsilon, p.target_delta
@@ -504,10 +528,11 @@ def _unit_alternatives(s: Scenario, unit, phases) -> list[dict]:
 _UNIT_SAMPLING = "unit sampling (clip per unit)"
 
 
-def _example_sampled_rows(s: Scenario, unit, p: DPSGDPhase, q: float, steps: int) -> list[dict]:
+def _example_sampled_rows(s: Scenario, unit: PrivacyUnit, p: DPSGDPhase, q: float,
+                          steps: int) -> list[dict[str, Any]]:
     """The noise each bound on a unit of K independently sampled examples needs, at q and T."""
     add_remove = s.adjacency.value == "add-remove"
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     for label, adj_ok, kwargs in (
         ("mixture of Gaussians" if add_remove else "double mixture of Gaussians", True,
          dict(unit_accounting="tight")),
@@ -529,7 +554,7 @@ def _example_sampled_rows(s: Scenario, unit, p: DPSGDPhase, q: float, steps: int
     return rows
 
 
-def _dpsgd_executions(s: Scenario, unit, p: DPSGDPhase) -> list[dict]:
+def _dpsgd_executions(s: Scenario, unit: PrivacyUnit, p: DPSGDPhase) -> list[dict[str, Any]]:
     """Both executions of user-level DP-SGD at the phase's q and T, and which one to run.
 
     Example sampling (each example joins a step w.p. q and is clipped alone; a unit is bounded
@@ -584,9 +609,10 @@ def _dpsgd_executions(s: Scenario, unit, p: DPSGDPhase) -> list[dict]:
     return [own, *examples] if isinstance(mech, UnitPoissonDPSGD) else [*examples, own]
 
 
-def _alt(phase, bounding, knob, value, epsilon, delta, note) -> dict:
-    out = {"phase": phase.name, "bounding": bounding, "applies": True, knob: value, "unit_epsilon": epsilon,
-           "unit_delta": delta, "note": note}
+def _alt(phase: Phase, bounding: str, knob: str, value: float, epsilon: float, delta: float,
+         note: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"phase": phase.name, "bounding": bounding, "applies": True, knob: value,
+                           "unit_epsilon": epsilon, "unit_delta": delta, "note": note}
     if knob == "per_impression_epsilon":
         out["flip_probability"] = rr_math.flip_probability(value)
     return out
@@ -594,7 +620,7 @@ def _alt(phase, bounding, knob, value, epsilon, delta, note) -> dict:
 
 def check_within_budget(plan: Plan) -> list[str]:
     """Problems if any phase or the headline guarantee exceeds what it was planned to."""
-    problems = []
+    problems: list[str] = []
     for p in plan.phases:
         if p.guarantee.epsilon > p.target_epsilon * (1 + EPS_SLACK) or p.guarantee.delta > p.target_delta * (
                 1 + EPS_SLACK):

@@ -6,6 +6,7 @@ The planner plans the phases to these shares and ``verify`` recomputes them from
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from budgetplan.scenario import Scenario
 from budgetplan.scenario.split_rules import choose_split, parse_rule, split_budget
@@ -13,7 +14,7 @@ from budgetplan.scenario.split_rules import choose_split, parse_rule, split_budg
 __all__ = ["split_record", "training_epsilon", "calibration_released", "rest_of"]
 
 
-def split_record(s: Scenario, run_eps: float) -> dict | None:
+def split_record(s: Scenario, run_eps: float) -> dict[str, Any] | None:
     """What a table-driven split rule resolved to at the epsilon it splits; None for fixed rules.
 
     That epsilon is the run's, less the intercept calibration's share when the run releases one

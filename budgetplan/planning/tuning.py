@@ -18,10 +18,11 @@ Two accountings, named in every plan and statement that declares tuning:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from budgetplan.accounting.backends import RDP_CONVERSION, _quiet_absl, _relation
 from budgetplan.errors import AccountingError, UnsupportedError
-from budgetplan.mechanisms import Composition, GaussianRelease, PoissonDPSGD, RandomizedResponse
+from budgetplan.mechanisms import Composition, GaussianRelease, Mechanism, PoissonDPSGD, RandomizedResponse
 from budgetplan.scenario.model import DISTRIBUTIONS
 from budgetplan.units import Adjacency, PrivacyUnit
 
@@ -33,7 +34,7 @@ REPEAT_AND_SELECT_REFERENCE = (
 )
 
 
-def _event(mechanism, adjacency: Adjacency, unit: PrivacyUnit):
+def _event(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit) -> Any:
     import dp_accounting as dpa
 
     if isinstance(mechanism, Composition):
@@ -64,7 +65,7 @@ def _event(mechanism, adjacency: Adjacency, unit: PrivacyUnit):
         "use [tuning].selection = \"naive\"")
 
 
-def repeat_and_select_epsilon(mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, delta: float,
+def repeat_and_select_epsilon(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, delta: float,
                               mean: float, distribution: str) -> float:
     """epsilon at ``delta`` of running ``mechanism`` a random number of times and keeping the best."""
     from dp_accounting import dp_event

@@ -29,6 +29,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from budgetplan.errors import BudgetplanError
 
@@ -43,12 +44,12 @@ class LedgerError(BudgetplanError):
     exit_code = 1
 
 
-def line(entry: dict) -> str:
+def line(entry: dict[str, Any]) -> str:
     """The canonical text of a ledger line (without its newline)."""
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def digest(entry: dict) -> str:
+def digest(entry: dict[str, Any]) -> str:
     """The hash a line carries: sha256 of its canonical text without the ``hash`` field."""
     return hashlib.sha256(line({k: v for k, v in entry.items() if k != "hash"}).encode("ascii")).hexdigest()
 
@@ -64,11 +65,11 @@ class LedgerView:
     """
 
     path: Path
-    entries: tuple[dict, ...]
+    entries: tuple[dict[str, Any], ...]
     torn: bool
 
     @property
-    def complete(self) -> list[dict]:
+    def complete(self) -> list[dict[str, Any]]:
         """The lines that parsed (torn ones left out)."""
         return [e for e in self.entries if "hash" in e]
 
@@ -82,7 +83,8 @@ class LedgerView:
         """The hash of the last complete line (``GENESIS`` for an empty ledger)."""
         for entry in reversed(self.entries):
             if "hash" in entry:
-                return entry["hash"]
+                head: str = entry["hash"]  # a verified line's hash (read_ledger checked it)
+                return head
         return GENESIS
 
     def count(self, phase: str) -> int:
@@ -96,7 +98,7 @@ class LedgerView:
                 n += last_phase == phase
         return n
 
-    def events(self, event: str, phase: str | None = None) -> list[dict]:
+    def events(self, event: str, phase: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.entries if e.get("event") == event and (phase is None or e.get("phase") == phase)]
 
     @property
@@ -147,7 +149,7 @@ def read_ledger(path: str | Path, *, plan_sha256: str | None = None) -> LedgerVi
         raise LedgerError(f"cannot read the ledger {path}: {exc.strerror or exc}") from None
     parts = raw.split(b"\n")
     torn = parts[-1] != b""  # the last write did not finish its line
-    entries: list[dict] = []
+    entries: list[dict[str, Any]] = []
     prev = GENESIS
     body = parts[:-1] + ([parts[-1]] if torn else [])
     for i, part in enumerate(body):

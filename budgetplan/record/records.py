@@ -36,7 +36,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan import canonical_json, parse_json, write_atomic
@@ -70,6 +70,9 @@ RECORD_SCHEMA_VERSION = 2
 PRIVATE_SCHEMA_VERSION = 1
 PRIVATE_DIR = "private"
 
+_E = TypeVar("_E")
+_R = TypeVar("_R")
+
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 # The DP-SGD facts that grow with the true row count: withheld from the public record, all
@@ -78,7 +81,7 @@ WITHHELD_WITH_N = ("batch_sizes_observed", "batch_size_sum", "batch_size_sumsq",
                    "batch_size_max", "chunks", "peak_memory")
 
 
-def _set(obj, name: str, value) -> None:
+def _set(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)
 
 
@@ -242,9 +245,9 @@ class DPSGDRun:
     nonsensitive_tower: str | None
     chunks: int | None
     padded_size: int
-    settings: dict
+    settings: dict[str, Any]
     seconds: float
-    peak_memory: dict | None
+    peak_memory: dict[str, Any] | None
     withheld: tuple[str, ...] | None = typed.omit_if_none()
     processes: int | None = typed.omit_if_none()
     rank_steps: tuple[int, ...] | None = typed.omit_if_none()
@@ -293,7 +296,7 @@ class DPSGDRun:
             raise InvalidParameterError("batch_size_min/max are null exactly when no batch size was observed")
         _object("peak_memory", self.peak_memory)
 
-    def withholding(self) -> tuple[DPSGDRun, dict]:
+    def withholding(self) -> tuple[DPSGDRun, dict[str, Any]]:
         """(this entry with :data:`WITHHELD_WITH_N` nulled, the withheld values) for a private N."""
         values = {name: getattr(self, name) for name in WITHHELD_WITH_N}
         nulled: dict[str, Any] = dict.fromkeys(WITHHELD_WITH_N)
@@ -393,7 +396,7 @@ class BaselineRun:
 
 
 PhaseRun: TypeAlias = RRRun | DPSGDRun | WALRRun | CalibrationRun | BaselineRun
-_RUN_KINDS: dict[str, type] = {k.name: k for k in (RRRun, DPSGDRun, WALRRun, CalibrationRun, BaselineRun)}
+_RUN_KINDS: dict[str, type[PhaseRun]] = {k.name: k for k in (RRRun, DPSGDRun, WALRRun, CalibrationRun, BaselineRun)}
 
 
 # ----------------------------------------------------------------- private phase statistics
@@ -423,7 +426,7 @@ class DPSGDStats:
 
     name: ClassVar[str] = "dpsgd"
     clipped_fraction: float
-    withheld: dict | None = typed.omit_if_none()
+    withheld: dict[str, Any] | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
         _set(self, "clipped_fraction", validate.probability("clipped_fraction", self.clipped_fraction,
@@ -530,14 +533,14 @@ class BaselineStats:
 
 
 PhaseStats: TypeAlias = RRStats | DPSGDStats | WALRStats | CalibrationStats | BaselineStats
-_STATS_KINDS: dict[str, type] = {k.name: k for k in (RRStats, DPSGDStats, WALRStats, CalibrationStats,
+_STATS_KINDS: dict[str, type[PhaseStats]] = {k.name: k for k in (RRStats, DPSGDStats, WALRStats, CalibrationStats,
                                                      BaselineStats)}
 
 
-def _entries(kinds: dict[str, type], items: object, where: str) -> tuple:
+def _entries(kinds: dict[str, type[_E]], items: object, where: str) -> tuple[_E, ...]:
     if not isinstance(items, list):
         raise InvalidParameterError(f"{where} must be a list, got {type(items).__name__}")
-    out: list = []
+    out: list[_E] = []
     for i, item in enumerate(items):
         here = f"{where}[{i}]"
         if not isinstance(item, dict):
@@ -551,7 +554,7 @@ def _entries(kinds: dict[str, type], items: object, where: str) -> tuple:
     return tuple(out)
 
 
-def _entry_dict(entry) -> dict:
+def _entry_dict(entry: PhaseRun | PhaseStats) -> dict[str, Any]:
     return {"name": entry.name, **typed.to_json_object(entry)}
 
 
@@ -560,23 +563,23 @@ def phase_runs(items: object, where: str) -> tuple[PhaseRun, ...]:
     return _entries(_RUN_KINDS, items, where)
 
 
-def phase_run_dict(entry: PhaseRun) -> dict:
+def phase_run_dict(entry: PhaseRun) -> dict[str, Any]:
     """A public phase entry's JSON object, as records hold it."""
     return _entry_dict(entry)
 
 
-def _object(name: str, value: object) -> dict:
+def _object(name: str, value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidParameterError(f"{name} must be a JSON object, got {value!r}")
     return value
 
 
-def _hashed_json(content: dict) -> str:
+def _hashed_json(content: dict[str, Any]) -> str:
     sha = hashlib.sha256(canonical_json(content).encode("ascii")).hexdigest()
     return json.dumps({**content, "sha256": sha}, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
 
 
-def _read_hashed(text: str, what: str) -> tuple[dict, str | None]:
+def _read_hashed(text: str, what: str) -> tuple[dict[str, Any], str | None]:
     data = parse_json(text, what)
     stored = data.pop("sha256", None)
     return data, stored
@@ -605,12 +608,12 @@ class PrivateRecord:
     """
 
     plan_sha256: str | None
-    data: dict
+    data: dict[str, Any]
     phases: tuple[PhaseStats, ...]
-    metrics: dict
-    encoding: dict
+    metrics: dict[str, Any]
+    encoding: dict[str, Any]
     schema_version: int = PRIVATE_SCHEMA_VERSION
-    one_run: dict | None = None
+    one_run: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         typed.optional(_hex, "plan_sha256", self.plan_sha256)
@@ -623,7 +626,7 @@ class PrivateRecord:
         if self.one_run is not None:
             _object("one_run", self.one_run)
 
-    def content(self) -> dict:
+    def content(self) -> dict[str, Any]:
         out = {"schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "data": self.data,
                "phases": [_entry_dict(p) for p in self.phases], "metrics": self.metrics,
                "encoding": self.encoding}
@@ -696,19 +699,19 @@ class RunRecord:
     private: bool
     algorithm: str
     rows_used: int
-    seeds: dict
+    seeds: dict[str, Any]
     phases: tuple[PhaseRun, ...]
-    model: dict
-    training: dict
-    ledger: dict | None
-    code: dict
-    timings: dict
+    model: dict[str, Any]
+    training: dict[str, Any]
+    ledger: dict[str, Any] | None
+    code: dict[str, Any]
+    timings: dict[str, Any]
     device: str
-    versions: dict
+    versions: dict[str, Any]
     private_sha256: str
     status: str = "completed"
     notes: tuple[str, ...] = ()
-    tuning: dict | None = None
+    tuning: dict[str, Any] | None = None
     schema_version: int = RECORD_SCHEMA_VERSION
     private_part: PrivateRecord | None = field(default=None, compare=False)
 
@@ -736,14 +739,14 @@ class RunRecord:
             _object("tuning", self.tuning)
 
     @property
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         """Evaluation metrics (from the private record; empty without it)."""
         return self.private_part.metrics if self.private_part is not None else {}
 
-    def phase_of(self, kind: type) -> PhaseRun | None:
+    def phase_of(self, kind: type[_R]) -> _R | None:
         return next((p for p in self.phases if isinstance(p, kind)), None)
 
-    def content(self) -> dict:
+    def content(self) -> dict[str, Any]:
         out = {
             "schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "private": self.private,
             "algorithm": self.algorithm, "rows_used": self.rows_used, "seeds": self.seeds,

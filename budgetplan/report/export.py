@@ -16,13 +16,15 @@ configurations; export the chosen one's plan).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from budgetplan.errors import UnsupportedError
+from budgetplan.plan import Plan
 
 __all__ = ["opacus_settings"]
 
 
-def opacus_settings(plan) -> dict:
+def opacus_settings(plan: Plan) -> dict[str, Any]:
     """The Opacus settings and the caveats of ``plan``'s DP-SGD phase (module docstring)."""
     phase = plan.dpsgd
     if phase is None:

@@ -8,19 +8,31 @@ with matplotlib (imported lazily, Agg backend: no display needed).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
+from budgetplan.accounting import account
+from budgetplan.audit.run import find_plan
 from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError
+from budgetplan.mechanisms import PoissonDPSGD
+from budgetplan.plan import Plan
+from budgetplan.record.records import load_record
 from budgetplan.util import validate
+from budgetplan.util.fileio import atomic_output
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of"]
 
 _STYLE = {"pld": "-", "rdp": "--", "prv": ":"}
 
 
-def epsilon_curve(*, noise_multipliers, sampling_rate: float, steps_per_epoch: int, epochs, delta: float,
-                  accountants=("pld", "rdp", "prv"), adjacency: str = "add-remove",
-                  prv_points: int = 6) -> list[dict]:
+def epsilon_curve(*, noise_multipliers: Iterable[float], sampling_rate: float, steps_per_epoch: int,
+                  epochs: Iterable[float], delta: float, accountants: Sequence[str] = ("pld", "rdp", "prv"),
+                  adjacency: str = "add-remove", prv_points: int = 6) -> list[dict[str, Any]]:
     """Epsilon after each number of epochs, per noise multiplier and accountant.
 
     PLD reuses one single-step distribution per noise multiplier and only re-composes, so a
@@ -31,24 +43,21 @@ def epsilon_curve(*, noise_multipliers, sampling_rate: float, steps_per_epoch: i
         rows of {"accountant", "noise_multiplier", "epochs", "steps", "epsilon",
         "epsilon_low", "epsilon_high"} (the last two for PRV's band, else equal).
     """
-    from budgetplan.accounting import account
-    from budgetplan.mechanisms import PoissonDPSGD
-
     q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
     per_epoch = validate.positive_int("steps_per_epoch", steps_per_epoch)
     delta = validate.open_unit("delta", delta)
-    epochs = [validate.positive("epochs", e) for e in epochs]
+    points_all = [validate.positive("epochs", e) for e in epochs]
     sigmas = [validate.positive("noise_multiplier", s) for s in noise_multipliers]
     unknown = set(accountants) - set(_STYLE)
     if unknown:
         raise InvalidParameterError(f"accountants must be among pld, rdp, prv, got {sorted(unknown)}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for sigma in sigmas:
         for acc in accountants:
-            points = epochs
-            if acc == "prv" and len(epochs) > prv_points:
-                idx = sorted({round(i * (len(epochs) - 1) / (prv_points - 1)) for i in range(prv_points)})
-                points = [epochs[i] for i in idx]
+            points = points_all
+            if acc == "prv" and len(points_all) > prv_points:
+                idx = sorted({round(i * (len(points_all) - 1) / (prv_points - 1)) for i in range(prv_points)})
+                points = [points_all[i] for i in idx]
             for e in points:
                 steps = max(1, math.ceil(e * per_epoch - 1e-9))
                 mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=steps)
@@ -64,7 +73,8 @@ def epsilon_curve(*, noise_multipliers, sampling_rate: float, steps_per_epoch: i
     return rows
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
+    # matplotlib is optional (the ``train`` extra): imported only to draw
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,7 +83,7 @@ def _pyplot():
     return plt
 
 
-def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> Path:
+def plot_epsilon_curve(rows: list[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
     """Epsilon against epochs: one colour per noise multiplier, one line style per accountant."""
     drawable = [r for r in rows if r.get("epsilon") is not None and math.isfinite(r["epsilon"])]
     if not drawable:
@@ -102,7 +112,7 @@ def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> P
     return _save(fig, path)
 
 
-def arm_of(plan) -> tuple[str, float | None]:
+def arm_of(plan: Plan) -> tuple[str, float | None]:
     """The paper's arm of a plan: ("RR" | "DP-SGD" | "Hybrid" | algorithm, alpha or None)."""
     # a DP count of N and an intercept calibration are no arm; alpha is the RR share of the
     # training phases' epsilon (a calibration release takes its share before the split)
@@ -122,17 +132,14 @@ def arm_of(plan) -> tuple[str, float | None]:
     return plan.scenario.algorithm.upper(), alpha
 
 
-def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
+def frontier(run_paths: Iterable[str | Path], *, baseline_auc: float | None = None) -> list[dict[str, Any]]:
     """One row per run: its arm, the plan's guarantee (epsilon, delta, adjacency, unit), AUC and relative AUC loss.
 
     Each run directory must hold its ``plan.json`` (trainers copy it there) and its private
     record (the metrics are computed on private labels). The relative AUC loss is the one
     in the record, or computed against ``baseline_auc``.
     """
-    from budgetplan.audit.run import find_plan
-    from budgetplan.record.records import load_record
-
-    rows = []
+    rows: list[dict[str, Any]] = []
     for raw in run_paths:
         path = Path(raw)
         record = load_record(path, private=True)
@@ -159,12 +166,12 @@ def frontier(run_paths, *, baseline_auc: float | None = None) -> list[dict]:
     return sorted(rows, key=lambda r: (r["arm"], r["unit"], r["adjacency"], r["epsilon"], r["delta"]))
 
 
-def _guarantee_of(row: dict) -> tuple:
+def _guarantee_of(row: dict[str, Any]) -> tuple[str, str, float]:
     """What a point's guarantee protects: runs are only pooled when all of it agrees."""
     return row["unit"], row["adjacency"], row["delta"]
 
 
-def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
+def plot_frontier(rows: list[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
     """Relative AUC loss against epsilon, one series per arm and guarantee.
 
     Runs are pooled (mean, and half the range as the error bar) only when they share the
@@ -194,9 +201,7 @@ def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
     return _save(fig, path)
 
 
-def _save(fig, path) -> Path:
-    from budgetplan.util.fileio import atomic_output
-
+def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     try:
         if path.suffix.lower() != ".png":

@@ -12,15 +12,28 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import TYPE_CHECKING
+from typing import Any
 
 from budgetplan.accounting.guarantee import Guarantee
+from budgetplan.errors import PlanMismatchError
 from budgetplan.plan import Plan
-from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
+from budgetplan.planning.composition import plan_tradeoff
+from budgetplan.record.records import (
+    CalibrationRun,
+    CalibrationStats,
+    DPSGDRun,
+    DPSGDStats,
+    PhaseRun,
+    PhaseStats,
+    PrivateRecord,
+    RRRun,
+    RRStats,
+    RunRecord,
+    WALRRun,
+    WALRStats,
+)
 from budgetplan.units import Adjacency
-
-if TYPE_CHECKING:  # the records module is imported where a run statement is rendered
-    from budgetplan.record.records import DPSGDRun, PhaseRun, PhaseStats, PrivateRecord, RRRun, RunRecord
 
 __all__ = ["render_statement", "render_run_statement"]
 
@@ -165,11 +178,11 @@ def _unit_words(plan: Plan) -> str:
     return "impression" if plan.unit.cap == 1 else plan.unit.name
 
 
-def _pair_target(p) -> str:
+def _pair_target(p: Phase) -> str:
     return f"({_num(p.target_epsilon)}, {_num(p.target_delta, 4)})"
 
 
-def _split_words(choice: dict) -> str:
+def _split_words(choice: dict[str, Any]) -> str:
     """What a table-driven split rule chose, and why."""
     return (f"The split rule {choice['rule']} chose alpha = {_num(choice['alpha'])} at the run's epsilon "
             f"{_num(choice['epsilon'])} (randomized response eps1 = {_num(choice['epsilon1'])}, DP-SGD eps2 = "
@@ -253,7 +266,7 @@ def _grid_lines(plan: Plan, g: Guarantee) -> list[str]:
     return out
 
 
-def _grid_phase(p: dict) -> str:
+def _grid_phase(p: dict[str, Any]) -> str:
     par = p["parameters"]
     if p["name"] == "rr":
         return (f"randomized response at epsilon {_num(p['target_epsilon'])} (flip probability "
@@ -460,7 +473,7 @@ def _columns(plan: Plan) -> list[str]:
                   f"{', '.join(map(repr, known)) or 'none'}.")]
 
 
-def _attacker(plan: Plan, tradeoff: dict) -> list[str]:
+def _attacker(plan: Plan, tradeoff: dict[str, Any]) -> list[str]:
     who = "one impression" if plan.unit.cap == 1 else f"one {plan.unit.name}"
     (a0, *rest), (t0, *more) = tradeoff["alphas"], tradeoff["tpr"]
     rates = (f"raises a false alarm for at most 1 in {round(1 / a0):,} (false-positive rate {_num(a0)}) is right "
@@ -477,14 +490,12 @@ def _attacker(plan: Plan, tradeoff: dict) -> list[str]:
                   "release gives TPR = FPR.")]
 
 
-def render_statement(plan: Plan, tradeoff: dict | None = None) -> str:
+def render_statement(plan: Plan, tradeoff: dict[str, Any] | None = None) -> str:
     """The privacy statement of ``plan`` as plain text.
 
     Args:
         tradeoff: ``budgetplan.accounting.tradeoff.plan_tradeoff(plan)``, when the caller has it already.
     """
-    from budgetplan.planning.composition import plan_tradeoff
-
     tradeoff = tradeoff or plan_tradeoff(plan)
     g = plan.guarantee
     head = plan.scenario.name
@@ -520,7 +531,7 @@ def render_statement(plan: Plan, tradeoff: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _alternative(a: dict) -> str:
+def _alternative(a: dict[str, Any]) -> str:
     if not a.get("applies", True):
         return f"{a['phase']}, {a['bounding']}: does not apply ({a['note']})."
     for knob, words in (("per_impression_epsilon", "per-impression epsilon"), ("noise_multiplier", "noise multiplier"),
@@ -536,7 +547,7 @@ def _alternative(a: dict) -> str:
     return f"{a['phase']}, {a['bounding']}."
 
 
-def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> str:
+def render_run_statement(plan: Plan, record: RunRecord, tradeoff: dict[str, Any] | None = None) -> str:
     """The statement of what actually ran: the run's own facts, then the plan's statement.
 
     Raises:
@@ -559,8 +570,6 @@ def render_run_statement(plan: Plan, record, tradeoff: dict | None = None) -> st
 
 def _check_record_is_of_plan(plan: Plan, record: RunRecord) -> None:
     """A run statement is printed only for a private run of this very plan."""
-    from budgetplan.errors import PlanMismatchError
-
     if not record.private:
         raise PlanMismatchError("the record is of a non-private run: no privacy guarantee applies to it, so there is "
                                 "no privacy statement to print")
@@ -593,8 +602,6 @@ def _public_run_items(plan: Plan, record: RunRecord) -> list[str]:
 
 def _phase_run_words(ph: PhaseRun) -> str | None:
     """What one phase did, as the public record shows it (None for a phase the statement does not describe)."""
-    from budgetplan.record.records import CalibrationRun, DPSGDRun, RRRun, WALRRun
-
     match ph:
         case RRRun():
             flips = (f"flipped {ph.labels_flipped} of {ph.labels} labels once (flip probability "
@@ -650,8 +657,6 @@ def _private_run_items(private: PrivateRecord) -> list[str]:
 
 def _phase_stats_words(st: PhaseStats) -> str | None:
     """One phase's statistics of the private data (None for a phase with none to state)."""
-    from budgetplan.record.records import CalibrationStats, DPSGDStats, RRStats, WALRStats
-
     match st:
         case RRStats(labels_flipped=int() as flipped):
             return (f"Randomized response flipped {flipped} labels (mean flip probability "
@@ -676,7 +681,7 @@ def _phase_stats_words(st: PhaseStats) -> str | None:
     return None
 
 
-def _one_run_words(one_run: dict) -> str:
+def _one_run_words(one_run: dict[str, Any]) -> str:
     """The statement's line on a run trained with canaries (an f-DP record, or one written with Steinke's bound)."""
     head = (f"{one_run['canaries']} rows were replaced by canaries whose labels were secret coins; querying the model "
             f"guessed {one_run['correct']} of {one_run['guesses']} right")

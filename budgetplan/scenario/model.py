@@ -108,15 +108,23 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from collections.abc import Callable, Collection, Hashable, Iterable
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from budgetplan import limits
+from budgetplan.accounting.batch_selection import EPOCH_SAMPLINGS, epoch_steps
 from budgetplan.errors import InvalidParameterError
 from budgetplan.intercept import SHARE
 from budgetplan.limits import SIGMA_RANGE
+from budgetplan.scenario.split_rules import DEFAULT_RULE, parse_rule, split_budget
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY, Adjacency
 from budgetplan.util import validate
+from budgetplan.util.typed import from_json_object
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
 
@@ -136,13 +144,15 @@ RR_VALIDATION_ROWS = 200_000  # ... or at most about this many rows (a share of 
 MAX_VALIDATION = 0.5
 RR_MAX_EPOCHS = 5  # [rr].epochs when a scenario with a held-out part does not say
 METHODS = ("pld", "rdp", "prv")
+_T = TypeVar("_T")
+_S = TypeVar("_S", bound="DataclassInstance")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
 
 
 class _Table:
     """One TOML table read strictly: every key is consumed or reported as unknown."""
 
-    def __init__(self, raw: dict, name: str):
+    def __init__(self, raw: object, name: str):
         if not isinstance(raw, dict):
             raise InvalidParameterError(f"[{name}] must be a table, got {type(raw).__name__}")
         self.raw, self.name = raw, name
@@ -151,7 +161,7 @@ class _Table:
     def _key(self, key: str) -> str:
         return f"[{self.name}].{key}" if self.name else key
 
-    def get(self, key: str, *, required: bool = False, default=None):
+    def get(self, key: str, *, required: bool = False, default: object = None) -> Any:
         """The raw value of ``key`` (the dataclass it goes into validates it), or ``default``."""
         self.used.add(key)
         if key not in self.raw:
@@ -172,33 +182,33 @@ class _Table:
             raise InvalidParameterError(f"unknown key {self._key(unknown[0])}")
 
 
-def _choice(name: str, value, choices):
+def _choice(name: str, value: object, choices: Collection[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise InvalidParameterError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
     return value
 
 
-def _string(name: str, value) -> str:
+def _string(name: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidParameterError(f"{name} must be a non-empty string, got {value!r}")
     return value
 
 
-def _text(name: str, value) -> str:
+def _text(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidParameterError(f"{name} must be a string, got {value!r}")
     return value
 
 
-def _bounded_int(name: str, value, limit: int) -> int:
+def _bounded_int(name: str, value: object, limit: int) -> int:
     return validate.at_most(name, validate.positive_int(name, value), limit)
 
 
-def _optional(check, name: str, value, *args):
+def _optional(check: Callable[..., _T], name: str, value: object, *args: object) -> _T | None:
     return None if value is None else check(name, value, *args)
 
 
-def _delta(name: str, value) -> float | str:
+def _delta(name: str, value: object) -> float | str:
     """A number in [0, 1) (0: pure DP, randomized response only), or a policy string "<c>/N"."""
     if isinstance(value, str):
         m = _DELTA_RE.match(value)
@@ -211,7 +221,7 @@ def _delta(name: str, value) -> float | str:
     return validate.probability(name, value, allow_zero=True)
 
 
-def _columns(name: str, value) -> tuple[str, ...]:
+def _columns(name: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
         raise InvalidParameterError(f"{name} must be a list of column names, got {value!r}")
     if len(set(value)) != len(value):
@@ -219,7 +229,7 @@ def _columns(name: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _set(obj, name: str, value) -> None:
+def _set(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)
 
 
@@ -375,7 +385,7 @@ class FeatureSpec:
 
     def to_toml(self) -> str:
         """The scenario's ``[features]`` table that parses back to this spec."""
-        def value(v) -> str:
+        def value(v: str | tuple[str, ...]) -> str:
             return json.dumps(v) if isinstance(v, str) else "[" + ", ".join(json.dumps(c) for c in v) + "]"
 
         lines = ["[features]", f"label = {value(self.label)}"]
@@ -483,18 +493,18 @@ class Tuning:
     def grid_size(self) -> int:
         return math.prod(len(getattr(self, key)) for key in GRID_KEYS if getattr(self, key) is not None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Without the grid keys when there is no grid: plans of plain tuning keep their bytes."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()
                 if v is not None or k not in GRID_KEYS + tuple(GRID_DEFAULTS)}
 
 
-def _default(value, key: str):
+def _default(value: object, key: str) -> object:
     return GRID_DEFAULTS[key] if value is None else value
 
 
-def _grid_list(name: str, value) -> tuple:
+def _grid_list(name: str, value: object) -> tuple[Any, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise InvalidParameterError(f"{name} must be a non-empty list, got {value!r}")
     if len(value) > limits.MAX_CONFIGURATIONS:
@@ -502,23 +512,21 @@ def _grid_list(name: str, value) -> tuple:
     return tuple(value)
 
 
-def _grid_rules(name: str, value) -> tuple[str, ...]:
-    from budgetplan.scenario.split_rules import parse_rule
-
+def _grid_rules(name: str, value: object) -> tuple[str, ...]:
     rules = _grid_list(name, value)
     parsed = [parse_rule(_string(f"{name}[{i}]", r), f"{name}[{i}]") for i, r in enumerate(rules)]
     _no_repeats(name, rules, parsed)
     return rules
 
 
-def _grid_numbers(name: str, value) -> tuple[float, ...]:
+def _grid_numbers(name: str, value: object) -> tuple[float, ...]:
     numbers = tuple(validate.positive(f"{name}[{i}]", v) for i, v in enumerate(_grid_list(name, value)))
     _no_repeats(name, numbers, numbers)
     return numbers
 
 
-def _no_repeats(name: str, given: tuple, keys) -> None:
-    seen: dict = {}
+def _no_repeats(name: str, given: tuple[object, ...], keys: Iterable[Hashable]) -> None:
+    seen: dict[Hashable, object] = {}
     for g, k in zip(given, keys):
         if k in seen:
             raise InvalidParameterError(f"{name} lists the same value twice: {seen[k]!r} and {g!r}")
@@ -608,8 +616,6 @@ class Scenario:
                 for rule in self.tuning.split:
                     _check_split(rule, self.epsilon, "[tuning].split")
             else:
-                from budgetplan.scenario.split_rules import DEFAULT_RULE
-
                 split = _split_rule("[algorithm].split", self.split or DEFAULT_RULE)
                 _set(self, "split", split)
                 _check_split(split, self.epsilon)
@@ -640,7 +646,7 @@ class Scenario:
             return float(self.delta.split("/")[0]) / self.dataset_size
         return self.delta
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("warnings")
         for key in ("size_release_epsilon", "calibration", "units", "split_evidence"):
@@ -664,8 +670,6 @@ class Scenario:
     @classmethod
     def from_dict(cls, data: object) -> Scenario:
         """The scenario of a plan file, read strictly (unknown or missing keys are refused)."""
-        from budgetplan.util.typed import from_json_object
-
         if not isinstance(data, dict):
             raise InvalidParameterError(f"scenario must be a JSON object, got {type(data).__name__}")
         data = dict(data)
@@ -702,7 +706,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     except RecursionError:
         raise InvalidParameterError("malformed TOML: arrays or tables nested too deeply") from None
     top = _Table(raw, "")
-    values: dict = {"name": top.get("name", default=default_name), "description": top.get("description", default="")}
+    values: dict[str, Any] = {"name": top.get("name", default=default_name),
+                              "description": top.get("description", default="")}
 
     budget = top.table("budget", required=True)
     values.update(epsilon=budget.get("epsilon", required=True), delta=budget.get("delta", required=True),
@@ -754,7 +759,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     return Scenario(**values)
 
 
-def _shape(top: _Table, key: str, kind, *, required: bool = False):
+def _shape(top: _Table, key: str, kind: type[_S], *, required: bool = False) -> _S:
     """The ``[key]`` table as ``kind``: unknown keys refused here, values by the dataclass."""
     t = top.table(key, required=required)
     names = [f.name for f in fields(kind)]
@@ -774,7 +779,7 @@ def _shape(top: _Table, key: str, kind, *, required: bool = False):
 _BATCH_RE = re.compile(r"^N/((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
 
 
-def _batch_policy(raw: dict, dataset_size: object) -> None:
+def _batch_policy(raw: dict[str, Any], dataset_size: object) -> None:
     """``[dpsgd].batch_size = "N/<c>"``: the expected batch N / c, rounded (at least 1), written in place.
 
     The plan then holds the number, as if it had been written; q = B / N is about 1 / c.
@@ -808,8 +813,6 @@ def rr_validation_default(dataset_size: object) -> float:
 
 def _rr_validation(shape: RRShape, given: object, tuned: bool, dataset_size: object) -> RRShape:
     """The TOML's ``[rr].validation_fraction``: ``RR_VALIDATION`` when absent, none when 0."""
-    from dataclasses import replace
-
     stated = isinstance(given, dict) and "validation_fraction" in given
     if stated:
         if tuned and shape.validation_fraction is not None:
@@ -822,7 +825,7 @@ def _rr_validation(shape: RRShape, given: object, tuned: bool, dataset_size: obj
     return shape
 
 
-def _calibration(top: _Table, algorithm, raw: dict) -> CalibrationShape | None:
+def _calibration(top: _Table, algorithm: object, raw: dict[str, Any]) -> CalibrationShape | None:
     """``[calibration]``: on by default for the runs that train a model with an intercept (RR, DP-SGD, Hybrid).
 
     Absent, those runs calibrate with the default share (RR alone for free), except under a
@@ -850,17 +853,14 @@ def _calibration(top: _Table, algorithm, raw: dict) -> CalibrationShape | None:
     return CalibrationShape() if share is None else CalibrationShape(share=share)
 
 
-def _split_rule(name: str, value) -> str:
-    from budgetplan.scenario.split_rules import parse_rule
-
-    parse_rule(_string(name, value), name)
-    return value
+def _split_rule(name: str, value: object) -> str:
+    rule = _string(name, value)
+    parse_rule(rule, name)
+    return rule
 
 
 def _check_split(split: str, epsilon: float, key: str = "[algorithm].split") -> None:
     """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.scenario.split_rules``)."""
-    from budgetplan.scenario.split_rules import split_budget
-
     try:
         split_budget(epsilon, split)
     except InvalidParameterError as exc:
@@ -868,7 +868,8 @@ def _check_split(split: str, epsilon: float, key: str = "[algorithm].split") -> 
 
 
 def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int, *,
-                         names=("[dpsgd].batch_size", "[dpsgd].max_batch_size", "[data].dataset_size")) -> None:
+                         names: tuple[str, str, str] = ("[dpsgd].batch_size", "[dpsgd].max_batch_size",
+                                                        "[data].dataset_size")) -> None:
     """Truncated Poisson cuts batches above ``max_batch_size``: it must lie between B and N.
 
     Below the expected batch size B most batches would be cut (a different mechanism from
@@ -1022,8 +1023,6 @@ def _doubtful_settings(s: Scenario) -> list[str]:
 
 def _check_epoch_sampling(s: Scenario) -> None:
     """Allocation and shuffled batches run whole epochs; allocation is accounted under add-remove only."""
-    from budgetplan.accounting.batch_selection import EPOCH_SAMPLINGS, epoch_steps
-
     d = s.dpsgd
     if d is None or d.sampling not in EPOCH_SAMPLINGS:
         return

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
@@ -121,7 +122,7 @@ class SplitChoice:
     epsilon2: float
     reason: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "epsilon": self.epsilon, "alpha": self.alpha, "epsilon1": self.epsilon1,
                 "epsilon2": self.epsilon2, "reason": self.reason}
 

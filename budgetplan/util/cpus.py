@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+import time
 from pathlib import Path
 
 __all__ = ["available_cpus", "busy_elsewhere", "free_cpus"]
@@ -47,10 +49,7 @@ def busy_elsewhere(samples: int = 10, interval: float = 0.01, path: Path = Path(
     An instantaneous count, unlike the load averages, which remember the last minute, this
     process's own work included. Without ``/proc`` (not Linux): the 1-minute load average.
     """
-    import statistics
-    import time
-
-    counts = []
+    counts: list[int] = []
     for i in range(samples):
         try:
             counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)

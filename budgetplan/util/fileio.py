@@ -34,7 +34,7 @@ def _check_names(path: Path) -> None:
                                         f"({_NAME_MAX} bytes): {part[:40]}...")
 
 
-def _checked(path: str | os.PathLike) -> Path:
+def _checked(path: str | os.PathLike[str]) -> Path:
     if not str(path).strip():
         raise InvalidParameterError("output path is empty")
     path = Path(path)
@@ -76,7 +76,7 @@ def _failure(path: Path, exc: OSError) -> OutputError:
 
 
 @contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a new, empty temporary path for the writer; on success it replaces ``path``.
 
     Raises:
@@ -103,13 +103,13 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
             pass  # the directory was taken away meanwhile: nothing of ours is left to remove
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically, as UTF-8 (canonical JSON is ASCII, a subset)."""
     with atomic_output(path) as tmp:
         tmp.write_bytes(text.encode("utf-8"))
 
 
-def check_writable(directory: str | os.PathLike) -> None:
+def check_writable(directory: str | os.PathLike[str]) -> None:
     """Refuse, before any work, a directory that new files cannot be created in.
 
     ``directory`` need not exist yet: its nearest existing ancestor is probed, where it would
@@ -139,7 +139,7 @@ def check_writable(directory: str | os.PathLike) -> None:
     probe.unlink(missing_ok=True)
 
 
-def check_not_input(output: str | os.PathLike, *inputs) -> None:
+def check_not_input(output: str | os.PathLike[str], *inputs: str | os.PathLike[str] | None) -> None:
     """Refuse an output that is one of the command's inputs: writing it would destroy the input.
 
     Raises:
@@ -157,7 +157,7 @@ def check_not_input(output: str | os.PathLike, *inputs) -> None:
             raise InvalidParameterError(f"the output {output} is the input {given}: writing it would destroy it")
 
 
-def remove_stale_temporaries(directory: str | os.PathLike) -> list[str]:
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[str]:
     """Remove the temporary files a killed writer left in ``directory``; returns their names.
 
     Only for a directory one process owns (a locked run directory): another writer's

@@ -13,10 +13,14 @@ those keys were written only for some plans.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["omit_if_none", "from_json_object", "to_json_object", "choice", "optional", "float_tuple"]
 
@@ -30,9 +34,9 @@ def omit_if_none() -> Any:
     return dataclasses.field(default=None, metadata={_OMIT: True})
 
 
-def to_json_object(value: Any) -> dict:
+def to_json_object(value: DataclassInstance) -> dict[str, Any]:
     """The dataclass as a JSON-ready dict (tuples become lists; omit-if-none fields dropped)."""
-    out = {}
+    out: dict[str, Any] = {}
     for f in dataclasses.fields(value):
         v = getattr(value, f.name)
         if v is None and f.metadata.get(_OMIT):
@@ -54,7 +58,7 @@ def from_json_object(cls: type[T], data: object, where: str) -> T:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise InvalidParameterError(f"{where} has an unknown field {unknown[0]!r}")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name, f in known.items():
         if name in data:
             v = data[name]
@@ -69,14 +73,14 @@ def from_json_object(cls: type[T], data: object, where: str) -> T:
         raise InvalidParameterError(f"{where}: {exc}") from None
 
 
-def choice(name: str, value: object, choices: tuple) -> Any:
+def choice(name: str, value: object, choices: tuple[str | None, ...]) -> str | None:
     """``value`` if it is one of ``choices``, else InvalidParameterError quoting both."""
     if not isinstance(value, (str, type(None))) or value not in choices:
         raise InvalidParameterError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
 
 
-def optional(check, name: str, value: object):
+def optional(check: Callable[[str, object], T], name: str, value: object) -> T | None:
     """None, or ``check(name, value)``."""
     return None if value is None else check(name, value)
 
@@ -93,7 +97,8 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def float_tuple(name: str, value: object, check=validate.finite) -> tuple[float, ...]:
+def float_tuple(name: str, value: object,
+                check: Callable[[str, object], float] = validate.finite) -> tuple[float, ...]:
     """A tuple of numbers, each passed through ``check``."""
     if not isinstance(value, (list, tuple)):
         raise InvalidParameterError(f"{name} must be a list of numbers, got {value!r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TypeVar
 
 from budgetplan.errors import InvalidParameterError
 
@@ -25,6 +26,8 @@ __all__ = [
     "at_least",
     "at_most",
 ]
+
+_N = TypeVar("_N", int, float)
 
 
 def _real(name: str, value: object, requirement: str) -> float:
@@ -111,7 +114,7 @@ def non_negative_int(name: str, value: object) -> int:
     return n
 
 
-def at_most(name: str, value, limit):
+def at_most(name: str, value: _N, limit: int | float) -> _N:
     """``value`` (already checked) unless it exceeds a stated limit (``budgetplan.limits``)."""
     if value > limit:
         shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"

@@ -64,6 +64,11 @@ CASES = (
     ("gaussian-neither", ("gaussian", "--delta", "1e-6", "--sensitivity", "1"), "reject"),
     ("gaussian-noise-std-1e-300", ("gaussian", "--noise-std", "1e-300", "--delta", "1e-6", "--sensitivity", "1"),
      "clean", (), ()),
+    # 1.25 / 5e-324 overflowed the classical guess; sensitivity / noise std underflowed to 0 (ZeroDivisionError)
+    ("gaussian-delta-subnormal", ("gaussian", "--delta", "5e-324", "--epsilon", "1", "--sensitivity", "1", "--json"),
+     "accept"),
+    ("gaussian-ratio-underflows", ("gaussian", "--noise-std", "1e300", "--delta", "1e-300", "--sensitivity",
+                                   "1e-300", "--accountant", "all", "--json"), "clean", (), ()),
     ("group-delta-one", ("group", "--epsilon", "1", "--delta", "1", "--group-size", "2"), "reject"),
     ("group-vacuous-human", ("group", "--epsilon", "50", "--delta", "1e-6", "--group-size", "100"), "accept"),
     # split rules are read strictly; eps1 = eps is the RR-only arm, spelled alpha=1

@@ -148,6 +148,8 @@ COMMANDS = (
     ), outputs=("d.parquet",)),
     Cmd("data-count", ("data", "count", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--json"), (
         Opt("--unit-cap", accept=""),
+        # below K / MAX_DATASET_SIZE the count is all noise (1e-300 divided by zero)
+        Opt("--dp-epsilon", accept="frac big huge 2^63"),
     ), inputs=(_TRAIN_DATA,)),
     Cmd("data-cap", ("data", "cap", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--new-key", "k.key",
                      "--out", "capped", "--json"), (

@@ -225,7 +225,7 @@ def _write(a: Artefacts, name: str, data: bytes | str) -> Path:
 
 def _example_plan(example: str):
     def build(a: Artefacts) -> Path:
-        from budgetplan.scenario.model import examples as ex
+        from budgetplan.scenario import examples as ex
 
         return _write(a, f"plan-{example}.json", _plan_of(ex.text(example)).to_json())
     return build

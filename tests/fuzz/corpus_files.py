@@ -359,6 +359,14 @@ def _duplicate_label(_: bytes) -> bytes:
     return _table_bytes("csv", {**cols, "label2": cols["label"]}, names=names)
 
 
+def _duplicate(column: str, fmt: str = "parquet"):
+    """Synthetic data with ``column`` named twice (the second a copy of the first)."""
+    def build(_: bytes) -> bytes:
+        cols = _synthetic()
+        return _table_bytes(fmt, {**cols, column + "-2": cols[column]}, names=list(cols) + [column])
+    return build
+
+
 def _at(i, value):
     def fn(values):
         values = list(values)
@@ -386,6 +394,9 @@ BAD_DATA = (
     ("ragged-csv", lambda b: b"label,user_id,publisher\n1,2\n0,3,4,5\n", "d.csv", ()),
     ("bad-gzip", lambda b: b"\x1f\x8b" + b"garbage" * 10, "d.csv.gz", ()),
     ("duplicate-label-csv", _duplicate_label, "d.csv", ()),
+    # the column-at-a-time Parquet reader took the schema's field by name (KeyError)
+    ("duplicate-label-parquet", _duplicate("label"), "d.parquet", ()),
+    ("duplicate-feature-parquet", _duplicate("publisher"), "d.parquet", ()),
     ("label-missing", _variant("parquet", label=None), "d.parquet", ("count",)),
     ("label-two", _variant("parquet", label=_at(5, 2)), "d.parquet", ("count",)),
     ("label-nan", _variant("parquet", label=lambda v: [float(x) for x in _at(3, float("nan"))(v)]), "d.parquet",

@@ -67,6 +67,13 @@ def _file_cases() -> list[Case]:
         cases.append(Case(id=f"out-{name}-replaces", argv=_argv(argv, "out" + suffix), expect="accept",
                           inputs=inputs + (Text("out" + suffix, "the previous version\n"),), outputs=("out" + suffix,)))
     cases.append(Case("out-curve-not-png", _argv(FILE_WRITERS[5][1], "curve.jpg"), "reject"))
+    # a device is written through, never replaced by a plain file (util/fileio; /dev/full: tests/test_files.py)
+    for name, argv, inputs, _ in FILE_WRITERS[:3]:
+        cases.append(Case(f"out-{name}-dev-null", _argv(argv, "/dev/null"), "accept", inputs=inputs))
+    # a name ending in / is a directory (it once wrote a file named "newdir"); synth writes shards there
+    for name, argv, inputs, _ in FILE_WRITERS:
+        if not name.startswith("synth"):
+            cases.append(Case(f"out-{name}-trailing-slash", _argv(argv, "newdir/"), "reject", inputs=inputs))
     cases.append(Case("out-plan-unicode-name", ("plan", "s.toml", "-o", "plän ✓.json"), "accept",
                       inputs=(Text("s.toml", SMALL_SCENARIOS["rr"]),), outputs=("plän ✓.json",)))
     return cases
@@ -107,6 +114,13 @@ def _run_directory_cases() -> list[Case]:
              outputs=("a",)),
         Case("out-train-stale-temporary-removed", _argv(_TRAIN_ARGV, "d") + ("--json",), "accept",
              inputs=_TRAIN + (Text("d/.model.pt.0123456789abcdef.tmp", "half a model"),), outputs=("d",)),
+        # "" was the current directory (a Path of "" is ".")
+        Case("out-data-cap-empty", ("data", "cap", "t.parquet", "--unit-id", "user_id", "--unit-cap", "2",
+                                    "--new-key", "k.key", "--out", ""), "reject",
+             inputs=(Artefact("t.parquet", "train-parquet"),)),
+        Case("out-data-split-empty", ("data", "split", "t.parquet", "--unit-id", "user_id", "--held-out", "0.3",
+                                      "--new-key", "k.key", "--out", ""), "reject",
+             inputs=(Artefact("t.parquet", "train-parquet"),)),
         Case("out-demo-not-empty", _argv(_DEMO_ARGV, "d"), "reject", inputs=(Text("d/keep.txt", "mine"),)),
         Case("out-demo-users-above-rows", ("demo", "--rows", "10", "--users", "20", "--out", "d"), "reject"),
     ]

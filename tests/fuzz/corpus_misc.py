@@ -103,6 +103,11 @@ CASES = (
     ("curve-batch-above-n", ("plot", "curve", "--noise-multiplier", "1", "--dataset-size", "10", "--batch-size",
                              "100", "--max-epochs", "1", "--delta", "1e-6", "-o", "c.png"), "reject"),
     ("curve-no-noise", _CURVE, "reject"),
+    # the baseline is the non-private reference: never one of the runs, never a private run
+    ("frontier-baseline-is-the-run", ("plot", "frontier", "run/run.json", "--baseline", "run/run.json", "-o",
+                                      "f.png"), "reject", (Artefact("run", "run-rr"),)),
+    ("frontier-baseline-is-private", ("plot", "frontier", "run", "--baseline", "run0/run.json", "-o", "f.png"),
+     "reject", (Artefact("run", "run-rr"), Artefact("run0", "run-rr"))),
     # data synth
     ("synth-users-above-rows", ("data", "synth", "--rows", "5", "--users", "6", "--out", "d.parquet"), "reject"),
     ("synth-format-contradicts-name", ("data", "synth", "--rows", "50", "--users", "5", "--out", "d.parquet",

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError, OutputError
 
-__all__ = ["atomic_output", "write_atomic", "check_writable", "check_not_input", "remove_stale_temporaries"]
+__all__ = ["atomic_output", "write_atomic", "check_writable", "check_not_input", "remove_stale_temporaries",
+           "is_temporary", "torch_save"]
 
 _NAME_MAX = 255  # bytes in one path component on every common file system (ext4, xfs, APFS, NTFS)
 _TMP_SUFFIX = ".tmp"
@@ -206,6 +207,22 @@ def _through(path: Path) -> Iterator[Path]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def torch_save(obj: object, tmp: Path) -> None:
+    """``torch.save(obj, tmp)`` for a writer inside ``atomic_output``: a failed write is an ``OSError``.
+
+    torch's zip writer reports a write the operating system refused (a full disk, a file-size
+    limit) as a RuntimeError ("unexpected pos ..."), which no caller would take for an
+    output failure; it becomes one here, so that atomic_output names the path.
+    """
+    import torch
+
+    try:
+        torch.save(obj, tmp)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:120]
+        raise OSError(f"the write stopped short (a full disk or a file-size limit?): torch: {detail}") from None
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically, as UTF-8 (canonical JSON is ASCII, a subset)."""
     with atomic_output(path) as tmp:
@@ -258,6 +275,11 @@ def check_not_input(output: str | os.PathLike, *inputs) -> None:
             continue
         if same:
             raise InvalidParameterError(f"the output {output} is the input {given}: writing it would destroy it")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is one of our writers' temporary files (left behind only by a killed writer)."""
+    return bool(_TEMPORARY.match(name))
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[str]:

@@ -107,6 +107,10 @@ def _run_directory_cases() -> list[Case]:
         Case("out-train-existing-record", _argv(_TRAIN_ARGV, "run"), "reject", inputs=_TRAIN + (_RUN,)),
         Case("out-train-interrupted-run", _argv(_TRAIN_ARGV, "run"), "reject",
              inputs=_TRAIN + (Artefact("run", "run-rr", ("run.json", lambda b: None)),)),
+        # a new run in a directory of other files: refused (a failed run may empty its directory)
+        Case("out-train-not-empty", _argv(_TRAIN_ARGV, "d"), "reject", inputs=_TRAIN + (Text("d/keep.txt", "mine"),)),
+        Case("out-train-not-empty-resume", _argv(_TRAIN_ARGV, "d") + ("--resume",), "reject",
+             inputs=_TRAIN + (Text("d/keep.txt", "mine"),)),
         Case("out-train-resume-nothing", _argv(_TRAIN_ARGV, "new") + ("--resume",), "reject", inputs=_TRAIN),
         Case("out-train-empty-dir-ok", _argv(_TRAIN_ARGV, "d") + ("--json",), "accept", inputs=_TRAIN + (Dir("d"),),
              outputs=("d",)),
@@ -126,9 +130,15 @@ def _run_directory_cases() -> list[Case]:
     ]
     # killed after privacy was spent: the run directory is evidence (ledger, labels), never a result
     for fault in ("sigterm@model.pt", "interrupt@model.pt", "enospc@model.pt", "sigterm@run.json",
-                  "enospc@run.json", "sigterm@rr_labels.npy", "enospc@rr_labels.npy"):
+                  "enospc@run.json", "sigterm@rr_labels.npy"):
         cases.append(Case(id=f"out-train-{fault.replace('@', '-at-')}", argv=_argv(_TRAIN_ARGV, "run"),
                           expect="interrupted", inputs=_TRAIN, fault=fault))
+    # a clean failure to save the first release: the draw never left the process, nothing was
+    # spent, and the run leaves nothing (no plan.json, no one-intent ledger, no .lock)
+    cases.append(Case("out-train-enospc-at-rr_labels.npy", _argv(_TRAIN_ARGV, "run"), "reject", inputs=_TRAIN,
+                      fault="enospc@rr_labels.npy"))
+    cases.append(Case("out-train-enospc-at-rr_labels.npy-empty-dir", _argv(_TRAIN_ARGV, "d"), "reject",
+                      inputs=_TRAIN + (Dir("d"),), fault="enospc@rr_labels.npy"))
     for fault in ("sigterm@checkpoint.pt", "enospc@checkpoint.pt"):
         cases.append(Case(id=f"out-train-dpsgd-{fault.replace('@', '-at-')}", expect="interrupted", fault=fault,
                           argv=_argv(_TRAIN_ARGV, "run") + ("--checkpoint-every", "1"),

@@ -295,8 +295,9 @@ def _record_cases() -> list[Case]:
         Case("frontier-non-private-only", ("plot", "frontier", "base", "-o", "f.png"), "reject",
              inputs=(Artefact("base", "run-baseline"),)),
         Case("frontier-no-relative-loss", ("plot", "frontier", "run", "-o", "f.png"), "reject", inputs=(run,)),
+        # the run measured against itself (a loss of 0 by construction): the baseline is a non-private run
         Case("frontier-baseline-private", ("plot", "frontier", "run", "--baseline", "run/run.json", "-o", "f.png"),
-             "accept", inputs=(run,), outputs=("f.png",)),
+             "reject", inputs=(run,)),
         Case("frontier-baseline", ("plot", "frontier", "run", "--baseline", "base/run.json", "-o", "f.png", "--json"),
              "accept", inputs=(run, Artefact("base", "run-baseline")), outputs=("f.png",)),
         Case("frontier-baseline-missing", ("plot", "frontier", "run", "--baseline", "nope.json", "-o", "f.png"),
@@ -403,6 +404,9 @@ BAD_DATA = (
      ("count",)),
     ("label-null", _variant("parquet", label=_at(0, None)), "d.parquet", ("count",)),
     ("label-string", _variant("parquet", label=lambda v: [str(x) for x in v]), "d.parquet", ("count",)),
+    # one class: the run spent its budget on a constant and said nothing (eval: AUC is undefined)
+    ("label-all-zero", _variant("parquet", label=_every(0)), "d.parquet", ("count",)),
+    ("label-all-one", _variant("parquet", label=_every(1)), "d.parquet", ("count",)),
     ("label-negative", _variant("parquet", label=_at(7, -1)), "d.parquet", ("count",)),
     ("feature-nan", _variant("parquet", bid_floor=_at(4, float("nan"))), "d.parquet", ("count",)),
     ("feature-inf", _variant("parquet", bid_floor=_at(9, float("inf"))), "d.parquet", ("count",)),

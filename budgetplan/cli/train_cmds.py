@@ -115,11 +115,15 @@ def _settings(**kw):
               "`budgetplan audit` checks it.")
 @click.option("--canary-confidence", type=OPEN_UNIT, default=0.95, show_default=True,
               help="--canaries: the confidence of the audit's test and bound.")
+@click.option("--scenario", "signed", metavar="SCENARIO.toml",
+              help="The scenario that was signed off: refuse the plan unless its embedded scenario is exactly it, "
+                   "as `verify --scenario` does. A plan edited and re-hashed (a sensitive column moved to the "
+                   "non-sensitive group, say) is consistent in itself; only this comparison shows it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file, data_path, eval_path, out_dir, data_format, model, embedding_dim, lr, dpsgd_optimizer, dpsgd_lr,
           dpsgd_schedule, loss, hybrid_start, batch_size, nonsensitive_encoding, vocab_threshold, hash_bins, device,
           threads, seed, non_private, baseline_epochs, patience, validation_fraction, weight_decay, truncated,
-          baseline_run, resume, checkpoint_every, key_path, nproc, canaries, canary_confidence, as_json):
+          baseline_run, resume, checkpoint_every, key_path, nproc, canaries, canary_confidence, signed, as_json):
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline).
 
     Under torchrun (WORLD_SIZE > 1 in the environment) every process runs this command and
@@ -136,6 +140,8 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
                          hash_bins_sensitive=hash_bins, hybrid_start=hybrid_start)
     plan = load_plan(plan_file)
     _refuse_unused(click.get_current_context(), plan, non_private)
+    if signed is not None:
+        _check_signed(plan, signed)
     key = None
     if key_path is not None:
         from trainers.data.fingerprint import read_key
@@ -177,6 +183,18 @@ def train(plan_file, data_path, eval_path, out_dir, data_format, model, embeddin
             "sha256": private.sha256} if private is not None else None})
         return
     _print_record(record, out_dir)
+
+
+def _check_signed(plan, signed: str) -> None:
+    """Refuse a plan whose embedded scenario differs from the signed-off one (``verify --scenario``)."""
+    from budgetplan.audit.verify import verify_plan
+    from budgetplan.cli.plan_cmds import _scenario
+    from budgetplan.errors import PlanMismatchError
+
+    report = verify_plan(plan, replan=False, signed=_scenario(signed))
+    if not report.ok:
+        raise PlanMismatchError(f"the plan is not the signed-off scenario {signed}'s: {report.problems[0]}",
+                                report.problems)
 
 
 def _torchrun_group(nproc: int):

@@ -218,6 +218,41 @@ def _rehashed_cases() -> list[Case]:
     return cases
 
 
+def _moved_to_nonsensitive(column: str):
+    """A plan edited to list a sensitive column as non-sensitive, its hash recomputed: consistent in itself."""
+    def edit(data: bytes) -> bytes:
+        import hashlib
+
+        from budgetplan.plan import canonical_json
+
+        obj = json.loads(data)
+        features = obj["scenario"]["features"]
+        features["sensitive_categorical"] = [c for c in features["sensitive_categorical"] if c != column]
+        features["nonsensitive_categorical"] = features["nonsensitive_categorical"] + [column]
+        obj.pop("sha256")
+        obj["sha256"] = hashlib.sha256(canonical_json(obj).encode("ascii")).hexdigest()
+        return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True) + "\n").encode()
+    return edit
+
+
+def _signed_cases() -> list[Case]:
+    """Only the signed-off scenario shows a re-hashed plan that moved a column between the groups."""
+    from tests.fuzz.artefacts import train_scenario
+
+    signed = Text("s.toml", train_scenario())
+    moved = Artefact("plan.json", "plan-train", _moved_to_nonsensitive("past_site"))
+    data = Artefact("train.parquet", "train-parquet")
+    train = ("train", "plan.json", "--data", "train.parquet", "--out", "run", "--embedding-dim", "1")
+    return [
+        Case("plan-moved-to-nonsensitive-verify-signed", ("verify", "plan.json", "--scenario", "s.toml"), "reject",
+             inputs=(moved, signed)),
+        Case("plan-moved-to-nonsensitive-train-signed", train + ("--scenario", "s.toml"), "reject",
+             inputs=(moved, signed, data)),
+        Case("plan-train-signed", train + ("--scenario", "s.toml", "--json"), "accept",
+             inputs=(Artefact("plan.json", "plan-train"), signed, data), outputs=("run",)),
+    ]
+
+
 # ----------------------------------------------------------------- run records
 
 RECORD_EDITS = (
@@ -492,4 +527,4 @@ def _data_cases() -> list[Case]:
 
 
 def file_cases() -> list[Case]:
-    return _plan_cases() + _rehashed_cases() + _record_cases() + _data_cases()
+    return _plan_cases() + _rehashed_cases() + _signed_cases() + _record_cases() + _data_cases()

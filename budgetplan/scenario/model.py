@@ -187,6 +187,9 @@ def _string(name: str, value) -> str:
 def _text(name: str, value) -> str:
     if not isinstance(value, str):
         raise InvalidParameterError(f"{name} must be a string, got {value!r}")
+    if len(value) > limits.MAX_TEXT_CHARS:
+        raise InvalidParameterError(f"{name} must be at most {limits.MAX_TEXT_CHARS:,} characters (budgetplan's "
+                                    f"stated limit), got {len(value):,}: {value[:40]!r}...")
     return value
 
 
@@ -579,7 +582,7 @@ class Scenario:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        _string("name", self.name)
+        _text("name", _string("name", self.name))
         _text("description", self.description)
         _set(self, "epsilon", validate.positive("[budget].epsilon", self.epsilon))
         _set(self, "delta", _delta("[budget].delta", self.delta))

@@ -40,6 +40,9 @@ CASES = (
     ("dpsgd-everything-given", _DPSGD + ("--epsilon", "3"), "reject"),
     ("dpsgd-delta-above-1/n-warns", ("dpsgd", "--noise-multiplier", "1", "--delta", "0.5", "--dataset-size", "100",
                                      "--batch-size", "10", "--steps", "1", "--accountant", "rdp", "--json"), "accept"),
+    # calibration targets above limits.MAX_CALIBRATION_EPSILON: epsilon 1000 searched for 200 s
+    ("dpsgd-calibrate-epsilon-1000", ("dpsgd", "--epsilon", "1000", "--delta", "1e-6", "--dataset-size", "10000",
+                                      "--batch-size", "256", "--steps", "10"), "reject"),
     ("dpsgd-unit-cap-above-limit", _DPSGD + ("--unit-cap", "1000000"), "reject"),
     ("dpsgd-unit-cap-tight-truncated", _DPSGD + ("--unit-cap", "2", "--max-batch-size", "400"), "reject"),
     # the accounting engine's grid blow-ups: fixed on the accounting branch

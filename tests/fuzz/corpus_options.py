@@ -88,7 +88,7 @@ COMMANDS = (
     Cmd("dpsgd", ("dpsgd", "--noise-multiplier", "1", "--delta", "1e-6", "--dataset-size", "10000",
                   "--batch-size", "100", "--steps", "10", "--accountant", "rdp", "--json"), (
         Opt("--noise-multiplier", accept="frac huge 2^63"),  # 1e308: RDP overflows, a clean error
-        Opt("--epsilon", accept="frac",  # calibration targets above epsilon 1000 are refused
+        Opt("--epsilon", accept="frac",  # calibration targets above epsilon 100 are refused (limits.py)
             base=("dpsgd", "--epsilon", "1", "--delta", "1e-6", "--dataset-size", "10000", "--batch-size", "100",
                   "--steps", "10", "--accountant", "rdp", "--json")),
         Opt("--delta", accept="tiny"),

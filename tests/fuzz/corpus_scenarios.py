@@ -127,7 +127,10 @@ TEXTS = (
     ("budget-array-of-tables", _RR.replace("[budget]", "[[budget]]"), "reject"),
     ("nested-arrays-deep", "x = " + "[" * 5000 + "]" * 5000 + "\n" + _RR, "reject"),
     ("nested-tables-deep", "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n" + _RR, "reject"),
-    ("long-line", "name = \"" + "a" * 2_000_000 + "\"\n" + _RR.replace('name = "fuzz-rr"\n', ""), "accept"),
+    # a 2 MB line, and a name past MAX_TEXT_CHARS (a 20 MB name took 10 s and 0.5 GB to plan)
+    ("long-line", "name = \"" + "a" * 2_000_000 + "\"\n" + _RR.replace('name = "fuzz-rr"\n', ""), "reject"),
+    ("name-at-limit", "name = \"" + "a" * 10_000 + "\"\n" + _RR.replace('name = "fuzz-rr"\n', ""), "accept"),
+    ("description-above-limit", 'description = "' + "d" * 10_001 + '"\n' + _RR, "reject"),
     ("name-empty", _RR.replace('name = "fuzz-rr"', 'name = ""'), "reject"),
     ("name-number", _RR.replace('name = "fuzz-rr"', "name = 3"), "reject"),
     ("name-non-ascii", _RR.replace('name = "fuzz-rr"', 'name = "Anzeigen-Prüfung ✓"'), "accept"),

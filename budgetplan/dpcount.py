@@ -26,14 +26,33 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from budgetplan import limits
+from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
 __all__ = ["discrete_laplace", "discrete_laplace_pmf", "discrete_laplace_variance", "release_count",
-           "noise_std"]
+           "noise_std", "min_epsilon"]
 
 
-def _parameter(epsilon: float, sensitivity: int) -> float:
-    return validate.positive("epsilon", epsilon) / validate.positive_int("sensitivity", sensitivity)
+def _parameter(epsilon: float, sensitivity: int, name: str = "epsilon") -> float:
+    epsilon = validate.positive(name, epsilon)
+    sensitivity = validate.positive_int("sensitivity", sensitivity)
+    smallest = min_epsilon(sensitivity)
+    if epsilon < smallest:
+        raise InvalidParameterError(
+            f"{name} must be at least K / {limits.MAX_DATASET_SIZE:g} = {smallest:.3g} (K = {sensitivity}), got "
+            f"{epsilon!r}: noise of scale K / {name} beyond the largest dataset size a scenario accepts leaves a "
+            "count that is all noise")
+    return epsilon / sensitivity
+
+
+def min_epsilon(sensitivity: int) -> float:
+    """The smallest release epsilon: noise scale K / epsilon at most ``limits.MAX_DATASET_SIZE`` rows.
+
+    Below it the count is all noise (no scenario can state it), and the sampler's and the
+    variance's arithmetic leave float64 (1 - e^-a rounds to 0 below a ~ 1e-300).
+    """
+    return sensitivity / limits.MAX_DATASET_SIZE
 
 
 def discrete_laplace(rng: np.random.Generator, *, epsilon: float, sensitivity: int,

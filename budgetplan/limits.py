@@ -25,6 +25,8 @@ __all__ = [
     "MAX_STEPS",
     "MAX_THREADS",
     "MAX_PROCESSES",
+    "MAX_TEXT_CHARS",
+    "MAX_CALIBRATION_EPSILON",
 ]
 
 # N, rows after capping. A trillion is 200x the largest public ads log (Criteo's 1TB click
@@ -87,6 +89,17 @@ MAX_STEPS = 10**15
 MAX_THREADS = 1_024
 # Processes of one distributed run (--nproc, torchrun's world): beyond this, a typo.
 MAX_PROCESSES = 1_024
+
+# Characters in a scenario's free text (name, description, split_evidence): each is copied into
+# the plan, its statement and every run record. A 20 MB name took 10 s and 0.5 GB to plan (on a
+# loaded 2-core machine); a name is a line and a description a paragraph.
+MAX_TEXT_CHARS = 10_000
+
+# Largest epsilon a noise multiplier is calibrated for (`dpsgd --epsilon`, `split`, a scenario
+# without a fixed noise multiplier). Past it the noise searched for is so small that every PLD
+# evaluation runs at the grid limits: on a loaded 2-core machine (N 10,000, B 256, 10 steps)
+# epsilon 100 took 10 s, 200 ran past 300 s and 1000 took 200 s; no privacy plan needs it.
+MAX_CALIBRATION_EPSILON = 100.0
 
 # Noise multipliers a calibration searches between (the scenario refuses a given one outside them).
 SIGMA_RANGE = (1e-3, 1e4)

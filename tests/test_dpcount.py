@@ -341,3 +341,11 @@ def test_cli_plan_json_shows_the_count_phase(runner, tmp_path):
     path.with_name("r.toml").write_text(path.read_text().replace("add-remove", "replace-one"))
     bad = runner.invoke(cli, ["plan", str(path.with_name("r.toml"))])
     assert bad.exit_code == 2 and "size_release_epsilon" in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_an_epsilon_whose_noise_outgrows_any_dataset_is_refused():
+    from budgetplan.dpcount import min_epsilon
+
+    with pytest.raises(InvalidParameterError, match="epsilon must be at least K / 1e"):
+        release_count(100, epsilon=1e-300, sensitivity=2)
+    assert release_count(100, epsilon=min_epsilon(2), sensitivity=2, seed=1)["noise_std"] > 1e11

@@ -83,3 +83,61 @@ def test_only_our_stale_temporaries_are_removed(tmp_path):
         p.write_text("")
     assert remove_stale_temporaries(tmp_path) == [ours.name]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in theirs)
+
+
+def test_a_fifo_is_written_through_never_replaced(tmp_path):
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, "through the pipe\n")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.listdir(tmp_path) == ["pipe"]
+
+
+def test_dev_null_is_written_through_and_stays_a_device():
+    import stat
+
+    before = os.stat("/dev/null")
+    write_atomic("/dev/null", "discarded\n")
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
+
+
+def test_a_device_that_refuses_the_bytes_is_a_clean_error(monkeypatch, tmp_path):
+    # /dev/full, emulated: a character device whose writes fail with ENOSPC (never the real one)
+    monkeypatch.setattr(_files, "_written_through", lambda path: True)
+    monkeypatch.setattr(_files.os, "write", _disk_full)
+    target = tmp_path / "full"
+    target.write_text("")
+    with pytest.raises(OutputError, match=r"cannot write .*full: No space left on device"):
+        write_atomic(target, "x")
+
+
+def test_a_symlink_is_followed_its_target_replaced_atomically(tmp_path):
+    (tmp_path / "target.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("target.json")
+    write_atomic(tmp_path / "link.json", "new")
+    assert (tmp_path / "link.json").is_symlink() and os.readlink(tmp_path / "link.json") == "target.json"
+    assert (tmp_path / "target.json").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["link.json", "target.json"]
+    (tmp_path / "dangling").symlink_to("created.json")
+    write_atomic(tmp_path / "dangling", "made")
+    assert (tmp_path / "dangling").is_symlink() and (tmp_path / "created.json").read_text() == "made"
+
+
+def test_a_trailing_slash_names_a_directory_not_a_file(tmp_path):
+    with pytest.raises(InvalidParameterError, match="ends in '/'"):
+        write_atomic(str(tmp_path / "dir") + "/", "x")
+    assert os.listdir(tmp_path) == []
+
+
+def test_dev_stdout_is_this_process_s_descriptor(tmp_path):
+    assert _files._descriptor(_files.Path("/dev/stdout")) == 1
+    assert _files._descriptor(_files.Path("/proc/self/fd/2")) == 2
+    assert _files._descriptor(tmp_path / "plain") is None

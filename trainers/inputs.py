@@ -114,9 +114,30 @@ def _check_rows(rows: int, rows_in: int, cap: int, expected_rows) -> None:
             + f"; the plan accounts N = {expected_rows}: re-plan with this N or supply the planned data")
 
 
+def _check_both_classes(table, name: str) -> None:
+    """Refuse training labels of one class: the run would spend its budget and learn a constant.
+
+    Only a column of one valid label (0 or 1, no nulls) is refused here; any other bad label
+    is the encoder's to refuse, in its words.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column(name)
+    if table.num_rows == 0 or column.null_count:
+        return
+    kind = column.type
+    if not (pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return
+    values = pc.unique(column).to_pylist()
+    if len(values) == 1 and values[0] in (0, 1):
+        raise InvalidParameterError(f"label column {name!r} holds the single value {values[0]!r} in all "
+                                    f"{table.num_rows} training rows: a model needs both classes (0 and 1)")
+
+
 def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None, expected_rows, randomness,
                  vocabulary: dict | None = None, key: bytes | None = None, collective=None,
-                 whole_units: bool = False, holdout: float | None = None) -> Prepared:
+                 whole_units: bool = False, holdout: float | None = None, training: bool = True) -> Prepared:
     """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping).
 
     ``collective``: this rank's place in a run over several processes: the rows are capped
@@ -127,6 +148,8 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
     ``holdout``: the RR phase's validation fraction: the units held out are chosen on the
     capped rows, before they are shared out, by ``trainers.baseline.validation_split`` (a
     keyed hash of the unit id, or of the row number without one: never the labels).
+
+    ``training``: labels of one class are refused (``prepare_eval`` says so in its words).
     """
     t0 = time.perf_counter()
     manifest = reconcile(path, cap=cap, expected_rows=expected_rows)  # None unless a prepared directory
@@ -148,6 +171,8 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
                                                                               path, randomness)
     info["rows_used"] = table.num_rows
     _check_rows(table.num_rows, rows_in, cap, expected_rows)
+    if training:
+        _check_both_classes(table, spec.label)
     held = None
     if holdout is not None:
         held, _, _ = validation_split(table, spec.unit_id, holdout, what="[rr].validation_fraction")
@@ -179,7 +204,7 @@ def prepare_eval(path, spec, settings, device, vocabulary=None) -> Prepared | No
         return None
     t0 = time.perf_counter()
     prep = prepare_data(path, spec, settings, device, cap=1, capping=None, expected_rows=None, randomness=None,
-                        vocabulary=vocabulary)
+                        vocabulary=vocabulary, training=False)
     positives = int(prep.data.label.sum().item())
     if not 0 < positives < len(prep.data):
         raise InvalidParameterError(f"eval data {path}: {positives} positives of {len(prep.data)} rows; AUC and "

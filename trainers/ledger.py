@@ -109,6 +109,13 @@ class Ledger:
             self.sync()
             self._fh.close()
 
+    def abandon(self) -> None:
+        """Close without syncing, for a ledger about to be removed (a full disk's errors are moot then)."""
+        try:
+            self._fh.close()
+        except OSError:
+            pass  # the buffered tail could not be written; the file is closed all the same
+
 
 class RunLock:
     """An exclusive, non-blocking lock on a run directory (released when the process ends)."""
@@ -123,14 +130,30 @@ class RunLock:
         except BlockingIOError:
             self._fh.close()
             raise LockedError(f"another process is writing the run in {directory}") from None
+        try:
+            same = os.path.samestat(os.fstat(self._fh.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            same = False
+        if not same:  # its holder removed it as we opened it (see release): that holder was there first
+            self._fh.close()
+            raise LockedError(f"another process is writing the run in {directory}") from None
         self._fh.seek(0)
         self._fh.truncate()
         self._fh.write(str(os.getpid()))
         self._fh.flush()
 
     def release(self) -> None:
+        """Unlock, and remove the lock file first, so that no failure leaves a stale one behind.
+
+        Removed while still held: a process that opened the old file meanwhile finds, once it
+        gets the lock, that the name no longer leads to it, and refuses (``__init__``).
+        """
         import fcntl
 
         if not self._fh.closed:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass  # a read-only directory by now: the lock is released all the same
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
             self._fh.close()

@@ -10,11 +10,9 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from budgetplan.errors import InvalidParameterError
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
-from budgetplan.util.fileio import atomic_output, check_writable, write_atomic
+from budgetplan.util.fileio import atomic_output, check_writable, is_temporary, torch_save, write_atomic
 from trainers.data.fingerprint import new_key, write_key
 from trainers.fit import predict
 from trainers.metrics import evaluate_model
@@ -24,8 +22,13 @@ __all__ = ["INITIAL_MODEL", "check_out", "fingerprint_keys", "evaluate", "write_
 INITIAL_MODEL = "initial_model.pt"  # under private/, with keep_initial
 
 
-def check_out(out_dir) -> Path | None:
-    """The run directory, refused if it already holds a record or cannot be written; None without one."""
+def check_out(out_dir, *, resume: bool = False) -> Path | None:
+    """The run directory, refused if it already holds a record or cannot be written; None without one.
+
+    A new run needs a new or empty directory (a run's failure may empty it again); only
+    ``resume`` continues in one that holds an interrupted run. A killed writer's temporary
+    files and lock do not count: the session removes them.
+    """
     if out_dir is None:
         return None
     if not str(out_dir).strip():
@@ -35,6 +38,13 @@ def check_out(out_dir) -> Path | None:
         raise InvalidParameterError(f"{out} already holds a run record; choose a new --out")
     if out.exists() and not out.is_dir():
         raise InvalidParameterError(f"--out {out} exists and is not a directory")
+    if not resume and out.is_dir():
+        if (out / "ledger.jsonl").exists() or (out / PRIVATE_DIR / "ledger.jsonl").exists():
+            raise InvalidParameterError(f"{out} holds an interrupted run: resume it, or choose a new --out")
+        held = sorted(p.name for p in out.iterdir() if p.name != ".lock" and not is_temporary(p.name))
+        if held:
+            raise InvalidParameterError(f"--out {out} is not empty (it holds {held[0]!r}): choose a new or empty "
+                                        "directory, or --resume the run there")
     check_writable(out)
     return out
 
@@ -64,7 +74,7 @@ def write_run(record: RunRecord, state: dict, out: Path | None, vocabulary: dict
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         with atomic_output(out / "model.pt") as tmp:
-            torch.save(state, tmp)
+            torch_save(state, tmp)
         if vocabulary is not None:  # non-sensitive values only: needed to encode new data alike
             write_atomic(out / "vocabulary.json", json.dumps(vocabulary, sort_keys=True) + "\n")
         if new_key is not None:
@@ -78,4 +88,4 @@ def save_initial(model, out: Path) -> None:
     """The model as initialised, before any phase: ``private/initial_model.pt`` (``trainers.canary``)."""
     (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
     with atomic_output(out / PRIVATE_DIR / INITIAL_MODEL) as tmp:
-        torch.save(model.state_dict(), tmp)
+        torch_save(model.state_dict(), tmp)

@@ -288,7 +288,7 @@ class PrivateStep:
             metrics: the user's evaluation metrics, kept in the private record.
         """
         from budgetplan.record.records import PRIVATE_DIR
-        from budgetplan.util.fileio import atomic_output
+        from budgetplan.util.fileio import atomic_output, torch_save
         from trainers.data.fingerprint import new_key, write_key
         from trainers.record import build_record, dpsgd_entry
 
@@ -316,7 +316,7 @@ class PrivateStep:
             device=str(device), sizes_ledger=session.sizes_view() if size_private else None)
         try:
             with atomic_output(self.run_dir / "model.pt") as tmp:
-                torch.save(self.model.state_dict(), tmp)
+                torch_save(self.model.state_dict(), tmp)
             (self.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)
             write_key(self.run_dir / PRIVATE_DIR / "fingerprint.key", key)
             record.write(self.run_dir)

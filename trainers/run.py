@@ -142,6 +142,10 @@ def execute_plan(plan, data_path, options: RunOptions | None = None) -> RunRecor
             if not checked.lead:
                 return None  # rank 0 evaluates and writes the record
             return _write_record(plan, run, context, entries, options)
+        except Exception:
+            if context.session.unspent():  # a clean failure before any spending: the run leaves nothing
+                context.session.discard()
+            raise
         finally:
             context.session.close()
 
@@ -154,7 +158,7 @@ def _rank(collective, plan, data_path, options: RunOptions):
 def _verify(plan, options: RunOptions) -> _Checked:
     """Every refusal that needs neither the data nor the device, before anything is read or written."""
     settings = (options.settings or TrainSettings()).for_plan(plan)
-    out = check_out(options.out_dir)
+    out = check_out(options.out_dir, resume=options.resume)
     report = verify_plan(plan)
     if not report.ok:
         raise PlanMismatchError(f"the plan does not verify: {report.problems[0]}", report.problems)

@@ -26,7 +26,7 @@ import numpy as np
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.record.records import PRIVATE_DIR
-from budgetplan.util.fileio import atomic_output, remove_stale_temporaries
+from budgetplan.util.fileio import atomic_output, remove_stale_temporaries, torch_save
 from trainers.ledger import Ledger, LedgerError, RunLock
 
 __all__ = ["Session", "NullSession"]
@@ -52,6 +52,7 @@ class Session:
     def __init__(self, directory: str | Path, plan, *, resume: bool = False, checkpoint_every: int = 200,
                  ledger_sync_every: int = 1, rows: int | None = None):
         self.dir = Path(directory)
+        self._discarded = False
         ledger_path = self.dir / "ledger.jsonl"
         if resume and not ledger_path.exists():
             raise InvalidParameterError(f"nothing to resume in {self.dir}: it has no ledger")
@@ -98,6 +99,7 @@ class Session:
             _remove(created)
             raise
         self.resumed = resume
+        self._created = created
         if resume:
             self.ledger.note("resume")
         self.checkpoint_every = max(1, int(checkpoint_every))
@@ -116,9 +118,18 @@ class Session:
         if self.ledger.count(phase):
             raise LedgerError(f"the {phase} release was interrupted after its intent was logged and before it "
                               "was saved: drawing it again would be a second release; start a new run")
-        self.ledger.intend(0, phase=phase)
-        data, info = make()
-        _save_atomic(path, data)
+        first = self.unspent()
+        try:
+            self.ledger.intend(0, phase=phase)
+            data, info = make()
+            _save_atomic(path, data)
+        except Exception:
+            # A clean failure (a full disk, a file-size limit) before the draw was saved: it never
+            # left this process, so nothing was released. When it was the run's first spending,
+            # the run leaves nothing (a signal, by contrast, leaves the ledger as evidence).
+            if first:
+                self.discard()
+            raise
         note = {"phase": phase, "sha256": _sha256(data), **info}
         self.ledger.note("released", **note)
         self.ledger.sync()
@@ -169,13 +180,12 @@ class Session:
     # ------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, state: dict) -> None:
-        import torch
 
         self.ledger.sync()  # every step the checkpoint reflects is on disk first
         if self.sizes is not None:
             self.sizes.sync()
         with atomic_output(self.dir / "checkpoint.pt") as tmp:
-            torch.save(state, tmp)
+            torch_save(state, tmp)
         self.ledger.note("checkpoint", phase=state.get("phase"), step=state.get("step"))
 
     def load_checkpoint(self) -> dict | None:
@@ -184,7 +194,33 @@ class Session:
         path = self.dir / "checkpoint.pt"
         return torch.load(path, weights_only=False) if path.exists() else None
 
+    def unspent(self) -> bool:
+        """Whether this run has logged no spending at all (a fresh session before its first intent)."""
+        return not self.resumed and not self.ledger.events("intent") and \
+            (self.sizes is None or not self.sizes.events("intent"))
+
+    def discard(self) -> None:
+        """Remove everything this session wrote, for a run that failed cleanly before spending anything.
+
+        The directory was new or empty (``trainers.outputs.check_out``): it is removed when the
+        session created it, emptied otherwise.
+        """
+        if self._discarded:
+            return
+        self._discarded = True
+        for ledger in (self.ledger, self.sizes):
+            if ledger is not None:
+                ledger.abandon()
+        self.lock.release()
+        if self._created is not None:
+            _remove(self._created)
+            return
+        for p in self.dir.iterdir():
+            _remove(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
     def close(self) -> None:
+        if self._discarded:
+            return
         self.ledger.close()
         if self.sizes is not None:
             self.sizes.close()
@@ -229,6 +265,12 @@ class NullSession:
 
     def load_checkpoint(self):
         return None
+
+    def unspent(self) -> bool:
+        return True
+
+    def discard(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -59,6 +59,8 @@ def _mu(sigma: object, sensitivity: object) -> float:
 
 def _log_delta(epsilon: float, mu: float) -> float:
     """log delta(eps) for the Gaussian mechanism with mu = Delta / sigma."""
+    if mu == 0.0:  # Delta / sigma underflowed (below 5e-324): delta(0) ~ 0.4 mu is below every float delta
+        return -math.inf
     log_a = special.log_ndtr(mu / 2 - epsilon / mu)
     log_b = epsilon + special.log_ndtr(-mu / 2 - epsilon / mu)
     if log_b >= log_a:  # only rounding can get here; the true value is > 0 but below precision
@@ -123,7 +125,7 @@ def classical_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) -
     epsilon = validate.positive("epsilon", epsilon)
     delta = validate.open_unit("delta", delta)
     sensitivity = validate.positive("sensitivity", sensitivity)
-    return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+    return sensitivity * math.sqrt(2.0 * _log_125_over(delta)) / epsilon
 
 
 def classical_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) -> float:
@@ -131,4 +133,9 @@ def classical_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) -
     sigma = validate.positive("sigma", sigma)
     delta = validate.open_unit("delta", delta)
     sensitivity = validate.positive("sensitivity", sensitivity)
-    return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / sigma
+    return sensitivity * math.sqrt(2.0 * _log_125_over(delta)) / sigma
+
+
+def _log_125_over(delta: float) -> float:
+    # ln(1.25 / delta) as a difference: 1.25 / delta overflows for a subnormal delta (5e-324).
+    return math.log(1.25) - math.log(delta)

@@ -67,10 +67,6 @@ MAX_GAUSSIAN_RATIO = 1e100
 # itself limited to 4M terms (32 MiB), which binds first for K beyond ~1e11.
 MAX_RR_COUNT = 10**15
 
-# Largest number of DP-SGD steps any method accepts: stated with the other input limits.
-from budgetplan.limits import MAX_STEPS  # noqa: E402
-
-# Largest epsilon a noise multiplier is calibrated for. Past it the noise is so small that
-# every PLD evaluation runs at the grid limits (a search for epsilon = 1000 takes ~30 s on
-# two cores); no privacy plan needs it.
-MAX_CALIBRATION_EPSILON = 1e3
+# Largest number of DP-SGD steps any method accepts, and largest epsilon a noise multiplier is
+# calibrated for: stated with the other input limits.
+from budgetplan.limits import MAX_CALIBRATION_EPSILON, MAX_STEPS  # noqa: E402

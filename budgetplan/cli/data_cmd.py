@@ -11,7 +11,7 @@ import click
 
 from budgetplan.cli._shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
 from budgetplan.cli.prep_cmds import ENGINE, SPARK_MASTER, cap, split
-from budgetplan.limits import MAX_SYNTH_ROWS
+from budgetplan.limits import MAX_DATASET_SIZE, MAX_SYNTH_ROWS
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -203,7 +203,14 @@ def count(data_path: str, unit_id: str | None, caps: tuple[int, ...], dp_epsilon
         raise click.UsageError(f"--dp-epsilon releases one count: give --unit-cap once, got {len(caps)}")
     if (unit_id is None) != (not caps):
         raise click.UsageError("--unit-id and --unit-cap go together (a capped count needs the unit ids)")
-    return _dp_count(data_path, unit_id, caps[0] if caps else 1, dp_epsilon, seed, data_format, as_json, spark)
+    from budgetplan.dpcount import min_epsilon
+
+    k = caps[0] if caps else 1
+    if dp_epsilon < min_epsilon(k):
+        raise click.UsageError(f"--dp-epsilon must be at least K / {MAX_DATASET_SIZE:g} = {min_epsilon(k):.3g} "
+                               f"(K = {k}), got {dp_epsilon!r}: noise of scale K / epsilon beyond the largest "
+                               "dataset size a scenario accepts leaves a count that is all noise")
+    return _dp_count(data_path, unit_id, k, dp_epsilon, seed, data_format, as_json, spark)
 
 
 def _unit_ids(data_path: str, unit_id: str, data_format: str) -> NDArray[Any]:

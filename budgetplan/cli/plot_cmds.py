@@ -65,7 +65,12 @@ def frontier(runs: tuple[str, ...], baseline_run: str | None, output: str, as_js
 
     base = None
     if baseline_run:
-        base = (load_record(baseline_run, private=True).metrics.get("eval") or {}).get("auc")
+        _check_baseline_is_not_a_run(baseline_run, runs)
+        record = load_record(baseline_run, private=True)
+        if record.private:
+            raise click.UsageError(f"--baseline {baseline_run} is a private ({record.algorithm}) run: give the "
+                                   "non-private baseline's run.json (budgetplan train --non-private)")
+        base = (record.metrics.get("eval") or {}).get("auc")
         if base is None:
             raise click.UsageError(f"--baseline {baseline_run} has no eval AUC")
     rows = frontier_rows(runs, baseline_auc=base)
@@ -76,3 +81,18 @@ def frontier(runs: tuple[str, ...], baseline_run: str | None, output: str, as_js
         emit_json({"output": output, "rows": rows})
     else:
         console().print(f"wrote {output} ({len(rows)} runs)")
+
+
+def _check_baseline_is_not_a_run(baseline_run: str, runs: tuple[str, ...]) -> None:
+    """The baseline is the reference the runs are measured against, never one of them."""
+    import os
+
+    for run in runs:
+        record = os.path.join(run, "run.json") if os.path.isdir(run) else run
+        try:
+            same = os.path.samefile(baseline_run, record)
+        except OSError:  # one of them does not exist: load_record says which
+            continue
+        if same:
+            raise click.UsageError(f"--baseline {baseline_run} is also one of the RUNS ({run}): the baseline is the "
+                                   "non-private reference the runs are measured against")

@@ -27,6 +27,19 @@ SPARK_MASTER = click.option("--spark-master", envvar="SPARK_MASTER", show_envvar
                             help="With --engine spark: the master URL (default local[*]).")
 
 
+class _OutDirectory(click.Path):
+    """A directory to create: click's Path, but "" is refused (as a Path it would be ".", the current directory)."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            name = param.opts[0] if param is not None and param.opts else "--out"
+            raise click.UsageError(f"{name} is empty: name the directory to create, got {value!r}", ctx)
+        return super().convert(value, param, ctx)
+
+
 def _key_options(f: _F) -> _F:
     f = click.option("--new-key", "new_key", type=click.Path(dir_okay=False, path_type=Path),
                      help="Make a fresh 32-byte key, save it here (owner-only), and use it.")(f)
@@ -83,7 +96,7 @@ def _show(title: str, manifest: dict[str, Any], out: Path) -> None:
 @click.option("--unit-id", required=True, help="The unit (user) id column: integer or string.")
 @click.option("--unit-cap", "cap", type=UNIT_CAP, required=True, help="K, the most rows a unit keeps.")
 @_key_options
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", type=_OutDirectory(), required=True,
               help="A new (or empty) directory for the Parquet shards and manifest.json.")
 @ENGINE
 @SPARK_MASTER
@@ -117,7 +130,7 @@ def cap(data_paths: tuple[str, ...], unit_id: str, cap: int, key_path: Path | No
 @click.option("--held-out", "held_out", type=OPEN_UNIT, required=True,
               help="The fraction of units held out, strictly between 0 and 1.")
 @_key_options
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", type=_OutDirectory(), required=True,
               help="A new (or empty) directory; train/ and held_out/ are written in it.")
 @ENGINE
 @SPARK_MASTER

@@ -126,6 +126,10 @@ def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSetting
               "`budgetplan audit` checks it.")
 @click.option("--canary-confidence", type=OPEN_UNIT, default=0.95, show_default=True,
               help="--canaries: the confidence of the audit's test and bound.")
+@click.option("--scenario", "signed", metavar="SCENARIO.toml",
+              help="The scenario that was signed off: refuse the plan unless its embedded scenario is exactly it, "
+                   "as `verify --scenario` does. A plan edited and re-hashed (a sensitive column moved to the "
+                   "non-sensitive group, say) is consistent in itself; only this comparison shows it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, data_format: str, model: str,
           embedding_dim: str, lr: float, dpsgd_optimizer: str, dpsgd_lr: float | str, dpsgd_schedule: str, loss: str,
@@ -133,7 +137,7 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
           device: str, threads: int | str, seed: int | None, non_private: bool, baseline_epochs: int, patience: int,
           validation_fraction: float, weight_decay: float, truncated: bool, baseline_run: str | None, resume: bool,
           checkpoint_every: int, key_path: str | None, nproc: int, canaries: int | None, canary_confidence: float,
-          as_json: bool) -> None:
+          signed: str | None, as_json: bool) -> None:
     """Execute PLAN.json on --data and write --out/run.json (or train the non-private baseline).
 
     Under torchrun (WORLD_SIZE > 1 in the environment) every process runs this command and
@@ -150,6 +154,8 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
                          hash_bins_sensitive=hash_bins, hybrid_start=hybrid_start)
     plan = load_plan(plan_file)
     _refuse_unused(click.get_current_context(), plan, non_private)
+    if signed is not None:
+        _check_signed(plan, signed)
     key = None
     record: RunRecord | None
     if key_path is not None:
@@ -192,6 +198,18 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
             "sha256": private.sha256} if private is not None else None})
         return
     _print_record(record, out_dir)
+
+
+def _check_signed(plan: Plan, signed: str) -> None:
+    """Refuse a plan whose embedded scenario differs from the signed-off one (``verify --scenario``)."""
+    from budgetplan.audit.verify import verify_plan
+    from budgetplan.cli.plan_cmds import _scenario
+    from budgetplan.errors import PlanMismatchError
+
+    report = verify_plan(plan, replan=False, signed=_scenario(signed))
+    if not report.ok:
+        raise PlanMismatchError(f"the plan is not the signed-off scenario {signed}'s: {report.problems[0]}",
+                                report.problems)
 
 
 def _torchrun_group(nproc: int) -> Collective | None:

@@ -197,6 +197,9 @@ def _string(name: str, value: object) -> str:
 def _text(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidParameterError(f"{name} must be a string, got {value!r}")
+    if len(value) > limits.MAX_TEXT_CHARS:
+        raise InvalidParameterError(f"{name} must be at most {limits.MAX_TEXT_CHARS:,} characters (budgetplan's "
+                                    f"stated limit), got {len(value):,}: {value[:40]!r}...")
     return value
 
 
@@ -265,6 +268,11 @@ class DPSGDShape:
             raise InvalidParameterError('[dpsgd].max_batch_size needs sampling = "truncated-poisson"')
         for key in ("noise_multiplier", "max_noise_multiplier"):
             _set(self, key, _optional(validate.positive, f"[dpsgd].{key}", getattr(self, key)))
+        if self.noise_multiplier is not None and self.max_noise_multiplier is not None \
+                and self.noise_multiplier > self.max_noise_multiplier:
+            raise InvalidParameterError(f"[dpsgd].noise_multiplier = {self.noise_multiplier!r} exceeds "
+                                        f"[dpsgd].max_noise_multiplier = {self.max_noise_multiplier!r}: the plan "
+                                        "would need more noise than the scenario allows")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -367,6 +375,10 @@ class FeatureSpec:
             seen.add(col)
         if self.label in seen:
             raise InvalidParameterError(f"[features].label {self.label!r} is also listed as a feature")
+        if self.unit_id is not None and (self.unit_id in seen or self.unit_id == self.label):
+            # the unit id identifies the unit the plan protects: as a feature (or the label) it is no protection
+            role = "the label" if self.unit_id == self.label else "a feature"
+            raise InvalidParameterError(f"[features].unit_id {self.unit_id!r} is also listed as {role}")
 
     @property
     def nonsensitive(self) -> tuple[str, ...]:
@@ -578,7 +590,7 @@ class Scenario:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        _string("name", self.name)
+        _text("name", _string("name", self.name))
         _text("description", self.description)
         _set(self, "epsilon", validate.positive("[budget].epsilon", self.epsilon))
         _set(self, "delta", _delta("[budget].delta", self.delta))
@@ -616,10 +628,10 @@ class Scenario:
                 for rule in self.tuning.split:
                     _check_split(rule, self.epsilon, "[tuning].split")
             else:
-                split = _split_rule("[algorithm].split", self.split or DEFAULT_RULE)
+                split = _split_rule("[algorithm].split", DEFAULT_RULE if self.split is None else self.split)
                 _set(self, "split", split)
                 _check_split(split, self.epsilon)
-            _set(self, "tower", _choice("[algorithm].tower", self.tower or "frozen", TOWERS))
+            _set(self, "tower", _choice("[algorithm].tower", "frozen" if self.tower is None else self.tower, TOWERS))
         if self.split_evidence is not None:
             _text("[algorithm].split_evidence", self.split_evidence)
             if self.algorithm != "hybrid" or self.split is None:
@@ -976,15 +988,16 @@ def _check_hybrid_only_keys(s: Scenario) -> None:
 
 
 def _check_batch_sizes(s: Scenario) -> None:
-    """A DP-SGD batch (and its truncation bound) fits in the dataset."""
-    if s.dpsgd is None:
-        return
+    """A DP-SGD or RR batch (and DP-SGD's truncation bound) fits in the dataset."""
     n = s.dataset_size
-    if s.dpsgd.batch_size > n:
-        raise InvalidParameterError(f"[dpsgd].batch_size ({s.dpsgd.batch_size}) must not exceed "
-                                    f"[data].dataset_size ({n})")
-    if s.dpsgd.max_batch_size is not None:
-        check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
+    if s.dpsgd is not None:
+        if s.dpsgd.batch_size > n:
+            raise InvalidParameterError(f"[dpsgd].batch_size ({s.dpsgd.batch_size}) must not exceed "
+                                        f"[data].dataset_size ({n})")
+        if s.dpsgd.max_batch_size is not None:
+            check_max_batch_size(s.dpsgd.batch_size, s.dpsgd.max_batch_size, n)
+    if s.rr is not None and s.rr.batch_size is not None and s.rr.batch_size > n:
+        raise InvalidParameterError(f"[rr].batch_size ({s.rr.batch_size}) must not exceed [data].dataset_size ({n})")
 
 
 def _check_features(s: Scenario) -> None:

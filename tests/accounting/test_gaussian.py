@@ -60,3 +60,11 @@ def test_classical_overnoises_below_one_and_is_unsafe_at_large_eps():
 
 def test_epsilon_zero_when_delta_large():
     assert g.analytic_epsilon(sigma=100.0, delta=0.5) == 0.0
+
+
+def test_subnormal_delta_and_underflowing_ratio():
+    # 1.25 / 5e-324 overflows; ln 1.25 - ln delta does not
+    sigma = g.analytic_sigma(epsilon=1.0, delta=5e-324)
+    assert 38 < sigma < 39 and g.classical_sigma(epsilon=1.0, delta=5e-324) < 39
+    # sensitivity / sigma underflows to 0: nothing is revealed at any float delta
+    assert g.analytic_epsilon(sigma=1e300, delta=1e-300, sensitivity=1e-300) == 0.0

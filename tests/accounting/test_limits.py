@@ -173,7 +173,7 @@ def test_steps_for_epochs_limit():
 
 
 def test_calibration_target_limit(monkeypatch):
-    with pytest.raises(InvalidParameterError, match="epsilon must be at most 1000"):
+    with pytest.raises(InvalidParameterError, match="epsilon must be at most 100 for noise calibration"):
         calibrate.dpsgd_noise_multiplier(epsilon=1e6, delta=1e-5, sampling_rate=0.01, steps=100)
     monkeypatch.setattr(calibrate, "MAX_CALIBRATION_EPSILON", 5.0)
     assert calibrate.dpsgd_noise_multiplier(epsilon=5.0, delta=1e-5, sampling_rate=0.01, steps=100).value > 0

@@ -142,3 +142,30 @@ def test_split_errors(runner, args, fragment):
     base = ["split", "--delta", "1e-9", "--dataset-size", "60000", "--batch-size", "600", "--epochs", "1"]
     out = run(runner, *base, *args)
     assert out.exit_code == 2 and fragment in out.stderr
+
+
+def test_plan_into_a_fifo_a_symlink_and_dev_null(runner, tmp_path):
+    # -o never replaces what it names: a FIFO and /dev/null are written through, a symlink's
+    # target is replaced atomically and the link stays; a name ending in / is refused
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    out = run(runner, "plan", "example:rr-impression", "-o", fifo)
+    reader.join(timeout=30)
+    assert out.exit_code == 0, out.output
+    assert json.loads(got[0])["sha256"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "target.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("target.json")
+    assert run(runner, "plan", "example:rr-impression", "-o", tmp_path / "link.json").exit_code == 0
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "target.json").read_text())["sha256"]
+    assert run(runner, "plan", "example:rr-impression", "-o", "/dev/null").exit_code == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    slash = run(runner, "plan", "example:rr-impression", "-o", f"{tmp_path}/newdir/")
+    assert slash.exit_code == 2 and "ends in '/'" in slash.stderr and not (tmp_path / "newdir").exists()
+    assert sorted(os.listdir(tmp_path)) == ["link.json", "pipe", "target.json"]

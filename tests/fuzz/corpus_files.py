@@ -218,6 +218,41 @@ def _rehashed_cases() -> list[Case]:
     return cases
 
 
+def _moved_to_nonsensitive(column: str):
+    """A plan edited to list a sensitive column as non-sensitive, its hash recomputed: consistent in itself."""
+    def edit(data: bytes) -> bytes:
+        import hashlib
+
+        from budgetplan.plan import canonical_json
+
+        obj = json.loads(data)
+        features = obj["scenario"]["features"]
+        features["sensitive_categorical"] = [c for c in features["sensitive_categorical"] if c != column]
+        features["nonsensitive_categorical"] = features["nonsensitive_categorical"] + [column]
+        obj.pop("sha256")
+        obj["sha256"] = hashlib.sha256(canonical_json(obj).encode("ascii")).hexdigest()
+        return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True) + "\n").encode()
+    return edit
+
+
+def _signed_cases() -> list[Case]:
+    """Only the signed-off scenario shows a re-hashed plan that moved a column between the groups."""
+    from tests.fuzz.artefacts import train_scenario
+
+    signed = Text("s.toml", train_scenario())
+    moved = Artefact("plan.json", "plan-train", _moved_to_nonsensitive("past_site"))
+    data = Artefact("train.parquet", "train-parquet")
+    train = ("train", "plan.json", "--data", "train.parquet", "--out", "run", "--embedding-dim", "1")
+    return [
+        Case("plan-moved-to-nonsensitive-verify-signed", ("verify", "plan.json", "--scenario", "s.toml"), "reject",
+             inputs=(moved, signed)),
+        Case("plan-moved-to-nonsensitive-train-signed", train + ("--scenario", "s.toml"), "reject",
+             inputs=(moved, signed, data)),
+        Case("plan-train-signed", train + ("--scenario", "s.toml", "--json"), "accept",
+             inputs=(Artefact("plan.json", "plan-train"), signed, data), outputs=("run",)),
+    ]
+
+
 # ----------------------------------------------------------------- run records
 
 RECORD_EDITS = (
@@ -295,8 +330,9 @@ def _record_cases() -> list[Case]:
         Case("frontier-non-private-only", ("plot", "frontier", "base", "-o", "f.png"), "reject",
              inputs=(Artefact("base", "run-baseline"),)),
         Case("frontier-no-relative-loss", ("plot", "frontier", "run", "-o", "f.png"), "reject", inputs=(run,)),
+        # the run measured against itself (a loss of 0 by construction): the baseline is a non-private run
         Case("frontier-baseline-private", ("plot", "frontier", "run", "--baseline", "run/run.json", "-o", "f.png"),
-             "accept", inputs=(run,), outputs=("f.png",)),
+             "reject", inputs=(run,)),
         Case("frontier-baseline", ("plot", "frontier", "run", "--baseline", "base/run.json", "-o", "f.png", "--json"),
              "accept", inputs=(run, Artefact("base", "run-baseline")), outputs=("f.png",)),
         Case("frontier-baseline-missing", ("plot", "frontier", "run", "--baseline", "nope.json", "-o", "f.png"),
@@ -359,6 +395,14 @@ def _duplicate_label(_: bytes) -> bytes:
     return _table_bytes("csv", {**cols, "label2": cols["label"]}, names=names)
 
 
+def _duplicate(column: str, fmt: str = "parquet"):
+    """Synthetic data with ``column`` named twice (the second a copy of the first)."""
+    def build(_: bytes) -> bytes:
+        cols = _synthetic()
+        return _table_bytes(fmt, {**cols, column + "-2": cols[column]}, names=list(cols) + [column])
+    return build
+
+
 def _at(i, value):
     def fn(values):
         values = list(values)
@@ -386,12 +430,18 @@ BAD_DATA = (
     ("ragged-csv", lambda b: b"label,user_id,publisher\n1,2\n0,3,4,5\n", "d.csv", ()),
     ("bad-gzip", lambda b: b"\x1f\x8b" + b"garbage" * 10, "d.csv.gz", ()),
     ("duplicate-label-csv", _duplicate_label, "d.csv", ()),
+    # the column-at-a-time Parquet reader took the schema's field by name (KeyError)
+    ("duplicate-label-parquet", _duplicate("label"), "d.parquet", ()),
+    ("duplicate-feature-parquet", _duplicate("publisher"), "d.parquet", ()),
     ("label-missing", _variant("parquet", label=None), "d.parquet", ("count",)),
     ("label-two", _variant("parquet", label=_at(5, 2)), "d.parquet", ("count",)),
     ("label-nan", _variant("parquet", label=lambda v: [float(x) for x in _at(3, float("nan"))(v)]), "d.parquet",
      ("count",)),
     ("label-null", _variant("parquet", label=_at(0, None)), "d.parquet", ("count",)),
     ("label-string", _variant("parquet", label=lambda v: [str(x) for x in v]), "d.parquet", ("count",)),
+    # one class: the run spent its budget on a constant and said nothing (eval: AUC is undefined)
+    ("label-all-zero", _variant("parquet", label=_every(0)), "d.parquet", ("count",)),
+    ("label-all-one", _variant("parquet", label=_every(1)), "d.parquet", ("count",)),
     ("label-negative", _variant("parquet", label=_at(7, -1)), "d.parquet", ("count",)),
     ("feature-nan", _variant("parquet", bid_floor=_at(4, float("nan"))), "d.parquet", ("count",)),
     ("feature-inf", _variant("parquet", bid_floor=_at(9, float("inf"))), "d.parquet", ("count",)),
@@ -477,4 +527,4 @@ def _data_cases() -> list[Case]:
 
 
 def file_cases() -> list[Case]:
-    return _plan_cases() + _rehashed_cases() + _record_cases() + _data_cases()
+    return _plan_cases() + _rehashed_cases() + _signed_cases() + _record_cases() + _data_cases()

@@ -40,6 +40,9 @@ CASES = (
     ("dpsgd-everything-given", _DPSGD + ("--epsilon", "3"), "reject"),
     ("dpsgd-delta-above-1/n-warns", ("dpsgd", "--noise-multiplier", "1", "--delta", "0.5", "--dataset-size", "100",
                                      "--batch-size", "10", "--steps", "1", "--accountant", "rdp", "--json"), "accept"),
+    # calibration targets above limits.MAX_CALIBRATION_EPSILON: epsilon 1000 searched for 200 s
+    ("dpsgd-calibrate-epsilon-1000", ("dpsgd", "--epsilon", "1000", "--delta", "1e-6", "--dataset-size", "10000",
+                                      "--batch-size", "256", "--steps", "10"), "reject"),
     ("dpsgd-unit-cap-above-limit", _DPSGD + ("--unit-cap", "1000000"), "reject"),
     ("dpsgd-unit-cap-tight-truncated", _DPSGD + ("--unit-cap", "2", "--max-batch-size", "400"), "reject"),
     # the accounting engine's grid blow-ups: fixed on the accounting branch
@@ -64,6 +67,11 @@ CASES = (
     ("gaussian-neither", ("gaussian", "--delta", "1e-6", "--sensitivity", "1"), "reject"),
     ("gaussian-noise-std-1e-300", ("gaussian", "--noise-std", "1e-300", "--delta", "1e-6", "--sensitivity", "1"),
      "clean", (), ()),
+    # 1.25 / 5e-324 overflowed the classical guess; sensitivity / noise std underflowed to 0 (ZeroDivisionError)
+    ("gaussian-delta-subnormal", ("gaussian", "--delta", "5e-324", "--epsilon", "1", "--sensitivity", "1", "--json"),
+     "accept"),
+    ("gaussian-ratio-underflows", ("gaussian", "--noise-std", "1e300", "--delta", "1e-300", "--sensitivity",
+                                   "1e-300", "--accountant", "all", "--json"), "clean", (), ()),
     ("group-delta-one", ("group", "--epsilon", "1", "--delta", "1", "--group-size", "2"), "reject"),
     ("group-vacuous-human", ("group", "--epsilon", "50", "--delta", "1e-6", "--group-size", "100"), "accept"),
     # split rules are read strictly; eps1 = eps is the RR-only arm, spelled alpha=1
@@ -98,6 +106,11 @@ CASES = (
     ("curve-batch-above-n", ("plot", "curve", "--noise-multiplier", "1", "--dataset-size", "10", "--batch-size",
                              "100", "--max-epochs", "1", "--delta", "1e-6", "-o", "c.png"), "reject"),
     ("curve-no-noise", _CURVE, "reject"),
+    # the baseline is the non-private reference: never one of the runs, never a private run
+    ("frontier-baseline-is-the-run", ("plot", "frontier", "run/run.json", "--baseline", "run/run.json", "-o",
+                                      "f.png"), "reject", (Artefact("run", "run-rr"),)),
+    ("frontier-baseline-is-private", ("plot", "frontier", "run", "--baseline", "run0/run.json", "-o", "f.png"),
+     "reject", (Artefact("run", "run-rr"), Artefact("run0", "run-rr"))),
     # data synth
     ("synth-users-above-rows", ("data", "synth", "--rows", "5", "--users", "6", "--out", "d.parquet"), "reject"),
     ("synth-format-contradicts-name", ("data", "synth", "--rows", "50", "--users", "5", "--out", "d.parquet",

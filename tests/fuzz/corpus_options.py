@@ -88,7 +88,7 @@ COMMANDS = (
     Cmd("dpsgd", ("dpsgd", "--noise-multiplier", "1", "--delta", "1e-6", "--dataset-size", "10000",
                   "--batch-size", "100", "--steps", "10", "--accountant", "rdp", "--json"), (
         Opt("--noise-multiplier", accept="frac huge 2^63"),  # 1e308: RDP overflows, a clean error
-        Opt("--epsilon", accept="frac",  # calibration targets above epsilon 1000 are refused
+        Opt("--epsilon", accept="frac",  # calibration targets above epsilon 100 are refused (limits.py)
             base=("dpsgd", "--epsilon", "1", "--delta", "1e-6", "--dataset-size", "10000", "--batch-size", "100",
                   "--steps", "10", "--accountant", "rdp", "--json")),
         Opt("--delta", accept="tiny"),
@@ -148,6 +148,8 @@ COMMANDS = (
     ), outputs=("d.parquet",)),
     Cmd("data-count", ("data", "count", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--json"), (
         Opt("--unit-cap", accept=""),
+        # below K / MAX_DATASET_SIZE the count is all noise (1e-300 divided by zero)
+        Opt("--dp-epsilon", accept="frac big huge 2^63"),
     ), inputs=(_TRAIN_DATA,)),
     Cmd("data-cap", ("data", "cap", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--new-key", "k.key",
                      "--out", "capped", "--json"), (

@@ -67,6 +67,13 @@ def _file_cases() -> list[Case]:
         cases.append(Case(id=f"out-{name}-replaces", argv=_argv(argv, "out" + suffix), expect="accept",
                           inputs=inputs + (Text("out" + suffix, "the previous version\n"),), outputs=("out" + suffix,)))
     cases.append(Case("out-curve-not-png", _argv(FILE_WRITERS[5][1], "curve.jpg"), "reject"))
+    # a device is written through, never replaced by a plain file (util/fileio; /dev/full: tests/test_files.py)
+    for name, argv, inputs, _ in FILE_WRITERS[:3]:
+        cases.append(Case(f"out-{name}-dev-null", _argv(argv, "/dev/null"), "accept", inputs=inputs))
+    # a name ending in / is a directory (it once wrote a file named "newdir"); synth writes shards there
+    for name, argv, inputs, _ in FILE_WRITERS:
+        if not name.startswith("synth"):
+            cases.append(Case(f"out-{name}-trailing-slash", _argv(argv, "newdir/"), "reject", inputs=inputs))
     cases.append(Case("out-plan-unicode-name", ("plan", "s.toml", "-o", "plän ✓.json"), "accept",
                       inputs=(Text("s.toml", SMALL_SCENARIOS["rr"]),), outputs=("plän ✓.json",)))
     return cases
@@ -100,6 +107,10 @@ def _run_directory_cases() -> list[Case]:
         Case("out-train-existing-record", _argv(_TRAIN_ARGV, "run"), "reject", inputs=_TRAIN + (_RUN,)),
         Case("out-train-interrupted-run", _argv(_TRAIN_ARGV, "run"), "reject",
              inputs=_TRAIN + (Artefact("run", "run-rr", ("run.json", lambda b: None)),)),
+        # a new run in a directory of other files: refused (a failed run may empty its directory)
+        Case("out-train-not-empty", _argv(_TRAIN_ARGV, "d"), "reject", inputs=_TRAIN + (Text("d/keep.txt", "mine"),)),
+        Case("out-train-not-empty-resume", _argv(_TRAIN_ARGV, "d") + ("--resume",), "reject",
+             inputs=_TRAIN + (Text("d/keep.txt", "mine"),)),
         Case("out-train-resume-nothing", _argv(_TRAIN_ARGV, "new") + ("--resume",), "reject", inputs=_TRAIN),
         Case("out-train-empty-dir-ok", _argv(_TRAIN_ARGV, "d") + ("--json",), "accept", inputs=_TRAIN + (Dir("d"),),
              outputs=("d",)),
@@ -107,14 +118,27 @@ def _run_directory_cases() -> list[Case]:
              outputs=("a",)),
         Case("out-train-stale-temporary-removed", _argv(_TRAIN_ARGV, "d") + ("--json",), "accept",
              inputs=_TRAIN + (Text("d/.model.pt.0123456789abcdef.tmp", "half a model"),), outputs=("d",)),
+        # "" was the current directory (a Path of "" is ".")
+        Case("out-data-cap-empty", ("data", "cap", "t.parquet", "--unit-id", "user_id", "--unit-cap", "2",
+                                    "--new-key", "k.key", "--out", ""), "reject",
+             inputs=(Artefact("t.parquet", "train-parquet"),)),
+        Case("out-data-split-empty", ("data", "split", "t.parquet", "--unit-id", "user_id", "--held-out", "0.3",
+                                      "--new-key", "k.key", "--out", ""), "reject",
+             inputs=(Artefact("t.parquet", "train-parquet"),)),
         Case("out-demo-not-empty", _argv(_DEMO_ARGV, "d"), "reject", inputs=(Text("d/keep.txt", "mine"),)),
         Case("out-demo-users-above-rows", ("demo", "--rows", "10", "--users", "20", "--out", "d"), "reject"),
     ]
     # killed after privacy was spent: the run directory is evidence (ledger, labels), never a result
     for fault in ("sigterm@model.pt", "interrupt@model.pt", "enospc@model.pt", "sigterm@run.json",
-                  "enospc@run.json", "sigterm@rr_labels.npy", "enospc@rr_labels.npy"):
+                  "enospc@run.json", "sigterm@rr_labels.npy"):
         cases.append(Case(id=f"out-train-{fault.replace('@', '-at-')}", argv=_argv(_TRAIN_ARGV, "run"),
                           expect="interrupted", inputs=_TRAIN, fault=fault))
+    # a clean failure to save the first release: the draw never left the process, nothing was
+    # spent, and the run leaves nothing (no plan.json, no one-intent ledger, no .lock)
+    cases.append(Case("out-train-enospc-at-rr_labels.npy", _argv(_TRAIN_ARGV, "run"), "reject", inputs=_TRAIN,
+                      fault="enospc@rr_labels.npy"))
+    cases.append(Case("out-train-enospc-at-rr_labels.npy-empty-dir", _argv(_TRAIN_ARGV, "d"), "reject",
+                      inputs=_TRAIN + (Dir("d"),), fault="enospc@rr_labels.npy"))
     for fault in ("sigterm@checkpoint.pt", "enospc@checkpoint.pt"):
         cases.append(Case(id=f"out-train-dpsgd-{fault.replace('@', '-at-')}", expect="interrupted", fault=fault,
                           argv=_argv(_TRAIN_ARGV, "run") + ("--checkpoint-every", "1"),

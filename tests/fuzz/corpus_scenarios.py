@@ -68,7 +68,8 @@ KEYS = (
     ("dpsgd.data.dataset_size", SMALL_SCENARIOS["dpsgd"], "data", "dataset_size", "", ""),
     ("rr.privacy.cap", _USER_RR, "privacy", "cap", "", ""),
     ("rr.rr.epochs", SMALL_SCENARIOS["rr"], "rr", "epochs", "", ""),
-    ("rr.rr.batch_size", SMALL_SCENARIOS["rr"], "rr", "batch_size", "big huge 2^63", ""),
+    # a batch above N is refused as [dpsgd]'s is (1e308 and 10^30 were accepted)
+    ("rr.rr.batch_size", SMALL_SCENARIOS["rr"], "rr", "batch_size", "", ""),
     ("dpsgd.dpsgd.batch_size", SMALL_SCENARIOS["dpsgd"], "dpsgd", "batch_size", "", ""),
     ("dpsgd.dpsgd.steps", SMALL_SCENARIOS["dpsgd"], "dpsgd", "steps", "", "!big"),
     ("dpsgd.dpsgd.epochs", _DPSGD_EPOCHS, "dpsgd", "epochs", "tiny frac", ""),
@@ -126,7 +127,10 @@ TEXTS = (
     ("budget-array-of-tables", _RR.replace("[budget]", "[[budget]]"), "reject"),
     ("nested-arrays-deep", "x = " + "[" * 5000 + "]" * 5000 + "\n" + _RR, "reject"),
     ("nested-tables-deep", "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n" + _RR, "reject"),
-    ("long-line", "name = \"" + "a" * 2_000_000 + "\"\n" + _RR.replace('name = "fuzz-rr"\n', ""), "accept"),
+    # a 2 MB line, and a name past MAX_TEXT_CHARS (a 20 MB name took 10 s and 0.5 GB to plan)
+    ("long-line", "name = \"" + "a" * 2_000_000 + "\"\n" + _RR.replace('name = "fuzz-rr"\n', ""), "reject"),
+    ("name-at-limit", "name = \"" + "a" * 10_000 + "\"\n" + _RR.replace('name = "fuzz-rr"\n', ""), "accept"),
+    ("description-above-limit", 'description = "' + "d" * 10_001 + '"\n' + _RR, "reject"),
     ("name-empty", _RR.replace('name = "fuzz-rr"', 'name = ""'), "reject"),
     ("name-number", _RR.replace('name = "fuzz-rr"', "name = 3"), "reject"),
     ("name-non-ascii", _RR.replace('name = "fuzz-rr"', 'name = "Anzeigen-Prüfung ✓"'), "accept"),
@@ -176,8 +180,18 @@ TEXTS = (
     ("split-eps1-valid", _HY.replace('split = "alpha=0.5"', 'split = "eps1=2.5"'), "accept"),
     ("split-alpha-one", _HY.replace('split = "alpha=0.5"', 'split = "alpha=1"'), "accept"),
     ("split-number", _HY.replace('split = "alpha=0.5"', "split = 0.5"), "reject"),
+    # a falsy split or tower became the default (paper-v1 / alpha-by-eps, frozen)
+    ("split-negative-zero", _HY.replace('split = "alpha=0.5"', "split = -0.0"), "reject"),
+    ("split-empty", _HY.replace('split = "alpha=0.5"', 'split = ""'), "reject"),
+    ("split-false", _HY.replace('split = "alpha=0.5"', "split = false"), "reject"),
+    ("tower-empty", _HY.replace('split = "alpha=0.5"', 'split = "alpha=0.5"\ntower = ""'), "reject"),
     ("split-paper-upper", _HY.replace('split = "alpha=0.5"', 'split = "PAPER-V1"'), "reject"),
     ("tower-bad", _HY.replace('split = "alpha=0.5"', 'split = "alpha=0.5"\ntower = "thawed"'), "reject"),
+    ("rr-batch-above-n", _set(_RR, "rr", "batch_size", "10001"), "reject"),
+    ("rr-batch-10^18", _set(_RR, "rr", "batch_size", str(10**18)), "reject"),
+    ("rr-batch-at-n", _set(_RR, "rr", "batch_size", "10000"), "accept"),
+    ("dpsgd-noise-above-max", _set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "max_noise_multiplier", "1.5"), "reject"),
+    ("dpsgd-noise-at-max", _set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "max_noise_multiplier", "2.0"), "accept"),
     ("dpsgd-both-steps-epochs", _set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "epochs", "1"), "reject"),
     ("dpsgd-neither-steps-epochs", _drop(SMALL_SCENARIOS["dpsgd"], "steps"), "reject"),
     ("dpsgd-batch-above-n", _set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "batch_size", "10001"), "reject"),
@@ -231,6 +245,12 @@ TEXTS = (
     ("features-empty-name", _RR + '\n[features]\nlabel = "y"\nnonsensitive_numeric = [""]\n', "reject"),
     ("features-weight-not-walr", _RR + '\n[features]\nlabel = "y"\nweight = "w"\nnonsensitive_numeric = ["a"]\n',
      "reject"),
+    ("features-unit-id-is-feature", _USER_RR + '\n[features]\nlabel = "y"\nunit_id = "u"\nnonsensitive_numeric = '
+                                                '["a"]\nsensitive_numeric = ["u"]\n', "reject"),
+    ("features-unit-id-is-label", _USER_RR + '\n[features]\nlabel = "u"\nunit_id = "u"\nnonsensitive_numeric = '
+                                              '["a"]\n', "reject"),
+    ("features-unit-id-valid", _USER_RR + '\n[features]\nlabel = "y"\nunit_id = "u"\nnonsensitive_numeric = '
+                                          '["a"]\n', "accept"),
     ("features-user-without-unit-id", _USER_RR + '\n[features]\nlabel = "y"\nnonsensitive_numeric = ["a"]\n',
      "reject"),
 )

@@ -216,3 +216,16 @@ def test_fresh_run_refuses_an_interrupted_directory(dp_setup, tmp_path):
     Ledger(out / "ledger.jsonl", plan_sha256=plan.sha256).close()
     with pytest.raises(InvalidParameterError, match="interrupted run"):
         execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4)))
+
+
+def test_a_released_lock_leaves_no_file_and_a_removed_one_is_not_taken(tmp_path):
+    from trainers.ledger import LockedError, RunLock
+
+    lock = RunLock(tmp_path)
+    assert (tmp_path / ".lock").exists()
+    with pytest.raises(LockedError):
+        RunLock(tmp_path)
+    lock.release()
+    assert not (tmp_path / ".lock").exists()  # never stale
+    again = RunLock(tmp_path)  # and free to take
+    again.release()

@@ -373,3 +373,66 @@ def test_a_seeded_cuda_run_takes_deterministic_kernels_and_gives_the_mode_back(m
     with pytest.raises(RuntimeError), reproducible_kernels(torch.device("cuda"), seeded=True):
         raise RuntimeError("a failing run")
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_refuses_training_labels_of_one_class(data, tmp_path):
+    root, table = data
+    for value in (0, 1):
+        one = table.set_column(table.column_names.index("label"), "label",
+                               pa.array(np.full(table.num_rows, value), table.column("label").type))
+        pq.write_table(one, tmp_path / "one.parquet")
+        with pytest.raises(InvalidParameterError, match=f"label column 'label' holds the single value {value} "):
+            execute_plan(rr_plan(5000), tmp_path / "one.parquet", RunOptions(out_dir=tmp_path / "run",
+                                                                             settings=FAST))
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_new_run_refuses_a_directory_of_other_files(data, tmp_path):
+    root, _ = data
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidParameterError, match=r"--out .*run is not empty \(it holds 'notes.txt'\)"):
+        execute_plan(rr_plan(5000), root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["notes.txt"]
+
+
+def _file_size_limit(limit):
+    def apply():
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_run_that_cannot_save_its_first_release_leaves_nothing(data, tmp_path):
+    # `ulimit -f 4`: plan.json (3.8 kB) fits, rr_labels.npy (4.5 kB) cannot be written: the draw
+    # never left the process, so the run leaves no plan.json, no one-intent ledger, no .lock
+    import subprocess
+    import sys
+
+    root, _ = data
+    (tmp_path / "plan.json").write_text(rr_plan(5000).to_json())
+    run = subprocess.run([sys.executable, "-m", "budgetplan", "train", str(tmp_path / "plan.json"), "--data",
+                          str(root / "train.parquet"), "--out", str(tmp_path / "run"), "--embedding-dim", "1"],
+                         preexec_fn=_file_size_limit(4096), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.startswith("error: cannot write ") and "rr_labels.npy" in run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_clean_failure_after_the_release_keeps_the_evidence_and_no_lock(data, tmp_path):
+    import subprocess
+    import sys
+
+    root, _ = data
+    (tmp_path / "plan.json").write_text(rr_plan(5000).to_json())
+    run = subprocess.run([sys.executable, "-m", "budgetplan", "train", str(tmp_path / "plan.json"), "--data",
+                          str(root / "train.parquet"), "--out", str(tmp_path / "run"), "--embedding-dim", "1"],
+                         preexec_fn=_file_size_limit(6000), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
+    assert "model.pt" in run.stderr  # torch's RuntimeError for a short write is an output error
+    left = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert "rr_labels.npy" in left and "ledger.jsonl" in left and ".lock" not in left and "run.json" not in left

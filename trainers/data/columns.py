@@ -17,6 +17,7 @@ and row order (tests check the encoding and the fingerprint against the whole-ta
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,10 @@ class ParquetColumns:
             except (pa.ArrowException, OSError) as exc:
                 raise InvalidParameterError(f"{shard}: cannot read as parquet: "
                                             f"{' '.join(str(exc).split())[:300]}") from None
+            twice = [c for c, n in Counter(names).items() if n > 1]
+            if twice:  # as read_table refuses: which of the two a reader takes is an accident of the reader
+                raise InvalidParameterError(f"{shard}: the file names column {twice[0]!r} twice; column names "
+                                            "must be unique")
             missing = [c for c in self.column_names if c not in names]
             if missing:
                 raise InvalidParameterError(f"{shard}: column {missing[0]!r} is not in the data (it has "

@@ -146,7 +146,7 @@ def split_terms(mix: DoubleMixture, a: np.ndarray, u: np.ndarray) -> tuple[np.nd
     delta = upper(X <= x*) - e^a lower(X <= x*). The sensitivity-0 atom is in both and is
     cancelled analytically: P = sum_pos p_k Phi((x* + s_k)/sigma) and
     Q = e^a sum_pos p_k Phi((x* - s_k)/sigma) + p_0 (e^a - 1) Phi(x*/sigma), every term
-    positive, so ``_ctd._split_gap`` forms P - Q accurately relative to itself (for small q
+    positive, so ``ctd.split_gap`` forms P - Q accurately relative to itself (for small q
     the shared atom is nearly all the mass). ``bottom`` is not included.
     """
     sigma = mix.sigma

@@ -213,7 +213,7 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray,
     R = e^-eps - p0 (ADD), which is also what x* is solved for. Every normal CDF is
     taken at its argument times ``side`` (+1 or -1 per epsilon): with -1 the same
     expressions give the survival-side terms P', Q' of g = Q' - P' (see
-    ``_ctd._split_gap``).
+    ``ctd.split_gap``).
 
     Returns:
         (inside, log_p, log_q): ``inside`` marks the epsilons with a finite root; the

@@ -49,8 +49,8 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._ctd import _check_grid, _readonly
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, PLDPmf
+from budgetplan.accounting.ctd import check_grid, readonly
 from budgetplan.errors import UnsupportedError
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
@@ -288,7 +288,7 @@ def _pmf(losses: np.ndarray, masses: np.ndarray, infinity: float, d: float) -> P
     and its chord (above the pair's convex curve) in between. Both shares are >= 0: there
     is no difference of curves to round into spurious mass.
     """
-    _check_grid(d, float(losses.min()) - d, float(losses.max()) + d, "one epoch of random allocation")
+    check_grid(d, float(losses.min()) - d, float(losses.max()) + d, "one epoch of random allocation")
     k = np.floor(losses / d)
     frac = losses - k * d
     up = np.clip(-np.expm1(-frac) / -math.expm1(-d), 0.0, 1.0)
@@ -296,7 +296,7 @@ def _pmf(losses: np.ndarray, masses: np.ndarray, infinity: float, d: float) -> P
     lo = int(k.min())
     probs = np.bincount(k - lo, weights=masses * (1.0 - up), minlength=int(k.max()) - lo + 2)
     probs += np.bincount(k - lo + 1, weights=masses * up, minlength=probs.size)
-    return _readonly(PLDPmf(d, lo, probs, infinity))
+    return readonly(PLDPmf(d, lo, probs, infinity))
 
 
 def check_applies(adjacency: Adjacency, unit: PrivacyUnit) -> None:

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from budgetplan.accounting import _double_mog, _mog
-from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _side, _split_gap
 from budgetplan.accounting._pld_args import _discretization, _noise, _truncation_bound
 from budgetplan.accounting._pld_ops import GridLimitError
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
+from budgetplan.accounting.ctd import cdf_side, check_grid, connect_the_dots, loss_grid, split_gap
 from budgetplan.accounting.limits import MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
@@ -32,7 +32,7 @@ _MOG_CHUNK = 1 << 22
 def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discretization: float, what: str) -> None:
     """Refuse a single step needing more (atom, loss) pairs than MAX_MIXTURE_WORK, naming the grid that fits.
 
-    The discretization named also fits ``_check_grid``'s limit on the grid length.
+    The discretization named also fits ``check_grid``'s limit on the grid length.
     """
     width = eps_upper - eps_lower
     span = width / discretization
@@ -42,7 +42,7 @@ def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discreti
             f"discretization {discretization:g} needs {atoms:,} sensitivities x {span:.3g} grid points for one "
             f"step of {what} (limit {MAX_MIXTURE_WORK:,} pairs); use discretization >= {smallest:.3g}",
             points=math.ceil(atoms * span), limit=MAX_MIXTURE_WORK)
-    _check_grid(discretization, eps_lower, eps_upper, what)
+    check_grid(discretization, eps_lower, eps_upper, what)
 
 
 @functools.lru_cache(maxsize=16)
@@ -53,14 +53,14 @@ def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bo
     atoms = int(np.count_nonzero(mix.pos))
     what = f"the mixture of Gaussians with sigma={sigma:g}"
     _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, what)
+    lo, eps = loss_grid(discretization, eps_lower, eps_upper, what)
     h = np.zeros_like(eps)
     chunk = max(1, _MOG_CHUNK // max(1, atoms))
     for start in range(0, eps.size, chunk):
         e = eps[start : start + chunk]
-        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, _side(e))
+        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, cdf_side(e))
         part = np.zeros_like(e)
-        part[inside] = _split_gap(e[inside], log_p, log_q)
+        part[inside] = split_gap(e[inside], log_p, log_q)
         if bottom:
             # The left-out atoms (see _mog.Mixture): REMOVE puts their mass at loss +inf, which adds
             # it to delta (for eps < 0 the survival-side formula already counts it); ADD loses
@@ -71,7 +71,7 @@ def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bo
                 neg = inside & (e < 0)
                 part[neg] += bottom * np.exp(e[neg])
         h[start : start + chunk] = part
-    return _connect_the_dots(discretization, lo, eps, h)
+    return connect_the_dots(discretization, lo, eps, h)
 
 
 def _mixture_args(standard_deviation: float, sensitivities: Sequence[float], probabilities: Sequence[float],
@@ -149,7 +149,7 @@ def _double_mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, .
     atoms = int(mix.sens.size)
     what = f"the double mixture of Gaussians with sigma={sigma:g}"
     _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, what)
+    lo, eps = loss_grid(discretization, eps_lower, eps_upper, what)
     h = np.empty_like(eps)
     chunk = max(1, _MOG_CHUNK // max(1, atoms))
     for start in range(0, eps.size, chunk):
@@ -157,10 +157,10 @@ def _double_mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, .
         a = np.abs(e)
         log_p, log_q = _double_mog.split_terms(mix, a, _double_mog.solve(mix, a))
         # The left-out atoms add their mass to delta at every eps (see _double_mog.DoubleMixture).
-        delta = np.minimum(1.0, _split_gap(a, log_p, log_q) + bottom)
+        delta = np.minimum(1.0, split_gap(a, log_p, log_q) + bottom)
         # Symmetry: g(-a) = delta(-a) - (1 - e^-a) = e^-a delta(a), small and exact where delta is.
         h[start : start + chunk] = np.where(e >= 0, delta, np.exp(np.minimum(e, 0.0)) * delta)
-    return _connect_the_dots(discretization, lo, eps, h)
+    return connect_the_dots(discretization, lo, eps, h)
 
 
 def double_mixture_of_gaussians(

@@ -1,7 +1,7 @@
 """PLDs of the mixture of Gaussians (add-remove) and the double mixture (replace-one), fast.
 
 One step of user-level Poisson DP-SGD for a unit of K examples: the sensitivity is
-Binomial(K, q) (``_mog``, ``_double_mog`` hold the mechanisms' losses); here their
+Binomial(K, q) (``mog``, ``double_mog`` hold the mechanisms' losses); here their
 hockey-stick curves go through connect-the-dots onto the engine's grid. ``fastpld``
 re-exports both builders.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from budgetplan.accounting import _double_mog, _mog
+from budgetplan.accounting import double_mog, mog
 from budgetplan.accounting._pld_args import _discretization, _noise, _truncation_bound
 from budgetplan.accounting._pld_ops import GridLimitError
 from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
@@ -48,8 +48,8 @@ def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discreti
 @functools.lru_cache(maxsize=16)
 def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bottom: float, adjacency: str,
              discretization: float, log_bound: float) -> PLDPmf:
-    mix = _mog.Mixture(sigma, sens, probs, bottom)
-    eps_lower, eps_upper = _mog.grid_loss_bounds(mix, adjacency, log_bound)
+    mix = mog.Mixture(sigma, sens, probs, bottom)
+    eps_lower, eps_upper = mog.grid_loss_bounds(mix, adjacency, log_bound)
     atoms = int(np.count_nonzero(mix.pos))
     what = f"the mixture of Gaussians with sigma={sigma:g}"
     _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
@@ -58,11 +58,11 @@ def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bo
     chunk = max(1, _MOG_CHUNK // max(1, atoms))
     for start in range(0, eps.size, chunk):
         e = eps[start : start + chunk]
-        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, cdf_side(e))
+        inside, log_p, log_q = mog.split_terms(mix, adjacency, e, cdf_side(e))
         part = np.zeros_like(e)
         part[inside] = split_gap(e[inside], log_p, log_q)
         if bottom:
-            # The left-out atoms (see _mog.Mixture): REMOVE puts their mass at loss +inf, which adds
+            # The left-out atoms (see mog.Mixture): REMOVE puts their mass at loss +inf, which adds
             # it to delta (for eps < 0 the survival-side formula already counts it); ADD loses
             # it from the lower distribution, which the survival side misses by bottom e^eps.
             if adjacency == "remove":
@@ -144,8 +144,8 @@ def mixture_of_gaussians(
 @functools.lru_cache(maxsize=16)
 def _double_mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bottom: float,
                     discretization: float, log_bound: float) -> PLDPmf:
-    mix = _double_mog.DoubleMixture(sigma, sens, probs, bottom)
-    eps_lower, eps_upper = _double_mog.grid_loss_bounds(mix, log_bound)
+    mix = double_mog.DoubleMixture(sigma, sens, probs, bottom)
+    eps_lower, eps_upper = double_mog.grid_loss_bounds(mix, log_bound)
     atoms = int(mix.sens.size)
     what = f"the double mixture of Gaussians with sigma={sigma:g}"
     _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
@@ -155,8 +155,8 @@ def _double_mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, .
     for start in range(0, eps.size, chunk):
         e = eps[start : start + chunk]
         a = np.abs(e)
-        log_p, log_q = _double_mog.split_terms(mix, a, _double_mog.solve(mix, a))
-        # The left-out atoms add their mass to delta at every eps (see _double_mog.DoubleMixture).
+        log_p, log_q = double_mog.split_terms(mix, a, double_mog.solve(mix, a))
+        # The left-out atoms add their mass to delta at every eps (see double_mog.DoubleMixture).
         delta = np.minimum(1.0, split_gap(a, log_p, log_q) + bottom)
         # Symmetry: g(-a) = delta(-a) - (1 - e^-a) = e^-a delta(a), small and exact where delta is.
         h[start : start + chunk] = np.where(e >= 0, delta, np.exp(np.minimum(e, 0.0)) * delta)
@@ -178,7 +178,7 @@ def double_mixture_of_gaussians(
     Poisson DP-SGD for a unit of K examples under replace-one (sensitivities 0..K with
     Binomial(K, q) probabilities, in units of the clipping norm; arXiv:2403.04867,
     Theorem 3.8). For K = 1 it is ``gaussian(relation="replace-one")``'s pair; for q = 1 a
-    Gaussian of sensitivity 2K. See ``_double_mog``. The arguments are
+    Gaussian of sensitivity 2K. See ``double_mog``. The arguments are
     ``mixture_of_gaussians``'s, with the same meaning.
 
     Returns:

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from budgetplan.accounting._mog import Atoms, _lse_atoms
+from budgetplan.accounting.mog import Atoms, lse_atoms
 
 __all__ = ["DoubleMixture", "grid_loss_bounds", "solve", "split_terms"]
 
@@ -154,8 +154,8 @@ def split_terms(mix: DoubleMixture, a: np.ndarray, u: np.ndarray) -> tuple[np.nd
     s = mix.sens[mix.pos][:, None]
     log_w = np.log(mix.probs[mix.pos])
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_p = _lse_atoms(special.log_ndtr((x + s) / sigma), log_w)
-        log_q = a + _lse_atoms(special.log_ndtr((x - s) / sigma), log_w)
+        log_p = lse_atoms(special.log_ndtr((x + s) / sigma), log_w)
+        log_q = a + lse_atoms(special.log_ndtr((x - s) / sigma), log_w)
         if mix.p_zero > 0.0:
             log_q = np.logaddexp(log_q, math.log(mix.p_zero) + _log_expm1(a) + special.log_ndtr(x / sigma))
     return log_p, log_q

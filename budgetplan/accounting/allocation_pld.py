@@ -49,8 +49,8 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, PLDPmf
 from budgetplan.accounting.ctd import check_grid, readonly
+from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, PLDPmf
 from budgetplan.errors import UnsupportedError
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate

@@ -14,9 +14,9 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from budgetplan.accounting._pld_ops import GridLimitError
-from budgetplan.accounting._pld_types import PLDPmf
 from budgetplan.accounting.limits import MAX_SINGLE_GRID_POINTS
+from budgetplan.accounting.pld_ops import GridLimitError
+from budgetplan.accounting.pld_types import PLDPmf
 from budgetplan.errors import InvalidParameterError
 
 __all__ = ["readonly", "connect_the_dots", "split_gap", "cdf_side", "check_grid", "loss_grid"]

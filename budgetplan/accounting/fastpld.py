@@ -9,12 +9,12 @@ at any delta it accepts.
   Distributions", arXiv:2207.04380, Algorithm 1) on the grid ``k * discretization``
   between the losses at dp_accounting's truncation points (``log_mass_truncation_bound``).
   The mass beyond the top point is not lost: connect-the-dots puts delta there at +inf.
-* Composition (``_pld_ops``): convolution by real FFT (Koskela, Jalko, Honkela,
+* Composition (``pld_ops``): convolution by real FFT (Koskela, Jalko, Honkela,
   "Computing Tight Differential Privacy Guarantees Using FFT", arXiv:1906.03049) of the
   exponentially tilted pmfs, the tilt chosen for the delta the result is read at, with a
   bound on the FFT's rounding error added to every mass and the window cut by Chernoff
   bounds whose dropped mass goes to +infinity (above) or onto the first loss (below).
-* Queries (``_pld_query``): the hockey-stick divergence and its inverse from suffix sums.
+* Queries (``pld_query``): the hockey-stick divergence and its inverse from suffix sums.
 
 The grids coincide with dp_accounting's, and the pmfs differ from its only in the
 direction of exactness: the hockey-stick values are formed in log space with the
@@ -27,7 +27,7 @@ mass (1e-11 in all after 1e5 steps), which decides epsilon at deltas below ~1e-1
 either direction; here that noise is relative to the masses read and bounded.
 
 The mixture-of-Gaussians builders live in ``mixture_pld`` and are re-exported here; the
-argument checks all builders share, in ``_pld_args``. Every builder refuses, before
+argument checks all builders share, in ``pld_args``. Every builder refuses, before
 allocating, a grid longer than ``limits.MAX_SINGLE_GRID_POINTS`` (a ``GridLimitError``
 naming the discretization that fits).
 
@@ -46,12 +46,12 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._pld_args import _discretization, _noise, _relation, _truncation_bound
-from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
-from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
-from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.accounting.ctd import cdf_side, check_grid, connect_the_dots, loss_grid, readonly, split_gap
 from budgetplan.accounting.mixture_pld import double_mixture_of_gaussians, mixture_of_gaussians
+from budgetplan.accounting.pld_args import check_discretization, check_noise, check_relation, check_truncation_bound
+from budgetplan.accounting.pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
+from budgetplan.accounting.pld_query import delta_for_epsilon, epsilon_for_delta
+from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.util import validate
 
 __all__ = [
@@ -189,10 +189,10 @@ def gaussian_loss_range(
     ``width / discretization`` is the number of grid points, so a caller can choose a
     discretization within ``MAX_SINGLE_GRID_POINTS`` without allocating anything.
     """
-    sigma = _noise("noise_multiplier", noise_multiplier)
+    sigma = check_noise("noise_multiplier", noise_multiplier)
     q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    bound = _truncation_bound(log_mass_truncation_bound)
-    kinds = ("replace",) if _relation(relation) == REPLACE_ONE else ("remove", "add")
+    bound = check_truncation_bound(log_mass_truncation_bound)
+    kinds = ("replace",) if check_relation(relation) == REPLACE_ONE else ("remove", "add")
     return max(hi - lo for lo, hi in (_gaussian_range(sigma, q, k, bound) for k in kinds))
 
 
@@ -236,11 +236,11 @@ def gaussian(
         InvalidParameterError (a ValueError): on a non-positive sigma, q outside (0, 1],
             an unknown relation, a non-positive discretization.
     """
-    sigma = _noise("noise_multiplier", noise_multiplier)
+    sigma = check_noise("noise_multiplier", noise_multiplier)
     q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    d = _discretization(discretization)
-    bound = _truncation_bound(log_mass_truncation_bound)
-    if _relation(relation) == REPLACE_ONE:
+    d = check_discretization(discretization)
+    bound = check_truncation_bound(log_mass_truncation_bound)
+    if check_relation(relation) == REPLACE_ONE:
         return PLD((_gaussian_pmf(sigma, q, "replace", d, bound),), relation)
     remove = _gaussian_pmf(sigma, q, "remove", d, bound)
     if q == 1.0:
@@ -283,5 +283,5 @@ def randomized_response(*, epsilon: float, discretization: float = 1e-4) -> PLD:
         A replace-one PLD with a single (symmetric) pmf; cached and read-only.
     """
     eps = validate.positive("epsilon", epsilon)
-    d = _discretization(discretization)
+    d = check_discretization(discretization)
     return PLD((_rr_pmf(eps, d),), REPLACE_ONE)

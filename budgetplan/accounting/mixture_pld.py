@@ -15,11 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from budgetplan.accounting import double_mog, mog
-from budgetplan.accounting._pld_args import _discretization, _noise, _truncation_bound
-from budgetplan.accounting._pld_ops import GridLimitError
-from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.accounting.ctd import cdf_side, check_grid, connect_the_dots, loss_grid, split_gap
 from budgetplan.accounting.limits import MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
+from budgetplan.accounting.pld_args import check_discretization, check_noise, check_truncation_bound
+from budgetplan.accounting.pld_ops import GridLimitError
+from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
@@ -78,9 +78,9 @@ def _mixture_args(standard_deviation: float, sensitivities: Sequence[float], pro
                   discretization: float, log_mass_truncation_bound: float, dropped_mass: float,
                   ) -> tuple[float, tuple[float, ...], tuple[float, ...], float, float, float]:
     """The validated (sigma, sens, probs, bottom, discretization, bound) of a mixture builder."""
-    sigma = _noise("standard_deviation", standard_deviation)
-    d = _discretization(discretization)
-    bound = _truncation_bound(log_mass_truncation_bound)
+    sigma = check_noise("standard_deviation", standard_deviation)
+    d = check_discretization(discretization)
+    bound = check_truncation_bound(log_mass_truncation_bound)
     bottom = validate.probability("dropped_mass", dropped_mass, allow_zero=True)
     sens = tuple(validate.non_negative("sensitivities", s) for s in sensitivities)
     probs = tuple(validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)

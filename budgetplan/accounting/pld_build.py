@@ -1,7 +1,7 @@
 """The fast-engine PLD of a mechanism at the unit level, on a grid the engine can afford.
 
 ``pld_of`` turns a mechanism into (single-step PLD, count) parts and composes them in one
-tilted FFT per direction for the delta it will be read at (see ``_pld_ops``). Three choices
+tilted FFT per direction for the delta it will be read at (see ``pld_ops``). Three choices
 are made here, each pessimistic:
 
 * the single-step truncation reaches below delta / (1000 x steps), so the tails it moves to

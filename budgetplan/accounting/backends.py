@@ -30,6 +30,8 @@ __all__ = [
     "truncated_single_step",
     "reference_discrete_laplace_epsilon",
     "prv_dpsgd_curve",
+    "quiet_absl",
+    "relation_of",
 ]
 
 RDP_CONVERSION = (
@@ -38,12 +40,13 @@ RDP_CONVERSION = (
 )
 
 
-def _quiet_absl() -> None:
+def quiet_absl() -> None:
     # dp_accounting logs a warning per excluded Renyi order; the result already accounts for it.
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def _relation(adjacency: Adjacency) -> object:
+def relation_of(adjacency: Adjacency) -> object:
+    """dp_accounting's NeighboringRelation for ``adjacency``."""
     from dp_accounting import privacy_accountant
 
     rel = privacy_accountant.NeighboringRelation
@@ -52,7 +55,7 @@ def _relation(adjacency: Adjacency) -> object:
 
 def _rdp_curve(event: object, relation: object) -> Callable[[float], float]:
     """eps(delta) of ``event`` under RDP; the RDP vector is computed once."""
-    _quiet_absl()
+    quiet_absl()
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
@@ -81,7 +84,7 @@ def rdp_dpsgd_curve(*, noise_multiplier: float, sampling_rate: float, steps: int
     event = dpa.SelfComposedDpEvent(
         dpa.PoissonSampledDpEvent(sampling_rate, dpa.GaussianDpEvent(noise_multiplier)), steps
     )
-    return _rdp_curve(event, _relation(Adjacency.ADD_REMOVE))
+    return _rdp_curve(event, relation_of(Adjacency.ADD_REMOVE))
 
 
 def rdp_gaussian_curve(*, noise_multiplier: float) -> Callable[[float], float]:
@@ -93,7 +96,7 @@ def rdp_gaussian_curve(*, noise_multiplier: float) -> Callable[[float], float]:
     """
     import dp_accounting as dpa
 
-    return _rdp_curve(dpa.GaussianDpEvent(noise_multiplier), _relation(Adjacency.ADD_REMOVE))
+    return _rdp_curve(dpa.GaussianDpEvent(noise_multiplier), relation_of(Adjacency.ADD_REMOVE))
 
 
 def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
@@ -103,7 +106,7 @@ def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
 
     noise_parameter = 2.0 * float(special.expit(-epsilon))  # 2 / (e^eps + 1), no overflow
     event = dpa.SelfComposedDpEvent(dpa.RandomizedResponseDpEvent(noise_parameter, 2), count)
-    return _rdp_curve(event, _relation(Adjacency.REPLACE_ONE))
+    return _rdp_curve(event, relation_of(Adjacency.REPLACE_ONE))
 
 
 def reference_pld_dpsgd(
@@ -116,7 +119,7 @@ def reference_pld_dpsgd(
         noise_multiplier,
         sampling_prob=sampling_rate,
         value_discretization_interval=discretization,
-        neighboring_relation=_relation(adjacency),
+        neighboring_relation=relation_of(adjacency),
     ).self_compose(steps)
 
 
@@ -145,7 +148,7 @@ def truncated_single_step(
             truncated_batch_size=max_batch_size,
             noise_multiplier=noise_multiplier,
             value_discretization_interval=discretization,
-            neighboring_relation=_relation(adjacency),
+            neighboring_relation=relation_of(adjacency),
         )
         directions = [single._pmf_remove] if single._symmetric else [single._pmf_remove, single._pmf_add]
         dense = [p.to_dense_pmf() for p in directions]
@@ -180,7 +183,7 @@ def reference_discrete_laplace_epsilon(*, epsilon: float, sensitivity: int, delt
     import dp_accounting as dpa
     from dp_accounting.pld import pld_privacy_accountant
 
-    accountant = pld_privacy_accountant.PLDAccountant(_relation(Adjacency.ADD_REMOVE),
+    accountant = pld_privacy_accountant.PLDAccountant(relation_of(Adjacency.ADD_REMOVE),
                                                       value_discretization_interval=discretization)
     try:
         accountant.compose(dpa.dp_event.DiscreteLaplaceDpEvent(epsilon / sensitivity, sensitivity))

@@ -68,7 +68,7 @@ from budgetplan.units import Adjacency
 from budgetplan.util import validate
 from trainers.data.encode import encode, hash_value
 from trainers.data.loaders import read_table
-from trainers.fit import _logits
+from trainers.fit import model_logits
 from trainers.models import build_model
 from trainers.outputs import INITIAL_MODEL, check_out
 from trainers.randomness import Randomness
@@ -238,13 +238,13 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
     truncated = record.model["final"] == "truncated"
     model.eval()
     with torch.no_grad():
-        logits = _logits(model, data, torch.arange(len(data)), truncated).double()
+        logits = model_logits(model, data, torch.arange(len(data)), truncated).double()
         initial = run_dir / PRIVATE_DIR / INITIAL_MODEL
         if initial.exists():
             # where the training moved each logit from: the initial weights of a canary's own
             # rows are noise its label never touched
             model.load_state_dict(torch.load(initial, map_location="cpu", weights_only=True))
-            logits = logits - _logits(model, data, torch.arange(len(data)), truncated).double()
+            logits = logits - model_logits(model, data, torch.arange(len(data)), truncated).double()
     return logits.numpy()
 
 

@@ -29,7 +29,7 @@ __all__ = ["ParquetColumns", "parquet_source"]
 def parquet_source(path: str | os.PathLike, data_format: str, columns) -> ParquetColumns | None:
     """A column-at-a-time view of ``path`` when it is Parquet (a file, or a directory of Parquet
     shards) and ``data_format`` allows it; None for other formats (read whole, as before)."""
-    from trainers.data.loaders import _detect, list_shards
+    from trainers.data.loaders import detect_format, list_shards
 
     if data_format not in ("auto", "parquet"):
         return None
@@ -38,7 +38,7 @@ def parquet_source(path: str | os.PathLike, data_format: str, columns) -> Parque
         return None  # read_table says so, in its words
     shards = list_shards(p) if p.is_dir() else [p]
     try:
-        if data_format == "auto" and any(_detect(s) != "parquet" for s in shards):
+        if data_format == "auto" and any(detect_format(s) != "parquet" for s in shards):
             return None
     except InvalidParameterError:
         return None

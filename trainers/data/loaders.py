@@ -47,6 +47,7 @@ __all__ = [
     "CRITEO_ATTRIBUTION_COLUMNS",
     "CRITEO_DISPLAY_COLUMNS",
     "CRITEO_SEARCH_COLUMNS",
+    "detect_format",
 ]
 
 FORMATS = ("auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display", "criteo-search")
@@ -89,7 +90,7 @@ def _types(fmt: str) -> dict:
     return {}
 
 
-def _detect(path: Path) -> str:
+def detect_format(path: Path) -> str:
     name = path.name.lower()
     for suffix in _COMPRESSED:
         if name.endswith(suffix):
@@ -195,7 +196,7 @@ def _is_shard(p: Path) -> bool:
     if p.name.startswith((".", "_")) or not p.is_file():
         return False
     try:
-        _detect(p)
+        detect_format(p)
     except InvalidParameterError:
         return False
     return True
@@ -244,7 +245,7 @@ def iter_batches(path: str | os.PathLike, *, format: str = "auto", columns=None,
     import pyarrow as pa
 
     path = Path(path)
-    fmt = _detect(path) if format == "auto" else format
+    fmt = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS[1:]:
         raise InvalidParameterError(f"{path}: unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     try:
@@ -303,7 +304,7 @@ def read_table(path: str | os.PathLike, *, format: str = "auto", columns=None):
         except pa.ArrowInvalid:
             raise InvalidParameterError(f"{path}: its shards do not share one schema ({shards[0].name} and "
                                         "another differ)") from None
-    fmt = _detect(path) if format == "auto" else format
+    fmt = detect_format(path) if format == "auto" else format
     try:
         if fmt == "parquet":
             return _read_parquet(path, columns)

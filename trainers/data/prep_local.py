@@ -42,9 +42,9 @@ def _rows_total(shards) -> int | None:
     """The rows of all shards from Parquet footers; None when a shard is delimited text (unknown until read)."""
     import pyarrow.parquet as pq
 
-    from trainers.data.loaders import _detect
+    from trainers.data.loaders import detect_format
 
-    if any(_detect(s) != "parquet" for s in shards):
+    if any(detect_format(s) != "parquet" for s in shards):
         return None
     return sum(pq.ParquetFile(s).metadata.num_rows for s in shards)
 

@@ -70,11 +70,11 @@ def _read(spark, paths, unit_id: str):
     """(the data with its unit text, shard and row index, the data's own columns)."""
     from pyspark.sql import functions as F
 
-    from trainers.data.loaders import _detect
+    from trainers.data.loaders import detect_format
 
     local = [p for p in paths if "://" not in str(p)]
     for p in local:
-        if _detect(Path(p)) != "parquet":
+        if detect_format(Path(p)) != "parquet":
             raise UnsupportedError(f"{p}: the spark engine reads Parquet only (a row's position must be exact, and "
                                    "Spark gives no row index for CSV): convert it, or use --engine local")
     df = spark.read.parquet(*[str(p) for p in paths])

@@ -69,7 +69,7 @@ from trainers.data.shapes import (
     N_SEGMENTS,
     N_SITES,
     Shape,
-    _criteo_like_categories,
+    criteo_like_categories,
     draw_criteo_like,
     nonsensitive_part,
     sensitive_part,
@@ -189,7 +189,7 @@ class MixedShape(Shape):
 
     @property
     def categories(self) -> dict[str, tuple[str, ...]]:
-        return _criteo_like_categories()
+        return criteo_like_categories()
 
     def _calibrated(self):
         return _calibration(self.user_sigma, self.max_user_rows, self.nonsensitive_share, self.cross_share,

@@ -73,7 +73,8 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario.model import FeatureSpec
 
 __all__ = ["Shape", "CriteoLikeShape", "CRITEO_LIKE", "CRITEO_LIKE_FEATURES", "heavy_tailed_users", "zipf", "sigmoid",
-           "MODEL_SEED", "draw_criteo_like", "nonsensitive_part", "sensitive_part"]
+           "MODEL_SEED", "draw_criteo_like", "nonsensitive_part", "sensitive_part",
+           "criteo_like_categories"]
 
 MODEL_SEED = 20250601
 USER_WEIGHT_SIGMA = 1.8
@@ -335,7 +336,7 @@ class CriteoLikeShape(Shape):
 
     @property
     def categories(self) -> dict[str, tuple[str, ...]]:
-        return _criteo_like_categories()
+        return criteo_like_categories()
 
     def parameters(self) -> dict:
         """What defines the shape's data (recorded beside results made from it)."""
@@ -365,7 +366,7 @@ class CriteoLikeShape(Shape):
 
 
 @lru_cache(maxsize=1)
-def _criteo_like_categories() -> dict[str, tuple[str, ...]]:
+def criteo_like_categories() -> dict[str, tuple[str, ...]]:
     return {"publisher": _names("pub", N_PUBLISHERS), "advertiser": _names("adv", N_ADVERTISERS),
             "creative": _names("cr", N_CREATIVES), "ad_format": AD_FORMATS, "device": DEVICES,
             "remarketing_list": ("none",) + _names("rl", N_LISTS), "interest_segment": _names("seg", N_SEGMENTS),

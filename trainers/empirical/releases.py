@@ -33,7 +33,8 @@ from trainers.empirical.stats import (
     two_sided_chi2,
 )
 
-__all__ = ["RR_SAMPLES", "TIGHT_RR_MARGIN", "WALR_SAMPLES", "rr_lower_bound", "walr_lower_bound"]
+__all__ = ["RR_SAMPLES", "TIGHT_RR_MARGIN", "WALR_SAMPLES", "rr_lower_bound", "walr_lower_bound",
+           "walr_inputs"]
 
 # RR's optimal event is known, so at the default sample size its bound must come this close.
 TIGHT_RR_MARGIN = 0.05
@@ -156,7 +157,7 @@ def _release_rr(phase, labels: np.ndarray, randomness, unit_counts) -> np.ndarra
 # ---- Gaussian release (WALR) --------------------------------------------------------------
 
 
-def _walr_inputs(params):
+def walr_inputs(params):
     """(X, weights, y with row 0 labelled 1, y with it labelled 0, expected sum for each, shift).
 
     Three rows, k = the plan's features. Row 0 is far outside the row bound R, with weight
@@ -221,7 +222,7 @@ def walr_lower_bound(params, *, delta: float, epsilon: float | None = None, samp
     planned = (analytic_epsilon(sigma=sigma, delta=delta, sensitivity=sens) if epsilon is None
                else validate.non_negative("epsilon", epsilon))
     rnd = default_randomness(randomness)
-    X, w, y1, y0, s1, s0, shift = _walr_inputs(params)
+    X, w, y1, y0, s1, s0, shift = walr_inputs(params)
     par = replace(params, dataset_size=3)
     session = _CaptureSession()
 

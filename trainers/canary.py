@@ -75,7 +75,8 @@ from trainers.randomness import Randomness
 from trainers.run import execute_plan
 from trainers.settings import RunOptions, TrainSettings
 
-__all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries"]
+__all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries",
+           "check_canary_plan"]
 
 CANARY_DATA = Path(PRIVATE_DIR) / "canary_data.parquet"  # the data trained on: the owner's rows and the canaries
 SCORE = ("the model's logit on the canary minus the initial model's (a query of the released model; the "
@@ -121,7 +122,7 @@ share = 0
 {spec.to_toml()}"""
 
 
-def _check_plan(plan) -> None:
+def check_canary_plan(plan) -> None:
     if plan.adjacency is not Adjacency.REPLACE_ONE:
         raise UnsupportedError("canaries here are rows whose label differs between the two worlds, a replace-one "
                                f"change; this plan is {plan.adjacency.value}, where it is two changes")
@@ -268,7 +269,7 @@ def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries
         The run record, with ``private_part.one_run``.
     """
     options = options or RunOptions()
-    _check_plan(plan)
+    check_canary_plan(plan)
     out = check_out(options.out_dir)
     if out is None:
         raise InvalidParameterError("canaries need the run directory (--out): the model is audited from it")

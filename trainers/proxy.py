@@ -150,9 +150,9 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
 
 def plot_alphas(result: dict, path: Path) -> Path:
     """The proxy's frontier as a PNG: relative AUC loss against alpha, the chosen alpha marked."""
-    from budgetplan.report.plots import _pyplot, _save
+    from budgetplan.report.plots import agg_pyplot, save_png
 
-    plt = _pyplot()
+    plt = agg_pyplot()
     cells = [c for c in result["cells"] if c["relative_auc_loss"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.plot([c["alpha"] for c in cells], [c["relative_auc_loss"] for c in cells], marker="o")
@@ -165,4 +165,4 @@ def plot_alphas(result: dict, path: Path) -> Path:
     ax.set_ylabel("relative AUC loss (%)")
     ax.set_title(f"proxy {Path(result['proxy']).name}: epsilon {result['epsilon']:g}")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -13,7 +13,7 @@ from pathlib import Path
 from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError
 from budgetplan.util import validate
 
-__all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of"]
+__all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of", "agg_pyplot", "save_png"]
 
 _STYLE = {"pld": "-", "rdp": "--", "prv": ":"}
 
@@ -64,7 +64,7 @@ def epsilon_curve(*, noise_multipliers, sampling_rate: float, steps_per_epoch: i
     return rows
 
 
-def _pyplot():
+def agg_pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +79,7 @@ def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> P
     if not drawable:
         why = next((r["error"] for r in rows if r.get("error")), "every epsilon is infinite")
         raise AccountingError(f"nothing to draw: no point of the curve has a finite epsilon ({why})")
-    plt = _pyplot()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     sigmas = sorted({r["noise_multiplier"] for r in drawable})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -99,7 +99,7 @@ def plot_epsilon_curve(rows: list[dict], path, *, title: str | None = None) -> P
     ax.set_title(title or "epsilon against epochs (PLD solid, RDP dashed, PRV dotted with its band)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def arm_of(plan) -> tuple[str, float | None]:
@@ -172,7 +172,7 @@ def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
     adjacency and delta. Runs that differ in any of these are separate series, labelled by
     what differs, never averaged into one point.
     """
-    plt = _pyplot()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     guarantees = sorted({_guarantee_of(r) for r in rows})
     for arm, g in sorted({(r["arm"], _guarantee_of(r)) for r in rows}):
@@ -191,10 +191,10 @@ def plot_frontier(rows: list[dict], path, *, title: str | None = None) -> Path:
     ax.set_title(title or "utility against privacy (lower is better)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
-def _save(fig, path) -> Path:
+def save_png(fig, path) -> Path:
     from budgetplan.util.fileio import atomic_output
 
     path = Path(path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 MAIN = ("RR", "DP-SGD", "Hybrid")
 GRID = ("DP-SGD", "alpha=0.25", "alpha=0.5", "alpha=0.75", "RR")  # alpha 0 .. 1

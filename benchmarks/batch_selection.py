@@ -31,7 +31,7 @@ import math
 import sys
 import time
 
-import _harness as h
+import harness as h
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 

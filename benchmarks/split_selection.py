@@ -10,7 +10,7 @@ the evaluation AUC of:
 - the tuned plan over 3 splits (alpha 0.25, 0.5, 0.75) and over 5 (alpha 0 to 1), which
   trains each configuration at its share and keeps the noisy-max's pick;
 
-on the same data and baselines as the utility frontier (``_harness.holdout_data``), 3 seeds.
+on the same data and baselines as the utility frontier (``harness.holdout_data``), 3 seeds.
 Reported: relative AUC loss (mean +- std) and which alpha each tuned run selected; the
 difference to the default is what the selection gained (negative) or cost (positive).
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 import utility_frontier as uf
 
 SHAPES = ("mixed", "balanced")

@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 from _frontier_report import plot, render, summarise
 
 __all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "plot", "render", "run", "settings",

@@ -2,7 +2,7 @@
 
 The Hybrid paper (arXiv:2401.15246) trains on Criteo pCTR (Display Advertising: 13 numeric
 and 26 categorical columns, split into 20 non-sensitive and 19 sensitive) and Criteo
-attribution. These shapes have those layouts, as ``benchmarks/_harness.py`` models them,
+attribution. These shapes have those layouts, as ``benchmarks/harness.py`` models them,
 with a known logistic model in the style of :mod:`trainers.data.shapes`:
 
     z = intercept + ns_scale * z_ns + s_scale * z_s

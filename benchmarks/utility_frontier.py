@@ -23,7 +23,7 @@ std over the seeds. The Hybrid column is the library's default split rule
 (``budgetplan.scenario.split_rules.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
 same phases; only the rule's name in the plan differs). Then the regret table: for each
 split rule, how far its alpha's loss is above the best alpha of the grid, per shape and
-epsilon (``_frontier_report.regret``), and the checks the issue asked of the defaults.
+epsilon (``frontier_report.regret``), and the checks the issue asked of the defaults.
 
 Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
 that finds a JSON made with the same settings continues where it stopped (one made with other
@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import harness as h
-from _frontier_report import plot, render, summarise
+from frontier_report import plot, render, summarise
 
 __all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "plot", "render", "run", "settings",
            "summarise", "scenario", "TEMPLATE", "trainer_settings", "baseline_settings", "train_baselines"]

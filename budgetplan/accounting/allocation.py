@@ -126,6 +126,7 @@ def remove_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1
 
 def remove_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:
     """Epsilon of the remove direction at ``delta``, from the exact RDP (conversion of arXiv:2004.00010)."""
+    # heavy: dp_accounting (~1 s), for the RDP conversion only
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     delta = validate.open_unit("delta", delta)
@@ -307,6 +308,7 @@ def add_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1) -
 
 def add_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:
     """Epsilon of the add direction at ``delta``, from its certified RDP (conversion of arXiv:2004.00010)."""
+    # heavy: dp_accounting (~1 s), for the RDP conversion only
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     delta = validate.open_unit("delta", delta)

@@ -49,6 +49,7 @@ import math
 import numpy as np
 from scipy import special
 
+from budgetplan.accounting import fastpld
 from budgetplan.accounting.ctd import check_grid, readonly
 from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, PLDPmf
 from budgetplan.errors import UnsupportedError
@@ -323,8 +324,6 @@ def epoch_pld(*, noise_multiplier: float, steps_per_epoch: int, discretization: 
     if sigma < MIN_NOISE:
         # no amplification claimed: an epoch places one Gaussian release at a random step, a
         # post-processing of it (valid, and the epsilon is in the hundreds down here anyway)
-        from budgetplan.accounting import fastpld
-
         return fastpld.gaussian(noise_multiplier=sigma, relation=ADD_REMOVE, discretization=d)
     log_z, q, _zero = epoch_pair(sigma, t, grid_step(sigma, t, f))
     keep = q > 0

@@ -246,7 +246,7 @@ def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound
     Add-remove: the mixture of Gaussians (REMOVE and ADD). Replace-one: the double mixture,
     every sampled example of the unit moving its output from -C to +C.
     """
-    from scipy import stats
+    from scipy import stats  # heavy: scipy.stats (~0.7 s), for mixtures only
 
     q = mech.sampling_rate
     lo, hi, outside = mog.binomial_window(cap, q, drop)

@@ -68,6 +68,7 @@ def upper_epsilon(*, noise_multiplier: float, epochs: float, delta: float, adjac
 @functools.lru_cache(maxsize=64)
 def _epoch_pld(sigma: float, steps: int) -> Any:  # dp_accounting's PrivacyLossDistribution (untyped)
     """Optimistic PLD of one epoch's largest coordinate under (P, Q) (module note)."""
+    # heavy: dp_accounting (~1 s), for the lower bound only
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
     lo, hi = -8.0 * sigma, 2.0 + 8.0 * sigma + math.sqrt(2 * math.log(steps + 1)) * sigma

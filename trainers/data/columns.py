@@ -20,8 +20,11 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from budgetplan.errors import InvalidParameterError
+from trainers.data.loaders import detect_format, iter_batches, list_shards
 
 __all__ = ["ParquetColumns", "parquet_source"]
 
@@ -29,8 +32,6 @@ __all__ = ["ParquetColumns", "parquet_source"]
 def parquet_source(path: str | os.PathLike, data_format: str, columns) -> ParquetColumns | None:
     """A column-at-a-time view of ``path`` when it is Parquet (a file, or a directory of Parquet
     shards) and ``data_format`` allows it; None for other formats (read whole, as before)."""
-    from trainers.data.loaders import detect_format, list_shards
-
     if data_format not in ("auto", "parquet"):
         return None
     p = Path(path)
@@ -58,9 +59,6 @@ class ParquetColumns:
     """
 
     def __init__(self, shards, columns, rows: np.ndarray | None = None):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         self.shards = [Path(s) for s in shards]
         self.column_names = list(dict.fromkeys(columns))
         self._rows = rows
@@ -97,9 +95,6 @@ class ParquetColumns:
 
     def column(self, name: str):
         """One column over every shard (a ``pyarrow.ChunkedArray``), restricted to the kept rows."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if name not in self.column_names:
             raise KeyError(name)
         chunks = []
@@ -121,10 +116,6 @@ class ParquetColumns:
 
         Only for the view of every row (before ``take``): it is the data as given.
         """
-        import pyarrow as pa
-
-        from trainers.data.loaders import iter_batches
-
         if self._rows is not None:
             raise ValueError("windows() reads the data as given, not a subset of its rows")
         pending: list = []
@@ -143,8 +134,5 @@ class ParquetColumns:
 
     def schema(self):
         """The Arrow schema of the wanted columns, in order (as the first shard stores them)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         stored = pq.read_schema(str(self.shards[0]))
         return pa.schema([stored.field(n) for n in self.column_names])

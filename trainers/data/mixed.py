@@ -51,7 +51,7 @@ Vectorised numpy, deterministic for a given seed; never imports torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -233,8 +233,6 @@ KNOBS = ("nonsensitive_share", "cross_share", "signal_std", "base_rate", "user_s
 
 def adjusted(base: MixedShape, **knobs) -> MixedShape:
     """``base`` with the given knobs (``KNOBS``; None: unchanged), named after what changed."""
-    from dataclasses import replace
-
     changed = {k: v for k, v in knobs.items() if v is not None}
     unknown = sorted(set(changed) - set(KNOBS))
     if unknown:

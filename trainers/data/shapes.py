@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario.model import FeatureSpec
@@ -147,8 +149,6 @@ class Shape:
         return None
 
     def synthesize(self, rows: int, users: int, seed: int):
-        import pyarrow as pa
-
         rng = np.random.default_rng(seed)
         cols = self.draw(rows, users, rng)
         p = sigmoid(self.logit(cols))
@@ -178,8 +178,6 @@ class Shape:
 
     def columns_of(self, table) -> dict[str, np.ndarray]:
         """The arrays :meth:`logit` reads, from any table with this shape's columns (e.g. read back)."""
-        import pyarrow as pa
-
         spec = self.features
         missing = [c for c in spec.nonsensitive + spec.sensitive if c not in table.column_names]
         if missing:
@@ -195,9 +193,6 @@ class Shape:
 
 def _codes_of(table, name: str, values: tuple[str, ...], shape: str) -> np.ndarray:
     """Codes of a string categorical column by value (any string-like type, dictionary or not)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     column = table.column(name)
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)

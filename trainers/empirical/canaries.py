@@ -45,8 +45,12 @@ import torch
 from scipy import stats
 from torch import nn
 
+from budgetplan.accounting import account
 from budgetplan.errors import UnsupportedError
+from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.util import validate
+from trainers import dpsgd
+from trainers.data.encoded import EncodedData
 from trainers.empirical.stats import (
     ALPHA,
     DEFAULT_CONFIDENCE,
@@ -97,8 +101,6 @@ class CanaryModel(nn.Module):
 
 
 def canary_data(rows: int, vocab: int, device):
-    from trainers.data.encoded import EncodedData
-
     return EncodedData(
         ns_cat=torch.arange(rows, device=device)[:, None], ns_num=torch.zeros(rows, 0, device=device),
         s_cat=torch.zeros(rows, 0, dtype=torch.int64, device=device), s_num=torch.zeros(rows, 0, device=device),
@@ -177,10 +179,6 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
         progress: a progress-bar label, or None.
         device: where the canaries train.
     """
-    from budgetplan.accounting import account
-    from budgetplan.mechanisms import PoissonDPSGD
-    from trainers import dpsgd
-
     t0 = time.perf_counter()
     sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
     delta = validate.open_unit("delta", delta)

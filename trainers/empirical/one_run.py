@@ -23,8 +23,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from budgetplan.accounting import DEFAULT_DISCRETIZATION
 from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.audit.fdp import MechanismFamily
+from budgetplan.mechanisms import PoissonDPSGD
+from budgetplan.plan.phases import DPSGDPhase
+from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
+from trainers import dpsgd
 from trainers.empirical.canaries import CanaryModel, CanaryObserver, canary_data
 from trainers.empirical.stats import default_randomness
 
@@ -62,12 +68,6 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
         {"name": "one-run dpsgd", "passed", "epsilon_lower_bound", "planned_epsilon",
         "failing", "detail", "seconds", "steps", and the ``bound_from_scores`` fields}.
     """
-    from budgetplan.accounting import DEFAULT_DISCRETIZATION
-    from budgetplan.audit.fdp import MechanismFamily
-    from budgetplan.mechanisms import PoissonDPSGD
-    from budgetplan.units import Adjacency, PrivacyUnit
-    from trainers import dpsgd
-
     t0 = time.perf_counter()
     params = phase.params
     sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
@@ -108,7 +108,5 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
 
 def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE) -> list[dict]:
     """One row per Poisson DP-SGD phase of ``plan`` (a truncated phase's batches are not audited so)."""
-    from budgetplan.plan.phases import DPSGDPhase
-
     return [dpsgd_one_run(p, randomness=randomness, confidence=confidence) for p in plan.phases
             if isinstance(p, DPSGDPhase) and p.params.sampling == "poisson"]

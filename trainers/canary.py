@@ -58,6 +58,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
 
 from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
 from budgetplan.audit.fdp import plan_family
@@ -66,6 +69,7 @@ from budgetplan.plan.phases import DPSGDPhase, RRPhase
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
+from budgetplan.util.fileio import atomic_output
 from trainers.data.encode import encode, hash_value
 from trainers.data.loaders import read_table
 from trainers.fit import model_logits
@@ -157,9 +161,6 @@ def insert_canaries(table, spec, m: int, *, randomness=None, hash_bins: dict[str
     canary's parameters are its own. The choice of values depends on the data's values, never
     on the secret labels.
     """
-    import pyarrow as pa
-
-
     rnd = randomness or Randomness()
     n = table.num_rows
     m = validate.positive_int("canaries", m)
@@ -223,9 +224,6 @@ def _canary_values(table, spec, m: int, tag: str, hash_bins: dict[str, int]) -> 
 def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarray:
     """The logits of the model in ``run_dir`` on the canary rows, encoded as the run encoded its data,
     minus the initial model's where the run kept it (``execute_plan(keep_initial=True)``)."""
-    import torch
-
-
     run_dir = Path(run_dir)
     training = record.training
     model = build_model(record.model["kind"], record.model["config"])
@@ -284,10 +282,6 @@ def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries
     if resolved.nonsensitive_encoding == "hash":
         bins["nonsensitive"] = resolved.hash_bins_nonsensitive
     audited, positions, bits = insert_canaries(table, spec, canaries, randomness=canary_randomness, hash_bins=bins)
-    import pyarrow.parquet as pq
-
-    from budgetplan.util.fileio import atomic_output
-
     created = out if not out.exists() else None
     try:
         (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from its checkpoint with the ledger's count (never fewer) and fresh randomness.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -114,8 +115,6 @@ class RunLock:
     """An exclusive, non-blocking lock on a run directory (released when the process ends)."""
 
     def __init__(self, directory: str | Path):
-        import fcntl
-
         self.path = Path(directory) / ".lock"
         self._fh = open(self.path, "a+")
         try:
@@ -129,8 +128,6 @@ class RunLock:
         self._fh.flush()
 
     def release(self) -> None:
-        import fcntl
-
         if not self._fh.closed:
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
             self._fh.close()

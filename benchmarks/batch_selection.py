@@ -31,7 +31,7 @@ import math
 import sys
 import time
 
-import _harness as h
+import harness as h
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -130,9 +130,9 @@ def settings(args: argparse.Namespace) -> dict:
                                "grid_step": [allocation_pld.MIN_GRID_STEP, allocation_pld.MAX_GRID_STEP],
                                "discretization": DEFAULT_DISCRETIZATION},
                        "orders": [min(allocation.ORDERS), max(allocation.ORDERS)],
-                       "add_bound": {"z_step": allocation._Z_STEP, "w_step": allocation._W_STEP,
-                                     "phi_slack": allocation._PHI_SLACK}},
-        "shuffle_lower": {"cell": shuffle._CELL, "discretization": shuffle._DISCRETIZATION},
+                       "add_bound": {"z_step": allocation.Z_STEP, "w_step": allocation.W_STEP,
+                                     "phi_slack": allocation.PHI_SLACK}},
+        "shuffle_lower": {"cell": shuffle.LOWER_CELL, "discretization": shuffle.LOWER_DISCRETIZATION},
         "search": {"sigma_range": list(calibrate.SIGMA_RANGE)}})
 
 

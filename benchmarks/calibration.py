@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 
-import _harness as h
+import harness as h
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 

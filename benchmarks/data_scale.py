@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 SHAPE = "pctr"
 USERS_PER_ROW = 5

@@ -4,7 +4,7 @@ The Hybrid plan ``results/distributed.json`` was measured at (the utility fronti
 was measured: balanced shape, C = 5, DP-SGD batch 4,096 for 3 epochs, one RR epoch at batch
 1,024, the frozen tower, a calibration share of 0.05 and the ``alpha-by-eps`` split) at
 ``--epsilon``, trained on ``--rows`` rows (a fifth of the users held out:
-``_harness.HOLDOUT``) for each seed with 1 process and with each count in ``--nproc``. Every
+``harness.HOLDOUT``) for each seed with 1 process and with each count in ``--nproc``. Every
 run is audited (``budgetplan.audit.audit_run``, the per-rank check included). Reported per
 process count: eval AUC, relative AUC loss against the non-private baseline, calibration ratio
 (mean +- std over the seeds), wall seconds, the DP-SGD phase's seconds and rows per second, and
@@ -16,7 +16,7 @@ constants, the values ``results/distributed.json`` records, not the frontier's o
 library's defaults of today. The RR phase's validation (held-out units that stop it early) did
 not exist when it was measured: the scenario recorded is the text as measured, which today
 would hold units out, so the script trains it with ``[rr].validation_fraction = 0``
-(``_harness.as_planned_then``), the plan it made then: one RR epoch on every training row.
+(``harness.as_planned_then``), the plan it made then: one RR epoch on every training row.
 With no held-out units the RR stopping rule (``rr_checks_per_epoch``, ``rr_patience``) is
 never read, and ``rr_weight_decay`` is pinned at 0.0, what the RR phase did then; the record
 leaves the three out, as it did. Not pinned, because no setting reaches it: the RR phase now
@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 SHAPE = "balanced"
 # The plan results/distributed.json was measured at (the frontier's then), pinned: it cannot be re-measured soon.

@@ -24,7 +24,7 @@ float32 below 2^24) and calls ``TwoTowerMLP.forward``; the child checks that the
 Opacus hooks are exactly the model's and, after the first backward, that each one got
 per-sample gradients (default mode) or per-sample norms (ghost mode).
 
-Shapes (``_harness.SHAPES``; synthetic tensors, no data files): ``pctr`` (Criteo pCTR of
+Shapes (``harness.SHAPES``; synthetic tensors, no data files): ``pctr`` (Criteo pCTR of
 the Hybrid paper, batch 16,384), ``attribution`` (Criteo attribution, about 0.5M
 parameters, batches 16,384 and 4,096), and the reduced ``pctr-reduced`` /
 ``attribution-reduced`` (5k-row tables, smaller batch) where Opacus's default mode fits,
@@ -68,7 +68,7 @@ import statistics
 import sys
 import time
 
-import _harness as h
+import harness as h
 
 MODES = ("non-private", "ours", "ours-4chunks", "opacus", "opacus-ghost")
 STEP_LIMIT = 120.0

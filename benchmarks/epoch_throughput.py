@@ -10,7 +10,7 @@ What is measured here, on whatever device runs it (``--device cpu|cuda``):
   at C = 1, noise multiplier 1, SGD with momentum and cosine decay, as a plan runs it);
 
 each for ``--steps`` (20) steps after a short warm-up, at the ``pctr`` and ``attribution``
-shapes of ``_harness.SHAPES``, over N = 2^20 synthetic rows held in memory, each (shape,
+shapes of ``harness.SHAPES``, over N = 2^20 synthetic rows held in memory, each (shape,
 mode) in a fresh subprocess with a per-step time limit. Reported: rows/s (real rows; the
 DP-SGD chunk is padded to E + 6 sqrt(E) rows, and padded rows cost compute but are not
 counted) and the time one epoch over 40,000,000 rows would take at that rate,
@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 
-import _harness as h
+import harness as h
 
 EPOCH_ROWS = 40_000_000
 STEP_LIMIT = 120.0

@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 sys.path.insert(0, str(h.ROOT))
 

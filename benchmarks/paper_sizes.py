@@ -19,7 +19,7 @@ paper_sizes_4m`` gives the processes' scaling table at a size two processes fit 
 Pinned at what ``results/paper_sizes.json`` was measured with (a 40M-row run takes hours):
 the DP-SGD step size 0.01 (the default then; the automatic 0.12 / sqrt(T) came later, and
 the throughput does not depend on it), and the plan as planned then: the scenario it records,
-with calibration off (``[calibration]`` was opt-in then; ``_harness.as_planned_then``).
+with calibration off (``[calibration]`` was opt-in then; ``harness.as_planned_then``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 SHAPE = "pctr"
 DPSGD_LR = 0.01  # the DP-SGD step size results/paper_sizes.json was timed at (throughput does not depend on it)

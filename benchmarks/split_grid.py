@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-import _harness as h
+import harness as h
 
 RESULTS = h.RESULTS
 ARGS = ["split", "--rule", "grid", "--delta", "1e-8", "--dataset-size", "32000000", "--batch-size", "16384",

@@ -10,7 +10,7 @@ the evaluation AUC of:
 - the tuned plan over 3 splits (alpha 0.25, 0.5, 0.75) and over 5 (alpha 0 to 1), which
   trains each configuration at its share and keeps the noisy-max's pick;
 
-on the same data and baselines as the utility frontier (``_harness.holdout_data``), 3 seeds.
+on the same data and baselines as the utility frontier (``harness.holdout_data``), 3 seeds.
 Reported: relative AUC loss (mean +- std) and which alpha each tuned run selected; the
 difference to the default is what the selection gained (negative) or cost (positive).
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 import utility_frontier as uf
 
 SHAPES = ("mixed", "balanced")
@@ -68,7 +68,7 @@ def settings(args) -> dict:
     from budgetplan.scenario.split_rules import DEFAULT_RULE
     from trainers.data.synth import get_shape
 
-    train, dp = uf._train_settings(args)
+    train, dp = uf.trainer_settings(args)
     return h.settings_record("split_selection.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilons": args.epsilon_list,
         "shapes": {s: get_shape(s).parameters() for s in args.shape_list}, "grids": GRIDS,
@@ -93,16 +93,16 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
     from trainers.data.synth import get_shape
     from trainers.run import RunOptions, execute_plan
 
-    train_settings, dp = uf._train_settings(args)
+    train_settings, dp = uf.trainer_settings(args)
     threads = 1 if args.jobs > 1 else "auto"
     spec = get_shape(shape).features
     work = Path(tempfile.mkdtemp(prefix="selection-"))
     out = []
     try:
         train, evaluation, n = h.holdout_data(shape, seed, args.rows, args.users, work)
-        base = uf._baselines(build_plan(parse_scenario(uf.scenario(args, epsilon=3.0, split="alpha=0.5", n=n,
+        base = uf.train_baselines(build_plan(parse_scenario(uf.scenario(args, epsilon=3.0, split="alpha=0.5", n=n,
                                                                    spec=spec))),
-                             train, evaluation, train_settings, uf._baseline_settings(), 1000 + seed, threads)
+                             train, evaluation, train_settings, uf.baseline_settings(), 1000 + seed, threads)
         for eps in args.epsilon_list:
             default = uf.scenario(args, epsilon=eps, split=DEFAULT_RULE, n=n, spec=spec)
             plans = {"default": default, **{g: _tuned(default, rules) for g, rules in GRIDS.items()}}

@@ -19,7 +19,7 @@ and end. Not a test: ``python benchmarks/threads.py`` (about 15 minutes on 2 cor
 Pinned at what ``results/threads.json`` was measured with: the DP-SGD step size 0.01 (the
 default then; the automatic 0.12 / sqrt(T) came later, and the time a step takes does not
 depend on it), and the DP-SGD plan as planned then: the scenario it records, with
-calibration off (``[calibration]`` was opt-in then; ``_harness.as_planned_then``).
+calibration off (``[calibration]`` was opt-in then; ``harness.as_planned_then``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 WORKLOADS = ("non-private", "dp-sgd")
 SHAPE = "balanced"

@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 SHAPE = "balanced"
 CAPS = (1, 2, 5, 10)

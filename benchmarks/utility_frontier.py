@@ -23,7 +23,7 @@ std over the seeds. The Hybrid column is the library's default split rule
 (``budgetplan.scenario.split_rules.DEFAULT_RULE``), read from the grid cell of the alpha it resolves to (the
 same phases; only the rule's name in the plan differs). Then the regret table: for each
 split rule, how far its alpha's loss is above the best alpha of the grid, per shape and
-epsilon (``_frontier_report.regret``), and the checks the issue asked of the defaults.
+epsilon (``frontier_report.regret``), and the checks the issue asked of the defaults.
 
 Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
 that finds a JSON made with the same settings continues where it stopped (one made with other
@@ -51,11 +51,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
-from _frontier_report import plot, render, summarise
+import harness as h
+from frontier_report import plot, render, summarise
 
 __all__ = ["ARMS", "PLAN", "TRAINING", "DPSGD_TRAINING", "main", "parse_args", "plot", "render", "run", "settings",
-           "summarise", "scenario", "TEMPLATE"]
+           "summarise", "scenario", "TEMPLATE", "trainer_settings", "baseline_settings", "train_baselines"]
 
 EPSILONS = (1.0, 3.0, 8.0)
 # balanced first: the shape the README quotes; the mixed family: shapes the defaults were not fitted to
@@ -141,7 +141,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _train_settings(args):
+def trainer_settings(args):
     """The trainer's settings for every run: its defaults, TRAINING's and the options' overrides."""
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import TrainSettings
@@ -155,7 +155,7 @@ def settings(args: argparse.Namespace) -> dict:
     from budgetplan.scenario.split_rules import ALPHA_BY_EPSILON, DEFAULT_RULE
     from trainers.data.synth import get_shape
 
-    train, dp = _train_settings(args)
+    train, dp = trainer_settings(args)
     return h.settings_record("utility_frontier.py", args.argv, {
         "shapes": {s: get_shape(s).parameters() for s in args.shape_list},
         "rows": args.rows, "users": args.users, "data_seeds": [1000 + s for s in range(args.seeds)],
@@ -164,12 +164,12 @@ def settings(args: argparse.Namespace) -> dict:
         # the default rule is read from the grid, not trained: a new default re-renders, it does not re-train
         "scenario": _shared_scenario(args), "training": train.to_dict(), "dpsgd_settings": dp.to_dict(),
         "baselines": {"all": "run_baseline, all features", "nonsensitive": "run_baseline, truncated=True",
-                      "settings": _baseline_settings().to_dict()}}) | {"default_split": {
+                      "settings": baseline_settings().to_dict()}}) | {"default_split": {
         "rule": DEFAULT_RULE, "alpha_by_epsilon": [{"from_epsilon": s.from_epsilon, "alpha": s.alpha}
                                                    for s in ALPHA_BY_EPSILON]}}
 
 
-def _baseline_settings():
+def baseline_settings():
     from trainers.baseline import BaselineSettings
 
     return BaselineSettings(**BASELINE)
@@ -251,7 +251,7 @@ def _rr_summary(record) -> dict | None:
             "validation_auc": rr.validation_auc[kept] if kept is not None else None}
 
 
-def _baselines(plan, train, evaluation, settings, baseline, seed: int, threads) -> dict:
+def train_baselines(plan, train, evaluation, settings, baseline, seed: int, threads) -> dict:
     """The non-private models on the same data: all features (the reference of every loss) and
     the non-sensitive features alone (the truncated model: the ceiling of RR)."""
     from trainers.baseline import reference
@@ -279,7 +279,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
     from trainers.data.synth import get_shape
     from trainers.run import RunOptions, execute_plan
 
-    train_settings, dp = _train_settings(args)
+    train_settings, dp = trainer_settings(args)
     threads = 1 if args.jobs > 1 else "auto"  # a worker's siblings hold the other cores
     spec = get_shape(shape).features
     work = Path(tempfile.mkdtemp(prefix="frontier-"))
@@ -290,7 +290,7 @@ def _unit(args, shape: str, seed: int, cells: list, baseline: dict | None, repor
             report("status", None, f"{shape} seed {seed}: non-private baselines")
             first = build_plan(parse_scenario(scenario(args, epsilon=args.epsilon_list[0], split="alpha=0.5", n=n,
                                                        spec=spec)))
-            baseline = {**_baselines(first, train, evaluation, train_settings, _baseline_settings(), 1000 + seed,
+            baseline = {**train_baselines(first, train, evaluation, train_settings, baseline_settings(), 1000 + seed,
                                      threads), "dataset_size": n}
             report("baseline", _key(shape, seed), baseline)
         for eps, arm in cells:

@@ -4,7 +4,7 @@ WALR (``trainers.walr_onehot``) releases ``sum_i y_i x_i + N(0, s^2 I_k)`` once 
 with every categorical column one-hot, every numeric column scaled into [0, 1] and an
 intercept, then fits a logistic regression on the release alone. This benchmark measures what
 the noise costs: per (shape, epsilon, seed), on the synthetic data and held-out users of the
-other benchmarks (``_harness.holdout_data``),
+other benchmarks (``harness.holdout_data``),
 
 - the private arm: the shipped ``walr`` example adapted as a user would (its epsilon, N and
   ``[features]`` set, and ``[walr].features`` / ``row_norm_bound`` removed, so that the plan
@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 EXAMPLE = "walr"  # the shipped scenario every private plan is made from
 SHAPES = ("balanced", "mixed")

@@ -1,7 +1,7 @@
 """Committed benchmark results cannot go stale: each records the settings that produced it,
 and those must be what its script would use today.
 
-Every ``benchmarks/results/*.json`` carries a ``settings`` object (benchmarks/_harness.py);
+Every ``benchmarks/results/*.json`` carries a ``settings`` object (benchmarks/harness.py);
 the script named there re-parses the recorded command line and says, through its
 ``settings(args)``, what it would use now, library defaults included. A difference fails the
 test with the command that regenerates the file. Nothing is run: only settings are compared.
@@ -28,9 +28,9 @@ FILES = sorted(RESULTS.glob("*.json"))
 def _harness():
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
-    import _harness
+    import harness
 
-    return _harness
+    return harness
 
 
 def _script(name: str):

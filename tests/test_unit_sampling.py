@@ -299,14 +299,14 @@ def test_the_trainer_refuses_data_with_another_unit_count(capped):
 
 def test_unit_sampling_refuses_canaries_but_not_several_processes(capped):
     from budgetplan.errors import UnsupportedError
-    from trainers.canary import _check_plan
+    from trainers.canary import check_canary_plan
     from trainers.ranks import check_distributable
 
     root, n, m = capped
     plan = build_plan(scenario(adjacency="replace-one", cap=3, n=n, units=f"units = {m}", batch=50, extra=FEATURES))
     check_distributable(plan)  # each rank holds whole units (tests/trainers/test_unit_ranks.py)
     with pytest.raises(UnsupportedError, match="whole canary units"):
-        _check_plan(plan)
+        check_canary_plan(plan)
 
 
 def test_the_phase_sampler_keeps_units_whole_within_the_chunk_limit():

@@ -151,7 +151,7 @@ def _arm(mean, std):
 
 def test_cells_the_seeds_cannot_order_are_marked():
     _frontier()
-    import _frontier_report as uf
+    import frontier_report as uf
     by_arm = {"RR": _arm(10.0, 1.0), "DP-SGD": _arm(5.0, 1.0), "Hybrid": _arm(5.5, 1.0)}
     uf._readable(by_arm, list(by_arm), "main", "loss")
     # RR is 4.5 away from its nearest arm (std 1): ordered; DP-SGD and Hybrid are 0.5 apart: not

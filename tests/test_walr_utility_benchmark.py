@@ -54,7 +54,7 @@ def test_every_cell_is_there_against_the_non_private_model_on_the_same_rows(quic
 
 def test_the_results_record_settings_that_round_trip(quick):
     bench, out, argv, result = quick
-    import _harness as h
+    import harness as h
 
     stored = json.loads((out / "walr_utility_quick.json").read_text())
     assert stored == json.loads(json.dumps(result))

@@ -28,6 +28,7 @@ from budgetplan.record.records import PRIVATE_DIR, RunRecord, load_record
 from trainers.data.columns import parquet_source
 from trainers.data.fingerprint import fingerprint, key_id, read_key
 from trainers.data.loaders import read_table
+from trainers.empirical import audit_plan
 
 __all__ = ["audit_run", "fingerprint_check", "run_empirical"]
 
@@ -60,7 +61,7 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
         report.checks.append(code_check(record))
         report.empirical = run_empirical(plan)
     if one_run:
-        from trainers.empirical.one_run import one_run_rows  # torch, and a million canaries: only when asked
+        from trainers.empirical.one_run import one_run_rows  # torch: audit_run's other checks run without it
 
         report.empirical += one_run_rows(plan)
     return report
@@ -74,8 +75,6 @@ def run_empirical(plan: Plan, *, progress: bool = True) -> list[dict]:
     and the mechanism checks, and passes when the bound is at most the plan and every check
     holds. It measures the code installed now, not necessarily the code that trained the run.
     """
-    from trainers.empirical import audit_plan  # imports torch
-
     return audit_plan(plan, progress=progress)
 
 

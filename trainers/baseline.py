@@ -34,10 +34,13 @@ two runs are not comparable.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
@@ -113,9 +116,6 @@ def validation_split(table, unit_column: str | None, fraction: float, what: str 
                                                                  "little")))
         held, unit, units = rng.random(table.num_rows) < fraction, "row", None
     else:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
 
         unit_ids(table, unit_column, why="to be held out whole")  # refuses missing ids
         column = table.column(unit_column)
@@ -161,9 +161,6 @@ def train_baseline(model, train, validation, fit_settings, settings: BaselineSet
         ``best`` (the index of the kept check, None if none was finite), ``stopped``
         ("patience" or "max_epochs") and ``validation_positives``.
     """
-    import copy
-
-
     curve: dict = {"checked_at": [], "train_loss": [], "validation_log_loss": [], "validation_auc": []}
     best = {"loss": float("inf"), "index": None, "state": None}
 

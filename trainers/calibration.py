@@ -22,7 +22,7 @@ from budgetplan import intercept
 from budgetplan.errors import InvalidParameterError
 from budgetplan.record.records import CalibrationRun, CalibrationStats
 from trainers.distributed import release_once
-from trainers.fit import _logits
+from trainers.fit import model_logits
 
 __all__ = ["CalibrationResult", "exact_release", "run_calibration", "calibration_entry", "free_calibration"]
 
@@ -57,7 +57,7 @@ def exact_release(model, data, shifts, *, truncated: bool = False, batch_size: i
     model.eval()
     for start in range(0, len(data), batch_size):
         idx = torch.arange(start, min(len(data), start + batch_size), device=data.label.device)
-        z = _logits(model, data, idx, truncated).double()
+        z = model_logits(model, data, idx, truncated).double()
         s = torch.sigmoid(z[:, None] + d[None, :])
         sums += torch.where(torch.isnan(s), torch.full_like(s, 0.5), s).sum(0)
     positives = data.label.double().sum()
@@ -142,7 +142,7 @@ def free_calibration(model, data, rr_result, collective=None) -> CalibrationStat
         raise InvalidParameterError("the plan calibrates the intercept from the RR labels, but the run has no RR "
                                     "result to take their debiased count from")
     model.eval()
-    z = torch.cat([_logits(model, data, torch.arange(i, min(len(data), i + 65536), device=data.label.device), True)
+    z = torch.cat([model_logits(model, data, torch.arange(i, min(len(data), i + 65536), device=data.label.device), True)
                    .double().cpu() for i in range(0, len(data), 65536)]).numpy()
     target, variance = rr_result.debiased_positives
     solved = None

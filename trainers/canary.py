@@ -58,6 +58,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
 
 from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
 from budgetplan.audit.fdp import plan_family
@@ -66,16 +69,18 @@ from budgetplan.plan.phases import DPSGDPhase, RRPhase
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
+from budgetplan.util.fileio import atomic_output
 from trainers.data.encode import encode, hash_value
 from trainers.data.loaders import read_table
-from trainers.fit import _logits
+from trainers.fit import model_logits
 from trainers.models import build_model
 from trainers.outputs import INITIAL_MODEL, check_out
 from trainers.randomness import Randomness
 from trainers.run import execute_plan
 from trainers.settings import RunOptions, TrainSettings
 
-__all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries"]
+__all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries",
+           "check_canary_plan"]
 
 CANARY_DATA = Path(PRIVATE_DIR) / "canary_data.parquet"  # the data trained on: the owner's rows and the canaries
 SCORE = ("the model's logit on the canary minus the initial model's (a query of the released model; the "
@@ -121,7 +126,7 @@ share = 0
 {spec.to_toml()}"""
 
 
-def _check_plan(plan) -> None:
+def check_canary_plan(plan) -> None:
     if plan.adjacency is not Adjacency.REPLACE_ONE:
         raise UnsupportedError("canaries here are rows whose label differs between the two worlds, a replace-one "
                                f"change; this plan is {plan.adjacency.value}, where it is two changes")
@@ -156,9 +161,6 @@ def insert_canaries(table, spec, m: int, *, randomness=None, hash_bins: dict[str
     canary's parameters are its own. The choice of values depends on the data's values, never
     on the secret labels.
     """
-    import pyarrow as pa
-
-
     rnd = randomness or Randomness()
     n = table.num_rows
     m = validate.positive_int("canaries", m)
@@ -222,9 +224,6 @@ def _canary_values(table, spec, m: int, tag: str, hash_bins: dict[str, int]) -> 
 def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarray:
     """The logits of the model in ``run_dir`` on the canary rows, encoded as the run encoded its data,
     minus the initial model's where the run kept it (``execute_plan(keep_initial=True)``)."""
-    import torch
-
-
     run_dir = Path(run_dir)
     training = record.training
     model = build_model(record.model["kind"], record.model["config"])
@@ -238,13 +237,13 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
     truncated = record.model["final"] == "truncated"
     model.eval()
     with torch.no_grad():
-        logits = _logits(model, data, torch.arange(len(data)), truncated).double()
+        logits = model_logits(model, data, torch.arange(len(data)), truncated).double()
         initial = run_dir / PRIVATE_DIR / INITIAL_MODEL
         if initial.exists():
             # where the training moved each logit from: the initial weights of a canary's own
             # rows are noise its label never touched
             model.load_state_dict(torch.load(initial, map_location="cpu", weights_only=True))
-            logits = logits - _logits(model, data, torch.arange(len(data)), truncated).double()
+            logits = logits - model_logits(model, data, torch.arange(len(data)), truncated).double()
     return logits.numpy()
 
 
@@ -268,7 +267,7 @@ def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries
         The run record, with ``private_part.one_run``.
     """
     options = options or RunOptions()
-    _check_plan(plan)
+    check_canary_plan(plan)
     out = check_out(options.out_dir)
     if out is None:
         raise InvalidParameterError("canaries need the run directory (--out): the model is audited from it")
@@ -283,10 +282,6 @@ def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries
     if resolved.nonsensitive_encoding == "hash":
         bins["nonsensitive"] = resolved.hash_bins_nonsensitive
     audited, positions, bits = insert_canaries(table, spec, canaries, randomness=canary_randomness, hash_bins=bins)
-    import pyarrow.parquet as pq
-
-    from budgetplan.util.fileio import atomic_output
-
     created = out if not out.exists() else None
     try:
         (out / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)

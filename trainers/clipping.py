@@ -49,6 +49,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad, vmap
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.util.validate import positive
@@ -198,8 +199,6 @@ def _fallback_gradients(model, named: list[tuple[str, nn.Parameter]], xs: tuple,
     loss gradient the main backward already computed, so ``loss_fn`` is never run under vmap
     (it may close over per-batch tensors that vmap would misalign).
     """
-    from torch.func import functional_call, grad, vmap
-
     entry = _Entry(model, truncated)
     theta = {"model." + name: p.detach() for name, p in named}
 

@@ -17,6 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+
+from budgetplan.planning.planner import build_plan
+from budgetplan.report.statement import render_statement
+from budgetplan.scenario.examples import adapted
+from budgetplan.scenario.model import parse_scenario
+from budgetplan.scenario.split_rules import DEFAULT_RULE, choose_split
 from budgetplan.util.fileio import atomic_output, write_atomic
 from trainers.baseline import reference
 from trainers.data.synth import get_shape, synthesize
@@ -64,15 +72,6 @@ def run_demo(*, rows: int = 250_000, users: int | None = None, epsilon: float = 
 
     ``threads``: torch's CPU threads (``trainers.threads``), resolved once for every run.
     """
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from budgetplan.planning.planner import build_plan
-    from budgetplan.report.statement import render_statement
-    from budgetplan.scenario.examples import adapted
-    from budgetplan.scenario.model import parse_scenario
-    from budgetplan.scenario.split_rules import DEFAULT_RULE, choose_split
-
     threads = resolve_threads(threads)  # before the demo's own work adds to the load
     users = users or max(1, rows // 5)
     spec = get_shape(shape).features

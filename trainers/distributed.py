@@ -31,14 +31,20 @@ cut, and is refused rather than approximated.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import importlib
+import os
 import queue as queues
+import signal
 import socket
+import sys
 import time
 import traceback
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from budgetplan.errors import BudgetplanError, PlanMismatchError
 
@@ -164,8 +170,6 @@ def from_environment(backend: str | None = None) -> Collective | None:
     Returns None when the environment names no group of more than one process. The backend
     is NCCL when CUDA is available, else gloo, unless given.
     """
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         return None
     if not dist.is_initialized():
@@ -185,10 +189,6 @@ def _free_port() -> int:
 def _die_with_parent() -> None:
     """Have the kernel kill this process when the launcher dies (Linux), so that no orphan rank goes on
     spending steps of a run nobody will finish; elsewhere the collectives' timeout ends it."""
-    import ctypes
-    import signal
-    import sys
-
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
@@ -207,7 +207,6 @@ def _rank_main(rank, nproc, address, backend, timeout_s, threads, results, fn, a
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # the parent reports it; the exit code says it failed
-        from budgetplan.errors import BudgetplanError
 
         own = f"{type(exc).__module__}:{type(exc).__qualname__}" if isinstance(exc, BudgetplanError) else None
         results.put((rank, "error", (f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}", own,
@@ -217,10 +216,6 @@ def _rank_main(rank, nproc, address, backend, timeout_s, threads, results, fn, a
 
 def _own_error(where: str, message: str) -> Exception:
     """budgetplan's error class ``module:name`` with ``message`` (its base class if it cannot be rebuilt)."""
-    import importlib
-
-    from budgetplan.errors import BudgetplanError
-
     module, _, name = where.partition(":")
     try:
         cls = getattr(importlib.import_module(module), name)
@@ -241,8 +236,6 @@ def launch(fn, nproc: int, *args, backend: str = "gloo", timeout_s: float = 300.
     raised one of budgetplan's own errors (a refusal: bad input, a plan mismatch), the same
     error is raised here with its message, so a caller sees one refusal, not a crash.
     """
-    import torch.multiprocessing as mp
-
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
     context = mp.get_context("spawn")

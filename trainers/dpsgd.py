@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import resource
 import time
 from dataclasses import asdict, dataclass
 
@@ -160,7 +161,6 @@ def peak_memory(device) -> dict:
     """Peak memory of the process on ``device`` so far (CUDA allocator, or the process RSS on CPU)."""
     if torch.device(device).type == "cuda":
         return {"kind": "cuda max_memory_allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
-    import resource
 
     return {"kind": "process max RSS", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 

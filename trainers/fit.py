@@ -16,7 +16,7 @@ import torch
 
 from trainers.progress import bar
 
-__all__ = ["FitSettings", "fit", "predict"]
+__all__ = ["FitSettings", "fit", "predict", "model_logits"]
 
 
 class FitSettings:
@@ -42,7 +42,8 @@ def _optimizer(params, s: FitSettings):
     return torch.optim.SGD(params, lr=s.lr, momentum=0.9, weight_decay=s.weight_decay)
 
 
-def _logits(model, data, idx, truncated: bool):
+def model_logits(model, data, idx, truncated: bool):
+    """The logits of ``model`` on rows ``idx`` of ``data``; ``truncated``: its non-sensitive features alone."""
     if truncated:
         return model.forward_truncated(data.ns_cat[idx], data.ns_num[idx])
     return model(data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx])
@@ -99,7 +100,7 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
             for b in range(batches):
                 if parts is None:
                     idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
-                    loss = loss_fn(_logits(model, data, idx, truncated), targets[idx])
+                    loss = loss_fn(model_logits(model, data, idx, truncated), targets[idx])
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                 else:
@@ -143,7 +144,7 @@ def _shared_backward(model, data, targets, loss_fn, idx, share: int, opt, trunca
     """
     rows = idx.numel()
     pick = idx if rows else torch.zeros(1, dtype=idx.dtype, device=idx.device)
-    loss = loss_fn(_logits(model, data, pick, truncated), targets[pick])
+    loss = loss_fn(model_logits(model, data, pick, truncated), targets[pick])
     opt.zero_grad(set_to_none=True)
     (loss * (rows / share)).backward()
     collective.sum_([p.grad for p in model.parameters() if p.grad is not None])
@@ -157,7 +158,7 @@ def predict(model, data, *, truncated: bool, batch_size: int = 65536) -> np.ndar
     out = []
     for start in range(0, len(data), batch_size):
         idx = torch.arange(start, min(len(data), start + batch_size), device=data.label.device)
-        out.append(torch.sigmoid(_logits(model, data, idx, truncated)).float().cpu().numpy())
+        out.append(torch.sigmoid(model_logits(model, data, idx, truncated)).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 

@@ -12,6 +12,7 @@ from its checkpoint with the ledger's count (never fewer) and fresh randomness.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -121,8 +122,6 @@ class RunLock:
     """An exclusive, non-blocking lock on a run directory (released when the process ends)."""
 
     def __init__(self, directory: str | Path):
-        import fcntl
-
         self.path = Path(directory) / ".lock"
         self._fh = open(self.path, "a+")
         try:
@@ -148,8 +147,6 @@ class RunLock:
         Removed while still held: a process that opened the old file meanwhile finds, once it
         gets the lock, that the name no longer leads to it, and refuses (``__init__``).
         """
-        import fcntl
-
         if not self._fh.closed:
             try:
                 self.path.unlink(missing_ok=True)

@@ -31,9 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils.data import default_collate
 
+from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import CountPhase, DPSGDPhase
+from budgetplan.record.records import PRIVATE_DIR
+from budgetplan.util.fileio import atomic_output, check_writable, torch_save
+from budgetplan.util.validate import non_negative_int
+from trainers import dpsgd
+from trainers.clipping import refuse_batch_statistics
+from trainers.data.fingerprint import key_id, new_key, write_key
+from trainers.dpsgd import DPSGDSettings, check_resume, check_rows, phase_sampler
+from trainers.randomness import Randomness
+from trainers.record import build_record, dpsgd_entry
+from trainers.session import Session
 
 __all__ = ["PrivateStep", "PrivateBatch"]
 
@@ -82,7 +94,6 @@ class _Rows:
         if self.tensors is not None:
             *inputs, target = (t[idx] for t in self.tensors)
             return tuple(inputs), target
-        from torch.utils.data import default_collate
 
         items = default_collate([self.dataset[i] for i in idx.tolist()])
         *inputs, target = (t.to(self.device) for t in items)
@@ -90,8 +101,6 @@ class _Rows:
 
     def fingerprint(self, key: bytes) -> dict:
         """The keyed digest of every row's tensors (dtype, shape, bytes), window by window."""
-        from trainers.data.fingerprint import key_id
-
         digest = hmac.new(key, digestmod=hashlib.sha256)
         for start in range(0, self.rows, _FINGERPRINT_WINDOW):
             inputs, target = self(torch.arange(start, min(self.rows, start + _FINGERPRINT_WINDOW), device=self.device))
@@ -156,13 +165,6 @@ class PrivateStep:
     def __init__(self, model: torch.nn.Module, plan, *, loss_fn, optimizer: torch.optim.Optimizer, run_dir,
                  resume: bool = False, seed: int | None = None, checkpoint_every: int = 0, max_chunk: int | None = 4096,
                  padded_size: int | None = None):
-        from budgetplan.audit.verify import verify_plan
-        from budgetplan.util.fileio import check_writable
-        from budgetplan.util.validate import non_negative_int
-        from trainers.clipping import refuse_batch_statistics
-        from trainers.dpsgd import DPSGDSettings
-        from trainers.randomness import Randomness
-
         report = verify_plan(plan)
         if not report.ok:
             raise PlanMismatchError(f"the plan does not verify: {report.problems[0]}", report.problems)
@@ -250,9 +252,6 @@ class PrivateStep:
 
     def _open(self, data: tuple) -> None:
         """Check the data against the plan, then open the run directory and the engine (in this order)."""
-        from trainers.dpsgd import DPSGDStep, check_resume, check_rows, phase_sampler
-        from trainers.session import Session
-
         params = self.phase.params
         rows = _Rows(data, self.trainable[0].device)
         size_private = self.plan.count is not None
@@ -269,8 +268,9 @@ class PrivateStep:
             # sampler, then noise: the order run_dpsgd seeds them in
             self._sampler = phase_sampler(rows, params, self.settings, self.randomness, device=rows.device)
             noise = torch.Generator(device=self.trainable[0].device).manual_seed(self.randomness.torch_seed())
-            self._engine = DPSGDStep(self.model, params, trainable=self.trainable, optimizer=self.optimizer,
-                                     loss_fn=self.loss_fn, noise_generator=noise, ledger=session, start_step=start)
+            self._engine = dpsgd.DPSGDStep(self.model, params, trainable=self.trainable, optimizer=self.optimizer,
+                                           loss_fn=self.loss_fn, noise_generator=noise, ledger=session,
+                                           start_step=start)
         except BaseException:
             session.close()
             raise
@@ -287,11 +287,6 @@ class PrivateStep:
         Args:
             metrics: the user's evaluation metrics, kept in the private record.
         """
-        from budgetplan.record.records import PRIVATE_DIR
-        from budgetplan.util.fileio import atomic_output, torch_save
-        from trainers.data.fingerprint import new_key, write_key
-        from trainers.record import build_record, dpsgd_entry
-
         engine, session, rows = self._engine, self._session, self._rows
         if engine is None or session is None or rows is None or engine.step < self.steps_planned:
             raise PlanMismatchError(f"{self.steps_taken} of the plan's {self.steps_planned} noisy steps are taken: "

@@ -11,6 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 __all__ = ["bar", "LOG_EVERY_S", "LogLines", "PREFIX"]
 
 LOG_EVERY_S = 10.0  # the most often a log line is written while work runs
@@ -65,8 +68,6 @@ def bar(label: str | None, total: int):
         return None
     if not sys.stderr.isatty():
         return LogLines(label, total), None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                         console=Console(stderr=True), transient=True)

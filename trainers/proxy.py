@@ -29,7 +29,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from budgetplan.errors import InvalidParameterError
+from budgetplan.planning.planner import build_plan
+from budgetplan.report.plots import agg_pyplot, save_png
+from budgetplan.util.fileio import atomic_output
+from trainers.data.loaders import read_table
 
 __all__ = ["proxy_grid", "proxy_scenario", "file_digest", "plot_alphas", "DEFAULT_ALPHAS"]
 
@@ -84,12 +90,8 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
         {"proxy", "proxy_sha256", "train_rows", "eval_rows", "baseline_auc", "cells": [{alpha,
         auc, relative_auc_loss, calibration_ratio, seconds}], "best_alpha", "evidence"}.
     """
-    import pyarrow.parquet as pq
-
-    from budgetplan.planning.planner import build_plan
-    from budgetplan.util.fileio import atomic_output
+    # torch: proxy_scenario and plot_alphas run without it
     from trainers.baseline import reference, validation_split
-    from trainers.data.loaders import read_table
     from trainers.run import RunOptions, TrainSettings, execute_plan, run_baseline
 
     _check(scenario)
@@ -150,9 +152,7 @@ def proxy_grid(scenario, proxy: Path, *, eval_path: Path | None = None, alphas=D
 
 def plot_alphas(result: dict, path: Path) -> Path:
     """The proxy's frontier as a PNG: relative AUC loss against alpha, the chosen alpha marked."""
-    from budgetplan.report.plots import _pyplot, _save
-
-    plt = _pyplot()
+    plt = agg_pyplot()
     cells = [c for c in result["cells"] if c["relative_auc_loss"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.plot([c["alpha"] for c in cells], [c["relative_auc_loss"] for c in cells], marker="o")
@@ -165,4 +165,4 @@ def plot_alphas(result: dict, path: Path) -> Path:
     ax.set_ylabel("relative AUC loss (%)")
     ax.set_title(f"proxy {Path(result['proxy']).name}: epsilon {result['epsilon']:g}")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)

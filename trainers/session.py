@@ -20,11 +20,14 @@ release the plan does not account, so the session refuses (fails closed).
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.plan import write_atomic
 from budgetplan.record.records import PRIVATE_DIR
 from budgetplan.util.fileio import atomic_output, remove_stale_temporaries, torch_save
 from trainers.ledger import Ledger, LedgerError, RunLock
@@ -56,7 +59,6 @@ class Session:
         ledger_path = self.dir / "ledger.jsonl"
         if resume and not ledger_path.exists():
             raise InvalidParameterError(f"nothing to resume in {self.dir}: it has no ledger")
-        from budgetplan.plan import write_atomic
 
         # Nothing is spent until the ledger says so: a failure up to there (a full disk, a
         # signal) removes what this session created, so a retry starts clean.
@@ -189,8 +191,6 @@ class Session:
         self.ledger.note("checkpoint", phase=state.get("phase"), step=state.get("step"))
 
     def load_checkpoint(self) -> dict | None:
-        import torch
-
         path = self.dir / "checkpoint.pt"
         return torch.load(path, weights_only=False) if path.exists() else None
 
@@ -278,8 +278,6 @@ class NullSession:
 
 def _remove(directory: Path | None) -> None:
     if directory is not None:
-        import shutil
-
         shutil.rmtree(directory, ignore_errors=True)
 
 

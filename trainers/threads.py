@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+import torch
+
 from budgetplan.errors import InvalidParameterError
 from budgetplan.limits import MAX_THREADS
 from budgetplan.util.cpus import available_cpus, busy_elsewhere, free_cpus
@@ -62,8 +64,6 @@ def torch_threads(threads: int | str | None):
 
     Yields the count used. A library call leaves the caller's process as it found it.
     """
-    import torch
-
     count = resolve_threads(threads)
     before = torch.get_num_threads()
     torch.set_num_threads(count)

@@ -74,7 +74,7 @@ from budgetplan.accounting import gaussian
 from budgetplan.util import validate
 
 __all__ = ["ORDERS", "remove_rdp", "add_rdp", "epsilon", "remove_epsilon", "add_epsilon", "jensen_add_epsilon",
-           "REFERENCE"]
+           "REFERENCE", "Z_STEP", "W_STEP", "PHI_SLACK"]
 
 REFERENCE = "random allocation (Feldman and Shenfeld, arXiv:2502.08202)"
 # Integer Renyi orders. The moment series is cut at the largest; a few milliseconds per sigma.
@@ -126,6 +126,7 @@ def remove_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1
 
 def remove_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:
     """Epsilon of the remove direction at ``delta``, from the exact RDP (conversion of arXiv:2004.00010)."""
+    # heavy: dp_accounting (~1 s), for the RDP conversion only
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     delta = validate.open_unit("delta", delta)
@@ -138,12 +139,12 @@ def remove_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int
 # outer grid's lower end, how far below the total each cut-off piece is aimed (ln), and the
 # rounding slack on phi_up. The steps set only the tightness: halving both moves the bound by
 # about 1e-4 of the add epsilon at T = 1953, and never up.
-_Z_STEP, _W_STEP, _W_LOW, _Z_HIGH = 0.025, 0.02, -30.0, 12.0
+Z_STEP, W_STEP, _W_LOW, _Z_HIGH = 0.025, 0.02, -30.0, 12.0
 _NEGLIGIBLE = 60.0
 # phi_up's rounding slack (relative): its log weights err by at most ~5e-14 (1 + z^2) / dz_x, dz_x the
 # cell width in ln Y (the chord split divides ln-CDF differences of size z^2 / 2 by it; checked
 # against 50-digit arithmetic for sigma 0.1 to 1000), covered 20 times over, and 1e-8 beside it.
-_PHI_SLACK, _WEIGHT_ROUNDING = 1e-8, 1e-12
+PHI_SLACK, _WEIGHT_ROUNDING = 1e-8, 1e-12
 
 
 def _bounded_orders(noise_multiplier: float, steps: int) -> int:
@@ -184,7 +185,7 @@ def _phi_nodes(v: float, z_low: float, z_step: float) -> tuple[np.ndarray, np.nd
     low_p, low_m = special.log_ndtr(z[0]), special.log_ndtr(z[0] - root)
     log_w[0] = np.logaddexp(log_w[0], low_m - x[0])
     log_w[-1] = np.logaddexp(log_w[-1], special.log_ndtr(-z[-1]))
-    slack = _PHI_SLACK + _WEIGHT_ROUNDING * (1 + max(-z_low, _Z_HIGH) ** 2) / dx
+    slack = PHI_SLACK + _WEIGHT_ROUNDING * (1 + max(-z_low, _Z_HIGH) ** 2) / dx
     return np.exp(x), log_w, float(low_p + _log1mexp(np.array(min(low_m - low_p - x[0], 0.0)))), slack
 
 
@@ -231,8 +232,8 @@ def _z_low(v: float, u_max: float, steps: int, top: int, log_s_max: float) -> fl
 
 
 @functools.lru_cache(maxsize=256)
-def _log_negative_moments(noise_multiplier: float, steps: int, z_step: float = _Z_STEP,
-                          w_step: float = _W_STEP) -> np.ndarray:
+def _log_negative_moments(noise_multiplier: float, steps: int, z_step: float = Z_STEP,
+                          w_step: float = W_STEP) -> np.ndarray:
     """Certified upper bounds on ln E_Q[Z^{-b}] for b = 1..top - 1 (top from ``_bounded_orders``; module note)."""
     v = 1.0 / noise_multiplier**2
     m, var_g = -v / 2, v / steps
@@ -307,6 +308,7 @@ def add_rdp(*, noise_multiplier: float, steps_per_epoch: int, epochs: int = 1) -
 
 def add_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float) -> float:
     """Epsilon of the add direction at ``delta``, from its certified RDP (conversion of arXiv:2004.00010)."""
+    # heavy: dp_accounting (~1 s), for the RDP conversion only
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     delta = validate.open_unit("delta", delta)

@@ -49,8 +49,9 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._ctd import _check_grid, _readonly
-from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, PLDPmf
+from budgetplan.accounting import fastpld
+from budgetplan.accounting.ctd import check_grid, readonly
+from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, PLDPmf
 from budgetplan.errors import UnsupportedError
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
@@ -288,7 +289,7 @@ def _pmf(losses: np.ndarray, masses: np.ndarray, infinity: float, d: float) -> P
     and its chord (above the pair's convex curve) in between. Both shares are >= 0: there
     is no difference of curves to round into spurious mass.
     """
-    _check_grid(d, float(losses.min()) - d, float(losses.max()) + d, "one epoch of random allocation")
+    check_grid(d, float(losses.min()) - d, float(losses.max()) + d, "one epoch of random allocation")
     k = np.floor(losses / d)
     frac = losses - k * d
     up = np.clip(-np.expm1(-frac) / -math.expm1(-d), 0.0, 1.0)
@@ -296,7 +297,7 @@ def _pmf(losses: np.ndarray, masses: np.ndarray, infinity: float, d: float) -> P
     lo = int(k.min())
     probs = np.bincount(k - lo, weights=masses * (1.0 - up), minlength=int(k.max()) - lo + 2)
     probs += np.bincount(k - lo + 1, weights=masses * up, minlength=probs.size)
-    return _readonly(PLDPmf(d, lo, probs, infinity))
+    return readonly(PLDPmf(d, lo, probs, infinity))
 
 
 def check_applies(adjacency: Adjacency, unit: PrivacyUnit) -> None:
@@ -323,8 +324,6 @@ def epoch_pld(*, noise_multiplier: float, steps_per_epoch: int, discretization: 
     if sigma < MIN_NOISE:
         # no amplification claimed: an epoch places one Gaussian release at a random step, a
         # post-processing of it (valid, and the epsilon is in the hundreds down here anyway)
-        from budgetplan.accounting import fastpld
-
         return fastpld.gaussian(noise_multiplier=sigma, relation=ADD_REMOVE, discretization=d)
     log_z, q, _zero = epoch_pair(sigma, t, grid_step(sigma, t, f))
     keep = q > 0

@@ -13,13 +13,14 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+from scipy import special
+
+from budgetplan.accounting.limits import MAX_GRID_POINTS
 from budgetplan.errors import AccountingError
 from budgetplan.units import Adjacency
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = [
     "RDP_CONVERSION",
@@ -30,6 +31,8 @@ __all__ = [
     "truncated_single_step",
     "reference_discrete_laplace_epsilon",
     "prv_dpsgd_curve",
+    "quiet_absl",
+    "relation_of",
 ]
 
 RDP_CONVERSION = (
@@ -38,13 +41,14 @@ RDP_CONVERSION = (
 )
 
 
-def _quiet_absl() -> None:
+def quiet_absl() -> None:
     # dp_accounting logs a warning per excluded Renyi order; the result already accounts for it.
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def _relation(adjacency: Adjacency) -> object:
-    from dp_accounting import privacy_accountant
+def relation_of(adjacency: Adjacency) -> object:
+    """dp_accounting's NeighboringRelation for ``adjacency``."""
+    from dp_accounting import privacy_accountant  # heavy: dp_accounting (~1 s), a peer back-end
 
     rel = privacy_accountant.NeighboringRelation
     return rel.ADD_OR_REMOVE_ONE if adjacency is Adjacency.ADD_REMOVE else rel.REPLACE_ONE
@@ -52,8 +56,8 @@ def _relation(adjacency: Adjacency) -> object:
 
 def _rdp_curve(event: object, relation: object) -> Callable[[float], float]:
     """eps(delta) of ``event`` under RDP; the RDP vector is computed once."""
-    _quiet_absl()
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    quiet_absl()
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp  # heavy: dp_accounting (~1 s), a peer back-end
 
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
     try:
@@ -76,12 +80,12 @@ def _rdp_curve(event: object, relation: object) -> Callable[[float], float]:
 
 def rdp_dpsgd_curve(*, noise_multiplier: float, sampling_rate: float, steps: int) -> Callable[[float], float]:
     """eps(delta) of Poisson DP-SGD under add-remove, by RDP."""
-    import dp_accounting as dpa
+    import dp_accounting as dpa  # heavy: dp_accounting (~1 s), a peer back-end
 
     event = dpa.SelfComposedDpEvent(
         dpa.PoissonSampledDpEvent(sampling_rate, dpa.GaussianDpEvent(noise_multiplier)), steps
     )
-    return _rdp_curve(event, _relation(Adjacency.ADD_REMOVE))
+    return _rdp_curve(event, relation_of(Adjacency.ADD_REMOVE))
 
 
 def rdp_gaussian_curve(*, noise_multiplier: float) -> Callable[[float], float]:
@@ -91,32 +95,31 @@ def rdp_gaussian_curve(*, noise_multiplier: float) -> Callable[[float], float]:
     the stated sensitivity, which is what ``noise_multiplier`` is relative to. Under
     dp_accounting's REPLACE_ONE a GaussianDpEvent is treated as sensitivity 2.
     """
-    import dp_accounting as dpa
+    import dp_accounting as dpa  # heavy: dp_accounting (~1 s), a peer back-end
 
-    return _rdp_curve(dpa.GaussianDpEvent(noise_multiplier), _relation(Adjacency.ADD_REMOVE))
+    return _rdp_curve(dpa.GaussianDpEvent(noise_multiplier), relation_of(Adjacency.ADD_REMOVE))
 
 
 def rdp_rr_curve(*, epsilon: float, count: int) -> Callable[[float], float]:
     """eps(delta) of ``count`` binary RR releases under REPLACE_ONE, by RDP."""
-    import dp_accounting as dpa
-    from scipy import special
+    import dp_accounting as dpa  # heavy: dp_accounting (~1 s), a peer back-end
 
     noise_parameter = 2.0 * float(special.expit(-epsilon))  # 2 / (e^eps + 1), no overflow
     event = dpa.SelfComposedDpEvent(dpa.RandomizedResponseDpEvent(noise_parameter, 2), count)
-    return _rdp_curve(event, _relation(Adjacency.REPLACE_ONE))
+    return _rdp_curve(event, relation_of(Adjacency.REPLACE_ONE))
 
 
 def reference_pld_dpsgd(
     *, noise_multiplier: float, sampling_rate: float, steps: int, adjacency: Adjacency, discretization: float
 ) -> Any:  # a dp_accounting PrivacyLossDistribution (dp_accounting ships no types)
     """dp_accounting's own PLD of Poisson DP-SGD: the slow reference the fast engine is checked against."""
-    from dp_accounting.pld import privacy_loss_distribution as pld
+    from dp_accounting.pld import privacy_loss_distribution as pld  # heavy: dp_accounting (~1 s), a peer back-end
 
     return pld.from_gaussian_mechanism(
         noise_multiplier,
         sampling_prob=sampling_rate,
         value_discretization_interval=discretization,
-        neighboring_relation=_relation(adjacency),
+        neighboring_relation=relation_of(adjacency),
     ).self_compose(steps)
 
 
@@ -136,7 +139,7 @@ def truncated_single_step(
         symmetric), for the caller to compose (dp_accounting's own float64 FFT composition is
         not used: its rounding noise decides epsilon at small deltas).
     """
-    from dp_accounting.pld import privacy_loss_distribution as pld
+    from dp_accounting.pld import privacy_loss_distribution as pld  # heavy: dp_accounting (~1 s), a peer back-end
 
     try:
         single = pld.from_truncated_subsampled_gaussian_mechanism(
@@ -145,7 +148,7 @@ def truncated_single_step(
             truncated_batch_size=max_batch_size,
             noise_multiplier=noise_multiplier,
             value_discretization_interval=discretization,
-            neighboring_relation=_relation(adjacency),
+            neighboring_relation=relation_of(adjacency),
         )
         directions = [single._pmf_remove] if single._symmetric else [single._pmf_remove, single._pmf_add]
         dense = [p.to_dense_pmf() for p in directions]
@@ -160,10 +163,7 @@ def _check_prv_size(prv: object, steps: int, eps_error: float, delta_error: floa
     prv_accountant's grid spans [-L, L] at mesh eps_error / sqrt(T/2 ln(12/delta_error))
     (Gopi, Lee, Wutschitz 2021, arXiv:2106.02848, Theorem 5.5), L from its RDP bound.
     """
-    import numpy as np
-    from prv_accountant.accountant import compute_safe_domain_size
-
-    from budgetplan.accounting.limits import MAX_GRID_POINTS
+    from prv_accountant.accountant import compute_safe_domain_size  # heavy: prv_accountant (~1 s), a peer back-end
 
     half_width = compute_safe_domain_size([prv], [steps], eps_error=eps_error, delta_error=delta_error)
     mesh = eps_error / np.sqrt(steps / 2 * np.log(12 / delta_error))
@@ -177,10 +177,10 @@ def _check_prv_size(prv: object, steps: int, eps_error: float, delta_error: floa
 def reference_discrete_laplace_epsilon(*, epsilon: float, sensitivity: int, delta: float,
                                        discretization: float = 1e-4) -> float:
     """epsilon at ``delta`` of dp_accounting's DiscreteLaplaceDpEvent (add-remove, PLD accountant)."""
-    import dp_accounting as dpa
-    from dp_accounting.pld import pld_privacy_accountant
+    import dp_accounting as dpa  # heavy: dp_accounting (~1 s), a peer back-end
+    from dp_accounting.pld import pld_privacy_accountant  # heavy: dp_accounting (~1 s), a peer back-end
 
-    accountant = pld_privacy_accountant.PLDAccountant(_relation(Adjacency.ADD_REMOVE),
+    accountant = pld_privacy_accountant.PLDAccountant(relation_of(Adjacency.ADD_REMOVE),
                                                       value_discretization_interval=discretization)
     try:
         accountant.compose(dpa.dp_event.DiscreteLaplaceDpEvent(epsilon / sensitivity, sensitivity))
@@ -199,6 +199,7 @@ def prv_dpsgd_curve(
     both become an AccountingError here, and its band is reported, not trusted: callers
     cross-check it against PLD.
     """
+    # heavy: prv_accountant (~1 s), a peer back-end
     from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
     def fail(exc: Exception) -> AccountingError:

@@ -9,25 +9,25 @@ at any delta it accepts.
   Distributions", arXiv:2207.04380, Algorithm 1) on the grid ``k * discretization``
   between the losses at dp_accounting's truncation points (``log_mass_truncation_bound``).
   The mass beyond the top point is not lost: connect-the-dots puts delta there at +inf.
-* Composition (``_pld_ops``): convolution by real FFT (Koskela, Jalko, Honkela,
+* Composition (``pld_ops``): convolution by real FFT (Koskela, Jalko, Honkela,
   "Computing Tight Differential Privacy Guarantees Using FFT", arXiv:1906.03049) of the
   exponentially tilted pmfs, the tilt chosen for the delta the result is read at, with a
   bound on the FFT's rounding error added to every mass and the window cut by Chernoff
   bounds whose dropped mass goes to +infinity (above) or onto the first loss (below).
-* Queries (``_pld_query``): the hockey-stick divergence and its inverse from suffix sums.
+* Queries (``pld_query``): the hockey-stick divergence and its inverse from suffix sums.
 
 The grids coincide with dp_accounting's, and the pmfs differ from its only in the
 direction of exactness: the hockey-stick values are formed in log space with the
 subsampling cancellation done analytically, and connect-the-dots is applied to
 delta - (1 - e^eps) for negative epsilons (dp_accounting's pmfs gain up to ~2e-8 of
-spurious mass per step there, see ``_ctd._connect_the_dots``); and the mixture-of-Gaussians
+spurious mass per step there, see ``ctd.connect_the_dots``); and the mixture-of-Gaussians
 inverse loss is solved to rounding accuracy rather than on a 1e-6 grid in x. Composition
 differs in rigour: dp_accounting's plain float64 FFT leaves ~1e-16 of absolute noise per
 mass (1e-11 in all after 1e5 steps), which decides epsilon at deltas below ~1e-10, in
 either direction; here that noise is relative to the masses read and bounded.
 
 The mixture-of-Gaussians builders live in ``mixture_pld`` and are re-exported here; the
-argument checks all builders share, in ``_pld_args``. Every builder refuses, before
+argument checks all builders share, in ``pld_args``. Every builder refuses, before
 allocating, a grid longer than ``limits.MAX_SINGLE_GRID_POINTS`` (a ``GridLimitError``
 naming the discretization that fits).
 
@@ -46,12 +46,12 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _readonly, _side, _split_gap
-from budgetplan.accounting._pld_args import _discretization, _noise, _relation, _truncation_bound
-from budgetplan.accounting._pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
-from budgetplan.accounting._pld_query import delta_for_epsilon, epsilon_for_delta
-from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
+from budgetplan.accounting.ctd import cdf_side, check_grid, connect_the_dots, loss_grid, readonly, split_gap
 from budgetplan.accounting.mixture_pld import double_mixture_of_gaussians, mixture_of_gaussians
+from budgetplan.accounting.pld_args import check_discretization, check_noise, check_relation, check_truncation_bound
+from budgetplan.accounting.pld_ops import GridLimitError, compose, compose_all, self_compose, window_size
+from budgetplan.accounting.pld_query import delta_for_epsilon, epsilon_for_delta
+from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.util import validate
 
 __all__ = [
@@ -105,7 +105,7 @@ def _log1p_expm1_over(e: np.ndarray, q: float) -> np.ndarray:
 
 
 def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: str) -> np.ndarray:
-    """Split hockey-stick values h (see ``_ctd._connect_the_dots``) of the subsampled Gaussian.
+    """Split hockey-stick values h (see ``ctd.connect_the_dots``) of the subsampled Gaussian.
 
     With mu = N(0, sigma^2) and sensitivity 1 the pairs are (dp_accounting's
     AdditiveNoisePrivacyLoss): REMOVE upper (1-q) mu(x) + q mu(x+1) vs lower mu(x);
@@ -124,27 +124,27 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
             # At or below ln(1-q) every outcome has a larger loss: delta = 1 - e^eps, g = 0.
             inside = eps > math.log1p(-q) if q < 1.0 else np.ones(eps.shape, dtype=bool)
             e = eps[inside]
-            sg = _side(e)
+            sg = cdf_side(e)
             l0 = _log1p_expm1_over(e, q) if q < 1.0 else e
             x = -0.5 - l0 * s2
             # P = q Phi((x+1)/sigma), Q = e^eps Phi(x/sigma) - (1-q) Phi(x/sigma) = q e^L0 Phi(x/sigma).
             log_p = lq + special.log_ndtr(sg * (x + 1.0) / sigma)
             log_q = lq + l0 + special.log_ndtr(sg * x / sigma)
-            h[inside] = _split_gap(e, log_p, log_q)
+            h[inside] = split_gap(e, log_p, log_q)
         elif adjacency == "add":
             # At or above -ln(1-q) no outcome has a larger loss: delta = 0.
             inside = eps < -math.log1p(-q) if q < 1.0 else np.ones(eps.shape, dtype=bool)
             e = eps[inside]
-            sg = _side(e)
+            sg = cdf_side(e)
             l0 = -_log1p_expm1_over(-e, q) if q < 1.0 else e
             x = 0.5 - l0 * s2
             # P = (1 - (1-q) e^eps) Phi(x/sigma) = q e^{eps - L0} Phi(x/sigma), Q = q e^eps Phi((x-1)/sigma).
             log_p = lq + e - l0 + special.log_ndtr(sg * x / sigma)
             log_q = lq + e + special.log_ndtr(sg * (x - 1.0) / sigma)
-            h[inside] = _split_gap(e, log_p, log_q)
+            h[inside] = split_gap(e, log_p, log_q)
         else:  # replace
             e = eps
-            sg = _side(e)
+            sg = cdf_side(e)
             if q == 1.0:
                 x = -e * s2 / 2.0
                 log_p = special.log_ndtr(sg * (x + 1.0) / sigma)
@@ -161,7 +161,7 @@ def _gaussian_split_curve(eps: np.ndarray, sigma: float, q: float, adjacency: st
                 shared = math.log1p(-q) + special.log_ndtr(sg * x / sigma)
                 log_p = np.logaddexp(shared, lq + special.log_ndtr(sg * (x + 1.0) / sigma))
                 log_q = e + np.logaddexp(shared, lq + special.log_ndtr(sg * (x - 1.0) / sigma))
-            h = _split_gap(e, log_p, log_q)
+            h = split_gap(e, log_p, log_q)
     return h
 
 
@@ -189,10 +189,10 @@ def gaussian_loss_range(
     ``width / discretization`` is the number of grid points, so a caller can choose a
     discretization within ``MAX_SINGLE_GRID_POINTS`` without allocating anything.
     """
-    sigma = _noise("noise_multiplier", noise_multiplier)
+    sigma = check_noise("noise_multiplier", noise_multiplier)
     q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    bound = _truncation_bound(log_mass_truncation_bound)
-    kinds = ("replace",) if _relation(relation) == REPLACE_ONE else ("remove", "add")
+    bound = check_truncation_bound(log_mass_truncation_bound)
+    kinds = ("replace",) if check_relation(relation) == REPLACE_ONE else ("remove", "add")
     return max(hi - lo for lo, hi in (_gaussian_range(sigma, q, k, bound) for k in kinds))
 
 
@@ -201,8 +201,8 @@ def gaussian_loss_range(
 def _gaussian_pmf(sigma: float, q: float, adjacency: str, discretization: float, log_bound: float) -> PLDPmf:
     """The connect-the-dots pmf of one direction; cached, arguments are plain floats."""
     eps_lower, eps_upper = _gaussian_range(sigma, q, adjacency, log_bound)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, f"the Gaussian with noise_multiplier={sigma:g}")
-    return _connect_the_dots(discretization, lo, eps, _gaussian_split_curve(eps, sigma, q, adjacency))
+    lo, eps = loss_grid(discretization, eps_lower, eps_upper, f"the Gaussian with noise_multiplier={sigma:g}")
+    return connect_the_dots(discretization, lo, eps, _gaussian_split_curve(eps, sigma, q, adjacency))
 
 
 def gaussian(
@@ -236,11 +236,11 @@ def gaussian(
         InvalidParameterError (a ValueError): on a non-positive sigma, q outside (0, 1],
             an unknown relation, a non-positive discretization.
     """
-    sigma = _noise("noise_multiplier", noise_multiplier)
+    sigma = check_noise("noise_multiplier", noise_multiplier)
     q = validate.probability("sampling_rate", sampling_rate, allow_one=True)
-    d = _discretization(discretization)
-    bound = _truncation_bound(log_mass_truncation_bound)
-    if _relation(relation) == REPLACE_ONE:
+    d = check_discretization(discretization)
+    bound = check_truncation_bound(log_mass_truncation_bound)
+    if check_relation(relation) == REPLACE_ONE:
         return PLD((_gaussian_pmf(sigma, q, "replace", d, bound),), relation)
     remove = _gaussian_pmf(sigma, q, "remove", d, bound)
     if q == 1.0:
@@ -258,14 +258,14 @@ def _rr_pmf(epsilon: float, discretization: float) -> PLDPmf:
         log_keep, log_flip = math.log(1 - noise * 1 / 2), math.log(noise / 2)
     else:  # e^eps overflows: the same quantities in log space
         log_keep, log_flip = -float(np.logaddexp(0.0, -epsilon)), -float(np.logaddexp(0.0, epsilon))
-    _check_grid(discretization, log_flip - log_keep, log_keep - log_flip,
+    check_grid(discretization, log_flip - log_keep, log_keep - log_flip,
                 f"randomized response with epsilon={epsilon:g}")
     k_keep = math.ceil((log_keep - log_flip) / discretization)
     k_flip = math.ceil((log_flip - log_keep) / discretization)
     probs = np.zeros(k_keep - k_flip + 1)
     probs[-1] += math.exp(log_keep)
     probs[0] += math.exp(log_flip)
-    return _readonly(PLDPmf(discretization, k_flip, probs, 0.0))
+    return readonly(PLDPmf(discretization, k_flip, probs, 0.0))
 
 
 def randomized_response(*, epsilon: float, discretization: float = 1e-4) -> PLD:
@@ -283,5 +283,5 @@ def randomized_response(*, epsilon: float, discretization: float = 1e-4) -> PLD:
         A replace-one PLD with a single (symmetric) pmf; cached and read-only.
     """
     eps = validate.positive("epsilon", epsilon)
-    d = _discretization(discretization)
+    d = check_discretization(discretization)
     return PLD((_rr_pmf(eps, d),), REPLACE_ONE)

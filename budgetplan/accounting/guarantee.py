@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from budgetplan import __version__
 from budgetplan.units import Adjacency, PrivacyUnit
 
 __all__ = ["Guarantee", "library_versions"]
@@ -30,8 +31,6 @@ def library_versions() -> tuple[tuple[str, str], ...]:
             out.append((name, importlib.metadata.version(name)))
         except importlib.metadata.PackageNotFoundError:
             if name == "budgetplan":
-                from budgetplan import __version__
-
                 out.append((name, __version__))
             else:
                 out.append((name, "not installed"))

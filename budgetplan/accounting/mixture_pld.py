@@ -1,7 +1,7 @@
 """PLDs of the mixture of Gaussians (add-remove) and the double mixture (replace-one), fast.
 
 One step of user-level Poisson DP-SGD for a unit of K examples: the sensitivity is
-Binomial(K, q) (``_mog``, ``_double_mog`` hold the mechanisms' losses); here their
+Binomial(K, q) (``mog``, ``double_mog`` hold the mechanisms' losses); here their
 hockey-stick curves go through connect-the-dots onto the engine's grid. ``fastpld``
 re-exports both builders.
 """
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from budgetplan.accounting import _double_mog, _mog
-from budgetplan.accounting._ctd import _check_grid, _connect_the_dots, _grid, _side, _split_gap
-from budgetplan.accounting._pld_args import _discretization, _noise, _truncation_bound
-from budgetplan.accounting._pld_ops import GridLimitError
-from budgetplan.accounting._pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
+from budgetplan.accounting import double_mog, mog
+from budgetplan.accounting.ctd import cdf_side, check_grid, connect_the_dots, loss_grid, split_gap
 from budgetplan.accounting.limits import MAX_MIXTURE_WORK, MAX_SINGLE_GRID_POINTS
+from budgetplan.accounting.pld_args import check_discretization, check_noise, check_truncation_bound
+from budgetplan.accounting.pld_ops import GridLimitError
+from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
@@ -32,7 +32,7 @@ _MOG_CHUNK = 1 << 22
 def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discretization: float, what: str) -> None:
     """Refuse a single step needing more (atom, loss) pairs than MAX_MIXTURE_WORK, naming the grid that fits.
 
-    The discretization named also fits ``_check_grid``'s limit on the grid length.
+    The discretization named also fits ``check_grid``'s limit on the grid length.
     """
     width = eps_upper - eps_lower
     span = width / discretization
@@ -42,27 +42,27 @@ def _check_mixture_work(atoms: int, eps_lower: float, eps_upper: float, discreti
             f"discretization {discretization:g} needs {atoms:,} sensitivities x {span:.3g} grid points for one "
             f"step of {what} (limit {MAX_MIXTURE_WORK:,} pairs); use discretization >= {smallest:.3g}",
             points=math.ceil(atoms * span), limit=MAX_MIXTURE_WORK)
-    _check_grid(discretization, eps_lower, eps_upper, what)
+    check_grid(discretization, eps_lower, eps_upper, what)
 
 
 @functools.lru_cache(maxsize=16)
 def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bottom: float, adjacency: str,
              discretization: float, log_bound: float) -> PLDPmf:
-    mix = _mog.Mixture(sigma, sens, probs, bottom)
-    eps_lower, eps_upper = _mog.grid_loss_bounds(mix, adjacency, log_bound)
+    mix = mog.Mixture(sigma, sens, probs, bottom)
+    eps_lower, eps_upper = mog.grid_loss_bounds(mix, adjacency, log_bound)
     atoms = int(np.count_nonzero(mix.pos))
     what = f"the mixture of Gaussians with sigma={sigma:g}"
     _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, what)
+    lo, eps = loss_grid(discretization, eps_lower, eps_upper, what)
     h = np.zeros_like(eps)
     chunk = max(1, _MOG_CHUNK // max(1, atoms))
     for start in range(0, eps.size, chunk):
         e = eps[start : start + chunk]
-        inside, log_p, log_q = _mog.split_terms(mix, adjacency, e, _side(e))
+        inside, log_p, log_q = mog.split_terms(mix, adjacency, e, cdf_side(e))
         part = np.zeros_like(e)
-        part[inside] = _split_gap(e[inside], log_p, log_q)
+        part[inside] = split_gap(e[inside], log_p, log_q)
         if bottom:
-            # The left-out atoms (see _mog.Mixture): REMOVE puts their mass at loss +inf, which adds
+            # The left-out atoms (see mog.Mixture): REMOVE puts their mass at loss +inf, which adds
             # it to delta (for eps < 0 the survival-side formula already counts it); ADD loses
             # it from the lower distribution, which the survival side misses by bottom e^eps.
             if adjacency == "remove":
@@ -71,16 +71,16 @@ def _mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bo
                 neg = inside & (e < 0)
                 part[neg] += bottom * np.exp(e[neg])
         h[start : start + chunk] = part
-    return _connect_the_dots(discretization, lo, eps, h)
+    return connect_the_dots(discretization, lo, eps, h)
 
 
 def _mixture_args(standard_deviation: float, sensitivities: Sequence[float], probabilities: Sequence[float],
                   discretization: float, log_mass_truncation_bound: float, dropped_mass: float,
                   ) -> tuple[float, tuple[float, ...], tuple[float, ...], float, float, float]:
     """The validated (sigma, sens, probs, bottom, discretization, bound) of a mixture builder."""
-    sigma = _noise("standard_deviation", standard_deviation)
-    d = _discretization(discretization)
-    bound = _truncation_bound(log_mass_truncation_bound)
+    sigma = check_noise("standard_deviation", standard_deviation)
+    d = check_discretization(discretization)
+    bound = check_truncation_bound(log_mass_truncation_bound)
     bottom = validate.probability("dropped_mass", dropped_mass, allow_zero=True)
     sens = tuple(validate.non_negative("sensitivities", s) for s in sensitivities)
     probs = tuple(validate.probability("probabilities", p, allow_zero=True, allow_one=True) for p in probabilities)
@@ -144,23 +144,23 @@ def mixture_of_gaussians(
 @functools.lru_cache(maxsize=16)
 def _double_mog_pmf(sigma: float, sens: tuple[float, ...], probs: tuple[float, ...], bottom: float,
                     discretization: float, log_bound: float) -> PLDPmf:
-    mix = _double_mog.DoubleMixture(sigma, sens, probs, bottom)
-    eps_lower, eps_upper = _double_mog.grid_loss_bounds(mix, log_bound)
+    mix = double_mog.DoubleMixture(sigma, sens, probs, bottom)
+    eps_lower, eps_upper = double_mog.grid_loss_bounds(mix, log_bound)
     atoms = int(mix.sens.size)
     what = f"the double mixture of Gaussians with sigma={sigma:g}"
     _check_mixture_work(atoms, eps_lower, eps_upper, discretization, what)
-    lo, eps = _grid(discretization, eps_lower, eps_upper, what)
+    lo, eps = loss_grid(discretization, eps_lower, eps_upper, what)
     h = np.empty_like(eps)
     chunk = max(1, _MOG_CHUNK // max(1, atoms))
     for start in range(0, eps.size, chunk):
         e = eps[start : start + chunk]
         a = np.abs(e)
-        log_p, log_q = _double_mog.split_terms(mix, a, _double_mog.solve(mix, a))
-        # The left-out atoms add their mass to delta at every eps (see _double_mog.DoubleMixture).
-        delta = np.minimum(1.0, _split_gap(a, log_p, log_q) + bottom)
+        log_p, log_q = double_mog.split_terms(mix, a, double_mog.solve(mix, a))
+        # The left-out atoms add their mass to delta at every eps (see double_mog.DoubleMixture).
+        delta = np.minimum(1.0, split_gap(a, log_p, log_q) + bottom)
         # Symmetry: g(-a) = delta(-a) - (1 - e^-a) = e^-a delta(a), small and exact where delta is.
         h[start : start + chunk] = np.where(e >= 0, delta, np.exp(np.minimum(e, 0.0)) * delta)
-    return _connect_the_dots(discretization, lo, eps, h)
+    return connect_the_dots(discretization, lo, eps, h)
 
 
 def double_mixture_of_gaussians(
@@ -178,7 +178,7 @@ def double_mixture_of_gaussians(
     Poisson DP-SGD for a unit of K examples under replace-one (sensitivities 0..K with
     Binomial(K, q) probabilities, in units of the clipping norm; arXiv:2403.04867,
     Theorem 3.8). For K = 1 it is ``gaussian(relation="replace-one")``'s pair; for q = 1 a
-    Gaussian of sensitivity 2K. See ``_double_mog``. The arguments are
+    Gaussian of sensitivity 2K. See ``double_mog``. The arguments are
     ``mixture_of_gaussians``'s, with the same meaning.
 
     Returns:

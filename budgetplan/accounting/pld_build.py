@@ -1,7 +1,7 @@
 """The fast-engine PLD of a mechanism at the unit level, on a grid the engine can afford.
 
 ``pld_of`` turns a mechanism into (single-step PLD, count) parts and composes them in one
-tilted FFT per direction for the delta it will be read at (see ``_pld_ops``). Three choices
+tilted FFT per direction for the delta it will be read at (see ``pld_ops``). Three choices
 are made here, each pessimistic:
 
 * the single-step truncation reaches below delta / (1000 x steps), so the tails it moves to
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from budgetplan.accounting import _mog, allocation_pld, fastpld
+from budgetplan.accounting import allocation_pld, fastpld, mog
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
@@ -246,10 +246,10 @@ def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound
     Add-remove: the mixture of Gaussians (REMOVE and ADD). Replace-one: the double mixture,
     every sampled example of the unit moving its output from -C to +C.
     """
-    from scipy import stats
+    from scipy import stats  # heavy: scipy.stats (~0.7 s), for mixtures only
 
     q = mech.sampling_rate
-    lo, hi, outside = _mog.binomial_window(cap, q, drop)
+    lo, hi, outside = mog.binomial_window(cap, q, drop)
     if hi - lo + 1 > MAX_MIXTURE_ATOMS:
         raise UnsupportedError(
             f"unit cap {cap:,} at sampling rate {q:.4g} needs a mixture of {hi - lo + 1:,} Gaussians per step "
@@ -272,7 +272,7 @@ def _largest_cap(cap: int, q: float, drop: float) -> int:
     lo, hi = 1, cap
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        a, b, _ = _mog.binomial_window(mid, q, drop)
+        a, b, _ = mog.binomial_window(mid, q, drop)
         if b - a + 1 <= MAX_MIXTURE_ATOMS:
             lo = mid
         else:

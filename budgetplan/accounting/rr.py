@@ -24,7 +24,7 @@ import math
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting import _mog
+from budgetplan.accounting import mog
 from budgetplan.accounting.limits import MAX_RR_COUNT
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
@@ -75,7 +75,7 @@ def _loss_log_probs(epsilon: float, count: int, drop: float) -> tuple[np.ndarray
     rho = flip_probability(epsilon)
     if rho == 0.0:  # e^-eps underflows: every label is kept, the loss is K eps
         return np.array([count * epsilon]), np.zeros(1)
-    lo, hi, _ = _mog.binomial_window(count, rho, drop)
+    lo, hi, _ = mog.binomial_window(count, rho, drop)
     if hi - lo + 1 > _MAX_TABLE:
         spread = rho * (1.0 - rho)
         largest = int((_MAX_TABLE / (hi - lo + 1)) ** 2 * count) if spread > 0 else count

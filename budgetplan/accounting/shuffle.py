@@ -37,11 +37,12 @@ from budgetplan.accounting import gaussian
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
 
-__all__ = ["upper_epsilon", "lower_epsilon", "participations", "sensitivity", "LOWER_REFERENCE"]
+__all__ = ["upper_epsilon", "lower_epsilon", "participations", "sensitivity", "LOWER_REFERENCE", "LOWER_CELL",
+           "LOWER_DISCRETIZATION"]
 
 LOWER_REFERENCE = "lower bound for shuffled batches (Chua et al., ICML 2024, arXiv:2403.17673)"
 # The lower bound's grid: cells of the largest coordinate, and the loss rounding (optimistic).
-_CELL, _DISCRETIZATION = 0.01, 1e-3
+LOWER_CELL, LOWER_DISCRETIZATION = 0.01, 1e-3
 
 
 def participations(epochs: float) -> int:
@@ -67,10 +68,11 @@ def upper_epsilon(*, noise_multiplier: float, epochs: float, delta: float, adjac
 @functools.lru_cache(maxsize=64)
 def _epoch_pld(sigma: float, steps: int) -> Any:  # dp_accounting's PrivacyLossDistribution (untyped)
     """Optimistic PLD of one epoch's largest coordinate under (P, Q) (module note)."""
+    # heavy: dp_accounting (~1 s), for the lower bound only
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
     lo, hi = -8.0 * sigma, 2.0 + 8.0 * sigma + math.sqrt(2 * math.log(steps + 1)) * sigma
-    caps = np.arange(lo, hi, _CELL)
+    caps = np.arange(lo, hi, LOWER_CELL)
 
     def log_cdf(mean: float) -> np.ndarray:
         out: np.ndarray = special.log_ndtr((caps - mean) / sigma) + (steps - 1) * special.log_ndtr(caps / sigma)
@@ -82,12 +84,12 @@ def _epoch_pld(sigma: float, steps: int) -> Any:  # dp_accounting's PrivacyLossD
 
     p, q = cells(2.0), cells(1.0)
     keep = (p > 0) & (q > 0)
-    losses = np.floor(np.log(p[keep] / q[keep]) / _DISCRETIZATION).astype(int)
+    losses = np.floor(np.log(p[keep] / q[keep]) / LOWER_DISCRETIZATION).astype(int)
     pmf: dict[int, float] = {}
     for k, mass in zip(losses.tolist(), p[keep].tolist()):
         pmf[k] = pmf.get(k, 0.0) + mass
     return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
-        pmf, 0.0, _DISCRETIZATION, pessimistic_estimate=False)
+        pmf, 0.0, LOWER_DISCRETIZATION, pessimistic_estimate=False)
 
 
 def lower_epsilon(*, noise_multiplier: float, steps_per_epoch: int, epochs: float, delta: float) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from budgetplan.accounting.backends import RDP_CONVERSION, _quiet_absl, _relation
+from budgetplan.accounting.backends import RDP_CONVERSION, quiet_absl, relation_of
 from budgetplan.errors import AccountingError, UnsupportedError
 from budgetplan.mechanisms import Composition, GaussianRelease, Mechanism, PoissonDPSGD, RandomizedResponse
 from budgetplan.scenario.model import DISTRIBUTIONS
@@ -71,11 +71,11 @@ def repeat_and_select_epsilon(mechanism: Mechanism, *, adjacency: Adjacency, uni
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    _quiet_absl()
+    quiet_absl()
     event = _event(mechanism, adjacency, unit)
     # Gaussian and DP-SGD events are accounted under add-remove: their noise is relative to the
     # stated shift; randomized response needs replace-one.
-    relation = _relation(Adjacency.REPLACE_ONE if isinstance(mechanism, RandomizedResponse) else Adjacency.ADD_REMOVE)
+    relation = relation_of(Adjacency.REPLACE_ONE if isinstance(mechanism, RandomizedResponse) else Adjacency.ADD_REMOVE)
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
     try:
         accountant.compose(dp_event.RepeatAndSelectDpEvent(event, float(mean), DISTRIBUTIONS[distribution]))

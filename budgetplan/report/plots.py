@@ -25,7 +25,7 @@ from budgetplan.util.fileio import atomic_output
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of"]
+__all__ = ["epsilon_curve", "plot_epsilon_curve", "frontier", "plot_frontier", "arm_of", "agg_pyplot", "save_png"]
 
 _STYLE = {"pld": "-", "rdp": "--", "prv": ":"}
 
@@ -73,7 +73,7 @@ def epsilon_curve(*, noise_multipliers: Iterable[float], sampling_rate: float, s
     return rows
 
 
-def _pyplot() -> ModuleType:
+def agg_pyplot() -> ModuleType:
     # matplotlib is optional (the ``train`` extra): imported only to draw
     import matplotlib
 
@@ -89,7 +89,7 @@ def plot_epsilon_curve(rows: list[dict[str, Any]], path: str | Path, *, title: s
     if not drawable:
         why = next((r["error"] for r in rows if r.get("error")), "every epsilon is infinite")
         raise AccountingError(f"nothing to draw: no point of the curve has a finite epsilon ({why})")
-    plt = _pyplot()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     sigmas = sorted({r["noise_multiplier"] for r in drawable})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -109,7 +109,7 @@ def plot_epsilon_curve(rows: list[dict[str, Any]], path: str | Path, *, title: s
     ax.set_title(title or "epsilon against epochs (PLD solid, RDP dashed, PRV dotted with its band)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def arm_of(plan: Plan) -> tuple[str, float | None]:
@@ -179,7 +179,7 @@ def plot_frontier(rows: list[dict[str, Any]], path: str | Path, *, title: str | 
     adjacency and delta. Runs that differ in any of these are separate series, labelled by
     what differs, never averaged into one point.
     """
-    plt = _pyplot()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     guarantees = sorted({_guarantee_of(r) for r in rows})
     for arm, g in sorted({(r["arm"], _guarantee_of(r)) for r in rows}):
@@ -198,10 +198,10 @@ def plot_frontier(rows: list[dict[str, Any]], path: str | Path, *, title: str | 
     ax.set_title(title or "utility against privacy (lower is better)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_png(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     try:
         if path.suffix.lower() != ".png":

@@ -83,14 +83,14 @@ def test_add_bound_property(sigma, t):
 def test_a_finer_grid_never_gives_a_larger_bound():
     for sigma, t in [(0.8, 5), (1.0, 300)]:
         coarse = alloc._log_negative_moments(sigma, t)
-        finer = alloc._log_negative_moments(sigma, t, alloc._Z_STEP / 2, alloc._W_STEP / 2)
+        finer = alloc._log_negative_moments(sigma, t, alloc.Z_STEP / 2, alloc.W_STEP / 2)
         assert np.all(finer <= coarse + 1e-9)
         assert np.all(finer > _trapezoid_log_negative_moments(sigma, t, coarse.size))
 
 
 def _log_phi_reference(u, v, z_low=-65.0):
     """ln E[e^{-u Y}] by a trapezoid 40 times finer than the bound's grid: accurate, not a bound."""
-    step = alloc._Z_STEP / 40
+    step = alloc.Z_STEP / 40
     z = np.arange(z_low, 12.0, step)
     log_weights = -z * z / 2 - 0.5 * math.log(2 * math.pi) + math.log(step)
     y = np.exp(-v / 2 + math.sqrt(v) * z)
@@ -106,7 +106,7 @@ def _log_phi_reference(u, v, z_low=-65.0):
 def test_phi_upper_bounds_the_laplace_transform():
     # phi_up >= phi at every u, from the tiny u where 1 - phi ~ u to where phi ~ e^-700
     v = 1 / 0.8**2
-    nodes = alloc._phi_nodes(v, -60.0, alloc._Z_STEP)
+    nodes = alloc._phi_nodes(v, -60.0, alloc.Z_STEP)
     u = np.exp(np.linspace(-25, 40, 400))
     bound, exact = alloc._log_phi_upper(u, *nodes), _log_phi_reference(u, v)
     assert np.all(bound >= exact)
@@ -121,8 +121,8 @@ def test_phi_weights_are_within_their_rounding_slack(sigma):
     mp = pytest.importorskip("mpmath")
     mp.mp.dps = 50
     v = 1 / sigma**2
-    y, log_w, log_floor, slack = alloc._phi_nodes(v, -60.0, alloc._Z_STEP)
-    z = -60.0 + alloc._Z_STEP * np.arange(y.size)
+    y, log_w, log_floor, slack = alloc._phi_nodes(v, -60.0, alloc.Z_STEP)
+    z = -60.0 + alloc.Z_STEP * np.arange(y.size)
     root = mp.sqrt(mp.mpf(v))
 
     def node(k):

@@ -8,7 +8,7 @@ exponentially tilted FFT for the delta asked (``delta=``) and adds a bound on it
 error to every mass (the pmf's ``allowance``; about 1e-5 of delta at the delta composed
 for, more far from it and without a tilt). (2) dp_accounting's own pmfs carry spurious
 mass (rounding noise clipped at zero in connect-the-dots, up to ~2e-8 per step in the ADD
-direction, see _ctd._connect_the_dots), read off its pmfs here. So a delta is accepted
+direction, see ctd.connect_the_dots), read off its pmfs here. So a delta is accepted
 when ours - theirs lies within [-(noise + 2 spurious), allowance + noise], and an epsilon
 when it agrees to 1e-9 relative or our delta at their epsilon is the target within those
 tolerances (the same curve, read at the same point).

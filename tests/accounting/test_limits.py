@@ -13,8 +13,8 @@ import re
 import pytest
 
 from budgetplan import PoissonDPSGD, PrivacyUnit, account
-from budgetplan.accounting import _pld_ops, gaussian, group, limits, mixture_pld, pld_build, rr
 from budgetplan.accounting import fastpld as F
+from budgetplan.accounting import gaussian, group, limits, mixture_pld, pld_build, pld_ops, rr
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import GaussianRelease
@@ -48,7 +48,7 @@ def test_single_step_grid_limit_names_the_discretization_that_fits():
 
 
 def test_composition_grid_limit_names_the_discretization_that_fits(monkeypatch):
-    monkeypatch.setattr(_pld_ops, "MAX_GRID_POINTS", 1 << 16)
+    monkeypatch.setattr(pld_ops, "MAX_GRID_POINTS", 1 << 16)
     single = F.gaussian(noise_multiplier=1.0, sampling_rate=0.01, discretization=1e-4)
     with pytest.raises(F.GridLimitError) as err:
         F.self_compose(single, 20_000, delta=1e-6)

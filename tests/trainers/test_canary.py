@@ -109,7 +109,7 @@ def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
     from budgetplan.record.records import PRIVATE_DIR
     from trainers.canary import score_canaries
     from trainers.data.encode import encode
-    from trainers.fit import _logits
+    from trainers.fit import model_logits
     from trainers.models import build_model
     from trainers.run import INITIAL_MODEL
 
@@ -124,7 +124,7 @@ def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
         model.load_state_dict(torch.load(path, weights_only=True))
         model.eval()
         with torch.no_grad():
-            return _logits(model, encoded, torch.arange(len(encoded)), False).double().numpy()
+            return model_logits(model, encoded, torch.arange(len(encoded)), False).double().numpy()
 
     moved = logits(root / "honest" / "model.pt") - logits(root / "honest" / PRIVATE_DIR / INITIAL_MODEL)
     assert np.allclose(score_canaries(root / "honest", canaries, SYNTH_FEATURES, rec), moved)

@@ -36,7 +36,7 @@ from trainers.empirical import (
     walr_lower_bound,
 )
 from trainers.empirical.canaries import canary_counts, dpsgd_lower_bound
-from trainers.empirical.releases import _walr_inputs
+from trainers.empirical.releases import walr_inputs
 from trainers.randomness import Randomness
 from trainers.rr_phase import randomize_labels
 from trainers.walr import prepare_rows, release
@@ -187,7 +187,7 @@ def _walr_plan(epsilon=2.0, features=5, row_norm_bound=2.5, weights_bound=0.8):
 
 def test_the_walr_neighbours_differ_by_the_planned_sensitivity():
     par = _walr_plan()
-    X, w, y1, y0, s1, s0, shift = _walr_inputs(par)
+    X, w, y1, y0, s1, s0, shift = walr_inputs(par)
     assert shift == pytest.approx(par.sensitivity, rel=1e-12)
     # the expected sums, computed independently, are what the real clipping and release produce
     Xc, wc, info = prepare_rows(X, row_norm_bound=par.row_norm_bound, weights=w, weights_bound=par.weights_bound)
@@ -238,7 +238,7 @@ def test_the_observer_recovers_every_step_of_the_real_loop(monkeypatch, noise):
     # noise, a sampled canary moves by C less the clipping's rounding margin (from 4C), never more,
     # and everything else by 0
     truth, seen = [], []
-    real_step, real_add = dpsgd.noisy_gradient, canaries._Observer.add
+    real_step, real_add = dpsgd.noisy_gradient, canaries.CanaryObserver.add
 
     def step(model, data, batch, trainable, **kw):
         out = real_step(model, data, batch, trainable, **{**kw, "noise_std": kw["noise_std"] if noise else 0.0})
@@ -246,7 +246,7 @@ def test_the_observer_recovers_every_step_of_the_real_loop(monkeypatch, noise):
         return out
 
     monkeypatch.setattr(dpsgd, "noisy_gradient", step)
-    monkeypatch.setattr(canaries._Observer, "add", lambda self, x: (seen.append(x.clone()), real_add(self, x)))
+    monkeypatch.setattr(canaries.CanaryObserver, "add", lambda self, x: (seen.append(x.clone()), real_add(self, x)))
     dpsgd_lower_bound(SMALL_DPSGD, delta=DELTA, absent=6000, randomness=Randomness(5))
     assert len(truth) == len(seen) == SMALL_DPSGD.steps
     for t, s in zip(truth, seen):

@@ -28,8 +28,11 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["cap_units", "capped_rows", "rows_per_cap", "unit_ids", "secure_rng", "RULES"]
 
@@ -50,8 +53,6 @@ def unit_ids(table, name: str, why: str = "to be capped") -> np.ndarray:
     """
     if name not in table.column_names:
         raise InvalidParameterError(f"the data has no unit id column {name!r}")
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     column = table.column(name)
     missing = column.null_count
@@ -78,8 +79,6 @@ def capped_rows(unit_ids, caps) -> dict:
 
 def rows_per_cap(counts, caps) -> dict:
     """:func:`capped_rows` from the rows of each unit (``counts``), however they were counted."""
-    from budgetplan.util import validate
-
     counts = np.asarray(counts, dtype=np.int64)
     ks = [validate.positive_int("cap", k) for k in caps]
     total = int(counts.sum())
@@ -118,8 +117,6 @@ def cap_units(unit_ids, cap: int, *, rule: str = "random", rng: np.random.Genera
         InvalidParameterError: a bad cap or rule, unit ids that are not one-dimensional, or
             priorities missing for ``"keyed"``, given for another rule, or of another length.
     """
-    from budgetplan.util import validate
-
     cap = validate.positive_int("cap", cap)
     if rule not in RULES:
         raise InvalidParameterError(f"capping rule must be one of {', '.join(RULES)}, got {rule!r}")

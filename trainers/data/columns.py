@@ -21,8 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from budgetplan.errors import InvalidParameterError
+from trainers.data.loaders import detect_format, iter_batches, list_shards
 
 __all__ = ["ParquetColumns", "parquet_source"]
 
@@ -30,8 +33,6 @@ __all__ = ["ParquetColumns", "parquet_source"]
 def parquet_source(path: str | os.PathLike, data_format: str, columns) -> ParquetColumns | None:
     """A column-at-a-time view of ``path`` when it is Parquet (a file, or a directory of Parquet
     shards) and ``data_format`` allows it; None for other formats (read whole, as before)."""
-    from trainers.data.loaders import _detect, list_shards
-
     if data_format not in ("auto", "parquet"):
         return None
     p = Path(path)
@@ -39,7 +40,7 @@ def parquet_source(path: str | os.PathLike, data_format: str, columns) -> Parque
         return None  # read_table says so, in its words
     shards = list_shards(p) if p.is_dir() else [p]
     try:
-        if data_format == "auto" and any(_detect(s) != "parquet" for s in shards):
+        if data_format == "auto" and any(detect_format(s) != "parquet" for s in shards):
             return None
     except InvalidParameterError:
         return None
@@ -59,9 +60,6 @@ class ParquetColumns:
     """
 
     def __init__(self, shards, columns, rows: np.ndarray | None = None):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         self.shards = [Path(s) for s in shards]
         self.column_names = list(dict.fromkeys(columns))
         self._rows = rows
@@ -102,9 +100,6 @@ class ParquetColumns:
 
     def column(self, name: str):
         """One column over every shard (a ``pyarrow.ChunkedArray``), restricted to the kept rows."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if name not in self.column_names:
             raise KeyError(name)
         chunks = []
@@ -126,10 +121,6 @@ class ParquetColumns:
 
         Only for the view of every row (before ``take``): it is the data as given.
         """
-        import pyarrow as pa
-
-        from trainers.data.loaders import iter_batches
-
         if self._rows is not None:
             raise ValueError("windows() reads the data as given, not a subset of its rows")
         pending: list = []
@@ -148,8 +139,5 @@ class ParquetColumns:
 
     def schema(self):
         """The Arrow schema of the wanted columns, in order (as the first shard stores them)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         stored = pq.read_schema(str(self.shards[0]))
         return pa.schema([stored.field(n) for n in self.column_names])

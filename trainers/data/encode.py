@@ -31,8 +31,12 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
+from trainers.data.capping import unit_ids
 from trainers.data.encoded import EncodedData
 
 __all__ = ["encode", "build_vocabulary", "ENCODINGS", "HASH_BINS_NONSENSITIVE", "HASH_BINS_SENSITIVE",
@@ -61,9 +65,6 @@ def _column(table, name: str, role: str):
 
 def _dictionary(column, name: str):
     """(distinct values as an Arrow array, int64 row indices with -1 for missing)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if pa.types.is_dictionary(column.type):
         column = column.unify_dictionaries()
         dictionary = column.chunks[0].dictionary if column.num_chunks else pa.array([], column.type.value_type)
@@ -84,8 +85,6 @@ def _dictionary(column, name: str):
 
 def _strings(dictionary, name: str) -> list[str]:
     """The distinct values' Arrow string forms, the text that is hashed or sorted."""
-    import pyarrow as pa
-
     try:
         return dictionary.cast(pa.string()).to_pylist()
     except pa.ArrowException as exc:
@@ -152,16 +151,12 @@ def _vocabulary(table, names, threshold: int, given: dict | None = None, *, rows
 def build_vocabulary(table, spec, threshold: int = VOCAB_THRESHOLD) -> dict:
     """The vocabulary ``encode(..., nonsensitive_encoding="vocab")`` builds from ``table``, without
     encoding a row: what every rank of a run over several processes encodes its block with."""
-    from budgetplan.util import validate
-
     return _vocabulary(table, list(spec.nonsensitive_categorical), validate.positive_int("vocab_threshold", threshold),
                        rows=False)[3]
 
 
 def _numeric(table, names, role: str):
     """float32 [N, len(names)] of sign(x) * log1p(|x|), null as 0; NaN and infinities refused."""
-    import pyarrow as pa
-
     out = np.zeros((table.num_rows, len(names)), dtype=np.float32)
     for j, name in enumerate(names):
         column = _column(table, name, f"{role} numeric")
@@ -182,8 +177,6 @@ def _numeric(table, names, role: str):
 
 def _labels(table, name: str) -> np.ndarray:
     """float32 [N] labels, refusing anything but 0 and 1 (bool, integer or float)."""
-    import pyarrow as pa
-
     column = _column(table, name, "label")
     kind = column.type
     if not (pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)):
@@ -203,8 +196,6 @@ def _labels(table, name: str) -> np.ndarray:
 def _units(table, name: str):
     """Dense int64 unit ids 0..U-1 (in order of first appearance unless the column is
     dictionary-typed, then in dictionary order), and U."""
-    from trainers.data.capping import unit_ids
-
     column = _column(table, name, "unit id")
     unit_ids(table, name)  # refuses null and NaN ids, as capping does
     dictionary, index = _dictionary(column, name)
@@ -241,9 +232,7 @@ def encode(table, spec, *, nonsensitive_encoding: str = "hash", sensitive_encodi
         InvalidParameterError: a missing column, a non-binary label, a non-numeric numeric
             column, a vocabulary asked for sensitive features, or a bad size.
     """
-    import torch
-
-    from budgetplan.util import validate
+    import torch  # torch: trainers.data imports no torch (trainers/__init__.py)
 
     if nonsensitive_encoding not in ENCODINGS:
         raise InvalidParameterError(f"nonsensitive_encoding must be one of {', '.join(ENCODINGS)}, "

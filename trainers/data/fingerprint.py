@@ -21,8 +21,17 @@ never enter the digest, so adding an unused column to a file leaves it unchanged
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util.fileio import atomic_output
 
 __all__ = ["fingerprint", "WINDOW", "KEY_BYTES", "new_key", "read_key", "write_key", "key_id"]
 
@@ -33,8 +42,6 @@ MIN_KEY_BYTES = 16
 
 def new_key() -> bytes:
     """A fresh random key from the operating system's CSPRNG."""
-    import secrets
-
     return secrets.token_bytes(KEY_BYTES)
 
 
@@ -45,8 +52,6 @@ def key_id(key: bytes) -> str:
 
 def read_key(path) -> bytes:
     """The key in file ``path`` (raw bytes, at least MIN_KEY_BYTES)."""
-    from pathlib import Path
-
     try:
         key = Path(path).read_bytes()
     except OSError as exc:
@@ -59,10 +64,6 @@ def read_key(path) -> bytes:
 
 def write_key(path, key: bytes) -> None:
     """Write ``key`` to ``path``, readable by its owner only."""
-    import os
-
-    from budgetplan.util.fileio import atomic_output
-
     with atomic_output(path) as tmp:
         os.chmod(tmp, 0o600)  # before the key is in it
         with open(tmp, "wb") as fh:
@@ -98,10 +99,6 @@ def _canonical(array):
     in batches can carry different ones, and the digest would differ for equal data. Nested
     types are serialised as they are.
     """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if array.null_count == 0:
         return array
     kind = array.type
@@ -135,10 +132,6 @@ def fingerprint(table, columns, key: bytes) -> dict:
     Raises:
         InvalidParameterError: a named column is not in the table.
     """
-    import hmac
-
-    import pyarrow as pa
-
     names = list(dict.fromkeys([columns] if isinstance(columns, str) else columns))
     for name in names:
         if name not in table.column_names:

@@ -35,8 +35,10 @@ import hashlib
 from fractions import Fraction
 
 import numpy as np
+import pyarrow as pa
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util import validate
 
 __all__ = ["CAP_DOMAIN", "SPLIT_DOMAIN", "hmac_pads", "cap_priorities", "split_scores", "held_out_threshold",
            "unit_text", "check_unit_type"]
@@ -85,8 +87,6 @@ def unit_text(values) -> list[bytes]:
 
 def check_unit_type(name: str, arrow_type) -> None:
     """Refuse a unit id column whose text two engines could write differently (floats, dates, ...)."""
-    import pyarrow as pa
-
     t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
     integer = pa.types.is_integer(t) and not pa.types.is_uint64(t)  # Spark has no unsigned 64-bit type
     if integer or pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -123,7 +123,5 @@ def split_scores(key: bytes, units) -> np.ndarray:
 
 def held_out_threshold(fraction: float) -> int:
     """floor(fraction * 2^64), exactly: a unit is held out when its score is below it."""
-    from budgetplan.util import validate
-
     fraction = validate.open_unit("held-out fraction", fraction)
     return int(Fraction(fraction) * (1 << 64))

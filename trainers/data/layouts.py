@@ -2,7 +2,7 @@
 
 The Hybrid paper (arXiv:2401.15246) trains on Criteo pCTR (Display Advertising: 13 numeric
 and 26 categorical columns, split into 20 non-sensitive and 19 sensitive) and Criteo
-attribution. These shapes have those layouts, as ``benchmarks/_harness.py`` models them,
+attribution. These shapes have those layouts, as ``benchmarks/harness.py`` models them,
 with a known logistic model in the style of :mod:`trainers.data.shapes`:
 
     z = intercept + ns_scale * z_ns + s_scale * z_s
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
+import pyarrow as pa
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario.model import FeatureSpec
@@ -166,8 +167,6 @@ class LayoutShape(Shape):
         return self.ns_scale * self.nonsensitive_part(cols)
 
     def columns_of(self, table) -> dict[str, np.ndarray]:
-        import pyarrow as pa
-
         cols = {}
         for c in self.columns:
             if c.name not in table.column_names:
@@ -236,8 +235,6 @@ class LayoutShape(Shape):
             yield self._table(cols)
 
     def _table(self, cols: dict[str, np.ndarray]):
-        import pyarrow as pa
-
         out = {}
         for name in (self.features.unit_id, self.features.label) + self.features.nonsensitive \
                 + self.features.sensitive:
@@ -247,8 +244,6 @@ class LayoutShape(Shape):
         return pa.table(out)
 
     def synthesize(self, rows: int, users: int, seed: int):
-        import pyarrow as pa
-
         return pa.concat_tables(self.chunks(rows, users, seed, rows))
 
 

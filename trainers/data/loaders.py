@@ -37,6 +37,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
 from budgetplan.errors import InvalidParameterError
 
 __all__ = [
@@ -47,6 +51,7 @@ __all__ = [
     "CRITEO_ATTRIBUTION_COLUMNS",
     "CRITEO_DISPLAY_COLUMNS",
     "CRITEO_SEARCH_COLUMNS",
+    "detect_format",
 ]
 
 FORMATS = ("auto", "parquet", "csv", "tsv", "criteo-attribution", "criteo-display", "criteo-search")
@@ -73,8 +78,6 @@ _BLOCK_SIZE = 16 << 20  # larger blocks: fewer, larger chunks and steadier type 
 
 def _types(fmt: str) -> dict:
     """Column types fixed by a Criteo layout; inference would guess differently per block."""
-    import pyarrow as pa
-
     if fmt == "criteo-display":
         return {"label": pa.int64(), **{f"I{i}": pa.int64() for i in range(1, 14)},
                 **{f"C{i}": pa.string() for i in range(1, 27)}}
@@ -89,7 +92,7 @@ def _types(fmt: str) -> dict:
     return {}
 
 
-def _detect(path: Path) -> str:
+def detect_format(path: Path) -> str:
     name = path.name.lower()
     for suffix in _COMPRESSED:
         if name.endswith(suffix):
@@ -133,8 +136,6 @@ def _wanted(path: Path, columns, available) -> list[str]:
 
 def _header(path: Path, parse) -> list[str]:
     """The column names in the header row, parsed (quotes, compression) as the reader will."""
-    import pyarrow.csv as pacsv
-
     # A small first block: only the header is needed, the rest is read again below.
     with pacsv.open_csv(str(path), read_options=pacsv.ReadOptions(block_size=1 << 20),
                         parse_options=parse,
@@ -143,8 +144,6 @@ def _header(path: Path, parse) -> list[str]:
 
 
 def _read_parquet(path: Path, columns):
-    import pyarrow.parquet as pq
-
     schema = pq.read_schema(str(path))
     wanted = _wanted(path, columns, schema.names)
     return pq.read_table(str(path), columns=wanted)
@@ -152,8 +151,6 @@ def _read_parquet(path: Path, columns):
 
 def _delimited_options(path: Path, fmt: str, columns):
     """(the columns wanted, read, parse and convert options) for a delimited file of layout ``fmt``."""
-    import pyarrow.csv as pacsv
-
     delimiter = "," if fmt == "csv" else "\t"
     # The Criteo dumps never quote; turning quoting off keeps a stray quote from
     # swallowing a line.
@@ -183,8 +180,6 @@ def _delimited_options(path: Path, fmt: str, columns):
 
 
 def _read_delimited(path: Path, fmt: str, columns):
-    import pyarrow.csv as pacsv
-
     wanted, read, parse, convert = _delimited_options(path, fmt, columns)
     table = pacsv.read_csv(str(path), read_options=read, parse_options=parse, convert_options=convert)
     return table.select(wanted) if table.column_names != wanted else table
@@ -195,7 +190,7 @@ def _is_shard(p: Path) -> bool:
     if p.name.startswith((".", "_")) or not p.is_file():
         return False
     try:
-        _detect(p)
+        detect_format(p)
     except InvalidParameterError:
         return False
     return True
@@ -241,22 +236,17 @@ def iter_batches(path: str | os.PathLike, *, format: str = "auto", columns=None,
     Never holds the whole file: Parquet is read row group by row group, delimited text block
     by block. Same formats, column checks and errors as :func:`read_table`.
     """
-    import pyarrow as pa
-
     path = Path(path)
-    fmt = _detect(path) if format == "auto" else format
+    fmt = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS[1:]:
         raise InvalidParameterError(f"{path}: unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     try:
         if fmt == "parquet":
-            import pyarrow.parquet as pq
-
             # No pre-buffering: it would read whole row groups (a million rows, say) at once.
             handle = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=1 << 20)
             wanted = _wanted(path, columns, handle.schema_arrow.names)
             yield from handle.iter_batches(batch_size=batch_rows, columns=wanted)
             return
-        import pyarrow.csv as pacsv
 
         wanted, read, parse, convert = _delimited_options(path, fmt, columns)
         with pacsv.open_csv(str(path), read_options=read, parse_options=parse, convert_options=convert) as reader:
@@ -288,8 +278,6 @@ def read_table(path: str | os.PathLike, *, format: str = "auto", columns=None):
         InvalidParameterError: the file is missing or unreadable, the format is unknown or
             cannot be guessed, or a requested column is not in the file.
     """
-    import pyarrow as pa
-
     path = Path(path)
     if format not in FORMATS:
         raise InvalidParameterError(f"{path}: unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -303,7 +291,7 @@ def read_table(path: str | os.PathLike, *, format: str = "auto", columns=None):
         except pa.ArrowInvalid:
             raise InvalidParameterError(f"{path}: its shards do not share one schema ({shards[0].name} and "
                                         "another differ)") from None
-    fmt = _detect(path) if format == "auto" else format
+    fmt = detect_format(path) if format == "auto" else format
     try:
         if fmt == "parquet":
             return _read_parquet(path, columns)

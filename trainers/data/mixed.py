@@ -51,7 +51,7 @@ Vectorised numpy, deterministic for a given seed; never imports torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -69,7 +69,7 @@ from trainers.data.shapes import (
     N_SEGMENTS,
     N_SITES,
     Shape,
-    _criteo_like_categories,
+    criteo_like_categories,
     draw_criteo_like,
     nonsensitive_part,
     sensitive_part,
@@ -189,7 +189,7 @@ class MixedShape(Shape):
 
     @property
     def categories(self) -> dict[str, tuple[str, ...]]:
-        return _criteo_like_categories()
+        return criteo_like_categories()
 
     def _calibrated(self):
         return _calibration(self.user_sigma, self.max_user_rows, self.nonsensitive_share, self.cross_share,
@@ -233,8 +233,6 @@ KNOBS = ("nonsensitive_share", "cross_share", "signal_std", "base_rate", "user_s
 
 def adjusted(base: MixedShape, **knobs) -> MixedShape:
     """``base`` with the given knobs (``KNOBS``; None: unchanged), named after what changed."""
-    from dataclasses import replace
-
     changed = {k: v for k, v in knobs.items() if v is not None}
     unknown = sorted(set(changed) - set(KNOBS))
     if unknown:

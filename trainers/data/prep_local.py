@@ -12,8 +12,16 @@ everywhere, which is also what the keyed priorities hash (``trainers.data.keyed`
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from budgetplan.errors import InvalidParameterError
+from trainers.data.capping import cap_units
+from trainers.data.keyed import cap_priorities, check_unit_type, held_out_threshold, split_scores
+from trainers.data.loaders import detect_format, iter_batches
+from trainers.data.prepared import shard_name
+from trainers.progress import bar
 
 __all__ = ["unit_counts", "cap_into", "split_into", "refuse_empty_side"]
 
@@ -23,11 +31,6 @@ _MERGE_EVERY = 8  # partial per-unit counts merged after this many batches: boun
 
 def _text(column, name: str, shard):
     """The unit id column as int64 or string, refusing a type whose text is ambiguous and missing ids."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from trainers.data.keyed import check_unit_type
-
     check_unit_type(name, column.type)
     if column.null_count:
         raise InvalidParameterError(f"unit id column {name!r} has missing values in {shard.name}: every row needs "
@@ -40,11 +43,7 @@ def _text(column, name: str, shard):
 
 def _rows_total(shards) -> int | None:
     """The rows of all shards from Parquet footers; None when a shard is delimited text (unknown until read)."""
-    import pyarrow.parquet as pq
-
-    from trainers.data.loaders import _detect
-
-    if any(_detect(s) != "parquet" for s in shards):
+    if any(detect_format(s) != "parquet" for s in shards):
         return None
     return sum(pq.ParquetFile(s).metadata.num_rows for s in shards)
 
@@ -53,8 +52,6 @@ class _Progress:
     """A rich bar over the rows of ``passes`` passes (or over shards when rows are unknown), on stderr."""
 
     def __init__(self, label: str | None, shards, passes: int):
-        from trainers.progress import bar
-
         rows = _rows_total(shards) if label is not None else None
         self.by_rows = rows is not None
         self._bar = bar(label, passes * (rows if self.by_rows else len(shards))) if label is not None else None
@@ -74,8 +71,6 @@ class _Progress:
 
 def _unit_batches(shards, unit_id, progress):
     """(shard index, shard, first row of the batch within the shard, unit text) over every batch."""
-    from trainers.data.loaders import iter_batches
-
     for i, shard in enumerate(shards):
         start = 0
         for batch in iter_batches(shard, columns=[unit_id], batch_rows=_BATCH_ROWS):
@@ -86,8 +81,6 @@ def _unit_batches(shards, unit_id, progress):
 
 
 def _merge(parts):
-    import pyarrow as pa
-
     try:
         table = pa.concat_tables(parts).group_by("unit").aggregate([("n", "sum")])
     except pa.ArrowInvalid:
@@ -98,8 +91,6 @@ def _merge(parts):
 
 def unit_counts(shards, unit_id: str, progress=None):
     """(the units as an Arrow array, their row counts as int64 numpy, rows of each shard) in one pass."""
-    import pyarrow as pa
-
     progress = progress or _Progress(None, shards, 1)
     parts, per_shard = [], [0] * len(shards)
     for i, _shard, _start, text in _unit_batches(shards, unit_id, progress):
@@ -120,12 +111,6 @@ def _write_filtered(shards, keep, outs, progress) -> None:
     ``outs[j]`` is the directory of output ``j``; a shard's rows for output j go to
     ``outs[j]/part-<shard>.parquet``, written only when it receives a row.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from trainers.data.loaders import iter_batches
-    from trainers.data.prepared import shard_name
-
     for i, shard in enumerate(shards):
         writers: list = [None] * len(outs)
         try:
@@ -151,11 +136,6 @@ def cap_into(shards, unit_id: str, cap: int, key: bytes, out, *, progress_label:
 
     Returns ``{"rows_in", "rows", "units", "units_capped"}``.
     """
-    import pyarrow.compute as pc
-
-    from trainers.data.capping import cap_units
-    from trainers.data.keyed import cap_priorities
-
     progress = _Progress(progress_label, shards, 3)
     try:
         values, counts, per_shard = unit_counts(shards, unit_id, progress)
@@ -202,10 +182,6 @@ def split_into(shards, unit_id: str, fraction: float, key: bytes, train, held_ou
     Refuses, before writing, a split that leaves a side empty. Returns ``{"rows_in", "units",
     "train": {"rows", "units"}, "held_out": {"rows", "units"}}``.
     """
-    import pyarrow.compute as pc
-
-    from trainers.data.keyed import held_out_threshold, split_scores
-
     threshold = np.uint64(held_out_threshold(fraction))
     progress = _Progress(progress_label, shards, 2)
     try:

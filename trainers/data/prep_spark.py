@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
+from trainers.data.keyed import CAP_DOMAIN, SPLIT_DOMAIN, held_out_threshold, hmac_pads
+from trainers.data.loaders import detect_format
+from trainers.data.prep_local import refuse_empty_side
+from trainers.data.prepared import shard_name
 
 __all__ = ["session", "unit_count_summary", "cap_into", "split_into"]
 
@@ -36,14 +42,12 @@ def session(master: str | None, conf: dict | None = None):
     the Python process's own streams are restored at once.
     """
     try:
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # heavy: pyspark, optional (the spark extra)
     except ImportError:
         raise UnsupportedError("--engine spark needs pyspark: pip install 'budgetplan[spark]'") from None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
-    import sys
-    import tempfile
 
     fd, log = tempfile.mkstemp(prefix="budgetplan-spark-", suffix=".log")
     sys.stdout.flush()
@@ -68,13 +72,11 @@ def session(master: str | None, conf: dict | None = None):
 
 def _read(spark, paths, unit_id: str):
     """(the data with its unit text, shard and row index, the data's own columns)."""
-    from pyspark.sql import functions as F
-
-    from trainers.data.loaders import _detect
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     local = [p for p in paths if "://" not in str(p)]
     for p in local:
-        if _detect(Path(p)) != "parquet":
+        if detect_format(Path(p)) != "parquet":
             raise UnsupportedError(f"{p}: the spark engine reads Parquet only (a row's position must be exact, and "
                                    "Spark gives no row index for CSV): convert it, or use --engine local")
     df = spark.read.parquet(*[str(p) for p in paths])
@@ -99,9 +101,7 @@ def _read(spark, paths, unit_id: str):
 
 def _hmac_hex(key: bytes, message):
     """HMAC-SHA256(key, message) as 64 lowercase hex digits, from Spark's sha2 (RFC 2104)."""
-    from pyspark.sql import functions as F
-
-    from trainers.data.keyed import hmac_pads
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     ipad, opad = hmac_pads(key)
     inner = F.unhex(F.sha2(F.concat(F.lit(ipad), message), 256))
@@ -110,14 +110,14 @@ def _hmac_hex(key: bytes, message):
 
 def _be8(column):
     """A non-negative long as 8 big-endian bytes (hex, padded, unhexed: no arithmetic, so nothing overflows)."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     return F.unhex(F.lpad(F.hex(column), 16, "0"))
 
 
 def _per_unit(df, *functions_of_unit):
     """One row per unit: its text, row count (and the columns named, functions of the unit); refuses missing ids."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     units = df.groupBy("_unit", *functions_of_unit).agg(
         F.count(F.lit(1)).alias("n"), F.sum(F.col("_shard").isNull().cast("long")).alias("unplaced")).cache()
@@ -134,7 +134,7 @@ def _per_unit(df, *functions_of_unit):
 
 def unit_count_summary(spark, paths, unit_id: str, caps) -> dict:
     """``trainers.data.capping.rows_per_cap`` computed by Spark (nothing per unit comes back to the driver)."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     df, _ = _read(spark, paths, unit_id)
     units = _per_unit(df)
@@ -151,8 +151,6 @@ def unit_count_summary(spark, paths, unit_id: str, caps) -> dict:
 
 def _write(frame, out: Path) -> None:
     """Write ``frame`` through a staging directory, then rename its part files ``part-<j>.parquet`` in ``out``."""
-    from trainers.data.prepared import shard_name
-
     staging = out / _STAGING
     frame.write.mode("errorifexists").parquet(str(staging))
     parts = sorted(p for p in staging.iterdir() if p.name.startswith("part-") and p.name.endswith(".parquet"))
@@ -163,10 +161,8 @@ def _write(frame, out: Path) -> None:
 
 def cap_into(spark, paths, unit_id: str, cap: int, key: bytes, out) -> dict:
     """Keep each unit's ``cap`` rows of smallest keyed priority (ties by position); write them under ``out``."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    from trainers.data.keyed import CAP_DOMAIN
+    from pyspark.sql import Window  # heavy: pyspark, only on the Spark engine
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     df, columns = _read(spark, paths, unit_id)
     stats = _per_unit(df).agg(F.sum("n").alias("rows"), F.count(F.lit(1)).alias("units"),
@@ -183,10 +179,7 @@ def cap_into(spark, paths, unit_id: str, cap: int, key: bytes, out) -> dict:
 
 def split_into(spark, paths, unit_id: str, fraction: float, key: bytes, train, held_out) -> dict:
     """Hold out each unit whose keyed score is below ``fraction`` (all its rows); the rest is train."""
-    from pyspark.sql import functions as F
-
-    from trainers.data.keyed import SPLIT_DOMAIN, held_out_threshold
-    from trainers.data.prep_local import refuse_empty_side
+    from pyspark.sql import functions as F  # heavy: pyspark, only on the Spark engine
 
     df, columns = _read(spark, paths, unit_id)
     score = F.substring(_hmac_hex(key, F.concat(F.lit(SPLIT_DOMAIN), F.col("_unit").cast("binary"))), 1, 16)

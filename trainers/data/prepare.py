@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.console import Console
+
 from budgetplan import limits
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
+from trainers.data import prep_local, prep_spark
+from trainers.data.capping import rows_per_cap
+from trainers.data.fingerprint import key_id
+from trainers.data.keyed import hmac_pads
+from trainers.data.loaders import list_shards
+from trainers.data.prepared import Output, is_prepared, read_manifest, write_manifest
 
 __all__ = ["ENGINES", "cap", "split", "count"]
 
@@ -28,18 +36,14 @@ def _engine(engine: str, spark_master: str | None):
     if engine == "local":
         if spark_master is not None:
             raise InvalidParameterError("--spark-master applies to --engine spark only")
-        from trainers.data import prep_local
 
         return prep_local, None, False
-    from trainers.data import prep_spark
 
     spark, owned = prep_spark.session(spark_master)
     return prep_spark, spark, owned
 
 
 def _shards(data, engine: str) -> list:
-    from trainers.data.loaders import list_shards
-
     given = [data] if isinstance(data, (str, Path)) else list(data)
     if engine == "spark" and all("://" in str(p) for p in given):
         return sorted(map(str, given))  # a cluster's file system: Spark lists it
@@ -48,8 +52,6 @@ def _shards(data, engine: str) -> list:
 
 def _source_manifest(data) -> dict | None:
     """The manifest of a prepared directory given as the data, else None."""
-    from trainers.data.prepared import is_prepared, read_manifest
-
     given = [data] if isinstance(data, (str, Path)) else list(data)
     if len(given) == 1 and is_prepared(given[0]):
         return read_manifest(given[0])
@@ -59,7 +61,6 @@ def _source_manifest(data) -> dict | None:
 def _status(label: str | None):
     if label is None:
         return None
-    from rich.console import Console
 
     status = Console(stderr=True).status(label)
     status.start()
@@ -74,10 +75,6 @@ def cap(data, *, unit_id: str, cap: int, key: bytes, out, engine: str = "local",
     ``units_capped``, ``cap``, ``rule``, ``unit_id``, ``key_id``, ``engine``, ``source``,
     ``shards`` (name and rows of each).
     """
-    from trainers.data.fingerprint import key_id
-    from trainers.data.keyed import hmac_pads
-    from trainers.data.prepared import Output, write_manifest
-
     cap = validate.at_most("--unit-cap", validate.positive_int("--unit-cap", cap), limits.MAX_UNIT_CAP)
     hmac_pads(key)  # refuses a short key
     shards = _shards(data, engine)
@@ -113,10 +110,6 @@ def split(data, *, unit_id: str, held_out: float, key: bytes, out, engine: str =
     directory its cap carries over to both sides (a split drops no row of a unit). Returns
     ``{"train": manifest, "held_out": manifest}``.
     """
-    from trainers.data.fingerprint import key_id
-    from trainers.data.keyed import hmac_pads
-    from trainers.data.prepared import Output, write_manifest
-
     fraction = validate.open_unit("--held-out", held_out)
     hmac_pads(key)
     shards = _shards(data, engine)
@@ -151,8 +144,6 @@ def split(data, *, unit_id: str, held_out: float, key: bytes, out, engine: str =
 
 def count(data, *, unit_id: str, caps, engine: str = "local", spark_master: str | None = None) -> dict:
     """Rows after capping at each K in ``caps``, as ``trainers.data.capping.capped_rows`` returns them."""
-    from trainers.data.capping import rows_per_cap
-
     caps = sorted({validate.at_most("--unit-cap", validate.positive_int("--unit-cap", k), limits.MAX_UNIT_CAP)
                    for k in caps})
     shards = _shards(data, engine)

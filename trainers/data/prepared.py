@@ -16,7 +16,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from budgetplan.errors import InvalidParameterError
+from budgetplan.util.fileio import check_writable, write_atomic
+from trainers.data.loaders import list_shards
 
 __all__ = ["MANIFEST", "FORMAT", "Output", "write_manifest", "read_manifest", "is_prepared", "shard_name", "reconcile",
            "verified_cap"]
@@ -47,8 +53,6 @@ class Output:
     """
 
     def __init__(self, out, *, option: str = "--out"):
-        from budgetplan.util.fileio import check_writable
-
         if not str(out).strip():
             raise InvalidParameterError(f"{option} is empty: name the directory to create")
         self.path = Path(out)
@@ -81,10 +85,6 @@ def write_manifest(directory, manifest: dict) -> dict:
     ``manifest`` has every field but ``shards``; the shards are the directory's Parquet
     files, in name order. Returns the manifest as written.
     """
-    import pyarrow.parquet as pq
-
-    from budgetplan.util.fileio import write_atomic
-
     directory = Path(directory)
     shards = [{"name": p.name, "rows": pq.ParquetFile(p).metadata.num_rows}
               for p in sorted(directory.glob("*.parquet"))]
@@ -104,11 +104,6 @@ def read_manifest(directory) -> dict:
             did not finish), an unreadable or foreign manifest, a listed shard missing or
             of another row count, or a data file the manifest does not list.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from trainers.data.loaders import list_shards
-
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -169,8 +164,6 @@ def verified_cap(units, cap: int, manifest: dict, path) -> dict:
     The manifest's word is not taken for it: one ``np.unique`` over the unit ids proves the
     bound the accounting relies on.
     """
-    import numpy as np
-
     ids = np.asarray(units)
     counts = np.unique(ids, return_counts=True)[1] if ids.size else np.zeros(0, dtype=np.int64)
     worst = int(counts.max()) if counts.size else 0

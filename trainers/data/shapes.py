@@ -68,12 +68,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario.model import FeatureSpec
 
 __all__ = ["Shape", "CriteoLikeShape", "CRITEO_LIKE", "CRITEO_LIKE_FEATURES", "heavy_tailed_users", "zipf", "sigmoid",
-           "MODEL_SEED", "draw_criteo_like", "nonsensitive_part", "sensitive_part"]
+           "MODEL_SEED", "draw_criteo_like", "nonsensitive_part", "sensitive_part",
+           "criteo_like_categories"]
 
 MODEL_SEED = 20250601
 USER_WEIGHT_SIGMA = 1.8
@@ -146,8 +149,6 @@ class Shape:
         return None
 
     def synthesize(self, rows: int, users: int, seed: int):
-        import pyarrow as pa
-
         rng = np.random.default_rng(seed)
         cols = self.draw(rows, users, rng)
         p = sigmoid(self.logit(cols))
@@ -177,8 +178,6 @@ class Shape:
 
     def columns_of(self, table) -> dict[str, np.ndarray]:
         """The arrays :meth:`logit` reads, from any table with this shape's columns (e.g. read back)."""
-        import pyarrow as pa
-
         spec = self.features
         missing = [c for c in spec.nonsensitive + spec.sensitive if c not in table.column_names]
         if missing:
@@ -194,9 +193,6 @@ class Shape:
 
 def _codes_of(table, name: str, values: tuple[str, ...], shape: str) -> np.ndarray:
     """Codes of a string categorical column by value (any string-like type, dictionary or not)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     column = table.column(name)
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
@@ -335,7 +331,7 @@ class CriteoLikeShape(Shape):
 
     @property
     def categories(self) -> dict[str, tuple[str, ...]]:
-        return _criteo_like_categories()
+        return criteo_like_categories()
 
     def parameters(self) -> dict:
         """What defines the shape's data (recorded beside results made from it)."""
@@ -365,7 +361,7 @@ class CriteoLikeShape(Shape):
 
 
 @lru_cache(maxsize=1)
-def _criteo_like_categories() -> dict[str, tuple[str, ...]]:
+def criteo_like_categories() -> dict[str, tuple[str, ...]]:
     return {"publisher": _names("pub", N_PUBLISHERS), "advertiser": _names("adv", N_ADVERTISERS),
             "creative": _names("cr", N_CREATIVES), "ad_format": AD_FORMATS, "device": DEVICES,
             "remarketing_list": ("none",) + _names("rl", N_LISTS), "interest_segment": _names("seg", N_SEGMENTS),

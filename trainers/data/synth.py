@@ -62,18 +62,26 @@ torch.
 
 from __future__ import annotations
 
+import json
 import time
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.scenario.model import FeatureSpec
-from budgetplan.util.fileio import atomic_output
+from budgetplan.util import validate
+from budgetplan.util.fileio import atomic_output, write_atomic
 from trainers.data.layouts import LAYOUTS
 from trainers.data.mixed import MIXED
+from trainers.data.prepared import Output, shard_name
 from trainers.data.shapes import CRITEO_LIKE, Shape, heavy_tailed_users, sigmoid, zipf
+from trainers.metrics import auc, relative_auc_loss
+from trainers.progress import bar
 
 __all__ = ["synthesize", "write_synthetic", "write_synthetic_shards", "SHARD_ROWS", "SIDECAR", "true_logit",
            "true_probability", "nonsensitive_probability", "oracle_aucs", "get_shape", "SHAPES", "DEFAULT_SHAPE",
@@ -222,8 +230,6 @@ def nonsensitive_probability(table, shape: str | Shape = DEFAULT_SHAPE, *, draws
     their distribution given the non-sensitive ones; the estimate averages ``draws`` such
     replacements. It is the best non-sensitive-only predictor, up to Monte Carlo error.
     """
-    from budgetplan.util import validate
-
     draws = validate.positive_int("draws", draws)
     s = get_shape(shape)
     cols = s.columns_of(table)
@@ -245,8 +251,6 @@ def oracle_aucs(table, shape: str | Shape = DEFAULT_SHAPE, *, draws: int = 32) -
     non-sensitive oracle's loss against the all-feature oracle, in percent: roughly where an
     RR-only model plateaus.
     """
-    from trainers.metrics import auc, relative_auc_loss
-
     s = get_shape(shape)
     cols = s.columns_of(table)
     y = table.column(s.features.label).to_numpy()
@@ -260,8 +264,6 @@ def oracle_aucs(table, shape: str | Shape = DEFAULT_SHAPE, *, draws: int = 32) -
 
 
 def _check(rows, users, seed, shape) -> tuple[int, int, int, Shape]:
-    from budgetplan.util import validate
-
     rows = validate.positive_int("rows", rows)
     users = validate.positive_int("users", users)
     seed = validate.non_negative_int("seed", seed)
@@ -293,10 +295,6 @@ def write_synthetic(path, rows: int, users: int, seed: int = 0, format: str = "p
         InvalidParameterError: bad sizes, an unknown format or shape, a missing output
             directory, or an output path that is a directory.
     """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     start = time.perf_counter()
     rows, users, seed, s = _check(rows, users, seed, shape)
     if format not in ("parquet", "csv"):
@@ -334,15 +332,6 @@ def write_synthetic_shards(out, rows: int, users: int, seed: int = 0, shape: str
         InvalidParameterError: bad sizes, an unknown shape, or an output that is not a new or
             empty directory.
     """
-    import json
-
-    import pyarrow.parquet as pq
-
-    from budgetplan.util import validate
-    from budgetplan.util.fileio import write_atomic
-    from trainers.data.prepared import Output, shard_name
-    from trainers.progress import bar
-
     start = time.perf_counter()
     rows, users, seed, s = _check(rows, users, seed, shape)
     shard_rows = validate.positive_int("shard_rows", shard_rows)

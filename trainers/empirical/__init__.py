@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from budgetplan.plan.phases import DPSGDPhase, RRPhase, WALRPhase
 from trainers.empirical.releases import RR_SAMPLES, TIGHT_RR_MARGIN, WALR_SAMPLES, rr_lower_bound, walr_lower_bound
 from trainers.empirical.stats import (
     ALPHA,
@@ -65,8 +66,7 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
     The code measured is the code installed now: it need not be the code that trained a
     given run.
     """
-    from budgetplan.plan.phases import DPSGDPhase, RRPhase, WALRPhase
-    from trainers.empirical import canaries
+    from trainers.empirical import canaries  # torch: the RR and WALR audits run without it
 
     rows = []
     for phase in plan.phases:

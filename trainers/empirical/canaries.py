@@ -45,8 +45,12 @@ import torch
 from scipy import stats
 from torch import nn
 
+from budgetplan.accounting import account
 from budgetplan.errors import UnsupportedError
+from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.util import validate
+from trainers import dpsgd
+from trainers.data.encoded import EncodedData
 from trainers.empirical.stats import (
     ALPHA,
     DEFAULT_CONFIDENCE,
@@ -59,7 +63,7 @@ from trainers.empirical.stats import (
     two_sided_chi2,
 )
 
-__all__ = ["dpsgd_lower_bound", "canary_counts"]
+__all__ = ["dpsgd_lower_bound", "canary_counts", "CanaryModel", "canary_data", "CanaryObserver"]
 
 MAX_PRESENT = 200_000       # canaries present (examples): the README plan's N
 MAX_ABSENT = 2_000_000      # canaries absent (table rows no example reads)
@@ -78,7 +82,7 @@ def canary_counts(dataset_size: int, steps: int) -> tuple[int, int, int]:
     return present, absent, t
 
 
-class _CanaryModel(nn.Module):
+class CanaryModel(nn.Module):
     """logit_i = scale (e_i - e_i.detach()), e_i = table[id_i]: value 0, gradient scale / 2 on row id_i.
 
     At logit 0 with label 0 the BCE's derivative is 1/2, so every step, whatever the table
@@ -96,16 +100,14 @@ class _CanaryModel(nn.Module):
         return (e - e.detach()) * self.scale
 
 
-def _canary_data(rows: int, vocab: int, device):
-    from trainers.data.encoded import EncodedData
-
+def canary_data(rows: int, vocab: int, device):
     return EncodedData(
         ns_cat=torch.arange(rows, device=device)[:, None], ns_num=torch.zeros(rows, 0, device=device),
         s_cat=torch.zeros(rows, 0, dtype=torch.int64, device=device), s_num=torch.zeros(rows, 0, device=device),
         label=torch.zeros(rows, device=device), unit=None, ns_vocab=vocab, s_vocab=1)
 
 
-class _Observer:
+class CanaryObserver:
     """Reads the table after each step; keeps each coordinate's statistic and the checks' sums."""
 
     def __init__(self, weight: torch.Tensor, present: int, *, q: float, c: float, sigma: float, expected: float):
@@ -177,10 +179,6 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
         progress: a progress-bar label, or None.
         device: where the canaries train.
     """
-    from budgetplan.accounting import account
-    from budgetplan.mechanisms import PoissonDPSGD
-    from trainers import dpsgd
-
     t0 = time.perf_counter()
     sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
     delta = validate.open_unit("delta", delta)
@@ -194,11 +192,11 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
     rnd = default_randomness(randomness)
     device = torch.device(device)
 
-    model = _CanaryModel(r + a, scale=8.0 * c).to(device)
+    model = CanaryModel(r + a, scale=8.0 * c).to(device)
     weight = model.table.weight
-    obs = _Observer(weight, r, q=q, c=c, sigma=sigma, expected=q * r)
+    obs = CanaryObserver(weight, r, q=q, c=c, sigma=sigma, expected=q * r)
     run_par = replace(params, dataset_size=r, steps=t, sampling="poisson", max_batch_size=None)
-    ran = dpsgd.run_dpsgd(model, _canary_data(r, r + a, device), run_par, trainable=[weight], randomness=rnd,
+    ran = dpsgd.run_dpsgd(model, canary_data(r, r + a, device), run_par, trainable=[weight], randomness=rnd,
                           settings=dpsgd.DPSGDSettings(optimizer="sgd", lr=1.0), progress=progress,
                           checkpoint=obs.checkpoint, checkpoint_every=1)
     if obs.lr is None:  # one step: no checkpoint ran; the first step has no momentum to undo

@@ -3,7 +3,7 @@
 An auditor who sees every intermediate model, each a release the guarantee covers, can use
 a million canaries where a trained model holds a few thousand (``trainers.canary``). The
 real ``trainers.dpsgd.run_dpsgd`` (looked up at call time) runs the plan's sigma, q and C
-for its first steps on m canary examples (``canaries._CanaryModel``: example i's gradient
+for its first steps on m canary examples (``canaries.CanaryModel``: example i's gradient
 is 4C on its own coordinate, clipped to C), each labelled by a secret fair coin S_i. At
 logit 0 the label decides the gradient's sign, +C for label 0 and -C for label 1: 2C
 apart, the replace-one sensitivity the plan accounts. Coordinate i moves by x_t = (1 -
@@ -23,9 +23,15 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from budgetplan.accounting import DEFAULT_DISCRETIZATION
 from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
+from budgetplan.audit.fdp import MechanismFamily
+from budgetplan.mechanisms import PoissonDPSGD
+from budgetplan.plan.phases import DPSGDPhase
+from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
-from trainers.empirical.canaries import _canary_data, _CanaryModel, _Observer
+from trainers import dpsgd
+from trainers.empirical.canaries import CanaryModel, CanaryObserver, canary_data
 from trainers.empirical.stats import default_randomness
 
 __all__ = ["ONE_RUN_CANARIES", "ONE_RUN_STEPS", "dpsgd_one_run", "one_run_rows"]
@@ -34,7 +40,7 @@ ONE_RUN_CANARIES = 1_000_000  # at 5,000 even ideal canaries cannot show the noi
 ONE_RUN_STEPS = 200           # longer phases are audited on their first steps, against those steps' epsilon
 
 
-class _SignObserver(_Observer):
+class _SignObserver(CanaryObserver):
     """The canary observer with each coordinate's statistic the log-likelihood ratio of label 1 to label 0."""
 
     def add(self, x: torch.Tensor) -> None:
@@ -62,12 +68,6 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
         {"name": "one-run dpsgd", "passed", "epsilon_lower_bound", "planned_epsilon",
         "failing", "detail", "seconds", "steps", and the ``bound_from_scores`` fields}.
     """
-    from budgetplan.accounting import DEFAULT_DISCRETIZATION
-    from budgetplan.audit.fdp import MechanismFamily
-    from budgetplan.mechanisms import PoissonDPSGD
-    from budgetplan.units import Adjacency, PrivacyUnit
-    from trainers import dpsgd
-
     t0 = time.perf_counter()
     params = phase.params
     sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
@@ -81,8 +81,8 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
     rnd = default_randomness(randomness)
     bits = rnd.bernoulli(0.5, m).astype(np.int8)
     device = torch.device(device)
-    model = _CanaryModel(m, scale=8.0 * c).to(device)
-    data = replace(_canary_data(m, m, device), label=torch.as_tensor(bits, dtype=torch.float32, device=device))
+    model = CanaryModel(m, scale=8.0 * c).to(device)
+    data = replace(canary_data(m, m, device), label=torch.as_tensor(bits, dtype=torch.float32, device=device))
     obs = _SignObserver(model.table.weight, m, q=q, c=c, sigma=sigma, expected=q * m)
     run_par = replace(params, dataset_size=m, steps=t, sampling="poisson", max_batch_size=None)
     dpsgd.run_dpsgd(model, data, run_par, trainable=[model.table.weight], randomness=rnd,
@@ -108,7 +108,5 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
 
 def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE) -> list[dict]:
     """One row per Poisson DP-SGD phase of ``plan`` (a truncated phase's batches are not audited so)."""
-    from budgetplan.plan.phases import DPSGDPhase
-
     return [dpsgd_one_run(p, randomness=randomness, confidence=confidence) for p in plan.phases
             if isinstance(p, DPSGDPhase) and p.params.sampling == "poisson"]

@@ -16,7 +16,10 @@ from types import SimpleNamespace
 import numpy as np
 from scipy import stats
 
+from budgetplan.accounting.gaussian import analytic_epsilon
+from budgetplan.accounting.rr import flip_probability
 from budgetplan.errors import BudgetplanError, InvalidParameterError
+from budgetplan.plan.phases import RRParams
 from budgetplan.util import validate
 from trainers.empirical.stats import (
     ALPHA,
@@ -32,8 +35,10 @@ from trainers.empirical.stats import (
     split_threshold_bound,
     two_sided_chi2,
 )
+from trainers.progress import bar
 
-__all__ = ["RR_SAMPLES", "TIGHT_RR_MARGIN", "WALR_SAMPLES", "rr_lower_bound", "walr_lower_bound"]
+__all__ = ["RR_SAMPLES", "TIGHT_RR_MARGIN", "WALR_SAMPLES", "rr_lower_bound", "walr_lower_bound",
+           "walr_inputs"]
 
 # RR's optimal event is known, so at the default sample size its bound must come this close.
 TIGHT_RR_MARGIN = 0.05
@@ -71,9 +76,6 @@ class _CaptureSession:
 
 def _rr_phase_at(epsilon: float):
     """A one-row-per-unit RR phase at ``epsilon``, as the plan's would hold it."""
-    from budgetplan.accounting.rr import flip_probability
-    from budgetplan.plan.phases import RRParams
-
     params = RRParams(per_impression_rule="eps/K", unit_epsilon=epsilon, per_impression_epsilon=epsilon,
                       flip_probability=flip_probability(epsilon), cap=1, capping=None, epochs=1, batch_size=None,
                       dataset_size=1, labels_randomised="once per example", model="truncated")
@@ -102,8 +104,6 @@ def rr_lower_bound(*, epsilon: float | None = None, phase=None, samples: int = R
         confidence: probability that the bound is valid.
         alpha: false-alarm rate of the flip-rate check.
     """
-    from budgetplan.accounting.rr import flip_probability
-
     t0 = time.perf_counter()
     if (epsilon is None) == (phase is None):
         raise InvalidParameterError("give exactly one of epsilon and phase")
@@ -140,9 +140,9 @@ def rr_lower_bound(*, epsilon: float | None = None, phase=None, samples: int = R
 
 
 def _release_rr(phase, labels: np.ndarray, randomness, unit_counts) -> np.ndarray:
-    import torch
+    import torch  # torch: trainers.empirical imports no torch (RR/WALR audits)
 
-    from trainers import rr_phase
+    from trainers import rr_phase  # torch: as above
 
     data = SimpleNamespace(label=torch.as_tensor(labels, dtype=torch.float32))
     try:
@@ -156,7 +156,7 @@ def _release_rr(phase, labels: np.ndarray, randomness, unit_counts) -> np.ndarra
 # ---- Gaussian release (WALR) --------------------------------------------------------------
 
 
-def _walr_inputs(params):
+def walr_inputs(params):
     """(X, weights, y with row 0 labelled 1, y with it labelled 0, expected sum for each, shift).
 
     Three rows, k = the plan's features. Row 0 is far outside the row bound R, with weight
@@ -164,7 +164,7 @@ def _walr_inputs(params):
     what a label change moves the sum by, the most the clipping allows. The expected sums are
     computed here, independently of the trainer's code.
     """
-    import torch
+    import torch  # torch: trainers.empirical imports no torch (RR/WALR audits)
 
     k, R, W = params.features, params.row_norm_bound, params.weights_bound
     X = np.zeros((3, k - 1))
@@ -210,9 +210,7 @@ def walr_lower_bound(params, *, delta: float, epsilon: float | None = None, samp
         alpha: false-alarm rate of each check.
         progress: a progress-bar label, or None.
     """
-    from budgetplan.accounting.gaussian import analytic_epsilon
-    from trainers import walr
-    from trainers.progress import bar
+    from trainers import walr  # torch: as above
 
     t0 = time.perf_counter()
     sigma, sens = params.noise_std, params.sensitivity
@@ -221,7 +219,7 @@ def walr_lower_bound(params, *, delta: float, epsilon: float | None = None, samp
     planned = (analytic_epsilon(sigma=sigma, delta=delta, sensitivity=sens) if epsilon is None
                else validate.non_negative("epsilon", epsilon))
     rnd = default_randomness(randomness)
-    X, w, y1, y0, s1, s0, shift = _walr_inputs(params)
+    X, w, y1, y0, s1, s0, shift = walr_inputs(params)
     par = replace(params, dataset_size=3)
     session = _CaptureSession()
 

@@ -19,6 +19,7 @@ from scipy import stats
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
+from trainers.randomness import Randomness
 
 __all__ = ["ALPHA", "DEFAULT_CONFIDENCE", "MechanismCheck", "Result", "alpha_of", "check", "cp_lower", "cp_upper",
            "default_randomness", "epsilon_from_counts", "log_ratio", "make_result", "split_threshold_bound",
@@ -241,7 +242,5 @@ def split_threshold_bound(present: np.ndarray, absent: np.ndarray, *, delta: flo
 def default_randomness(randomness):
     """``randomness``, or a fresh CSPRNG ``Randomness`` when None."""
     if randomness is None:
-        from trainers.randomness import Randomness
-
         return Randomness()
     return randomness

@@ -13,11 +13,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from budgetplan.accounting._pld_types import PLD, PLDPmf
+from budgetplan.accounting.pld_types import PLD, PLDPmf
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
-__all__ = ["epsilon_for_delta", "delta_for_epsilon"]
+__all__ = ["epsilon_for_delta", "delta_for_epsilon", "epsilon_for_delta_pmf"]
 
 # Entries of the broadcast (epsilons x losses) matrix in delta_for_epsilon per chunk.
 _DELTA_CHUNK = 1 << 20
@@ -33,7 +33,7 @@ _RECENT_SIZE = 8
 # --------------------------------------------------------------------------- queries
 
 
-def _epsilon_for_delta_pmf(pmf: PLDPmf, delta: float) -> float:
+def epsilon_for_delta_pmf(pmf: PLDPmf, delta: float) -> float:
     key = (id(pmf), delta)
     hit = _RECENT.get(key)
     if hit is not None and hit[0] is pmf:
@@ -110,7 +110,7 @@ def epsilon_for_delta(pld: PLD, delta: float) -> float:
         InvalidParameterError (a ValueError): if delta is not in [0, 1].
     """
     d = validate.probability("delta", delta, allow_zero=True, allow_one=True)
-    return max(_epsilon_for_delta_pmf(p, d) for p in pld.pmfs)
+    return max(epsilon_for_delta_pmf(p, d) for p in pld.pmfs)
 
 
 def _delta_for_epsilons_pmf(pmf: PLDPmf, eps: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import _harness as h
+import harness as h
 
 MAIN = ("RR", "DP-SGD", "Hybrid")
 GRID = ("DP-SGD", "alpha=0.25", "alpha=0.5", "alpha=0.75", "RR")  # alpha 0 .. 1
@@ -266,9 +266,9 @@ def _checks_section(summary: dict, state: dict) -> list[str]:
 
 
 def plot(state: dict, name: str, out: Path) -> list[Path]:
-    from budgetplan.report.plots import _pyplot, _save
+    from budgetplan.report.plots import agg_pyplot, save_png
 
-    plt = _pyplot()
+    plt = agg_pyplot()
     written = []
     n = len(state["settings"]["values"]["data_seeds"])
     for shape, summ in summarise(state).items():
@@ -297,5 +297,5 @@ def plot(state: dict, name: str, out: Path) -> list[Path]:
         right.axhline(1.0, color="black", linewidth=0.8)
         left.legend(fontsize=7)
         fig.suptitle(f"{shape}: {state['settings']['values']['rows']:,} rows, mean +- std over {n} seed(s)")
-        written.append(_save(fig, out / f"{name}_{shape}.png"))
+        written.append(save_png(fig, out / f"{name}_{shape}.png"))
     return written

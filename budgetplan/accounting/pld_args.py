@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from budgetplan.accounting._pld_types import ADD_REMOVE, REPLACE_ONE
 from budgetplan.accounting.limits import MAX_DISCRETIZATION
+from budgetplan.accounting.pld_types import ADD_REMOVE, REPLACE_ONE
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
+
+__all__ = ["check_relation", "check_truncation_bound", "check_discretization", "check_noise"]
 
 _RELATIONS = (ADD_REMOVE, REPLACE_ONE)
 
 
 
 
-def _relation(relation: str) -> str:
+def check_relation(relation: str) -> str:
     if relation not in _RELATIONS:
         raise InvalidParameterError(f"relation must be one of {_RELATIONS}, got {relation!r}")
     return relation
@@ -22,7 +24,7 @@ def _relation(relation: str) -> str:
 _MIN_TRUNCATION_BOUND = -700.0
 
 
-def _truncation_bound(value: object) -> float:
+def check_truncation_bound(value: object) -> float:
     bound = validate.finite("log_mass_truncation_bound", value)
     if not _MIN_TRUNCATION_BOUND <= bound <= 0:
         raise InvalidParameterError(
@@ -30,7 +32,7 @@ def _truncation_bound(value: object) -> float:
     return bound
 
 
-def _discretization(value: object) -> float:
+def check_discretization(value: object) -> float:
     d = validate.positive("discretization", value)
     if d > MAX_DISCRETIZATION:
         raise InvalidParameterError(f"discretization must be at most {MAX_DISCRETIZATION:g}, got {d!r}")
@@ -41,7 +43,7 @@ def _discretization(value: object) -> float:
 _NOISE_RANGE = (1e-100, 1e100)
 
 
-def _noise(name: str, value: object) -> float:
+def check_noise(name: str, value: object) -> float:
     sigma = validate.positive(name, value)
     if not _NOISE_RANGE[0] <= sigma <= _NOISE_RANGE[1]:
         raise InvalidParameterError(

@@ -7,7 +7,7 @@ moved epsilon by percents there. So the composition is done on the tilted pmf
 p_j e^{lambda L_j} / M(lambda) (the Esscher transform; convolution commutes with it), with
 lambda at most the Chernoff saddle point of the delta asked for (where the tilted law's
 mean is about the epsilon read): the smallest tilt that brings the rounding allowance at
-that delta to about 1e-5 of it (``_pld_tilt``), since larger tilts widen the law. The FFT
+that delta to about 1e-5 of it (``pld_tilt``), since larger tilts widen the law. The FFT
 noise is then relative to the masses that decide delta, and the masses are untilted after.
 
 Why an allowance. Every composed mass is raised by a bound on its floating-point error, so
@@ -38,10 +38,10 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import fft as _fft
 
-from budgetplan.accounting._pld_query import _epsilon_for_delta_pmf
-from budgetplan.accounting._pld_tilt import _choose_tilt, _Term, _Terms, _tilt_with_mean, _window
-from budgetplan.accounting._pld_types import PLD, PLDPmf
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_GRID_POINTS, MIN_PLD_DELTA
+from budgetplan.accounting.pld_query import epsilon_for_delta_pmf
+from budgetplan.accounting.pld_tilt import Term, Terms, chernoff_window, choose_tilt, tilt_with_mean
+from budgetplan.accounting.pld_types import PLD, PLDPmf
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
@@ -108,7 +108,7 @@ def _int_power(z: np.ndarray, n: int) -> np.ndarray:
         base = base * base if base is z else np.multiply(base, base, out=base)
 
 
-def _tilted(term: _Term, lam: float) -> tuple[np.ndarray, float, float]:
+def _tilted(term: Term, lam: float) -> tuple[np.ndarray, float, float]:
     """(p e^{lam L} / M, ln M, relative error bound of the tilted masses)."""
     a = term.log_p + lam * term.losses
     top = float(a.max())
@@ -121,10 +121,10 @@ def _tilted(term: _Term, lam: float) -> tuple[np.ndarray, float, float]:
     return w / s, top + math.log(s), (scale + 4.0) * _U
 
 
-def _compose_fft(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float,
+def _compose_fft(terms: Sequence[Term], lam: float, tail_up: float, tail_down: float,
                  infinity_budget: float = 1.0) -> PLDPmf:
     d = terms[0].pmf.discretization
-    low, high, mass_above, mass_below = _window(terms, lam, tail_up, tail_down, infinity_budget)
+    low, high, mass_above, mass_below = chernoff_window(terms, lam, tail_up, tail_down, infinity_budget)
     out_len = high - low + 1
     if out_len > MAX_GRID_POINTS:
         raise GridLimitError(
@@ -205,15 +205,15 @@ def _compose_direction(pairs: Sequence[tuple[PLDPmf, int]], delta: float | None,
     if len(pairs) == 2 and pairs[0][1] == pairs[1][1] == 1 and \
             pairs[0][0].probs.size * pairs[1][0].probs.size <= _DIRECT_CONVOLVE_MAX:
         return _compose_direct(pairs[0][0], pairs[1][0])
-    terms = _Terms(_Term.of(p, c) for p, c in pairs)
+    terms = Terms(Term.of(p, c) for p, c in pairs)
     if delta is None:
         half = max(tail / 2, 1e-300)  # no truncation at all would keep the full linear length
         return _compose_fft(terms, 0.0, half, half)
     size_guess = sum(t.count * t.pmf.probs.size for t in terms)
-    return _compose_for_delta(terms, delta, _choose_tilt(terms, delta, _fft_gamma(min(size_guess, MAX_GRID_POINTS))))
+    return _compose_for_delta(terms, delta, choose_tilt(terms, delta, _fft_gamma(min(size_guess, MAX_GRID_POINTS))))
 
 
-def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDPmf:
+def _compose_for_delta(terms: Sequence[Term], delta: float, lam: float) -> PLDPmf:
     """The tilted composition at ``lam``, re-tilted while the epsilon at delta shows a bad tilt.
 
     Too small a tilt shows as an allowance above _ALLOWANCE_LIMIT x delta at the epsilon
@@ -232,7 +232,7 @@ def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDP
             if best is None:
                 raise
             break  # a re-tilt whose window does not fit: keep the best bound so far
-        eps = _epsilon_for_delta_pmf(pmf, delta)
+        eps = epsilon_for_delta_pmf(pmf, delta)
         if best is None or eps < best_eps:
             best, best_eps = pmf, eps
         if not math.isfinite(eps):
@@ -244,7 +244,7 @@ def _compose_for_delta(terms: Sequence[_Term], delta: float, lam: float) -> PLDP
         else:
             break
         # The next tilt: centred on the epsilon found if that lies in (lo, hi), else halfway.
-        target = _tilt_with_mean(terms, eps) if hi == math.inf else 0.0
+        target = tilt_with_mean(terms, eps) if hi == math.inf else 0.0
         lam = target if lo < target < hi else (0.5 * (lo + hi) if hi < math.inf else 2.0 * lam + 1.0)
     assert best is not None  # the first composition either fits or raised
     return best
@@ -322,10 +322,10 @@ def window_size(parts: Sequence[tuple[PLD, int]], delta: float) -> int:
         if len(pairs) == 1 and pairs[0][1] == 1:
             longest = max(longest, pairs[0][0].probs.size)
             continue
-        terms = _Terms(_Term.of(p, c) for p, c in pairs)
+        terms = Terms(Term.of(p, c) for p, c in pairs)
         size_guess = sum(t.count * t.pmf.probs.size for t in terms)
-        lam = _choose_tilt(terms, delta, _fft_gamma(min(size_guess, MAX_GRID_POINTS)))
-        low, high, _, _ = _window(terms, lam, _TILTED_TAIL, _TILTED_TAIL, _INFINITY_SHARE * delta)
+        lam = choose_tilt(terms, delta, _fft_gamma(min(size_guess, MAX_GRID_POINTS)))
+        low, high, _, _ = chernoff_window(terms, lam, _TILTED_TAIL, _TILTED_TAIL, _INFINITY_SHARE * delta)
         longest = max(longest, high - low + 1)
     return longest
 

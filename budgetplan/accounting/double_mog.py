@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from budgetplan.accounting._mog import Atoms, _lse_atoms
+from budgetplan.accounting.mog import Atoms, lse_atoms
 
 __all__ = ["DoubleMixture", "grid_loss_bounds", "solve", "split_terms"]
 
@@ -146,7 +146,7 @@ def split_terms(mix: DoubleMixture, a: np.ndarray, u: np.ndarray) -> tuple[np.nd
     delta = upper(X <= x*) - e^a lower(X <= x*). The sensitivity-0 atom is in both and is
     cancelled analytically: P = sum_pos p_k Phi((x* + s_k)/sigma) and
     Q = e^a sum_pos p_k Phi((x* - s_k)/sigma) + p_0 (e^a - 1) Phi(x*/sigma), every term
-    positive, so ``_ctd._split_gap`` forms P - Q accurately relative to itself (for small q
+    positive, so ``ctd.split_gap`` forms P - Q accurately relative to itself (for small q
     the shared atom is nearly all the mass). ``bottom`` is not included.
     """
     sigma = mix.sigma
@@ -154,8 +154,8 @@ def split_terms(mix: DoubleMixture, a: np.ndarray, u: np.ndarray) -> tuple[np.nd
     s = mix.sens[mix.pos][:, None]
     log_w = np.log(mix.probs[mix.pos])
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_p = _lse_atoms(special.log_ndtr((x + s) / sigma), log_w)
-        log_q = a + _lse_atoms(special.log_ndtr((x - s) / sigma), log_w)
+        log_p = lse_atoms(special.log_ndtr((x + s) / sigma), log_w)
+        log_q = a + lse_atoms(special.log_ndtr((x - s) / sigma), log_w)
         if mix.p_zero > 0.0:
             log_q = np.logaddexp(log_q, math.log(mix.p_zero) + _log_expm1(a) + special.log_ndtr(x / sigma))
     return log_p, log_q

@@ -3,10 +3,10 @@
 Everything here reads the cumulant generating function C(theta) = sum_i T_i ln sum_j
 p_ij e^{theta L_j} of the pmfs being composed (``_moments``, exact up to rounding):
 
-* the tilt (``_choose_tilt``): the smallest lambda for which the FFT rounding allowance at
+* the tilt (``choose_tilt``): the smallest lambda for which the FFT rounding allowance at
   the epsilon read stays near _ALLOWANCE_TARGET x delta, from a Chernoff / saddle-point
-  estimate (see ``_pld_ops`` for why tilt at all);
-* the window (``_window``): the losses outside which the tilted law holds a given tail, by
+  estimate (see ``pld_ops`` for why tilt at all);
+* the window (``chernoff_window``): the losses outside which the tilted law holds a given tail, by
   Chernoff's inequality at near-optimal orders, plus Chernoff bounds on the untilted mass
   outside it, which the composition moves pessimistically.
 """
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from budgetplan.accounting._pld_types import PLDPmf
+from budgetplan.accounting.pld_types import PLDPmf
+
+__all__ = ["Term", "Terms", "tilt_with_mean", "choose_tilt", "chernoff_window"]
 
 # The tilt is chosen for a rounding allowance of about this share of delta at the epsilon read.
 _ALLOWANCE_TARGET = 1e-5
@@ -30,7 +32,7 @@ _MAX_TILT_STEPS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
-class _Term:
+class Term:
     """One pmf to be composed ``count`` times: log masses, losses, squared losses, scratch."""
 
     pmf: PLDPmf
@@ -41,13 +43,13 @@ class _Term:
     scratch: np.ndarray
 
     @classmethod
-    def of(cls, pmf: PLDPmf, count: int) -> _Term:
+    def of(cls, pmf: PLDPmf, count: int) -> Term:
         losses = pmf.losses
         with np.errstate(divide="ignore"):
             return cls(pmf, count, np.log(pmf.probs), losses, np.square(losses), np.empty_like(losses))
 
 
-class _Terms(tuple[_Term, ...]):
+class Terms(tuple[Term, ...]):
     """The terms of one composition, with a memo of their cumulants by order.
 
     The tilt and window solvers revisit orders (a bracket's end is the next solve's start).
@@ -55,7 +57,7 @@ class _Terms(tuple[_Term, ...]):
 
     memo: dict[float, tuple[float, float, float]]
 
-    def __new__(cls, items: Iterable[_Term]) -> _Terms:
+    def __new__(cls, items: Iterable[Term]) -> Terms:
         obj = super().__new__(cls, items)
         obj.memo = {}
         return obj
@@ -64,7 +66,7 @@ class _Terms(tuple[_Term, ...]):
 # ----------------------------------------------------------------- cumulants and tilt
 
 
-def _moments(terms: Sequence[_Term], theta: float) -> tuple[float, float, float]:
+def _moments(terms: Sequence[Term], theta: float) -> tuple[float, float, float]:
     """C(theta), C'(theta), C''(theta) of the composition, C = sum count * ln MGF.
 
     Evaluated dozens of times per composition, so in place in a scratch array. Weights
@@ -148,7 +150,7 @@ def _bracket_root(f: Callable[[float], float], x0: float, cap: float, rel: float
     return near, far
 
 
-def _legendre(terms: Sequence[_Term], theta0: float, c0: float, var: float, target: float, side: int,
+def _legendre(terms: Sequence[Term], theta0: float, c0: float, var: float, target: float, side: int,
               tried: Callable[[float, float], None] | None = None) -> float:
     """A theta on ``side`` of theta0 (+1 above, -1 below) with I(theta) >= target.
 
@@ -176,7 +178,7 @@ def _legendre(terms: Sequence[_Term], theta0: float, c0: float, var: float, targ
     return theta0 + side * far
 
 
-def _tilt_with_mean(terms: Sequence[_Term], mean: float) -> float:
+def tilt_with_mean(terms: Sequence[Term], mean: float) -> float:
     """A lambda >= 0 whose tilted composition has mean at least ``mean`` (C'(lambda) >= mean)."""
     _, c1, c2 = _moments(terms, 0.0)
     if c1 >= mean or not c2 > 0:
@@ -185,7 +187,7 @@ def _tilt_with_mean(terms: Sequence[_Term], mean: float) -> float:
     return _bracket_root(lambda lam: _moments(terms, lam)[1] - mean, (mean - c1) / c2, cap, 0.02)[1]
 
 
-def _choose_tilt(terms: Sequence[_Term], delta: float, gamma: float) -> float:
+def choose_tilt(terms: Sequence[Term], delta: float, gamma: float) -> float:
     """A tilt that leaves the rounding allowance near _ALLOWANCE_TARGET x delta, not far below.
 
     ``gamma`` is the FFT's componentwise error bound at the expected length. The allowance
@@ -225,7 +227,7 @@ def _choose_tilt(terms: Sequence[_Term], delta: float, gamma: float) -> float:
 # -------------------------------------------------------------------------- window
 
 
-def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tail: float,
+def _chernoff_end(terms: Sequence[Term], lam: float, c0: float, var: float, tail: float,
                   side: int) -> tuple[float, float, float]:
     """(loss, theta, C(theta)): the best Chernoff end of the law tilted by lam at the orders tried.
 
@@ -247,7 +249,7 @@ def _chernoff_end(terms: Sequence[_Term], lam: float, c0: float, var: float, tai
     return best[0], best[1], best[2]
 
 
-def _window(terms: Sequence[_Term], lam: float, tail_up: float, tail_down: float,
+def chernoff_window(terms: Sequence[Term], lam: float, tail_up: float, tail_down: float,
             infinity_budget: float = 1.0) -> tuple[int, int, float, float]:
     """Loss window [low, high] of the tilted composition and the untilted mass outside it.
 

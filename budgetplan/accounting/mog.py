@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-__all__ = ["Atoms", "Mixture", "binomial_window", "grid_loss_bounds", "split_terms"]
+__all__ = ["Atoms", "Mixture", "binomial_window", "grid_loss_bounds", "lse_atoms", "split_terms"]
 
 # dp_accounting's tail search for the REMOVE direction stops at this width (in x).
 _TAIL_SEARCH_PRECISION = 1e-4
@@ -36,7 +36,7 @@ _TAIL_SEARCH_PRECISION = 1e-4
 
 class Atoms:
     """Noise and (sensitivity, probability) atoms, validated by the caller; shared by ``Mixture``
-    and ``_double_mog.DoubleMixture``.
+    and ``double_mog.DoubleMixture``.
 
     Atoms with probability 0 are dropped; ``pos`` selects the positive sensitivities,
     ``p_zero`` is the mass of the sensitivity-0 atom, ``bottom`` the mass left out altogether
@@ -180,7 +180,7 @@ def _solve_lse(c: np.ndarray, s: np.ndarray, var: float, target: np.ndarray) -> 
     return y
 
 
-def _lse_atoms(log_cdf: np.ndarray, log_w: np.ndarray) -> np.ndarray:
+def lse_atoms(log_cdf: np.ndarray, log_w: np.ndarray) -> np.ndarray:
     """ln sum_i exp(log_w[i] + log_cdf[i, :]) per column, -inf where every term is."""
     a = log_cdf + log_w[:, None]
     top = a.max(axis=0)
@@ -213,7 +213,7 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray,
     R = e^-eps - p0 (ADD), which is also what x* is solved for. Every normal CDF is
     taken at its argument times ``side`` (+1 or -1 per epsilon): with -1 the same
     expressions give the survival-side terms P', Q' of g = Q' - P' (see
-    ``_ctd._split_gap``).
+    ``ctd.split_gap``).
 
     Returns:
         (inside, log_p, log_q): ``inside`` marks the epsilons with a finite root; the
@@ -233,7 +233,7 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray,
             log_r = _log_exp_minus(e, mix) if mix.p_zero > 0.0 else e
             x = _solve_lse(c, s, var, log_r)
             # P = sum_pos p_i Phi((x + s_i)/sigma), Q = R Phi(x/sigma).
-            log_p = _lse_atoms(special.log_ndtr(sg * (x + s[:, None]) / sigma), log_w)
+            log_p = lse_atoms(special.log_ndtr(sg * (x + s[:, None]) / sigma), log_w)
             log_q = log_r + special.log_ndtr(sg * x / sigma)
         else:
             # e^-eps = p0 + sum_pos p_i e^{c_i + s_i x/var}.
@@ -244,5 +244,5 @@ def split_terms(mix: Mixture, adjacency: str, eps: np.ndarray,
             x = -_solve_lse(c, s, var, log_r)
             # P = e^eps R Phi(x/sigma), Q = e^eps sum_pos p_i Phi((x - s_i)/sigma).
             log_p = e + log_r + special.log_ndtr(sg * x / sigma)
-            log_q = e + _lse_atoms(special.log_ndtr(sg * (x - s[:, None]) / sigma), log_w)
+            log_q = e + lse_atoms(special.log_ndtr(sg * (x - s[:, None]) / sigma), log_w)
     return inside, log_p, log_q

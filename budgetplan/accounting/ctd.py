@@ -2,7 +2,7 @@
 
 Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, "Connect the Dots: Tighter Discrete
 Approximations of Privacy Loss Distributions", arXiv:2207.04380, Algorithm 1. The
-mechanism builders in ``fastpld`` supply the curve on the grid (``_grid``); this module
+mechanism builders in ``fastpld`` supply the curve on the grid (``loss_grid``); this module
 turns it into masses, and refuses grids past ``limits.MAX_SINGLE_GRID_POINTS`` before
 anything is allocated.
 """
@@ -14,19 +14,21 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from budgetplan.accounting._pld_ops import GridLimitError
-from budgetplan.accounting._pld_types import PLDPmf
 from budgetplan.accounting.limits import MAX_SINGLE_GRID_POINTS
+from budgetplan.accounting.pld_ops import GridLimitError
+from budgetplan.accounting.pld_types import PLDPmf
 from budgetplan.errors import InvalidParameterError
 
+__all__ = ["readonly", "connect_the_dots", "split_gap", "cdf_side", "check_grid", "loss_grid"]
 
-def _readonly(pmf: PLDPmf) -> PLDPmf:
+
+def readonly(pmf: PLDPmf) -> PLDPmf:
     """Freeze ``probs`` so that cached pmfs cannot be altered through a result."""
     pmf.probs.flags.writeable = False
     return pmf
 
 
-def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, h: np.ndarray) -> PLDPmf:
+def connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, h: np.ndarray) -> PLDPmf:
     """Pessimistic connect-the-dots pmf on consecutive grid points (arXiv:2207.04380, Alg. 1).
 
     The mechanism's hockey-stick curve delta(eps) is given at the grid epsilons
@@ -48,7 +50,7 @@ def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, 
     delta = np.where(neg, h + one_minus_exp, h)
     g = np.where(neg, h, h - one_minus_exp)
     if eps.size == 1:
-        return _readonly(PLDPmf(discretization, int(lower_index), np.array([1.0 - delta[0]]), float(delta[0])))
+        return readonly(PLDPmf(discretization, int(lower_index), np.array([1.0 - delta[0]]), float(delta[0])))
     if discretization <= 1.0:
         em1, ed = math.expm1(discretization), math.exp(discretization)
 
@@ -69,16 +71,16 @@ def _connect_the_dots(discretization: float, lower_index: int, eps: np.ndarray, 
         probs[0] = 1.0 - delta[0] + (delta[1] - delta[0]) / first_gap
     probs[-1] = (delta[-1] - delta[-2]) / math.expm1(-discretization)
     np.maximum(probs, 0.0, out=probs)
-    return _readonly(PLDPmf(discretization, int(lower_index), probs, float(delta[-1])))
+    return readonly(PLDPmf(discretization, int(lower_index), probs, float(delta[-1])))
 
 
-def _split_gap(eps: np.ndarray, log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    """``h`` of ``_connect_the_dots`` from the two terms of the divergence, in log space.
+def split_gap(eps: np.ndarray, log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+    """``h`` of ``connect_the_dots`` from the two terms of the divergence, in log space.
 
     For a loss decreasing in x, with root x* at eps:
     delta = P - Q with P = upper(X <= x*), Q = e^eps lower(X <= x*), and
     g = delta - (1 - e^eps) = Q' - P' with P' = upper(X > x*), Q' = e^eps lower(X > x*).
-    Callers evaluate every normal CDF at its argument times ``_side(eps)``, so the same
+    Callers evaluate every normal CDF at its argument times ``cdf_side(eps)``, so the same
     formulas give ln P, ln Q where eps >= 0 and ln P', ln Q' where eps < 0. The
     difference is formed as e^big (1 - e^(small - big)), accurate relative to itself
     however small it is.
@@ -91,12 +93,12 @@ def _split_gap(eps: np.ndarray, log_p: np.ndarray, log_q: np.ndarray) -> np.ndar
     return np.clip(np.where(np.isfinite(big), h, 0.0), 0.0, 1.0)
 
 
-def _side(eps: np.ndarray) -> np.ndarray:
+def cdf_side(eps: np.ndarray) -> np.ndarray:
     """+1 where delta itself is wanted (eps >= 0), -1 where g is (survival side)."""
     return np.where(eps >= 0, 1.0, -1.0)
 
 
-def _check_grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> None:
+def check_grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> None:
     """Refuse, before allocating anything, a grid longer than MAX_SINGLE_GRID_POINTS.
 
     The message names the smallest discretization that fits (the length scales as 1/d).
@@ -114,9 +116,9 @@ def _check_grid(discretization: float, eps_lower: float, eps_upper: float, what:
             points=math.ceil(span), limit=MAX_SINGLE_GRID_POINTS)
 
 
-def _grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> tuple[int, np.ndarray]:
+def loss_grid(discretization: float, eps_lower: float, eps_upper: float, what: str) -> tuple[int, np.ndarray]:
     """Grid indices floor(eps_lower/d) .. ceil(eps_upper/d) and their epsilons."""
-    _check_grid(discretization, eps_lower, eps_upper, what)
+    check_grid(discretization, eps_lower, eps_upper, what)
     lo = math.floor(eps_lower / discretization)
     hi = math.ceil(eps_upper / discretization)
     return lo, np.arange(lo, hi + 1) * discretization

@@ -45,10 +45,7 @@ REFERENCE = {"accountant": "PLDAccountant", "discretization": 1e-5, "tol": 1e-5,
 
 
 def _clear_caches() -> None:
-    from budgetplan.accounting import fastpld
-
-    for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):
-        getattr(fastpld, name).cache_clear()
+    h.clear_pld_caches()
 
 
 def _event(sigma: float, steps: int = STEPS, q: float = Q):

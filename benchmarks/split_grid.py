@@ -51,15 +51,13 @@ def settings(args: argparse.Namespace) -> dict:
 def main(argv: list[str]) -> None:
     from click.testing import CliRunner
 
-    from budgetplan.accounting import fastpld
     from budgetplan.cli import cli
 
     args = parse_args(argv)
 
     load_before, times = os.getloadavg()[0], []
     for _ in range(args.rounds):
-        for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):  # nothing carried over between rounds
-            getattr(fastpld, name).cache_clear()
+        h.clear_pld_caches()  # nothing carried over between rounds
         t0 = time.perf_counter()
         result = CliRunner().invoke(cli, ARGS)
         times.append(time.perf_counter() - t0)

@@ -178,10 +178,36 @@ def eval_metrics(record) -> dict:
 def apply_quick(args, argv: list[str], quick: dict) -> None:
     """With ``--quick``: ``quick``'s value for every option (``--<key>``) the command line did not give."""
     if args.quick:
-        given = {a.split("=")[0] for a in argv}
-        for key, value in quick.items():
-            if f"--{key}" not in given:
-                setattr(args, key, value)
+        _preset(args, argv, quick)
+
+
+def _preset(args, argv: list[str], values: dict) -> None:
+    given = {a.split("=")[0] for a in argv}
+    for key, value in values.items():
+        if f"--{key.replace('_', '-')}" not in given:
+            setattr(args, key, value)
+
+
+SMOKE_HELP = ("the smallest run of the script's real code path, every branch at a tiny size (what "
+              "tests/test_benchmark_smoke.py runs): it measures nothing; needs --out")
+
+
+def add_smoke(parser, *, out: bool = False) -> None:
+    """``--smoke`` (:func:`apply_smoke`), and ``--out DIR`` (default ``RESULTS``) where the script has none."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    if out:
+        parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+
+
+def apply_smoke(parser, args, argv: list[str], smoke: dict) -> None:
+    """With ``--smoke``: ``smoke``'s value for every option (``--<key>``, underscores as dashes) the
+    command line did not give. A smoke run writes under an ``--out`` it was given, never over the
+    committed results."""
+    if not args.smoke:
+        return
+    if not any(a.split("=")[0] == "--out" for a in argv):
+        parser.error("--smoke needs --out DIR: a smoke run never writes over benchmarks/results")
+    _preset(args, argv, smoke)
 
 
 def run_and_save(args, run, render) -> dict:

@@ -1,0 +1,66 @@
+"""Every benchmark script without a test of its own runs end to end at its smallest size (``--smoke``).
+
+Each script runs as a user runs it, ``python benchmarks/<script>.py --smoke --out DIR`` in a
+fresh interpreter from the repository root, so none can rot between two real measurements:
+exit status 0, its results files written under ``DIR`` (never over ``benchmarks/results``) and
+readable, and one or two of its numbers sane. What a smoke run leaves out, and why, is in each
+script's ``SMOKE`` comment. The scripts tested otherwise (``threads.py``,
+``utility_frontier.py``, ``walr_utility.py``) have their own test files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, int | float) and math.isfinite(x) for x in xs)
+
+
+def _batch_selection(r: dict) -> None:
+    (c,) = r["cells"]
+    assert _finite(c["poisson_pld"], c["allocation"], c["shuffle_upper"], c["shuffle_lower"])
+    assert 0.5 < c["allocation_over_poisson_pld"] < 1.5 and c["shuffle_lower"] <= c["shuffle_upper"]
+
+
+def _calibration(r: dict) -> None:
+    peer, ours = r["peer"]["noise_multiplier"], r["ours"]["noise_multiplier"]
+    assert _finite(peer, ours, r["speedup"]) and abs(ours / peer - 1) < 0.01  # the peer at tol 1e-3
+    assert ours > 0 and r["user_level"]["noise_multiplier"] > 0 and "reference" not in r
+
+
+# script: (results stems, the markdown's table header, the check of the JSON)
+SCRIPTS = {
+    "batch_selection": (["batch_selection"], "| epochs | target eps | Poisson (PLD) |", _batch_selection),
+    "calibration": (["calibration"], "| method | noise multiplier | seconds | evaluations |", _calibration),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_smoke_run(script, tmp_path):
+    stems, header, check = SCRIPTS[script]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}.py", "--smoke", "--out", str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stem in stems:
+        result = json.loads((tmp_path / f"{stem}.json").read_text())
+        assert result["settings"]["values"] and "--smoke" in result["settings"]["argv"]
+        assert header in (tmp_path / f"{stem}.md").read_text()
+        check(result)
+
+
+def test_a_smoke_run_refuses_to_write_over_the_results():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "benchmarks/batch_selection.py", "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--smoke needs --out DIR" in proc.stderr

@@ -38,10 +38,36 @@ def _calibration(r: dict) -> None:
     assert ours > 0 and r["user_level"]["noise_multiplier"] > 0 and "reference" not in r
 
 
+def _split_grid(r: dict) -> None:
+    sigmas = {(c["epsilon"], c["rule"]): c["noise_multiplier"] for c in r["results"]}
+    assert r["cells"] == len(sigmas) == 6 and _finite(r["seconds"])
+    assert sigmas[(1.0, "alpha=1")] is None  # all of it to RR: no DP-SGD phase
+    assert sigmas[(8.0, "alpha=0")] < sigmas[(8.0, "alpha=0.5")] < sigmas[(1.0, "alpha=0.5")]
+
+
+def _dpsgd_step(r: dict) -> None:
+    assert [(x["mode"], x["status"]) for x in r["runs"]] == [(m, "ok") for m in
+                                                            ("non-private", "ours", "ours-4chunks", "opacus",
+                                                             "opacus-ghost")]
+    assert all(_finite(x["step_seconds_median"]) and x["step_seconds_median"] > 0 for x in r["runs"])
+    (q,) = r["ratios"]
+    assert _finite(q["opacus_over_ours_time"], q["ghost_over_ours_time"], q["ours_over_nonprivate_memory"])
+
+
+def _epoch_throughput(r: dict) -> None:
+    assert [(x["mode"], x["status"]) for x in r["runs"]] == [("non-private", "ok"), ("dpsgd", "ok")]
+    assert all(_finite(x["rows_per_s"]) and x["rows_per_s"] > 0 for x in r["runs"])
+    release = r["walr"]["release"]
+    assert release["rows"] == 20_000 and 0 < release["fraction_of_read_bandwidth"] < 10
+
+
 # script: (results stems, the markdown's table header, the check of the JSON)
 SCRIPTS = {
     "batch_selection": (["batch_selection"], "| epochs | target eps | Poisson (PLD) |", _batch_selection),
     "calibration": (["calibration"], "| method | noise multiplier | seconds | evaluations |", _calibration),
+    "split_grid": (["split_grid"], "| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
+    "dpsgd_step": (["dpsgd_step"], "| shape | batch | mode | step median (s) |", _dpsgd_step),
+    "epoch_throughput": (["epoch_throughput"], "| shape | mode | steps | seconds | rows/s |", _epoch_throughput),
 }
 
 

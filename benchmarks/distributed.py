@@ -146,7 +146,7 @@ def settings(args: argparse.Namespace) -> dict:
 
 
 def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, baseline_auc: float) -> dict:
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
     from trainers.run import RunOptions, execute_plan
 
     training, dpsgd, _ = _train_settings()

@@ -146,7 +146,7 @@ def _capped(train: Path, k: int, seed: int, work: Path) -> tuple[Path, int, int]
 
 
 def _one(args, plan, train, evaluation, seed: int, baseline_auc: float, out: Path) -> dict:
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
     from trainers.run import RunOptions, execute_plan
 
     training, dpsgd, _ = _train_settings()

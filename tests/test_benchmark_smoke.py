@@ -61,12 +61,28 @@ def _epoch_throughput(r: dict) -> None:
     assert release["rows"] == 20_000 and 0 < release["fraction_of_read_bandwidth"] < 10
 
 
+def _data_scale(r: dict) -> None:
+    (size,) = r["sizes"]
+    assert size["synth"]["shards"] == 2 and size["synth"]["bytes_on_disk"] > 0
+    local = size["cap_local"]
+    assert local["rows_in"] == 1_000 and 0 < local["rows"] <= 2 * local["units"] <= 2 * size["users"]
+    assert "not in a smoke run" in size["cap_spark"]["skipped"]
+
+
+def _distributed(r: dict) -> None:
+    by = r["summary"]["by_processes"]
+    assert sorted(by) == ["1", "2"] and all(row["audits_passed"] == row["runs"] == 1 for row in by.values())
+    assert all(0 <= run["auc"] <= 1 and _finite(run["dpsgd_rows_per_second"]) for run in r["runs"])
+
+
 # script: (results stems, the markdown's table header, the check of the JSON)
 SCRIPTS = {
     "batch_selection": (["batch_selection"], "| epochs | target eps | Poisson (PLD) |", _batch_selection),
     "calibration": (["calibration"], "| method | noise multiplier | seconds | evaluations |", _calibration),
     "split_grid": (["split_grid"], "| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
+    "distributed": (["distributed"], "| processes | eval AUC | relative AUC loss (%) |", _distributed),
     "dpsgd_step": (["dpsgd_step"], "| shape | batch | mode | step median (s) |", _dpsgd_step),
+    "data_scale": (["data_scale"], "| rows | users | synth s | synth peak MiB |", _data_scale),
     "epoch_throughput": (["epoch_throughput"], "| shape | mode | steps | seconds | rows/s |", _epoch_throughput),
 }
 

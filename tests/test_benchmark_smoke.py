@@ -75,30 +75,66 @@ def _distributed(r: dict) -> None:
     assert all(0 <= run["auc"] <= 1 and _finite(run["dpsgd_rows_per_second"]) for run in r["runs"])
 
 
-# script: (results stems, the markdown's table header, the check of the JSON)
+def _one_run_audit(r: dict) -> None:
+    arms = {(a["optimizer"], a["arm"]): a for a in r["arms"]}
+    assert sorted(arms) == sorted((o, a) for o in ("adam", "sgd") for a in ("honest", "noise halved", "clipping off"))
+    for optimizer in ("adam", "sgd"):
+        honest, off = arms[(optimizer, "honest")], arms[(optimizer, "clipping off")]
+        assert honest["refuted"] == 0 and _finite(honest["bound_median"], off["bound_median"])
+        assert off["bound_median"] > honest["bound_median"]  # a canary's whole gradient kept shows
+    assert len(r["step"]) == 2 and len(r["ideal"]) == 2
+
+
+def _paper_sizes(r: dict) -> None:
+    (run,) = r["runs"]
+    assert run["processes"] == 1 and run["audit_passed"] and run["steps"] > 0
+    assert _finite(run["dpsgd_rows_per_second"]) and run["dpsgd_rows_per_second"] > 0
+    assert set(r["stages"]) == {"synth", "plan"}
+
+
+def _split_selection(r: dict) -> None:
+    plans = {c["plan"]: c for c in r["cells"]}
+    assert sorted(plans) == ["3 splits", "5 splits", "default"]
+    assert plans["default"]["selected"] is None and plans["5 splits"]["selected"].startswith("alpha=")
+    assert all(0 <= c["auc"] <= 1 for c in r["cells"])
+    assert plans["5 splits"]["run_epsilon"] < plans["3 splits"]["run_epsilon"] < plans["default"]["run_epsilon"]
+
+
+def _user_level(r: dict) -> None:
+    arms = r["summary"]["arms"]
+    assert sorted(arms) == ["1|example", "2|example", "2|unit"]
+    assert all(a["audits_passed"] == a["runs"] == 1 for a in arms.values())
+    assert all(0 <= run["auc"] <= 1 and run["noise_multiplier"] > 0 for run in r["runs"])
+    assert r["summary"]["differences"]["2"]["beyond_seed_noise"] is False  # one seed: never a result
+
+
+# script: (its markdown's table header, the check of its JSON); both files are named after the script
 SCRIPTS = {
-    "batch_selection": (["batch_selection"], "| epochs | target eps | Poisson (PLD) |", _batch_selection),
-    "calibration": (["calibration"], "| method | noise multiplier | seconds | evaluations |", _calibration),
-    "split_grid": (["split_grid"], "| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
-    "distributed": (["distributed"], "| processes | eval AUC | relative AUC loss (%) |", _distributed),
-    "dpsgd_step": (["dpsgd_step"], "| shape | batch | mode | step median (s) |", _dpsgd_step),
-    "data_scale": (["data_scale"], "| rows | users | synth s | synth peak MiB |", _data_scale),
-    "epoch_throughput": (["epoch_throughput"], "| shape | mode | steps | seconds | rows/s |", _epoch_throughput),
+    "batch_selection": ("| epochs | target eps | Poisson (PLD) |", _batch_selection),
+    "calibration": ("| method | noise multiplier | seconds | evaluations |", _calibration),
+    "data_scale": ("| rows | users | synth s | synth peak MiB |", _data_scale),
+    "distributed": ("| processes | eval AUC | relative AUC loss (%) |", _distributed),
+    "dpsgd_step": ("| shape | batch | mode | step median (s) |", _dpsgd_step),
+    "epoch_throughput": ("| shape | mode | steps | seconds | rows/s |", _epoch_throughput),
+    "one_run_audit": ("| plan epsilon | canaries | model | DP-SGD optimiser | arm |", _one_run_audit),
+    "paper_sizes": ("| processes | wall s | read s | encode s | DP-SGD s |", _paper_sizes),
+    "split_grid": ("| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
+    "split_selection": ("| shape | epsilon | plan | epsilon per configuration |", _split_selection),
+    "user_level": ("| K | sampling | noise multiplier | accounting | AUC |", _user_level),
 }
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_smoke_run(script, tmp_path):
-    stems, header, check = SCRIPTS[script]
+    header, check = SCRIPTS[script]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, f"benchmarks/{script}.py", "--smoke", "--out", str(tmp_path)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for stem in stems:
-        result = json.loads((tmp_path / f"{stem}.json").read_text())
-        assert result["settings"]["values"] and "--smoke" in result["settings"]["argv"]
-        assert header in (tmp_path / f"{stem}.md").read_text()
-        check(result)
+    result = json.loads((tmp_path / f"{script}.json").read_text())
+    assert result["settings"]["values"] and "--smoke" in result["settings"]["argv"]
+    assert header in (tmp_path / f"{script}.md").read_text()
+    check(result)
 
 
 def test_a_smoke_run_refuses_to_write_over_the_results():

@@ -3,9 +3,10 @@
 Each script runs as a user runs it, ``python benchmarks/<script>.py --smoke --out DIR`` in a
 fresh interpreter from the repository root, so none can rot between two real measurements:
 exit status 0, its results files written under ``DIR`` (never over ``benchmarks/results``) and
-readable, and one or two of its numbers sane. What a smoke run leaves out, and why, is in each
-script's ``SMOKE`` comment. The scripts tested otherwise (``threads.py``,
-``utility_frontier.py``, ``walr_utility.py``) have their own test files.
+readable, and one or two of its numbers sane. What a smoke run runs, and what it leaves out and
+why, is in each script's docstring. Six take 20 s or more (conftest's ``SLOW``). The scripts
+tested otherwise (``threads.py``, ``utility_frontier.py``, ``walr_utility.py``) have their own
+test files.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ others are near 1.
 
 Writes ``benchmarks/results/batch_selection.json`` and ``batch_selection.md``. Not a test:
 ``python benchmarks/batch_selection.py`` (a few minutes on 2 cores; ``--quick`` keeps
-epochs 1, 4, 16 and targets 1, 4, 12).
+epochs 1, 4, 16 and targets 1, 4, 12; ``--smoke --out DIR`` one cell at N = 8,192, B = 1,024).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ N, B = 32_000_000, 16_384
 DELTA = 1 / N
 EPOCHS, TARGETS = (1, 2, 4, 16, 64), (1.0, 2.0, 4.0, 8.0, 12.0)
 QUICK_EPOCHS, QUICK_TARGETS = (1, 4, 16), (1.0, 4.0, 12.0)
+# --smoke: one cell of a small case (8 steps per epoch), every accountant of the table on it
+SMOKE = {"dataset_size": 8_192, "batch_size": 1_024, "epochs": (1,), "targets": (1.0,)}
 
 
 def _solve(eps_of, target: float) -> float:
@@ -47,7 +49,7 @@ def _solve(eps_of, target: float) -> float:
     return solve_noise_multiplier(eps_of, epsilon=target)
 
 
-def cell(epochs: int, target: float) -> dict:
+def cell(epochs: int, target: float, n: int = N, b: int = B) -> dict:
     import dp_accounting as dpa
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
@@ -57,6 +59,7 @@ def cell(epochs: int, target: float) -> dict:
     from budgetplan.mechanisms import AllocationDPSGD
     from budgetplan.planning.calibrate import dpsgd_noise_multiplier, steps_for_epochs
 
+    N, B, DELTA = n, b, 1 / n  # the case: the default one, or a small one under --smoke
     t = bs.steps_per_epoch(dataset_size=N, batch_size=B)
     q = B / N
     out: dict = {"epochs": epochs, "target_epsilon": target, "steps_per_epoch": t}
@@ -88,8 +91,10 @@ def cell(epochs: int, target: float) -> dict:
 
 
 def render(result: dict) -> str:
+    st = result["settings"]["values"]
+    n, b = st["dataset_size"], st["batch_size"]
     lines = ["# Noise for a target epsilon, by batch selection (Criteo shapes)", "",
-             f"N = {N:,}, B = {B:,} (N // B = {N // B:,} steps per epoch), delta = 1/N, add-remove. Each entry is "
+             f"N = {n:,}, B = {b:,} (N // B = {n // b:,} steps per epoch), delta = 1/N, add-remove. Each entry is "
              "the smallest noise multiplier sigma meeting the target. Allocation is accounted by its PLD (what a "
              "plan uses) and, for comparison, by RDP beside `Poisson (RDP)`, Poisson under the same RDP "
              "conversion. Shuffle: "
@@ -110,8 +115,13 @@ def render(result: dict) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="epochs 1, 4, 16 and targets 1, 4, 12 only")
+    h.add_smoke(parser, out=True)
     args = parser.parse_args(argv)
     args.argv = list(argv)
+    args.dataset_size, args.batch_size = N, B
+    args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
+    args.targets = QUICK_TARGETS if args.quick else TARGETS
+    h.apply_smoke(parser, args, argv, SMOKE)
     return args
 
 
@@ -122,9 +132,9 @@ def settings(args: argparse.Namespace) -> dict:
     from budgetplan.planning import calibrate
 
     return h.settings_record("batch_selection.py", args.argv, {
-        "quick": args.quick, "dataset_size": N, "batch_size": B, "delta": DELTA, "adjacency": "add-remove",
-        "epochs": list(QUICK_EPOCHS if args.quick else EPOCHS),
-        "targets": list(QUICK_TARGETS if args.quick else TARGETS),
+        "quick": args.quick, "dataset_size": args.dataset_size, "batch_size": args.batch_size,
+        "delta": 1 / args.dataset_size, "adjacency": "add-remove", "epochs": list(args.epochs),
+        "targets": list(args.targets),
         "poisson": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL},
         "allocation": {"pld": {"fineness": allocation_pld.FINENESS,
                                "grid_step": [allocation_pld.MIN_GRID_STEP, allocation_pld.MAX_GRID_STEP],
@@ -139,9 +149,9 @@ def settings(args: argparse.Namespace) -> dict:
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     cells = []
-    for epochs in (QUICK_EPOCHS if args.quick else EPOCHS):
-        for target in (QUICK_TARGETS if args.quick else TARGETS):
-            c = cell(epochs, target)
+    for epochs in args.epochs:
+        for target in args.targets:
+            c = cell(epochs, target, args.dataset_size, args.batch_size)
             print(f"epochs {epochs:>2} eps {target:>4g}: poisson {c['poisson_pld']:.4f}, allocation "
                   f"{c['allocation']:.4f} ({c['allocation_over_poisson_pld']:.4f} of Poisson), shuffle "
                   f"{c['shuffle_lower']:.3f}..{c['shuffle_upper']:.3f} ({c['seconds']:.1f} s)", flush=True)
@@ -149,7 +159,7 @@ def main(argv: list[str]) -> None:
     result = {"settings": settings(args), "machine": h.machine(), "cells": cells,
               "worst_allocation_over_poisson_pld": max(c["allocation_over_poisson_pld"] for c in cells),
               "best_allocation_over_poisson_pld": min(c["allocation_over_poisson_pld"] for c in cells)}
-    print(h.save_results(h.RESULTS, "batch_selection", result, render))
+    print(h.save_results(args.out, "batch_selection", result, render))
     sys.exit(0 if all(math.isfinite(c["allocation"]) for c in cells) else 1)
 
 

@@ -18,13 +18,12 @@ Peer and ours alternate for ``--repeats`` rounds (the machine's other work weigh
 the speed-up is the ratio of their medians, with each round's ratio and the load average
 beside it. Writes ``benchmarks/results/calibration.json`` and ``calibration.md``. Not a test: run it
 with ``python benchmarks/calibration.py`` (about two minutes; ``--quick`` skips the 1e-5
-reference and the peer's mixture evaluation).
+reference and the peer's mixture evaluation; ``--smoke --out DIR``: ``--quick`` with one round).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -42,13 +41,12 @@ USER = dict(cap=8, epochs=3, target=2.0, delta=1e-7)
 RESULTS = h.RESULTS
 PEER = {"accountant": "PLDAccountant", "discretization": 1e-4, "tol": 1e-3}
 REFERENCE = {"accountant": "PLDAccountant", "discretization": 1e-5, "tol": 1e-5, "bracket": [0.99, 1.01]}
+# --smoke: one round of the peer against ours and the user level; the 1e-5 reference (a minute) as --quick skips it
+SMOKE = {"quick": True, "repeats": 1}
 
 
 def _clear_caches() -> None:
-    from budgetplan.accounting import fastpld
-
-    for name in ("_gaussian_pmf", "_mog_pmf", "_rr_pmf"):
-        getattr(fastpld, name).cache_clear()
+    h.clear_pld_caches()
 
 
 def _event(sigma: float, steps: int = STEPS, q: float = Q):
@@ -127,8 +125,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the slow 1e-5 reference and peer MoG run")
     parser.add_argument("--repeats", type=int, default=5)
+    h.add_smoke(parser, out=True)
     args = parser.parse_args(argv)
     args.argv = list(argv)
+    h.apply_smoke(parser, args, argv, SMOKE)
     return args
 
 
@@ -186,10 +186,7 @@ def main(argv: list[str]) -> None:
                                "ours_not_below": cal.value >= ref}
     result["user_level"] = user_level(args.quick)
 
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "calibration.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "calibration.md").write_text(_markdown(result))
-    print(_markdown(result))
+    print(h.save_results(args.out, "calibration", result, _markdown))
 
 
 def _markdown(r: dict) -> str:

@@ -18,7 +18,8 @@ The rows kept (N), rows in, units and units over K must agree between the engine
 size both ran: the benchmark asserts it and records it. The load average (1, 5, 15 min) is
 recorded before and after each step: the machine may be shared. Not a test:
 ``python benchmarks/data_scale.py`` (about 40 minutes on 2 cores); writes
-``results/data_scale.json`` and ``.md``.
+``results/data_scale.json`` and ``.md``. ``--smoke --out DIR``: synth and the local cap of 1,000 rows in
+two shards; Spark skipped (its JVM alone takes longer to start than a smoke run may).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ SHAPE = "pctr"
 USERS_PER_ROW = 5
 SAMPLE_SECONDS = 0.25
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# --smoke: every step but Spark's, on two shards of a tiny table
+SMOKE = {"rows": [1_000], "shard_rows": 500, "cap": 2}
+SMOKE_NO_SPARK = ("not in a smoke run: Spark's local JVM takes about 40 s to start "
+                  "(tests/trainers/test_prepare_spark.py, a slow test, checks the Spark cap against the local one)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -59,8 +64,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--spark-timeout", type=float, default=1200.0, help="seconds before a Spark cap is killed")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
+    h.add_smoke(ap)
     args = ap.parse_args(argv)
     args.argv = list(argv)
+    h.apply_smoke(ap, args, argv, SMOKE)
     if not args.rows or min(args.rows) < USERS_PER_ROW:
         ap.error(f"--rows must be sizes of at least {USERS_PER_ROW}, got {args.rows}")
     for what, value in (("--cap", args.cap), ("--shard-rows", args.shard_rows), ("--spark-max-rows",
@@ -206,8 +213,9 @@ def run(args) -> dict:
             size["cap_local"] |= {"bytes_on_disk": _disk(local_out), **counts}
             shutil.rmtree(local_out, ignore_errors=True)
             bar.advance(task)
-            if rows > args.spark_max_rows:
-                size["cap_spark"] = {"skipped": f"{rows:,} rows is above --spark-max-rows {args.spark_max_rows:,}"}
+            if args.smoke or rows > args.spark_max_rows:
+                size["cap_spark"] = {"skipped": SMOKE_NO_SPARK if args.smoke else
+                                     f"{rows:,} rows is above --spark-max-rows {args.spark_max_rows:,}"}
             else:
                 bar.update(task, description=f"{rows:,}: cap (spark {args.spark_master})")
                 memory = {"PYSPARK_SUBMIT_ARGS": f"--driver-memory {args.spark_driver_memory} pyspark-shell"}

@@ -24,7 +24,8 @@ starts the model's intercept at the debiased base rate of its labels (since comm
 so a rerun's AUCs may differ from the recorded ones; both arms of the comparison start alike.
 
 Not a test: ``python benchmarks/distributed.py`` (about 20 minutes on 2 cores at the
-defaults); writes ``results/distributed.json`` and ``.md``.
+defaults); writes ``results/distributed.json`` and ``.md``. ``--smoke --out DIR``: one seed of 8,000 rows
+(the pinned DP-SGD batch of 4,096 needs N above it), 1 and 2 processes (gloo), each audited.
 """
 
 from __future__ import annotations
@@ -66,8 +67,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--nproc", default="2", help="comma-separated process counts compared with 1")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
+    h.add_smoke(ap)
     args = ap.parse_args(argv)
     args.argv = list(argv)
+    # --smoke: the pinned plan, one seed, the least data it plans on; 2 processes as in the real run
+    h.apply_smoke(ap, args, argv, {"rows": 8_000, "seeds": 1, "nproc": "2"})
     for what, value in (("--rows", args.rows), ("--seeds", args.seeds)):
         if value < 1:
             ap.error(f"{what} must be at least 1, got {value}")
@@ -146,7 +150,7 @@ def settings(args: argparse.Namespace) -> dict:
 
 
 def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, baseline_auc: float) -> dict:
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
     from trainers.run import RunOptions, execute_plan
 
     training, dpsgd, _ = _train_settings()

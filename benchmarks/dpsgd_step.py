@@ -56,7 +56,8 @@ Writes ``benchmarks/results/dpsgd_step.json`` and ``dpsgd_step.md`` (``dpsgd_ste
 GPU). Not a test: run it with
 ``python benchmarks/dpsgd_step.py [--device cuda] [--threads 1] [--quick]`` (about 13 minutes
 on 2 CPU cores). ``--quick`` runs batch 4,096 for every shape, 1 warm-up and 2 timed steps, one
-round. ``--render`` rewrites the markdown from the existing JSON.
+round. ``--render`` rewrites the markdown from the existing JSON. ``--smoke --out DIR``: every mode,
+Opacus's two included, at one reduced shape and batch 64, 1 warm-up and 1 timed step, one round.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ TIMED_BUDGET = 60.0  # seconds of timed steps per mode at most (at least one ste
 FAST_BUDGET, MAX_STEPS = 10.0, 50  # fast steps: time up to MAX_STEPS of them within about FAST_BUDGET s
 REPEAT_BELOW = 5.0  # with --rounds > 1, only modes whose first median step is below this are repeated
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
+# --smoke: one small case (Opacus's default mode fits it) through every mode, each in its own process as always
+SMOKE = {"warmup": 1, "steps": 1, "rounds": 1, "threads": 1}
+SMOKE_CASES = [("attribution-reduced", 64, True)]
 
 
 def cases(quick: bool) -> list[tuple[str, int, bool]]:
@@ -349,14 +353,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--shapes", default=None, help="comma-separated subset of the shapes")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    h.add_smoke(parser, out=True)
     args = parser.parse_args(argv)
     args.argv = list(argv)
+    h.apply_smoke(parser, args, argv, SMOKE)
     # what --quick and the defaults resolve to (settings() records them, main() runs them)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.steps = args.steps if args.steps is not None else (2 if args.quick else 5)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.mode_list = [m for m in args.modes.split(",") if m]
-    args.todo = cases(args.quick)
+    args.todo = SMOKE_CASES if args.smoke else cases(args.quick)
     if args.shapes:
         keep = set(args.shapes.split(","))
         args.todo = [c for c in args.todo if c[0] in keep]
@@ -382,8 +388,8 @@ def main(argv: list[str]) -> None:
         return
     stem = h.results_name("dpsgd_step", args.device)
     if args.render:
-        result = json.loads((h.RESULTS / f"{stem}.json").read_text())
-        (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
+        result = json.loads((args.out / f"{stem}.json").read_text())
+        (args.out / f"{stem}.md").write_text(_markdown(result))
         print(_markdown(result))
         return
 
@@ -444,10 +450,7 @@ def main(argv: list[str]) -> None:
               "targets": {"ours_over_nonprivate_time": "<= 1.3", "ours_over_nonprivate_memory": "<= 1.3",
                           "opacus_over_ours": ">= 3 (time and memory, both Opacus modes)"},
               "runs": runs, "ratios": ratios}
-    h.RESULTS.mkdir(exist_ok=True)
-    (h.RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
-    print(_markdown(result))
+    print(h.save_results(args.out, stem, result, _markdown))
 
 
 def _fmt(x, spec=".2f", unit=""):

@@ -29,7 +29,8 @@ run it with ``python benchmarks/epoch_throughput.py [--device cuda] [--threads 1
 (about 2.5 minutes on 2 CPU cores); ``--threads N`` sets torch's threads in the training
 children only (1 is far steadier on a small shared machine; the release and the bandwidth
 keep all threads); ``--quick`` times 3 steps at batch 4,096 over 2^18 rows and the release
-over 4M rows (2 runs); ``--render`` rewrites the markdown from the existing JSON.
+over 4M rows (2 runs); ``--render`` rewrites the markdown from the existing JSON; ``--smoke --out DIR``
+runs both modes and the release at a reduced shape and tiny sizes (a few seconds).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ STEP_LIMIT = 120.0
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 DPSGD = {"optimizer": "sgd", "lr": LR, "cosine_decay": True}  # the DP-SGD phase as the Hybrid paper runs it
 WALR_FEATURES, BANDWIDTH_BYTES, BANDWIDTH_REPEATS = 20, 2 << 30, 5
+# --smoke: both modes (each in its own process) at one reduced shape, the release and the bandwidth, all tiny
+SMOKE = {"shapes": "attribution-reduced", "rows": 4096, "batch": 256, "steps": 2, "warmup": 1, "threads": 1,
+         "walr_rows": 20_000, "walr_repeats": 1, "bandwidth_bytes": 8 << 20}
 
 
 def child(spec: dict) -> None:
@@ -247,8 +251,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="torch.set_num_threads in the training children (the WALR part keeps all threads)")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    h.add_smoke(parser, out=True)
     args = parser.parse_args(argv)
     args.argv = list(argv)
+    args.bandwidth_bytes = BANDWIDTH_BYTES
+    h.apply_smoke(parser, args, argv, SMOKE)
     # what --quick and the defaults resolve to (settings() records them, main() runs them)
     args.steps = args.steps or (3 if args.quick else 20)
     args.batch = args.batch or (4096 if args.quick else 16384)
@@ -273,7 +280,7 @@ def settings(args: argparse.Namespace) -> dict:
         "step_limit_seconds": args.step_limit,
         "torch_threads_training": args.threads, "shapes": {s: h.SHAPES[s] for s in args.shape_list},
         "walr": None if args.skip_walr else {"rows": args.walr_rows, "features": WALR_FEATURES,
-                                             "repeats": args.walr_repeats, "bandwidth_bytes": BANDWIDTH_BYTES,
+                                             "repeats": args.walr_repeats, "bandwidth_bytes": args.bandwidth_bytes,
                                              "bandwidth_repeats": BANDWIDTH_REPEATS}})
 
 
@@ -284,8 +291,8 @@ def main(argv: list[str]) -> None:
         return
     stem = h.results_name("epoch_throughput", args.device)
     if args.render:
-        result = json.loads((h.RESULTS / f"{stem}.json").read_text())
-        (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
+        result = json.loads((args.out / f"{stem}.json").read_text())
+        (args.out / f"{stem}.md").write_text(_markdown(result))
         print(_markdown(result))
         return
 
@@ -319,7 +326,7 @@ def main(argv: list[str]) -> None:
     release = None
     if not args.skip_walr:
         print("[epoch_throughput] memory bandwidth and WALR release ...", file=sys.stderr, flush=True)
-        bw = bandwidth(args.device, BANDWIDTH_BYTES, BANDWIDTH_REPEATS)
+        bw = bandwidth(args.device, args.bandwidth_bytes, BANDWIDTH_REPEATS)
         rel = walr(args.device, walr_rows, WALR_FEATURES, args.walr_repeats)
         rel["fraction_of_read_bandwidth"] = rel["bytes_per_s"] / bw["read_bytes_per_s"]
         rel["best_fraction_of_read_bandwidth"] = rel["best_bytes_per_s"] / bw["read_bytes_per_s"]
@@ -330,14 +337,15 @@ def main(argv: list[str]) -> None:
                           "torch_threads_walr": torch.get_num_threads()},
               "versions": h.versions(), "quick": args.quick, "extrapolated_to_rows": EPOCH_ROWS,
               "settings": settings(args), "runs": runs, "walr": release}
-    h.RESULTS.mkdir(exist_ok=True)
-    (h.RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (h.RESULTS / f"{stem}.md").write_text(_markdown(result))
-    print(_markdown(result))
+    print(h.save_results(args.out, stem, result, _markdown))
 
 
 def _duration(s: float) -> str:
     return f"{s:,.0f} s ({s / 3600:.2f} h)" if s >= 3600 else f"{s:,.0f} s ({s / 60:.1f} min)"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:g} MiB"
 
 
 def _markdown(r: dict) -> str:
@@ -399,10 +407,11 @@ def _markdown(r: dict) -> str:
                   f"{rel['rows_per_s']:,.0f} | {rel['bytes_per_s'] / 1e9:.2f} |"),
                   (f"| WALR release, best run | {rel['seconds_min']:.3f} | {rel['best_rows_per_s']:,.0f} | "
                   f"{rel['best_bytes_per_s'] / 1e9:.2f} |")]
-        for key, label in (("numpy_sum_bytes_per_s", "numpy sum of 2 GiB float32 (1 thread)"),
-                           ("torch_sum_bytes_per_s", "torch sum of 2 GiB float32 (all threads)"),
-                           ("numpy_copy_bytes_per_s", "numpy copy of 2 GiB (read + write counted)"),
-                           ("torch_copy_bytes_per_s", "torch copy of 2 GiB (read + write counted)")):
+        size = _size(bw["array_bytes"])
+        for key, label in (("numpy_sum_bytes_per_s", f"numpy sum of {size} float32 (1 thread)"),
+                           ("torch_sum_bytes_per_s", f"torch sum of {size} float32 (all threads)"),
+                           ("numpy_copy_bytes_per_s", f"numpy copy of {size} (read + write counted)"),
+                           ("torch_copy_bytes_per_s", f"torch copy of {size} (read + write counted)")):
             if key in bw:
                 lines.append(f"| {label} | | | {bw[key] / 1e9:.2f} |")
         lines += ["", (f"Release bytes/s: **{rel['fraction_of_read_bandwidth']:.0%} of the measured read bandwidth** "

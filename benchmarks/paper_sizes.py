@@ -14,7 +14,8 @@ sum over the process and its children, every 0.5 s):
 
 Not a test: ``python benchmarks/paper_sizes.py`` (about 40 minutes at 40M rows on 2 cores);
 writes ``results/paper_sizes.json`` and ``.md``. ``--rows 4000000 --nproc 1,2 --name
-paper_sizes_4m`` gives the processes' scaling table at a size two processes fit twice.
+paper_sizes_4m`` gives the processes' scaling table at a size two processes fit twice. ``--smoke --out DIR``:
+every command at 2,000 rows and batch 256, one process (distributed.py's smoke runs two).
 
 Pinned at what ``results/paper_sizes.json`` was measured with (a 40M-row run takes hours):
 the DP-SGD step size 0.01 (the default then; the automatic 0.12 / sqrt(T) came later, and
@@ -50,8 +51,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=None, help="where data and runs go (default: a fresh temp dir)")
     ap.add_argument("--name", default="paper_sizes")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
+    h.add_smoke(ap)
     args = ap.parse_args(argv)
     args.argv = list(argv)
+    h.apply_smoke(ap, args, argv, {"rows": 2_000, "batch": 256, "nproc": "1"})
     if args.rows < 1 or args.batch < 1:
         ap.error("--rows and --batch must be at least 1")
     try:

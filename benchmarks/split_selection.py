@@ -15,8 +15,9 @@ Reported: relative AUC loss (mean +- std) and which alpha each tuned run selecte
 difference to the default is what the selection gained (negative) or cost (positive).
 
 Not a test: ``python benchmarks/split_selection.py --jobs 2`` (2 shapes x 3 seeds x 2
-epsilons x 3 plans at 1,000,000 rows: about an hour on 2 CPU cores); ``--quick`` for a smoke
-run. Writes ``<out>/split_selection.json`` and ``.md``.
+epsilons x 3 plans at 1,000,000 rows: about an hour on 2 CPU cores); ``--quick`` for a short
+run; ``--smoke --out DIR`` runs every plan (the default and both grids) once at 4,000 rows. Writes
+``<out>/split_selection.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ EPSILONS = (3.0, 8.0)
 GRIDS = {"3 splits": ("alpha=0.25", "alpha=0.5", "alpha=0.75"),
          "5 splits": ("alpha=0", "alpha=0.25", "alpha=0.5", "alpha=0.75", "alpha=1")}
 QUICK = {"rows": 20_000, "seeds": 1, "epsilons": "8", "shapes": "mixed"}
+SMOKE = {"rows": 4_000, "seeds": 1, "epsilons": "8", "shapes": "mixed", "jobs": 1}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,9 +52,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
     ap.add_argument("--name", default=None)
+    h.add_smoke(ap)
     args = ap.parse_args(argv)
     args.argv = list(argv)
     h.apply_quick(args, argv, QUICK)
+    h.apply_smoke(ap, args, argv, SMOKE)
     args.name = args.name or ("split_selection_quick" if args.quick else "split_selection")
     args.users = max(1, args.rows // 5)
     args.shape_list = [s for s in args.shapes.split(",") if s]

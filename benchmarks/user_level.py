@@ -24,7 +24,8 @@ The scenarios state their calibration and have no RR phase, so they plan today w
 planned then; with no RR phase the RR settings are never read, and the record leaves them out.
 
 Not a test: ``python benchmarks/user_level.py`` (about 35 minutes on 2 cores at the
-defaults; ``--rows 100000`` takes 4); writes ``results/user_level.json`` and ``.md``.
+defaults; ``--rows 100000`` takes 4); writes ``results/user_level.json`` and ``.md``. ``--smoke --out DIR``:
+K = 1 and 2 (both arms) on one seed of 2,000 rows at batch 64.
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--adjacency", choices=("replace-one", "add-remove"), default="replace-one")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)), help="comma-separated K")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
+    h.add_smoke(ap)
     args = ap.parse_args(argv)
     args.argv = list(argv)
+    # --smoke: K = 1 (one arm) and K = 2 (both), so every branch; a batch the capped rows can take
+    h.apply_smoke(ap, args, argv, {"rows": 2_000, "seeds": 1, "caps": "1,2", "batch": 64})
     if args.rows < 100 or args.seeds < 1:
         ap.error(f"--rows must be at least 100 and --seeds at least 1, got {args.rows} and {args.seeds}")
     if not 0 < args.epsilon < float("inf"):
@@ -146,7 +150,7 @@ def _capped(train: Path, k: int, seed: int, work: Path) -> tuple[Path, int, int]
 
 
 def _one(args, plan, train, evaluation, seed: int, baseline_auc: float, out: Path) -> dict:
-    from budgetplan.audit import audit_run
+    from trainers.audit import audit_run
     from trainers.run import RunOptions, execute_plan
 
     training, dpsgd, _ = _train_settings()

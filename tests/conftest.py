@@ -34,6 +34,14 @@ SLOW = {
     "tests/trainers/test_unit_ranks.py::test_a_two_process_unit_run_audits_clean_with_batch_sizes_in_units",  # [31]
     "tests/trainers/test_canary.py::test_noise_halved_is_caught_by_the_audit_of_the_model",  # [23]
     "tests/trainers/test_canary.py::test_clipping_off_is_caught_by_the_audit_of_the_model",  # [18]
+    # the benchmarks' smoke runs (tests/test_benchmark_smoke.py) that train or start several processes; the others
+    # (batch_selection, calibration, epoch_throughput, split_grid, data_scale) stay in the default run
+    "tests/test_benchmark_smoke.py::test_smoke_run[user_level]",  # [52-69] 4 trainings + audits, tight K = 2 accounting
+    "tests/test_benchmark_smoke.py::test_smoke_run[dpsgd_step]",  # [42-67] 5 children, each importing torch and Opacus
+    "tests/test_benchmark_smoke.py::test_smoke_run[one_run_audit]",  # [35-38] 6 canary runs, then the step audits
+    "tests/test_benchmark_smoke.py::test_smoke_run[split_selection]",  # [33-45] 9 trainings and the baselines
+    "tests/test_benchmark_smoke.py::test_smoke_run[distributed]",  # [29-39] a baseline, 1 and 2 processes, audits
+    "tests/test_benchmark_smoke.py::test_smoke_run[paper_sizes]",  # [22-25] synth, plan, train and audit, each a CLI
     # the docs' examples, page by page (tests/docs/test_examples.py); the pages not listed take under 15 s
     "tests/docs/test_examples.py::test_examples_run[docs/guide/audit.md]",  # a run, its empirical and one-run audits
     "tests/docs/test_examples.py::test_examples_run[docs/guide/train.md]",  # plan, then train at 200,000 rows

@@ -74,7 +74,7 @@ from trainers.data.encode import encode, hash_value
 from trainers.data.loaders import read_table
 from trainers.fit import model_logits
 from trainers.models import build_model
-from trainers.outputs import INITIAL_MODEL, check_out
+from trainers.outputs import CANARY_DATA, INITIAL_MODEL, check_out
 from trainers.randomness import Randomness
 from trainers.run import execute_plan
 from trainers.settings import RunOptions, TrainSettings
@@ -82,7 +82,6 @@ from trainers.settings import RunOptions, TrainSettings
 __all__ = ["CANARY_DATA", "audit_scenario", "canary_audit", "insert_canaries", "score_canaries",
            "check_canary_plan"]
 
-CANARY_DATA = Path(PRIVATE_DIR) / "canary_data.parquet"  # the data trained on: the owner's rows and the canaries
 SCORE = ("the model's logit on the canary minus the initial model's (a query of the released model; the "
          "initialisation is drawn independently of the data)")
 

@@ -17,9 +17,11 @@ from trainers.data.fingerprint import new_key, write_key
 from trainers.fit import predict
 from trainers.metrics import evaluate_model
 
-__all__ = ["INITIAL_MODEL", "check_out", "fingerprint_keys", "evaluate", "write_run", "save_initial"]
+__all__ = ["INITIAL_MODEL", "CANARY_DATA", "check_out", "fingerprint_keys", "evaluate", "write_run", "save_initial"]
 
 INITIAL_MODEL = "initial_model.pt"  # under private/, with keep_initial
+# a canary run's training data (the owner's rows and the canaries), written before training
+CANARY_DATA = Path(PRIVATE_DIR) / "canary_data.parquet"
 
 
 def check_out(out_dir, *, resume: bool = False) -> Path | None:
@@ -41,12 +43,21 @@ def check_out(out_dir, *, resume: bool = False) -> Path | None:
     if not resume and out.is_dir():
         if (out / "ledger.jsonl").exists() or (out / PRIVATE_DIR / "ledger.jsonl").exists():
             raise InvalidParameterError(f"{out} holds an interrupted run: resume it, or choose a new --out")
-        held = sorted(p.name for p in out.iterdir() if p.name != ".lock" and not is_temporary(p.name))
+        held = sorted(p.name for p in out.iterdir() if not _ours(p))
         if held:
             raise InvalidParameterError(f"--out {out} is not empty (it holds {held[0]!r}): choose a new or empty "
                                         "directory, or --resume the run there")
     check_writable(out)
     return out
+
+
+def _ours(entry: Path) -> bool:
+    """What a new run's directory may already hold: the lock, a killed writer's temporary files, and the
+    private directory holding only a canary run's data (``trainers.canary`` writes it before training)."""
+    if entry.name == ".lock" or is_temporary(entry.name):
+        return True
+    return (entry.name == PRIVATE_DIR and entry.is_dir()
+            and {q.name for q in entry.iterdir()} <= {CANARY_DATA.name})
 
 
 def fingerprint_keys(fingerprint_key: bytes | None) -> tuple[bytes, bytes | None]:

@@ -31,6 +31,8 @@ def data(tmp_path_factory):
 
 def rr_plan(n, *, eps=2.0, extra_privacy="", rr_extra=""):
     text = demo_scenario(epsilon=eps, dataset_size=n, spec=SYNTH_FEATURES, epochs=1)
+    if n < 1024:  # an RR batch never exceeds N
+        text = text.replace("batch_size = 1024", f"batch_size = {n}")
     if extra_privacy:
         text = text.replace('unit = "impression"', extra_privacy)
     if rr_extra:

@@ -135,7 +135,7 @@ def settings(args: argparse.Namespace) -> dict:
         "quick": args.quick, "dataset_size": args.dataset_size, "batch_size": args.batch_size,
         "delta": 1 / args.dataset_size, "adjacency": "add-remove", "epochs": list(args.epochs),
         "targets": list(args.targets),
-        "poisson": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL},
+        "poisson": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate.REL_TOL},
         "allocation": {"pld": {"fineness": allocation_pld.FINENESS,
                                "grid_step": [allocation_pld.MIN_GRID_STEP, allocation_pld.MAX_GRID_STEP],
                                "discretization": DEFAULT_DISCRETIZATION},

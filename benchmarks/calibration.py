@@ -142,7 +142,7 @@ def settings(args: argparse.Namespace) -> dict:
         "case": {"dataset_size": N, "batch_size": B, "epochs": EPOCHS, "steps": STEPS, "sampling_rate": Q,
                  "target_epsilon": TARGET, "delta": DELTA},
         "user_level": USER, "peer": PEER, "reference": None if args.quick else REFERENCE,
-        "ours": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate._REL_TOL,
+        "ours": {"discretization": DEFAULT_DISCRETIZATION, "relative_tolerance": calibrate.REL_TOL,
                  "verify": True, "caches_cleared": True}})
 
 

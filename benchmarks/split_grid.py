@@ -53,7 +53,7 @@ def settings(args: argparse.Namespace) -> dict:
         "command": args.command, **(SMOKE_GRID if args.smoke else {"epsilons": PAPER_EPSILONS, "alphas": PAPER_ALPHAS}),
         "adjacency": "replace-one",
         "accountant": "pld", "discretization": DEFAULT_DISCRETIZATION,
-        "relative_tolerance": calibrate._REL_TOL, "target_seconds": TARGET_SECONDS, "rounds": args.rounds,
+        "relative_tolerance": calibrate.REL_TOL, "target_seconds": TARGET_SECONDS, "rounds": args.rounds,
         "jobs": "auto (the CLI's default: the free CPUs, in separate processes)"})
 
 

@@ -1,7 +1,7 @@
 """The exception tree of budgetplan.
 
 Every failure a user can cause is one of these; the CLI maps them to exit codes in one
-place (``budgetplan.cli._shell``) and prints one line, never a traceback.
+place (``budgetplan.cli.shell``) and prints one line, never a traceback.
 
     BudgetplanError                      base of everything below
     ├── InvalidParameterError            exit 2: a value is not finite, out of range, not an integer

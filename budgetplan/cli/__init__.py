@@ -11,13 +11,13 @@ from collections.abc import Sequence
 import click
 
 from budgetplan import __version__
-from budgetplan.cli._shell import Group
 from budgetplan.cli.data_cmd import data
 from budgetplan.cli.dpsgd_cmd import dpsgd
 from budgetplan.cli.export_cmd import export
 from budgetplan.cli.plan_cmds import audit, examples, plan, show, statement, verify
 from budgetplan.cli.plot_cmds import plot
 from budgetplan.cli.release_cmds import gaussian, group, rr
+from budgetplan.cli.shell import Group
 from budgetplan.cli.split_cmd import split
 from budgetplan.cli.train_cmds import demo, train
 

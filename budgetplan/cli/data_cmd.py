@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from budgetplan.cli._shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
 from budgetplan.cli.prep_cmds import ENGINE, SPARK_MASTER, cap, split
+from budgetplan.cli.shell import POSITIVE, UNIT_CAP, bounded_int, console, emit_json, warn
 from budgetplan.limits import MAX_DATASET_SIZE, MAX_SYNTH_ROWS
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def synth(rows: int, users: int, out: str, seed: int, fmt: str | None, shape: st
     if as_json:
         emit_json(summary)
         return
-    from budgetplan.cli._render import params_table
+    from budgetplan.cli.render import params_table
 
     shards = [("shards", f"{len(summary['shards'])} of at most {summary['shard_rows']:,} rows")] \
         if directory_out else []
@@ -239,7 +239,7 @@ def _exact_count(data_path: str, unit_id: str, caps: Sequence[int], data_format:
     if as_json:
         emit_json(result)
         return
-    from budgetplan.cli._render import results_table
+    from budgetplan.cli.render import results_table
 
     console().print(results_table(
         f"{data_path}: {result['rows']:,} rows, {result['units']:,} units (at most {result['max_per_unit']:,} rows "
@@ -283,7 +283,7 @@ def _dp_count(data_path: str, unit_id: str | None, cap: int, epsilon: float, see
                                          "size_release_epsilon": epsilon}},
                    "notes": notes})
         return
-    from budgetplan.cli._render import params_table
+    from budgetplan.cli.render import params_table
 
     console().print(params_table(f"{data_path}: a DP count of the rows" + (f" after capping at K = {cap}"
                                                                            if cap > 1 else ""), [

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from budgetplan.cli._render import fmt, params_table, results_table
-from budgetplan.cli._shell import (
+from budgetplan.cli.release_cmds import accountant_row, guarantee_table, head_guarantee, result_dict, unit_of_cap
+from budgetplan.cli.render import fmt, params_table, results_table
+from budgetplan.cli.shell import (
     BATCH_SIZE,
     DATASET_SIZE,
     EPOCHS,
@@ -33,15 +34,14 @@ from budgetplan.cli._shell import (
     emit_json,
     warn,
 )
-from budgetplan.cli.release_cmds import _guarantee_table, _head, _result, _row, _unit
 from budgetplan.errors import BudgetplanError, InvalidParameterError
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from budgetplan.accounting.guarantee import Guarantee
-    from budgetplan.cli._render import Cell
-    from budgetplan.cli.release_cmds import _Row
+    from budgetplan.cli.release_cmds import AccountantRow
+    from budgetplan.cli.render import Cell
     from budgetplan.mechanisms import PoissonDPSGD, TruncatedPoissonDPSGD
     from budgetplan.planning.calibrate import Calibration
     from budgetplan.units import PrivacyUnit
@@ -121,7 +121,7 @@ def dpsgd(noise_multiplier: float | None, epsilon: float | None, delta: float, d
     doubtful = delta_warning(delta, dataset_size) if dataset_size is not None else None
     if doubtful is not None:
         warn(doubtful)
-    unit = _unit(unit_cap)
+    unit = unit_of_cap(unit_cap)
     ctx: _Ctx = dict(delta=delta, batch_size=batch_size, unit=unit, unit_accounting=unit_accounting,
                adjacency=adjacency, discretization=discretization, max_batch_size=max_batch_size)
     chosen = list(_ACCOUNTANTS) if accountant == "all" else [accountant]
@@ -197,18 +197,18 @@ def _account(sigma: float, q: float, steps: int, n: int, method: str, ctx: _Ctx,
                    unit_accounting=unit_accounting or ctx["unit_accounting"], discretization=ctx["discretization"])
 
 
-def _user_level_rows(sigma: float, q: float, steps: int, n: int, ctx: _Ctx) -> list[_Row]:
+def _user_level_rows(sigma: float, q: float, steps: int, n: int, ctx: _Ctx) -> list[AccountantRow]:
     """What each way of bounding a unit's K examples costs, side by side."""
     rows = []
     if ctx["max_batch_size"] is None:
         tight = "mixture-of-gaussians" if ctx["adjacency"] == "add-remove" else "double-mixture-of-gaussians"
-        rows.append(_row(tight, lambda: _account(sigma, q, steps, n, "pld", ctx, "tight")))
-    rows.append(_row("group(pld)", lambda: _account(sigma, q, steps, n, "pld", ctx, "group")))
+        rows.append(accountant_row(tight, lambda: _account(sigma, q, steps, n, "pld", ctx, "tight")))
+    rows.append(accountant_row("group(pld)", lambda: _account(sigma, q, steps, n, "pld", ctx, "group")))
     if ctx["max_batch_size"] is None and ctx["adjacency"] == "add-remove":
-        rows.append(_row("group(rdp)", lambda: _account(sigma, q, steps, n, "rdp", ctx, "group")))
+        rows.append(accountant_row("group(rdp)", lambda: _account(sigma, q, steps, n, "rdp", ctx, "group")))
     if ctx["max_batch_size"] is None:
         # the other execution: units sampled at the same q, each unit's summed gradient clipped once
-        rows.append(_row("unit-sampling", lambda: _unit_sampled(sigma, q, steps, ctx)))
+        rows.append(accountant_row("unit-sampling", lambda: _unit_sampled(sigma, q, steps, ctx)))
     return rows
 
 
@@ -228,28 +228,28 @@ def _shape(q: float, steps: int, n: int, epochs: float | None, ctx: _Shape) -> d
 
 def _forward(sigma: float, q: float, steps: int, n: int, epochs: float | None, chosen: list[str], ctx: _Ctx,
              as_json: bool) -> None:
-    results = [_row(m, lambda m=m: _account(sigma, q, steps, n, m, ctx)) for m in chosen]
-    head = _head(results)
+    results = [accountant_row(m, lambda m=m: _account(sigma, q, steps, n, m, ctx)) for m in chosen]
+    head = head_guarantee(results)
     payload = {"epsilon": head.epsilon, "delta": ctx["delta"], "accountant": chosen[0],
                "adjacency": ctx["adjacency"], "noise_multiplier": sigma, **_shape(q, steps, n, epochs, ctx),
                "guarantee": head.to_dict()}
     if len(chosen) > 1:
-        payload["results"] = [_result(m, g, e) for m, g, e in results]
+        payload["results"] = [result_dict(m, g, e) for m, g, e in results]
     user_rows = _user_level_rows(sigma, q, steps, n, ctx) if ctx["unit"].cap > 1 else []
     if user_rows:
-        payload["unit_accounting_options"] = [_result(m, g, e) for m, g, e in user_rows]
+        payload["unit_accounting_options"] = [result_dict(m, g, e) for m, g, e in user_rows]
     if as_json:
         emit_json(payload)
         return
     out = console()
     out.print(_params(sigma, q, steps, n, epochs, ctx))
     if user_rows and len(chosen) == 1:
-        out.print(_guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples "
+        out.print(guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples "
                                               f"(first: {results[0][1].method if results[0][1] else chosen[0]})"))
         return
-    out.print(_guarantee_table(results))
+    out.print(guarantee_table(results))
     if user_rows:
-        out.print(_guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples"))
+        out.print(guarantee_table(user_rows, f"Ways of bounding a unit of {ctx['unit'].cap} examples"))
 
 
 def _calibrate(epsilon: float, q: float, steps: int, n: int, epochs: float | None, chosen: list[str], ctx: _Ctx,
@@ -279,7 +279,7 @@ def _calibrate(epsilon: float, q: float, steps: int, n: int, epochs: float | Non
                "guarantee": head.guarantee.to_dict()}
     if len(chosen) > 1:
         payload["results"] = [
-            {"accountant": m, "noise_multiplier": c.value, **_result(m, c.guarantee, None)} if c else
+            {"accountant": m, "noise_multiplier": c.value, **result_dict(m, c.guarantee, None)} if c else
             {"accountant": m, "noise_multiplier": None, "error": str(e)} for m, c, e in cals]
     if as_json:
         emit_json(payload)
@@ -378,7 +378,7 @@ def _epoch_selection(selection: str, sigma: float | None, epsilon: float | None,
         raise click.UsageError(f"--batch-size ({batch_size}) must not exceed --dataset-size ({n})")
     t, whole = bs.epoch_steps(dataset_size=n, batch_size=batch_size, epochs=epochs, steps=steps,
                               names=("--epochs", "--steps"))
-    unit = _unit(unit_cap)
+    unit = unit_of_cap(unit_cap)
     q = batch_size / n
 
     def guarantee(x: float, sampling: str = selection) -> Guarantee:
@@ -391,7 +391,7 @@ def _epoch_selection(selection: str, sigma: float | None, epsilon: float | None,
         assert epsilon is not None  # exactly one of the two, checked above
         sigma = solve_noise_multiplier(lambda x: guarantee(x).epsilon, epsilon=epsilon)
     head = guarantee(sigma)
-    poisson = _row("poisson", lambda: guarantee(sigma, "poisson"))
+    poisson = accountant_row("poisson", lambda: guarantee(sigma, "poisson"))
     lower = lower_epsilon(noise_multiplier=sigma, steps_per_epoch=t // whole, epochs=whole, delta=delta) \
         if selection == "shuffle" and unit.cap == 1 else None
     payload = {"batch_selection": selection, "epsilon": head.epsilon, "target_epsilon": epsilon, "delta": delta,

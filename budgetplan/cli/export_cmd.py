@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import console, emit_json
+from budgetplan.cli.render import fmt, results_table
+from budgetplan.cli.shell import console, emit_json
 
 __all__ = ["export"]
 

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from budgetplan.cli._render import fmt, params_table, results_table
-from budgetplan.cli._shell import console, emit_json, warn
+from budgetplan.cli.render import fmt, params_table, results_table
+from budgetplan.cli.shell import console, emit_json, warn
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,7 +21,7 @@ __all__ = ["plan", "show", "verify", "statement", "examples", "audit"]
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
-def _scenario(source: str) -> Scenario:
+def scenario_of(source: str) -> Scenario:
     from budgetplan.scenario import examples as ex
     from budgetplan.scenario.model import load_scenario, parse_scenario
 
@@ -106,7 +106,7 @@ def plan(scenario: str, output: str | None, as_json: bool) -> None:
 
     if output is not None:
         check_not_input(output, scenario)
-    sc = _scenario(scenario)
+    sc = scenario_of(scenario)
     for w in sc.warnings:
         warn(w)
     p = build_plan(sc)
@@ -154,7 +154,7 @@ def verify(plan_file: str, no_replan: bool, signed: str | None, as_json: bool) -
     """Recompute every guarantee of a plan; exit 1 naming each difference."""
     from budgetplan.audit.verify import verify_file
 
-    report = verify_file(plan_file, replan=not no_replan, signed=_scenario(signed) if signed else None)
+    report = verify_file(plan_file, replan=not no_replan, signed=scenario_of(signed) if signed else None)
     if as_json:
         emit_json({**report.to_dict(), "file": plan_file})
         if not report.ok:
@@ -277,7 +277,7 @@ def examples(name: str | None, as_json: bool) -> None:
 def audit(run: str, plan_path: str | None, data_path: str | None, key_path: str | None, data_format: str,
           empirical: bool, one_run: bool, signed: str | None, as_json: bool) -> None:
     """Re-account a run against its plan: exit 0 when every check holds, 1 naming each failure."""
-    signed_scenario = _scenario(signed) if signed else None
+    signed_scenario = scenario_of(signed) if signed else None
     if data_path is None and key_path is None and not (empirical or one_run):
         from budgetplan.audit import audit_run  # the record and ledger alone: no torch, no data
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from budgetplan.cli._shell import BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, bounded_int, console, emit_json
+from budgetplan.cli.shell import BATCH_SIZE, DATASET_SIZE, EPOCHS, OPEN_UNIT, POSITIVE, bounded_int, console, emit_json
 from budgetplan.limits import MAX_CURVES, MAX_PLOT_POINTS
 
 __all__ = ["plot"]

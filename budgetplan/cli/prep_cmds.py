@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from budgetplan.cli._shell import OPEN_UNIT, UNIT_CAP, console, emit_json
+from budgetplan.cli.shell import OPEN_UNIT, UNIT_CAP, console, emit_json
 
 __all__ = ["cap", "split", "ENGINE", "SPARK_MASTER"]
 
@@ -80,7 +80,7 @@ class _Key:
 
 
 def _show(title: str, manifest: dict[str, Any], out: Path) -> None:
-    from budgetplan.cli._render import params_table
+    from budgetplan.cli.render import params_table
 
     rows = [("rows after (N)", f"{manifest['rows']:,}"), ("rows before", f"{manifest['rows_in']:,}"),
             ("units", f"{manifest['units']:,}")]

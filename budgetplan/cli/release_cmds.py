@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import click
 
-from budgetplan.cli._render import fmt, params_table, results_table
-from budgetplan.cli._shell import OPEN_UNIT, POSITIVE, PROBABILITY, UNIT_CAP, console, emit_json
+from budgetplan.cli.render import fmt, params_table, results_table
+from budgetplan.cli.shell import OPEN_UNIT, POSITIVE, PROBABILITY, UNIT_CAP, console, emit_json
 from budgetplan.errors import BudgetplanError, UnsupportedError
 
 if TYPE_CHECKING:
     from rich.console import Group as RichGroup
 
     from budgetplan.accounting.guarantee import Guarantee
-    from budgetplan.cli._render import Cell
+    from budgetplan.cli.render import Cell
     from budgetplan.units import PrivacyUnit
 
 __all__ = ["rr", "gaussian", "group"]
@@ -28,16 +28,16 @@ _PER_COUNT_ROWS = 100
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 # One accountant's answer: its name, and its guarantee or why it has none.
-_Row: TypeAlias = "tuple[str, Guarantee | None, BudgetplanError | None]"
+AccountantRow: TypeAlias = "tuple[str, Guarantee | None, BudgetplanError | None]"
 
 
-def _unit(cap: int | None) -> PrivacyUnit:
+def unit_of_cap(cap: int | None) -> PrivacyUnit:
     from budgetplan.units import PrivacyUnit
 
     return PrivacyUnit.example() if not cap or cap == 1 else PrivacyUnit.capped(cap)
 
 
-def _row(accountant: str, fn: Callable[..., Guarantee]) -> _Row:
+def accountant_row(accountant: str, fn: Callable[..., Guarantee]) -> AccountantRow:
     """Run one accountant; an unsupported or failing one becomes a row that says why."""
     try:
         return accountant, fn(), None
@@ -45,7 +45,7 @@ def _row(accountant: str, fn: Callable[..., Guarantee]) -> _Row:
         return accountant, None, exc
 
 
-def _head(results: Sequence[_Row]) -> Guarantee:
+def head_guarantee(results: Sequence[AccountantRow]) -> Guarantee:
     """The first guarantee; if every accountant failed, the first failure, re-raised as is."""
     for _, g, _ in results:
         if g is not None:
@@ -85,20 +85,20 @@ def rr(epsilon: float | None, flip_probability: float | None, unit_cap: int | No
         epsilon = rr_math.epsilon_from_flip_probability(flip_probability)
     assert epsilon is not None  # given, or derived from --flip-probability above
     cap = unit_cap or 1
-    unit = _unit(cap)
+    unit = unit_of_cap(cap)
     splits = rr_per_example_epsilon(epsilon=epsilon, cap=cap, delta=delta)
     rule = "tight" if cap > 1 and delta > 0 else "eps/K"
     per = splits[rule]
     mech = RandomizedResponse(epsilon=per)
     chosen = ["exact", "pld", "rdp"] if accountant == "all" else [accountant]
-    results: list[_Row] = []
+    results: list[AccountantRow] = []
     for name in chosen:
         if name == "rdp" and delta == 0:
             results.append((name, None, UnsupportedError("rdp gives no pure-DP bound; pass --delta > 0")))
             continue
-        results.append(_row(name, lambda n=name: account(mech, delta=delta, adjacency="replace-one",
+        results.append(accountant_row(name, lambda n=name: account(mech, delta=delta, adjacency="replace-one",
                                                           unit=unit, method=n)))
-    head = _head(results)
+    head = head_guarantee(results)
     split_rows: list[dict[str, str | float]] = [
         {"rule": r, "per_impression_epsilon": e, "flip_probability": rr_math.flip_probability(e),
          "unit_epsilon": rr_math.composed_epsilon(e, cap, delta)}
@@ -116,7 +116,7 @@ def rr(epsilon: float | None, flip_probability: float | None, unit_cap: int | No
                      "flip_probability": rr_math.flip_probability(epsilon / k)} for k in counts]
         payload.update(split_rule=rule, splits=split_rows, per_count=by_count)
     if accountant == "all":
-        payload["results"] = [_result(n, g, err) for n, g, err in results]
+        payload["results"] = [result_dict(n, g, err) for n, g, err in results]
     if as_json:
         emit_json(payload)
         return
@@ -133,17 +133,17 @@ def rr(epsilon: float | None, flip_probability: float | None, unit_cap: int | No
              for s in split_rows]))
         out.print(f"A unit with K_i < {cap} impressions may use eps/K_i instead "
                   f"(K_i=1: {fmt(epsilon)}, K_i=2: {fmt(epsilon / 2)}, ...); the unit stays at eps.")
-    out.print(_guarantee_table(results))
+    out.print(guarantee_table(results))
 
 
-def _result(name: str, g: Guarantee | None, err: BudgetplanError | None) -> dict[str, object]:
+def result_dict(name: str, g: Guarantee | None, err: BudgetplanError | None) -> dict[str, object]:
     if g is None:
         return {"accountant": name, "epsilon": None, "error": str(err)}
     return {"accountant": name, "epsilon": g.epsilon, "delta": g.delta, "adjacency": g.adjacency.value,
             "method": g.method, "bound": g.bound, "guarantee": g.to_dict()}
 
 
-def _guarantee_table(results: Sequence[_Row], title: str = "Guarantee") -> RichGroup:
+def guarantee_table(results: Sequence[AccountantRow], title: str = "Guarantee") -> RichGroup:
     """The guarantees as a table, their notes once each underneath."""
     from rich.console import Group as RichGroup
     from rich.text import Text
@@ -191,7 +191,7 @@ def gaussian(epsilon: float | None, noise_std: float | None, delta: float, sensi
     if (epsilon is None) == (noise_std is None):
         raise click.UsageError("give exactly one of --epsilon or --noise-std")
     cap = unit_cap or 1
-    unit = _unit(cap)
+    unit = unit_of_cap(cap)
     if epsilon is not None:
         noise_std = gaussian_noise_std(epsilon=epsilon, delta=delta, sensitivity=sensitivity, cap=cap).value
         classical_std = gauss.classical_sigma(epsilon=epsilon, delta=delta, sensitivity=sensitivity * cap)
@@ -199,9 +199,9 @@ def gaussian(epsilon: float | None, noise_std: float | None, delta: float, sensi
     assert noise_std is not None  # given, or calibrated from --epsilon above
     mech = GaussianRelease(noise_std=noise_std, sensitivity=sensitivity)
     chosen = ["exact", "pld", "rdp"] if accountant == "all" else [accountant]
-    results = [_row(n, lambda n=n: account(mech, delta=delta, adjacency=adjacency, unit=unit, method=n))
+    results = [accountant_row(n, lambda n=n: account(mech, delta=delta, adjacency=adjacency, unit=unit, method=n))
                for n in chosen]
-    head = _head(results)
+    head = head_guarantee(results)
     if epsilon is None:
         cl = account(mech, delta=delta, adjacency=adjacency, unit=unit, method="classical")
         classical = {"epsilon": cl.epsilon, "valid": cl.bound != "invalid"}
@@ -209,7 +209,7 @@ def gaussian(epsilon: float | None, noise_std: float | None, delta: float, sensi
                "noise_std": noise_std, "sensitivity": sensitivity, "unit_sensitivity": sensitivity * cap,
                "unit": unit.to_dict(), "classical": classical, "guarantee": head.to_dict()}
     if accountant == "all":
-        payload["results"] = [_result(n, g, err) for n, g, err in results]
+        payload["results"] = [result_dict(n, g, err) for n, g, err in results]
     if as_json:
         emit_json(payload)
         return
@@ -218,7 +218,7 @@ def gaussian(epsilon: float | None, noise_std: float | None, delta: float, sensi
         ("unit", unit.describe()), ("adjacency", adjacency), ("sensitivity", sensitivity),
         ("unit sensitivity", sensitivity * cap), ("noise std", noise_std),
         ("noise std / unit sensitivity", noise_std / (sensitivity * cap))]))
-    out.print(_guarantee_table(results))
+    out.print(guarantee_table(results))
     if "noise_std" in classical:
         verdict = "valid (eps < 1), over-noised" if classical["valid"] else "OUTSIDE its validity (eps >= 1)"
         out.print(f"classical formula, for comparison only: noise std {fmt(classical['noise_std'])} - {verdict}")

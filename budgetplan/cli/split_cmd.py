@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import (
+from budgetplan.cli.render import fmt, results_table
+from budgetplan.cli.shell import (
     BATCH_SIZE,
     DATASET_SIZE,
     EPOCHS,

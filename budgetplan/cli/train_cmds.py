@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from budgetplan.cli._render import fmt, results_table
-from budgetplan.cli._shell import (
+from budgetplan.cli.data_cmd import SHAPE_NAMES
+from budgetplan.cli.render import fmt, results_table
+from budgetplan.cli.shell import (
     BATCH_SIZE,
     LEARNING_RATE,
     LEARNING_RATE_OR_AUTO,
@@ -25,7 +26,6 @@ from budgetplan.cli._shell import (
     emit_json,
     warn,
 )
-from budgetplan.cli.data_cmd import SHAPE_NAMES
 from budgetplan.limits import (
     MAX_DATASET_SIZE,
     MAX_EMBEDDING_DIM,
@@ -203,10 +203,10 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
 def _check_signed(plan: Plan, signed: str) -> None:
     """Refuse a plan whose embedded scenario differs from the signed-off one (``verify --scenario``)."""
     from budgetplan.audit.verify import verify_plan
-    from budgetplan.cli.plan_cmds import _scenario
+    from budgetplan.cli.plan_cmds import scenario_of
     from budgetplan.errors import PlanMismatchError
 
-    report = verify_plan(plan, replan=False, signed=_scenario(signed))
+    report = verify_plan(plan, replan=False, signed=scenario_of(signed))
     if not report.ok:
         raise PlanMismatchError(f"the plan is not the signed-off scenario {signed}'s: {report.problems[0]}",
                                 report.problems)

@@ -44,7 +44,7 @@ __all__ = [
     "dpsgd_min_dataset_size",
 ]
 
-_REL_TOL = 1e-4
+REL_TOL = 1e-4
 _COARSE_FACTOR = 16
 # PLD searches aim 2e-5 (relative) inside the target: float64 FFT noise moves a composed
 # epsilon by up to ~5e-6 relative over 1e5 steps in any engine (dp_accounting's included),
@@ -53,7 +53,7 @@ _PLD_MARGIN = 2e-5
 # Accountings one search may spend; each is bounded by the engine's limits, so this bounds
 # the time. The secant search needs about a dozen; the rest is headroom for odd curves.
 _MAX_EVALUATIONS = 60
-# Re-checks at the finer grid, each moving sigma up by _REL_TOL (0.5% in all).
+# Re-checks at the finer grid, each moving sigma up by REL_TOL (0.5% in all).
 _MAX_VERIFY_STEPS = 50
 
 
@@ -136,9 +136,9 @@ def _clt_guess(*, epsilon: float, delta: float, sampling_rate: float, steps: int
     return min(max(1.0 / math.sqrt(math.log1p(ratio * ratio)), SIGMA_RANGE[0]), SIGMA_RANGE[1])
 
 
-def _solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float, *,
+def solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float, *,
                       step: float, lo_limit: float, hi_limit: float,
-                      rel_tol: float = _REL_TOL) -> tuple[float, float, int]:
+                      rel_tol: float = REL_TOL) -> tuple[float, float, int]:
     """Smallest x (within rel_tol) with eps_of(x) <= target, for non-increasing eps_of.
 
     Works in (log x, log eps). Returns (x, eps_of(x), evaluations); x is always one that was
@@ -245,17 +245,17 @@ def dpsgd_noise_multiplier(
     if fast:
         coarse = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, discretization * _COARSE_FACTOR)
         eps_of = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, discretization)
-        x0, e_coarse, n = _solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
+        x0, e_coarse, n = solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
                                             hi_limit=SIGMA_RANGE[1], rel_tol=1e-3)
         # The coarse grid's epsilon sits a nearly constant bias above the fine one near the
         # answer: measure it once at x0, then solve the shifted target on the cheap curve.
         e_fine = eps_of(x0)
         evals += n + 1
         if math.isfinite(e_fine) and math.isfinite(e_coarse) and 0 < e_fine < e_coarse:
-            x0, _, n = _solve_decreasing(coarse, aim + (e_coarse - e_fine), x0, step=2e-3,
+            x0, _, n = solve_decreasing(coarse, aim + (e_coarse - e_fine), x0, step=2e-3,
                                          lo_limit=SIGMA_RANGE[0], hi_limit=SIGMA_RANGE[1], rel_tol=2e-5)
             evals += n
-        step = 2 * _REL_TOL
+        step = 2 * REL_TOL
     else:
         def eps_of(sigma: float) -> float:
             mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
@@ -263,7 +263,7 @@ def dpsgd_noise_multiplier(
                            unit_accounting=unit_accounting, discretization=discretization).epsilon
         step = 0.25
     try:
-        sigma, _, n = _solve_decreasing(eps_of, aim, x0, step=step, lo_limit=SIGMA_RANGE[0],
+        sigma, _, n = solve_decreasing(eps_of, aim, x0, step=step, lo_limit=SIGMA_RANGE[0],
                                         hi_limit=SIGMA_RANGE[1])
     except InfeasibleError:
         raise InfeasibleError(
@@ -282,7 +282,7 @@ def dpsgd_noise_multiplier(
             evals += 1
             if verified <= epsilon:
                 break
-            sigma *= 1 + _REL_TOL  # the finer grid disagrees: step to the safe side and re-check
+            sigma *= 1 + REL_TOL  # the finer grid disagrees: step to the safe side and re-check
             mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
         else:
             raise AccountingError(
@@ -435,7 +435,7 @@ def solve_noise_multiplier(eps_of: Callable[[float], float], *, epsilon: float, 
                            step: float = 0.25) -> float:
     """The smallest sigma whose ``eps_of(sigma)`` meets ``epsilon`` (eps_of non-increasing)."""
     try:
-        sigma, _, _ = _solve_decreasing(eps_of, epsilon, guess, step=step, lo_limit=SIGMA_RANGE[0],
+        sigma, _, _ = solve_decreasing(eps_of, epsilon, guess, step=step, lo_limit=SIGMA_RANGE[0],
                                         hi_limit=SIGMA_RANGE[1])
     except InfeasibleError:
         raise InfeasibleError(f"no noise up to {SIGMA_RANGE[1]:g} meets epsilon {epsilon:g}",

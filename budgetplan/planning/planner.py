@@ -224,7 +224,7 @@ def _repeat_and_select_run(s: Scenario, unit: PrivacyUnit, delta: float) -> list
 
     # the tuned total grows with the run budget: search 1/budget, smallest that meets it
     try:
-        best, _, _ = calibrate._solve_decreasing(total_at, s.epsilon, t.configurations / s.epsilon, step=0.5,
+        best, _, _ = calibrate.solve_decreasing(total_at, s.epsilon, t.configurations / s.epsilon, step=0.5,
                                                  lo_limit=1.0 / s.epsilon, hi_limit=1e6 / s.epsilon, rel_tol=1e-3)
     except InfeasibleError:
         raise InfeasibleError(

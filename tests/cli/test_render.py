@@ -1,6 +1,6 @@
 """Table layout: numbers align right, text aligns left."""
 
-from budgetplan.cli._render import results_table
+from budgetplan.cli.render import results_table
 
 
 def test_numbers_right_text_left():

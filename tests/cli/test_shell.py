@@ -3,7 +3,7 @@
 import signal
 
 from budgetplan.cli import cli
-from budgetplan.cli._shell import Terminated
+from budgetplan.cli.shell import Terminated
 
 
 def test_sigterm_is_taken_over_only_while_a_command_runs(runner, monkeypatch):

@@ -627,8 +627,10 @@ print("run directory:", sorted(p.name for p in RUN.iterdir()))'''),
     ("md", r'''## The audit
 
 `audit_run` returns a report of named checks; `budgetplan audit` prints it and exits 0 when every
-check holds, 1 otherwise. With the data at hand, the fingerprint is recomputed too.'''),
-    ("code", r'''from budgetplan.audit import audit_run
+check holds, 1 otherwise. `budgetplan.audit.audit_run` reads the plan, the record and the ledger
+alone; `trainers.audit.audit_run` runs those checks and then the ones that need the data or
+torch: with the data at hand, the fingerprint is recomputed too.'''),
+    ("code", r'''from trainers.audit import audit_run
 
 
 def print_report(report):

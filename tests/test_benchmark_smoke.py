@@ -11,6 +11,7 @@ test files.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -47,12 +48,22 @@ def _split_grid(r: dict) -> None:
 
 
 def _dpsgd_step(r: dict) -> None:
-    assert [(x["mode"], x["status"]) for x in r["runs"]] == [(m, "ok") for m in
-                                                            ("non-private", "ours", "ours-4chunks", "opacus",
-                                                             "opacus-ghost")]
-    assert all(_finite(x["step_seconds_median"]) and x["step_seconds_median"] > 0 for x in r["runs"])
+    # Opacus is the `bench` extra, not the `test` one: without it its modes are infeasible, saying why
+    peer = importlib.util.find_spec("opacus") is not None
+    modes = ("non-private", "ours", "ours-4chunks", "opacus", "opacus-ghost")
+    runs = {x["mode"]: x for x in r["runs"]}
+    assert list(runs) == list(modes)
+    for mode in modes:
+        if mode.startswith("opacus") and not peer:
+            assert runs[mode]["status"] == "infeasible" and "opacus" in str(runs[mode].get("reason")
+                                                                             or runs[mode].get("error")), runs[mode]
+            continue
+        assert runs[mode]["status"] == "ok", runs[mode]
+        assert _finite(runs[mode]["step_seconds_median"]) and runs[mode]["step_seconds_median"] > 0
     (q,) = r["ratios"]
-    assert _finite(q["opacus_over_ours_time"], q["ghost_over_ours_time"], q["ours_over_nonprivate_memory"])
+    assert _finite(q["ours_over_nonprivate_memory"])
+    if peer:
+        assert _finite(q["opacus_over_ours_time"], q["ghost_over_ours_time"])
 
 
 def _epoch_throughput(r: dict) -> None:

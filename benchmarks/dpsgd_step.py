@@ -63,6 +63,7 @@ Opacus's two included, at one reduced shape and batch 64, 1 warm-up and 1 timed 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -412,7 +413,11 @@ def main(argv: list[str]) -> None:
                         "steps": steps, "threads": args.threads}
                 print(f"[dpsgd_step] round {rnd + 1}: {shape} batch {batch} {mode} ...", file=sys.stderr, flush=True)
                 load_before = os.getloadavg()[0]
-                res = h.run_child(__file__, spec, step_limit=args.step_limit)
+                if mode.startswith("opacus") and importlib.util.find_spec("opacus") is None:
+                    res = {"status": "infeasible", "reason": "opacus is not installed (the bench extra: "
+                                                             "python -m pip install -e \".[bench]\")"}
+                else:
+                    res = h.run_child(__file__, spec, step_limit=args.step_limit)
                 res["load_average_1min"] = [load_before, os.getloadavg()[0]]
                 res["round"] = rnd + 1
                 print(f"    -> {res['status']}: "

@@ -3,10 +3,10 @@
 The planning core never imports torch: ``import budgetplan`` stays light (a test enforces it).
 """
 
-import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from budgetplan.util.lazy import lazy_exports
+from budgetplan.version import __version__
 
 # Public names resolve lazily (PEP 562): `budgetplan --help` must not pay for scipy and the
 # accounting back-ends, and `import budgetplan` must never import torch.
@@ -69,14 +69,4 @@ if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers (nothing 
     from budgetplan.units import PrivacyUnit as PrivacyUnit
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'budgetplan' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("budgetplan", _EXPORTS, globals(), __all__)

@@ -1,5 +1,5 @@
-"""The import graph shows the flow: no import cycles (module- or function-level), and the planning
-core never imports the trainers (the CLI combines them)."""
+"""The import graph shows the flow: no import cycles (module- or function-level, type-checking imports
+included), and the planning core never imports the trainers (the CLI combines them)."""
 
 import ast
 import collections
@@ -17,14 +17,6 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _type_checking_only(tree: ast.AST) -> set[int]:
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(child) for child in ast.walk(node)}
-    return skip
-
-
 def _targets(node: ast.AST, module: str, is_package: bool, mods: dict) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -39,18 +31,15 @@ def _targets(node: ast.AST, module: str, is_package: bool, mods: dict) -> list[s
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Every import that runs, at module level or inside a function (TYPE_CHECKING blocks aside)."""
+    """Every import, at module level, inside a function or for type checking only; ``from package import
+    name`` where the name is not a submodule depends on the package itself."""
     mods = _modules()
     edges: dict[str, set[str]] = collections.defaultdict(set)
     for module, path in mods.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_only(tree)
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
             for target in _targets(node, module, path.name == "__init__.py", mods):
-                # a module's own parent package is loaded first anyway: not an edge of the flow
-                if target in mods and target != module and not module.startswith(target + "."):
+                if target in mods and target != module:
                     edges[module].add(target)
     return edges
 

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from budgetplan import __version__
 from budgetplan.units import Adjacency, PrivacyUnit
+from budgetplan.version import __version__
 
 __all__ = ["Guarantee", "library_versions"]
 

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import click
 
-from budgetplan import __version__
 from budgetplan.cli.data_cmd import data
 from budgetplan.cli.dpsgd_cmd import dpsgd
 from budgetplan.cli.export_cmd import export
@@ -20,6 +19,7 @@ from budgetplan.cli.release_cmds import gaussian, group, rr
 from budgetplan.cli.shell import Group
 from budgetplan.cli.split_cmd import split
 from budgetplan.cli.train_cmds import demo, train
+from budgetplan.version import __version__
 
 __all__ = ["cli", "main"]
 

@@ -7,8 +7,7 @@ of Hybrid budget splits, ``examples`` the shipped templates. The public names re
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from budgetplan.util.lazy import lazy_exports
 
 _EXPORTS = {name: "budgetplan.scenario.model"
             for name in ("Scenario", "FeatureSpec", "load_scenario", "parse_scenario", "ALGORITHMS")}
@@ -16,14 +15,4 @@ _EXPORTS = {name: "budgetplan.scenario.model"
 __all__ = ["Scenario", "FeatureSpec", "load_scenario", "parse_scenario", "ALGORITHMS"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'budgetplan.scenario' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("budgetplan.scenario", _EXPORTS, globals(), __all__)

@@ -956,12 +956,13 @@ def _check_delta(s: Scenario) -> list[str]:
     if d == 0 and algorithm in ("dpsgd", "walr"):
         raise InvalidParameterError(f"[budget].delta must be > 0 for algorithm {algorithm!r} (only randomized "
                                     "response is pure DP)")
-    if d < 1.0 / n:
+    warning = validate.delta_warning(d, n)
+    if warning is None:
         return []
     if s.delta_policy == "strict":
         raise InvalidParameterError(
             f"[budget].delta = {d:.6g} is not below 1/N = {1.0 / n:.6g}, which delta_policy = \"strict\" refuses")
-    return [validate.delta_warning(d, n) or ""]
+    return [warning]
 
 
 def _check_adjacency_for_algorithm(s: Scenario) -> None:

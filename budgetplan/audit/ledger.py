@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from budgetplan.audit.record import RUN_OF, missing_check, record_entry
+from budgetplan.audit.record import entry_of, missing_check, record_entry
 from budgetplan.audit.report import Check
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan
@@ -41,7 +41,7 @@ def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add: Callable[[Ch
         problems.append(f"the ledger ends at {view.head[:12]}... after {len(view.entries)} lines; the record says "
                         f"{str(record.ledger.get('head'))[:12]}... after {record.ledger.get('lines')}: it was cut or "
                         "extended after the run")
-    digests = {p.name: getattr(record_entry(record, RUN_OF[type(p)]), "release_sha256", None)
+    digests = {p.name: getattr(entry_of(record, p), "release_sha256", None)
                for p in plan.phases if p.name in RELEASE_FILES}
     problems += release_problems(view, run_dir, digests)
     detail = "; ".join(problems) or (f"{len(view.entries)} lines, hash chain intact, {view.sessions} session(s), "

@@ -6,21 +6,10 @@ from typing import TypeVar
 
 from budgetplan.audit.report import Check
 from budgetplan.plan import Plan
-from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
-from budgetplan.record.records import (
-    CalibrationRun,
-    DPSGDRun,
-    PhaseRun,
-    RRRun,
-    RunRecord,
-    WALRRun,
-)
+from budgetplan.plan.phases import Phase
+from budgetplan.record.records import PhaseRun, RunRecord, records_phase
 
 _R = TypeVar("_R")
-
-RUN_OF: dict[type[Phase], type[PhaseRun]] = {RRPhase: RRRun, DPSGDPhase: DPSGDRun, WALRPhase: WALRRun,
-                            CalibrationPhase: CalibrationRun}
-
 
 
 def names_plan_check(record: RunRecord, plan: Plan) -> Check:
@@ -33,7 +22,7 @@ def names_plan_check(record: RunRecord, plan: Plan) -> Check:
         problems.append(f"the record's algorithm is {record.algorithm!r}, the plan's {plan.scenario.algorithm!r}")
     if record.rows_used != plan.dataset_size:
         problems.append(f"the run used {record.rows_used} rows; the plan accounts N = {plan.dataset_size}")
-    expected = [RUN_OF[type(p)].name for p in plan.phases if not isinstance(p, CountPhase)]
+    expected = [p.name for p in plan.phases if records_phase(p.name)]
     shown = [p.name for p in record.phases]
     if record.tuning is not None and not plan.tuned:
         problems.append("the record shows a tuned run; the plan declares no grid of configurations")
@@ -44,6 +33,11 @@ def names_plan_check(record: RunRecord, plan: Plan) -> Check:
     detail = "; ".join(problems) or (f"plan {plan.sha256[:12]}..., phases {expected}, N = {plan.dataset_size}")
     return Check("record names the plan", not problems, detail)
 
+
+
+def entry_of(record: RunRecord, phase: Phase) -> PhaseRun | None:
+    """The record's entry for the plan's ``phase`` (entries carry their phase kind's name)."""
+    return next((p for p in record.phases if p.name == phase.name), None)
 
 
 def record_entry(record: RunRecord, kind: type[_R]) -> _R | None:

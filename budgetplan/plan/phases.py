@@ -51,6 +51,8 @@ __all__ = [
     "CountPhase",
     "CalibrationPhase",
     "Phase",
+    "PhaseBase",
+    "register_phase_kind",
     "phase_from_dict",
     "phase_to_dict",
     "PER_IMPRESSION_RULES",
@@ -380,7 +382,7 @@ CALIBRATION_TARGETS = ("positives", "positives and rr labels")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _PhaseBase:
+class PhaseBase:
     """What every phase has: its share of the budget, how it was accounted, the guarantee."""
 
     target_epsilon: float
@@ -399,7 +401,7 @@ class _PhaseBase:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RRPhase(_PhaseBase):
+class RRPhase(PhaseBase):
     """Randomized response on the labels, once per example."""
 
     name: ClassVar[str] = "rr"
@@ -412,7 +414,7 @@ class RRPhase(_PhaseBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DPSGDPhase(_PhaseBase):
+class DPSGDPhase(PhaseBase):
     """DP-SGD over the plan's steps."""
 
     name: ClassVar[str] = "dpsgd"
@@ -430,7 +432,7 @@ class DPSGDPhase(_PhaseBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WALRPhase(_PhaseBase):
+class WALRPhase(PhaseBase):
     """WALR's one Gaussian release; the descent after it is post-processing."""
 
     name: ClassVar[str] = "walr"
@@ -443,7 +445,7 @@ class WALRPhase(_PhaseBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CountPhase(_PhaseBase):
+class CountPhase(PhaseBase):
     """The DP count of N, released once before planning: pure DP, no delta."""
 
     name: ClassVar[str] = "count"
@@ -458,7 +460,7 @@ class CountPhase(_PhaseBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CalibrationPhase(_PhaseBase):
+class CalibrationPhase(PhaseBase):
     """The intercept calibration's one Gaussian release after training; the shift solved from it is free."""
 
     name: ClassVar[str] = "calibration"
@@ -471,11 +473,28 @@ class CalibrationPhase(_PhaseBase):
 
 
 Phase: TypeAlias = RRPhase | DPSGDPhase | WALRPhase | CountPhase | CalibrationPhase
-_KINDS: dict[str, type[RRPhase] | type[DPSGDPhase] | type[WALRPhase] | type[CountPhase] | type[CalibrationPhase]] = {
-    RRPhase.name: RRPhase, DPSGDPhase.name: DPSGDPhase, WALRPhase.name: WALRPhase, CountPhase.name: CountPhase,
-    CalibrationPhase.name: CalibrationPhase}
-_PARAMS = {RRPhase: RRParams, DPSGDPhase: DPSGDParams, WALRPhase: WALRParams, CountPhase: CountParams,
-           CalibrationPhase: CalibrationParams}
+# name -> (phase class, its parameters' class): the built-in kinds, then the registered ones
+_KINDS: dict[str, tuple[type[Any], type[Any]]] = {
+    k.name: (k, p) for k, p in ((RRPhase, RRParams), (DPSGDPhase, DPSGDParams), (WALRPhase, WALRParams),
+                                (CountPhase, CountParams), (CalibrationPhase, CalibrationParams))}
+
+
+def register_phase_kind(kind: type[Any], params: type[Any]) -> None:
+    """Make plan files read and write phases of ``kind`` (a frozen ``PhaseBase`` subclass).
+
+    ``kind`` has a ``name`` class variable (the JSON ``name``), a ``mechanism`` and a
+    ``params`` field of class ``params`` (a frozen dataclass that ``budgetplan.util.typed``
+    converts). The other layers register the kind where they dispatch: the planner
+    (``register_algorithm``), the records (``register_phase_entries``), the audit
+    (``reaccounts``, ``register_run_entry``), the statement (``describes``) and the trainers
+    (``register_executor``).
+    """
+    if not (isinstance(kind, type) and issubclass(kind, PhaseBase)):
+        raise TypeError(f"a phase kind subclasses PhaseBase, got {kind!r}")
+    name = getattr(kind, "name", None)
+    if not isinstance(name, str) or not name or name in _KINDS:
+        raise ValueError(f"phase kind name {name!r} is empty or already registered")
+    _KINDS[name] = (kind, params)
 
 
 def _expect(phase: Phase, mechanism_types: type[object] | tuple[type[object], ...], params_type: type[object]) -> None:
@@ -511,18 +530,19 @@ def phase_from_dict(data: object, where: str = "phase") -> Phase:
     missing = [k for k in _PHASE_KEYS if k not in data]
     if missing:
         raise InvalidParameterError(f"{where} is missing the field {missing[0]!r}")
-    kind = _KINDS.get(data["name"]) if isinstance(data["name"], str) else None
-    if kind is None:
+    entry = _KINDS.get(data["name"]) if isinstance(data["name"], str) else None
+    if entry is None:
         raise InvalidParameterError(f"{where}.name must be one of {', '.join(map(repr, _KINDS))}, got "
                                     f"{data['name']!r}")
-    params: RRParams | DPSGDParams | WALRParams | CountParams | CalibrationParams = typed.from_json_object(
-        _PARAMS[kind], data["parameters"], f"{where}.parameters")
+    kind, params_type = entry
+    params = typed.from_json_object(params_type, data["parameters"], f"{where}.parameters")
     try:
         mechanism = mechanism_from_dict(data["mechanism"])
         guarantee = Guarantee.from_dict(data["guarantee"])
-        return kind(mechanism=mechanism, params=params, target_epsilon=data["target_epsilon"],  # type: ignore[arg-type]
+        phase: Phase = kind(mechanism=mechanism, params=params, target_epsilon=data["target_epsilon"],
                     target_delta=data["target_delta"], method=data["method"],
                     unit_accounting=data["unit_accounting"], guarantee=guarantee)
+        return phase
     except InvalidParameterError as exc:
         raise InvalidParameterError(f"{where}: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar, cast
 
 from budgetplan import dpcount, intercept
 from budgetplan.accounting import account, batch_selection
@@ -47,6 +47,7 @@ from budgetplan.plan.phases import (
     DPSGDParams,
     DPSGDPhase,
     Phase,
+    PhaseBase,
     RRParams,
     RRPhase,
     WALRParams,
@@ -64,10 +65,11 @@ from budgetplan.planning.composition import (
 from budgetplan.planning.shares import calibration_released, rest_of, split_record, training_epsilon
 from budgetplan.planning.tuning import repeat_and_select_epsilon
 from budgetplan.scenario.model import Scenario
+from budgetplan.scenario.model import register_algorithm as register_scenario_algorithm
 from budgetplan.scenario.split_rules import split_budget
 from budgetplan.units import PrivacyUnit
 
-__all__ = ["build_plan", "unit_of"]
+__all__ = ["build_plan", "unit_of", "register_algorithm", "pending_guarantee", "with_guarantee", "TrainingPlanner"]
 
 _DPSGDMechanism: TypeAlias = PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD
 
@@ -161,15 +163,42 @@ def _plan_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: floa
                                         rr=any(isinstance(p, RRPhase) for p in phases))]
 
 
+# (scenario, unit, the training phases' epsilon and delta, the plan's delta) -> the training phases
+TrainingPlanner: TypeAlias = Callable[[Scenario, PrivacyUnit, float, float, float], list[Phase]]
+_PLANNERS: dict[str, TrainingPlanner] = {}
+
+
+def register_algorithm(name: str, planner: TrainingPlanner) -> None:
+    """Plan scenarios of ``[algorithm].name = name`` with ``planner``: a new algorithm and its phase kinds.
+
+    ``planner(scenario, unit, eps, delta, plan_delta)`` returns the run's training phases,
+    each within (eps, delta) together and each with its guarantee (``pending_guarantee``,
+    then ``with_guarantee``). The DP count of N, tuning, the unit alternatives and the totals
+    are the planner's, whatever the algorithm. The scenario accepts the name from here on.
+    """
+    register_scenario_algorithm(name)
+    _PLANNERS[name] = planner
+
+
 def _training_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float,
                      delta: float) -> list[Phase]:
-    if s.algorithm == "rr":
-        return [_rr_phase(s, unit, run_eps, run_delta,
-                          model="non-sensitive features only (RR protects labels, not features)")]
-    if s.algorithm == "walr":
-        return [_walr_phase(s, unit, run_eps, run_delta, delta)]
-    if s.algorithm == "dpsgd":
-        return [_dpsgd_phase(s, unit, run_eps, run_delta, delta)]
+    return _PLANNERS[s.algorithm](s, unit, run_eps, run_delta, delta)
+
+
+def _plan_rr(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float) -> list[Phase]:
+    return [_rr_phase(s, unit, run_eps, run_delta,
+                      model="non-sensitive features only (RR protects labels, not features)")]
+
+
+def _plan_walr(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float) -> list[Phase]:
+    return [_walr_phase(s, unit, run_eps, run_delta, delta)]
+
+
+def _plan_dpsgd(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float) -> list[Phase]:
+    return [_dpsgd_phase(s, unit, run_eps, run_delta, delta)]
+
+
+def _plan_hybrid(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float) -> list[Phase]:
     assert s.split is not None  # a hybrid Scenario always has its split rule
     eps1, eps2 = split_budget(run_eps, s.split)
     if eps2 > 0 and run_delta == 0:
@@ -182,6 +211,9 @@ def _training_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: 
     if eps2 > 0:
         phases.append(_dpsgd_phase(s, unit, eps2, run_delta, delta, warm_start=bool(phases)))
     return phases
+
+
+_PLANNERS.update(rr=_plan_rr, walr=_plan_walr, dpsgd=_plan_dpsgd, hybrid=_plan_hybrid)
 
 
 def _count_phase(s: Scenario, unit: PrivacyUnit) -> CountPhase:
@@ -201,8 +233,8 @@ def _count_phase(s: Scenario, unit: PrivacyUnit) -> CountPhase:
                  "discrete Laplace noise, drawn from the operating system's CSPRNG")
     phase = CountPhase(mechanism=DiscreteLaplaceCount(epsilon=eps, sensitivity=k), target_epsilon=eps,
                        target_delta=0.0, method="exact", unit_accounting="tight", params=params,
-                       guarantee=_placeholder(s, unit))
-    return _with_guarantee(phase, s, unit)
+                       guarantee=pending_guarantee(s, unit))
+    return with_guarantee(phase, s, unit)
 
 
 def _repeat_and_select_run(s: Scenario, unit: PrivacyUnit, delta: float) -> list[Phase]:
@@ -263,8 +295,8 @@ def _rr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, *, model
         flip_probability_by_count=tuple(rr_math.flip_probability(e) for e in shares) if shares else None,
         validation_fraction=shape.validation_fraction)
     phase = RRPhase(mechanism=RandomizedResponse(epsilon=per), target_epsilon=eps, target_delta=delta,
-                    method="exact", unit_accounting="tight", params=params, guarantee=_placeholder(s, unit))
-    return _with_guarantee(phase, s, unit)
+                    method="exact", unit_accounting="tight", params=params, guarantee=pending_guarantee(s, unit))
+    return with_guarantee(phase, s, unit)
 
 
 def _gaussian_noise(s: Scenario, unit: PrivacyUnit, sens: float, eps: float, delta: float) -> float:
@@ -293,8 +325,8 @@ def _calibration_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float,
     phase = CalibrationPhase(mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
                              target_delta=delta, method="exact",
                              unit_accounting=s.unit_accounting if unit.cap > 1 else "tight", params=params,
-                             guarantee=_placeholder(s, unit))
-    return _with_guarantee(phase, s, unit)
+                             guarantee=pending_guarantee(s, unit))
+    return with_guarantee(phase, s, unit)
 
 
 def _walr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_delta: float) -> Phase:
@@ -320,8 +352,8 @@ def _walr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_
     phase = WALRPhase(mechanism=GaussianRelease(noise_std=sigma, sensitivity=sens), target_epsilon=eps,
                       target_delta=delta, method="exact",
                       unit_accounting=s.unit_accounting if unit.cap > 1 else "tight",
-                      params=params, guarantee=_placeholder(s, unit))
-    return _with_guarantee(phase, s, unit)
+                      params=params, guarantee=pending_guarantee(s, unit))
+    return with_guarantee(phase, s, unit)
 
 
 def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_delta: float, *,
@@ -383,8 +415,8 @@ def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total
         # without an RR phase there is nothing to freeze the tower at: DP-SGD trains it
         nonsensitive_tower=(s.tower if warm_start else "trained") if hybrid else None)
     phase = DPSGDPhase(mechanism=mech(sigma), target_epsilon=eps, target_delta=delta, method=method,
-                       unit_accounting=unit_accounting, params=params, guarantee=_placeholder(s, unit))
-    return _with_guarantee(phase, s, unit)
+                       unit_accounting=unit_accounting, params=params, guarantee=pending_guarantee(s, unit))
+    return with_guarantee(phase, s, unit)
 
 
 def _calibrate_sigma(s: Scenario, mech: Callable[[float], Mechanism], eps_of: Callable[[float], float], eps: float,
@@ -469,16 +501,19 @@ def _too_much_noise(s: Scenario, eps: float, delta: float, q: float, steps: int,
 # -------------------------------------------------------------- guarantees
 
 
-def _placeholder(s: Scenario, unit: PrivacyUnit) -> Guarantee:
+def pending_guarantee(s: Scenario, unit: PrivacyUnit) -> Guarantee:
+    """The guarantee a phase is built with before ``with_guarantee`` computes its own."""
     return Guarantee(epsilon=math.inf, delta=0.0, method="pending", adjacency=s.adjacency, unit=unit)
 
 
-P = TypeVar("P", RRPhase, DPSGDPhase, WALRPhase, CountPhase, CalibrationPhase)
+P = TypeVar("P", bound=PhaseBase)
 
 
-def _with_guarantee(phase: P, s: Scenario, unit: PrivacyUnit) -> P:
-    return replace(phase, guarantee=phase_guarantee(phase, adjacency=s.adjacency, unit=unit,
-                                                   discretization=s.discretization))
+def with_guarantee(phase: P, s: Scenario, unit: PrivacyUnit) -> P:
+    """``phase`` with its guarantee, computed from its mechanism for the scenario's adjacency and unit."""
+    # a registered kind is a PhaseBase with a mechanism, as the built-in kinds of Phase are
+    g = phase_guarantee(cast(Phase, phase), adjacency=s.adjacency, unit=unit, discretization=s.discretization)
+    return replace(phase, guarantee=g)
 
 
 # ------------------------------------------------------- unit alternatives

@@ -62,6 +62,8 @@ __all__ = [
     "load_record",
     "phase_runs",
     "phase_run_dict",
+    "register_phase_entries",
+    "records_phase",
     "PRIVATE_DIR",
     "WITHHELD_WITH_N",
 ]
@@ -535,6 +537,27 @@ class BaselineStats:
 PhaseStats: TypeAlias = RRStats | DPSGDStats | WALRStats | CalibrationStats | BaselineStats
 _STATS_KINDS: dict[str, type[PhaseStats]] = {k.name: k for k in (RRStats, DPSGDStats, WALRStats, CalibrationStats,
                                                      BaselineStats)}
+
+
+def register_phase_entries(run: type[Any], stats: type[Any]) -> None:
+    """Make records read and write a new phase kind's entries: ``run`` in the public record, ``stats`` in the private.
+
+    Each is a frozen dataclass with a ``name`` class variable (the JSON ``name``, the phase
+    kind's) that validates its fields and converts with ``budgetplan.util.typed``; what
+    depends on the data belongs in ``stats``, which never travels with the model.
+    """
+    for kinds, entry in ((_RUN_KINDS, run), (_STATS_KINDS, stats)):
+        name = getattr(entry, "name", None)
+        if not isinstance(name, str) or not name or name in kinds:
+            raise ValueError(f"record entry name {name!r} is empty or already registered")
+    _RUN_KINDS[run.name] = run
+    _STATS_KINDS[stats.name] = stats
+
+
+def records_phase(name: str) -> bool:
+    """Whether a phase of kind ``name`` leaves an entry in the run record (the DP count of N, released
+    before planning, leaves none)."""
+    return name in _RUN_KINDS and name != BaselineRun.name
 
 
 def _entries(kinds: dict[str, type[_E]], items: object, where: str) -> tuple[_E, ...]:

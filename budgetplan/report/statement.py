@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import PlanMismatchError
+from budgetplan.errors import PlanMismatchError, UnsupportedError
 from budgetplan.plan import Plan
 from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
 from budgetplan.planning.composition import plan_tradeoff
@@ -35,7 +36,7 @@ from budgetplan.record.records import (
 )
 from budgetplan.units import Adjacency
 
-__all__ = ["render_statement", "render_run_statement"]
+__all__ = ["render_statement", "render_run_statement", "describes", "describes_entry"]
 
 _WIDTH = 88
 
@@ -76,6 +77,24 @@ def _adjacency_words(plan: Plan) -> str:
     return f"two datasets that differ by the presence of {who} (add-remove adjacency)"
 
 
+# phase class -> (plan, its 1-based place, the phase) -> the mechanism paragraph
+Describe: TypeAlias = Callable[[Plan, int, Any], str]
+_DESCRIBE: dict[type, Describe] = {}
+D = TypeVar("D", bound=Describe)
+
+
+def describes(phase_type: type) -> Callable[[D], D]:
+    """Register the decorated ``words(plan, i, phase) -> str`` as the statement's paragraph for ``phase_type``.
+
+    A plan with a phase kind that has none gets no statement (fail closed: a release the
+    statement does not describe is not signed off).
+    """
+    def register(fn: D) -> D:
+        _DESCRIBE[phase_type] = fn
+        return fn
+    return register
+
+
 def _mechanism_lines(plan: Plan) -> list[str]:
     out = []
     if plan.tuned:
@@ -83,59 +102,79 @@ def _mechanism_lines(plan: Plan) -> list[str]:
                          "the training part of the data; every configuration's phases are listed under "
                          "Composition, with the selection among them."))
     for i, p in enumerate(plan.phases, 1):
-        match p:
-            case RRPhase(params=rr):
-                text = (f"Phase {i}, randomized response on the binary label: each example's label is kept with "
-                        f"probability {_num(1 - rr.flip_probability)} and flipped with probability "
-                        f"{_num(rr.flip_probability)} (per-impression epsilon {_num(rr.per_impression_epsilon)}"
-                        f", rule {rr.per_impression_rule}), {rr.labels_randomised}. The model trained on them: "
-                        f"{rr.model}.")
-                if rr.per_impression_rule == "eps/K_i":
-                    text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
-                             f"{_num(rr.unit_epsilon)}/K_i per example.")
-                if plan.free_calibration:
-                    text += (" After training, the model's intercept is shifted so that its mean prediction over "
-                             "the training rows (a function of the released model and the non-sensitive "
-                             "features, which this adjacency holds fixed) equals the debiased count of the "
-                             "randomized labels: post-processing, at no cost.")
-            case CountPhase(params=c):
-                text = (f"Phase {i}, the dataset size: N = {c.dataset_size} is a differentially private count, "
-                        f"released {c.released}. The noise Z has P(Z = z) proportional to exp(-{_num(c.epsilon)} "
-                        f"|z| / {c.sensitivity}) (standard deviation {_num(c.noise_std)}); one "
-                        f"{_unit_words(plan)} adds or removes at most {c.sensitivity} "
-                        f"row{'s' if c.sensitivity > 1 else ''}. It was released before training, at planning "
-                        "time, so no run record has an entry for it; releasing it again would cost its epsilon "
-                        "again.")
-            case DPSGDPhase():
-                text = _dpsgd_words(plan, i, p)
-            case CalibrationPhase(params=cal):
-                target = ("that count" if cal.target == "positives" else
-                          "that count combined with the debiased count of the randomized labels")
-                text = (f"Phase {i}, the intercept calibration: one Gaussian release, after training, of "
-                        f"{cal.coordinates} numbers over the training rows: the sum of sigmoid(z_i + d) of the "
-                        f"trained model's logits z_i for each of the {cal.coordinates - 1} shifts d from "
-                        f"{_num(cal.shifts[0])} to {_num(cal.shifts[-1])}, and the count of positive labels. "
-                        f"Each row moves each number by at most 1, so the release moves by at most "
-                        f"{_num(cal.sensitivity)} per example; Gaussian noise of standard deviation "
-                        f"{_num(cal.noise_std)} is added once to each number. The shift of the model's intercept "
-                        f"that brings its mean prediction to {target} is post-processing and free.")
-            case WALRPhase(params=walr):
-                rows = (f"({walr.features} features, intercept included)" if walr.encoding is None else
-                        "(every categorical column one-hot, every numeric column scaled into [0, 1], an intercept)")
-                text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
-                        f"{rows} clipped to L2 norm "
-                        f"{_num(walr.row_norm_bound)} and each weight to {_num(walr.weights_bound)}, so one "
-                        f"label moves it by at most {_num(walr.sensitivity)}; Gaussian noise of standard "
-                        f"deviation {_num(walr.noise_std)} is added once. Gradient descent on the released "
-                        "vector is post-processing and free.")
-                if not walr.classical_valid:
-                    text += (f" (The classical formula would give {_num(walr.classical_noise_std)}; it is not "
-                             "valid at this epsilon and was not used.)")
-        out.append(_item(text + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
-                                f"{p.guarantee.method}."))
+        words = _DESCRIBE.get(type(p))
+        if words is None:
+            raise UnsupportedError(f"no statement paragraph is registered for the phase kind {type(p).__name__} "
+                                   f"({p.name!r})")
+        out.append(_item(words(plan, i, p) + f" Planned to {_pair_target(p)}; accounted {_pair(p.guarantee)} by "
+                                             f"{p.guarantee.method}."))
     return out
 
 
+@describes(RRPhase)
+def _rr_words(plan: Plan, i: int, p: RRPhase) -> str:
+    rr = p.params
+    text = (f"Phase {i}, randomized response on the binary label: each example's label is kept with "
+            f"probability {_num(1 - rr.flip_probability)} and flipped with probability "
+            f"{_num(rr.flip_probability)} (per-impression epsilon {_num(rr.per_impression_epsilon)}"
+            f", rule {rr.per_impression_rule}), {rr.labels_randomised}. The model trained on them: "
+            f"{rr.model}.")
+    if rr.per_impression_rule == "eps/K_i":
+        text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
+                 f"{_num(rr.unit_epsilon)}/K_i per example.")
+    if plan.free_calibration:
+        text += (" After training, the model's intercept is shifted so that its mean prediction over "
+                 "the training rows (a function of the released model and the non-sensitive "
+                 "features, which this adjacency holds fixed) equals the debiased count of the "
+                 "randomized labels: post-processing, at no cost.")
+    return text
+
+
+@describes(CountPhase)
+def _count_words(plan: Plan, i: int, p: CountPhase) -> str:
+    c = p.params
+    return (f"Phase {i}, the dataset size: N = {c.dataset_size} is a differentially private count, "
+            f"released {c.released}. The noise Z has P(Z = z) proportional to exp(-{_num(c.epsilon)} "
+            f"|z| / {c.sensitivity}) (standard deviation {_num(c.noise_std)}); one "
+            f"{_unit_words(plan)} adds or removes at most {c.sensitivity} "
+            f"row{'s' if c.sensitivity > 1 else ''}. It was released before training, at planning "
+            "time, so no run record has an entry for it; releasing it again would cost its epsilon "
+            "again.")
+
+
+@describes(CalibrationPhase)
+def _calibration_words(plan: Plan, i: int, p: CalibrationPhase) -> str:
+    cal = p.params
+    target = ("that count" if cal.target == "positives" else
+              "that count combined with the debiased count of the randomized labels")
+    return (f"Phase {i}, the intercept calibration: one Gaussian release, after training, of "
+            f"{cal.coordinates} numbers over the training rows: the sum of sigmoid(z_i + d) of the "
+            f"trained model's logits z_i for each of the {cal.coordinates - 1} shifts d from "
+            f"{_num(cal.shifts[0])} to {_num(cal.shifts[-1])}, and the count of positive labels. "
+            f"Each row moves each number by at most 1, so the release moves by at most "
+            f"{_num(cal.sensitivity)} per example; Gaussian noise of standard deviation "
+            f"{_num(cal.noise_std)} is added once to each number. The shift of the model's intercept "
+            f"that brings its mean prediction to {target} is post-processing and free.")
+
+
+@describes(WALRPhase)
+def _walr_words(plan: Plan, i: int, p: WALRPhase) -> str:
+    walr = p.params
+    rows = (f"({walr.features} features, intercept included)" if walr.encoding is None else
+            "(every categorical column one-hot, every numeric column scaled into [0, 1], an intercept)")
+    text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
+            f"{rows} clipped to L2 norm "
+            f"{_num(walr.row_norm_bound)} and each weight to {_num(walr.weights_bound)}, so one "
+            f"label moves it by at most {_num(walr.sensitivity)}; Gaussian noise of standard "
+            f"deviation {_num(walr.noise_std)} is added once. Gradient descent on the released "
+            "vector is post-processing and free.")
+    if not walr.classical_valid:
+        text += (f" (The classical formula would give {_num(walr.classical_noise_std)}; it is not "
+                 "valid at this epsilon and was not used.)")
+    return text
+
+
+@describes(DPSGDPhase)
 def _dpsgd_words(plan: Plan, i: int, p: DPSGDPhase) -> str:
     """The mechanism item of DP-SGD phase ``i``: its steps, batches, clipping, noise and divisor."""
     sgd = p.params
@@ -588,7 +627,7 @@ def _public_run_items(plan: Plan, record: RunRecord) -> list[str]:
                        "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
                        f"Randomness: SEEDED with {seeds.get('seed')} for a reproducible debugging run: anyone who "
                        "knows the seed can remove the noise, so this run's outputs are not private."))
-    items += [_item(text) for text in map(_phase_run_words, record.phases) if text is not None]
+    items += [_item(text) for text in map(_entry_words, record.phases) if text is not None]
     if record.tuning is not None:
         sel = record.tuning.get("selection") or {}
         items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
@@ -600,26 +639,51 @@ def _public_run_items(plan: Plan, record: RunRecord) -> list[str]:
     return items
 
 
-def _phase_run_words(ph: PhaseRun) -> str | None:
-    """What one phase did, as the public record shows it (None for a phase the statement does not describe)."""
-    match ph:
-        case RRRun():
-            flips = (f"flipped {ph.labels_flipped} of {ph.labels} labels once (flip probability "
-                     f"{_num(ph.flip_probability)})" if ph.labels_flipped is not None else
-                     f"randomised {ph.labels} labels once with each unit's own flip probability (eps/K_i; the "
-                     "count of flips depends on the unit sizes and stays in the private record)")
-            return f"Randomized response {flips}; " + _rr_training(ph)
-        case DPSGDRun():
-            return _dpsgd_run_words(ph)
-        case WALRRun():
-            return f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std {_num(ph.noise_std)})."
-        case CalibrationRun():
-            return (f"The intercept calibration released its {ph.coordinates} noisy sums once "
-                    f"({ph.noise_draws} noise draws of std {_num(ph.noise_std)}) and shifted the "
-                    "model's intercept by what it solved from them.")
-    return None
+# record entry class (public or private) -> entry -> its sentence in a run's statement
+_ENTRY_WORDS: dict[type, Callable[[Any], str | None]] = {}
+W = TypeVar("W", bound=Callable[[Any], "str | None"])
 
 
+def describes_entry(entry_type: type) -> Callable[[W], W]:
+    """Register the decorated ``words(entry) -> str | None`` as a run statement's sentence for ``entry_type``.
+
+    Entries of a type with none (or whose words are None) add no sentence: the run's
+    statement describes what each phase did where that is known, and the plan's paragraph
+    (``describes``) is what the guarantee rests on.
+    """
+    def register(fn: W) -> W:
+        _ENTRY_WORDS[entry_type] = fn
+        return fn
+    return register
+
+
+def _entry_words(entry: PhaseRun | PhaseStats) -> str | None:
+    words = _ENTRY_WORDS.get(type(entry))
+    return None if words is None else words(entry)
+
+
+@describes_entry(RRRun)
+def _rr_run_words(ph: RRRun) -> str:
+    flips = (f"flipped {ph.labels_flipped} of {ph.labels} labels once (flip probability "
+             f"{_num(ph.flip_probability)})" if ph.labels_flipped is not None else
+             f"randomised {ph.labels} labels once with each unit's own flip probability (eps/K_i; the "
+             "count of flips depends on the unit sizes and stays in the private record)")
+    return f"Randomized response {flips}; " + _rr_training(ph)
+
+
+@describes_entry(WALRRun)
+def _walr_run_words(ph: WALRRun) -> str:
+    return f"WALR released its noisy aggregate once ({ph.noise_draws} noise draws of std {_num(ph.noise_std)})."
+
+
+@describes_entry(CalibrationRun)
+def _calibration_run_words(ph: CalibrationRun) -> str:
+    return (f"The intercept calibration released its {ph.coordinates} noisy sums once "
+            f"({ph.noise_draws} noise draws of std {_num(ph.noise_std)}) and shifted the "
+            "model's intercept by what it solved from them.")
+
+
+@describes_entry(DPSGDRun)
 def _dpsgd_run_words(ph: DPSGDRun) -> str:
     """The DP-SGD phase as run: steps and sessions, realised batch sizes (unless withheld), noise."""
     text = (f"DP-SGD took {ph.steps_executed} of {ph.steps_planned} planned noisy steps"
@@ -644,7 +708,7 @@ def _private_run_items(private: PrivateRecord) -> list[str]:
     if cap:
         held.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
                           f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
-    held += [_item(text) for text in map(_phase_stats_words, private.phases) if text is not None]
+    held += [_item(text) for text in map(_entry_words, private.phases) if text is not None]
     one_run = private.one_run
     if one_run is not None:
         held.append(_item(_one_run_words(one_run)))
@@ -655,30 +719,38 @@ def _private_run_items(private: PrivateRecord) -> list[str]:
     return held
 
 
-def _phase_stats_words(st: PhaseStats) -> str | None:
-    """One phase's statistics of the private data (None for a phase with none to state)."""
-    match st:
-        case RRStats(labels_flipped=int() as flipped):
-            return (f"Randomized response flipped {flipped} labels (mean flip probability "
-                    f"{_num(st.flip_probability_mean)}).")
-        case DPSGDStats():
-            text = f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."
-            w = st.withheld
-            if w is not None and w.get("batch_sizes_observed"):
-                text += (f" Realised batch sizes (withheld from the public record): mean "
-                         f"{_num(w['batch_size_sum'] / w['batch_sizes_observed'])}, min {w['batch_size_min']}, "
-                         f"max {w['batch_size_max']} over {w['batch_sizes_observed']} steps.")
-            return text
-        case WALRStats():
-            return f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the declared bounds."
-        case CalibrationStats():
-            return (f"The intercept calibration{'' if st.release else ' (free, from the RR labels)'} moved the "
-                    f"intercept by {_num(st.shift)}"
-                    + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
-                    + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
-                    f"as trained, the target {_num(st.target_positives)} positives (variance "
-                    f"{_num(st.target_variance)}).")
-    return None
+@describes_entry(RRStats)
+def _rr_stats_words(st: RRStats) -> str | None:
+    if st.labels_flipped is None:
+        return None
+    return (f"Randomized response flipped {st.labels_flipped} labels (mean flip probability "
+            f"{_num(st.flip_probability_mean)}).")
+
+
+@describes_entry(DPSGDStats)
+def _dpsgd_stats_words(st: DPSGDStats) -> str:
+    text = f"{_num(100 * st.clipped_fraction, 4)}% of sampled examples were clipped."
+    w = st.withheld
+    if w is not None and w.get("batch_sizes_observed"):
+        text += (f" Realised batch sizes (withheld from the public record): mean "
+                 f"{_num(w['batch_size_sum'] / w['batch_sizes_observed'])}, min {w['batch_size_min']}, "
+                 f"max {w['batch_size_max']} over {w['batch_sizes_observed']} steps.")
+    return text
+
+
+@describes_entry(WALRStats)
+def _walr_stats_words(st: WALRStats) -> str:
+    return f"WALR clipped {st.rows_clipped} rows and {st.weights_clipped} weights to the declared bounds."
+
+
+@describes_entry(CalibrationStats)
+def _calibration_stats_words(st: CalibrationStats) -> str:
+    return (f"The intercept calibration{'' if st.release else ' (free, from the RR labels)'} moved the "
+            f"intercept by {_num(st.shift)}"
+            + (" (the end of its grid: the target lay beyond it)" if st.clamped else "")
+            + f": the {'noisy ' if st.release else ''}mean prediction {_num(st.mean_prediction_before)} "
+            f"as trained, the target {_num(st.target_positives)} positives (variance "
+            f"{_num(st.target_variance)}).")
 
 
 def _one_run_words(one_run: dict[str, Any]) -> str:

@@ -126,9 +126,26 @@ from budgetplan.util.typed import from_json_object
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS"]
+__all__ = ["Scenario", "load_scenario", "parse_scenario", "ALGORITHMS", "register_algorithm", "algorithms"]
 
 ALGORITHMS = ("rr", "walr", "dpsgd", "hybrid")
+_REGISTERED: list[str] = []  # algorithms added by ``register_algorithm`` (a phase kind of its own)
+
+
+def register_algorithm(name: str) -> None:
+    """Accept ``[algorithm].name = name``: an algorithm whose phases a registered planner makes.
+
+    The planner's ``budgetplan.planning.planner.register_algorithm`` calls this; such an
+    algorithm takes none of the built-in algorithms' tables ([rr], [dpsgd], [walr]).
+    """
+    if not isinstance(name, str) or not name or name in algorithms():
+        raise ValueError(f"algorithm {name!r} is empty or already known")
+    _REGISTERED.append(name)
+
+
+def algorithms() -> tuple[str, ...]:
+    """Every algorithm a scenario may name: the built-in ones, then the registered ones."""
+    return ALGORITHMS + tuple(_REGISTERED)
 PER_IMPRESSION_RULES = ("eps/K", "eps/K_i", "tight")
 SAMPLING = ("poisson", "truncated-poisson", "allocation", "shuffle")
 SELECTIONS = ("naive", "repeat-and-select")
@@ -601,7 +618,7 @@ class Scenario:
         _choice("[privacy].capping", self.capping, CAPPING_RULES)
         _choice("[privacy].unit_accounting", self.unit_accounting, ("tight", "group"))
         _set(self, "dataset_size", _bounded_int("[data].dataset_size", self.dataset_size, limits.MAX_DATASET_SIZE))
-        _choice("[algorithm].name", self.algorithm, ALGORITHMS)
+        _choice("[algorithm].name", self.algorithm, algorithms())
         for key, kind, used_by in _SHAPES:
             shape = getattr(self, key)
             if self.algorithm in used_by and not isinstance(shape, kind):

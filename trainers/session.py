@@ -28,6 +28,7 @@ import torch
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import write_atomic
+from budgetplan.record.ledger import RELEASE_FILES
 from budgetplan.record.records import PRIVATE_DIR
 from budgetplan.util.fileio import atomic_output, remove_stale_temporaries, torch_save
 from trainers.ledger import Ledger, LedgerError, RunLock
@@ -141,15 +142,19 @@ class Session:
         """Whether the run has made ``phase``'s one-shot release already (a resumed run reloads it)."""
         return bool(self.ledger.events("released", phase))
 
+    def release(self, phase: str, make):
+        """(the release, its ledger note) of a one-shot phase (``RELEASE_FILES``): drawn once, reloaded on resume."""
+        return self._release(phase, RELEASE_FILES[phase], make)
+
     def rr_labels(self, make):
         """(noisy labels, ledger note): drawn once per run, reloaded on resume."""
-        return self._release("rr", "rr_labels.npy", make)
+        return self.release("rr", make)
 
     def walr_sum(self, make):
-        return self._release("walr", "walr_sum.npy", make)
+        return self.release("walr", make)
 
     def calibration_release(self, make):
-        return self._release("calibration", "calibration_release.npy", make)
+        return self.release("calibration", make)
 
     # ---------------------------------------------------------- DP-SGD steps
 
@@ -242,6 +247,10 @@ class NullSession:
 
     walr_sum = rr_labels
     calibration_release = rr_labels
+
+    def release(self, phase: str, make):
+        data, info = make()
+        return data, {"phase": phase, "sha256": _sha256(np.asarray(data)), **info}
 
     def dpsgd_steps_taken(self) -> int:
         return 0

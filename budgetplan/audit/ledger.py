@@ -12,15 +12,11 @@ from budgetplan.audit.record import entry_of, missing_check, record_entry
 from budgetplan.audit.report import Check
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan
-from budgetplan.record.ledger import LedgerView, read_ledger
+from budgetplan.record.ledger import RELEASE_FILES, LedgerView, read_ledger
 from budgetplan.record.records import (
     DPSGDRun,
     RunRecord,
 )
-
-# The one-shot releases a run directory persists, by the ledger's phase name.
-RELEASE_FILES = {"rr": "rr_labels.npy", "walr": "walr_sum.npy", "calibration": "calibration_release.npy"}
-
 
 
 def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add: Callable[[Check], None]) -> LedgerView | None:

@@ -58,7 +58,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from budgetplan.audit.canary import check_one_run
-from budgetplan.audit.ledger import RELEASE_FILES, ledger_check, release_problems, steps_check
+from budgetplan.audit.ledger import ledger_check, release_problems, steps_check
 from budgetplan.audit.private_n import n_private_check, sizes_evidence
 from budgetplan.audit.reaccount import reaccount_check
 from budgetplan.audit.record import names_plan_check, record_entry
@@ -71,7 +71,7 @@ from budgetplan.audit.tuned import audit_tuned, audit_tuned_interrupted
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan, load_plan
-from budgetplan.record.ledger import read_ledger
+from budgetplan.record.ledger import RELEASE_FILES, read_ledger
 from budgetplan.record.records import (
     CalibrationRun,
     RunRecord,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 from budgetplan import intercept
 from budgetplan.accounting import batch_selection
@@ -68,10 +68,11 @@ from budgetplan.scenario.model import Scenario
 from budgetplan.units import Adjacency
 from budgetplan.util.typed import to_json_object
 
-__all__ = ["verify_plan", "verify_file", "VerifyReport"]
+__all__ = ["verify_plan", "verify_file", "VerifyReport", "checks_phase", "Close"]
 
 # close(where, stored, recomputed): a problem named ``where`` unless the two agree (to the version's tolerance)
-_Close = Callable[[str, object, object], None]
+Close: TypeAlias = Callable[[str, object, object], None]  # (where, stored, recomputed)
+_Close = Close
 
 
 class VerifyReport:
@@ -163,53 +164,96 @@ def _check_parameters(plan: Plan, close: _Close, problems: list[str]) -> None:
         _check_phase(plan, f"phases[{i}] ({p.name})", p, close, problems)
 
 
+# phase class -> (plan, where, phase, close, problems): its derived parameters checked
+PhaseCheck: TypeAlias = Callable[[Plan, str, Any, _Close, list[str]], None]
+_PHASE_CHECKS: dict[type, PhaseCheck] = {}
+C = TypeVar("C", bound=PhaseCheck)
+
+
+def checks_phase(phase_type: type) -> Callable[[C], C]:
+    """Register the decorated ``check(plan, where, phase, close, problems)`` for ``phase_type``'s parameters.
+
+    ``close(where, stored, recomputed)`` records a problem when two values differ; a check
+    appends what else it finds to ``problems``. A phase kind without a check fails
+    verification (nothing is taken on trust).
+    """
+    def register(fn: C) -> C:
+        _PHASE_CHECKS[phase_type] = fn
+        return fn
+    return register
+
+
 def _check_phase(plan: Plan, where: str, p: Phase, close: _Close, problems: list[str]) -> None:
     """One phase's derived parameters agree with the ones they derive from and with the plan."""
     n = plan.dataset_size
     close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
     close(f"{where}.parameters.cap", p.params.cap, plan.unit.cap)
-    match p:
-        case RRPhase(mechanism=m, params=par):
-            close(f"{where}.mechanism.epsilon", m.epsilon, par.per_impression_epsilon)
-            close(f"{where}.parameters.flip_probability", par.flip_probability, flip_probability(m.epsilon))
-            if par.per_impression_epsilon_by_count is not None and par.flip_probability_by_count is not None:
-                for k, (e, rho) in enumerate(zip(par.per_impression_epsilon_by_count,
-                                                 par.flip_probability_by_count), 1):
-                    close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
-                    if k * e > par.unit_epsilon * (1 + 1e-12):
-                        problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par.unit_epsilon!r}")
-        case DPSGDPhase(mechanism=m, params=par):
-            close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
-            close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
-            close(f"{where}.parameters.sampling_rate", par.sampling_rate,
-                  par.batch_size / (n if par.units is None else par.units))
-            if par.units is not None:
-                close(f"{where}.parameters.units vs scenario", par.units, plan.scenario.units)
-            close(f"{where}.mechanism.steps", m.steps, par.steps)
-            close(f"{where}.parameters.sensitivity", par.sensitivity,
-                  par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
-            _check_dpsgd_shape(plan, where, m, par, close, problems)
-        case CountPhase(mechanism=m, params=par):
-            close(f"{where}.mechanism.epsilon", m.epsilon, par.epsilon)
-            close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
-            close(f"{where}.target_epsilon", p.target_epsilon, par.epsilon)
-            close(f"{where}.parameters.noise_std", par.noise_std,
-                  count_noise_std(epsilon=par.epsilon, sensitivity=par.sensitivity))
-        case CalibrationPhase(mechanism=m, params=par):
-            close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
-            close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
-            close(f"{where}.parameters.shifts", list(par.shifts), list(intercept.SHIFTS))
-            close(f"{where}.parameters.coordinates", par.coordinates, intercept.coordinates(par.shifts))
-            close(f"{where}.parameters.sensitivity", par.sensitivity, intercept.sensitivity(par.shifts))
-            close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
-        case WALRPhase(mechanism=m, params=par):
-            close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
-            close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
-            close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
-            if plan.scenario.walr is not None:
-                close(f"{where}.parameters.row_norm_bound vs scenario", par.row_norm_bound,
-                      plan.scenario.walr_row_norm_bound)
-            close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+    check = _PHASE_CHECKS.get(type(p))
+    if check is None:
+        problems.append(f"{where}: no parameter check is registered for the phase kind {type(p).__name__}")
+        return
+    check(plan, where, p, close, problems)
+
+
+@checks_phase(RRPhase)
+def _check_rr(plan: Plan, where: str, p: RRPhase, close: _Close, problems: list[str]) -> None:
+    m, par = p.mechanism, p.params
+    close(f"{where}.mechanism.epsilon", m.epsilon, par.per_impression_epsilon)
+    close(f"{where}.parameters.flip_probability", par.flip_probability, flip_probability(m.epsilon))
+    if par.per_impression_epsilon_by_count is not None and par.flip_probability_by_count is not None:
+        for k, (e, rho) in enumerate(zip(par.per_impression_epsilon_by_count, par.flip_probability_by_count), 1):
+            close(f"{where}.parameters.flip_probability_by_count[{k - 1}]", rho, flip_probability(e))
+            if k * e > par.unit_epsilon * (1 + 1e-12):
+                problems.append(f"{where}: {k} x {e!r} exceeds the unit epsilon {par.unit_epsilon!r}")
+
+
+@checks_phase(DPSGDPhase)
+def _check_dpsgd(plan: Plan, where: str, p: DPSGDPhase, close: _Close, problems: list[str]) -> None:
+    m, par, n = p.mechanism, p.params, plan.dataset_size
+    close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
+    close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
+    close(f"{where}.parameters.sampling_rate", par.sampling_rate,
+          par.batch_size / (n if par.units is None else par.units))
+    if par.units is not None:
+        close(f"{where}.parameters.units vs scenario", par.units, plan.scenario.units)
+    close(f"{where}.mechanism.steps", m.steps, par.steps)
+    close(f"{where}.parameters.sensitivity", par.sensitivity,
+          par.clipping_norm * (2 if plan.adjacency is Adjacency.REPLACE_ONE else 1))
+    _check_dpsgd_shape(plan, where, m, par, close, problems)
+
+
+@checks_phase(CountPhase)
+def _check_count_phase(plan: Plan, where: str, p: CountPhase, close: _Close, problems: list[str]) -> None:
+    m, par = p.mechanism, p.params
+    close(f"{where}.mechanism.epsilon", m.epsilon, par.epsilon)
+    close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+    close(f"{where}.target_epsilon", p.target_epsilon, par.epsilon)
+    close(f"{where}.parameters.noise_std", par.noise_std,
+          count_noise_std(epsilon=par.epsilon, sensitivity=par.sensitivity))
+
+
+@checks_phase(CalibrationPhase)
+def _check_calibration_phase(plan: Plan, where: str, p: CalibrationPhase, close: _Close,
+                             problems: list[str]) -> None:
+    m, par = p.mechanism, p.params
+    close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
+    close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+    close(f"{where}.parameters.shifts", list(par.shifts), list(intercept.SHIFTS))
+    close(f"{where}.parameters.coordinates", par.coordinates, intercept.coordinates(par.shifts))
+    close(f"{where}.parameters.sensitivity", par.sensitivity, intercept.sensitivity(par.shifts))
+    close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
+
+
+@checks_phase(WALRPhase)
+def _check_walr(plan: Plan, where: str, p: WALRPhase, close: _Close, problems: list[str]) -> None:
+    m, par = p.mechanism, p.params
+    close(f"{where}.mechanism.noise_std", m.noise_std, par.noise_std)
+    close(f"{where}.mechanism.sensitivity", m.sensitivity, par.sensitivity)
+    close(f"{where}.parameters.sensitivity", par.sensitivity, par.weights_bound * par.row_norm_bound)
+    if plan.scenario.walr is not None:
+        close(f"{where}.parameters.row_norm_bound vs scenario", par.row_norm_bound,
+              plan.scenario.walr_row_norm_bound)
+    close(f"{where}.parameters.unit_sensitivity", par.unit_sensitivity, par.sensitivity * plan.unit.cap)
 
 
 def _check_dpsgd_shape(plan: Plan, where: str, m: Mechanism, par: DPSGDParams, close: _Close,

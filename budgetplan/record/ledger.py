@@ -33,7 +33,21 @@ from typing import Any
 
 from budgetplan.errors import BudgetplanError
 
-__all__ = ["GENESIS", "LedgerError", "LedgerView", "digest", "line", "read_ledger"]
+__all__ = ["GENESIS", "LedgerError", "LedgerView", "digest", "line", "read_ledger", "RELEASE_FILES",
+           "register_one_shot_release"]
+
+# The one-shot releases a run directory persists (drawn once, reloaded on resume, checked by
+# the audit against the digest the ledger noted), by the ledger's phase name.
+RELEASE_FILES: dict[str, str] = {"rr": "rr_labels.npy", "walr": "walr_sum.npy",
+                                 "calibration": "calibration_release.npy"}
+
+
+def register_one_shot_release(phase: str) -> str:
+    """Make ``phase`` (a phase kind's name) a one-shot release; returns the file a run directory keeps it in."""
+    if not isinstance(phase, str) or not phase.replace("-", "").replace("_", "").isalnum() or phase in RELEASE_FILES:
+        raise ValueError(f"one-shot release {phase!r} is not a plain name or is already registered")
+    RELEASE_FILES[phase] = f"{phase}_release.npy"
+    return RELEASE_FILES[phase]
 
 GENESIS = "0" * 64
 

@@ -123,6 +123,16 @@ def test_noise_cap_names_the_most_epochs():
     assert err.value.knob == "epochs" and "at most" in str(err.value) and "max_noise_multiplier" in str(err.value)
 
 
+def test_a_budget_below_any_noise_names_the_epsilon():
+    """No noise multiplier up to the search's end meets epsilon 1e-4 over 300 steps: the refusal says which
+    budget, the phase's share of it and what to change, not only that the search ended."""
+    with pytest.raises(InfeasibleError) as err:
+        build_plan(parse_scenario(DPSGD.format(unit="impression", cap="", extra="", tuning="")
+                                  .replace("epsilon = 2.0", "epsilon = 1e-4")))
+    assert err.value.knob == "epsilon"
+    assert "[budget].epsilon (it is 0.0001)" in str(err.value) and "300 steps" in str(err.value)
+
+
 def test_user_level_dpsgd_alternatives():
     p = dpsgd(unit="user x time", cap="cap = 4")
     ph = p.phases[0]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeAlias, TypeVar, cast
 
-from budgetplan import dpcount, intercept
+from budgetplan import dpcount, intercept, limits
 from budgetplan.accounting import account, batch_selection
 from budgetplan.accounting import gaussian as gauss
 from budgetplan.accounting import rr as rr_math
@@ -421,6 +421,20 @@ def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total
 
 def _calibrate_sigma(s: Scenario, mech: Callable[[float], Mechanism], eps_of: Callable[[float], float], eps: float,
                      delta: float, q: float, steps: int, unit: PrivacyUnit, unit_accounting: str, method: str) -> float:
+    """The phase's noise multiplier; refuses, naming the budget, what no noise within the search range meets."""
+    try:
+        return _calibrated_sigma(s, eps_of, eps, delta, q, steps, unit, unit_accounting, method)
+    except InfeasibleError as exc:
+        if exc.knob is not None:
+            raise
+        raise InfeasibleError(
+            f"the DP-SGD phase's epsilon {eps:g} (delta {delta:.3g}, {steps} steps at sampling rate {q:.4g}) needs "
+            f"more noise than the search reaches (noise multiplier {limits.SIGMA_RANGE[1]:g}): raise "
+            f"[budget].epsilon (it is {s.epsilon:g}) or take fewer steps", knob="epsilon") from None
+
+
+def _calibrated_sigma(s: Scenario, eps_of: Callable[[float], float], eps: float, delta: float, q: float, steps: int,
+                      unit: PrivacyUnit, unit_accounting: str, method: str) -> float:
     assert s.dpsgd is not None  # DP-SGD phases only
     if s.dpsgd.sampling in batch_selection.EPOCH_SAMPLINGS:
         # their own accounting from the start: a Poisson answer is not a bound for them

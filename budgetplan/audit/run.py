@@ -273,9 +273,9 @@ def interrupted_checks(report: AuditReport, plan: Plan, run_dir: Path) -> None:
     """What every interrupted run fails or shows: no record to certify, a model without one, the seed notes."""
     add = report.checks.append
     view = ledger_view(run_dir, plan)
-    steps = view.count("dpsgd") if view is not None else 0
-    add(Check(INTERRUPTED, False, f"no run.json: the run was interrupted (after {steps} noisy steps) or its record "
-                                  "was deleted; nothing to certify until it is resumed and completes"))
+    spent = len(view.events("intent")) if view is not None else 0
+    add(Check(INTERRUPTED, False, f"no run.json: the run was interrupted (its ledger logs {spent} spending intents) "
+                                  "or its record was deleted; nothing to certify until it is resumed and completes"))
     if (run_dir / MODEL_FILE).exists():
         add(Check("model file", False, f"{MODEL_FILE} is here but no record is: the record was deleted or never "
                                        "written, so this model cannot be certified"))

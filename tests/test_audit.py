@@ -278,6 +278,91 @@ def _f_plan_edited(root, out):
     (out / "plan.json").write_text(json.dumps(body, sort_keys=True, indent=2, ensure_ascii=True) + "\n")
 
 
+def _private(out) -> dict:
+    return PrivateRecord.from_json((out / "private" / "record.json").read_text()).content()
+
+
+def _write_private(out, private_content: dict):
+    """Re-hash an edited private record and re-link the public record to it, as a forger who knows the format."""
+    write_record(out, public(out), PrivateRecord.from_json(_rehash(private_content)))
+
+
+def _f_seeds_policy(root, out):
+    """The run drew from the CSPRNG; the record now says it was seeded (re-hashed)."""
+    c = public(out)
+    c["seeds"] = {"policy": "seeded", "seed": 7, "note": "reproducible run"}
+    write_record(out, c)
+
+
+def _f_seeds_note(root, out):
+    """The ledger's seed note edited and re-chained: the record and ledger say seeded, the run was not."""
+    def edit(entries):
+        for e in entries:
+            if e.get("event") == "seeds":
+                e.update(policy="seeded", seed=7)
+        return entries
+    c = rechain(out, edit)
+    c["seeds"] = {"policy": "seeded", "seed": 7, "note": "reproducible run"}
+    write_record(out, c)
+
+
+def _f_replayed_streams(root, out):
+    """A second session whose ledger says it drew from the first session's streams (a replay)."""
+    def edit(entries):
+        i = next(k for k, e in enumerate(entries) if e.get("event") == "intent" and e.get("phase") == "dpsgd")
+        note = dict(next(e for e in entries if e.get("event") == "seeds"))
+        return entries[:i + 30] + [{"event": "resume"}, note] + entries[i + 30:]
+    c = rechain(out, edit)
+    dpsgd(c)["sessions"] = 2
+    write_record(out, c)
+
+
+def _f_no_seed_note(root, out):
+    write_record(out, rechain(out, lambda entries: [e for e in entries if e.get("event") != "seeds"]))
+
+
+def _f_private_rows(root, out):
+    """rows_in and rows_used set below the plan's N in the private record (re-hashed, re-linked)."""
+    content = _private(out)
+    content["data"]["rows_in"] = content["data"]["rows_used"] = N - 1000
+    _write_private(out, content)
+
+
+def _f_private_rows_in(root, out):
+    content = _private(out)
+    content["data"]["rows_in"] = N - 1000  # fewer rows read than used: no capping does that
+    _write_private(out, content)
+
+
+def _f_private_plan(root, out):
+    content = _private(out)
+    content["plan_sha256"] = "0" * 64
+    _write_private(out, content)
+
+
+def _f_model_deleted(root, out):
+    (out / "model.pt").unlink()
+
+
+def _f_model_replaced(root, out):
+    import torch
+
+    state = torch.load(out / "model.pt", weights_only=False)
+    key = next(iter(state))
+    state[key] = state[key] * 0  # another model in its place
+    torch.save(state, out / "model.pt")
+
+
+def _f_model_digest_removed(root, out):
+    c = public(out)
+    del c["model"]["sha256"]
+    write_record(out, c)
+
+
+def _f_labels_deleted(root, out):
+    (out / "rr_labels.npy").unlink()
+
+
 def _f_code(root, out):
     c = public(out)
     c["code"]["trainers"] = "0" * 64
@@ -311,7 +396,31 @@ FORGERIES = [
     ("flips halved", _f_flips_halved, "RR flips"),
     ("labels", _f_labels, "RR flips"),
     ("code", _f_code, "code that ran"),
+    ("seeds csprng to seeded", _f_seeds_policy, "seed policy"),
+    ("replayed streams", _f_replayed_streams, "seed policy"),
+    ("no seed note", _f_no_seed_note, "seed policy"),
+    ("private rows below N", _f_private_rows, "record names the plan"),
+    ("private rows_in below rows_used", _f_private_rows_in, "record names the plan"),
+    ("private plan replaced", _f_private_plan, "record names the plan"),
+    ("model deleted", _f_model_deleted, "model file"),
+    ("model replaced", _f_model_replaced, "model file"),
+    ("model digest removed", _f_model_digest_removed, "model file"),
+    ("rr labels deleted", _f_labels_deleted, "ledger"),
 ]
+
+# What the check that fails each forgery must name (the six forged records of issue 26 among them).
+NAMED = {
+    "seeds csprng to seeded": "session 0 drew under policy 'csprng' with seed None; the record says 'seeded'",
+    "replayed streams": "session 1 drew from the streams of session 0",
+    "no seed note": "spent privacy before the ledger recorded where its draws came from",
+    "private rows below N": f"the private record says {N - 1000} rows were used; the plan accounts N = {N}",
+    "private rows_in below rows_used": f"rows_in ({N - 1000}) and rows_used ({N}) do not fit",
+    "private plan replaced": f"the private record names plan {'0' * 64}",
+    "model deleted": "model.pt is not here",
+    "model replaced": "model.pt is not the model the record names",
+    "model digest removed": "the record names no digest of model.pt",
+    "rr labels deleted": "rr_labels.npy, the rr release the ledger recorded, is not here",
+}
 
 
 def check(report, name):
@@ -341,6 +450,8 @@ def test_each_forgery_fails_its_check(runs, no_empirical, name, forge, failing):
     report = audit_run(out, empirical=True)
     assert not report.passed
     assert not check(report, failing).passed, report.to_dict()
+    if name in NAMED:
+        assert NAMED[name] in check(report, failing).detail, check(report, failing).detail
 
 
 def test_every_check_has_a_forgery(runs, no_empirical):
@@ -388,22 +499,47 @@ def test_an_edited_record_is_refused(runs):
     assert "sha256 mismatch" in check(report, "record is well-formed").detail
 
 
-def test_an_interrupted_run_is_audited_on_its_ledger(runs):
+def test_an_interrupted_run_is_audited_on_its_ledger_and_certifies_nothing(runs, runner):
+    from budgetplan.cli import cli
+
     root, plan = runs
     out = copy_run(root, "interrupted")
     (out / "run.json").unlink()
+    (out / "model.pt").unlink()  # killed before the model and record were written
     report = audit_run(out)
-    assert report.status == "interrupted" and report.passed, report.to_dict()
+    assert report.status == "interrupted" and not report.passed, report.to_dict()
+    assert report.failing() == ["run completed"] and report.nothing_to_certify
     assert "60 of 60 noisy steps counted so far" in check(report, "steps within plan").detail
+    assert check(report, "seed policy").passed and "(csprng)" in check(report, "seed policy").detail
+    res = runner.invoke(cli, ["audit", str(out)])
+    assert res.exit_code == 3 and "nothing to certify" in res.stderr
+
+
+def test_a_deleted_record_beside_its_model_fails(runs, runner):
+    """run.json deleted while model.pt stays: a model without a record is never certified (it once exited 0)."""
+    from budgetplan.cli import cli
+
+    root, _ = runs
+    out = copy_run(root, "record-deleted")
+    (out / "run.json").unlink()
+    report = audit_run(out)
+    assert report.failing() == ["run completed", "model file"] and not report.nothing_to_certify
+    assert "model.pt is here but no record is" in check(report, "model file").detail
+    res = runner.invoke(cli, ["audit", str(out)])
+    assert res.exit_code == 1 and "run completed, model file" in res.stderr
 
 
 def test_cli_audit_and_run_statement(runs, runner):
     from budgetplan.cli import cli
 
-    root, _ = runs
+    root, plan = runs
     ok = runner.invoke(cli, ["audit", str(root / "run"), "--json"])
     assert ok.exit_code == 0, ok.output
-    assert json.loads(ok.stdout)["passed"] is True
+    shown = json.loads(ok.stdout)
+    assert shown["passed"] is True and shown["seeded"] is False
+    # top-level epsilon and delta, like every JSON object the CLI prints: the plan's guarantee
+    assert (shown["epsilon"], shown["delta"]) == (plan.guarantee.epsilon, plan.guarantee.delta)
+    assert shown["adjacency"] == plan.adjacency.value
     out = copy_run(root, "cli-steps")
     _f_too_many_steps(root, out)
     bad = runner.invoke(cli, ["audit", str(out)])
@@ -412,6 +548,48 @@ def test_cli_audit_and_run_statement(runs, runner):
     assert stmt.exit_code == 0 and stmt.stdout.startswith("RUN STATEMENT")
     assert "DP-SGD took 60 of 60 planned noisy steps" in stmt.stdout
     assert "Held by the data owner" in stmt.stdout
+
+
+def test_a_run_seeded_by_its_evidence_is_not_certified(runs, runner):
+    """Ledger and record both re-written to say seeded agree, but the seed is public: not certifiable as private."""
+    from budgetplan.cli import cli
+
+    root, _ = runs
+    out = copy_run(root, "seeded-everywhere")
+    _f_seeds_note(root, out)
+    report = audit_run(out)
+    assert report.seeded and "not certifiable as private" in check(report, "seed policy").detail
+    res = runner.invoke(cli, ["audit", str(out), "--json"])
+    assert json.loads(res.stdout)["seeded"] is True
+    table = runner.invoke(cli, ["audit", str(out)])
+    assert "seeded: not certifiable as private" in " ".join(table.stdout.split())
+
+
+def test_audit_of_a_missing_directory_says_so(runner, tmp_path):
+    from budgetplan.cli import cli
+
+    for target in (tmp_path / "nope", tmp_path / "nope" / "run.json"):
+        res = runner.invoke(cli, ["audit", str(target)])
+        assert res.exit_code == 2 and not res.stdout, res.output
+        assert res.stderr.count("\n") == 1 and "does not exist" in res.stderr and "no plan given" not in res.stderr
+        assert str(tmp_path / "nope") in res.stderr
+
+
+def test_a_completed_run_leaves_no_checkpoint(runs):
+    root, _ = runs
+    assert (root / "run" / "run.json").exists() and not (root / "run" / "checkpoint.pt").exists()
+
+
+def test_an_empirical_row_names_the_adjacency_of_each_epsilon():
+    from budgetplan.cli.plan_cmds import empirical_detail
+
+    row = {"name": "empirical dpsgd", "passed": True, "epsilon_lower_bound": 1.367, "planned_epsilon": 3.61,
+           "compared": "add-remove epsilon of all 60 steps, PLD; one canary is one example",
+           "phase_epsilon": 4.59991, "phase_adjacency": "replace-one", "failing": []}
+    text = empirical_detail(row)
+    assert text.startswith("lower bound 1.367 vs 3.61 (add-remove epsilon of all 60 steps")
+    assert text.endswith("the plan's phase: 4.59991 (replace-one)")
+    assert "phase" not in empirical_detail({**row, "phase_epsilon": 3.61})  # one number: said once
 
 
 def test_a_statement_is_only_printed_for_the_plan_that_ran(runs, runner, tmp_path):

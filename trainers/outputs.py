@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
-from budgetplan.util.fileio import atomic_output, check_writable, is_temporary, torch_save, write_atomic
+from budgetplan.util.fileio import atomic_output, check_writable, file_sha256, is_temporary, torch_save, write_atomic
 from trainers.data.fingerprint import new_key, write_key
 from trainers.fit import predict
 from trainers.metrics import evaluate_model
 
-__all__ = ["INITIAL_MODEL", "CANARY_DATA", "check_out", "fingerprint_keys", "evaluate", "write_run", "save_initial"]
+__all__ = ["INITIAL_MODEL", "CANARY_DATA", "check_out", "fingerprint_keys", "evaluate", "write_run", "save_initial",
+           "save_model", "finish_run"]
 
 INITIAL_MODEL = "initial_model.pt"  # under private/, with keep_initial
 # a canary run's training data (the owner's rows and the canaries), written before training
@@ -81,18 +83,37 @@ def evaluate(model, prep, path, *, truncated: bool) -> tuple[dict, float]:
 
 def write_run(record: RunRecord, state: dict, out: Path | None, vocabulary: dict | None = None,
               new_key: bytes | None = None) -> RunRecord:
-    """Write the model, the key, the private then the public record (last): a directory with run.json is complete."""
+    """Write the model, the key, the private then the public record (last): a directory with run.json is complete.
+
+    The record written (and returned) names the model file by its digest (``model.sha256``).
+    """
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        with atomic_output(out / "model.pt") as tmp:
-            torch_save(state, tmp)
+        record = save_model(record, state, out)
         if vocabulary is not None:  # non-sensitive values only: needed to encode new data alike
             write_atomic(out / "vocabulary.json", json.dumps(vocabulary, sort_keys=True) + "\n")
         if new_key is not None:
             (out / PRIVATE_DIR).mkdir(exist_ok=True)
             write_key(out / PRIVATE_DIR / "fingerprint.key", new_key)
-        record.write(out)
+        finish_run(record, out)
     return record
+
+
+def save_model(record: RunRecord, state: dict, out: Path) -> RunRecord:
+    """Write ``model.pt``; the record, naming it by its digest, so that the audit can tell it is this run's model."""
+    with atomic_output(out / "model.pt") as tmp:
+        torch_save(state, tmp)
+    return replace(record, model={**record.model, "sha256": file_sha256(out / "model.pt")})
+
+
+def finish_run(record: RunRecord, out: Path) -> None:
+    """Write the records (``run.json`` last), then remove the checkpoint: it exists only while the run is unfinished.
+
+    Removed after run.json is written (an unlink is atomic): a run killed in between keeps a
+    checkpoint beside a complete record, never a record-less directory without one.
+    """
+    record.write(out)
+    (out / "checkpoint.pt").unlink(missing_ok=True)
 
 
 def save_initial(model, out: Path) -> None:

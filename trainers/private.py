@@ -37,12 +37,13 @@ from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import CountPhase, DPSGDPhase
 from budgetplan.record.records import PRIVATE_DIR
-from budgetplan.util.fileio import atomic_output, check_writable, torch_save
+from budgetplan.util.fileio import check_writable
 from budgetplan.util.validate import non_negative_int
 from trainers import dpsgd
 from trainers.clipping import refuse_batch_statistics
 from trainers.data.fingerprint import key_id, new_key, write_key
 from trainers.dpsgd import DPSGDSettings, check_resume, check_rows, phase_sampler
+from trainers.outputs import finish_run, save_model
 from trainers.randomness import Randomness
 from trainers.record import build_record, dpsgd_entry
 from trainers.session import Session
@@ -256,8 +257,9 @@ class PrivateStep:
         rows = _Rows(data, self.trainable[0].device)
         size_private = self.plan.count is not None
         check_rows(params, len(rows), size_private=size_private)
-        session = Session(self.run_dir, self.plan, resume=self.resume, checkpoint_every=max(1, self.checkpoint_every),
-                          rows=len(rows))
+        session = Session(self.run_dir, self.plan, randomness=self.randomness, resume=self.resume,
+                          checkpoint_every=max(1, self.checkpoint_every), rows=len(rows))
+        self.randomness = session.randomness  # this session's streams: a resume replays no earlier draws
         try:
             start = session.dpsgd_steps_taken()
             check_resume(params, start)
@@ -310,11 +312,10 @@ class PrivateStep:
             training={"dpsgd": result.settings}, ledger=session.ledger_view(), timings=timings,
             device=str(device), sizes_ledger=session.sizes_view() if size_private else None)
         try:
-            with atomic_output(self.run_dir / "model.pt") as tmp:
-                torch_save(self.model.state_dict(), tmp)
+            record = save_model(record, self.model.state_dict(), self.run_dir)
             (self.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)
             write_key(self.run_dir / PRIVATE_DIR / "fingerprint.key", key)
-            record.write(self.run_dir)
+            finish_run(record, self.run_dir)
         finally:
             self.close()
         return record

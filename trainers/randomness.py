@@ -5,6 +5,11 @@ every random draw that touches privacy comes from ``os.urandom`` (the operating 
 CSPRNG) or from a generator seeded afresh from it. A seeded, reproducible mode exists for
 debugging and tests; it is explicit (``seed=...``) and recorded in the run record, whose
 statement then says the noise was reproducible.
+
+Every session of a run draws from streams of its own: a resumed run (``for_session``)
+never replays the draws of the sessions before it. Without a seed each session draws
+afresh from the CSPRNG anyway; with one, session k > 0 of stream s draws from the seed's
+stream ``(s, k)``, which the run directory's ledger records (``trainers.session``).
 """
 
 from __future__ import annotations
@@ -26,19 +31,34 @@ class Randomness:
             that shared one stream would sample and flip their shards in lockstep). Stream 0
             is the seed's own stream, so a one-process run is unchanged. Ignored without a seed
             (every process draws afresh from its CSPRNG).
+        session: which session of the run draws (0: the first; k: the k-th resume). A
+            session other than the first draws from streams of its own, never the ones an
+            earlier session drew from (``for_session``).
     """
 
-    def __init__(self, seed: int | None = None, *, stream: int = 0):
+    def __init__(self, seed: int | None = None, *, stream: int = 0, session: int = 0):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if isinstance(session, bool) or not isinstance(session, int) or session < 0:
+            raise ValueError(f"session must be a non-negative integer, got {session!r}")
         self.seed = seed
         self.stream = int(stream)
-        source = seed if self.stream == 0 else np.random.SeedSequence(seed, spawn_key=(self.stream,))
+        self.session = session
+        key = (self.stream,) if session == 0 else (self.stream, session)
+        source = seed if key == (0,) else np.random.SeedSequence(seed, spawn_key=key)
         self._seeded = np.random.Generator(np.random.PCG64(source)) if seed is not None else None
+
+    def for_session(self, session: int) -> Randomness:
+        """The randomness of session ``session`` of this run: this one for the first, fresh streams for a resume."""
+        return self if session == self.session else Randomness(self.seed, stream=self.stream, session=session)
 
     @property
     def policy(self) -> str:
         return "seeded" if self.seed is not None else "csprng"
+
+    def ledger_note(self) -> dict:
+        """What a session's ledger records of where its draws come from (``trainers.session``)."""
+        return {"policy": self.policy, "seed": self.seed, "session": self.session}
 
     def record(self) -> dict:
         return {"policy": self.policy, "seed": self.seed,

@@ -136,6 +136,11 @@ def execute_plan(plan, data_path, options: RunOptions | None = None) -> RunRecor
                                          run.prep.vocabulary)
         # Every refusal is behind us: only now does the run directory come into being.
         context.session = _open_session(plan, run, options)
+        # This session's own streams (a resumed run never replays an earlier session's draws);
+        # rank 0's session knows which session this is.
+        index = context.session.index if context.collective is None else \
+            context.collective.broadcast_object(context.session.index)
+        context.randomness = run.randomness = run.randomness.for_session(index)
         try:
             _start_model(context, run, options)
             entries = run_phases(context)
@@ -219,8 +224,8 @@ def _context(plan, run: _Prepared, options: RunOptions) -> PhaseContext:
 def _open_session(plan, run: _Prepared, options: RunOptions):
     out = run.checked.out
     if out and run.checked.lead:
-        return Session(out, plan, resume=options.resume, checkpoint_every=options.checkpoint_every,
-                       rows=run.prep.data_info["rows_used"])
+        return Session(out, plan, randomness=run.randomness, resume=options.resume,
+                       checkpoint_every=options.checkpoint_every, rows=run.prep.data_info["rows_used"])
     return NullSession()
 
 

@@ -10,7 +10,7 @@ Layout of ``runs/NAME/``:
     checkpoint.pt    model and optimiser state, written after an fsync of the ledger
     private/ledger.jsonl  the DP-SGD batch sizes, when the plan's N is a DP count: they are
                      Binomial(true N, q) draws, so the public ledger holds the intents alone
-    model.pt, run.json   written last
+    model.pt, run.json   written last; checkpoint.pt is removed once run.json is written
 
 A one-shot release whose intent is in the ledger but whose result was never persisted
 (the process died in between) cannot be resumed: drawing it again would be a second
@@ -51,9 +51,16 @@ class Session:
         checkpoint_every: DP-SGD steps between checkpoints.
         rows: the rows the data has after capping; noted in the private batch-size ledger
             (each session) when the plan's N is a DP count, for the auditor's sampling test.
+        randomness: the run's ``Randomness``. This session draws from ``self.randomness``,
+            its streams for this session (``Randomness.for_session``: a resumed run never
+            replays an earlier session's draws), and the ledger records its policy, seed and
+            session index before any spending of the session (a ``seeds`` line).
+
+    Attributes:
+        index: which session of the run this is (0 for the first, k for the k-th resume).
     """
 
-    def __init__(self, directory: str | Path, plan, *, resume: bool = False, checkpoint_every: int = 200,
+    def __init__(self, directory: str | Path, plan, *, randomness, resume: bool = False, checkpoint_every: int = 200,
                  ledger_sync_every: int = 1, rows: int | None = None):
         self.dir = Path(directory)
         self._discarded = False
@@ -105,6 +112,9 @@ class Session:
         self._created = created
         if resume:
             self.ledger.note("resume")
+        self.index = self.ledger.sessions - 1
+        self.randomness = randomness.for_session(self.index)
+        self.ledger.note("seeds", **self.randomness.ledger_note())
         self.checkpoint_every = max(1, int(checkpoint_every))
 
     # ------------------------------------------------------------- releases
@@ -237,6 +247,7 @@ class NullSession:
 
     resumed = False
     checkpoint_every = 0
+    index = 0
 
     def __init__(self):
         self._dpsgd = 0

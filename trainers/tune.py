@@ -145,7 +145,7 @@ def execute_grid(plan, data_path, options, *, settings, out):
                                     f"validation_fraction {sel['validation_fraction']:g}")
     part = _Part(data.take(train_idx), data.take(val_idx), prep.unit_counts[~held] if prep.unit_counts is not None
                  else None)
-    session = Session(out, plan, rows=prep.data_info["rows_used"]) if out else NullSession()
+    session = Session(out, plan, randomness=rnd, rows=prep.data_info["rows_used"]) if out else NullSession()
     base = options.dpsgd_settings or DPSGDSettings.for_device(device)
     timings = dict(prep.timings)
     try:

@@ -59,7 +59,10 @@ def release_problems(view: LedgerView, run_dir: Path, expected: dict[str, str | 
         if digest is not None and notes[0].get("sha256") != digest:
             problems.append(f"the {phase} release's digest in the ledger is not the record's")
         path = run_dir / RELEASE_FILES[phase]
-        if path.exists() and array_sha256(path) != notes[0].get("sha256"):
+        if not path.exists():
+            problems.append(f"{path.name}, the {phase} release the ledger recorded, is not here: what was released "
+                            "cannot be confirmed (and a resumed run could not reload it)")
+        elif array_sha256(path) != notes[0].get("sha256"):
             problems.append(f"{path.name} does not match the digest the ledger recorded for it")
     return problems
 

@@ -22,6 +22,7 @@ def names_plan_check(record: RunRecord, plan: Plan) -> Check:
         problems.append(f"the record's algorithm is {record.algorithm!r}, the plan's {plan.scenario.algorithm!r}")
     if record.rows_used != plan.dataset_size:
         problems.append(f"the run used {record.rows_used} rows; the plan accounts N = {plan.dataset_size}")
+    problems += private_problems(record, plan)
     expected = [p.name for p in plan.phases if records_phase(p.name)]
     shown = [p.name for p in record.phases]
     if record.tuning is not None and not plan.tuned:
@@ -38,6 +39,34 @@ def names_plan_check(record: RunRecord, plan: Plan) -> Check:
 def entry_of(record: RunRecord, phase: Phase) -> PhaseRun | None:
     """The record's entry for the plan's ``phase`` (entries carry their phase kind's name)."""
     return next((p for p in record.phases if p.name == phase.name), None)
+
+
+def private_problems(record: RunRecord, plan: Plan) -> list[str]:
+    """The private record (when here) names the plan and the rows the plan accounts: the one place its data is read.
+
+    ``rows_in`` rows were read (and fingerprinted), ``rows_used`` kept after capping: without
+    capping the same, with it no more; and, unless the plan's N is a DP count (then the true
+    count is what it protects), ``rows_used`` is the plan's N.
+    """
+    part = record.private_part
+    if part is None:
+        return []
+    problems = []
+    if part.plan_sha256 != plan.sha256:
+        problems.append(f"the private record names plan {part.plan_sha256}, not {plan.sha256}")
+    data = part.data
+    rows_in, rows_used = data.get("rows_in"), data.get("rows_used")
+    fingerprinted = (data.get("fingerprint") or {}).get("rows")
+    if plan.count is None and rows_used != plan.dataset_size:
+        problems.append(f"the private record says {rows_used!r} rows were used; the plan accounts N = "
+                        f"{plan.dataset_size}")
+    if not isinstance(rows_in, int) or not isinstance(rows_used, int) or \
+            rows_used > rows_in or (plan.unit.cap == 1 and rows_used != rows_in):
+        problems.append(f"the private record's rows_in ({rows_in!r}) and rows_used ({rows_used!r}) do not fit "
+                        f"{'capping' if plan.unit.cap > 1 else 'a run without capping (they are equal)'}")
+    if fingerprinted is not None and fingerprinted != rows_in:
+        problems.append(f"the private record's fingerprint covers {fingerprinted!r} rows, its rows_in is {rows_in!r}")
+    return problems
 
 
 def record_entry(record: RunRecord, kind: type[_R]) -> _R | None:

@@ -49,8 +49,16 @@ before planning; ``independent re-accounting`` re-derives its epsilon with dp_ac
 and its batch sizes are tested against the true row count, both from the private side
 (``private/record.json``, ``private/ledger.jsonl``): without them the test fails closed.
 
+``model file`` and ``seed policy`` (``budgetplan.audit.evidence``): ``model.pt`` is the
+model the record names by its digest, and every session of the ledger drew under the
+record's seed policy, each from streams of its own. A seeded run is reported as
+``seeded``: not certifiable as private, whatever its checks say.
+
 An interrupted run (a run directory with a ledger but no record yet) is audited on what
-its ledger shows: nothing beyond the plan so far.
+its ledger shows (nothing beyond the plan so far, every session's seed policy recorded),
+and fails ``run completed``: there is nothing to certify until it is resumed and completes
+(the CLI exits 3 when that is all that fails). A ``model.pt`` without a record fails
+``model file`` too: a model whose record was deleted cannot be certified.
 """
 
 from __future__ import annotations
@@ -58,18 +66,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from budgetplan.audit.canary import check_one_run
+from budgetplan.audit.evidence import (
+    MODEL_FILE,
+    ledger_view,
+    model_check,
+    recorded_seeds,
+    seeds_check,
+    session_problems,
+)
 from budgetplan.audit.ledger import ledger_check, release_problems, steps_check
 from budgetplan.audit.private_n import n_private_check, sizes_evidence
 from budgetplan.audit.reaccount import reaccount_check
 from budgetplan.audit.record import names_plan_check, record_entry
 from budgetplan.audit.releases import calibration_check, flips_check, noise_check, walr_check
-from budgetplan.audit.report import ALPHA, REACCOUNT_TOLERANCE, AuditReport, Check
+from budgetplan.audit.report import ALPHA, INTERRUPTED, REACCOUNT_TOLERANCE, AuditReport, Check
 from budgetplan.audit.sampling import (
     sampling_checks,
 )
 from budgetplan.audit.tuned import audit_tuned, audit_tuned_interrupted
 from budgetplan.audit.verify import verify_plan
-from budgetplan.errors import BudgetplanError
+from budgetplan.errors import BudgetplanError, InvalidParameterError
 from budgetplan.plan import Plan, load_plan
 from budgetplan.record.ledger import RELEASE_FILES, read_ledger
 from budgetplan.record.records import (
@@ -115,8 +131,12 @@ def audit_run(record_path: str | Path, plan_path: str | Path | None = None, *, a
     """
     record_path = Path(record_path)
     run_dir = run_dir_of(record_path)
+    if not record_path.exists() and not run_dir.is_dir():
+        raise InvalidParameterError(f"run {str(record_path)!r}: the run directory {str(run_dir)!r} does not exist")
     plan = find_plan(record_path, plan_path)
-    report = AuditReport(record=str(record_path), plan_sha256=plan.sha256)
+    g = plan.guarantee
+    report = AuditReport(record=str(record_path), plan_sha256=plan.sha256, epsilon=g.epsilon, delta=g.delta,
+                         adjacency=plan.adjacency.value)
     add = report.checks.append
     verified = verify_plan(plan, signed=signed)
     add(Check("plan verifies", verified.ok, "hash, schema and recomputed numbers hold" if verified.ok
@@ -124,6 +144,7 @@ def audit_run(record_path: str | Path, plan_path: str | Path | None = None, *, a
     record_file = record_path if record_path.suffix == ".json" and not record_path.is_dir() else run_dir / "run.json"
     if not record_file.exists() and (run_dir / "ledger.jsonl").exists():
         report.status = "interrupted"
+        interrupted_checks(report, plan, run_dir)
         if plan.tuned:
             audit_tuned_interrupted(report, plan, run_dir)
         else:
@@ -137,6 +158,9 @@ def audit_run(record_path: str | Path, plan_path: str | Path | None = None, *, a
     add(Check("record is well-formed", True, "public record" + (" and private record" if record.private_part
                                                                 else "") + " read strictly; hashes hold"))
     add(names_plan_check(record, plan))
+    add(model_check(record, run_dir))
+    add(seeds_check(record, ledger_view(run_dir, plan)))
+    report.seeded = recorded_seeds(record)[0] != "csprng"
     if plan.tuned:  # n runs and a selection: checked configuration by configuration
         audit_tuned(report, record, plan, run_dir, alpha)
     else:
@@ -243,6 +267,24 @@ def code_check(record: RunRecord) -> Check:
 
 
 # ----------------------------------------------------------------------- interrupted runs
+
+
+def interrupted_checks(report: AuditReport, plan: Plan, run_dir: Path) -> None:
+    """What every interrupted run fails or shows: no record to certify, a model without one, the seed notes."""
+    add = report.checks.append
+    view = ledger_view(run_dir, plan)
+    spent = len(view.events("intent")) if view is not None else 0
+    add(Check(INTERRUPTED, False, f"no run.json: the run was interrupted (its ledger logs {spent} spending intents) "
+                                  "or its record was deleted; nothing to certify until it is resumed and completes"))
+    if (run_dir / MODEL_FILE).exists():
+        add(Check("model file", False, f"{MODEL_FILE} is here but no record is: the record was deleted or never "
+                                       "written, so this model cannot be certified"))
+    if view is not None:
+        problems, policies = session_problems(view)
+        report.seeded = "seeded" in policies
+        shown = ", ".join(sorted(map(str, policies))) or "none recorded, nothing spent"
+        add(Check("seed policy", not problems, "; ".join(problems) or
+                  f"{view.sessions} session(s); every one that spent recorded its seed policy first ({shown})"))
 
 
 def audit_interrupted(report: AuditReport, plan: Plan, run_dir: Path, alpha: float) -> None:

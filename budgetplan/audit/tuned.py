@@ -100,7 +100,9 @@ def _ledger(record: RunRecord | None, plan: Plan, run_dir: Path,
                             f"{len(notes)} release(s); exactly one of each is planned")
             continue
         path = run_dir / f"c{c.index}_rr_labels.npy"
-        if path.exists() and array_sha256(path) != notes[0].get("sha256"):
+        if not path.exists():
+            problems.append(f"{path.name}, configuration {c.index}'s RR release the ledger recorded, is not here")
+        elif array_sha256(path) != notes[0].get("sha256"):
             problems.append(f"{path.name} does not match the digest the ledger recorded for it")
     return view, problems
 

@@ -291,19 +291,32 @@ def audit(run: str, plan_path: str | None, data_path: str | None, key_path: str 
                                  empirical=empirical, signed=signed_scenario, one_run=one_run)
     if as_json:
         emit_json(report.to_dict())
-        if not report.passed:
-            click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)
     else:
         rows = [[c.name, "pass" if c.passed else "FAIL", c.detail] for c in report.checks]
-        rows += [[e["name"], "pass" if e["passed"] else "FAIL",
-                  f"lower bound {fmt(e['epsilon_lower_bound'])} vs planned {fmt(e['planned_epsilon'])}"
-                  + (f"; failing: {', '.join(e['failing'])}" if e.get("failing") else "")
-                  + (f"; {e['detail']}" if e.get("detail") and not e["passed"] else "")]
-                 for e in report.empirical]
+        rows += [[e["name"], "pass" if e["passed"] else "FAIL", empirical_detail(e)] for e in report.empirical]
         status = "" if report.status == "completed" else f", {report.status}"
+        status += ", seeded: not certifiable as private" if report.seeded else ""
         assert report.plan_sha256 is not None  # an audit reads its plan before anything else
-        console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}...{status})",
+        console().print(results_table(f"Audit of {run} (plan {report.plan_sha256[:12]}..., "
+                                      f"({fmt(report.epsilon)}, {fmt(report.delta)}) {report.adjacency}{status})",
                                       ["check", "result", "detail"], rows))
-        if not report.passed:
-            click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)
+    if report.nothing_to_certify:
+        click.echo("error: interrupted run: nothing to certify until it is resumed and completes", err=True)
+        click.get_current_context().exit(INTERRUPTED_EXIT)
+    if not report.passed:
+        click.echo(f"error: audit failed: {', '.join(report.failing())}", err=True)
     click.get_current_context().exit(0 if report.passed else 1)
+
+
+INTERRUPTED_EXIT = 3  # audit: an interrupted run whose ledger holds up, with no record yet to certify
+
+
+def empirical_detail(row: dict[str, Any]) -> str:
+    """An empirical row's bound against the epsilon it is compared with, each with the adjacency it is under."""
+    compared = row.get("compared")
+    text = f"lower bound {fmt(row['epsilon_lower_bound'])} vs {fmt(row['planned_epsilon'])}"
+    text += f" ({compared})" if compared else ""
+    if row.get("phase_epsilon") is not None and row.get("phase_epsilon") != row["planned_epsilon"]:
+        text += f"; the plan's phase: {fmt(row['phase_epsilon'])} ({row.get('phase_adjacency', 'its adjacency')})"
+    text += f"; failing: {', '.join(row['failing'])}" if row.get("failing") else ""
+    return text + (f"; {row['detail']}" if row.get("detail") and not row["passed"] else "")

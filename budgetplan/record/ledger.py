@@ -12,6 +12,7 @@ deleted or reordered line breaks the chain and the ledger is refused. Events:
 
     open        {plan_sha256}                   first line
     resume      {}                              a later session began
+    seeds       {policy, seed, session}         where this session's draws come from, before it spends
     intent      {phase, step[, batch_size]}     before a noisy step or a release
     released    {phase, sha256, ...}            a one-shot release was persisted
     checkpoint  {phase, step}                   model state saved after ``step`` steps

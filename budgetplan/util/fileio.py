@@ -22,6 +22,7 @@ A path that is not a plain file is never replaced:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -36,7 +37,7 @@ from pathlib import Path
 from budgetplan.errors import InvalidParameterError, OutputError
 
 __all__ = ["atomic_output", "write_atomic", "check_writable", "check_not_input", "remove_stale_temporaries",
-           "is_temporary", "torch_save"]
+           "is_temporary", "torch_save", "file_sha256"]
 
 _NAME_MAX = 255  # bytes in one path component on every common file system (ext4, xfs, APFS, NTFS)
 _TMP_SUFFIX = ".tmp"
@@ -298,3 +299,12 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes, read a block at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

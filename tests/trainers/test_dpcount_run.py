@@ -135,7 +135,7 @@ def test_interrupted_then_resumed_run_audits_clean(run, tmp_path, monkeypatch):
         execute_plan(plan, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST,
                                                               checkpoint_every=5))
     interrupted = audit_run(tmp_path / "run")
-    assert interrupted.status == "interrupted" and interrupted.passed, interrupted.to_dict()
+    assert interrupted.status == "interrupted" and interrupted.nothing_to_certify, interrupted.to_dict()
     monkeypatch.setattr(session_mod.Session, "intend", original)
     record = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=FAST,
                                                                    resume=True))

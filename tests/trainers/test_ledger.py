@@ -169,7 +169,7 @@ def test_ten_kills_at_random_points_then_the_audit_passes(dp_setup, tmp_path):
         proc.wait()
         assert not (out / "run.json").exists()
         interrupted = audit_run(out)
-        assert interrupted.status == "interrupted" and interrupted.passed, interrupted.to_dict()
+        assert interrupted.status == "interrupted" and interrupted.nothing_to_certify, interrupted.to_dict()
     rec = execute_plan(plan, root / "train.parquet", RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4),
                                                                 resume=True))
     assert not list(out.glob(".*.tmp"))
@@ -229,3 +229,53 @@ def test_a_released_lock_leaves_no_file_and_a_removed_one_is_not_taken(tmp_path)
     assert not (tmp_path / ".lock").exists()  # never stale
     again = RunLock(tmp_path)  # and free to take
     again.release()
+
+
+def test_each_session_of_a_seeded_run_draws_from_its_own_streams():
+    from trainers.randomness import Randomness
+
+    first = Randomness(7)
+    assert first.for_session(0) is first  # a run never resumed draws exactly as before
+    draws = [Randomness(7, stream=s).for_session(k).uniform_u64(4).tolist() for s in (0, 1) for k in (0, 1, 2)]
+    assert len({tuple(d) for d in draws}) == 6  # every (rank, session) pair its own stream
+    assert Randomness(7).for_session(2).uniform_u64(4).tolist() == Randomness(7, session=2).uniform_u64(4).tolist()
+
+
+def test_a_resumed_seeded_run_does_not_replay_its_draws(dp_setup, tmp_path, monkeypatch):
+    """Interrupted after 12 steps and resumed: steps 12-23 once drew exactly the batch sizes of steps 0-11."""
+    import re
+
+    from budgetplan.audit import audit_run
+    from budgetplan.record.ledger import read_ledger
+    from trainers import session as session_mod
+
+    root, _ = dp_setup
+    text = demo_scenario(epsilon=3.0, dataset_size=N_ROWS, spec=SYNTH_FEATURES, epochs=1).replace(
+        'name = "rr"', 'name = "dpsgd"').replace("delta = 0.0", "delta = 1e-6")
+    text = re.sub(r"\[rr\]\n(.+\n)*?\n", "[dpsgd]\nbatch_size = 30\nsteps = 40\nclipping_norm = 1.0\n\n", text)
+    plan = build_plan(parse_scenario(text))  # DP-SGD alone: a replayed stream replays its batch sizes exactly
+    out = tmp_path / "run"
+    original = session_mod.Session.intend
+
+    def dying(self, step, batch_size=None, rank_batch_sizes=None):
+        original(self, step, batch_size, rank_batch_sizes)
+        if step == 11:
+            raise KeyboardInterrupt  # killed after the intent of step 12 was logged
+
+    options = RunOptions(out_dir=out, settings=TrainSettings(embedding_dim=4), seed=7, checkpoint_every=6)
+    monkeypatch.setattr(session_mod.Session, "intend", dying)
+    with pytest.raises(KeyboardInterrupt):
+        execute_plan(plan, root / "train.parquet", options)
+    monkeypatch.setattr(session_mod.Session, "intend", original)
+    assert (out / "checkpoint.pt").exists()
+    execute_plan(plan, root / "train.parquet", RunOptions(**{**options.__dict__, "resume": True}))
+    view = read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
+    sizes = view.batch_sizes()
+    assert len(sizes) == 40 and sizes[12:24] != sizes[:12]
+    assert [(e["policy"], e["seed"], e["session"]) for e in view.events("seeds")] == [("seeded", 7, 0),
+                                                                                        ("seeded", 7, 1)]
+    assert not (out / "checkpoint.pt").exists()  # it exists only while the run is unfinished
+    report = audit_run(out)
+    assert report.passed and report.seeded, report.failing()
+    seeds = next(c for c in report.checks if c.name == "seed policy")
+    assert "2 session(s), each on its own streams" in seeds.detail and "not certifiable" in seeds.detail

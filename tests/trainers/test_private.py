@@ -269,6 +269,28 @@ def test_finish_is_refused_before_the_last_step(tmp_path):
     assert not (tmp_path / "run/run.json").exists()
 
 
+def test_a_resumed_seeded_loop_draws_afresh(tmp_path):
+    """Killed after step 12 and resumed with the same seed: the resumed steps do not replay the first ones."""
+    from budgetplan.record.ledger import read_ledger
+
+    plan, data = dpsgd_plan(epochs=1), _data()
+    first = _step(plan, tmp_path, checkpoint_every=5, seed=3)
+    for i, batch in enumerate(first.batches(*data)):
+        first(batch)
+        if i == 11:
+            break
+    first.close()
+    second = _step(plan, tmp_path, resume=True, checkpoint_every=5, seed=3)
+    for batch in second.batches(*data):
+        second(batch)
+    second.finish()
+    view = read_ledger(tmp_path / "run/ledger.jsonl")
+    sizes = view.batch_sizes()
+    assert sizes[12:20] != sizes[:8], sizes
+    assert [e["session"] for e in view.events("seeds")] == [0, 1]
+    assert not (tmp_path / "run/checkpoint.pt").exists()
+
+
 def test_an_interrupted_run_resumes_from_its_ledger_and_audits(tmp_path, runner):
     plan, data = dpsgd_plan(epochs=1), _data()
     first = _step(plan, tmp_path, checkpoint_every=5)

@@ -59,7 +59,9 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
 
     Each row is ``Result.to_row``: ``name`` ("empirical rr", "empirical walr", "empirical
     dpsgd"), ``passed``, ``epsilon_lower_bound``, ``planned_epsilon``, ``checks``,
-    ``failing``, ``detail`` and the rest of the ``Result``. A DP-SGD phase under truncated
+    ``failing``, ``detail`` and the rest of the ``Result``, and ``phase_adjacency``: the
+    adjacency of the plan's own ``phase_epsilon`` (``compared`` says what the bound is
+    compared with, which may be another adjacency's epsilon). A DP-SGD phase under truncated
     Poisson sampling has no canary audit (its batches cannot be scaled down to the canary
     set as accounted) and gets no row.
 
@@ -85,7 +87,9 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
                 res = _with_phase_epsilon(res, phase)
             case _:
                 continue
-        rows.append(res.to_row(f"empirical {phase.name}"))
+        row = res.to_row(f"empirical {phase.name}")
+        row["phase_adjacency"] = phase.guarantee.adjacency.value  # what phase_epsilon is under (compared: the bound's)
+        rows.append(row)
     return rows
 
 

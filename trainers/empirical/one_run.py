@@ -65,7 +65,7 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
             fresh CSPRNG one).
 
     Returns:
-        {"name": "one-run dpsgd", "passed", "epsilon_lower_bound", "planned_epsilon",
+        {"name": "one-run dpsgd", "passed", "epsilon_lower_bound", "planned_epsilon", "compared",
         "failing", "detail", "seconds", "steps", and the ``bound_from_scores`` fields}.
     """
     t0 = time.perf_counter()
@@ -103,6 +103,7 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
               f"(the steps with sigma / {res['noise_divisor']:.3g}), against the phase's replace-one {planned:.4g}"
               + (": the guesses refute the phase's trade-off curve" if res["refutes_plan"] else ""))
     return {"name": "one-run dpsgd", "passed": not failing, "epsilon_lower_bound": eps, "planned_epsilon": planned,
+            "compared": f"the phase's replace-one epsilon of {steps_text}; one canary is one row",
             "failing": failing, "detail": detail, "seconds": time.perf_counter() - t0, "steps": t, **res}
 
 

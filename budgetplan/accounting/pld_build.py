@@ -19,12 +19,14 @@ counts beyond MAX_COMPOSITIONS, are refused with the largest value that works.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from budgetplan.accounting import allocation_pld, fastpld, mog
+from budgetplan.accounting.ctd import readonly
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
@@ -45,6 +47,12 @@ __all__ = ["BuiltPLD", "build", "pld_of", "pure_epsilon"]
 _TAIL_SHARE = 1e-3
 # Each failed try coarsens the grid at least 1.5-fold; a few always suffice.
 _COARSEN_TRIES = 8
+# The last few compositions, by (mechanism, adjacency, unit, discretization, delta): a
+# calibration re-accounts the noise it settled on, and a split grid's cells and a planner's
+# alternatives ask for the same mechanism more than once. A composed grid is up to
+# MAX_GRID_POINTS floats, so only a handful are kept (read-only).
+_RECENT: OrderedDict[tuple[object, ...], BuiltPLD] = OrderedDict()
+_RECENT_SIZE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,25 @@ def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, disc
         UnsupportedError: a combination without a PLD here, more steps or copies than
             MAX_COMPOSITIONS, a unit cap whose mixture exceeds MAX_MIXTURE_ATOMS.
     """
+    key = (mechanism, adjacency, unit, discretization, delta)
+    try:
+        hit = _RECENT.get(key)
+    except TypeError:  # a mechanism holding an unhashable value: not kept
+        return _build(mechanism, adjacency, unit, discretization, delta)
+    if hit is not None:
+        _RECENT.move_to_end(key)
+        return hit
+    built = _build(mechanism, adjacency, unit, discretization, delta)
+    for pmf in built.pld.pmfs:
+        readonly(pmf)
+    _RECENT[key] = built
+    while len(_RECENT) > _RECENT_SIZE:
+        _RECENT.popitem(last=False)
+    return built
+
+
+def _build(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
+           delta: float) -> BuiltPLD:
     d = discretization
     for _ in range(_COARSEN_TRIES):
         try:

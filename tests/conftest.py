@@ -19,7 +19,6 @@ def runner():
 # still checked in the default run at a smaller size, except where noted.
 SLOW = {
     # issue 26's extreme accounting inputs, each within its stated bound (docs/reference/cli.md)
-    "tests/fuzz/test_fuzz.py::test_case[misc-dpsgd-pld-unit-cap-1e5-replace-one]",  # [23]
     "tests/fuzz/test_fuzz.py::test_case[scenario-dpsgd-pld-noise-0.01]",  # [21]
     "tests/fuzz/test_fuzz.py::test_case[misc-dpsgd-pld-noise-0.01]",  # [19]
     "tests/test_calibrate.py::test_never_overshoots_when_reaccounted_finer",  # [229]

@@ -46,12 +46,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed runs of each command")
     parser.add_argument("--baseline", type=Path, help="another source tree to time side by side")
+    parser.add_argument("--baseline-label", default=None, help="what the baseline tree is (a commit, a release)")
     h.add_smoke(parser, out=True)
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.baseline is not None and not (args.baseline / "budgetplan" / "__init__.py").is_file():
-        parser.error(f"--baseline must be a source tree holding budgetplan/, got {str(args.baseline)!r}")
     args.argv = list(argv)
     h.apply_smoke(parser, args, argv, {"rounds": 1})
     return args
@@ -82,7 +81,20 @@ def timed(tree: Path, argv: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def settings(args: argparse.Namespace) -> dict:
+    """Every setting of the run: the commands as templates ({tmp}: a fresh temporary folder)."""
+    todo = {"grid": GRID + (SMOKE_GRID if args.smoke else []), "accounting": ACCOUNTING,
+            "user-level plan": ["plan", "example:dpsgd-user-level at 1M rows" if args.smoke else
+                                "example:dpsgd-user-level", *USER_LEVEL[2:]]}
+    return h.settings_record("planner.py", args.argv, {
+        "commands": {k: " ".join(v) for k, v in todo.items()}, "rounds": args.rounds,
+        "baseline": str(args.baseline) if args.baseline else None, "baseline_label": args.baseline_label,
+        "targets_seconds": TARGETS})
+
+
 def run(args: argparse.Namespace) -> dict:
+    if args.baseline is not None and not (args.baseline / "budgetplan" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline must be a source tree holding budgetplan/, got {str(args.baseline)!r}")
     trees = {"this tree": ROOT} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,12 +109,11 @@ def run(args: argparse.Namespace) -> dict:
         for name, argv in todo.items():
             walls = [w for w, _ in times[tree_name][name]]
             cpus = [c for _, c in times[tree_name][name]]
-            rows.append({"tree": tree_name, "command": name, "argv": argv, "wall_median": statistics.median(walls),
+            rows.append({"tree": tree_name, "command": name, "argv": [a.replace(tmp, "{tmp}") for a in argv],
+                         "wall_median": statistics.median(walls),
                          "cpu_median": statistics.median(cpus), "wall_all": walls, "cpu_all": cpus,
                          "target_seconds": TARGETS[name]})
-    return {"settings": h.settings_record("planner.py", args.argv, {
-                "commands": {k: " ".join(v) for k, v in todo.items()}, "rounds": args.rounds,
-                "baseline": str(args.baseline) if args.baseline else None, "targets_seconds": TARGETS}),
+    return {"settings": settings(args),
             "machine": h.machine() | {"load_average_1min_before": load_before,
                                       "load_average_1min_after": os.getloadavg()[0]},
             "rows": rows}

@@ -112,6 +112,13 @@ def _split_selection(r: dict) -> None:
     assert plans["5 splits"]["run_epsilon"] < plans["3 splits"]["run_epsilon"] < plans["default"]["run_epsilon"]
 
 
+def _planner(r: dict) -> None:
+    rows = {row["command"]: row for row in r["rows"]}
+    assert sorted(rows) == ["accounting", "grid", "user-level plan"]
+    assert all(_finite(row["wall_median"], row["cpu_median"]) and row["wall_median"] > 0 for row in rows.values())
+    assert "--smoke" in r["settings"]["argv"] and "1000000" in rows["grid"]["argv"]
+
+
 def _user_level(r: dict) -> None:
     arms = r["summary"]["arms"]
     assert sorted(arms) == ["1|example", "2|example", "2|unit"]
@@ -129,6 +136,7 @@ SCRIPTS = {
     "dpsgd_step": ("| shape | batch | mode | step median (s) |", _dpsgd_step),
     "epoch_throughput": ("| shape | mode | steps | seconds | rows/s |", _epoch_throughput),
     "one_run_audit": ("| plan epsilon | canaries | model | DP-SGD optimiser | arm |", _one_run_audit),
+    "planner": ("| command | tree | wall s | CPU s | target wall s |", _planner),
     "paper_sizes": ("| processes | wall s | read s | encode s | DP-SGD s |", _paper_sizes),
     "split_grid": ("| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
     "split_selection": ("| shape | epsilon | plan | epsilon per configuration |", _split_selection),

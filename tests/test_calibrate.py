@@ -151,3 +151,20 @@ def test_min_dataset_size_stops_at_the_pld_step_limit():
     with pytest.raises(InfeasibleError) as err:
         dpsgd_min_dataset_size(noise_multiplier=1.0, batch_size=256, epochs=1, epsilon=1e-6, delta=1e-5)
     assert err.value.knob == "dataset_size" and "step limit" in str(err.value)
+
+
+def test_solver_does_not_creep_from_one_side():
+    """Steep below the root and nearly flat above it, the secant creeps from the flat side: plain
+    Illinois took 57 evaluations here; a bisection after three moves of the same end bounds it.
+    The answer still meets the target and lies within the tolerance above the root."""
+    from budgetplan.planning.calibrate import REL_TOL, solve_decreasing
+
+    root = 1.9
+
+    def eps_of(x):
+        return math.exp(min(700.0, 30 * (root - x))) if x < root else 1.0 - 1e-6 * (x - root)
+
+    x, e, n = solve_decreasing(eps_of, 1.0, 1.0, step=0.25, lo_limit=1e-3, hi_limit=1e4)
+    assert eps_of(x) <= 1.0 and e == eps_of(x)
+    assert root <= x <= root * math.exp(REL_TOL)
+    assert n <= 40

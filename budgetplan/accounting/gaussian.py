@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 from budgetplan.accounting.limits import MAX_GAUSSIAN_RATIO
 from budgetplan.errors import InvalidParameterError
@@ -84,6 +84,8 @@ def analytic_epsilon(*, sigma: float, delta: float, sensitivity: float = 1.0) ->
     hi = max(1.0, mu * mu)
     while _log_delta(hi, mu) > target:
         hi *= 2.0
+    from scipy import optimize  # heavy (~0.3 s: linalg, sparse): only when a root is solved for
+
     eps: float = optimize.brentq(lambda e: _log_delta(e, mu) - target, 0.0, hi, xtol=1e-14, rtol=1e-15)
     while _log_delta(eps, mu) > target:  # land on the safe side of the root
         eps = math.nextafter(eps, math.inf)
@@ -110,6 +112,8 @@ def analytic_sigma(*, epsilon: float, delta: float, sensitivity: float = 1.0) ->
         lo -= 1.0
     while gap(hi) > 0:
         hi += 1.0
+    from scipy import optimize  # heavy (~0.3 s: linalg, sparse): only when a root is solved for
+
     unit = math.exp(optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-15))
     sigma = sensitivity * unit
     if not math.isfinite(sigma):

@@ -53,7 +53,9 @@ def group_from_curve(
     Any example-level delta_e with delta_e * factor(eps(delta_e)) <= delta gives the unit
     guarantee (K eps(delta_e), delta). eps(.) is non-increasing, so the largest feasible
     delta_e is best; it is found by bisection in log delta_e, keeping the lower end
-    feasible, so the returned pair is always a valid guarantee.
+    feasible, so the returned pair is always a valid guarantee. Every feasible reading is
+    one, so the smallest epsilon read among them is returned: an upper-bound curve that is
+    looser at one delta than at a smaller one cannot steer the answer to the loose reading.
 
     Returns:
         (unit epsilon, example-level delta used).
@@ -84,13 +86,16 @@ def group_from_curve(
             break
         hi = lo
     best_eps, best_log = eps, lo
+    low = lo  # the bisection's feasible end
     for _ in range(50):
-        mid = 0.5 * (best_log + hi)
+        mid = 0.5 * (low + hi)
         ok, eps = feasible(mid)
         if ok:
-            best_log, best_eps = mid, eps
+            low = mid
+            if eps <= best_eps:
+                best_log, best_eps = mid, eps
         else:
             hi = mid
-        if hi - best_log < 1e-3:
+        if hi - low < 1e-3:
             break
     return k * best_eps, math.exp(best_log)

@@ -23,7 +23,7 @@ from budgetplan.accounting.pld_types import ADD_REMOVE, PLD, REPLACE_ONE, PLDPmf
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
-__all__ = ["mixture_of_gaussians", "double_mixture_of_gaussians"]
+__all__ = ["mixture_of_gaussians", "double_mixture_of_gaussians", "check_size"]
 
 # Entries of one (atoms x losses) block of the mixture's inverse-loss solve (32 MiB).
 _MOG_CHUNK = 1 << 22
@@ -191,3 +191,33 @@ def double_mixture_of_gaussians(
     sigma, sens, probs, bottom, d, bound = _mixture_args(
         standard_deviation, sensitivities, probabilities, discretization, log_mass_truncation_bound, dropped_mass)
     return PLD((_double_mog_pmf(sigma, sens, probs, bottom, d, bound),), REPLACE_ONE)
+
+
+def check_size(
+    *,
+    standard_deviation: float,
+    sensitivities: Sequence[float],
+    probabilities: Sequence[float],
+    relation: str,
+    discretization: float = 1e-4,
+    log_mass_truncation_bound: float = -50.0,
+    dropped_mass: float = 0.0,
+) -> None:
+    """Raise the ``GridLimitError`` the builder of ``relation`` would raise, without building.
+
+    Only the grid's ends are solved for (no loss grid, no inverse-loss solve), so a search for
+    the largest mixture that fits costs next to nothing per probe.
+    """
+    sigma, sens, probs, bottom, d, bound = _mixture_args(
+        standard_deviation, sensitivities, probabilities, discretization, log_mass_truncation_bound, dropped_mass)
+    if relation == REPLACE_ONE:
+        dmix = double_mog.DoubleMixture(sigma, sens, probs, bottom)
+        lower, upper = double_mog.grid_loss_bounds(dmix, bound)
+        _check_mixture_work(int(dmix.sens.size), lower, upper, d,
+                            f"the double mixture of Gaussians with sigma={sigma:g}")
+        return
+    mix = mog.Mixture(sigma, sens, probs, bottom)
+    for adjacency in ("remove", "add"):
+        lower, upper = mog.grid_loss_bounds(mix, adjacency, bound)
+        _check_mixture_work(int(np.count_nonzero(mix.pos)), lower, upper, d,
+                            f"the mixture of Gaussians with sigma={sigma:g}")

@@ -19,12 +19,14 @@ counts beyond MAX_COMPOSITIONS, are refused with the largest value that works.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from budgetplan.accounting import allocation_pld, fastpld, mog
+from budgetplan.accounting import allocation_pld, fastpld, mixture_pld, mog
+from budgetplan.accounting.ctd import readonly
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
@@ -45,6 +47,12 @@ __all__ = ["BuiltPLD", "build", "pld_of", "pure_epsilon"]
 _TAIL_SHARE = 1e-3
 # Each failed try coarsens the grid at least 1.5-fold; a few always suffice.
 _COARSEN_TRIES = 8
+# The last few compositions, by (mechanism, adjacency, unit, discretization, delta): a
+# calibration re-accounts the noise it settled on, and a split grid's cells and a planner's
+# alternatives ask for the same mechanism more than once. A composed grid is up to
+# MAX_GRID_POINTS floats, so only a handful are kept (read-only).
+_RECENT: OrderedDict[tuple[object, ...], BuiltPLD] = OrderedDict()
+_RECENT_SIZE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,25 @@ def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, disc
         UnsupportedError: a combination without a PLD here, more steps or copies than
             MAX_COMPOSITIONS, a unit cap whose mixture exceeds MAX_MIXTURE_ATOMS.
     """
+    key = (mechanism, adjacency, unit, discretization, delta)
+    try:
+        hit = _RECENT.get(key)
+    except TypeError:  # a mechanism holding an unhashable value: not kept
+        return _build(mechanism, adjacency, unit, discretization, delta)
+    if hit is not None:
+        _RECENT.move_to_end(key)
+        return hit
+    built = _build(mechanism, adjacency, unit, discretization, delta)
+    for pmf in built.pld.pmfs:
+        readonly(pmf)
+    _RECENT[key] = built
+    while len(_RECENT) > _RECENT_SIZE:
+        _RECENT.popitem(last=False)
+    return built
+
+
+def _build(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
+           delta: float) -> BuiltPLD:
     d = discretization
     for _ in range(_COARSEN_TRIES):
         try:
@@ -144,16 +171,38 @@ def _hopeless(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, del
         return (f"noise_multiplier={mechanism.noise_multiplier:g} is too small for PLD accounting (it works from "
                 f"about {best:.3g}); use method 'rdp'")
     if isinstance(mechanism, PoissonDPSGD):
-        lo, hi = 1, unit.cap
-        while hi - lo > max(1, lo // 100):  # to 1%
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mechanism, PrivacyUnit.capped(mid)) else (lo, mid)
+        steps = mechanism.steps
+        bound, drop = _truncation(delta, steps), delta * _TAIL_SHARE / steps
+
+        def step_fits(cap: int) -> bool:  # one step's grid sized, not built: cheap
+            try:
+                _mixture_inputs(mechanism, adjacency, cap, MAX_DISCRETIZATION, bound, drop, check_only=True)
+                return True
+            except (fastpld.GridLimitError, UnsupportedError):
+                return False
+
+        def full(cap: int) -> bool:
+            return fits(mechanism, PrivacyUnit.capped(cap))
+
+        # Where one step alone is too large, search on its size, then confirm with one build.
+        lo = _largest_cap_that(step_fits if not step_fits(unit.cap) else full, unit.cap)
+        if lo > 1 and not full(lo):
+            lo = _largest_cap_that(full, lo)
         kind = "mixture-of-Gaussians" if adjacency is Adjacency.ADD_REMOVE else "double-mixture-of-Gaussians"
         return (f"unit cap {unit.cap:,} is too large for the {kind} PLD at noise_multiplier="
                 f"{mechanism.noise_multiplier:g} (it works up to a unit cap of about {lo:,}); use unit_accounting "
                 "'group'")
     return ("a phase of this composition has privacy losses beyond the PLD engine's grids; "
             "account the phases separately (method 'basic')")
+
+
+def _largest_cap_that(fits: Callable[[int], bool], cap: int) -> int:
+    """The largest unit cap below ``cap`` (to 1%) for which ``fits`` holds, for fits monotone (1 if none)."""
+    lo, hi = 1, cap
+    while hi - lo > max(1, lo // 100):  # to 1%
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _boundary(fits: Callable[[float], bool], value: float, *, larger_fits: bool) -> float:
@@ -246,6 +295,14 @@ def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound
     Add-remove: the mixture of Gaussians (REMOVE and ADD). Replace-one: the double mixture,
     every sampled example of the unit moving its output from -C to +C.
     """
+    pld = _mixture_inputs(mech, adjacency, cap, d, bound, drop, check_only=False)
+    assert pld is not None  # built, not only checked
+    return pld
+
+
+def _mixture_inputs(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound: float, drop: float, *,
+                    check_only: bool) -> fastpld.PLD | None:
+    """``_mixture``'s step, built, or (``check_only``) only sized: raises what building would raise."""
     from scipy import stats  # heavy: scipy.stats (~0.7 s), for mixtures only
 
     q = mech.sampling_rate
@@ -259,12 +316,17 @@ def _mixture(mech: PoissonDPSGD, adjacency: Adjacency, cap: int, d: float, bound
     probs = stats.binom.pmf(sens, cap, q)
     # Atoms whose probability underflows to 0 are dropped by the engine: count them as left out too.
     outside += np.count_nonzero(probs == 0.0) * np.finfo(float).tiny
+    sigma, atoms = mech.noise_multiplier, tuple(float(s) for s in sens)
+    weights, dropped = tuple(float(p) for p in probs), min(1.0, outside)
+    if check_only:
+        mixture_pld.check_size(standard_deviation=sigma, sensitivities=atoms, probabilities=weights,
+                               relation=adjacency.value, discretization=d, log_mass_truncation_bound=bound,
+                               dropped_mass=dropped)
+        return None
     builder = (fastpld.mixture_of_gaussians if adjacency is Adjacency.ADD_REMOVE
                else fastpld.double_mixture_of_gaussians)
-    return builder(
-        standard_deviation=mech.noise_multiplier, sensitivities=tuple(float(s) for s in sens),
-        probabilities=tuple(float(p) for p in probs), discretization=d, log_mass_truncation_bound=bound,
-        dropped_mass=min(1.0, outside))
+    return builder(standard_deviation=sigma, sensitivities=atoms, probabilities=weights, discretization=d,
+                   log_mass_truncation_bound=bound, dropped_mass=dropped)
 
 
 def _largest_cap(cap: int, q: float, drop: float) -> int:

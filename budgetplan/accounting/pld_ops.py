@@ -40,7 +40,7 @@ from scipy import fft as _fft
 
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_GRID_POINTS, MIN_PLD_DELTA
 from budgetplan.accounting.pld_query import epsilon_for_delta_pmf
-from budgetplan.accounting.pld_tilt import Term, Terms, chernoff_window, choose_tilt, tilt_with_mean
+from budgetplan.accounting.pld_tilt import Term, Terms, chernoff_window, choose_tilt, tilt_with_mean, tilted_mean
 from budgetplan.accounting.pld_types import PLD, PLDPmf
 from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
@@ -219,7 +219,8 @@ def _compose_for_delta(terms: Sequence[Term], delta: float, lam: float) -> PLDPm
     Too small a tilt shows as an allowance above _ALLOWANCE_LIMIT x delta at the epsilon
     read; too large a one (the tilted law jumps past that epsilon, as the heavy remove
     tail of a subsampled Gaussian does at deltas like 1e-40) as that epsilon sitting on
-    the window's first loss, where the mass below the window was moved. Every attempt is
+    the window's first loss, where the mass below the window was moved, or as an allowance
+    above the limit with the tilted mean already above that epsilon. Every attempt is
     a valid upper bound, so the one with the smallest epsilon is returned.
     """
     budget = _INFINITY_SHARE * delta
@@ -237,8 +238,9 @@ def _compose_for_delta(terms: Sequence[Term], delta: float, lam: float) -> PLDPm
             best, best_eps = pmf, eps
         if not math.isfinite(eps):
             break
-        if lam > 0 and eps <= (pmf.lower_index + 1) * pmf.discretization:
-            hi = lam
+        if lam > 0 and (eps <= (pmf.lower_index + 1) * pmf.discretization or (
+                pmf.allowance(eps) > _ALLOWANCE_LIMIT * delta and tilted_mean(terms, lam) > eps)):
+            hi = lam  # on the first loss, or centred above eps with the masses at eps in the noise
         elif pmf.allowance(eps) > _ALLOWANCE_LIMIT * delta:
             lo = lam
         else:

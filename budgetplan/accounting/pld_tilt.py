@@ -22,7 +22,7 @@ from scipy import special
 
 from budgetplan.accounting.pld_types import PLDPmf
 
-__all__ = ["Term", "Terms", "tilt_with_mean", "choose_tilt", "chernoff_window"]
+__all__ = ["Term", "Terms", "tilted_mean", "tilt_with_mean", "choose_tilt", "chernoff_window"]
 
 # The tilt is chosen for a rounding allowance of about this share of delta at the epsilon read.
 _ALLOWANCE_TARGET = 1e-5
@@ -178,6 +178,11 @@ def _legendre(terms: Sequence[Term], theta0: float, c0: float, var: float, targe
     return theta0 + side * far
 
 
+def tilted_mean(terms: Sequence[Term], lam: float) -> float:
+    """C'(lam): the mean loss of the composition tilted by ``lam`` (increasing in lam)."""
+    return _moments(terms, lam)[1]
+
+
 def tilt_with_mean(terms: Sequence[Term], mean: float) -> float:
     """A lambda >= 0 whose tilted composition has mean at least ``mean`` (C'(lambda) >= mean)."""
     _, c1, c2 = _moments(terms, 0.0)
@@ -221,7 +226,14 @@ def choose_tilt(terms: Sequence[Term], delta: float, gamma: float) -> float:
     lam_e = (e_hat - m0) / v0
     guess = max(lam_e - math.sqrt(max(0.0, 2.0 * (log_target + log_delta) / v0 + lam_e * lam_e)), lam_e / 8)
     cap = _MAX_TILT_STEPS / terms[0].pmf.discretization
-    return _bracket_root(f, min(guess, cap), cap, 0.3)[1]
+    near, far = _bracket_root(f, min(guess, cap), cap, 0.3)
+    if near > 0 and _moments(terms, far)[1] > e_hat:
+        # Past the saddle point: a heavy upper tail (the remove direction of a subsampled
+        # Gaussian) can carry the tilted law's mass far above e_hat within a few percent of
+        # lambda, leaving the masses near the epsilon read in the FFT's noise. Stay at or
+        # below the saddle point (the mean is increasing in lambda).
+        return _bracket_root(lambda lam: _moments(terms, lam)[1] - e_hat, near, far, 0.02)[0]
+    return far
 
 
 # -------------------------------------------------------------------------- window

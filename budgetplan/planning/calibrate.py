@@ -53,6 +53,9 @@ _PLD_MARGIN = 2e-5
 # Accountings one search may spend; each is bounded by the engine's limits, so this bounds
 # the time. The secant search needs about a dozen; the rest is headroom for odd curves.
 _MAX_EVALUATIONS = 60
+# A secant step that moves the same end this many times in a row is followed by a bisection:
+# Illinois halving alone still creeps when the curve has a kink near the root.
+_STALL_RUN = 3
 # Re-checks at the finer grid, each moving sigma up by REL_TOL (0.5% in all).
 _MAX_VERIFY_STEPS = 50
 
@@ -178,24 +181,25 @@ def solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float,
                 break
             lo, g_lo, step = hi, g_hi, step * 2
             hi = lo + step
-    side = 0
+    side, run = 0, 0  # which end moved last, and how many times in a row
     while hi - lo > rel_tol and evals < _MAX_EVALUATIONS:  # hi always meets the target
-        if math.isfinite(g_lo) and math.isfinite(g_hi) and g_lo != g_hi:
+        if run < _STALL_RUN and math.isfinite(g_lo) and math.isfinite(g_hi) and g_lo != g_hi:
             mid = hi - g_hi * (hi - lo) / (g_hi - g_lo)
             mid = min(max(mid, lo + 0.05 * (hi - lo)), hi - 0.05 * (hi - lo))
-        else:
-            mid = 0.5 * (lo + hi)
+        else:  # one end has stalled (a curve far from linear, or a kink): halve the bracket
+            mid, run = 0.5 * (lo + hi), 0
         g_mid = g(mid)
-        if g_mid <= 0:
+        moved = 1 if g_mid <= 0 else -1
+        run = run + 1 if moved == side else 1
+        if moved == 1:
             hi, g_hi = mid, g_mid
             if side == 1:
                 g_lo *= 0.5  # Illinois: keep the stale end from stalling the secant
-            side = 1
         else:
             lo, g_lo = mid, g_mid
             if side == -1:
                 g_hi *= 0.5
-            side = -1
+        side = moved
     return math.exp(hi), target * math.exp(g_hi) if math.isfinite(g_hi) else 0.0, evals
 
 

@@ -58,3 +58,16 @@ def test_group_privacy_refuses_bad_input(kwargs):
 
     with pytest.raises(InvalidParameterError):
         group_privacy(**(dict(epsilon=1.0, delta=1e-6, group_size=3) | kwargs))
+
+
+
+def test_a_loose_reading_does_not_steer_the_answer():
+    """Every feasible reading is a valid guarantee, so the smallest is kept. Planted as a PLD tilt
+    failure once read it (issue 27): from 4.7e-11 up the curve is loose (0.40, still feasible,
+    then 0.6, not), below it tight (0.25); the largest feasible delta_e is in the loose band."""
+    def curve(d):
+        return 0.6 if d >= 5e-11 else 0.40 if d > 4.7e-11 else 0.25
+
+    eps, delta_e = group_from_curve(curve, group_size=8, delta=3e-9)
+    assert delta_e * (math.expm1(eps) / math.expm1(eps / 8)) <= 3e-9 * (1 + 1e-12)
+    assert eps == pytest.approx(8 * 0.25)

@@ -254,3 +254,23 @@ def test_reproduced_failures_end_cleanly(runner, args, code, says):
     if says:
         lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_mixture_size_check_agrees_with_the_builder(relation):
+    """check_size refuses exactly what the builder refuses (it sizes the grid, builds nothing)."""
+    builder = F.mixture_of_gaussians if relation == "add-remove" else F.double_mixture_of_gaussians
+    for atoms, d in ((3, 1e-2), (5_000, 1e-4)):
+        args = dict(standard_deviation=1.0, sensitivities=tuple(float(s) for s in range(atoms)),
+                    probabilities=(1.0 / atoms,) * atoms, discretization=d)
+        try:
+            builder(**args)
+            built = True
+        except F.GridLimitError:
+            built = False
+        try:
+            mixture_pld.check_size(relation=relation, **args)
+            checked = True
+        except F.GridLimitError:
+            checked = False
+        assert built == checked == (atoms == 3)

@@ -205,6 +205,11 @@ TEXTS = (
                                              "dpsgd", "clipping_norm", "1e10"), "reject"),
     ("dpsgd-pure-delta", _set(SMALL_SCENARIOS["dpsgd"], "budget", "delta", "0"), "reject"),
     ("dpsgd-too-little-noise", _set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "noise_multiplier", "0.3"), "reject"),
+    # issue 26: a fixed noise multiplier of 0.01 and N = 10^12, accounted by PLD, each within the stated bound
+    ("dpsgd-pld-noise-0.01", _set(_set(SMALL_SCENARIOS["dpsgd"], "dpsgd", "noise_multiplier", "0.01"), "accounting",
+                                  "method", '"pld"'), "reject"),
+    ("dpsgd-pld-dataset-size-limit", _set(_set(SMALL_SCENARIOS["dpsgd"], "data", "dataset_size", str(10**12)),
+                                          "accounting", "method", '"pld"'), "clean"),
     ("walr-norm-product-overflow", _set(_set(SMALL_SCENARIOS["walr"], "walr", "row_norm_bound", "1e200"), "walr",
                                         "weights_bound", "1e200"), "reject"),
     ("walr-pure-delta", _set(SMALL_SCENARIOS["walr"], "budget", "delta", "0"), "reject"),

@@ -256,7 +256,7 @@ def test_accumulate_adds_into_the_existing_buffers(kind):
 
 
 class SharedGradient(nn.Module):
-    """Outputs whose gradients autograd shares: a sum of two layers (one tensor for both) and a summed output (stride 0).
+    """Outputs whose gradients autograd shares: two layers summed (one tensor for both), a summed output (stride 0).
 
     In-place scaling of one layer's output gradient would then scale another's too: the
     book-keeping must copy those.

@@ -72,6 +72,7 @@ def _epoch_throughput(r: dict) -> None:
     release = r["walr"]["release"]
     assert release["rows"] == 20_000 and 0 < release["fraction_of_read_bandwidth"] < 10
     assert 0 < release["fraction_of_copy_median"] < 100 and release["bytes_moved"] > release["input_bytes"]
+    assert 0 < release["time_over_copy_median"] < 1e4
 
 
 def _data_scale(r: dict) -> None:

@@ -26,8 +26,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan.phases import WALRParams
 from trainers.randomness import Randomness
 
-__all__ = ["WALRResult", "bytes_moved", "draw_once", "fit", "norm_error_bound", "predict", "prepare_rows", "release",
-           "release_throughput", "run_walr"]
+__all__ = ["WALRResult", "bytes_moved", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput",
+           "run_walr"]
 
 # rows per float64 block. On CPU 2^16 x k x 8 bytes (10 MB at k = 20) stays in cache; with one reused buffer the
 # release of 16M x 20 rows takes 0.16 s on 2 cores, against 2.5 s converting 2^20-row blocks afresh. On an
@@ -169,125 +169,49 @@ def _check_labels(y, n: int, device) -> torch.Tensor:
 
 
 def _exact_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_rows: int):
-    """(sum_i y_i w_i x_i in float64, max_i ||w_i x_i|| as float64 computes it), in row blocks.
+    """(sum_i y_i w_i x_i, max_i ||w_i x_i||) in float64, in row blocks.
 
     Private to ``release``: the exact sum must be noised before anything sees it.
 
-    The largest contribution decides the release (the sensitivity check), so it is exactly the
-    float64 value of before: each block's row norms are first taken in the rows' own dtype with
-    float32 accumulation (one read of the block, no float64 copy), and only the rows that could
-    be the maximum within that computation's error bound are measured again in float64
-    (``_largest``). The sum stays in float64: a float32 sum over a block of m rows can be off
-    by up to about m^2 2^-24 W R in the worst case, and one label flip would then move the
-    computed sum by more than its own row's W R (the sensitivity the plan accounts for);
-    float64 keeps that below 1e-6 W R at 2^16 rows. Float64 rows are summed in place; other
-    dtypes through one reused float64 block (cache-resident on a CPU).
+    Each block is read once from memory: rows that are not float64 are copied into one reused
+    float64 block (cache-resident on a CPU), whose norms and product are then taken; float64
+    rows are used in place. The sum must be float64: a float32 sum over a block of m rows can be
+    off by up to about m^2 2^-24 W R in the worst case, so one label flip could move the computed
+    sum by more than its own row's W R, the sensitivity the plan accounts for (float64 keeps that
+    below 1e-6 W R at 2^16 rows). Float32 norms first, with a float64 recheck of the rows near
+    the maximum, were measured slower on a CPU than the float64 norms of the block already in
+    cache (the per-row reduction, not memory, bounds both), so the norms are float64 too.
     """
     n, k = Xc.shape
     total = torch.zeros(k, dtype=torch.float64, device=Xc.device)
     largest = torch.zeros((), dtype=torch.float64, device=Xc.device)
     yw = torch.empty(min(chunk_rows, n), dtype=torch.float64, device=Xc.device)
     buf = None if Xc.dtype == torch.float64 else torch.empty(yw.shape[0], k, dtype=torch.float64, device=Xc.device)
-    unit_weights = bool((wc == 1).all())
     for a in range(0, n, chunk_rows):
         block = Xc[a:a + chunk_rows]
         w = wc[a:a + chunk_rows].to(torch.float64)
         xs = block if buf is None else buf[:block.shape[0]].copy_(block)
-        largest, _ = _largest(block, xs, w, largest, unit_weights)
+        # float multiplication is monotone: w <= W and ||x|| <= R give w ||x|| <= W R exactly
+        largest = torch.maximum(largest, (_row_norms(xs) * w.abs()).max())
         v = yw[:block.shape[0]]
         v.copy_(y[a:a + chunk_rows])
         total += v.mul_(w) @ xs
     return total, float(largest)
 
 
-def bytes_moved(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, chunk_rows: int) -> int:
-    """The bytes ``_exact_sum`` reads and writes on these rows (benchmark helper; reads no labels' values).
+def bytes_moved(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor) -> int:
+    """The bytes ``release`` reads and writes on these rows, cache-resident blocks included (benchmark helper).
 
-    Per block: the rows read twice (the copy into the float64 block and the float32 norms; for
-    float64 rows, the norms and the sum), the float64 copy written and read by the sum (not for
-    float64 rows), the weights and labels read once, and whatever ``_largest`` reads again in
-    float64.
+    Per row: the row read once (by the copy into the float64 block, or by the norms for float64
+    rows), the float64 copy written and read twice (norms, sum; float64 rows: read once more in
+    place instead), the weight read once, the label read three times (two checks for 0 or 1,
+    then the per-block copy) with the check's three boolean masks written and read once each,
+    and the float64 product ``y w`` written, read and written by the scaling, and read by the sum.
     """
     n, k = Xc.shape
-    total = 0
-    largest = torch.zeros((), dtype=torch.float64, device=Xc.device)
-    buf = None if Xc.dtype == torch.float64 else torch.empty(min(chunk_rows, n), k, dtype=torch.float64,
-                                                              device=Xc.device)
-    unit_weights = bool((wc == 1).all())
-    total += wc.numel() * wc.element_size()  # read once to see whether every weight is 1
-    for a in range(0, n, chunk_rows):
-        block = Xc[a:a + chunk_rows]
-        w = wc[a:a + chunk_rows].to(torch.float64)
-        xs = block if buf is None else buf[:block.shape[0]].copy_(block)
-        largest, again = _largest(block, xs, w, largest, unit_weights)
-        copy = 0 if buf is None else 2 * xs.numel() * 8  # the float64 copy written, then read by the sum
-        total += 2 * block.numel() * block.element_size() + copy + w.numel() * (8 + y.element_size()) + again
-    return total
-
-
-def norm_error_bound(k: int) -> tuple[float, float]:
-    """(relative, absolute) bounds on the error of ``w ||x||`` for k coordinates computed in float32.
-
-    The sum of k squares in any order is within gamma_k = k u / (1 - k u) of its value (u the
-    unit roundoff of float32, 2^-24; Higham, Accuracy and Stability of Numerical Algorithms,
-    (3.5)); the square root halves that and adds u, the weight's rounding to float32 and the
-    product add 2u: relative (k / 2 + 3) u. A square below float32's smallest normal number may
-    be flushed to zero or rounded to a subnormal (at most k 2^-126 lost from the sum, sqrt(k)
-    2^-63 from the norm, times the weight), and a weight or product below it is off by at most
-    2^-149 times a finite norm (< sqrt(k) 2^64). The bounds returned are twice the relative one
-    (which also covers the float64 rounding of the same value) and sqrt(k) 2^-60 (to be
-    multiplied by the largest weight, plus sqrt(k) 2^-80 on its own). A square or product that
-    overflows gives inf, which the caller treats as unknown. Coordinates in half precision are
-    converted to float32 exactly, so the bounds are the same.
-    """
-    u = 2.0 ** -24
-    return 2 * (k / 2 + 3) * u / (1 - k * u), math.sqrt(k) * 2.0 ** -60
-
-
-def _largest(block: torch.Tensor, block64: torch.Tensor, w: torch.Tensor, largest: torch.Tensor,
-             unit_weights: bool) -> tuple[torch.Tensor, int]:
-    """max(largest, the block's max float64 ``w_i ||x_i||``), from float32 values of ``block`` first.
-
-    ``block64`` is the same rows in float64; ``unit_weights`` says every weight is 1. Returns the
-    new maximum and the bytes read again in float64 to get it. With ``p_i`` the float32 value of
-    ``w_i ||x_i||`` and (rel, abs) its error bounds (``norm_error_bound``; W the block's largest
-    weight, A = abs W + sqrt(k) 2^-80), row i's float64 value ``t_i`` satisfies
-    ``(1 - rel) t_i - A <= p_i <= (1 + rel) t_i + A``. The row j with the largest ``t_j`` then
-    has ``t_j >= M = max((max_i p_i - A) / (1 + rel), largest)`` whenever it matters, hence
-    ``p_j >= M (1 - rel) - A``: exactly the rows over that threshold (rounded down to float32)
-    are measured again by ``_row_norms``, so the result is bit for bit the float64 maximum over
-    every row, and a row over the bound is never passed on a float32 value. Float64 blocks,
-    blocks with a value that is not finite, and blocks with more than a quarter of their rows
-    over the threshold (rows all clipped to the bound) are measured in float64 throughout.
-    """
-    weight = w.abs()
-    every = block64.numel() * 8
-    if block.dtype == torch.float64:
-        return torch.maximum(largest, (_row_norms(block64) * weight).max()), 0
-    k = block.shape[1]
-    rel, slack = norm_error_bound(k)
-    p = torch.linalg.vector_norm(block, dim=1, dtype=torch.float32)
-    heaviest = 1.0
-    if not unit_weights:
-        p.mul_(weight.to(torch.float32))
-        heaviest = float(weight.max())
-    top = float(p.max())
-    if not (math.isfinite(top) and math.isfinite(heaviest)):  # an overflow, a non-finite row or weight
-        return torch.maximum(largest, (_row_norms(block64) * weight).max()), every
-    lost = slack * heaviest + math.sqrt(k) * 2.0 ** -80
-    threshold = max((top - lost) / (1 + rel), float(largest)) * (1 - rel) - lost
-    if threshold > float(torch.finfo(torch.float32).max):  # above every finite float32 value: no row can beat it
-        return largest, 0
-    cut = float(np.float32(threshold))
-    if cut > threshold:  # rounded up to float32: step down, so that no row at the threshold is missed
-        cut = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
-    near = torch.nonzero(p >= cut).flatten()
-    if near.numel() > block.shape[0] // 4:
-        return torch.maximum(largest, (_row_norms(block64) * weight).max()), every
-    if near.numel() == 0:
-        return largest, 0
-    exact = (_row_norms(block64.index_select(0, near)) * weight.index_select(0, near)).max()
-    return torch.maximum(largest, exact), near.numel() * (k + 1) * 8
+    rows = n * k * Xc.element_size()
+    block = 2 * rows if Xc.dtype == torch.float64 else rows + 3 * n * k * 8
+    return block + n * wc.element_size() + 3 * n * y.element_size() + 6 * n + 4 * n * 8
 
 
 def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomness,
@@ -492,10 +416,9 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
 def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
     """Rows/s and bytes/s of one release over synthetic float32 rows, and of a copy of those rows (benchmark helper).
 
-    Bytes counted: every byte the release reads or writes (``bytes_moved``): the rows twice (the
-    float32 norms and the copy into the float64 block), the float64 block written and read, the
-    weights and labels once, and the rows measured again in float64. ``input_bytes`` is the
-    input read once (N k 4 + N 8 + N), what a single pass would move. Right after the release,
+    Bytes counted: every byte the release reads or writes (``bytes_moved``): the rows once, the
+    float64 block written and read twice, the weights once and the labels three times.
+    ``input_bytes`` is the input read once (N k 4 + N 8 + N), what a single pass would move. Right after the release,
     the same prepared rows are copied once into a buffer written beforehand (numpy on a CPU,
     torch on an accelerator; read + write counted): ``copy_bytes_per_s``, measured side by side.
     """
@@ -521,7 +444,7 @@ def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
     else:
         np.copyto(dst.numpy(), Xc.numpy())
     copy_seconds = time.perf_counter() - t0
-    nbytes = bytes_moved(Xc, y, wc, _default_chunk(Xc.device))
+    nbytes = bytes_moved(Xc, y, wc)
     return {"rows": n, "k": k, "device": str(Xc.device), "seconds": seconds, "rows_per_s": n / seconds,
             "bytes_per_s": nbytes / seconds, "bytes_moved": nbytes,
             "input_bytes": n * k * Xc.element_size() + n * wc.element_size() + n * y.element_size(),

@@ -383,8 +383,8 @@ class _EmbeddingPieces:
             return torch.linalg.vector_norm(g, dim=(1, 2)).square()
         # Rows that looked up the same id add up before the norm is taken: keep the cross
         # terms of equal ids only. [P, L, L], never [P, vocabulary, dim]; the Gram matrix is
-        # ours, so it is masked in place.
-        return (g @ g.mT).mul_(ids.unsqueeze(2) == ids.unsqueeze(1)).sum((1, 2))
+        # ours, so it is masked in place (a fill, not a product: no float copy of the mask).
+        return (g @ g.mT).masked_fill_(ids.unsqueeze(2) != ids.unsqueeze(1), 0).sum((1, 2))
 
     def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
         scale = c[:, None, None]

@@ -71,6 +71,8 @@ def _epoch_throughput(r: dict) -> None:
     assert all(_finite(x["rows_per_s"]) and x["rows_per_s"] > 0 for x in r["runs"])
     release = r["walr"]["release"]
     assert release["rows"] == 20_000 and 0 < release["fraction_of_read_bandwidth"] < 10
+    assert 0 < release["fraction_of_copy_median"] < 100 and release["bytes_moved"] > release["input_bytes"]
+    assert 0 < release["time_over_copy_median"] < 1e4
 
 
 def _data_scale(r: dict) -> None:

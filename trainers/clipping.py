@@ -44,11 +44,14 @@ module's name: batch statistics couple examples, and running ones are un-noised 
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections import defaultdict
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, grad, vmap
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
@@ -62,13 +65,29 @@ __all__ = ["clipped_gradient_sum", "refuse_batch_statistics"]
 CLIP_MARGIN_ULPS = 64
 
 
+class _Call(NamedTuple):
+    """One forward call of a hooked layer, as the clipping step needs it after the forward.
+
+    The output itself is not kept: the backward asks for the gradient at its autograd edge (the
+    node that produced it), so a pre-activation output that nothing else reads is freed as in
+    the non-private step; a weak reference is enough to check that it was not modified in place.
+    """
+
+    x: torch.Tensor
+    edge: object  # torch.autograd.graph.GradientEdge of the output
+    x_version: int
+    out: weakref.ref
+    out_version: int
+    out_meta: tuple[torch.Size, torch.dtype, torch.device]
+    extra: tuple  # (other positional arguments, keyword arguments)
+
+
 class _Layer:
     """A trainable Linear or Embedding: which of its parameters are trained, and its forward calls.
 
-    ``calls`` holds ``(input, output, input version, output version, (other arguments, keyword
-    arguments))`` per call of the module during the one forward; a module called twice is one
-    layer whose example rows are the rows of both calls (its per-example gradient is the sum
-    over calls, cross terms included).
+    ``calls`` holds one ``_Call`` per call of the module during the one forward; a module called
+    twice is one layer whose example rows are the rows of both calls (its per-example gradient
+    is the sum over calls, cross terms included).
     """
 
     __slots__ = ("bias", "calls", "module", "name", "weight")
@@ -77,7 +96,7 @@ class _Layer:
         self.name, self.module = name, module
         self.weight: nn.Parameter | None = None
         self.bias: nn.Parameter | None = None
-        self.calls: list[tuple[torch.Tensor, torch.Tensor, int, int, tuple]] = []
+        self.calls: list[_Call] = []
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -92,14 +111,18 @@ class _Layer:
 
     def record(self, module, args, kwargs, output):
         x = args[0] if args else kwargs["input"]
-        self.calls.append((x, output, x._version, output._version, (args[1:], kwargs)))
+        edge = get_gradient_edge(output) if output.requires_grad else None
+        self.calls.append(_Call(x, edge, x._version, weakref.ref(output), output._version,
+                                (output.shape, output.dtype, output.device), (args[1:], kwargs)))
 
     def check_unmodified(self) -> None:
-        # Autograd returns the gradient of a tensor's *current* value: after an in-place op
-        # (ReLU(inplace=True)) that is no longer the layer's output, and the norms would be
-        # silently wrong.
-        for x, out, vx, vo, _ in self.calls:
-            if x._version != vx or out._version != vo:
+        # The input is the activation of the book-keeping, so it must still hold what the layer
+        # read. The output's gradient is taken at its autograd edge, which an in-place op after
+        # the layer would leave correct, but such an op (ReLU(inplace=True)) is refused all the
+        # same, as before the outputs were released: an output still alive must be unmodified.
+        for call in self.calls:
+            out = call.out()
+            if call.x._version != call.x_version or (out is not None and out._version != call.out_version):
                 raise UnsupportedError(
                     f"the input or output of layer {self.label!r} was modified in place after the layer ran; "
                     "per-example norms need the layer's own output (use out-of-place ops, e.g. ReLU(inplace=False))")
@@ -229,7 +252,7 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
 class _LinearPieces:
     """A Linear layer's activations a [P, T, d_in] and output gradients G [P, T, d_out]."""
 
-    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype, owned):
         self.layer = layer
         xs = [x for x, *_ in layer.calls]
         if len(xs) == 1 and xs[0].dim() == 2 and xs[0].shape[0] == batch:
@@ -237,6 +260,7 @@ class _LinearPieces:
         else:
             self.a = _cat([_rows(x, batch, 1, layer) for x in xs]).to(dtype)
             self.g = _cat([_rows(g, batch, 1, layer) for g in grads]).to(dtype)
+        self.owned = owned(self.g)
 
     def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
         a, g, layer = self.a, self.g, self.layer
@@ -264,28 +288,53 @@ class _LinearPieces:
             sq = sq + torch.linalg.vector_norm(g.sum(1), dim=1).square()
         return sq
 
-    def set_grads(self, c: torch.Tensor) -> None:
+    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
         a, g, layer = self.a, self.g, self.layer
-        if a.dim() == 3:
-            c3 = c[:, None, None]
-            if layer.weight is not None:
-                # Scale whichever side is narrower: one pass over P T min(d_in, d_out) numbers.
-                if a.shape[2] < g.shape[2]:
-                    w = g.reshape(-1, g.shape[2]).mT @ (a * c3).reshape(-1, a.shape[2])
-                else:
-                    w = (g * c3).reshape(-1, g.shape[2]).mT @ a.reshape(-1, a.shape[2])
-                layer.weight.grad = w.reshape(layer.weight.shape)
-            if layer.bias is not None:
-                layer.bias.grad = c @ g.sum(1)
+        scale = c[:, None, None] if g.dim() == 3 else c[:, None]
+        if layer.bias is not None:  # before G is scaled in place
+            _deposit(layer.bias, c @ (g.sum(1) if g.dim() == 3 else g), accumulate)
+        if layer.weight is None:
             return
-        if layer.weight is not None:
-            if a.shape[1] < g.shape[1]:
-                w = g.mT @ (a * c[:, None])
-            else:
-                w = (g * c[:, None]).mT @ a
-            layer.weight.grad = w
-        if layer.bias is not None:
-            layer.bias.grad = c @ g
+        if self.owned:
+            g = g.mul_(scale)  # the output gradient is ours and read for the last time: no copy
+        elif a.shape[-1] < g.shape[-1]:
+            a = a * scale  # scale whichever side is narrower: one pass over P T min(d_in, d_out) numbers
+        else:
+            g = g * scale
+        g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+        self.g = self.a = None
+        if accumulate and layer.weight.grad is not None:
+            layer.weight.grad.addmm_(g2.mT, a2)  # straight into the buffer: no [d_out, d_in] temporary
+        else:
+            layer.weight.grad = g2.mT @ a2
+
+
+def _deposit(p: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:
+    """``p.grad`` := ``value`` (as p's shape and dtype), or ``p.grad += value`` when accumulating into a buffer."""
+    value = value.reshape(p.shape)
+    if accumulate and p.grad is not None:
+        p.grad.add_(value)
+    else:
+        p.grad = value.to(p.dtype)
+
+
+def _index_add(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, accumulate: bool) -> None:
+    """``weight.grad`` (+)= the table gradient that puts ``rows[j]`` on row ``ids[j]``: a segment sum, never a copy.
+
+    Accumulating adds into the existing buffer (the noise, in DP-SGD), so no zeroed table is made.
+    ``ids`` [..., L] and ``rows`` [..., L, dim]; rows that cannot be flattened without a copy are
+    added one lookup column at a time.
+    """
+    if accumulate and weight.grad is not None:
+        out = weight.grad
+    else:
+        out = weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    dim = rows.shape[-1]
+    if rows.dim() == 2 or rows.is_contiguous():
+        out.index_add_(0, ids.reshape(-1), rows.reshape(-1, dim))
+    else:
+        for col in range(ids.shape[1]):
+            out.index_add_(0, ids[:, col], rows[:, col])
 
 
 # Above this many lookups per unit, a unit's Embedding norm is a segment sum over (unit, id)
@@ -310,7 +359,7 @@ def _segment_squared_norms(owner: torch.Tensor, ids: torch.Tensor, rows: torch.T
 class _EmbeddingPieces:
     """An Embedding's looked-up ids [P, L] and output gradients G [P, L, dim]."""
 
-    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype, owned):
         self.layer = layer
         self.ids = _cat([_rows(x, batch, 0, layer) for x, *_ in layer.calls])
         g = _cat([_rows(g, batch, 1, layer) for g in grads]).to(dtype)
@@ -319,6 +368,7 @@ class _EmbeddingPieces:
             # The padding row gets no gradient in torch's own embedding backward either.
             g = torch.where((self.ids == pad).unsqueeze(-1), 0, g)
         self.g = g
+        self.owned = owned(g)
 
     def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
         g, ids = self.g, self.ids
@@ -333,15 +383,14 @@ class _EmbeddingPieces:
             return torch.linalg.vector_norm(g, dim=(1, 2)).square()
         # Rows that looked up the same id add up before the norm is taken: keep the cross
         # terms of equal ids only. [P, L, L], never [P, vocabulary, dim]; the Gram matrix is
-        # ours, so it is masked in place.
-        return (g @ g.mT).mul_(ids.unsqueeze(2) == ids.unsqueeze(1)).sum((1, 2))
+        # ours, so it is masked in place (a fill, not a product: no float copy of the mask).
+        return (g @ g.mT).masked_fill_(ids.unsqueeze(2) != ids.unsqueeze(1), 0).sum((1, 2))
 
-    def set_grads(self, c: torch.Tensor) -> None:
-        weight = self.layer.weight
-        dim = weight.shape[1]
-        rows = (self.g * c[:, None, None]).reshape(-1, dim)
-        weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format).index_add_(
-            0, self.ids.reshape(-1), rows)
+    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
+        scale = c[:, None, None]
+        rows = self.g.mul_(scale) if self.owned else self.g * scale
+        self.g = None
+        _index_add(self.layer.weight, self.ids, rows, accumulate)
 
 
 class _BagPieces:
@@ -353,11 +402,12 @@ class _BagPieces:
     Embedding, here by a segment sum over the looked-up ids (never [P, vocabulary, dim]).
     """
 
-    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype, owned):
         self.layer, self.batch = layer, batch
         module = layer.module
         ids, bags, rows = [], [], []
-        for (x, _, _, _, (rest, kw)), g in zip(layer.calls, grads):
+        for call, g in zip(layer.calls, grads):
+            x, (rest, kw) = call.x, call.extra
             offsets = rest[0] if rest else kw.get("offsets")
             weights = rest[1] if len(rest) > 1 else kw.get("per_sample_weights")
             if x.dim() == 2:
@@ -389,10 +439,9 @@ class _BagPieces:
         return _segment_squared_norms(owner, self.ids, self.g, self.layer.module.num_embeddings,
                                       self.batch // unit_rows)
 
-    def set_grads(self, c: torch.Tensor) -> None:
-        weight = self.layer.weight
-        weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format).index_add_(
-            0, self.ids, self.g * c[self.bag, None])
+    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
+        rows, self.g = self.g.mul_(c[self.bag, None]), None  # the rows were formed here: ours to scale
+        _index_add(self.layer.weight, self.ids, rows, accumulate)
 
 
 class _NormPieces:
@@ -403,7 +452,7 @@ class _NormPieces:
     costs no more than one activation row.
     """
 
-    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype):
+    def __init__(self, layer: _Layer, grads: list[torch.Tensor], batch: int, dtype: torch.dtype, owned):
         self.layer = layer
         module = layer.module
         trailing = len(module.normalized_shape)
@@ -426,9 +475,9 @@ class _NormPieces:
     def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
         return sum(torch.linalg.vector_norm(_unit_sums(g, unit_rows), dim=1).square() for _, g in self._parts())
 
-    def set_grads(self, c: torch.Tensor) -> None:
+    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
         for p, g in self._parts():
-            p.grad = (c @ g.flatten(1)).reshape(p.shape)
+            _deposit(p, c @ g.flatten(1), accumulate)
 
 
 def _unit_sums(g: torch.Tensor, unit_rows: int) -> torch.Tensor:
@@ -437,18 +486,18 @@ def _unit_sums(g: torch.Tensor, unit_rows: int) -> torch.Tensor:
     return flat if unit_rows == 1 else flat.reshape(-1, unit_rows, flat.shape[1]).sum(1)
 
 
-def _pieces(layer: _Layer, grads: list[torch.Tensor], batch: int):
+def _pieces(layer: _Layer, grads: list[torch.Tensor], batch: int, owned):
     """The book-keeping of one hooked layer, by its kind."""
     module = layer.module
     kind = (_EmbeddingPieces if isinstance(module, nn.Embedding) else _BagPieces
             if isinstance(module, nn.EmbeddingBag) else _NormPieces if isinstance(module, nn.LayerNorm)
             else _LinearPieces)
-    return kind(layer, grads, batch, layer.parameters()[0].dtype)
+    return kind(layer, grads, batch, layer.parameters()[0].dtype, owned)
 
 
 def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, mask: torch.Tensor,
                          clipping_norm: float, parameters=None, truncated: bool = False,
-                         unit_rows: int = 1) -> dict:
+                         unit_rows: int = 1, accumulate: bool = False) -> dict:
     """Set each trainable parameter's ``.grad`` to the clipped sum ``sum_i c_i g_i`` of one padded batch.
 
     ``g_i`` is example i's gradient of its own loss with respect to the trainable parameters
@@ -457,7 +506,14 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
     the weight-gradient matmuls, done once and already clipped (Bu et al., arXiv:2210.00038);
     only parameters outside nn.Linear / nn.Embedding get materialised per-example gradients
     (``torch.func``). A trainable parameter the forward never reached gets a zero gradient.
-    Every ``.grad`` is replaced, not accumulated into, and dense (also for sparse Embeddings).
+    Every ``.grad`` is replaced (``accumulate=False``) or added into, and dense (also for
+    sparse Embeddings).
+
+    Memory: the layer outputs are not kept (their gradients are taken at their autograd
+    edges), each layer's output gradients are released as soon as its sums are in, they are
+    scaled in place when no other tensor shares them, and with ``accumulate=True`` the sums go
+    straight into the existing ``.grad`` buffers (``addmm_``, ``index_add_``): no dense zeroed
+    copy of an embedding table, no weight-sized temporary.
 
     With ``unit_rows = K > 1`` the clipped object is a unit (a user), not an example: the P
     rows are P / K consecutive blocks of K, one unit each, and the result is
@@ -487,6 +543,10 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
         truncated: run ``model.forward_truncated(ns_cat, ns_num)`` instead of ``model(*inputs)``.
         unit_rows: K, the rows of one unit (an integer >= 1 dividing P); padding rows inside
             a block have mask 0. 1 clips each example, as in plain DP-SGD.
+        accumulate: add the clipped sum into each trainable parameter's existing dense
+            ``.grad`` (one of the parameter's shape and dtype, e.g. the noise already drawn
+            there, or an earlier chunk's sum); a parameter without one gets it set. False:
+            replace every ``.grad``.
 
     Returns:
         ``{"norms": [P / K] per-unit gradient norms (0.0 for an all-padding unit), "clipped":
@@ -522,16 +582,19 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
         # A unit's norm is that of its rows' weighted sum, so the weights go into the backward;
         # each example's own weight stays outside its norm (the factor below).
         weighted = objective if k == 1 else torch.where(real, losses * mask.to(losses.dtype), 0).sum()
-        dlogits, layer_grads, unreached = _backward(weighted, logits, layers)
+        dlogits, layer_grads, unreached, owned = _backward(weighted, logits, layers)
 
         # Everything below is book-keeping on stored tensors: no graph to record.
         with torch.no_grad():
             dtype = torch.promote_types(losses.dtype, torch.float32)
             sq = torch.zeros(units, dtype=dtype, device=mask.device)
-            for layer, grads in zip(layers, layer_grads):
+            for i, layer in enumerate(layers):
+                # The piece keeps what its sums need; the raw gradients go with the list's slot.
+                grads, layer_grads[i] = layer_grads[i], []
                 if layer.calls:
-                    pieces.append(_pieces(layer, grads, batch))
+                    pieces.append(_pieces(layer, grads, batch, owned))
                     sq = sq + pieces[-1].squared_norms(k)
+                del grads
 
             # A hooked layer the forward never called is either unused (its gradient is zero)
             # or read directly (e.g. F.linear(x, layer.weight)): only the second needs the fallback.
@@ -559,7 +622,7 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
                 c = torch.where(real, mask.to(dtype) * factor, 0)
             else:  # the weights are already inside the unit's gradient
                 c = torch.where(real, factor.repeat_interleave(k), 0)
-            _set_grads(c, pieces, fallback, per_example, unreached, batch)
+            _set_grads(c, pieces, fallback, per_example, unreached, batch, accumulate)
             return {"norms": norms, "clipped": (present & (norms > bound)).sum(), "loss_sum": objective.detach()}
     finally:
         # The activations must not outlive the call, not even through a traceback.
@@ -594,14 +657,19 @@ def _hooked_forward(model: nn.Module, layers: list[_Layer], xs: tuple, truncated
 
 
 def _set_grads(c: torch.Tensor, pieces: list, fallback: list, per_example: list, unreached: list,
-               batch: int) -> None:
-    """Every trainable ``.grad`` := its clipped sum with the rows' factors ``c`` (zero where never reached)."""
-    for piece in pieces:
-        piece.set_grads(c.to(piece.g.dtype))
+               batch: int, accumulate: bool) -> None:
+    """Every trainable ``.grad`` (+)= its clipped sum with the rows' factors ``c`` (zero where never reached).
+
+    Layer by layer: each piece's output gradients are released as soon as its sums are in.
+    """
+    while pieces:
+        piece = pieces.pop()
+        piece.set_grads(c.to(piece.g.dtype), accumulate)
+        del piece
     for (_, p), g in zip(fallback, per_example):
-        p.grad = (c.to(g.dtype) @ g.reshape(batch, -1)).reshape(p.shape).to(p.dtype)
+        _deposit(p, c.to(g.dtype) @ g.reshape(batch, -1), accumulate)
     for _, p, g in unreached:
-        if g is None:
+        if g is None and not (accumulate and p.grad is not None):
             p.grad = torch.zeros_like(p)
 
 
@@ -619,25 +687,51 @@ def _backward(objective: torch.Tensor, logits: torch.Tensor, layers: list[_Layer
     """The one backward pass, to the logits and the hooked layers' outputs only.
 
     Returns ``(dlogits, per-layer lists of output gradients, [(name, parameter, gradient or
-    None)] for hooked parameters whose layer was never called)``. Asking for outputs rather
-    than weights is what lets autograd skip the weight-gradient matmuls.
+    None)] for hooked parameters whose layer was never called, owned)``, where ``owned(t)``
+    says whether ``t`` shares its memory with no other returned gradient (so it may be scaled
+    in place). Asking for outputs rather than weights is what lets autograd skip the
+    weight-gradient matmuls; asking at the outputs' autograd edges, not the output tensors,
+    is what lets the outputs be freed after the forward.
     """
     for layer in layers:
         layer.check_unmodified()
-    outputs = [out for layer in layers for _, out, *_ in layer.calls]
+    calls = [call for layer in layers for call in layer.calls]
+    edges = [call.edge for call in calls if call.edge is not None]
     unreached = [(layer.qualified(attr), p) for layer in layers if not layer.calls
                  for attr, p in (("weight", layer.weight), ("bias", layer.bias)) if p is not None]
-    wrt = [logits, *outputs, *(p for _, p in unreached)]
+    wrt = [logits, *edges, *(p for _, p in unreached)]
     if objective.requires_grad and logits.requires_grad:
         grads = list(torch.autograd.grad(objective, wrt, allow_unused=True))
     else:  # nothing trainable on the loss's path
         grads = [None] * len(wrt)
-    dlogits, rest = grads[0], grads[1:]
+    dlogits, found, rest = grads[0], iter(grads[1:1 + len(edges)]), grads[1 + len(edges):]
+    # None: a layer output the loss does not depend on.
+    per_call = [next(found) if call.edge is not None else None for call in calls]
+    per_call = [torch.zeros(call.out_meta[0], dtype=call.out_meta[1], device=call.out_meta[2]) if g is None else g
+                for call, g in zip(calls, per_call)]
+    del grads
     layer_grads, k = [], 0
     for layer in layers:
         n = len(layer.calls)
-        # None: a layer output the loss does not depend on.
-        layer_grads.append([torch.zeros_like(out) if g is None else g
-                            for (_, out, *_), g in zip(layer.calls, rest[k:k + n])])
+        layer_grads.append(per_call[k:k + n])
         k += n
-    return dlogits, layer_grads, [(name, p, g) for (name, p), g in zip(unreached, rest[k:])]
+    return dlogits, layer_grads, [(name, p, g) for (name, p), g in zip(unreached, rest)], \
+        _Owned([dlogits, *per_call, *rest])
+
+
+class _Owned:
+    """Whether a tensor may be scaled in place: no other returned gradient shares its memory, no stride 0.
+
+    Autograd may hand the same gradient (or views of one buffer) to two outputs, e.g. both
+    terms of a sum, and a gradient of a sum may be an expanded scalar; those are copied.
+    """
+
+    def __init__(self, tensors: list):
+        self.count: dict[int, int] = defaultdict(int)
+        for t in tensors:
+            if t is not None:
+                self.count[t.untyped_storage().data_ptr()] += 1
+
+    def __call__(self, t: torch.Tensor) -> bool:
+        ptr = t.untyped_storage().data_ptr()
+        return ptr != 0 and self.count[ptr] <= 1 and all(st != 0 or n == 1 for st, n in zip(t.stride(), t.shape))

@@ -175,9 +175,9 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
                    collective=None, unit_rows: int = 1) -> int:
     """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
 
-    The batch's chunks are clipped and summed separately and added up before the noise,
-    which is drawn once per parameter element: one noisy update however many chunks. An
-    empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
+    The noise is drawn once per parameter element, into the gradient buffers themselves, and
+    the batch's chunks are clipped and summed separately into them: one noisy update however
+    many chunks. An empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
     sum covers every rank's rows and the noise is drawn by rank 0 alone, once. Returns how
     many of this rank's real rows were clipped.
 
@@ -189,25 +189,24 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
             count returned is then of clipped units.
     """
 
-    acc: list | None = None  # the first chunk's sums are the accumulator: no zeroed copy, no extra pass
+    # The noise is drawn straight into the gradient buffers and every chunk's clipped sum is added
+    # into them (clipped_gradient_sum(accumulate=True)): no zeroed accumulator, no noise-sized
+    # temporary. The draws are those of one torch.randn per parameter, in parameter order.
+    acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]
+    for a in acc:
+        if collective is None or collective.draws_noise:
+            a.normal_(generator=noise_generator).mul_(noise_std)  # the values of randn(...) * noise_std
+        else:
+            a.zero_()
     clipped = 0
     for idx, mask in batch.chunks:
+        for a, p in zip(acc, trainable):
+            p.grad = a
         inputs, targets = rows(idx)
         out = clipping.clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
-                                   parameters=trainable, truncated=truncated, unit_rows=unit_rows)
-        if acc is None:
-            acc = [p.grad for p in trainable]
-            for p in trainable:
-                p.grad = None  # the next chunk writes fresh sums, not into the accumulator
-        else:
-            for a, p in zip(acc, trainable):
-                a.add_(p.grad)
+                                   parameters=trainable, truncated=truncated, unit_rows=unit_rows,
+                                   accumulate=True)
         clipped += int(out["clipped"])
-    if acc is None:  # an empty batch: the noise alone
-        acc = [torch.zeros_like(p) for p in trainable]
-    if collective is None or collective.draws_noise:
-        for a in acc:
-            a.add_(torch.randn(a.shape, generator=noise_generator, device=a.device, dtype=a.dtype), alpha=noise_std)
     if collective is not None:
         collective.sum_(acc)
     for a, p in zip(acc, trainable):

@@ -26,7 +26,8 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan.phases import WALRParams
 from trainers.randomness import Randomness
 
-__all__ = ["WALRResult", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput", "run_walr"]
+__all__ = ["WALRResult", "bytes_moved", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput",
+           "run_walr"]
 
 # rows per float64 block. On CPU 2^16 x k x 8 bytes (10 MB at k = 20) stays in cache; with one reused buffer the
 # release of 16M x 20 rows takes 0.16 s on 2 cores, against 2.5 s converting 2^20-row blocks afresh. On an
@@ -168,22 +169,49 @@ def _check_labels(y, n: int, device) -> torch.Tensor:
 
 
 def _exact_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_rows: int):
-    """(sum_i y_i w_i x_i, max_i ||w_i x_i||) in float64, one pass in row blocks.
+    """(sum_i y_i w_i x_i, max_i ||w_i x_i||) in float64, in row blocks.
 
     Private to ``release``: the exact sum must be noised before anything sees it.
+
+    Each block is read once from memory: rows that are not float64 are copied into one reused
+    float64 block (cache-resident on a CPU), whose norms and product are then taken; float64
+    rows are used in place. The sum must be float64: a float32 sum over a block of m rows can be
+    off by up to about m^2 2^-24 W R in the worst case, so one label flip could move the computed
+    sum by more than its own row's W R, the sensitivity the plan accounts for (float64 keeps that
+    below 1e-6 W R at 2^16 rows). Float32 norms first, with a float64 recheck of the rows near
+    the maximum, were measured slower on a CPU than the float64 norms of the block already in
+    cache (the per-row reduction, not memory, bounds both), so the norms are float64 too.
     """
     n, k = Xc.shape
     total = torch.zeros(k, dtype=torch.float64, device=Xc.device)
     largest = torch.zeros((), dtype=torch.float64, device=Xc.device)
     yw = torch.empty(min(chunk_rows, n), dtype=torch.float64, device=Xc.device)
-    for a, xs in _float64_blocks(Xc, chunk_rows):
+    buf = None if Xc.dtype == torch.float64 else torch.empty(yw.shape[0], k, dtype=torch.float64, device=Xc.device)
+    for a in range(0, n, chunk_rows):
+        block = Xc[a:a + chunk_rows]
         w = wc[a:a + chunk_rows].to(torch.float64)
+        xs = block if buf is None else buf[:block.shape[0]].copy_(block)
         # float multiplication is monotone: w <= W and ||x|| <= R give w ||x|| <= W R exactly
         largest = torch.maximum(largest, (_row_norms(xs) * w.abs()).max())
-        v = yw[:xs.shape[0]]
+        v = yw[:block.shape[0]]
         v.copy_(y[a:a + chunk_rows])
         total += v.mul_(w) @ xs
     return total, float(largest)
+
+
+def bytes_moved(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor) -> int:
+    """The bytes ``release`` reads and writes on these rows, cache-resident blocks included (benchmark helper).
+
+    Per row: the row read once (by the copy into the float64 block, or by the norms for float64
+    rows), the float64 copy written and read twice (norms, sum; float64 rows: read once more in
+    place instead), the weight read once, the label read three times (two checks for 0 or 1,
+    then the per-block copy) with the check's three boolean masks written and read once each,
+    and the float64 product ``y w`` written, read and written by the scaling, and read by the sum.
+    """
+    n, k = Xc.shape
+    rows = n * k * Xc.element_size()
+    block = 2 * rows if Xc.dtype == torch.float64 else rows + 3 * n * k * 8
+    return block + n * wc.element_size() + 3 * n * y.element_size() + 6 * n + 4 * n * 8
 
 
 def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomness,
@@ -386,9 +414,13 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
 
 
 def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
-    """Rows/s and bytes/s of one release pass over synthetic float32 rows (benchmark helper).
+    """Rows/s and bytes/s of one release over synthetic float32 rows, and of a copy of those rows (benchmark helper).
 
-    Bytes counted: the rows (N k 4), the weights (N 8) and the labels (N 1) read once.
+    Bytes counted: every byte the release reads or writes (``bytes_moved``): the rows once, the
+    float64 block written and read twice, the weights once and the labels three times.
+    ``input_bytes`` is the input read once (N k 4 + N 8 + N), what a single pass would move. Right after the release,
+    the same prepared rows are copied once into a buffer written beforehand (numpy on a CPU,
+    torch on an accelerator; read + write counted): ``copy_bytes_per_s``, measured side by side.
     """
 
     n, k = _count("n_rows", n_rows, low=1), _count("k", k, low=1)
@@ -397,12 +429,23 @@ def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
     y = torch.randint(0, 2, (n,), generator=g, device=device, dtype=torch.uint8)
     Xc, wc, _ = prepare_rows(X, row_norm_bound=math.sqrt(k))
     del X
-    if Xc.device.type == "cuda":
+    dst = torch.zeros_like(Xc)  # written once, so the copy below pays no first-touch page faults
+    cuda = Xc.device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(Xc.device)
     t0 = time.perf_counter()
     noisy, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0))
     float(noisy[0])  # waits for the device
     seconds = time.perf_counter() - t0
-    nbytes = n * k * Xc.element_size() + n * wc.element_size() + n * y.element_size()
+    t0 = time.perf_counter()
+    if cuda:
+        dst.copy_(Xc)
+        torch.cuda.synchronize(Xc.device)
+    else:
+        np.copyto(dst.numpy(), Xc.numpy())
+    copy_seconds = time.perf_counter() - t0
+    nbytes = bytes_moved(Xc, y, wc)
     return {"rows": n, "k": k, "device": str(Xc.device), "seconds": seconds, "rows_per_s": n / seconds,
-            "bytes_per_s": nbytes / seconds}
+            "bytes_per_s": nbytes / seconds, "bytes_moved": nbytes,
+            "input_bytes": n * k * Xc.element_size() + n * wc.element_size() + n * y.element_size(),
+            "copy_seconds": copy_seconds, "copy_bytes_per_s": 2 * Xc.numel() * Xc.element_size() / copy_seconds}

@@ -51,8 +51,8 @@ class Mutant:
 
 NOISE_HALVED = Mutant(
     "noise halved", "trainers.dpsgd",
-    "device=a.device, dtype=a.dtype), alpha=noise_std)",
-    "device=a.device, dtype=a.dtype), alpha=noise_std / 2)", ("noisy_gradient",))
+    "a.normal_(generator=noise_generator).mul_(noise_std)",
+    "a.normal_(generator=noise_generator).mul_(noise_std / 2)", ("noisy_gradient",))
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",
@@ -62,9 +62,9 @@ CLIPPING_OFF = Mutant(
 # 49 steps make an epoch of the README plan (ceil(N / B) = ceil(200,000 / 4,096)).
 NOISE_ONCE_PER_EPOCH_IN_STEP = Mutant(
     "noise once per epoch in the step", "trainers.dpsgd",
-    "    acc = [torch.zeros_like(p) for p in trainable]\n",
+    "    acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]\n",
     "    global _CALLS\n    _CALLS += 1\n    if _CALLS % 49 != 1:\n        noise_std = 0.0\n"
-    "    acc = [torch.zeros_like(p) for p in trainable]\n",
+    "    acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]\n",
     ("noisy_gradient",), preamble="_CALLS = 0\n")
 
 # DPSGDStep is the step object of every DP-SGD loop (run_dpsgd's and trainers.private's): its

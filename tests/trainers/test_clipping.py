@@ -237,6 +237,88 @@ def test_grad_is_replaced_not_accumulated():
     assert all(torch.equal(a, p.grad) for a, p in zip(first, model.parameters()))
 
 
+@pytest.mark.parametrize("kind", ["mlp", "fm"])
+def test_accumulate_adds_into_the_existing_buffers(kind):
+    """accumulate=True: the same sum, added into each .grad in place (the DP-SGD noise buffers), no new tensor."""
+    model = make(kind)
+    inputs, targets, mask = batch()
+    _, alone = ours(model, inputs, targets, mask, 0.1)
+    alone = [g.clone() for g in alone]
+    g = torch.Generator().manual_seed(7)
+    start = [torch.randn(p.shape, generator=g, dtype=DT) for p in model.parameters()]
+    buffers = [s.clone() for s in start]
+    for p, b in zip(model.parameters(), buffers):
+        p.grad = b
+    clipped_gradient_sum(model, LOSS, inputs, targets, mask=mask, clipping_norm=0.1, accumulate=True)
+    for p, b, s, a in zip(model.parameters(), buffers, start, alone):
+        assert p.grad is b
+        assert torch.allclose(b, s + a, rtol=RTOL, atol=RTOL)
+
+
+class SharedGradient(nn.Module):
+    """Outputs whose gradients autograd shares: two layers summed (one tensor for both), a summed output (stride 0).
+
+    In-place scaling of one layer's output gradient would then scale another's too: the
+    book-keeping must copy those.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 3)
+        self.left = nn.Linear(6, 4)
+        self.right = nn.Linear(6, 4)
+        self.wide = nn.Linear(6, 5)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, cat, num):
+        z = self.emb(cat).flatten(1)
+        h = torch.tanh(self.left(z) + self.right(z))           # one gradient tensor for both outputs
+        return self.head(h).squeeze(-1) + self.wide(z).sum(1) + num[:, 0]  # wide: an expanded gradient
+
+
+class SlicedEmbedding(nn.Module):
+    """An Embedding whose output is concatenated with another tensor: its gradient is a non-contiguous slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 3)
+        self.head = nn.Linear(2 + 3 * 2, 1)
+
+    def forward(self, cat, num):
+        return self.head(torch.tanh(torch.cat([num, self.emb(cat).flatten(1)], dim=1))).squeeze(-1)
+
+
+@pytest.mark.parametrize("quantile", [0.3, 1.0])
+def test_shared_output_gradients_are_not_scaled_twice(quantile):
+    torch.manual_seed(0)
+    model = SharedGradient().to(DT)
+    (cat, num), targets, mask = custom_batch(seq=2)
+    seen = []
+    model.left.register_forward_hook(lambda m, a, o: seen.append(o))
+    model.right.register_forward_hook(lambda m, a, o: seen.append(o))
+    check_against_loop(model, (cat, num), targets, mask, quantile=quantile)
+    # the premise: autograd hands the two outputs one gradient tensor
+    g = torch.autograd.grad(model(cat, num).sum(), seen[-2:])
+    assert g[0].data_ptr() == g[1].data_ptr()
+
+
+@pytest.mark.parametrize("quantile", [0.3, 1.0])
+def test_embedding_segment_sum_of_a_non_contiguous_gradient(quantile):
+    """The table gradient from a sliced output gradient (added one lookup column at a time) against the loop."""
+    torch.manual_seed(0)
+    model = SlicedEmbedding().to(DT)
+    (cat, num), targets, mask = custom_batch(seq=2)
+    contiguous = []
+
+    def record(module, args, out):
+        if out.shape[0] > 1:  # our batch call, not the reference's one-row calls
+            out.register_hook(lambda g: contiguous.append(g.is_contiguous()))
+
+    model.emb.register_forward_hook(record)
+    check_against_loop(model, (cat, num), targets, mask, quantile=quantile)
+    assert contiguous and not any(contiguous)  # the premise: the per-column path ran
+
+
 def test_per_example_loss_with_per_row_tensors():
     """A loss closing over a [P] tensor (per-example RR flip probabilities) is only ever called batched."""
     model = make("fm")

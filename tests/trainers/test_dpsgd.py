@@ -79,6 +79,28 @@ def test_noise_is_added_to_the_clipped_sum_once():
         torch.testing.assert_close(a, p.grad / 4.0, rtol=1e-5, atol=1e-7)
 
 
+def test_the_noise_is_the_same_draws_added_to_the_same_clipped_sum():
+    """Noise drawn into the gradient buffers first: the values of randn per parameter, in order, plus the sum."""
+    from trainers.clipping import clipped_gradient_sum
+
+    data, model = tiny_data(), tiny_model()
+    trainable = list(model.parameters())
+    idx = torch.arange(16)
+    batch = Batch(chunks=[(idx[:8], torch.ones(8)), (idx[8:], torch.ones(8))], size=16, drawn=16, truncated=False)
+    loss_fn = functools.partial(bce, reduction="none")
+    noisy_gradient(model, encoded_rows(data), batch, trainable, clipping_norm=0.5, noise_std=0.7, expected_batch=4.0,
+                   noise_generator=torch.Generator().manual_seed(5), loss_fn=loss_fn)
+    got = [p.grad.clone() for p in trainable]
+    gen = torch.Generator().manual_seed(5)
+    noise = [torch.randn(p.shape, generator=gen) * 0.7 for p in trainable]
+    clipped_gradient_sum(model, loss_fn, (data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx]),
+                         data.label[idx], mask=torch.ones(16), clipping_norm=0.5, parameters=trainable)
+    for a, n, p in zip(got, noise, trainable):
+        torch.testing.assert_close(a, (p.grad + n) / 4.0, rtol=1e-5, atol=1e-6)
+        # the noise is really there (not a zero or a different draw): far from the sum alone
+        assert float((a - p.grad / 4.0).abs().max()) > 0.05
+
+
 def test_run_counts_steps_and_records_batch_statistics():
     data, model = tiny_data(), tiny_model("fm")
     rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1))

@@ -18,7 +18,15 @@ from scipy import stats
 
 from budgetplan.errors import PlanMismatchError
 from trainers.randomness import Randomness
-from trainers.walr import fit, predict, prepare_rows, release, release_throughput, run_walr
+from trainers.walr import (
+    bytes_moved,
+    fit,
+    predict,
+    prepare_rows,
+    release,
+    release_throughput,
+    run_walr,
+)
 
 ALARM = 1e-6
 
@@ -346,3 +354,83 @@ def test_run_walr_refuses_data_off_plan(planned):
 def test_release_throughput_runs():
     r = release_throughput(10_000, 5, "cpu")
     assert r["rows"] == 10_000 and r["k"] == 5 and r["rows_per_s"] > 0 and r["bytes_per_s"] > r["rows_per_s"]
+    assert r["bytes_moved"] == 10_000 * (5 * 4 + 3 * 5 * 8 + 49) > r["input_bytes"] == 10_000 * (5 * 4 + 9)
+    assert r["copy_bytes_per_s"] > 0 and r["copy_seconds"] > 0
+
+
+# ---- the release's largest contribution: the float64 maximum, bit for bit -----------------------------
+
+
+def _adversarial_rows(k: int = 20, seed: int = 0) -> torch.Tensor:
+    """float32 rows where float32 norms are hard: near-ties, wide ranges, equal coordinates, subnormal squares."""
+    g = torch.Generator().manual_seed(seed)
+    n = 4096
+    ties = 3.0 + torch.randint(-64, 65, (n, k), generator=g).to(torch.float32) * 2.0 ** -22  # within ulps
+    wide = torch.randn(n, k, generator=g) * torch.logspace(-30, 18, k)[torch.randperm(k, generator=g)]
+    equal = torch.full((n, k), 1.0 + 2.0 ** -23) * torch.rand(n, 1, generator=g)
+    tiny = torch.randn(n, k, generator=g) * 1e-21  # squares below float32's smallest normal
+    huge = torch.randn(n, k, generator=g) * 1e18
+    return torch.cat([ties, wide, equal, tiny, huge])
+
+
+@pytest.mark.parametrize("chunk_rows", [64, 1000, 1 << 16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_largest_contribution_is_the_float64_maximum_bit_for_bit(chunk_rows, seed):
+    g = torch.Generator().manual_seed(seed)
+    X = _adversarial_rows(seed=seed)
+    X = X[torch.randperm(X.shape[0], generator=g)]
+    w = torch.rand(X.shape[0], generator=g, dtype=torch.float64) * 3
+    w[::7] = 0.0
+    w[::11] = 1.0
+    y = torch.randint(0, 2, (X.shape[0],), generator=g)
+    want = float((_norms(X) * w).max())
+    _, info = release(X, y, w, noise_std=1.0, randomness=Randomness(0), chunk_rows=chunk_rows)
+    assert info["max_contribution"] == want
+    # weights at float32's extremes: subnormal when rounded, and large enough to overflow a product
+    w[::5] = 1e-40
+    w[::13] = 1e30
+    _, info = release(X, y, w, noise_std=1.0, randomness=Randomness(0), chunk_rows=chunk_rows)
+    assert info["max_contribution"] == float((_norms(X) * w).max())
+    # only the near-ties block: float32 orders some rows the other way round from float64, yet the maximum is exact
+    ties = _adversarial_rows(seed=seed)[:4096]
+    ones = torch.ones(4096, dtype=torch.float64)
+    f32, f64 = torch.linalg.vector_norm(ties, dim=1).double(), _norms(ties)
+    assert bool(((f32[:, None] > f32[None, :]) & (f64[:, None] < f64[None, :])).any())
+    _, info = release(ties, y[:4096], ones, noise_std=1.0, randomness=Randomness(0), chunk_rows=chunk_rows)
+    assert info["max_contribution"] == float(_norms(ties).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_row_one_ulp_over_the_bound_is_refused(dtype):
+    """The sensitivity check decides on the float64 value of every row, whatever the rows' dtype."""
+    g = torch.Generator().manual_seed(3)
+    X = (1.0 + torch.rand(5000, 8, generator=g) * 0.01).to(dtype)
+    y = torch.randint(0, 2, (5000,), generator=g)
+    w = torch.ones(5000, dtype=torch.float64)
+    top = float(_norms(X).max())
+    assert release(X, y, w, noise_std=1.0, randomness=Randomness(0), sensitivity=top)[1]["max_contribution"] == top
+    with pytest.raises(PlanMismatchError, match="more than the planned sensitivity"):
+        release(X, y, w, noise_std=1.0, randomness=Randomness(0), sensitivity=math.nextafter(top, 0.0))
+
+
+def test_rows_clipped_to_the_bound_and_rows_whose_float32_squares_overflow():
+    X = torch.randn(3000, 6, generator=torch.Generator().manual_seed(4)).abs() + 0.5
+    Xc, wc, _ = prepare_rows(X * 10, row_norm_bound=2.0)  # every row clipped to about 2: all near the maximum
+    y = torch.ones(3000)
+    _, info = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0), sensitivity=2.0)
+    assert info["max_contribution"] == float((_norms(Xc) * wc).max()) <= 2.0
+    big = torch.full((10, 3), 3e19)  # float32 squares overflow; float64 does not
+    _, info = release(big, torch.ones(10), torch.ones(10, dtype=torch.float64), noise_std=1.0,
+                      randomness=Randomness(0))
+    assert info["max_contribution"] == float(_norms(big).max())
+
+
+def test_bytes_moved_counts_every_pass():
+    n, k = 10_000, 4
+    X = torch.rand(n, k)
+    y = torch.randint(0, 2, (n,), dtype=torch.uint8)
+    w = torch.ones(n, dtype=torch.float64)
+    per_row = k * 4 + 3 * k * 8 + 8 + 3 + 6 + 32  # row, float64 copy written + read twice, weight, labels, y w
+    assert bytes_moved(X, y, w) == n * per_row
+    assert bytes_moved(X.double(), y, w) == n * (2 * k * 8 + 8 + 3 + 6 + 32)  # float64: no copy
+

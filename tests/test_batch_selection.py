@@ -170,6 +170,11 @@ def test_each_choice_trains_and_audits_clean(data, sampling, prefix):
     report = _train(data, sampling, plan)
     assert report.passed, [c for c in report.checks if not c.passed]
     assert _named(report, f"{prefix} batch sizes")
+    # the evidence the trainer measured: the noise of every step, and each row's part in every epoch
+    assert _named(report, "DP-SGD noise evidence")[0].passed
+    if sampling != "poisson":
+        (check,) = _named(report, f"{prefix} participation")
+        assert "2 whole epoch(s)" in check.detail
 
 
 def _sampler_of(kind):
@@ -240,3 +245,18 @@ def test_the_statement_describes_the_batches_the_plan_draws(sampling, says, neve
 
     text = render_statement(build_plan(scenario(sampling)))
     assert says in text and never not in text
+
+
+def test_the_audit_catches_an_example_allocated_twice_in_an_epoch(data, monkeypatch):
+    """The planted defect (``mutants.ALLOCATED_TWICE``): in every epoch one row takes the slot of another, so it
+    takes part twice and the other not at all. The epochs still total N and the sizes stay multinomial: only
+    the participation counts the trainer measured on its batches show it."""
+    from tests.trainers.mutants import ALLOCATED_TWICE
+    from trainers.sampling import AllocationSampler
+
+    plan = build_plan(scenario("allocation", features=FEATURES))
+    monkeypatch.setattr(AllocationSampler, "_epoch", ALLOCATED_TWICE.build().AllocationSampler._epoch)
+    report = _train(data, "allocated-twice", plan)
+    assert {c.name for c in report.checks if not c.passed} == {"Allocation participation"}
+    (check,) = _named(report, "Allocation participation")
+    assert "1 row(s) 0 time(s), 1998 row(s) 1 time(s), 1 row(s) 2 time(s)" in check.detail

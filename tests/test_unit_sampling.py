@@ -261,6 +261,8 @@ def test_a_unit_sampled_plan_trains_and_audits_clean(capped, adjacency):
     # the batch sizes count units: Binomial(M, q) with q M = 50, checked over units
     total = next(c for c in report.checks if c.name.endswith("batch sizes: total"))
     assert " units over " in total.detail and total.passed
+    whole = next(c for c in report.checks if c.name == "Units kept whole")
+    assert whole.passed and f"of the session's {run.steps_this_session} steps" in whole.detail
     # re-accounted on its own path: dp_accounting's PLD of the example-level mechanism over units
     again = next(c for c in report.checks if c.name == "independent re-accounting")
     assert "by dp_accounting PLD" in again.detail
@@ -288,6 +290,20 @@ def test_the_audit_catches_units_sampled_as_rows(capped, monkeypatch):
     assert not report.passed
     failed = {c.name for c in report.checks if not c.passed}
     assert any(name.endswith("batch sizes: total") for name in failed), failed
+
+
+def test_the_audit_catches_a_unit_split_across_batches(capped, monkeypatch):
+    # The planted fault (mutants.UNIT_SPLIT): 20 units are cut in two table entries, each sampled and clipped
+    # on its own, so a unit can weigh 2C in a step or be spread over two. The batch sizes barely move (M + 20
+    # entries); the blocks the trainer checked against the data's unit ids show it.
+    from tests.trainers.mutants import UNIT_SPLIT
+
+    root, n, m = capped
+    UNIT_SPLIT.install(monkeypatch)
+    _, _, report = _trained(root, n, m, "units-split")
+    assert {c.name for c in report.checks if not c.passed} == {"Units kept whole"}
+    (check,) = [c for c in report.checks if c.name == "Units kept whole"]
+    assert "did not hold all the rows of one unit" in check.detail
 
 
 def test_the_trainer_refuses_data_with_another_unit_count(capped):

@@ -176,6 +176,31 @@ def _f_noise_draws(root, out):
     write_record(out, c)
 
 
+def _forged_evidence(out, edit):
+    """The private record's DP-SGD evidence edited, the private record re-hashed and re-linked, as a forger
+    who knows the format would."""
+    import dataclasses
+
+    record = load_record(out)
+    phases = tuple(dataclasses.replace(p, evidence=edit(json.loads(json.dumps(p.evidence))))
+                   if getattr(p, "evidence", None) is not None else p for p in record.private_part.phases)
+    write_record(out, public(out), dataclasses.replace(record.private_part, phases=phases))
+
+
+def _f_noise_not_drawn(root, out):
+    def edit(ev):  # step 7's draw claimed by no rank, with nothing drawn
+        ev["noise_ranks"][7], ev["noise_draws"][7], ev["noise_chi2"][7] = [], 0, 0.0
+        return ev
+    _forged_evidence(out, edit)
+
+
+def _f_noise_draw_empty(root, out):
+    def edit(ev):  # rank 0 claims step 7's draws, but their sum of squares is that of no noise
+        ev["noise_chi2"][7] = 0.0
+        return ev
+    _forged_evidence(out, edit)
+
+
 def _f_batch_stats(root, out):
     c = public(out)
     ph = dpsgd(c)
@@ -305,6 +330,8 @@ FORGERIES = [
     ("release digest", _f_release_digest, "ledger"),
     ("noise std", _f_noise_std, "DP-SGD noise"),
     ("noise draws", _f_noise_draws, "DP-SGD noise"),
+    ("noise not drawn", _f_noise_not_drawn, "DP-SGD noise evidence"),
+    ("noise draw empty", _f_noise_draw_empty, "DP-SGD noise evidence"),
     ("batch statistics", _f_batch_stats, "Poisson batch sizes"),
     ("fixed-size batches", _f_fixed_size_ledger, "Poisson batch sizes: spread"),
     ("flip probability", _f_flip_probability, "RR flips"),
@@ -323,7 +350,7 @@ def check(report, name):
 @pytest.fixture
 def no_empirical(monkeypatch):
     """The code check runs with --empirical; the bounds themselves are tested elsewhere."""
-    monkeypatch.setattr(audit_mod, "run_empirical", lambda plan: [])
+    monkeypatch.setattr(audit_mod, "run_empirical", lambda plan, **_: [])
 
 
 def test_an_honest_run_passes(runs, no_empirical):

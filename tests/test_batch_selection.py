@@ -260,3 +260,22 @@ def test_the_audit_catches_an_example_allocated_twice_in_an_epoch(data, monkeypa
     assert {c.name for c in report.checks if not c.passed} == {"Allocation participation"}
     (check,) = _named(report, "Allocation participation")
     assert "1 row(s) 0 time(s), 1998 row(s) 1 time(s), 1 row(s) 2 time(s)" in check.detail
+
+
+@pytest.mark.parametrize("sampling, what", [("allocation", "random allocation"), ("shuffle", "shuffled batches")])
+def test_the_empirical_audits_run_allocated_and_shuffled_plans(data, sampling, what):
+    """`--empirical` runs the canaries on the real sampler (each canary once per epoch) against the phase's
+    planned epsilon and passes; `--one-run` has no replace-one curve of such batches and fails a named check:
+    a failing audit (exit 1), never a usage error (exit 2)."""
+    from click.testing import CliRunner
+
+    plan = build_plan(scenario(sampling, features=FEATURES))
+    assert _train(data, f"{sampling}-empirical", plan).passed
+    result = CliRunner().invoke(cli, ["audit", str(data / f"{sampling}-empirical"), "--empirical", "--one-run",
+                                      "--json"])
+    assert result.exit_code == 1, result.output
+    rows = {e["name"]: e for e in json.loads(result.stdout)["empirical"]}
+    empirical = rows["empirical dpsgd"]
+    assert empirical["passed"] and "in each epoch once" in empirical["compared"], empirical["detail"]
+    assert empirical["planned_epsilon"] == plan.dpsgd.guarantee.epsilon
+    assert rows["one-run dpsgd"]["failing"] == [f"one-run curve of {what}"]

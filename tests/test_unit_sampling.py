@@ -306,6 +306,28 @@ def test_the_audit_catches_a_unit_split_across_batches(capped, monkeypatch):
     assert "did not hold all the rows of one unit" in check.detail
 
 
+def test_the_empirical_audits_run_a_unit_sampled_plan(capped):
+    """`audit --empirical` on a unit-sampled run: the canaries are units of one row on the real unit sampler
+    (it once exited 2, "data has no unit ids"); the one-run audit runs them so too."""
+    from click.testing import CliRunner
+
+    from budgetplan.cli import cli
+    from trainers.empirical.one_run import dpsgd_one_run
+    from trainers.randomness import Randomness
+    from trainers.run import RunOptions, TrainSettings, execute_plan
+
+    root, n, m = capped
+    plan = build_plan(scenario(cap=3, n=n, units=f"units = {m}", batch=50, extra=FEATURES))
+    execute_plan(plan, root / "train.parquet", RunOptions(out_dir=root / "units-empirical",
+                                                          settings=TrainSettings(embedding_dim=2), seed=4))
+    result = CliRunner().invoke(cli, ["audit", str(root / "units-empirical"), "--empirical", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = [e for e in json.loads(result.stdout)["empirical"] if e["name"] == "empirical dpsgd"]
+    assert row["passed"] and "one canary is one unit of one row" in row["compared"]
+    one = dpsgd_one_run(plan.dpsgd, canaries=20_000, randomness=Randomness(6))
+    assert one["passed"] and "each a unit of one row" in one["detail"], one["detail"]
+
+
 def test_the_trainer_refuses_data_with_another_unit_count(capped):
     root, n, m = capped
     with pytest.raises(InvalidParameterError, match=f"accounts M = {m + 1}"):

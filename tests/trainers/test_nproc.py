@@ -89,6 +89,32 @@ def test_a_two_process_hybrid_run_audits_clean(root, two):
     assert {"Poisson batch sizes per rank", "Rank samples independent", "DP-SGD noise evidence"} <= names
 
 
+def test_the_empirical_audits_run_the_canaries_over_the_runs_processes(root, two, monkeypatch):
+    """`audit --empirical` and `--one-run` run the DP-SGD canaries over as many gloo ranks as the run had (the
+    two-rank canary run itself: tests/trainers/test_empirical.py); here, that the run's count reaches them."""
+    import trainers.empirical as empirical
+    from trainers.empirical import canaries, one_run
+
+    asked = []
+    # the RR phase comes first and has no processes to run over: not measured here
+    monkeypatch.setattr(empirical, "rr_lower_bound", lambda **kw: SimpleNamespace(to_row=lambda name: {}))
+
+    def lower_bound(params, **kw):
+        asked.append(("empirical", kw["processes"]))
+        raise SystemExit  # stop before the canaries run: the count is what is tested here
+
+    def one(phase, **kw):
+        asked.append(("one-run", kw["processes"]))
+        raise SystemExit
+
+    monkeypatch.setattr(canaries, "dpsgd_lower_bound", lower_bound)
+    monkeypatch.setattr(one_run, "dpsgd_one_run", one)
+    for flags in ({"empirical": True}, {"one_run": True}):
+        with pytest.raises(SystemExit):
+            audit_run(root / "run2", **flags)
+    assert asked == [("empirical", 2), ("one-run", 2)]
+
+
 def test_the_record_names_both_processes_and_their_steps(root, two):
     record = load_record(root / "run2")
     dpsgd = next(p for p in record.phases if p.name == "dpsgd")

@@ -471,3 +471,24 @@ def test_run_statement_lines_fit_88_columns(runs):
     root, plan = runs
     text = render_run_statement(plan, load_record(root / "run"))
     assert max(len(line) for line in text.splitlines()) <= 88
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda ev: ev["noise_chi2"].pop(), "lists 60 steps of noise ranks, 60 of draws and 59 of sums of squares"),
+    (lambda ev: ev.__setitem__("noise_draws", [-1] * 60), "evidence.noise_draws[0]"),
+    (lambda ev: ev.__setitem__("units_split", 0), "evidence.unit_blocks and evidence.units_split go together"),
+    (lambda ev: ev.__setitem__("note", "ok"), "unknown field 'note'"),
+])
+def test_malformed_evidence_does_not_read(runs, edit, names):
+    """The private record's per-step evidence is read strictly: a malformed one is refused, naming the field."""
+    from budgetplan.errors import PlanMismatchError
+
+    root, _ = runs
+    content = json.loads((root / "run" / "private" / "record.json").read_text())
+    stats = next(p for p in content["phases"] if p["name"] == "dpsgd")
+    assert len(stats["evidence"]["noise_ranks"]) == 60 and stats["evidence"]["noise_ranks"][0] == [0]
+    edit(stats["evidence"])
+    del content["sha256"]
+    with pytest.raises(PlanMismatchError, match="does not match its schema") as refused:
+        PrivateRecord.from_json(_rehash(content))
+    assert names in str(refused.value)

@@ -279,3 +279,23 @@ def test_the_empirical_audits_run_allocated_and_shuffled_plans(data, sampling, w
     assert empirical["passed"] and "in each epoch once" in empirical["compared"], empirical["detail"]
     assert empirical["planned_epsilon"] == plan.dpsgd.guarantee.epsilon
     assert rows["one-run dpsgd"]["failing"] == [f"one-run curve of {what}"]
+
+
+def test_the_participation_check_on_shuffled_epochs_whose_last_rows_sit_out():
+    """N = 2,050 in batches of 100: T = 20 steps an epoch use 2,000 rows once and 50 sit out. The counts of an
+    honest run pass; a row used twice, or an epoch whose counts are missing, fails."""
+    from types import SimpleNamespace
+
+    from budgetplan.audit.evidence import participation_check
+
+    par = build_plan(scenario("shuffle", n=2050)).dpsgd.params
+    assert (par.steps_per_epoch, par.steps) == (20, 40)
+    ran = SimpleNamespace(steps_this_session=40)
+    honest = {"counts": {"0": 50, "1": 2000}, "whole": True}
+    check = participation_check({"participation": [honest, honest]}, ran, par)
+    assert check.passed and "2000 rows once, 50 sat out" in check.detail
+    twice = {"counts": {"0": 51, "1": 1998, "2": 1}, "whole": True}
+    check = participation_check({"participation": [honest, twice]}, ran, par)
+    assert not check.passed and "epoch 1: rows took part 51 row(s) 0 time(s)" in check.detail
+    assert not participation_check({"participation": [honest]}, ran, par).passed
+    assert not participation_check({}, ran, par).passed

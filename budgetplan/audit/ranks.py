@@ -116,7 +116,7 @@ def rank_checks(sized_view: LedgerView, ran: DPSGDRun | None, *, rows: int, q: f
 def tie_probability(n_r: int, n_s: int, q: float) -> float:
     """P(X = Y) for independent X ~ Binomial(n_r, q), Y ~ Binomial(n_s, q)."""
     lo, hi = 0, min(n_r, n_s)
-    if hi > 1000:  # the mass beyond 12 standard deviations of the smaller mean is below 1e-30
+    if hi > 1000:  # where either pmf is beyond 12 of the larger sd from its mean, the product is below 1e-30
         sd = math.sqrt(max(n_r, n_s) * q * (1 - q))
         mid = min(n_r, n_s) * q
         lo, hi = max(0, int(mid - 12 * sd - 12)), min(hi, int(max(n_r, n_s) * q + 12 * sd + 12))

@@ -176,6 +176,31 @@ def _f_noise_draws(root, out):
     write_record(out, c)
 
 
+def _forged_evidence(out, edit):
+    """The private record's DP-SGD evidence edited, the private record re-hashed and re-linked, as a forger
+    who knows the format would."""
+    import dataclasses
+
+    record = load_record(out)
+    phases = tuple(dataclasses.replace(p, evidence=edit(json.loads(json.dumps(p.evidence))))
+                   if getattr(p, "evidence", None) is not None else p for p in record.private_part.phases)
+    write_record(out, public(out), dataclasses.replace(record.private_part, phases=phases))
+
+
+def _f_noise_not_drawn(root, out):
+    def edit(ev):  # step 7's draw claimed by no rank, with nothing drawn
+        ev["noise_ranks"][7], ev["noise_draws"][7], ev["noise_chi2"][7] = [], 0, 0.0
+        return ev
+    _forged_evidence(out, edit)
+
+
+def _f_noise_draw_empty(root, out):
+    def edit(ev):  # rank 0 claims step 7's draws, but their sum of squares is that of no noise
+        ev["noise_chi2"][7] = 0.0
+        return ev
+    _forged_evidence(out, edit)
+
+
 def _f_batch_stats(root, out):
     c = public(out)
     ph = dpsgd(c)
@@ -390,6 +415,8 @@ FORGERIES = [
     ("release digest", _f_release_digest, "ledger"),
     ("noise std", _f_noise_std, "DP-SGD noise"),
     ("noise draws", _f_noise_draws, "DP-SGD noise"),
+    ("noise not drawn", _f_noise_not_drawn, "DP-SGD noise evidence"),
+    ("noise draw empty", _f_noise_draw_empty, "DP-SGD noise evidence"),
     ("batch statistics", _f_batch_stats, "Poisson batch sizes"),
     ("fixed-size batches", _f_fixed_size_ledger, "Poisson batch sizes: spread"),
     ("flip probability", _f_flip_probability, "RR flips"),
@@ -432,7 +459,7 @@ def check(report, name):
 @pytest.fixture
 def no_empirical(monkeypatch):
     """The code check runs with --empirical; the bounds themselves are tested elsewhere."""
-    monkeypatch.setattr(audit_mod, "run_empirical", lambda plan: [])
+    monkeypatch.setattr(audit_mod, "run_empirical", lambda plan, **_: [])
 
 
 def test_an_honest_run_passes(runs, no_empirical):
@@ -622,3 +649,24 @@ def test_run_statement_lines_fit_88_columns(runs):
     root, plan = runs
     text = render_run_statement(plan, load_record(root / "run"))
     assert max(len(line) for line in text.splitlines()) <= 88
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda ev: ev["noise_chi2"].pop(), "lists 60 steps of noise ranks, 60 of draws and 59 of sums of squares"),
+    (lambda ev: ev.__setitem__("noise_draws", [-1] * 60), "evidence.noise_draws[0]"),
+    (lambda ev: ev.__setitem__("units_split", 0), "evidence.unit_blocks and evidence.units_split go together"),
+    (lambda ev: ev.__setitem__("note", "ok"), "unknown field 'note'"),
+])
+def test_malformed_evidence_does_not_read(runs, edit, names):
+    """The private record's per-step evidence is read strictly: a malformed one is refused, naming the field."""
+    from budgetplan.errors import PlanMismatchError
+
+    root, _ = runs
+    content = json.loads((root / "run" / "private" / "record.json").read_text())
+    stats = next(p for p in content["phases"] if p["name"] == "dpsgd")
+    assert len(stats["evidence"]["noise_ranks"]) == 60 and stats["evidence"]["noise_ranks"][0] == [0]
+    edit(stats["evidence"])
+    del content["sha256"]
+    with pytest.raises(PlanMismatchError, match="does not match its schema") as refused:
+        PrivateRecord.from_json(_rehash(content))
+    assert names in str(refused.value)

@@ -170,6 +170,11 @@ def test_each_choice_trains_and_audits_clean(data, sampling, prefix):
     report = _train(data, sampling, plan)
     assert report.passed, [c for c in report.checks if not c.passed]
     assert _named(report, f"{prefix} batch sizes")
+    # the evidence the trainer measured: the noise of every step, and each row's part in every epoch
+    assert _named(report, "DP-SGD noise evidence")[0].passed
+    if sampling != "poisson":
+        (check,) = _named(report, f"{prefix} participation")
+        assert "2 whole epoch(s)" in check.detail
 
 
 def _sampler_of(kind):
@@ -240,3 +245,57 @@ def test_the_statement_describes_the_batches_the_plan_draws(sampling, says, neve
 
     text = render_statement(build_plan(scenario(sampling)))
     assert says in text and never not in text
+
+
+def test_the_audit_catches_an_example_allocated_twice_in_an_epoch(data, monkeypatch):
+    """The planted defect (``mutants.ALLOCATED_TWICE``): in every epoch one row takes the slot of another, so it
+    takes part twice and the other not at all. The epochs still total N and the sizes stay multinomial: only
+    the participation counts the trainer measured on its batches show it."""
+    from tests.trainers.mutants import ALLOCATED_TWICE
+    from trainers.sampling import AllocationSampler
+
+    plan = build_plan(scenario("allocation", features=FEATURES))
+    monkeypatch.setattr(AllocationSampler, "_epoch", ALLOCATED_TWICE.build().AllocationSampler._epoch)
+    report = _train(data, "allocated-twice", plan)
+    assert {c.name for c in report.checks if not c.passed} == {"Allocation participation"}
+    (check,) = _named(report, "Allocation participation")
+    assert "1 row(s) 0 time(s), 1998 row(s) 1 time(s), 1 row(s) 2 time(s)" in check.detail
+
+
+@pytest.mark.parametrize("sampling, what", [("allocation", "random allocation"), ("shuffle", "shuffled batches")])
+def test_the_empirical_audits_run_allocated_and_shuffled_plans(data, sampling, what):
+    """`--empirical` runs the canaries on the real sampler (each canary once per epoch) against the phase's
+    planned epsilon and passes; `--one-run` has no replace-one curve of such batches and fails a named check:
+    a failing audit (exit 1), never a usage error (exit 2)."""
+    from click.testing import CliRunner
+
+    plan = build_plan(scenario(sampling, features=FEATURES))
+    assert _train(data, f"{sampling}-empirical", plan).passed
+    result = CliRunner().invoke(cli, ["audit", str(data / f"{sampling}-empirical"), "--empirical", "--one-run",
+                                      "--json"])
+    assert result.exit_code == 1, result.output
+    rows = {e["name"]: e for e in json.loads(result.stdout)["empirical"]}
+    empirical = rows["empirical dpsgd"]
+    assert empirical["passed"] and "in each epoch once" in empirical["compared"], empirical["detail"]
+    assert empirical["planned_epsilon"] == plan.dpsgd.guarantee.epsilon
+    assert rows["one-run dpsgd"]["failing"] == [f"one-run curve of {what}"]
+
+
+def test_the_participation_check_on_shuffled_epochs_whose_last_rows_sit_out():
+    """N = 2,050 in batches of 100: T = 20 steps an epoch use 2,000 rows once and 50 sit out. The counts of an
+    honest run pass; a row used twice, or an epoch whose counts are missing, fails."""
+    from types import SimpleNamespace
+
+    from budgetplan.audit.step_evidence import participation_check
+
+    par = build_plan(scenario("shuffle", n=2050)).dpsgd.params
+    assert (par.steps_per_epoch, par.steps) == (20, 40)
+    ran = SimpleNamespace(steps_this_session=40)
+    honest = {"counts": {"0": 50, "1": 2000}, "whole": True}
+    check = participation_check({"participation": [honest, honest]}, ran, par)
+    assert check.passed and "2000 rows once, 50 sat out" in check.detail
+    twice = {"counts": {"0": 51, "1": 1998, "2": 1}, "whole": True}
+    check = participation_check({"participation": [honest, twice]}, ran, par)
+    assert not check.passed and "epoch 1: rows took part 51 row(s) 0 time(s)" in check.detail
+    assert not participation_check({"participation": [honest]}, ran, par).passed
+    assert not participation_check({}, ran, par).passed

@@ -261,6 +261,8 @@ def test_a_unit_sampled_plan_trains_and_audits_clean(capped, adjacency):
     # the batch sizes count units: Binomial(M, q) with q M = 50, checked over units
     total = next(c for c in report.checks if c.name.endswith("batch sizes: total"))
     assert " units over " in total.detail and total.passed
+    whole = next(c for c in report.checks if c.name == "Units kept whole")
+    assert whole.passed and f"of the session's {run.steps_this_session} steps" in whole.detail
     # re-accounted on its own path: dp_accounting's PLD of the example-level mechanism over units
     again = next(c for c in report.checks if c.name == "independent re-accounting")
     assert "by dp_accounting PLD" in again.detail
@@ -288,6 +290,42 @@ def test_the_audit_catches_units_sampled_as_rows(capped, monkeypatch):
     assert not report.passed
     failed = {c.name for c in report.checks if not c.passed}
     assert any(name.endswith("batch sizes: total") for name in failed), failed
+
+
+def test_the_audit_catches_a_unit_split_across_batches(capped, monkeypatch):
+    # The planted fault (mutants.UNIT_SPLIT): 20 units are cut in two table entries, each sampled and clipped
+    # on its own, so a unit can weigh 2C in a step or be spread over two. The batch sizes barely move (M + 20
+    # entries); the blocks the trainer checked against the data's unit ids show it.
+    from tests.trainers.mutants import UNIT_SPLIT
+
+    root, n, m = capped
+    UNIT_SPLIT.install(monkeypatch)
+    _, _, report = _trained(root, n, m, "units-split")
+    assert {c.name for c in report.checks if not c.passed} == {"Units kept whole"}
+    (check,) = [c for c in report.checks if c.name == "Units kept whole"]
+    assert "did not hold all the rows of one unit" in check.detail
+
+
+def test_the_empirical_audits_run_a_unit_sampled_plan(capped):
+    """`audit --empirical` on a unit-sampled run: the canaries are units of one row on the real unit sampler
+    (it once exited 2, "data has no unit ids"); the one-run audit runs them so too."""
+    from click.testing import CliRunner
+
+    from budgetplan.cli import cli
+    from trainers.empirical.one_run import dpsgd_one_run
+    from trainers.randomness import Randomness
+    from trainers.run import RunOptions, TrainSettings, execute_plan
+
+    root, n, m = capped
+    plan = build_plan(scenario(cap=3, n=n, units=f"units = {m}", batch=50, extra=FEATURES))
+    execute_plan(plan, root / "train.parquet", RunOptions(out_dir=root / "units-empirical",
+                                                          settings=TrainSettings(embedding_dim=2), seed=4))
+    result = CliRunner().invoke(cli, ["audit", str(root / "units-empirical"), "--empirical", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = [e for e in json.loads(result.stdout)["empirical"] if e["name"] == "empirical dpsgd"]
+    assert row["passed"] and "one canary is one unit of one row" in row["compared"]
+    one = dpsgd_one_run(plan.dpsgd, canaries=20_000, randomness=Randomness(6))
+    assert one["passed"] and "each a unit of one row" in one["detail"], one["detail"]
 
 
 def test_the_trainer_refuses_data_with_another_unit_count(capped):

@@ -24,7 +24,7 @@ from budgetplan import audit as core
 from budgetplan.audit.report import ALPHA, AuditReport, Check
 from budgetplan.audit.run import code_check, find_plan, run_dir_of
 from budgetplan.plan import Plan
-from budgetplan.record.records import PRIVATE_DIR, RunRecord, load_record
+from budgetplan.record.records import PRIVATE_DIR, DPSGDRun, RunRecord, load_record
 from trainers.data.columns import parquet_source
 from trainers.data.fingerprint import fingerprint, key_id, read_key
 from trainers.data.loaders import read_table
@@ -57,25 +57,33 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
                          else run_dir / "run.json")
     if data_path is not None:
         report.checks.append(fingerprint_check(record, plan, run_dir, data_path, data_format, fingerprint_key))
+    processes = run_processes(record)
     if empirical:
         report.checks.append(code_check(record))
-        report.empirical = run_empirical(plan)
+        report.empirical = run_empirical(plan, processes=processes)
     if one_run:
         from trainers.empirical.one_run import one_run_rows  # torch: audit_run's other checks run without it
 
-        report.empirical += one_run_rows(plan)
+        report.empirical += one_run_rows(plan, processes=processes)
     return report
 
 
-def run_empirical(plan: Plan, *, progress: bool = True) -> list[dict]:
+def run_processes(record: RunRecord) -> int:
+    """The processes the run's DP-SGD phase trained with (1 when one did, or the record shows no DP-SGD phase)."""
+    ran = next((p for p in record.phases if isinstance(p, DPSGDRun)), None)
+    return 1 if ran is None or ran.processes is None else ran.processes
+
+
+def run_empirical(plan: Plan, *, progress: bool = True, processes: int = 1) -> list[dict]:
     """Audit every phase of ``plan`` on the installed trainer code (needs torch); one row per phase.
 
     ``trainers.empirical.audit_plan`` runs the real training loops (RR phase, WALR, DP-SGD)
     on neighbouring inputs: each row holds a lower bound on epsilon against the planned one
     and the mechanism checks, and passes when the bound is at most the plan and every check
     holds. It measures the code installed now, not necessarily the code that trained the run.
+    ``processes``: the run's processes, over which the DP-SGD canaries are run.
     """
-    return audit_plan(plan, progress=progress)
+    return audit_plan(plan, progress=progress, processes=processes)
 
 
 def fingerprint_check(record: RunRecord, plan: Plan, run_dir: Path, data_path, data_format, key) -> Check:

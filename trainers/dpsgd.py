@@ -23,12 +23,14 @@ import math
 import resource
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import DPSGDParams
 from trainers import clipping  # clipped_gradient_sum looked up at each call: tests swap it
+from trainers.evidence import StepEvidence, merge
 from trainers.losses import bce
 from trainers.progress import bar
 from trainers.sampling import (
@@ -43,8 +45,8 @@ from trainers.sampling import (
 )
 
 __all__ = ["DPSGDSettings", "DPSGDResult", "DPSGDStep", "GLOBAL_SAMPLING", "check_resume", "check_rows",
-           "check_unit_count", "count_units", "encoded_rows", "noisy_gradient", "phase_sampler", "run_dpsgd",
-           "peak_memory"]
+           "check_unit_count", "count_units", "encoded_rows", "NoisyGradient", "noisy_gradient", "phase_sampler",
+           "run_dpsgd", "peak_memory"]
 
 
 # The largest chunk on a GPU: a pCTR-shaped batch of 65,536 rows in one chunk holds a few GiB
@@ -116,6 +118,9 @@ class DPSGDResult:
             (the auditor refuses a run whose ranks disagree).
         clipped_per: ``"unit"`` when units were sampled and each unit's summed gradient was
             clipped once (``batch_sizes`` and ``clipped`` then count units), else ``"example"``.
+        evidence: what each step of this session did, measured (``trainers.evidence.merge``):
+            the noise each rank drew, allocation and shuffle participation, units kept whole.
+            Rank 0's result holds every rank's; None on the other ranks.
     """
 
     steps_planned: int
@@ -142,6 +147,7 @@ class DPSGDResult:
     rank_batch_sizes: tuple | None = None  # with several processes: each rank's batch sizes, in rank order
     rank_steps: tuple | None = None        # with several processes: the steps each rank counted itself
     clipped_per: str = "example"
+    evidence: dict | None = None
 
     @property
     def clipped_fraction(self) -> float:
@@ -170,16 +176,26 @@ def encoded_rows(data):
     return lambda idx: ((data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx]), data.label[idx])
 
 
+class NoisyGradient(NamedTuple):
+    """What ``noisy_gradient`` did on this rank: rows (units) clipped, noise draws made, their sum of squares."""
+
+    clipped: int
+    noise_draws: int
+    noise_sumsq: float
+
+
 def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float, noise_std: float,
                    expected_batch: float, noise_generator, loss_fn, truncated: bool = False,
-                   collective=None, unit_rows: int = 1) -> int:
+                   collective=None, unit_rows: int = 1) -> NoisyGradient:
     """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
 
     The noise is drawn once per parameter element, into the gradient buffers themselves, and
     the batch's chunks are clipped and summed separately into them: one noisy update however
     many chunks. An empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
     sum covers every rank's rows and the noise is drawn by rank 0 alone, once. Returns how
-    many of this rank's real rows were clipped.
+    many of this rank's real rows were clipped, and the noise this rank drew: how many
+    standard normal draws (scaled by ``noise_std`` when added) and the sum of their squares,
+    measured on the draws added (``trainers.evidence``).
 
     Args:
         rows: ``rows(idx)`` -> ``(inputs, targets)``, the model's positional inputs and the
@@ -190,12 +206,19 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
     """
 
     # The noise is drawn straight into the gradient buffers and every chunk's clipped sum is added
-    # into them (clipped_gradient_sum(accumulate=True)): no zeroed accumulator, no noise-sized
-    # temporary. The draws are those of one torch.randn per parameter, in parameter order.
+    # into them (clipped_gradient_sum(accumulate=True)): no zeroed accumulator. The draws are those
+    # of one torch.randn per parameter, in parameter order; their sum of squares (the evidence) takes
+    # one temporary per parameter, freed before any activation is stored.
     acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]
+    draws, sumsq = 0, None
     for a in acc:
         if collective is None or collective.draws_noise:
-            a.normal_(generator=noise_generator).mul_(noise_std)  # the values of randn(...) * noise_std
+            a.normal_(generator=noise_generator)  # the values of randn(...), scaled below
+            # the commitment to the draw actually added: its size and its sum of squares
+            draws += a.numel()
+            square = a.square().sum(dtype=torch.float64)
+            sumsq = square if sumsq is None else sumsq + square
+            a.mul_(noise_std)
         else:
             a.zero_()
     clipped = 0
@@ -211,7 +234,7 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
         collective.sum_(acc)
     for a, p in zip(acc, trainable):
         p.grad = a.div_(expected_batch)
-    return clipped
+    return NoisyGradient(clipped, draws, 0.0 if sumsq is None else float(sumsq))
 
 
 class DPSGDStep:
@@ -233,10 +256,15 @@ class DPSGDStep:
         start_step: steps already counted (a resumed run).
         truncated: clip through ``model.forward_truncated``.
         collective: this rank's ``trainers.distributed.Collective``, or None.
+        rows: the rows this rank samples from, to count each one's participation in every
+            epoch of allocation or shuffled batches (``trainers.evidence``); None: not counted.
+        unit: this rank's rows' dense unit ids when the plan samples units, to check that
+            every sampled unit is whole in its block; None: not checked.
     """
 
     def __init__(self, model, params: DPSGDParams, *, trainable: list, optimizer, loss_fn, noise_generator,
-                 ledger=None, start_step: int = 0, truncated: bool = False, collective=None):
+                 ledger=None, start_step: int = 0, truncated: bool = False, collective=None,
+                 rows: int | None = None, unit=None):
         if not isinstance(params, DPSGDParams):
             raise PlanMismatchError(f"the DP-SGD step needs the plan's DPSGDParams, got {type(params).__name__}")
         if not 0 <= start_step <= params.steps:
@@ -251,6 +279,7 @@ class DPSGDStep:
         self.sizes: list[int] = []        # global batch sizes, as the ledger holds them
         self.local_sizes: list = []       # with a collective: every rank's part of each step
         self.clipped = self.chunks = self.noise_draws = self.batches_truncated = 0
+        self.evidence = StepEvidence(params, rows=rows, unit=unit, start_step=start_step)
         self.t0 = time.perf_counter()
 
     @property
@@ -272,14 +301,16 @@ class DPSGDStep:
                 self.ledger.intend(self.step, size)
             else:
                 self.ledger.intend(self.step, size, rank_batch_sizes=parts)
-        self.clipped += noisy_gradient(self.model, rows, batch, self.trainable,
-                                       clipping_norm=self.params.clipping_norm, noise_std=self.noise_std,
-                                       expected_batch=self.expected_batch, noise_generator=self.noise_generator,
-                                       loss_fn=self.loss_fn, truncated=self.truncated, collective=coll,
-                                       unit_rows=self.unit_rows)
+        self.evidence.batch(batch)
+        done = noisy_gradient(self.model, rows, batch, self.trainable,
+                              clipping_norm=self.params.clipping_norm, noise_std=self.noise_std,
+                              expected_batch=self.expected_batch, noise_generator=self.noise_generator,
+                              loss_fn=self.loss_fn, truncated=self.truncated, collective=coll,
+                              unit_rows=self.unit_rows)
+        self.clipped += done.clipped
         self.chunks += len(batch.chunks)
-        if coll is None or coll.draws_noise:
-            self.noise_draws += sum(p.numel() for p in self.trainable)
+        self.noise_draws += done.noise_draws  # the draws made, not the draws meant (a rank that drew none adds 0)
+        self.evidence.drew(done.noise_draws, done.noise_sumsq)
         self.optimizer.step()
         self.step += 1
         self.sizes.append(size)
@@ -290,22 +321,27 @@ class DPSGDStep:
         """What this session ran (totals over the ranks with a collective: call it on every rank)."""
         par, coll = self.params, self.collective
         clipped, chunks, per_rank, rank_steps = self.clipped, self.chunks, None, None
+        mine = self.evidence.local()
+        draws, evidence = self.noise_draws, merge([mine])
         if coll is not None:
             like = self.trainable[0] if self.trainable else None
             clipped, chunks = coll.total(clipped, like=like), coll.total(chunks, like=like)
+            draws = coll.total(draws, like=like)  # every rank's draws: rank 0's alone when honest
+            parts = coll.gather_object(mine)
+            evidence = None if parts is None else merge(parts)
             per_rank = tuple(zip(*self.local_sizes)) if self.local_sizes else tuple(() for _ in range(coll.world_size))
             rank_steps = tuple(r[0] for r in coll.gather([len(self.local_sizes)]))  # each rank's own count
         return DPSGDResult(
             steps_planned=par.steps, start_step=self.start_step, steps_taken=len(self.sizes),
             batch_sizes=tuple(self.sizes), batches_truncated=self.batches_truncated, clipped=clipped, chunks=chunks,
-            padded_size=padded_size, noise_std=self.noise_std, noise_draws=self.noise_draws,
+            padded_size=padded_size, noise_std=self.noise_std, noise_draws=draws,
             clipping_norm=par.clipping_norm, noise_multiplier=par.noise_multiplier, sampling_rate=par.sampling_rate,
             expected_batch_size=self.expected_batch, truncated=par.sampling == "truncated-poisson",
             model="truncated" if self.truncated else "full",
             trainable_parameters=int(sum(p.numel() for p in self.trainable)), settings=settings,
             seconds=time.perf_counter() - self.t0, peak_memory=peak_memory(device),
             world_size=1 if coll is None else coll.world_size, rank_batch_sizes=per_rank, rank_steps=rank_steps,
-            clipped_per="unit" if par.samples_units else "example")
+            clipped_per="unit" if par.samples_units else "example", evidence=evidence)
 
 
 def phase_sampler(data, params: DPSGDParams, settings: DPSGDSettings, randomness, *, distributed: bool = False,
@@ -439,7 +475,8 @@ def run_dpsgd(model, data, params: DPSGDParams, *, trainable: list, randomness, 
             schedule.load_state_dict(optimizer_state["schedule"])
     engine = DPSGDStep(model, params, trainable=trainable, optimizer=opt,
                        loss_fn=functools.partial(bce, reduction="none"), noise_generator=noise_gen, ledger=ledger,
-                       start_step=start_step, truncated=truncated, collective=collective)
+                       start_step=start_step, truncated=truncated, collective=collective, rows=len(data),
+                       unit=data.unit if params.samples_units else None)
     rows = encoded_rows(data)
     model.train()
     pbar = bar(progress, steps - start_step)

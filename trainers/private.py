@@ -272,7 +272,7 @@ class PrivateStep:
             noise = torch.Generator(device=self.trainable[0].device).manual_seed(self.randomness.torch_seed())
             self._engine = dpsgd.DPSGDStep(self.model, params, trainable=self.trainable, optimizer=self.optimizer,
                                            loss_fn=self.loss_fn, noise_generator=noise, ledger=session,
-                                           start_step=start)
+                                           start_step=start, rows=len(rows))
         except BaseException:
             session.close()
             raise

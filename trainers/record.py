@@ -98,10 +98,11 @@ def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | 
         chunks=result.chunks, padded_size=result.padded_size, settings=result.settings, seconds=result.seconds,
         peak_memory=result.peak_memory, processes=result.world_size if result.rank_steps is not None else None,
         rank_steps=result.rank_steps, clipped_per="unit" if result.clipped_per == "unit" else None)
+    evidence = getattr(result, "evidence", None)
     if not withhold:
-        return public, DPSGDStats(clipped_fraction=result.clipped_fraction)
+        return public, DPSGDStats(clipped_fraction=result.clipped_fraction, evidence=evidence)
     public, held = public.withholding()
-    return public, DPSGDStats(clipped_fraction=result.clipped_fraction, withheld=held)
+    return public, DPSGDStats(clipped_fraction=result.clipped_fraction, withheld=held, evidence=evidence)
 
 
 def walr_entry(result, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:

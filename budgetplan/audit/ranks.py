@@ -16,21 +16,42 @@ check fails when:
   steps is tested against Binomial(rows_r T, q), two-sided, each rank at ``alpha / ranks``
   (Bonferroni) so that an honest run fails at most ``alpha`` of the time in all.
 
+``Rank samples independent`` fails when two ranks' draws are not independent (ranks seeded
+alike sample in lockstep; the per-rank check above cannot see it, each rank's own batches
+being Poisson). For every pair of ranks and every session of T steps, two tests:
+
+- ties: independent sizes X ~ Binomial(n_r, q) and Y ~ Binomial(n_s, q) are equal at a step
+  with probability p = sum_k P(X = k) P(Y = k), so the number of tied steps is
+  Binomial(T, p), and its upper tail is the exact p-value (ranks in lockstep tie at every
+  step);
+- correlation: Pearson's r of the two size sequences, two-sided, by Student's t with T - 2
+  degrees of freedom (exact for normal sizes; Binomial sizes at the batch sizes trained are
+  close to it), which catches ranks whose draws move together without being equal.
+
+Every test is at ``alpha`` divided by the number of tests (Bonferroni), so an honest run fails
+at most ``alpha`` of the time in all (the t approximation aside).
+
 A one-process run has none of this and gets no check.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from itertools import combinations
 from typing import Any
+
+import numpy as np
+from scipy import stats
 
 from budgetplan.audit.report import Check
 from budgetplan.record.ledger import LedgerView
 from budgetplan.record.records import DPSGDRun
 
-__all__ = ["rank_checks"]
+__all__ = ["rank_checks", "independence_check", "tie_probability"]
 
 NAME = "Poisson batch sizes per rank"
+INDEPENDENT = "Rank samples independent"
 
 
 def _sessions(view: LedgerView, what: str) -> list[dict[str, Any]]:
@@ -74,7 +95,9 @@ def rank_checks(sized_view: LedgerView, ran: DPSGDRun | None, *, rows: int, q: f
         return []
     problems = _record_problems(ran, sessions) + _session_problems(sessions, rows, what)
     if problems:
-        return [Check(NAME, False, "; ".join(problems))]
+        return [Check(NAME, False, "; ".join(problems)),
+                Check(INDEPENDENT, False, "the per-rank batch sizes do not hold together (above): the ranks' "
+                                          "independence cannot be tested on them")]
     worst, details = 1.0, []
     for s in sessions:
         width, t = len(s["rows"]), len(s["sizes"])
@@ -86,7 +109,51 @@ def rank_checks(sized_view: LedgerView, ran: DPSGDRun | None, *, rows: int, q: f
                            f"{s['rows'][r] * t * q:.1f}, p = {p:.3g}")
     passed = worst >= alpha
     return [Check(NAME, passed, f"{len(sessions)} distributed session(s); " + "; ".join(details)
-                  + f"; each rank two-sided binomial at {alpha:g}/ranks (Bonferroni)")]
+                  + f"; each rank two-sided binomial at {alpha:g}/ranks (Bonferroni)"),
+            independence_check(sessions, q=q, alpha=alpha, what=what)]
+
+
+def tie_probability(n_r: int, n_s: int, q: float) -> float:
+    """P(X = Y) for independent X ~ Binomial(n_r, q), Y ~ Binomial(n_s, q)."""
+    lo, hi = 0, min(n_r, n_s)
+    if hi > 1000:  # where either pmf is beyond 12 of the larger sd from its mean, the product is below 1e-30
+        sd = math.sqrt(max(n_r, n_s) * q * (1 - q))
+        mid = min(n_r, n_s) * q
+        lo, hi = max(0, int(mid - 12 * sd - 12)), min(hi, int(max(n_r, n_s) * q + 12 * sd + 12))
+    k = np.arange(lo, hi + 1)
+    return float(min(1.0, np.sum(stats.binom.pmf(k, n_r, q) * stats.binom.pmf(k, n_s, q))))
+
+
+def independence_check(sessions: list[dict[str, Any]], *, q: float, alpha: float, what: str = "rows") -> Check:
+    """``Rank samples independent``: no pair of ranks ties or correlates more than independent draws do."""
+    tests: list[tuple[float, str]] = []
+    for i, s in enumerate(sessions, 1):
+        sizes = np.array(s["sizes"], dtype=np.float64)  # steps x ranks (checked rectangular before)
+        if sizes.ndim != 2 or sizes.shape[0] == 0:
+            continue
+        t = sizes.shape[0]
+        for a, b in combinations(range(sizes.shape[1]), 2):
+            x, y = sizes[:, a], sizes[:, b]
+            ties = int(np.sum(x == y))
+            p_tie = tie_probability(int(s["rows"][a]), int(s["rows"][b]), q)
+            p = float(stats.binom.sf(ties - 1, t, p_tie)) if ties else 1.0
+            tests.append((p, f"session {i}, ranks {a} and {b}: {ties} of {t} steps tied (independent: "
+                             f"{t * p_tie:.1f} expected), p = {p:.3g}"))
+            if t >= 3 and np.std(x) > 0 and np.std(y) > 0:
+                r = float(np.corrcoef(x, y)[0, 1])
+                stat = r * math.sqrt((t - 2) / max(1e-300, 1 - r * r))
+                p = float(2 * stats.t.sf(abs(stat), t - 2))
+                tests.append((p, f"session {i}, ranks {a} and {b}: correlation of their sizes {r:.3f}, p = {p:.3g}"))
+    if not tests:
+        return Check(INDEPENDENT, True, f"no two ranks drew {what} in the same step")
+    m = len(tests)
+    worst = min(tests)
+    passed = worst[0] * m >= alpha
+    shown = [d for p, d in tests if p * m < alpha][:3] or [min(kind)[1] for kind in (
+        [x for x in tests if "tied" in x[1]], [x for x in tests if "correlation" in x[1]]) if kind]
+    return Check(INDEPENDENT, passed, "; ".join(shown) + f"; {m} tests (ties: exact binomial upper tail; "
+                 f"correlation: two-sided t), each at {alpha:g}/{m} (Bonferroni)"
+                 + ("" if passed else ": the ranks' samples are not independent draws"))
 
 
 def _record_problems(ran: DPSGDRun | None, sessions: list[dict[str, Any]]) -> list[str]:

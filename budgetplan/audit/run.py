@@ -18,13 +18,19 @@ evidence is absent. Each check is named and independent:
    reads it) equal the record's, never exceed the plan, and a completed run took them all.
 6. ``DP-SGD noise``: the noise std, noise multiplier, C and q the run used are the plan's,
    and noise was drawn for every trainable parameter at every step of the session.
+   ``DP-SGD noise evidence`` (``budgetplan.audit.step_evidence``, from the private record): each
+   step's noise was drawn by rank 0 alone, one draw per parameter, and the draws' sums of
+   squares are chi-square; ``Allocation participation`` / ``Shuffled participation``: every
+   row took part exactly once (at most once) in each epoch; ``Units kept whole``: every
+   sampled unit's rows were in one block, whole.
 7. ``Poisson batch sizes``: every step's batch size, from the ledger across all sessions,
    is consistent with Poisson sampling at q (total and spread, two-sided, at ``alpha``).
    A plan that allocates or shuffles gets ``Allocation batch sizes`` (every whole epoch
    totals exactly N; multinomial spread) or ``Shuffled batch sizes`` (every batch exactly B).
    A run over several processes also gets ``Poisson batch sizes per rank``
    (``budgetplan.audit.ranks``): the ranks agree on the step count, their sizes add up to
-   each step's, and each rank's batches are Poisson at q over its rows.
+   each step's, and each rank's batches are Poisson at q over its rows; and ``Rank samples
+   independent``: no two ranks' batch sizes tie or correlate more than independent draws do.
 8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
    with it (two-sided binomial test at ``alpha``).
 9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
@@ -83,6 +89,7 @@ from budgetplan.audit.report import ALPHA, INTERRUPTED, REACCOUNT_TOLERANCE, Aud
 from budgetplan.audit.sampling import (
     sampling_checks,
 )
+from budgetplan.audit.step_evidence import evidence_checks
 from budgetplan.audit.tuned import audit_tuned, audit_tuned_interrupted
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import BudgetplanError, InvalidParameterError
@@ -174,6 +181,7 @@ def audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pa
     ledger = ledger_check(record, plan, run_dir, add)
     add(steps_check(record, plan, ledger))
     add(noise_check(record, plan))
+    report.checks.extend(evidence_checks(record, plan, alpha))
     sizes = sizes_evidence(plan, run_dir, record)
     if plan.count is not None:
         add(n_private_check(record, plan, ledger, sizes))

@@ -26,7 +26,9 @@ validated type, read strictly: a missing, unknown or malformed field is an error
 (an auditor must never pass on evidence that is not there).
 
 Schema history (``schema_version``): 1, one record with data statistics in it (no longer
-written; refused with a message); 2, the public and private split.
+written; refused with a message); 2, the public and private split. Fields added since are
+optional and absent where they do not apply (``tuning``, ``one_run``, ``processes``, the
+private DP-SGD ``evidence``), so records without them keep their bytes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan import canonical_json, parse_json, write_atomic
+from budgetplan.record.evidence import read_evidence
 from budgetplan.util import typed, validate
 
 __all__ = [
@@ -424,13 +427,20 @@ class DPSGDStats:
 
     ``withheld``: when the plan's N is a DP count, the public entry's
     :data:`WITHHELD_WITH_N` values (they grow with the true row count).
+    ``evidence``: what each noisy step of the session did, measured by the trainer (the noise
+    each rank drew, allocation and shuffle participation, units kept whole;
+    ``budgetplan.record.evidence``). Private: it describes the secret noise. Absent in records
+    written before it was kept, which the audit then fails for want of it.
     """
 
     name: ClassVar[str] = "dpsgd"
     clipped_fraction: float
     withheld: dict[str, Any] | None = typed.omit_if_none()
+    evidence: dict[str, Any] | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
+        if self.evidence is not None:
+            read_evidence(self.evidence)
         _set(self, "clipped_fraction", validate.probability("clipped_fraction", self.clipped_fraction,
                                                              allow_zero=True, allow_one=True))
         if self.withheld is not None:

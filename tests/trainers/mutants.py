@@ -41,6 +41,13 @@ class Mutant:
             del sys.modules[mutated.__name__]
         return mutated
 
+    def plant(self) -> None:
+        """Install for good, in a process that ends with the test (a rank spawned by ``trainers.distributed``)."""
+        mutated = self.build()
+        real = importlib.import_module(self.module)
+        for fn in self.patch:
+            setattr(real, fn, getattr(mutated, fn))
+
     def install(self, monkeypatch) -> types.ModuleType:
         mutated = self.build()
         real = importlib.import_module(self.module)
@@ -51,8 +58,8 @@ class Mutant:
 
 NOISE_HALVED = Mutant(
     "noise halved", "trainers.dpsgd",
-    "a.normal_(generator=noise_generator).mul_(noise_std)",
-    "a.normal_(generator=noise_generator).mul_(noise_std / 2)", ("noisy_gradient",))
+    "a.mul_(noise_std)",
+    "a.mul_(noise_std / 2)", ("noisy_gradient",))
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",
@@ -104,6 +111,34 @@ WALR_NOISE_HALVED_IN_RELEASE = Mutant(
     "WALR noise halved in release", "trainers.walr",
     "dtype=torch.float64) * sigma\n",
     "dtype=torch.float64) * sigma / 2\n", ("release",))
+
+# Defects of the executions the plain audit must see from the evidence a run leaves.
+SAME_SEED_RANKS = Mutant(
+    "every rank on the seed's stream 0", "trainers.run",
+    "    rnd = Randomness(seed, stream=0 if collective is None else collective.rank)\n",
+    "    rnd = Randomness(seed, stream=0)\n", ("_prepare",))
+
+NO_NOISE_ON_ANY_RANK = Mutant(
+    "noise drawn by no rank", "trainers.dpsgd",
+    "    if collective is None or collective.draws_noise:\n",
+    "    if collective is None:\n", ("noisy_gradient",))
+
+# the last row of each epoch's allocation is replaced by the first: one row takes part twice, one not at all
+ALLOCATED_TWICE = Mutant(
+    "an example allocated twice per epoch", "trainers.sampling",
+    "        order = torch.argsort(step, stable=True)\n",
+    "        order = torch.argsort(step, stable=True)\n        order[-1] = order[0]\n", ())
+
+# the first 20 units with more than one row are cut in two table entries, sampled (and clipped) apart
+UNIT_SPLIT = Mutant(
+    "units split across batches", "trainers.dpsgd",
+    "        table = unit_table(data.unit.cpu(), params.cap)\n",
+    "        table = unit_table(data.unit.cpu(), params.cap)\n"
+    "        cut = (table[:, 1] >= 0).nonzero()[:20, 0]\n"
+    "        tail = torch.full((len(cut), k), -1, dtype=torch.int64)\n"
+    "        tail[:, :k - 1] = table[cut, 1:]\n"
+    "        table[cut, 1:] = -1\n"
+    "        table = torch.cat([table, tail])\n", ("phase_sampler",))
 
 DPSGD_MUTANTS = (NOISE_HALVED, CLIPPING_OFF, NOISE_ONCE_PER_EPOCH_IN_STEP, NOISE_ONCE_PER_EPOCH_IN_LOOP,
                  NOISE_REUSED_EVERY_STEP, REALISED_BATCH)

@@ -68,7 +68,7 @@ def _engine_checks(coll, steps):
     res = run_dpsgd(model, data, params(N, sampling_rate=0.05, steps=steps), trainable=list(model.parameters()),
                     randomness=Randomness(7 + coll.rank), settings=DPSGDSettings(), collective=coll)
     out["batch_sizes"], out["rank_batch_sizes"] = list(res.batch_sizes), [list(r) for r in res.rank_batch_sizes]
-    out["noise_draws"], out["world_size"] = res.noise_draws, res.world_size
+    out["noise_draws"], out["world_size"], out["evidence"] = res.noise_draws, res.world_size, res.evidence
     out["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     # 4. inclusion: the phase's own sampler on this shard, global row ids of what it takes
     sampler = phase_sampler(data, params(N, sampling_rate=0.05, steps=steps), DPSGDSettings(),
@@ -114,7 +114,11 @@ def test_global_batches_are_poisson_over_the_whole_dataset(ranks):
         assert stats.binomtest(int(counts.sum()), n * len(counts), 0.05).pvalue > 1e-4
         assert abs(np.var(counts) / (n * 0.05 * 0.95) - 1) < 0.35
     assert not np.array_equal(per_rank[0], per_rank[1])  # independent generators on the two shards
-    assert ranks[0]["noise_draws"] > 0 and ranks[1]["noise_draws"] == 0 and ranks[0]["world_size"] == 2
+    assert ranks[0]["noise_draws"] == ranks[1]["noise_draws"] > 0 and ranks[0]["world_size"] == 2  # over the ranks
+    # the draws were made by rank 0 alone at every step, as its evidence (merged on rank 0) shows
+    evidence = ranks[0]["evidence"]
+    assert ranks[1]["evidence"] is None and evidence["noise_ranks"] == [[0]] * len(sizes)
+    assert sum(evidence["noise_draws"]) == ranks[0]["noise_draws"]
 
 
 def test_every_example_is_included_at_q_whatever_its_shard(ranks):

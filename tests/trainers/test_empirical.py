@@ -279,3 +279,50 @@ def test_a_loop_that_runs_fewer_steps_than_planned_is_reported(monkeypatch):
     monkeypatch.setattr(dpsgd, "run_dpsgd", short)
     r = dpsgd_lower_bound(SMALL_DPSGD, delta=DELTA, absent=20_000, randomness=Randomness(32))
     assert "every step observed" in r.failing
+
+
+# ---- the canary audits on every execution the trainer offers ------------------------------------
+
+
+def _executed(**changes):
+    return replace(SMALL_DPSGD, **changes)
+
+
+UNITS = _executed(sample_by="unit", units=4000, cap=3, capping="first")
+ALLOCATION = _executed(sampling="allocation", sampling_rate=0.05, steps=40, epochs=2.0)
+SHUFFLE = _executed(sampling="shuffle", sampling_rate=0.05, steps=40, epochs=2.0)
+
+
+@pytest.mark.parametrize("params, sampler", [(UNITS, "UnitPoissonSampler"), (ALLOCATION, "AllocationSampler"),
+                                             (SHUFFLE, "ShuffleSampler")])
+def test_the_canaries_run_each_execution_on_its_real_sampler(params, sampler, monkeypatch):
+    """A unit-sampled plan (every canary a unit of one row), random allocation and shuffled batches (the plan's
+    T = N // B steps per epoch over T B' canaries) each run on the trainer's own sampler and pass honestly."""
+    from trainers import sampling
+
+    made = []
+    real = getattr(sampling, sampler)
+
+    class Spy(real):
+        def __init__(self, *args, **kw):
+            made.append(type(self).__mro__[1].__name__)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(dpsgd, sampler, Spy)
+    epochs = params.sampling in ("allocation", "shuffle")
+    r = dpsgd_lower_bound(params, delta=DELTA, absent=20_000, randomness=Randomness(33),
+                          epsilon=4.0 if epochs else None)
+    assert made == [sampler]
+    assert r.passed and r.failing == [], r.checks
+    if epochs:  # every canary once per epoch: the plan's 20 steps per epoch over 20 x 200 canaries
+        assert r.samples == 4000 and r.planned_epsilon == 4.0 and "in each epoch once" in r.compared
+        assert f"{params.sampling}-dpsgd" == r.mechanism
+    else:
+        assert "one canary is one unit of one row" in r.compared
+
+
+def test_the_canaries_run_over_two_processes():
+    """Two gloo ranks, each sampling its block of canaries from its own stream and rank 0 drawing the noise (the
+    run's own distributed loop): the noise, its independence and the canaries' rate q all check out."""
+    r = dpsgd_lower_bound(SMALL_DPSGD, delta=DELTA, absent=20_000, randomness=Randomness(34), processes=2)
+    assert r.passed and "over 2 processes" in r.compared and r.samples == 4000, r.checks

@@ -86,7 +86,33 @@ def test_a_two_process_hybrid_run_audits_clean(root, two):
     report = audit_run(root / "run2", data_path=root / "train.parquet")
     assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]
     names = {c.name for c in report.checks}
-    assert "Poisson batch sizes per rank" in names
+    assert {"Poisson batch sizes per rank", "Rank samples independent", "DP-SGD noise evidence"} <= names
+
+
+def test_the_empirical_audits_run_the_canaries_over_the_runs_processes(root, two, monkeypatch):
+    """`audit --empirical` and `--one-run` run the DP-SGD canaries over as many gloo ranks as the run had (the
+    two-rank canary run itself: tests/trainers/test_empirical.py); here, that the run's count reaches them."""
+    import trainers.empirical as empirical
+    from trainers.empirical import canaries, one_run
+
+    asked = []
+    # the RR phase comes first and has no processes to run over: not measured here
+    monkeypatch.setattr(empirical, "rr_lower_bound", lambda **kw: SimpleNamespace(to_row=lambda name: {}))
+
+    def lower_bound(params, **kw):
+        asked.append(("empirical", kw["processes"]))
+        raise SystemExit  # stop before the canaries run: the count is what is tested here
+
+    def one(phase, **kw):
+        asked.append(("one-run", kw["processes"]))
+        raise SystemExit
+
+    monkeypatch.setattr(canaries, "dpsgd_lower_bound", lower_bound)
+    monkeypatch.setattr(one_run, "dpsgd_one_run", one)
+    for flags in ({"empirical": True}, {"one_run": True}):
+        with pytest.raises(SystemExit):
+            audit_run(root / "run2", **flags)
+    assert asked == [("empirical", 2), ("one-run", 2)]
 
 
 def test_the_record_names_both_processes_and_their_steps(root, two):
@@ -284,7 +310,7 @@ def _honest(steps, q=0.1, rows=(100, 100), seed=0):
 
 
 def _check(view, ran, rows=200, q=0.1):
-    (check,) = rank_checks(view, ran, rows=rows, q=q, alpha=1e-6, two_sided_binomial=_binomial)
+    check, _independent = rank_checks(view, ran, rows=rows, q=q, alpha=1e-6, two_sided_binomial=_binomial)
     return check
 
 
@@ -313,6 +339,77 @@ def test_the_rank_check_refuses_sizes_that_do_not_add_up_and_rows_that_are_not_n
     ran = SimpleNamespace(processes=2, rank_steps=(10, 10), steps_this_session=10)
     assert "add up to" in _check(view, ran).detail
     assert "rows in all" in _check(_view(_honest(10), rows=(100, 90)), ran).detail
+
+
+def test_tie_probability_is_the_closed_form():
+    from scipy import stats
+
+    from budgetplan.audit.ranks import tie_probability
+
+    q = 0.2
+    assert tie_probability(1, 1, 0.3) == pytest.approx(0.3 ** 2 + 0.7 ** 2, rel=1e-12)
+    assert tie_probability(2, 2, q) == pytest.approx((1 - q) ** 4 + 4 * q * q * (1 - q) ** 2 + q ** 4, rel=1e-12)
+    k = np.arange(0, 2501)  # the window it sums over at large n, against the whole support
+    full = float(np.sum(stats.binom.pmf(k, 3000, 0.05) * stats.binom.pmf(k, 2500, 0.05)))
+    assert tie_probability(3000, 2500, 0.05) == pytest.approx(full, rel=1e-9)
+
+
+def _independence(sizes, rows=(100, 100), q=0.1):
+    ran = SimpleNamespace(processes=2, rank_steps=(len(sizes),) * 2, steps_this_session=len(sizes))
+    per_rank, independent = rank_checks(_view(sizes, rows), ran, rows=sum(rows), q=q, alpha=1e-6,
+                                        two_sided_binomial=_binomial)
+    return per_rank, independent
+
+
+def test_the_independence_check_passes_independent_ranks():
+    # 20 honest runs of 400 steps: at a false-alarm rate of 1e-6 each, none may fail
+    for seed in range(20):
+        per_rank, independent = _independence(_honest(400, seed=seed))
+        assert per_rank.passed and independent.passed, independent.detail
+    assert "tied" in independent.detail and "correlation" in independent.detail
+
+
+def test_the_independence_check_catches_ranks_in_lockstep_and_antithetic_ranks():
+    honest = _honest(60)
+    # ranks seeded alike: each rank's batches are Poisson (the per-rank check passes), but they tie every step
+    per_rank, independent = _independence([[a, a] for a, _ in honest])
+    assert per_rank.passed and not independent.passed
+    assert "60 of 60 steps tied" in independent.detail and "not independent" in independent.detail
+    # ranks whose draws move against each other (rank 1 mirrors rank 0 about q n): never equal more than
+    # chance allows, caught by the correlation of their sizes
+    rng = np.random.default_rng(3)
+    mirrored = [[int(a), 20 - int(a)] for a in rng.binomial(100, 0.1, size=400)]
+    per_rank, independent = _independence(mirrored)
+    assert per_rank.passed and not independent.passed and "correlation of their sizes -1.000" in independent.detail
+
+
+def _planted(coll, mutant, plan, data_path, options):
+    """One rank of a run with a planted defect: the spawned process plants it in its own trainer modules."""
+    from dataclasses import replace
+
+    from tests.trainers import mutants
+
+    getattr(mutants, mutant).plant()
+    execute_plan(plan, data_path, replace(options, collective=coll))
+
+
+@pytest.mark.parametrize("mutant, failing, says", [
+    ("SAME_SEED_RANKS", {"Rank samples independent"}, "30 of 30 steps tied"),
+    ("NO_NOISE_ON_ANY_RANK", {"DP-SGD noise evidence", "DP-SGD noise"}, "30 of 30 steps did not have their noise "
+                                                                         "drawn by rank 0 alone (step 0: no rank"),
+])
+def test_a_defect_planted_in_a_two_process_run_fails_the_audit(root, tmp_path, mutant, failing, says):
+    """Ranks on one seed stream draw the same Poisson sample (each rank's batches alone look right); noise
+    drawn by no rank (the count of draws once said otherwise). Each fails the plain audit of the run."""
+    from budgetplan.plan import load_plan
+
+    out = tmp_path / "run"
+    launch(_planted, 2, mutant, load_plan(root / "plan.json"), root / "train.parquet",
+           RunOptions(out_dir=out, settings=FAST, seed=5, threads=1), timeout_s=300)
+    report = audit_run(out)
+    failed = {c.name: c.detail for c in report.checks if not c.passed}
+    assert set(failed) == failing
+    assert says in failed[sorted(failing)[-1]]
 
 
 def test_a_one_process_run_gets_no_rank_check():

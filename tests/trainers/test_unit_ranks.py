@@ -269,7 +269,8 @@ def _view(per_step, counts, key="rank_units"):
 
 def _check(view, steps, m=600, q=0.05):
     ran = SimpleNamespace(processes=2, rank_steps=(steps, steps), steps_this_session=steps)
-    (check,) = rank_checks(view, ran, rows=m, q=q, alpha=1e-6, two_sided_binomial=_binomial, what="units")
+    check, _independent = rank_checks(view, ran, rows=m, q=q, alpha=1e-6, two_sided_binomial=_binomial,
+                                      what="units")
     return check
 
 

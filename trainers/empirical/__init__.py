@@ -54,7 +54,7 @@ __all__ = [
 
 
 def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: float = DEFAULT_CONFIDENCE,
-               alpha: float = ALPHA) -> list[dict]:
+               alpha: float = ALPHA, processes: int = 1) -> list[dict]:
     """Audit every phase of ``plan`` on the installed trainer code; one row per phase.
 
     Each row is ``Result.to_row``: ``name`` ("empirical rr", "empirical walr", "empirical
@@ -63,7 +63,10 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
     adjacency of the plan's own ``phase_epsilon`` (``compared`` says what the bound is
     compared with, which may be another adjacency's epsilon). A DP-SGD phase under truncated
     Poisson sampling has no canary audit (its batches cannot be scaled down to the canary
-    set as accounted) and gets no row.
+    set as accounted) and gets no row. A phase that samples units, allocates or shuffles
+    is run so (``trainers.empirical.execution``); allocation and shuffled batches are
+    compared with the phase's planned epsilon. ``processes``: the processes the run trained
+    with; the DP-SGD canaries are run over as many gloo ranks.
 
     The code measured is the code installed now: it need not be the code that trained a
     given run.
@@ -80,9 +83,11 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
                                        confidence=confidence, alpha=alpha,
                                        progress="empirical WALR releases" if progress else None)
                 res = _with_phase_epsilon(res, phase)
-            case DPSGDPhase(params=par) if par.sampling == "poisson":
+            case DPSGDPhase(params=par) if par.sampling != "truncated-poisson":
+                epochs = par.sampling in ("allocation", "shuffle")
                 res = canaries.dpsgd_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness,
-                                                 confidence=confidence, alpha=alpha,
+                                                 epsilon=float(phase.guarantee.epsilon) if epochs else None,
+                                                 confidence=confidence, alpha=alpha, processes=processes,
                                                  progress="empirical DP-SGD canaries" if progress else None)
                 res = _with_phase_epsilon(res, phase)
             case _:

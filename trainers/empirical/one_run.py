@@ -18,10 +18,8 @@ largest refuted divisor. The test needs no independence between the canaries.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import numpy as np
-import torch
 
 from budgetplan.accounting import DEFAULT_DISCRETIZATION
 from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
@@ -30,8 +28,7 @@ from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.plan.phases import DPSGDPhase
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
-from trainers import dpsgd
-from trainers.empirical.canaries import CanaryModel, CanaryObserver, canary_data
+from trainers.empirical.execution import EPOCH_SAMPLING, canary_params, observed_run
 from trainers.empirical.stats import default_randomness
 
 __all__ = ["ONE_RUN_CANARIES", "ONE_RUN_STEPS", "dpsgd_one_run", "one_run_rows"]
@@ -40,20 +37,9 @@ ONE_RUN_CANARIES = 1_000_000  # at 5,000 even ideal canaries cannot show the noi
 ONE_RUN_STEPS = 200           # longer phases are audited on their first steps, against those steps' epsilon
 
 
-class _SignObserver(CanaryObserver):
-    """The canary observer with each coordinate's statistic the log-likelihood ratio of label 1 to label 0."""
-
-    def add(self, x: torch.Tensor) -> None:
-        self.step_sumsq.append(0.0)  # counts the steps observed
-        a = x.mul_(self._scale)
-        up = torch.logaddexp(a + self._shift, self._stay)     # ln(1 - q + q e^{(2x - 1) / 2 sigma^2}): label 0
-        down = torch.logaddexp(self._shift - a, self._stay)   # ln(1 - q + q e^{(-2x - 1) / 2 sigma^2}): label 1
-        self.llr.add_(down - up)
-
-
 def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None = None, randomness=None,
                   confidence: float = DEFAULT_CONFIDENCE, fractions: tuple[float, ...] = GUESS_FRACTIONS,
-                  device="cpu") -> dict:
+                  device="cpu", processes: int = 1) -> dict:
     """The one-run audit of a plan's DP-SGD ``phase`` on the installed ``run_dpsgd``: one row for the audit.
 
     Args:
@@ -63,6 +49,8 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
         steps: steps run (default all, at most ``ONE_RUN_STEPS``).
         randomness: a ``Randomness`` for the coins, the sampler and the noise (default a
             fresh CSPRNG one).
+        processes: run the canaries over this many gloo ranks, as the run trained
+            (``execution``); the plan's units, allocation or shuffled batches are run as planned.
 
     Returns:
         {"name": "one-run dpsgd", "passed", "epsilon_lower_bound", "planned_epsilon", "compared",
@@ -70,35 +58,31 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
     """
     t0 = time.perf_counter()
     params = phase.params
-    sigma, q, c = params.noise_multiplier, params.sampling_rate, params.clipping_norm
     m = validate.positive_int("canaries", canaries)
     t = validate.positive_int("steps", steps if steps is not None else min(params.steps, ONE_RUN_STEPS))
+    run_par, m = canary_params(params, m, t)
+    sigma, q = params.noise_multiplier, run_par.sampling_rate  # q: each canary's inclusion rate per step
     delta = phase.guarantee.delta
+    # Poisson steps at q: the plan's own curve for Poisson sampling of examples or units (one_run_rows refuses
+    # allocation and shuffled batches, which have no replace-one curve here)
     family = MechanismFamily(PoissonDPSGD(noise_multiplier=sigma, sampling_rate=q, steps=t), Adjacency.REPLACE_ONE,
                              PrivacyUnit.example(), delta, DEFAULT_DISCRETIZATION,
                              description=f"the phase's first {t} steps (replace-one) with the noise divided by s")
     planned = phase.guarantee.epsilon if t == params.steps else family.epsilon(1.0)
     rnd = default_randomness(randomness)
     bits = rnd.bernoulli(0.5, m).astype(np.int8)
-    device = torch.device(device)
-    model = CanaryModel(m, scale=8.0 * c).to(device)
-    data = replace(canary_data(m, m, device), label=torch.as_tensor(bits, dtype=torch.float32, device=device))
-    obs = _SignObserver(model.table.weight, m, q=q, c=c, sigma=sigma, expected=q * m)
-    run_par = replace(params, dataset_size=m, steps=t, sampling="poisson", max_batch_size=None)
-    dpsgd.run_dpsgd(model, data, run_par, trainable=[model.table.weight], randomness=rnd,
-                    settings=dpsgd.DPSGDSettings(optimizer="sgd", lr=1.0), checkpoint=obs.checkpoint,
-                    checkpoint_every=1)
-    if obs.lr is None:  # one step: no checkpoint ran
-        obs.lr = 1.0
-    obs.observe()
-    res = bound_from_scores(obs.llr.double().cpu().numpy(), bits, family=family, confidence=confidence,
-                            fractions=fractions)
+    obs = observed_run(run_par, present=m, absent=0, labels=bits, signs=True, randomness=rnd, processes=processes,
+                       device=device)
+    res = bound_from_scores(obs["llr"], bits, family=family, confidence=confidence, fractions=fractions)
     eps = res["epsilon_lower_bound"]
-    seen = len(obs.step_sumsq)
-    failing = (["plan's trade-off curve"] if res["refutes_plan"] else []) + ([] if seen == t else
-                                                                            ["every step observed"])
+    seen = len(obs["step_sumsq"])
+    failing = (["plan's trade-off curve"] if res["refutes_plan"] else []) + ([] if seen == t == obs["executed"]
+                                                                            else ["every step observed"])
     steps_text = f"all {t} steps" if t == params.steps else f"the first {t} of {params.steps} steps"
-    detail = (f"{res['correct']} of {res['guesses']} guesses right on {m} gradient canaries ({steps_text}, "
+    how = {"allocation": "randomly allocated, ", "shuffle": "in shuffled batches, "}.get(params.sampling, "") + (
+        "each a unit of one row, " if params.samples_units else "") + (
+        f"over {processes} processes, " if processes > 1 else "")
+    detail = (f"{res['correct']} of {res['guesses']} guesses right on {m} gradient canaries ({how}{steps_text}, "
               f"{seen} observed; q = {q:g}, sigma = {sigma:g}): epsilon >= {eps:.4g} at confidence {confidence:g} "
               f"(the steps with sigma / {res['noise_divisor']:.3g}), against the phase's replace-one {planned:.4g}"
               + (": the guesses refute the phase's trade-off curve" if res["refutes_plan"] else ""))
@@ -107,7 +91,24 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
             "failing": failing, "detail": detail, "seconds": time.perf_counter() - t0, "steps": t, **res}
 
 
-def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE) -> list[dict]:
-    """One row per Poisson DP-SGD phase of ``plan`` (a truncated phase's batches are not audited so)."""
-    return [dpsgd_one_run(p, randomness=randomness, confidence=confidence) for p in plan.phases
-            if isinstance(p, DPSGDPhase) and p.params.sampling == "poisson"]
+def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE, processes: int = 1) -> list[dict]:
+    """One row per DP-SGD phase of ``plan`` that is not truncated (its cut batches are not audited so): Poisson,
+    unit-sampled, allocated or shuffled, run over ``processes`` ranks as the run was."""
+    rows = []
+    for p in plan.phases:
+        if not isinstance(p, DPSGDPhase) or p.params.sampling == "truncated-poisson":
+            continue
+        rows.append(_refused(p) if p.params.sampling in EPOCH_SAMPLING else
+                    dpsgd_one_run(p, randomness=randomness, confidence=confidence, processes=processes))
+    return rows
+
+
+def _refused(phase) -> dict:
+    """The row of a phase the one-run audit has no trade-off curve for: a failing check that says so."""
+    what = {"allocation": "random allocation", "shuffle": "shuffled batches"}[phase.params.sampling]
+    return {"name": "one-run dpsgd", "passed": False, "epsilon_lower_bound": 0.0,
+            "planned_epsilon": float(phase.guarantee.epsilon), "failing": [f"one-run curve of {what}"],
+            "detail": f"the one-run audit tests replace-one sign canaries against the phase's trade-off curve, and "
+                      f"budgetplan has no replace-one curve of {what} to test them against: not audited in one run "
+                      "(audit --empirical runs this phase's canary audit on the real sampler)",
+            "seconds": 0.0, "steps": 0}

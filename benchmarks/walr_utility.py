@@ -203,7 +203,7 @@ def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
             rec = execute_plan(plan, train, RunOptions(eval_path=evaluation, out_dir=work / f"run-{eps:g}",
                                                        seed=1000 + seed))
             shutil.rmtree(work / f"run-{eps:g}", ignore_errors=True)
-            config = rec.model["config"]
+            config = rec.model.config
             if config["features"] != lr["k"] or config["numeric_range"] != lr["numeric_range"]:
                 raise RuntimeError(f"{shape} seed {seed} eps {eps:g}: the private run's encoding ({config['features']} "
                                    f"coordinates) is not the non-private arm's ({lr['k']})")

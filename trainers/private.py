@@ -36,6 +36,7 @@ from torch.utils.data import default_collate
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import CountPhase, DPSGDPhase
+from budgetplan.record.parts import ModelInfo, json_table
 from budgetplan.record.records import PRIVATE_DIR
 from budgetplan.util.fileio import atomic_output, check_writable, torch_save
 from budgetplan.util.validate import non_negative_int
@@ -305,8 +306,9 @@ class PrivateStep:
                                                  sizes_ledger=session.sizes_view() if size_private else None,
                                                  withhold=size_private)],
             data=data, metrics=dict(metrics or {}), encoding={}, seeds=self.randomness.record(),
-            model={"kind": type(self.model).__name__, "config": {"trainable_parameters": result.trainable_parameters},
-                   "final": "full"},
+            model=ModelInfo(kind=type(self.model).__name__,
+                            config=json_table("model.config", {"trainable_parameters": result.trainable_parameters}),
+                            final="full"),
             training={"dpsgd": result.settings}, ledger=session.ledger_view(), timings=timings,
             device=str(device), sizes_ledger=session.sizes_view() if size_private else None)
         try:

@@ -14,6 +14,8 @@ import secrets
 
 import numpy as np
 
+from budgetplan.record.parts import Seeds
+
 __all__ = ["Randomness"]
 
 
@@ -40,10 +42,10 @@ class Randomness:
     def policy(self) -> str:
         return "seeded" if self.seed is not None else "csprng"
 
-    def record(self) -> dict:
-        return {"policy": self.policy, "seed": self.seed,
-                "note": "privacy noise drawn from os.urandom" if self.seed is None else
-                "reproducible run: noise derived from an explicit seed, for debugging only"}
+    def record(self) -> Seeds:
+        return Seeds(policy=self.policy, seed=self.seed,
+                     note="privacy noise drawn from os.urandom" if self.seed is None else
+                     "reproducible run: noise derived from an explicit seed, for debugging only")
 
     def uniform_u64(self, n: int) -> np.ndarray:
         """n independent uniform 64-bit integers (privacy-relevant draws)."""

@@ -16,8 +16,21 @@ the true count and that ledger's head go to the private record.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from budgetplan.record.ledger import LedgerView
+from budgetplan.record.parts import (
+    CodeHashes,
+    DataSummary,
+    LedgerHead,
+    ModelInfo,
+    Seeds,
+    json_table,
+    number_table,
+    text_table,
+)
 from budgetplan.record.records import (
     BaselineRun,
     BaselineStats,
@@ -31,6 +44,7 @@ from budgetplan.record.records import (
     WALRStats,
     finite_or_none,
 )
+from budgetplan.util import typed
 from budgetplan.util.codehash import code_fingerprint
 
 __all__ = ["rr_entry", "dpsgd_entry", "walr_entry", "baseline_entry", "build_record", "versions"]
@@ -134,8 +148,9 @@ def baseline_entry(history: dict, settings, *, batch_size: int, model: str, spli
     return public, stats
 
 
-def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, seeds: dict, model: dict,
-                 training: dict, ledger: LedgerView | None, timings: dict, device: str, algorithm: str | None = None,
+def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, seeds: Seeds, model: ModelInfo,
+                 training: Mapping[str, Any], ledger: LedgerView | None, timings: Mapping[str, int | float],
+                 device: str, algorithm: str | None = None,
                  notes: tuple[str, ...] = (), sizes_ledger: LedgerView | None = None) -> RunRecord:
     """The public record and its private part, linked by the private part's hash.
 
@@ -146,22 +161,24 @@ def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, se
         data: path, format, rows_in, rows_used, capping and the keyed fingerprint.
         sizes_ledger: the private batch-size ledger of a plan whose N is a DP count.
     """
-    rows_used = data["rows_used"]
+    summary = typed.from_json_object(DataSummary, data, "data")
+    rows_used = summary.rows_used
     if plan is not None and plan.count is not None:
         # The true count and everything timed against it stay with the data owner.
         rows_used = plan.dataset_size
-        data = {**data, "timings": timings}
-        if sizes_ledger is not None:
-            data["sizes_ledger"] = {"head": sizes_ledger.head, "lines": len(sizes_ledger.entries)}
+        summary = replace(summary, timings=number_table("data.timings", timings), sizes_ledger=(
+            LedgerHead(head=sizes_ledger.head, lines=len(sizes_ledger.entries)) if sizes_ledger is not None else None))
         timings = {}
         notes = notes + ("the plan's N is a DP count: rows_used is that count, and the true count, batch sizes, "
                          "chunks, memory and timings are in the private record",)
-    private_part = PrivateRecord(plan_sha256=plan.sha256 if plan is not None else None, data=data,
-                                 phases=tuple(s for _, s in entries), metrics=metrics, encoding=encoding)
+    private_part = PrivateRecord(plan_sha256=plan.sha256 if plan is not None else None, data=summary,
+                                 phases=tuple(s for _, s in entries), metrics=json_table("metrics", metrics),
+                                 encoding=json_table("encoding", encoding))
     return RunRecord(
         plan_sha256=plan.sha256 if plan is not None else None, private=plan is not None,
         algorithm=algorithm or plan.scenario.algorithm, rows_used=rows_used, seeds=seeds,
-        phases=tuple(p for p, _ in entries if p is not None), model=model, training=training,
-        ledger={"head": ledger.head, "lines": len(ledger.entries)} if ledger is not None else None,
-        code=code_fingerprint(), timings=timings, device=device, versions=versions(),
+        phases=tuple(p for p, _ in entries if p is not None), model=model, training=json_table("training", training),
+        ledger=LedgerHead(head=ledger.head, lines=len(ledger.entries)) if ledger is not None else None,
+        code=CodeHashes(**code_fingerprint()), timings=number_table("timings", timings), device=device,
+        versions=text_table("versions", versions()),
         private_sha256=private_part.sha256, notes=notes, private_part=private_part)

@@ -22,6 +22,7 @@ import torch
 
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
+from budgetplan.record.parts import ModelInfo, json_table
 from budgetplan.record.records import RunRecord
 from trainers.baseline import BaselineSettings, compare, train_baseline, validation_split
 from trainers.dpsgd import DPSGDSettings
@@ -306,7 +307,7 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             entries=[baseline_entry(history, baseline, batch_size=fit_settings.batch_size, model=final, split=split,
                                     train_rows=len(train), validation_rows=len(validation), validation_units=units)],
             data=prep.data_info, metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
-            model={"kind": settings.model, "config": model.config(), "final": final},
+            model=ModelInfo(kind=settings.model, config=json_table("model.config", model.config()), final=final),
             training={**settings.to_dict(), "fit": fit_settings.to_dict(), "baseline": baseline.to_dict()}, ledger=None,
             timings=timings, device=device_name(device),
             notes=("non-private: no privacy guarantee applies to this run",))

@@ -33,7 +33,7 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.planning import grid
-from budgetplan.record.records import phase_run_dict
+from budgetplan.record.records import Selection, TunedRun, TuningRecord
 from budgetplan.util.typed import to_json_object
 from trainers.dpsgd import DPSGDSettings
 from trainers.executors import PhaseContext, check_executable, run_phases
@@ -175,11 +175,11 @@ def execute_grid(plan, data_path, options, *, settings, out):
             ledger=session.ledger_view(), timings=timings, device=device_name(device),
             notes=(f"tuned: {len(runs)} configurations trained on the training part, configuration {selected} "
                    "selected by report-noisy-max on the validation part",))
-        record = replace(record, tuning={
-            "configurations": plan.tuning["configurations"], "runs": public_runs, "training_rows": len(train_idx),
-            "selection": {"phase": "selection", "mechanism": sel["mechanism"], "noise": sel["noise"],
-                          "epsilon": sel["epsilon"], "gumbel_scale": sel["gumbel_scale"], "candidates": len(runs),
-                          "selected": selected}})
+        record = replace(record, tuning=TuningRecord(
+            configurations=plan.tuning["configurations"], runs=tuple(public_runs), training_rows=len(train_idx),
+            selection=Selection(phase="selection", mechanism=sel["mechanism"], noise=sel["noise"],
+                                epsilon=sel["epsilon"], gumbel_scale=sel["gumbel_scale"], candidates=len(runs),
+                                selected=selected)))
         return write_run(record, final.state(), out, prep.vocabulary, new_key=new_key if out else None)
     finally:
         session.close()
@@ -213,8 +213,8 @@ def _train_all(runs, noise, part: _Part, prep, session, settings, base, rnd, dev
         final = context.final
         assert final is not None  # a configuration has a training phase
         loss_sum = clipped_log_loss_sum(y_val, predict(model, part.validation, truncated=final.truncated), clip)
-        public_runs.append({"index": c.index, "phases": [phase_run_dict(e) for e, _ in entries],
-                            "dpsgd_learning_rate": sgd_settings.lr if final.dpsgd_settings is not None else None})
+        public_runs.append(TunedRun(index=c.index, phases=tuple(e for e, _ in entries),
+                                    dpsgd_learning_rate=sgd_settings.lr if final.dpsgd_settings is not None else None))
         private_runs.append({"index": c.index, "validation_log_loss_sum": loss_sum,
                              "validation_log_loss": loss_sum / len(y_val), "score": -loss_sum,
                              "gumbel_noise": noise[c.index], "noisy_score": -loss_sum + noise[c.index],

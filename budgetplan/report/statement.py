@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 from typing import Any
 
 from budgetplan.accounting.guarantee import Guarantee
@@ -585,18 +586,18 @@ def _public_run_items(plan: Plan, record: RunRecord) -> list[str]:
     items = [_item(f"Executed plan {plan.sha256} on {rows}, on {record.device}.")]
     seeds = record.seeds
     items.append(_item("Randomness: privacy noise from generators seeded with fresh bits of the operating system's "
-                       "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
-                       f"Randomness: SEEDED with {seeds.get('seed')} for a reproducible debugging run: anyone who "
+                       "CSPRNG (RR flips drawn from it directly)." if seeds.policy == "csprng" else
+                       f"Randomness: SEEDED with {seeds.seed} for a reproducible debugging run: anyone who "
                        "knows the seed can remove the noise, so this run's outputs are not private."))
     items += [_item(text) for text in map(_phase_run_words, record.phases) if text is not None]
     if record.tuning is not None:
-        sel = record.tuning.get("selection") or {}
-        items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
+        sel = record.tuning.selection
+        items.append(_item(f"Tuning: {len(record.tuning.runs)} of {record.tuning.configurations} "
                            f"declared configurations trained on the training part; report-noisy-max (epsilon "
-                           f"{_num(sel.get('epsilon'))}) selected configuration {sel.get('selected')}, whose phases "
+                           f"{_num(sel.epsilon)}) selected configuration {sel.selected}, whose phases "
                            "are the ones above; the other configurations' phases are in the record."))
-    items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
-                       f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
+    items.append(_item(f"Code: budgetplan {record.code.budgetplan[:12]}..., trainers "
+                       f"{record.code.trainers[:12]}... (sha256 of the sources)."))
     return items
 
 
@@ -636,11 +637,12 @@ def _dpsgd_run_words(ph: DPSGDRun) -> str:
 
 def _private_run_items(private: PrivateRecord) -> list[str]:
     """The private record's items: the data read, capping, each phase's data-dependent statistics, audit, eval."""
-    held = [_item(f"Data: {private.data.get('rows_in')} rows read from {private.data.get('path')}, "
-                  f"{private.data.get('rows_used')} used; keyed fingerprint (HMAC-SHA256, key "
-                  f"{(private.data.get('fingerprint') or {}).get('key_id')}) "
-                  f"{(private.data.get('fingerprint') or {}).get('hmac_sha256')}.")]
-    cap = private.data.get("capping")
+    data = private.data
+    held = [_item(f"Data: {data.rows_in} rows read from {data.path}, "
+                  f"{data.rows_used} used; keyed fingerprint (HMAC-SHA256, key "
+                  f"{data.fingerprint.key_id}) "
+                  f"{data.fingerprint.hmac_sha256}.")]
+    cap = data.capping
     if cap:
         held.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
                           f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
@@ -681,7 +683,7 @@ def _phase_stats_words(st: PhaseStats) -> str | None:
     return None
 
 
-def _one_run_words(one_run: dict[str, Any]) -> str:
+def _one_run_words(one_run: Mapping[str, Any]) -> str:
     """The statement's line on a run trained with canaries (an f-DP record, or one written with Steinke's bound)."""
     head = (f"{one_run['canaries']} rows were replaced by canaries whose labels were secret coins; querying the model "
             f"guessed {one_run['correct']} of {one_run['guesses']} right")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from budgetplan.errors import UnsupportedError
+from budgetplan.record.parts import ModelInfo
 
 __all__ = ["Entry", "Executor", "PhaseContext", "FinalModel", "register_executor", "executor_for",
            "check_executable", "executes_torch_model", "data_needs", "check_phases", "run_phases", "REGISTRY"]
@@ -43,7 +44,7 @@ class FinalModel(Protocol):
 
     def state(self) -> dict: ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> ModelInfo: ...
 
     def training(self) -> dict: ...
 

@@ -123,7 +123,7 @@ def _recorded(one_run: Mapping[str, Any]) -> tuple[int, list[tuple[int, int, int
     m = validate.positive_int("canaries", one_run["canaries"])
     fracs = _fractions(one_run["fractions"])
     rows = one_run["counts"]
-    if not isinstance(rows, list) or len(rows) != len(fracs):
+    if not isinstance(rows, (list, tuple)) or len(rows) != len(fracs):
         raise InvalidParameterError(f"counts must hold one entry per fraction ({len(fracs)})")
     counts: list[tuple[int, int, int]] = []
     for f, row in zip(fracs, rows):

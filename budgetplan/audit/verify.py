@@ -262,10 +262,10 @@ def _check_split(plan: Plan, problems: list[str]) -> None:
     if wanted is None:
         return
     targets = {p.name: p.target_epsilon for p in plan.phases}
-    for name, key in (("rr", "epsilon1"), ("dpsgd", "epsilon2")):
-        if targets.get(name, 0.0) != wanted[key]:
+    for name, key, value in (("rr", "epsilon1", wanted.epsilon1), ("dpsgd", "epsilon2", wanted.epsilon2)):
+        if targets.get(name, 0.0) != value:
             problems.append(f"split: the {name} phase is planned to {targets.get(name, 0.0)!r}, the rule's {key} "
-                            f"is {wanted[key]!r}")
+                            f"is {value!r}")
 
 
 def _check_count(plan: Plan, close: _Close, problems: list[str]) -> None:

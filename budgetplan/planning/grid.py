@@ -44,6 +44,7 @@ from budgetplan.planning.composition import basic_total
 from budgetplan.planning.shares import split_record
 from budgetplan.scenario.model import Scenario, Tuning
 from budgetplan.units import PrivacyUnit
+from budgetplan.util.typed import to_json
 
 __all__ = ["Configuration", "configurations", "configured", "budgets", "score_sensitivity", "accounting",
            "runs_of", "NOISY_MAX_REFERENCE"]
@@ -129,7 +130,7 @@ def accounting(scenario: Scenario, unit: PrivacyUnit, runs: Sequence[tuple[Confi
     for c, phases in runs:
         total = basic_total(phases, scenario, unit)
         totals.append(total)
-        grid.append({**c.to_dict(), "split_choice": split_record(configured(scenario, c), eps_run),
+        grid.append({**c.to_dict(), "split_choice": to_json(split_record(configured(scenario, c), eps_run)),
                      "phases": [phase_to_dict(p) for p in phases], "total": total.to_dict()})
     g = Guarantee(
         epsilon=math.fsum([x.epsilon for x in totals] + [eps_sel]), delta=math.fsum(x.delta for x in totals),

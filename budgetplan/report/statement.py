@@ -18,6 +18,7 @@ from typing import Any
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import PlanMismatchError
 from budgetplan.plan import Plan
+from budgetplan.plan.parts import UnitAlternative
 from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
 from budgetplan.planning.composition import plan_tradeoff
 from budgetplan.record.records import (
@@ -34,6 +35,7 @@ from budgetplan.record.records import (
     WALRRun,
     WALRStats,
 )
+from budgetplan.scenario.split_rules import SplitChoice
 from budgetplan.units import Adjacency
 
 __all__ = ["render_statement", "render_run_statement"]
@@ -183,11 +185,11 @@ def _pair_target(p: Phase) -> str:
     return f"({_num(p.target_epsilon)}, {_num(p.target_delta, 4)})"
 
 
-def _split_words(choice: dict[str, Any]) -> str:
+def _split_words(choice: SplitChoice) -> str:
     """What a table-driven split rule chose, and why."""
-    return (f"The split rule {choice['rule']} chose alpha = {_num(choice['alpha'])} at the run's epsilon "
-            f"{_num(choice['epsilon'])} (randomized response eps1 = {_num(choice['epsilon1'])}, DP-SGD eps2 = "
-            f"{_num(choice['epsilon2'])}): {choice['reason']}.")
+    return (f"The split rule {choice.rule} chose alpha = {_num(choice.alpha)} at the run's epsilon "
+            f"{_num(choice.epsilon)} (randomized response eps1 = {_num(choice.epsilon1)}, DP-SGD eps2 = "
+            f"{_num(choice.epsilon2)}): {choice.reason}.")
 
 
 def _composition_lines(plan: Plan) -> list[str]:
@@ -532,20 +534,23 @@ def render_statement(plan: Plan, tradeoff: dict[str, Any] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _alternative(a: dict[str, Any]) -> str:
-    if not a.get("applies", True):
-        return f"{a['phase']}, {a['bounding']}: does not apply ({a['note']})."
-    for knob, words in (("per_impression_epsilon", "per-impression epsilon"), ("noise_multiplier", "noise multiplier"),
-                        ("noise_std", "noise std")):
-        if knob in a:
-            text = (f"{a['phase']}, {a['bounding']}: {words} {_num(a[knob])}, unit guarantee "
-                    f"({_num(a['unit_epsilon'])}, {_num(a['unit_delta'], 4)}); {a['note']}.")
-            if "noise_per_contribution" in a:
-                text += (f" {a['execution'].capitalize()}: about {_num(a['expected_contributions'])} clipped "
-                         f"contributions per step, noise {_num(a['noise_per_contribution'])} x C per contribution"
-                         + (f" Recommended: {a['recommendation']}." if a.get("recommended") else "."))
-            return text
-    return f"{a['phase']}, {a['bounding']}."
+_KNOB_WORDS = {"per_impression_epsilon": "per-impression epsilon", "noise_multiplier": "noise multiplier",
+               "noise_std": "noise std"}
+
+
+def _alternative(a: UnitAlternative) -> str:
+    if not a.applies:
+        return f"{a.phase}, {a.bounding}: does not apply ({a.note})."
+    knob = a.knob
+    if knob is None:
+        return f"{a.phase}, {a.bounding}."
+    text = (f"{a.phase}, {a.bounding}: {_KNOB_WORDS[knob[0]]} {_num(knob[1])}, unit guarantee "
+            f"({_num(a.unit_epsilon)}, {_num(a.unit_delta, 4)}); {a.note}.")
+    if a.noise_per_contribution is not None:
+        text += (f" {(a.execution or '').capitalize()}: about {_num(a.expected_contributions)} clipped "
+                 f"contributions per step, noise {_num(a.noise_per_contribution)} x C per contribution"
+                 + (f" Recommended: {a.recommendation}." if a.recommended else "."))
+    return text
 
 
 def render_run_statement(plan: Plan, record: RunRecord, tradeoff: dict[str, Any] | None = None) -> str:

@@ -46,7 +46,7 @@ from trainers.data.fingerprint import key_id, new_key, write_key
 from trainers.dpsgd import DPSGDSettings, check_resume, check_rows, phase_sampler
 from trainers.randomness import Randomness
 from trainers.record import build_record, dpsgd_entry
-from trainers.session import Session
+from trainers.session import Checkpoint, Session
 
 __all__ = ["PrivateStep", "PrivateBatch"]
 
@@ -248,8 +248,8 @@ class PrivateStep:
         done = engine.step
         if self.checkpoint_every and done % self.checkpoint_every == 0 and done < self.steps_planned:
             assert self._session is not None
-            self._session.save_checkpoint({"phase": "dpsgd", "step": done, "model": self.model.state_dict(),
-                                           "optimizer": self.optimizer.state_dict()})
+            self._session.save_checkpoint(Checkpoint(phase="dpsgd", step=done, model=self.model.state_dict(),
+                                                     optimizer=self.optimizer.state_dict()))
 
     def _open(self, data: tuple) -> None:
         """Check the data against the plan, then open the run directory and the engine (in this order)."""
@@ -263,9 +263,9 @@ class PrivateStep:
             start = session.dpsgd_steps_taken()
             check_resume(params, start)
             ckpt = session.load_checkpoint() if self.resume else None
-            if ckpt is not None and ckpt.get("phase") == "dpsgd":
-                self.model.load_state_dict(ckpt["model"])
-                self.optimizer.load_state_dict(ckpt["optimizer"])
+            if ckpt is not None and ckpt.phase == "dpsgd":
+                self.model.load_state_dict(ckpt.model)
+                self.optimizer.load_state_dict(ckpt.optimizer)
             # sampler, then noise: the order run_dpsgd seeds them in
             self._sampler = phase_sampler(rows, params, self.settings, self.randomness, device=rows.device)
             noise = torch.Generator(device=self.trainable[0].device).manual_seed(self.randomness.torch_seed())

@@ -237,7 +237,7 @@ def _start_model(context: PhaseContext, run: _Prepared, options: RunOptions) -> 
     if context.collective is not None:
         ckpt = context.collective.broadcast_object(ckpt)  # rank 0's run directory holds it
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt.model)
     context.model, context.checkpoint = model, ckpt
 
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +33,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import write_atomic
 from budgetplan.record.records import PRIVATE_DIR
 from budgetplan.util.fileio import atomic_output, remove_stale_temporaries, torch_save
+from budgetplan.util.validate import non_negative_int
 from trainers.ledger import Ledger, LedgerError, RunLock
 
 __all__ = ["Session", "NullSession"]
@@ -38,6 +42,63 @@ __all__ = ["Session", "NullSession"]
 def _sha256(array: np.ndarray) -> str:
     """The digest of a persisted release (its bytes, C order): what the ledger records."""
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+_CHECKPOINT_PHASES = ("rr-done", "dpsgd")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """What a run directory's ``checkpoint.pt`` holds, to resume an interrupted run from.
+
+    ``phase`` is how far the run got: "rr-done" (a Hybrid's RR phase trained; ``rr_result``
+    holds what it did) or "dpsgd" (``step`` DP-SGD steps done, with the ``optimizer`` state;
+    a Hybrid's also carries its ``rr_result``). ``model`` is the model's state dict. The file
+    holds :meth:`to_state`, the dict form checkpoints have always had, so a checkpoint written
+    before this type resumes alike.
+    """
+
+    phase: str
+    model: Mapping[str, Any]
+    step: int | None = None
+    optimizer: Mapping[str, Any] | None = None
+    rr_result: Any = None
+
+    def __post_init__(self) -> None:
+        if self.phase not in _CHECKPOINT_PHASES:
+            raise InvalidParameterError(f"checkpoint phase must be one of {list(_CHECKPOINT_PHASES)}, got "
+                                        f"{self.phase!r}")
+        if not isinstance(self.model, Mapping):
+            raise InvalidParameterError(f"checkpoint model must be a state dict, got {type(self.model).__name__}")
+        if self.phase == "dpsgd":
+            non_negative_int("checkpoint step", self.step)
+            if not isinstance(self.optimizer, Mapping):
+                raise InvalidParameterError("a DP-SGD checkpoint holds the optimizer state")
+        elif self.step is not None or self.optimizer is not None or self.rr_result is None:
+            raise InvalidParameterError("an rr-done checkpoint holds the RR phase's result and no DP-SGD state")
+
+    def to_state(self) -> dict[str, Any]:
+        """The dict ``checkpoint.pt`` holds (fields that are None are left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_state(cls, state: object) -> Checkpoint:
+        """A checkpoint from the dict a file holds, refusing an unknown or missing field by name."""
+        if not isinstance(state, Mapping):
+            raise InvalidParameterError(f"checkpoint must hold a dict, got {type(state).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise InvalidParameterError(f"checkpoint has an unknown field {unknown[0]!r}")
+        for name in ("phase", "model"):
+            if name not in state:
+                raise InvalidParameterError(f"checkpoint is missing the field {name!r}")
+        return cls(**state)
+
+    @property
+    def dpsgd_step(self) -> int:
+        """The DP-SGD steps this checkpoint has done (0 before the DP-SGD phase)."""
+        return (self.step or 0) if self.phase == "dpsgd" else 0
 
 
 class Session:
@@ -181,18 +242,22 @@ class Session:
 
     # ------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, state: dict) -> None:
-
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         self.ledger.sync()  # every step the checkpoint reflects is on disk first
         if self.sizes is not None:
             self.sizes.sync()
         with atomic_output(self.dir / "checkpoint.pt") as tmp:
-            torch_save(state, tmp)
-        self.ledger.note("checkpoint", phase=state.get("phase"), step=state.get("step"))
+            torch_save(checkpoint.to_state(), tmp)
+        self.ledger.note("checkpoint", phase=checkpoint.phase, step=checkpoint.step)
 
-    def load_checkpoint(self) -> dict | None:
+    def load_checkpoint(self) -> Checkpoint | None:
         path = self.dir / "checkpoint.pt"
-        return torch.load(path, weights_only=False) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return Checkpoint.from_state(torch.load(path, weights_only=False))
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"{path}: {exc}") from None
 
     def unspent(self) -> bool:
         """Whether this run has logged no spending at all (a fresh session before its first intent)."""
@@ -260,10 +325,10 @@ class NullSession:
     def note_ranks(self, counts, what: str = "rows") -> None:
         pass
 
-    def save_checkpoint(self, state: dict) -> None:
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         pass
 
-    def load_checkpoint(self):
+    def load_checkpoint(self) -> Checkpoint | None:
         return None
 
     def unspent(self) -> bool:

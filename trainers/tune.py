@@ -43,7 +43,7 @@ from trainers.metrics import relative_auc_loss
 from trainers.outputs import evaluate, fingerprint_keys, write_run
 from trainers.randomness import Randomness
 from trainers.record import build_record
-from trainers.session import NullSession, Session
+from trainers.session import Checkpoint, NullSession, Session
 
 __all__ = ["execute_grid", "gumbel", "noisy_max", "split_units", "clipped_log_loss_sum"]
 
@@ -70,7 +70,7 @@ class _ConfigSession:
     def dpsgd_steps_taken(self) -> int:
         return 0
 
-    def save_checkpoint(self, state: dict) -> None:
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         pass
 
     def ledger_view(self):

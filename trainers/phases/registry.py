@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from budgetplan.errors import UnsupportedError
 from budgetplan.record.parts import ModelInfo
+from trainers.session import Checkpoint
 
 __all__ = ["Entry", "Executor", "PhaseContext", "FinalModel", "register_executor", "executor_for",
            "check_executable", "executes_torch_model", "data_needs", "check_phases", "run_phases", "REGISTRY"]
@@ -99,7 +100,7 @@ class PhaseContext:
     walr_settings: Any = None
     collective: Any = None
     progress: str | None = None
-    checkpoint: dict | None = None
+    checkpoint: Checkpoint | None = None
     lead: bool = True
     checkpoints: bool = False
     size_private: bool = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,17 @@ import numpy as np
 import torch
 
 from budgetplan.errors import InvalidParameterError
-from budgetplan.plan import write_atomic
+from budgetplan.plan import Plan, write_atomic
+from budgetplan.record.ledger import LedgerView
 from budgetplan.record.records import PRIVATE_DIR
 from budgetplan.util.fileio import atomic_output, remove_stale_temporaries, torch_save
 from budgetplan.util.validate import non_negative_int
 from trainers.ledger import Ledger, LedgerError, RunLock
 
-__all__ = ["Session", "NullSession"]
+__all__ = ["Session", "NullSession", "Checkpoint"]
+
+# draws a one-shot release: (the released array, what the ledger notes about it besides its digest)
+MakeRelease = Callable[[], tuple[np.ndarray, dict[str, Any]]]
 
 
 def _sha256(array: np.ndarray) -> str:
@@ -113,8 +117,8 @@ class Session:
             (each session) when the plan's N is a DP count, for the auditor's sampling test.
     """
 
-    def __init__(self, directory: str | Path, plan, *, resume: bool = False, checkpoint_every: int = 200,
-                 ledger_sync_every: int = 1, rows: int | None = None):
+    def __init__(self, directory: str | Path, plan: Plan, *, resume: bool = False, checkpoint_every: int = 200,
+                 ledger_sync_every: int = 1, rows: int | None = None) -> None:
         self.dir = Path(directory)
         self._discarded = False
         ledger_path = self.dir / "ledger.jsonl"
@@ -123,10 +127,10 @@ class Session:
 
         # Nothing is spent until the ledger says so: a failure up to there (a full disk, a
         # signal) removes what this session created, so a retry starts clean.
-        created = self.dir
-        while not created.parent.exists():
-            created = created.parent
-        created = None if self.dir.exists() else created
+        top = self.dir
+        while not top.parent.exists():
+            top = top.parent
+        created = None if self.dir.exists() else top
         self.dir.mkdir(parents=True, exist_ok=True)
         # The lock first: only the process holding it may judge what the directory holds (a
         # ledger another process is writing is not an interrupted run).
@@ -145,8 +149,9 @@ class Session:
                                             "ledger")
             write_atomic(self.dir / "plan.json", plan.to_json())
             self.ledger = Ledger(ledger_path, plan_sha256=plan.sha256, sync_every=ledger_sync_every)
-            self.sizes = None
+            self.sizes: Ledger | None = None
             if plan.count is not None:
+                assert rows is not None  # refused above
                 (self.dir / PRIVATE_DIR).mkdir(exist_ok=True)
                 self.sizes = Ledger(self.dir / PRIVATE_DIR / "ledger.jsonl", plan_sha256=plan.sha256,
                                     sync_every=ledger_sync_every)
@@ -169,7 +174,7 @@ class Session:
 
     # ------------------------------------------------------------- releases
 
-    def _release(self, phase: str, name: str, make):
+    def _release(self, phase: str, name: str, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         """Load a persisted one-shot release, or intend it, draw it with ``make()`` and persist it."""
         path = self.dir / name
         released = self.ledger.events("released", phase)
@@ -177,7 +182,7 @@ class Session:
             data = np.load(path)
             if _sha256(data) != released[-1]["sha256"]:
                 raise LedgerError(f"{path} does not match the digest the ledger recorded for it")
-            return data, released[-1]
+            return data, dict(released[-1])
         if self.ledger.count(phase):
             raise LedgerError(f"the {phase} release was interrupted after its intent was logged and before it "
                               "was saved: drawing it again would be a second release; start a new run")
@@ -202,14 +207,14 @@ class Session:
         """Whether the run has made ``phase``'s one-shot release already (a resumed run reloads it)."""
         return bool(self.ledger.events("released", phase))
 
-    def rr_labels(self, make):
+    def rr_labels(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         """(noisy labels, ledger note): drawn once per run, reloaded on resume."""
         return self._release("rr", "rr_labels.npy", make)
 
-    def walr_sum(self, make):
+    def walr_sum(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         return self._release("walr", "walr_sum.npy", make)
 
-    def calibration_release(self, make):
+    def calibration_release(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         return self._release("calibration", "calibration_release.npy", make)
 
     # ---------------------------------------------------------- DP-SGD steps
@@ -218,15 +223,16 @@ class Session:
         """Noisy DP-SGD steps the ledger counts, including any lost to an interruption."""
         return self.ledger.count("dpsgd")
 
-    def ledger_view(self):
+    def ledger_view(self) -> LedgerView:
         """The ledger as a reader sees it now (all sessions of the run)."""
         return self.ledger.view
 
-    def sizes_view(self):
+    def sizes_view(self) -> LedgerView:
         """Where the batch sizes are: the private ledger when the plan's N is a DP count, else the ledger."""
         return self.sizes.view if self.sizes is not None else self.ledger.view
 
-    def intend(self, step: int, batch_size: int | None = None, rank_batch_sizes=None) -> None:
+    def intend(self, step: int, batch_size: int | None = None,
+               rank_batch_sizes: Sequence[int] | None = None) -> None:
         if self.sizes is None:
             self.ledger.intend(step, phase="dpsgd", batch_size=batch_size, rank_batch_sizes=rank_batch_sizes)
             return
@@ -235,7 +241,7 @@ class Session:
         self.ledger.intend(step, phase="dpsgd")
         self.sizes.intend(step, phase="dpsgd", batch_size=batch_size, rank_batch_sizes=rank_batch_sizes)
 
-    def note_ranks(self, counts, what: str = "rows") -> None:
+    def note_ranks(self, counts: Sequence[int], what: str = "rows") -> None:
         """A DP-SGD session over several processes: what each rank samples from (its ``rows``, or
         its ``units`` when units are sampled), where the batch sizes are kept."""
         (self.sizes or self.ledger).note("ranks", world_size=len(counts), **{f"rank_{what}": [int(c) for c in counts]})
@@ -298,10 +304,10 @@ class NullSession:
     resumed = False
     checkpoint_every = 0
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._dpsgd = 0
 
-    def rr_labels(self, make):
+    def rr_labels(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         data, info = make()
         return data, {"phase": "rr", "sha256": _sha256(np.asarray(data)), **info}
 
@@ -311,7 +317,7 @@ class NullSession:
     def dpsgd_steps_taken(self) -> int:
         return 0
 
-    def ledger_view(self):
+    def ledger_view(self) -> None:
         return None
 
     sizes_view = ledger_view
@@ -319,10 +325,11 @@ class NullSession:
     def released(self, phase: str) -> bool:
         return False
 
-    def intend(self, step: int, batch_size: int | None = None, rank_batch_sizes=None) -> None:
+    def intend(self, step: int, batch_size: int | None = None,
+               rank_batch_sizes: Sequence[int] | None = None) -> None:
         self._dpsgd += 1
 
-    def note_ranks(self, counts, what: str = "rows") -> None:
+    def note_ranks(self, counts: Sequence[int], what: str = "rows") -> None:
         pass
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:

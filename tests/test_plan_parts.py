@@ -60,3 +60,29 @@ def test_the_split_choice_is_the_rules_and_refuses_an_alpha_outside_0_1():
     assert from_json_object(SplitChoice, to_json(choice), "split") == choice
     with pytest.raises(InvalidParameterError, match="split.alpha"):
         dataclasses.replace(choice, alpha=1.5)
+
+
+def test_a_plans_tuning_reads_and_writes_back_identically():
+    """The tuning accounting of a declared grid (configurations with their phases, the selection) and of plain
+    naive tuning: JSON -> TuningAccounting -> JSON, identical; a malformed configuration is refused by name."""
+    from budgetplan.plan.tuning import GridEntry, NoisyMax, TuningAccounting, read_tuning
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.scenario.model import parse_scenario
+    from tests.test_planner import DPSGD
+
+    for tuning in ("[tuning]\nclipping_norm = [0.5, 2.0]", "[tuning]\nconfigurations = 4"):
+        plan = build_plan(parse_scenario(DPSGD.format(unit="impression", cap="", extra="", tuning=tuning)))
+        data = plan.content()["tuning"]
+        value = read_tuning("tuning", data)
+        assert isinstance(value, TuningAccounting) and value == plan.tuning
+        assert json.dumps(to_json(value), sort_keys=True) == json.dumps(data, sort_keys=True)
+    assert plan.tuning.grid is None and plan.tuning.noisy_max is None
+    grid_data = read_tuning("tuning", build_plan(parse_scenario(DPSGD.format(
+        unit="impression", cap="", extra="", tuning="[tuning]\nclipping_norm = [0.5, 2.0]"))).content()["tuning"])
+    assert isinstance(grid_data.grid[1], GridEntry) and isinstance(grid_data.noisy_max, NoisyMax)
+    entry = to_json(grid_data.grid[1])
+    with pytest.raises(InvalidParameterError, match=r"tuning\.grid\[1\] is missing the field 'total'"):
+        read_tuning("tuning", {**to_json(grid_data), "grid": [to_json(grid_data.grid[0]),
+                                                             {k: v for k, v in entry.items() if k != "total"}]})
+    with pytest.raises(InvalidParameterError, match=r"tuning\.grid\[0\]\.phases must be a non-empty list"):
+        read_tuning("tuning", {**to_json(grid_data), "grid": [{**entry, "phases": []}]})

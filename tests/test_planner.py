@@ -180,7 +180,7 @@ def test_naive_tuning_splits_the_budget():
     p = dpsgd(tuning="[tuning]\nconfigurations = 4")
     assert p.run_epsilon == 0.5 and p.run_delta == pytest.approx(2.5e-8)
     assert p.guarantee.method == "naive-composition" and p.guarantee.epsilon <= 2.0
-    assert p.tuning["pld_guarantee"]["epsilon"] < p.guarantee.epsilon
+    assert p.tuning.pld_guarantee.epsilon < p.guarantee.epsilon
 
 
 def test_repeat_and_select_beats_naive():

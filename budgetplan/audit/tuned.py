@@ -121,9 +121,9 @@ def audit_tuned(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pat
     listed = [(r.index, r.phases) for r in t.runs]
     selected, training_rows = t.selection.selected, t.training_rows
     n = len(runs)
-    if t.configurations != plan.tuning["configurations"]:
+    if t.configurations != plan.tuning.configurations:
         problems.append(f"the record declares {t.configurations!r} configurations, the plan "
-                        f"{plan.tuning['configurations']}")
+                        f"{plan.tuning.configurations}")
     if len(listed) > n:
         problems.append(f"{len(listed)} runs recorded, more than the {n} configurations declared")
     elif [i for i, _ in listed] != list(range(n)):
@@ -169,8 +169,8 @@ def _selection(view: LedgerView | None, t: TuningRecord, plan: Plan, n: int) -> 
     name = "selection released"
     if view is None:
         return Check(name, False, "no readable ledger: the selection's release cannot be confirmed")
-    assert plan.tuning is not None  # a tuned plan's selection
-    want, sel = plan.tuning["noisy_max"], t.selection
+    want, sel = plan.tuning.noisy_max if plan.tuning is not None else None, t.selection
+    assert want is not None  # a tuned plan's selection
     problems: list[str] = []
     intents, notes = view.events("intent", "selection"), view.events("released", "selection")
     if len(intents) != 1 or len(notes) != 1:
@@ -179,12 +179,13 @@ def _selection(view: LedgerView | None, t: TuningRecord, plan: Plan, n: int) -> 
     elif notes[0].get("selected") != sel.selected or notes[0].get("candidates") != n:
         problems.append(f"the ledger released configuration {notes[0].get('selected')!r} of "
                         f"{notes[0].get('candidates')!r}; the record says {sel.selected!r} of {n}")
-    for key, have in (("epsilon", sel.epsilon), ("gumbel_scale", sel.gumbel_scale)):
-        if not math.isclose(have, want[key], rel_tol=1e-12):
-            problems.append(f"the selection's {key} is {have!r}, the plan's {want[key]!r}")
+    for key, have, planned in (("epsilon", sel.epsilon, want.epsilon),
+                               ("gumbel_scale", sel.gumbel_scale, want.gumbel_scale)):
+        if not math.isclose(have, planned, rel_tol=1e-12):
+            problems.append(f"the selection's {key} is {have!r}, the plan's {planned!r}")
     return Check(name, not problems, "; ".join(problems) or
                  f"one report-noisy-max release (configuration {sel.selected} of {n}) at epsilon "
-                 f"{want['epsilon']:.6g}, Gumbel scale {want['gumbel_scale']:.6g}")
+                 f"{want.epsilon:.6g}, Gumbel scale {want.gumbel_scale:.6g}")
 
 
 def audit_tuned_interrupted(report: AuditReport, plan: Plan, run_dir: Path) -> None:

@@ -75,8 +75,8 @@ def _render(p: Plan, out: Console) -> None:
         totals.append(["PLD composition", p.total_pld.epsilon, p.total_pld.delta])
     if p.tuning is not None:
         t = p.tuning
-        how = f"{t['selection']} + noisy max (eps {fmt(t['noisy_max']['epsilon'])})" if "grid" in t else t["selection"]
-        totals.append([f"tuning: {t['configurations']} configs, {how}", g.epsilon, g.delta])
+        how = f"{t.selection} + noisy max (eps {fmt(t.noisy_max.epsilon)})" if t.noisy_max else t.selection
+        totals.append([f"tuning: {t.configurations} configs, {how}", g.epsilon, g.delta])
     out.print(results_table("Totals", ["composition", "epsilon", "delta"], totals))
     if p.unit_alternatives:
         alt = []

@@ -33,6 +33,7 @@ from budgetplan.plan.phases import (
     phase_to_dict,
 )
 from budgetplan.plan.schema import check_plan_types
+from budgetplan.plan.tuning import TuningAccounting, read_tuning
 from budgetplan.scenario.model import Scenario
 from budgetplan.scenario.split_rules import SplitChoice
 from budgetplan.units import Adjacency, PrivacyUnit
@@ -60,7 +61,8 @@ class Plan:
         total: basic composition of the phases (one run).
         total_pld: PLD composition of the phases where their adjacencies agree, else None.
         total_pld_note: why there is no PLD total, when there is none.
-        tuning: the accounting of the declared hyperparameter selection, or None.
+        tuning: the accounting of the declared hyperparameter selection
+            (``tuning.TuningAccounting``), or None.
         unit_alternatives: for units capped at K > 1, what each way of bounding a unit costs
             (``parts.UnitAlternative``).
         warnings: doubtful but legal settings.
@@ -82,7 +84,7 @@ class Plan:
     total: Guarantee
     total_pld: Guarantee | None
     total_pld_note: str | None
-    tuning: dict[str, Any] | None
+    tuning: TuningAccounting | None
     unit_alternatives: tuple[UnitAlternative, ...]
     warnings: tuple[str, ...]
     versions: FrozenMap[str]
@@ -95,6 +97,8 @@ class Plan:
         for a in self.unit_alternatives:
             if not isinstance(a, UnitAlternative):
                 raise InvalidParameterError(f"unit_alternatives must hold UnitAlternative entries, got {a!r}")
+        if self.tuning is not None and not isinstance(self.tuning, TuningAccounting):
+            raise InvalidParameterError(f"tuning must be a TuningAccounting, got {self.tuning!r}")
         if self.split is not None and not isinstance(self.split, SplitChoice):
             raise InvalidParameterError(f"split must be a SplitChoice, got {self.split!r}")
 
@@ -102,13 +106,13 @@ class Plan:
     def guarantee(self) -> Guarantee:
         """The headline guarantee: with tuning included when tuning is declared."""
         if self.tuning is not None:
-            return Guarantee.from_dict(self.tuning["guarantee"])
+            return self.tuning.guarantee
         return self.total
 
     @property
     def tuned(self) -> bool:
         """Whether the plan declares a grid of configurations and one selection among them."""
-        return self.tuning is not None and "grid" in self.tuning
+        return self.tuning is not None and self.tuning.is_grid
 
     @property
     def nonsensitive_fixed(self) -> bool:
@@ -163,7 +167,7 @@ class Plan:
             "total": {"basic": self.total.to_dict(),
                       "pld": self.total_pld.to_dict() if self.total_pld else None,
                       "pld_note": self.total_pld_note},
-            "tuning": self.tuning,
+            "tuning": to_json(self.tuning),
             "unit_alternatives": to_json(self.unit_alternatives),
             "warnings": list(self.warnings),
         }
@@ -220,7 +224,7 @@ def _load_v1(d: dict[str, Any]) -> Plan:
         phases=tuple(phase_from_dict(p, f"phases[{i}]") for i, p in enumerate(d["phases"])),
         total=Guarantee.from_dict(total["basic"]),
         total_pld=Guarantee.from_dict(total["pld"]) if total["pld"] else None,
-        total_pld_note=total["pld_note"], tuning=d["tuning"],
+        total_pld_note=total["pld_note"], tuning=read_tuning("tuning", d["tuning"]),
         unit_alternatives=unit_alternatives("unit_alternatives", d["unit_alternatives"]), warnings=tuple(d["warnings"]),
         versions=versions_table("versions", d["versions"]),
         split=None if d.get("split") is None else from_json_object(SplitChoice, d["split"], "split"), schema_version=1,

@@ -215,19 +215,19 @@ def _composition_lines(plan: Plan) -> list[str]:
         lines.append(_item(f"One phase: the run is {_pair(plan.total)}."))
     if plan.tuning is not None:
         t = plan.tuning
-        g = Guarantee.from_dict(t["guarantee"])
-        if "grid" in t:
+        g = t.guarantee
+        if t.is_grid:
             lines += _grid_lines(plan, g)
             return lines
-        if t["selection"] == "naive":
-            text = (f"Hyperparameter tuning is declared: {t['configurations']} configurations are trained, each "
+        if t.selection == "naive":
+            text = (f"Hyperparameter tuning is declared: {t.configurations} configurations are trained, each "
                     f"within ({_num(plan.run_epsilon)}, {_num(plan.run_delta, 4)}), and the best is kept; their "
                     f"composition (naive, basic) is {_pair(g)}.")
-            if t.get("pld_guarantee"):
-                text += f" PLD composition of the runs gives {_pair(Guarantee.from_dict(t['pld_guarantee']))}."
+            if t.pld_guarantee is not None:
+                text += f" PLD composition of the runs gives {_pair(t.pld_guarantee)}."
         else:
-            text = (f"Hyperparameter tuning is declared: the number of runs is drawn from a {t['distribution']} "
-                    f"distribution with mean {t['configurations']} and only the best run's output is released; "
+            text = (f"Hyperparameter tuning is declared: the number of runs is drawn from a {t.distribution} "
+                    f"distribution with mean {t.configurations} and only the best run's output is released; "
                     f"by repeat-and-select accounting (Papernot and Steinke 2022) this is {_pair(g)}.")
         lines.append(_item(text))
     return lines
@@ -236,46 +236,47 @@ def _composition_lines(plan: Plan) -> list[str]:
 def _grid_lines(plan: Plan, g: Guarantee) -> list[str]:
     """A declared grid: what is varied, what each run and the selection cost, and their total."""
     t, tuning = plan.tuning, plan.scenario.tuning
-    assert t is not None and tuning is not None  # a grid plan's scenario declares its grid
-    sel = t["noisy_max"]
+    # a grid plan's scenario declares its grid, and its tuning lists the configurations and the selection
+    assert t is not None and tuning is not None and t.grid is not None and t.noisy_max is not None
+    sel = t.noisy_max
     varied = [f"{words} in {{{', '.join(v if isinstance(v, str) else _num(v) for v in values)}}}"
               for words, values in (("split", tuning.split), ("clipping norm", tuning.clipping_norm),
                                     ("DP-SGD learning rate", tuning.dpsgd_learning_rate)) if values is not None]
     out = [_item(
-        f"Hyperparameter tuning over a declared grid of {t['configurations']} configurations ({'; '.join(varied)}). "
+        f"Hyperparameter tuning over a declared grid of {t.configurations} configurations ({'; '.join(varied)}). "
         f"The units are divided once at random, independently of the data, into a training part and a validation "
-        f"part ({_num(100 * sel['validation_fraction'])}% of the units; never the evaluation data). Every "
+        f"part ({_num(100 * sel.validation_fraction)}% of the units; never the evaluation data). Every "
         f"configuration is trained on the training part within the per-run budget ({_num(plan.run_epsilon)}, "
         f"{_num(plan.run_delta, 4)}), its phases as listed below.")]
-    for entry in t["grid"]:
-        phases = "; ".join(_grid_phase(p) for p in entry["phases"])
-        choice = entry.get("split_choice")
-        why = f" The rule chose alpha = {_num(choice['alpha'])}: {choice['reason']}." if choice else ""
-        lr = entry.get("dpsgd_learning_rate")
-        out.append(_item(f"Configuration {entry['index']}"
-                         + (f", split {entry['split']}" if entry.get("split") else "")
+    for entry in t.grid:
+        phases = "; ".join(_grid_phase(p) for p in entry.phases)
+        choice = entry.split_choice
+        why = f" The rule chose alpha = {_num(choice.alpha)}: {choice.reason}." if choice else ""
+        lr = entry.dpsgd_learning_rate
+        out.append(_item(f"Configuration {entry.index}"
+                         + (f", split {entry.split}" if entry.split else "")
                          + (f", DP-SGD learning rate {_num(lr)}" if lr is not None else "")
-                         + f": {phases}; the run is {_pair(Guarantee.from_dict(entry['total']))}.{why}"))
+                         + f": {phases}; the run is {_pair(entry.total)}.{why}"))
     out.append(_item(
-        f"Selection: each trained model is scored by {sel['score']} (p = {_num(sel['prediction_clip'])}), so one "
-        f"{plan.unit.name} moves a score by at most {_num(sel['sensitivity'])}; the best configuration is picked by "
-        f"{sel['reference']}, Gumbel noise of scale {_num(sel['gumbel_scale'])}: ({_num(sel['epsilon'])}, 0)-DP, "
-        f"{_num(100 * sel['share'])}% of the budget. Only the selected model is kept; the selection's noisy "
+        f"Selection: each trained model is scored by {sel.score} (p = {_num(sel.prediction_clip)}), so one "
+        f"{plan.unit.name} moves a score by at most {_num(sel.sensitivity)}; the best configuration is picked by "
+        f"{sel.reference}, Gumbel noise of scale {_num(sel.gumbel_scale)}: ({_num(sel.epsilon)}, 0)-DP, "
+        f"{_num(100 * sel.share)}% of the budget. Only the selected model is kept; the selection's noisy "
         "release (the index chosen) is in the run record."))
     out.append(_item(
-        f"Total by basic composition of the {t['configurations']} runs and the selection: {_pair(g)}. No parallel "
+        f"Total by basic composition of the {t.configurations} runs and the selection: {_pair(g)}. No parallel "
         "composition between the training and validation parts is claimed: under replace-one a replaced unit may "
         "move from one part to the other."))
     return out
 
 
-def _grid_phase(p: dict[str, Any]) -> str:
-    par = p["parameters"]
-    if p["name"] == "rr":
-        return (f"randomized response at epsilon {_num(p['target_epsilon'])} (flip probability "
-                f"{_num(par['flip_probability'])})")
-    return (f"DP-SGD at ({_num(p['target_epsilon'])}, {_num(p['target_delta'], 4)}), noise multiplier "
-            f"{_num(par['noise_multiplier'])}, clipping norm {_num(par['clipping_norm'])}")
+def _grid_phase(p: Phase) -> str:
+    if isinstance(p, RRPhase):
+        return (f"randomized response at epsilon {_num(p.target_epsilon)} (flip probability "
+                f"{_num(p.params.flip_probability)})")
+    assert isinstance(p, DPSGDPhase)  # a grid's configurations train RR and DP-SGD phases
+    return (f"DP-SGD at ({_num(p.target_epsilon)}, {_num(p.target_delta, 4)}), noise multiplier "
+            f"{_num(p.params.noise_multiplier)}, clipping norm {_num(p.params.clipping_norm)}")
 
 
 def _assumptions(plan: Plan) -> list[str]:

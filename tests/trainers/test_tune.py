@@ -128,7 +128,7 @@ def test_user_level_units_stay_in_one_part(data, tmp_path):
     n = int(np.minimum(counts, 2).sum())
     plan = build_plan(parse_scenario(grid_scenario('clipping_norm = [1.0, 4.0]\n', n=n,
                                                    unit='unit = "user x time"\ncap = 2\nunit_accounting = "group"')))
-    assert plan.tuning["noisy_max"]["sensitivity"] == pytest.approx(2 * math.log(1000))
+    assert plan.tuning.noisy_max.sensitivity == pytest.approx(2 * math.log(1000))
     record = execute_plan(plan, data / "train.parquet", RunOptions(settings=FAST, seed=3))
     dpsgd = [next(p for p in r.phases if isinstance(p, DPSGDRun)) for r in record.tuning.runs]
     assert [p.clipping_norm for p in dpsgd] == [1.0, 4.0]

@@ -727,8 +727,9 @@ class PrivateRecord:
             record = cls(plan_sha256=data.get("plan_sha256"),
                          data=typed.from_json_object(DataSummary, data.get("data"), "data"),
                          phases=_entries(_STATS_KINDS, data.get("phases"), "phases"),
-                         metrics=data.get("metrics"), encoding=data.get("encoding"),  # type: ignore[arg-type]
-                         one_run=data.get("one_run"))
+                         metrics=json_table("metrics", data.get("metrics")),
+                         encoding=json_table("encoding", data.get("encoding")),
+                         one_run=typed.optional(json_table, "one_run", data.get("one_run")))
         except InvalidParameterError as exc:
             raise PlanMismatchError(f"the private record does not match its schema: {exc}") from None
         if stored != record.sha256:

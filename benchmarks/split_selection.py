@@ -118,7 +118,7 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
                                                            baseline_auc=base["all"]["auc"], threads=threads))
                 chosen = None
                 if rec.tuning is not None:
-                    index = rec.tuning["selection"]["selected"]
+                    index = rec.tuning.selection.selected
                     chosen = GRIDS[label][index]
                 print(f"{shape} seed {seed} eps {eps:g} {label}: AUC {rec.metrics['eval']['auc']:.4f}"
                       + (f", selected {chosen}" if chosen else ""), file=sys.stderr, flush=True)

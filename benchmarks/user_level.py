@@ -165,7 +165,7 @@ def _one(args, plan, train, evaluation, seed: int, baseline_auc: float, out: Pat
 
 
 def _recommended(plan) -> str | None:
-    return next((a["execution"] for a in plan.unit_alternatives if a.get("recommended")), None)
+    return next((a.execution for a in plan.unit_alternatives if a.recommended), None)
 
 
 def run(args) -> dict:

@@ -179,6 +179,7 @@ def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
     """One (shape, seed): its data, the non-private model, then WALR at every epsilon."""
     from budgetplan.planning.planner import build_plan
     from budgetplan.scenario.model import parse_scenario
+    from budgetplan.util.typed import to_json
     from trainers.data.synth import get_shape
     from trainers.metrics import relative_auc_loss
     from trainers.run import RunOptions, execute_plan
@@ -203,8 +204,9 @@ def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
             rec = execute_plan(plan, train, RunOptions(eval_path=evaluation, out_dir=work / f"run-{eps:g}",
                                                        seed=1000 + seed))
             shutil.rmtree(work / f"run-{eps:g}", ignore_errors=True)
-            config = rec.model["config"]
-            if config["features"] != lr["k"] or config["numeric_range"] != lr["numeric_range"]:
+            config = rec.model.config
+            # the record's configuration is frozen (tuples): compare JSON with JSON
+            if config["features"] != lr["k"] or to_json(config["numeric_range"]) != to_json(lr["numeric_range"]):
                 raise RuntimeError(f"{shape} seed {seed} eps {eps:g}: the private run's encoding ({config['features']} "
                                    f"coordinates) is not the non-private arm's ({lr['k']})")
             m = h.eval_metrics(rec)

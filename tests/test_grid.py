@@ -10,10 +10,12 @@ from budgetplan.audit.verify import verify_plan
 from budgetplan.cli import cli
 from budgetplan.errors import InvalidParameterError
 from budgetplan.plan import Plan
+from budgetplan.plan.tuning import GridEntry, read_tuning
 from budgetplan.planning import grid
 from budgetplan.planning.planner import build_plan
 from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
+from budgetplan.util.typed import from_json_object, to_json
 from tests.test_planner import DPSGD, HYBRID
 
 DPSGD_GRID = DPSGD.format(unit="impression", cap="", extra="", tuning="""[tuning]
@@ -39,24 +41,24 @@ def hybrid_plan():
 
 def test_configurations_are_the_product_in_order(dpsgd_plan):
     t = dpsgd_plan.tuning
-    assert t["configurations"] == 6 and dpsgd_plan.scenario.tuning.configurations == 6
-    assert [(c["clipping_norm"], c["dpsgd_learning_rate"]) for c in t["grid"]] == [
+    assert t.configurations == 6 and dpsgd_plan.scenario.tuning.configurations == 6
+    assert [(c.clipping_norm, c.dpsgd_learning_rate) for c in t.grid] == [
         (0.5, 0.003), (0.5, 0.01), (0.5, 0.03), (2.0, 0.003), (2.0, 0.01), (2.0, 0.03)]
-    assert [c["index"] for c in t["grid"]] == list(range(6))
-    assert [c["split"] for c in t["grid"]] == [None] * 6
+    assert [c.index for c in t.grid] == list(range(6))
+    assert [c.split for c in t.grid] == [None] * 6
 
 
 def test_budget_is_divided_as_declared(dpsgd_plan):
-    sel = dpsgd_plan.tuning["noisy_max"]
-    assert sel["share"] == 0.05 and sel["epsilon"] == pytest.approx(0.1)  # 5% of epsilon 2
+    sel = dpsgd_plan.tuning.noisy_max
+    assert sel.share == 0.05 and sel.epsilon == pytest.approx(0.1)  # 5% of epsilon 2
     assert dpsgd_plan.run_epsilon == pytest.approx((2.0 - 0.1) / 6) and dpsgd_plan.run_delta == pytest.approx(1e-7 / 6)
-    assert 6 * dpsgd_plan.run_epsilon + sel["epsilon"] <= 2.0
+    assert 6 * dpsgd_plan.run_epsilon + sel.epsilon <= 2.0
     # Delta = K log(1/p), Gumbel scale 2 Delta / eps_sel: the exponential mechanism's
-    assert sel["sensitivity"] == pytest.approx(math.log(1000.0))
-    assert sel["gumbel_scale"] == pytest.approx(2 * math.log(1000.0) / 0.1)
+    assert sel.sensitivity == pytest.approx(math.log(1000.0))
+    assert sel.gumbel_scale == pytest.approx(2 * math.log(1000.0) / 0.1)
     g = dpsgd_plan.guarantee
-    totals = [c["total"]["epsilon"] for c in dpsgd_plan.tuning["grid"]]
-    assert g.epsilon == pytest.approx(math.fsum(totals) + sel["epsilon"], rel=1e-12) and g.epsilon <= 2.0
+    totals = [c.total.epsilon for c in dpsgd_plan.tuning.grid]
+    assert g.epsilon == pytest.approx(math.fsum(totals) + sel.epsilon, rel=1e-12) and g.epsilon <= 2.0
     assert g.delta <= 1e-7 and g.method == "naive-composition"
 
 
@@ -88,7 +90,7 @@ def test_accounting_cross_checked_with_dp_accounting(dpsgd_plan):
     assert eps_one <= dpsgd_plan.run_epsilon * (1 + 1e-6) and eps_one >= 0.97 * dpsgd_plan.run_epsilon
     every = pld.PLDAccountant(value_discretization_interval=1e-4)
     every.compose(dpa.ComposedDpEvent([run_event(ph[0]) for _, ph in runs]))
-    eps_sel = dpsgd_plan.tuning["noisy_max"]["epsilon"]
+    eps_sel = dpsgd_plan.tuning.noisy_max.epsilon
     assert every.get_epsilon(dpsgd_plan.delta) + eps_sel <= dpsgd_plan.guarantee.epsilon
 
 
@@ -121,39 +123,47 @@ def test_statement_lists_grid_run_budget_and_selection_cost(hybrid_plan):
     assert "grid of 4 configurations (split in {alpha=0.25, alpha=0.75}; clipping norm in {1, 4})" in text
     assert f"per-run budget ({hybrid_plan.run_epsilon:.6g}," in text
     assert "Configuration 3, split alpha=0.75:" in text
-    sel = hybrid_plan.tuning["noisy_max"]
-    assert f"({sel['epsilon']:.6g}, 0)-DP, 10% of the budget" in text
+    sel = hybrid_plan.tuning.noisy_max
+    assert f"({sel.epsilon:.6g}, 0)-DP, 10% of the budget" in text
     assert "No parallel composition between the training and validation parts is claimed" in text
 
 
 def _forged(plan, **tuning_changes):
-    return dataclasses.replace(plan, tuning={**plan.tuning, **tuning_changes})
+    return dataclasses.replace(plan, tuning=dataclasses.replace(plan.tuning, **tuning_changes))
+
+
+def _noisy_max(p, **changes):
+    return dataclasses.replace(p.tuning.noisy_max, **changes)
 
 
 @pytest.mark.parametrize("forge, fragment", [
-    (lambda p: _forged(p, grid=p.tuning["grid"][:-1]), "tuning.grid: the plan lists"),
-    (lambda p: _forged(p, noisy_max={**p.tuning["noisy_max"], "epsilon": 0.01}), "tuning.noisy_max.epsilon"),
-    (lambda p: _forged(p, noisy_max={**p.tuning["noisy_max"], "gumbel_scale": 1.0}), "tuning.noisy_max.gumbel_scale"),
-    (lambda p: _forged(p, noisy_max={k: v for k, v in p.tuning["noisy_max"].items() if k != "sensitivity"}),
-     "tuning.noisy_max.sensitivity"),
-    (lambda p: _forged(p, grid=[p.tuning["grid"][0], {**p.tuning["grid"][1], "dpsgd_learning_rate": 0.5},
-                                *p.tuning["grid"][2:]]), "tuning.grid: the plan lists"),
-    (lambda p: {k: v for k, v in p.tuning.items() if k != "noisy_max"}, "lists no configurations or no selection"),
+    (lambda p: _forged(p, grid=p.tuning.grid[:-1]), "tuning.grid: the plan lists"),
+    (lambda p: _forged(p, noisy_max=_noisy_max(p, epsilon=0.01)), "tuning.noisy_max.epsilon"),
+    (lambda p: _forged(p, noisy_max=_noisy_max(p, gumbel_scale=1.0)), "tuning.noisy_max.gumbel_scale"),
+    (lambda p: _forged(p, noisy_max=_noisy_max(p, sensitivity=1.0)), "tuning.noisy_max.sensitivity"),
+    (lambda p: _forged(p, grid=(p.tuning.grid[0], dataclasses.replace(p.tuning.grid[1], dpsgd_learning_rate=0.5),
+                                *p.tuning.grid[2:])), "tuning.grid: the plan lists"),
 ])
 def test_verify_fails_on_forged_grids(dpsgd_plan, forge, fragment):
-    forged = forge(dpsgd_plan)
-    if isinstance(forged, dict):
-        forged = dataclasses.replace(dpsgd_plan, tuning=forged)
-    problems = verify_plan(forged, replan=False).problems
+    problems = verify_plan(forge(dpsgd_plan), replan=False).problems
     assert any(fragment in p for p in problems), problems
 
 
+def test_a_grid_without_its_selection_or_a_key_of_it_does_not_load(dpsgd_plan):
+    content = dpsgd_plan.content()
+    with pytest.raises(InvalidParameterError, match="lists its configurations and its selection together"):
+        read_tuning("tuning", {k: v for k, v in content["tuning"].items() if k != "noisy_max"})
+    noisy_max = {k: v for k, v in content["tuning"]["noisy_max"].items() if k != "sensitivity"}
+    with pytest.raises(InvalidParameterError, match="tuning.noisy_max is missing the field 'sensitivity'"):
+        read_tuning("tuning", {**content["tuning"], "noisy_max": noisy_max})
+
+
 def test_verify_fails_on_a_configuration_with_less_noise(dpsgd_plan):
-    entry = json.loads(json.dumps(dpsgd_plan.tuning["grid"][4]))
+    entry = to_json(dpsgd_plan.tuning.grid[4])
     entry["phases"][0]["parameters"]["noise_multiplier"] *= 0.5
     entry["phases"][0]["mechanism"]["noise_multiplier"] *= 0.5
     entry["phases"][0]["parameters"]["noise_std"] *= 0.5
-    grid_ = [*dpsgd_plan.tuning["grid"][:4], entry, *dpsgd_plan.tuning["grid"][5:]]
+    grid_ = (*dpsgd_plan.tuning.grid[:4], from_json_object(GridEntry, entry, "entry"), *dpsgd_plan.tuning.grid[5:])
     problems = verify_plan(_forged(dpsgd_plan, grid=grid_), replan=False).problems
     assert any(p.startswith("tuning.grid[4].phases[0] (dpsgd): the recomputed guarantee") for p in problems), problems
 
@@ -161,7 +171,7 @@ def test_verify_fails_on_a_configuration_with_less_noise(dpsgd_plan):
 def test_plain_configurations_keep_their_accounting_and_bytes():
     p = build_plan(parse_scenario(DPSGD.format(unit="impression", cap="", extra="",
                                                tuning="[tuning]\nconfigurations = 4")))
-    assert "grid" not in p.tuning and "noisy_max" not in p.tuning
+    assert p.tuning.grid is None and p.tuning.noisy_max is None
     assert json.loads(p.to_json())["scenario"]["tuning"] == {"configurations": 4, "distribution": "poisson",
                                                              "selection": "naive"}
 

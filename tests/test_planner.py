@@ -137,7 +137,7 @@ def test_user_level_dpsgd_alternatives():
     p = dpsgd(unit="user x time", cap="cap = 4")
     ph = p.phases[0]
     assert ph.guarantee.method == "mixture-of-gaussians(pld)"
-    costs = {a["bounding"]: a.get("noise_multiplier") for a in p.unit_alternatives}
+    costs = {a.bounding: a.noise_multiplier for a in p.unit_alternatives}
     assert costs["mixture of Gaussians"] == pytest.approx(ph.params.noise_multiplier, rel=1e-3)
     assert costs["mixture of Gaussians"] <= costs["group privacy (pld)"] < costs["group privacy (rdp)"]
 
@@ -152,7 +152,7 @@ def test_user_level_rr_alternatives_and_eps_over_k_i():
     assert shares[0] == 4.0 and shares[-1] == pytest.approx(0.8)
     assert rr.params.flip_probability_by_count[1] == pytest.approx(rr_math.flip_probability(2.0))
     assert rr.guarantee.epsilon <= 4.0
-    rows = {a["bounding"] for a in p.unit_alternatives}
+    rows = {a.bounding for a in p.unit_alternatives}
     assert rows == {"eps/K", "eps/K_i", "tight composition", "group privacy"}
     assert verify_plan(p).ok
 
@@ -190,7 +190,7 @@ def test_naive_tuning_splits_the_budget():
     p = dpsgd(tuning="[tuning]\nconfigurations = 4")
     assert p.run_epsilon == 0.5 and p.run_delta == pytest.approx(2.5e-8)
     assert p.guarantee.method == "naive-composition" and p.guarantee.epsilon <= 2.0
-    assert p.tuning["pld_guarantee"]["epsilon"] < p.guarantee.epsilon
+    assert p.tuning.pld_guarantee.epsilon < p.guarantee.epsilon
 
 
 def test_repeat_and_select_beats_naive():

@@ -104,7 +104,7 @@ def test_fixed_rules_are_unchanged():
                                                 (12.0, 0.5, ["rr", "dpsgd"])])
 def test_plan_records_the_alpha_and_the_statement_says_why(eps, alpha, phases):
     plan = build_plan(parse_scenario(HYBRID.format(eps=eps, split="alpha-by-eps")))
-    assert plan.split["alpha"] == alpha and plan.split["rule"] == "alpha-by-eps"
+    assert plan.split.alpha == alpha and plan.split.rule == "alpha-by-eps"
     assert [p.name for p in plan.phases] == phases
     assert plan.dpsgd.target_epsilon == pytest.approx((1 - alpha) * eps)
     text = " ".join(render_statement(plan).split())
@@ -122,7 +122,7 @@ def test_fixed_rule_plans_record_no_choice_and_keep_their_keys():
 
 def test_verify_catches_a_forged_choice():
     plan = build_plan(parse_scenario(HYBRID.format(eps=8.0, split="alpha-by-eps")))
-    forged = dataclasses.replace(plan, split={**plan.split, "alpha": 0.75, "epsilon1": 6.0, "epsilon2": 2.0})
+    forged = dataclasses.replace(plan, split=dataclasses.replace(plan.split, alpha=0.75, epsilon1=6.0, epsilon2=2.0))
     problems = verify_plan(forged, replan=False).problems
     assert any(p.startswith("split: stored") for p in problems), problems
     dropped = dataclasses.replace(plan, split=None)
@@ -144,8 +144,8 @@ def test_cli_split_accepts_the_rule(runner):
 def test_with_a_calibration_release_the_rule_splits_what_the_training_phases_get():
     text = HYBRID.format(eps=8.0, split="alpha-by-eps").replace("share = 0\n", "share = 0.05\n")
     plan = build_plan(parse_scenario(text))
-    assert plan.split["epsilon"] == pytest.approx(0.95 * 8.0) and plan.split["alpha"] == pytest.approx(0.5)
+    assert plan.split.epsilon == pytest.approx(0.95 * 8.0) and plan.split.alpha == pytest.approx(0.5)
     rr, dpsgd, calibration = plan.phases
-    assert rr.target_epsilon == plan.split["epsilon1"] and dpsgd.target_epsilon == plan.split["epsilon2"]
+    assert rr.target_epsilon == plan.split.epsilon1 and dpsgd.target_epsilon == plan.split.epsilon2
     assert rr.target_epsilon + dpsgd.target_epsilon + calibration.target_epsilon <= 8.0
     assert verify_plan(plan).ok, verify_plan(plan).problems

@@ -143,49 +143,49 @@ def test_bad_sample_by_value_names_the_key():
 
 
 def _alternatives(plan):
-    return [a for a in plan.unit_alternatives if a["phase"] == "dpsgd" and a.get("applies")]
+    return [a for a in plan.unit_alternatives if a.phase == "dpsgd" and a.applies]
 
 
 @pytest.mark.parametrize("sample_by", ["example", "unit"])
 def test_alternatives_list_both_executions_and_recommend_one(sample_by):
     plan = build_plan(scenario(sample_by))
     rows = _alternatives(plan)
-    executions = {a["execution"] for a in rows}
+    executions = {a.execution for a in rows}
     assert executions == {"example sampling", "unit sampling"}
-    unit_row = next(a for a in rows if a["execution"] == "unit sampling")
+    unit_row = next(a for a in rows if a.execution == "unit sampling")
     # the same target, the same q and T: the unit row is the example-level noise over units
     cal = dpsgd_noise_multiplier(epsilon=2.0, delta=1e-6, sampling_rate=plan.dpsgd.mechanism.sampling_rate,
                                  steps=plan.dpsgd.mechanism.steps, verify=False)
-    assert unit_row["noise_multiplier"] == pytest.approx(cal.value, rel=1e-3)
+    assert unit_row.noise_multiplier == pytest.approx(cal.value, rel=1e-3)
     q = plan.dpsgd.mechanism.sampling_rate
-    assert unit_row["expected_contributions"] == pytest.approx(q * M)
+    assert unit_row.expected_contributions == pytest.approx(q * M)
     for a in rows:
-        assert a["noise_per_contribution"] == pytest.approx(a["noise_multiplier"] / a["expected_contributions"])
-        if a["execution"] == "example sampling":
-            assert a["expected_contributions"] == pytest.approx(q * N)
+        assert a.noise_per_contribution == pytest.approx(a.noise_multiplier / a.expected_contributions)
+        if a.execution == "example sampling":
+            assert a.expected_contributions == pytest.approx(q * N)
             # a unit of K examples each sampled alone needs more noise than one sampled unit
-            assert a["noise_multiplier"] > unit_row["noise_multiplier"]
-    recommended = [a for a in rows if a.get("recommended")]
+            assert a.noise_multiplier > unit_row.noise_multiplier
+    recommended = [a for a in rows if a.recommended]
     # the least noise at the same q and T: sampling units, whose sigma does not grow with K
     assert recommended == [unit_row]
-    assert unit_row["noise_multiplier"] == min(a["noise_multiplier"] for a in rows)
+    assert unit_row.noise_multiplier == min(a.noise_multiplier for a in rows)
 
 
 def test_the_recommendation_says_when_clipping_would_reverse_it():
     # Full units of K = 5 at a small q: the mixture's sigma is far below 5x the unit one, so per
     # clipped contribution example sampling has less noise, and the recommendation says so;
     # with single-row units (N = M + 10) the unit sampling wins both ways.
-    full = next(a for a in _alternatives(build_plan(scenario("example"))) if a.get("recommended"))
-    assert full["execution"] == "unit sampling"
-    assert "if most contributions are clipped, example sampling" in full["recommendation"]
-    sparse = next(a for a in _alternatives(build_plan(scenario("example", n=M + 10))) if a.get("recommended"))
-    assert sparse["recommendation"] == "the least noise, also per clipped contribution"
+    full = next(a for a in _alternatives(build_plan(scenario("example"))) if a.recommended)
+    assert full.execution == "unit sampling"
+    assert "if most contributions are clipped, example sampling" in full.recommendation
+    sparse = next(a for a in _alternatives(build_plan(scenario("example", n=M + 10))) if a.recommended)
+    assert sparse.recommendation == "the least noise, also per clipped contribution"
 
 
 def test_without_a_unit_count_the_alternative_says_what_it_assumed():
     plan = build_plan(scenario("example", units=""))
-    unit_row = next(a for a in _alternatives(plan) if a["execution"] == "unit sampling")
-    assert "N/K" in unit_row["note"] and unit_row["expected_contributions"] == pytest.approx(
+    unit_row = next(a for a in _alternatives(plan) if a.execution == "unit sampling")
+    assert "N/K" in unit_row.note and unit_row.expected_contributions == pytest.approx(
         plan.dpsgd.mechanism.sampling_rate * N / 5)
 
 

@@ -92,14 +92,14 @@ def fingerprint_check(record: RunRecord, plan: Plan, run_dir: Path, data_path, d
     if record.private_part is None:
         return Check(name, False, f"the private record ({run_dir / PRIVATE_DIR / 'record.json'}) is not here: the "
                                   "data owner holds the fingerprint")
-    fp = record.private_part.data.get("fingerprint") or {}
+    fp = record.private_part.data.fingerprint
     if key is None:
         key_path = run_dir / PRIVATE_DIR / "fingerprint.key"
         if not key_path.exists():
             return Check(name, False, f"no fingerprint key given and none at {key_path}")
         key = read_key(key_path)
-    if key_id(key) != fp.get("key_id"):
-        return Check(name, False, f"the key given is {key_id(key)}, the fingerprint was made with {fp.get('key_id')}")
+    if key_id(key) != fp.key_id:
+        return Check(name, False, f"the key given is {key_id(key)}, the fingerprint was made with {fp.key_id}")
     spec = plan.scenario.features
     if spec is None:
         return Check(name, False, "the plan's scenario has no [features] table naming the columns")
@@ -107,7 +107,7 @@ def fingerprint_check(record: RunRecord, plan: Plan, run_dir: Path, data_path, d
     table = parquet_source(data_path, data_format, list(spec.columns))
     if table is None:
         table = read_table(data_path, format=data_format, columns=list(spec.columns))
-    again = fingerprint(table, list(fp.get("columns") or spec.columns), key)
-    if again["hmac_sha256"] != fp.get("hmac_sha256"):
+    again = fingerprint(table, list(fp.columns or spec.columns), key)
+    if again["hmac_sha256"] != fp.hmac_sha256:
         return Check(name, False, f"the data at {data_path} is not the data the run read")
-    return Check(name, True, f"{again['rows']} rows of {data_path} match the keyed fingerprint (key {fp['key_id']})")
+    return Check(name, True, f"{again['rows']} rows of {data_path} match the keyed fingerprint (key {fp.key_id})")

@@ -215,11 +215,11 @@ def check_comparable(record, settings, *, full_model: bool) -> None:
     """
     ours = settings.to_dict()
     for key in MODEL_SETTINGS:
-        theirs = record.training.get(key)
-        if theirs != ours[key]:
+        theirs = typed.to_json(record.training.get(key))  # the record's table is frozen: compare JSON with JSON
+        if theirs != typed.to_json(ours[key]):
             raise InvalidParameterError(f"the baseline was trained with {key} = {theirs!r}, this run uses "
                                         f"{ours[key]!r}: a ceiling must be the same model and encoding")
-    if full_model and record.model.get("final") == "truncated":
+    if full_model and record.model.final == "truncated":
         raise InvalidParameterError("the baseline is the truncated model (non-sensitive features only): it is RR's "
                                     "ceiling, not that of a model trained on every feature")
 

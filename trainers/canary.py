@@ -66,10 +66,12 @@ from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_f
 from budgetplan.audit.fdp import plan_family
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.plan.phases import DPSGDPhase, RRPhase
+from budgetplan.record.parts import json_table
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
 from budgetplan.util.fileio import atomic_output
+from budgetplan.util.typed import to_json
 from trainers.data.encode import encode, hash_value
 from trainers.data.loaders import read_table
 from trainers.fit import model_logits
@@ -225,7 +227,7 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
     minus the initial model's where the run kept it (``execute_plan(keep_initial=True)``)."""
     run_dir = Path(run_dir)
     training = record.training
-    model = build_model(record.model["kind"], record.model["config"])
+    model = build_model(record.model.kind, to_json(record.model.config))
     model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
     vocab_path = run_dir / "vocabulary.json"
     vocabulary = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
@@ -233,7 +235,7 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
                      hash_bins_nonsensitive=training["hash_bins_nonsensitive"],
                      hash_bins_sensitive=training["hash_bins_sensitive"],
                      vocab_threshold=training["vocab_threshold"], vocabulary=vocabulary)
-    truncated = record.model["final"] == "truncated"
+    truncated = record.model.final == "truncated"
     model.eval()
     with torch.no_grad():
         logits = model_logits(model, data, torch.arange(len(data)), truncated).double()
@@ -302,7 +304,7 @@ def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries
     result.update(planned_epsilon=plan.guarantee.epsilon, score=SCORE,
                   canary="a row of its own values whose label is the secret bit (replace-one)",
                   rows=int(table.num_rows))
-    private = replace(record.private_part, one_run=result)
+    private = replace(record.private_part, one_run=json_table("one_run", result))
     record = replace(record, private_sha256=private.sha256, private_part=private,
                      notes=record.notes + (f"trained with {canaries} canaries in place of as many rows of the data "
                                            "(a one-run audit, arXiv:2410.22235: the private record holds its test)",))

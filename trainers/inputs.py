@@ -21,6 +21,7 @@ from trainers.baseline import validation_split
 from trainers.data.capping import cap_units, unit_ids
 from trainers.data.columns import parquet_source
 from trainers.data.encode import build_vocabulary, encode
+from trainers.data.encoded import EncodedData
 from trainers.data.fingerprint import fingerprint
 from trainers.data.loaders import read_table
 from trainers.data.prepared import reconcile, verified_cap
@@ -35,7 +36,7 @@ __all__ = ["Prepared", "resolve_device", "reproducible_kernels", "device_name", 
 class Prepared:
     """The data as a phase reads it, with what the record says of it."""
 
-    data: object
+    data: EncodedData
     data_info: dict
     encoding: dict
     unit_counts: np.ndarray | None

@@ -103,7 +103,7 @@ def save_model(record: RunRecord, state: dict, out: Path) -> RunRecord:
     """Write ``model.pt``; the record, naming it by its digest, so that the audit can tell it is this run's model."""
     with atomic_output(out / "model.pt") as tmp:
         torch_save(state, tmp)
-    return replace(record, model={**record.model, "sha256": file_sha256(out / "model.pt")})
+    return replace(record, model=replace(record.model, sha256=file_sha256(out / "model.pt")))
 
 
 def finish_run(record: RunRecord, out: Path) -> None:

@@ -36,6 +36,7 @@ from torch.utils.data import default_collate
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import CountPhase, DPSGDPhase
+from budgetplan.record.parts import ModelInfo, json_table
 from budgetplan.record.records import PRIVATE_DIR
 from budgetplan.util.fileio import check_writable
 from budgetplan.util.validate import non_negative_int
@@ -46,7 +47,7 @@ from trainers.dpsgd import DPSGDSettings, check_resume, check_rows, phase_sample
 from trainers.outputs import finish_run, save_model
 from trainers.randomness import Randomness
 from trainers.record import build_record, dpsgd_entry
-from trainers.session import Session
+from trainers.session import Checkpoint, Session
 
 __all__ = ["PrivateStep", "PrivateBatch"]
 
@@ -248,8 +249,8 @@ class PrivateStep:
         done = engine.step
         if self.checkpoint_every and done % self.checkpoint_every == 0 and done < self.steps_planned:
             assert self._session is not None
-            self._session.save_checkpoint({"phase": "dpsgd", "step": done, "model": self.model.state_dict(),
-                                           "optimizer": self.optimizer.state_dict()})
+            self._session.save_checkpoint(Checkpoint(phase="dpsgd", step=done, model=self.model.state_dict(),
+                                                     optimizer=self.optimizer.state_dict()))
 
     def _open(self, data: tuple) -> None:
         """Check the data against the plan, then open the run directory and the engine (in this order)."""
@@ -264,9 +265,9 @@ class PrivateStep:
             start = session.dpsgd_steps_taken()
             check_resume(params, start)
             ckpt = session.load_checkpoint() if self.resume else None
-            if ckpt is not None and ckpt.get("phase") == "dpsgd":
-                self.model.load_state_dict(ckpt["model"])
-                self.optimizer.load_state_dict(ckpt["optimizer"])
+            if ckpt is not None and ckpt.phase == "dpsgd":
+                self.model.load_state_dict(ckpt.model)
+                self.optimizer.load_state_dict(ckpt.optimizer)
             # sampler, then noise: the order run_dpsgd seeds them in
             self._sampler = phase_sampler(rows, params, self.settings, self.randomness, device=rows.device)
             noise = torch.Generator(device=self.trainable[0].device).manual_seed(self.randomness.torch_seed())
@@ -307,8 +308,9 @@ class PrivateStep:
                                                  sizes_ledger=session.sizes_view() if size_private else None,
                                                  withhold=size_private)],
             data=data, metrics=dict(metrics or {}), encoding={}, seeds=self.randomness.record(),
-            model={"kind": type(self.model).__name__, "config": {"trainable_parameters": result.trainable_parameters},
-                   "final": "full"},
+            model=ModelInfo(kind=type(self.model).__name__,
+                            config=json_table("model.config", {"trainable_parameters": result.trainable_parameters}),
+                            final="full"),
             training={"dpsgd": result.settings}, ledger=session.ledger_view(), timings=timings,
             device=str(device), sizes_ledger=session.sizes_view() if size_private else None)
         try:

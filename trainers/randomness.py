@@ -19,6 +19,8 @@ import secrets
 
 import numpy as np
 
+from budgetplan.record.parts import Seeds
+
 __all__ = ["Randomness"]
 
 
@@ -60,10 +62,10 @@ class Randomness:
         """What a session's ledger records of where its draws come from (``trainers.session``)."""
         return {"policy": self.policy, "seed": self.seed, "session": self.session}
 
-    def record(self) -> dict:
-        return {"policy": self.policy, "seed": self.seed,
-                "note": "privacy noise drawn from os.urandom" if self.seed is None else
-                "reproducible run: noise derived from an explicit seed, for debugging only"}
+    def record(self) -> Seeds:
+        return Seeds(policy=self.policy, seed=self.seed,
+                     note="privacy noise drawn from os.urandom" if self.seed is None else
+                     "reproducible run: noise derived from an explicit seed, for debugging only")
 
     def uniform_u64(self, n: int) -> np.ndarray:
         """n independent uniform 64-bit integers (privacy-relevant draws)."""

@@ -16,13 +16,28 @@ the true count and that ledger's head go to the private record.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from budgetplan.record.ledger import LedgerView
+from budgetplan.record.parts import (
+    CodeHashes,
+    DataSummary,
+    LedgerHead,
+    ModelInfo,
+    Seeds,
+    json_table,
+    number_table,
+    text_table,
+)
 from budgetplan.record.records import (
     BaselineRun,
     BaselineStats,
     DPSGDRun,
     DPSGDStats,
+    PhaseRun,
+    PhaseStats,
     PrivateRecord,
     RRRun,
     RRStats,
@@ -31,12 +46,20 @@ from budgetplan.record.records import (
     WALRStats,
     finite_or_none,
 )
+from budgetplan.util import typed
 from budgetplan.util.codehash import code_fingerprint
+
+if TYPE_CHECKING:  # the results of the torch code: only their types are needed here
+    from budgetplan.plan import Plan
+    from trainers.baseline import BaselineSettings
+    from trainers.dpsgd import DPSGDResult
+    from trainers.rr_phase import RRResult
+    from trainers.walr import WALRResult
 
 __all__ = ["rr_entry", "dpsgd_entry", "walr_entry", "baseline_entry", "build_record", "versions"]
 
 
-def versions() -> dict:
+def versions() -> dict[str, str]:
     out = {}
     for name in ("budgetplan", "dp-accounting", "torch", "numpy", "pyarrow"):
         try:
@@ -46,7 +69,7 @@ def versions() -> dict:
     return out
 
 
-def rr_entry(result) -> tuple[RRRun, RRStats]:
+def rr_entry(result: RRResult) -> tuple[RRRun, RRStats]:
     """The RR phase. With one flip probability for every row, the count of flips is a
     Binomial(N, rho) draw independent of the data and is public; under eps/K_i each row's
     probability depends on its unit's size, so the count and the mean probability are private."""
@@ -62,17 +85,24 @@ def rr_entry(result) -> tuple[RRRun, RRStats]:
     return public, stats
 
 
-def _validation(result) -> dict:
+def _finite(xs: Iterable[float | None]) -> tuple[float | None, ...]:
+    return tuple(None if x is None else finite_or_none(x) for x in xs)
+
+
+def _validation(result: RRResult) -> dict[str, Any]:
     """The RR phase's held-out scores as the public entry holds them (none without a held-out part)."""
-    if getattr(result, "validation_rows", None) is None:
+    if result.validation_rows is None:
         return {}
-    finite = lambda xs: tuple(None if x is None else finite_or_none(x) for x in xs)  # noqa: E731
+    # a held-out part comes with its checks and their scores (trainers.rr_validation)
+    assert result.validation_checks is not None and result.validation_log_loss is not None
+    assert result.validation_auc is not None
     return {"validation_rows": result.validation_rows, "validation_checks": tuple(result.validation_checks),
-            "validation_log_loss": finite(result.validation_log_loss), "validation_auc": finite(result.validation_auc),
-            "validation_kept": result.validation_kept, "stopped": result.stopped}
+            "validation_log_loss": _finite(result.validation_log_loss),
+            "validation_auc": _finite(result.validation_auc), "validation_kept": result.validation_kept,
+            "stopped": result.stopped}
 
 
-def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | None,
+def dpsgd_entry(result: DPSGDResult, ledger: LedgerView | None, *, nonsensitive_tower: str | None,
                 sizes_ledger: LedgerView | None = None, withhold: bool = False) -> tuple[DPSGDRun, DPSGDStats]:
     """The DP-SGD phase over all of the run's sessions (from the ledger), or this one (no ledger).
 
@@ -105,7 +135,7 @@ def dpsgd_entry(result, ledger: LedgerView | None, *, nonsensitive_tower: str | 
     return public, DPSGDStats(clipped_fraction=result.clipped_fraction, withheld=held, evidence=evidence)
 
 
-def walr_entry(result, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:
+def walr_entry(result: WALRResult, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:
     public = WALRRun(rows=result.rows, releases=1, release_sha256=release_sha256, noise_std=result.noise_std,
                      noise_draws=result.noise_draws, sensitivity=result.sensitivity,
                      release_seconds=result.release_seconds, fit_steps=result.fit_steps,
@@ -114,8 +144,9 @@ def walr_entry(result, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:
                              max_contribution=result.max_contribution)
 
 
-def baseline_entry(history: dict, settings, *, batch_size: int, model: str, split: str, train_rows: int,
-                   validation_rows: int, validation_units: int | None) -> tuple[BaselineRun, BaselineStats]:
+def baseline_entry(history: Mapping[str, Any], settings: BaselineSettings, *, batch_size: int, model: str,
+                   split: str, train_rows: int, validation_rows: int,
+                   validation_units: int | None) -> tuple[BaselineRun, BaselineStats]:
     """The baseline: its early-stopping rule (public) and its curve on the data (private).
 
     Args:
@@ -135,8 +166,11 @@ def baseline_entry(history: dict, settings, *, batch_size: int, model: str, spli
     return public, stats
 
 
-def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, seeds: dict, model: dict,
-                 training: dict, ledger: LedgerView | None, timings: dict, device: str, algorithm: str | None = None,
+def build_record(*, plan: Plan | None, entries: Sequence[tuple[PhaseRun | None, PhaseStats]],
+                 data: Mapping[str, Any], metrics: Mapping[str, Any], encoding: Mapping[str, Any], seeds: Seeds,
+                 model: ModelInfo,
+                 training: Mapping[str, Any], ledger: LedgerView | None, timings: Mapping[str, int | float],
+                 device: str, algorithm: str | None = None,
                  notes: tuple[str, ...] = (), sizes_ledger: LedgerView | None = None) -> RunRecord:
     """The public record and its private part, linked by the private part's hash.
 
@@ -147,22 +181,28 @@ def build_record(*, plan, entries, data: dict, metrics: dict, encoding: dict, se
         data: path, format, rows_in, rows_used, capping and the keyed fingerprint.
         sizes_ledger: the private batch-size ledger of a plan whose N is a DP count.
     """
-    rows_used = data["rows_used"]
+    summary = typed.from_json_object(DataSummary, data, "data")
+    rows_used = summary.rows_used
     if plan is not None and plan.count is not None:
         # The true count and everything timed against it stay with the data owner.
         rows_used = plan.dataset_size
-        data = {**data, "timings": timings}
-        if sizes_ledger is not None:
-            data["sizes_ledger"] = {"head": sizes_ledger.head, "lines": len(sizes_ledger.entries)}
+        summary = replace(summary, timings=number_table("data.timings", timings), sizes_ledger=(
+            LedgerHead(head=sizes_ledger.head, lines=len(sizes_ledger.entries)) if sizes_ledger is not None else None))
         timings = {}
         notes = notes + ("the plan's N is a DP count: rows_used is that count, and the true count, batch sizes, "
                          "chunks, memory and timings are in the private record",)
-    private_part = PrivateRecord(plan_sha256=plan.sha256 if plan is not None else None, data=data,
-                                 phases=tuple(s for _, s in entries), metrics=metrics, encoding=encoding)
+    if algorithm is None:
+        if plan is None:
+            raise ValueError("a record without a plan (a baseline) names its algorithm")
+        algorithm = plan.scenario.algorithm
+    private_part = PrivateRecord(plan_sha256=plan.sha256 if plan is not None else None, data=summary,
+                                 phases=tuple(s for _, s in entries), metrics=json_table("metrics", metrics),
+                                 encoding=json_table("encoding", encoding))
     return RunRecord(
         plan_sha256=plan.sha256 if plan is not None else None, private=plan is not None,
-        algorithm=algorithm or plan.scenario.algorithm, rows_used=rows_used, seeds=seeds,
-        phases=tuple(p for p, _ in entries if p is not None), model=model, training=training,
-        ledger={"head": ledger.head, "lines": len(ledger.entries)} if ledger is not None else None,
-        code=code_fingerprint(), timings=timings, device=device, versions=versions(),
+        algorithm=algorithm, rows_used=rows_used, seeds=seeds,
+        phases=tuple(p for p, _ in entries if p is not None), model=model, training=json_table("training", training),
+        ledger=LedgerHead(head=ledger.head, lines=len(ledger.entries)) if ledger is not None else None,
+        code=CodeHashes(**code_fingerprint()), timings=number_table("timings", timings), device=device,
+        versions=text_table("versions", versions()),
         private_sha256=private_part.sha256, notes=notes, private_part=private_part)

@@ -22,8 +22,11 @@ import torch
 
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
-from budgetplan.record.records import RunRecord
+from budgetplan.plan import Plan
+from budgetplan.record.parts import ModelInfo, json_table
+from budgetplan.record.records import PhaseRun, PhaseStats, RunRecord
 from trainers.baseline import BaselineSettings, compare, train_baseline, validation_split
+from trainers.distributed import Collective
 from trainers.dpsgd import DPSGDSettings
 from trainers.executors import (
     PhaseContext,
@@ -84,7 +87,7 @@ class _Prepared:
     eval_prep: Prepared | None = None  # read on rank 0 only, once the data passed the phases' checks
 
 
-def execute_plan(plan, data_path, options: RunOptions | None = None) -> RunRecord | None:
+def execute_plan(plan: Plan, data_path: str | Path, options: RunOptions | None = None) -> RunRecord | None:
     """Train ``plan`` on ``data_path``; returns the run record (also written to ``options.out_dir``).
 
     Phases run in the plan's order, each by the executor registered for its type
@@ -122,12 +125,15 @@ def execute_plan(plan, data_path, options: RunOptions | None = None) -> RunRecor
       (``torchrun``: ``trainers.distributed.from_environment``); ranks other than 0 return None.
     """
     options = options or RunOptions()
+    record: RunRecord | None  # the trainers' untyped helpers return it
     if options.collective is None and options.nproc != 1:
-        return launch_plan(_rank, plan, data_path, options)
+        record = launch_plan(_rank, plan, data_path, options)
+        return record
     with torch_threads(options.threads) as n_threads, contextlib.ExitStack() as scope:
         checked = _verify(plan, options)
         if plan.tuned:  # every configuration, then the selection
-            return execute_grid(plan, data_path, options, settings=checked.settings, out=checked.out)
+            record = execute_grid(plan, data_path, options, settings=checked.settings, out=checked.out)
+            return record
         run = _prepare(plan, data_path, checked, options, scope, n_threads)
         context = _context(plan, run, options)
         check_phases(context)  # the phases' refusals on the data
@@ -155,12 +161,12 @@ def execute_plan(plan, data_path, options: RunOptions | None = None) -> RunRecor
             context.session.close()
 
 
-def _rank(collective, plan, data_path, options: RunOptions):
+def _rank(collective: Collective, plan: Plan, data_path: str | Path, options: RunOptions) -> RunRecord | None:
     """One process of a run over several (``trainers.ranks.launch_plan``)."""
     return execute_plan(plan, data_path, replace(options, collective=collective))
 
 
-def _verify(plan, options: RunOptions) -> _Checked:
+def _verify(plan: Plan, options: RunOptions) -> _Checked:
     """Every refusal that needs neither the data nor the device, before anything is read or written."""
     settings = (options.settings or TrainSettings()).for_plan(plan)
     out = check_out(options.out_dir, resume=options.resume)
@@ -183,7 +189,8 @@ def _verify(plan, options: RunOptions) -> _Checked:
     return _Checked(settings, out, spec, lead=collective is None or collective.rank == 0)
 
 
-def _prepare(plan, data_path, checked: _Checked, options: RunOptions, scope, n_threads: int) -> _Prepared:
+def _prepare(plan: Plan, data_path: str | Path, checked: _Checked, options: RunOptions, scope: contextlib.ExitStack,
+             n_threads: int) -> _Prepared:
     """The device, the randomness, the data (capped, this rank's share, encoded) and the eval data."""
     collective, settings, seed = options.collective, checked.settings, options.seed
     if collective is not None:
@@ -209,7 +216,7 @@ def _prepare(plan, data_path, checked: _Checked, options: RunOptions, scope, n_t
     return _Prepared(checked, prep, rnd, device, dpsgd_settings, t0, new_key)
 
 
-def _context(plan, run: _Prepared, options: RunOptions) -> PhaseContext:
+def _context(plan: Plan, run: _Prepared, options: RunOptions) -> PhaseContext:
     """What the phases share (their session is opened once every refusal is behind the run)."""
     checked, prep, size_private = run.checked, run.prep, plan.count is not None
     return PhaseContext(
@@ -221,7 +228,7 @@ def _context(plan, run: _Prepared, options: RunOptions) -> PhaseContext:
         withhold_sizes=size_private, free_calibration=plan.free_calibration, timings=dict(prep.timings))
 
 
-def _open_session(plan, run: _Prepared, options: RunOptions):
+def _open_session(plan: Plan, run: _Prepared, options: RunOptions) -> Session | NullSession:
     out = run.checked.out
     if out and run.checked.lead:
         return Session(out, plan, randomness=run.randomness, resume=options.resume,
@@ -241,11 +248,12 @@ def _start_model(context: PhaseContext, run: _Prepared, options: RunOptions) -> 
     if context.collective is not None:
         ckpt = context.collective.broadcast_object(ckpt)  # rank 0's run directory holds it
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt.model)
     context.model, context.checkpoint = model, ckpt
 
 
-def _write_record(plan, run: _Prepared, context: PhaseContext, entries: list, options: RunOptions) -> RunRecord:
+def _write_record(plan: Plan, run: _Prepared, context: PhaseContext,
+                  entries: list[tuple[PhaseRun | None, PhaseStats]], options: RunOptions) -> RunRecord:
     """Evaluate what the run keeps, build its record and write the run directory (the record last)."""
     final, timings, prep, session = context.final, context.timings, run.prep, context.session
     assert final is not None  # every executable sequence has a training phase, which sets it
@@ -264,9 +272,11 @@ def _write_record(plan, run: _Prepared, context: PhaseContext, entries: list, op
     return write_run(record, final.state(), out, final.vocabulary, new_key=run.new_key if out else None)
 
 
-def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: TrainSettings | None = None,
-                 baseline=None, seed: int | None = None, truncated: bool = False, progress: bool = False,
-                 fingerprint_key: bytes | None = None, threads: int | str = "auto") -> RunRecord:
+def run_baseline(plan: Plan, data_path: str | Path, *, eval_path: str | Path | None = None,
+                 out_dir: str | Path | None = None, settings: TrainSettings | None = None,
+                 baseline: BaselineSettings | None = None, seed: int | None = None, truncated: bool = False,
+                 progress: bool = False, fingerprint_key: bytes | None = None,
+                 threads: int | str = "auto") -> RunRecord:
     """The non-private baseline on the plan's feature spec: clean labels, trained to convergence.
 
     The same model and encoding as the DP arms (``settings``), trained with early stopping
@@ -311,7 +321,7 @@ def run_baseline(plan, data_path, *, eval_path=None, out_dir=None, settings: Tra
             entries=[baseline_entry(history, baseline, batch_size=fit_settings.batch_size, model=final, split=split,
                                     train_rows=len(train), validation_rows=len(validation), validation_units=units)],
             data=prep.data_info, metrics=metrics, encoding=prep.encoding, seeds=rnd.record(),
-            model={"kind": settings.model, "config": model.config(), "final": final},
+            model=ModelInfo(kind=settings.model, config=json_table("model.config", model.config()), final=final),
             training={**settings.to_dict(), "fit": fit_settings.to_dict(), "baseline": baseline.to_dict()}, ledger=None,
             timings=timings, device=device_name(device),
             notes=("non-private: no privacy guarantee applies to this run",))

@@ -33,7 +33,7 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.planning import grid
-from budgetplan.record.records import phase_run_dict
+from budgetplan.record.records import Selection, TunedRun, TuningRecord
 from budgetplan.util.typed import to_json_object
 from trainers.dpsgd import DPSGDSettings
 from trainers.executors import PhaseContext, check_executable, run_phases
@@ -43,7 +43,7 @@ from trainers.metrics import relative_auc_loss
 from trainers.outputs import evaluate, fingerprint_keys, write_run
 from trainers.randomness import Randomness
 from trainers.record import build_record
-from trainers.session import NullSession, Session
+from trainers.session import Checkpoint, NullSession, Session
 
 __all__ = ["execute_grid", "gumbel", "noisy_max", "split_units", "clipped_log_loss_sum"]
 
@@ -70,7 +70,7 @@ class _ConfigSession:
     def dpsgd_steps_taken(self) -> int:
         return 0
 
-    def save_checkpoint(self, state: dict) -> None:
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         pass
 
     def ledger_view(self):
@@ -124,7 +124,7 @@ def execute_grid(plan, data_path, options, *, settings, out):
     runs = grid.runs_of(plan)
     for c, phases in runs:
         check_executable(phases, f"configuration {c.label}'s phases", torch_model_only=True)
-    sel = plan.tuning["noisy_max"]
+    sel = plan.tuning.noisy_max
     spec = plan.scenario.features
     rnd = Randomness(options.seed)
     device = resolve_device(settings.device)
@@ -136,13 +136,13 @@ def execute_grid(plan, data_path, options, *, settings, out):
     data = prep.data
     # The privacy unit: a capped unit's rows stay together; otherwise each row is its own unit.
     units = data.unit.cpu().numpy() if plan.unit.cap > 1 else np.arange(len(data))
-    held = split_units(units, sel["validation_fraction"], rnd.generator())
+    held = split_units(units, sel.validation_fraction, rnd.generator())
     train_idx = torch.as_tensor(np.flatnonzero(~held), device=data.label.device)
     val_idx = torch.as_tensor(np.flatnonzero(held), device=data.label.device)
     if len(train_idx) == 0 or len(val_idx) == 0:
         raise InvalidParameterError(f"the data's {len(np.unique(units))} units leave the "
                                     f"{'training' if len(train_idx) == 0 else 'validation'} part empty at "
-                                    f"validation_fraction {sel['validation_fraction']:g}")
+                                    f"validation_fraction {sel.validation_fraction:g}")
     part = _Part(data.take(train_idx), data.take(val_idx), prep.unit_counts[~held] if prep.unit_counts is not None
                  else None)
     session = Session(out, plan, randomness=rnd, rows=prep.data_info["rows_used"]) if out else NullSession()
@@ -151,9 +151,9 @@ def execute_grid(plan, data_path, options, *, settings, out):
     try:
         # The noise is drawn before any model is trained (it depends on nothing), so only the model
         # with the best noisy score so far need be held: the argmax is the same as after the fact.
-        noise = _intend_selection(session, len(runs), sel["gumbel_scale"], rnd)
+        noise = _intend_selection(session, len(runs), sel.gumbel_scale, rnd)
         public_runs, private_runs, best = _train_all(runs, noise, part, prep, session, settings, base, rnd, device,
-                                                     sel["prediction_clip"], options.progress)
+                                                     sel.prediction_clip, options.progress)
         _, selected, final, entries = best
         assert selected == noisy_max([r["score"] for r in private_runs], noise)
         _release_selection(session, selected, len(runs))
@@ -175,11 +175,11 @@ def execute_grid(plan, data_path, options, *, settings, out):
             ledger=session.ledger_view(), timings=timings, device=device_name(device),
             notes=(f"tuned: {len(runs)} configurations trained on the training part, configuration {selected} "
                    "selected by report-noisy-max on the validation part",))
-        record = replace(record, tuning={
-            "configurations": plan.tuning["configurations"], "runs": public_runs, "training_rows": len(train_idx),
-            "selection": {"phase": "selection", "mechanism": sel["mechanism"], "noise": sel["noise"],
-                          "epsilon": sel["epsilon"], "gumbel_scale": sel["gumbel_scale"], "candidates": len(runs),
-                          "selected": selected}})
+        record = replace(record, tuning=TuningRecord(
+            configurations=plan.tuning.configurations, runs=tuple(public_runs), training_rows=len(train_idx),
+            selection=Selection(phase="selection", mechanism=sel.mechanism, noise=sel.noise,
+                                epsilon=sel.epsilon, gumbel_scale=sel.gumbel_scale, candidates=len(runs),
+                                selected=selected)))
         return write_run(record, final.state(), out, prep.vocabulary, new_key=new_key if out else None)
     finally:
         session.close()
@@ -213,8 +213,8 @@ def _train_all(runs, noise, part: _Part, prep, session, settings, base, rnd, dev
         final = context.final
         assert final is not None  # a configuration has a training phase
         loss_sum = clipped_log_loss_sum(y_val, predict(model, part.validation, truncated=final.truncated), clip)
-        public_runs.append({"index": c.index, "phases": [phase_run_dict(e) for e, _ in entries],
-                            "dpsgd_learning_rate": sgd_settings.lr if final.dpsgd_settings is not None else None})
+        public_runs.append(TunedRun(index=c.index, phases=tuple(e for e, _ in entries),
+                                    dpsgd_learning_rate=sgd_settings.lr if final.dpsgd_settings is not None else None))
         private_runs.append({"index": c.index, "validation_log_loss_sum": loss_sum,
                              "validation_log_loss": loss_sum / len(y_val), "score": -loss_sum,
                              "gumbel_noise": noise[c.index], "noisy_score": -loss_sum + noise[c.index],

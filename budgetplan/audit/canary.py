@@ -25,7 +25,7 @@ here, independent of each other or not.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -118,12 +118,12 @@ def bound_from_scores(scores: ArrayLike, secrets: ArrayLike, *, family: Family, 
             "refutes_plan": s >= 1.0, "confidence": conf, "level": level, "delta": float(family.delta)}
 
 
-def _recorded(one_run: dict[str, Any]) -> tuple[int, list[tuple[int, int, int]], float, float, float]:
+def _recorded(one_run: Mapping[str, Any]) -> tuple[int, list[tuple[int, int, int]], float, float, float]:
     """(m, [(m, guesses, correct)], significance, noise divisor, epsilon) from a record, checked for shape."""
     m = validate.positive_int("canaries", one_run["canaries"])
     fracs = _fractions(one_run["fractions"])
     rows = one_run["counts"]
-    if not isinstance(rows, list) or len(rows) != len(fracs):
+    if not isinstance(rows, (list, tuple)) or len(rows) != len(fracs):
         raise InvalidParameterError(f"counts must hold one entry per fraction ({len(fracs)})")
     counts: list[tuple[int, int, int]] = []
     for f, row in zip(fracs, rows):
@@ -140,7 +140,7 @@ def _recorded(one_run: dict[str, Any]) -> tuple[int, list[tuple[int, int, int]],
     return m, counts, 1.0 - level, s, eps
 
 
-def check_one_run(one_run: dict[str, Any], plan: Plan) -> tuple[bool, str]:
+def check_one_run(one_run: Mapping[str, Any], plan: Plan) -> tuple[bool, str]:
     """(passed, detail) for ``budgetplan audit``: the recorded audit recomputes, and the plan's curve stands.
 
     Every number is recomputed from the recorded guess counts and ``plan`` (never from the

@@ -44,12 +44,12 @@ def ledger_view(run_dir: Path, plan: Plan) -> LedgerView | None:
 
 def recorded_seeds(record: RunRecord) -> tuple[Any, Any]:
     """(policy, seed) as the record states them: the one place the audit reads ``seeds``."""
-    return record.seeds.get("policy"), record.seeds.get("seed")
+    return record.seeds.policy, record.seeds.seed
 
 
 def model_check(record: RunRecord, run_dir: Path) -> Check:
     name, path = "model file", run_dir / MODEL_FILE
-    named = record.model.get("sha256")
+    named = record.model.sha256
     if not path.is_file():
         return Check(name, False, f"{path} is not here: the run's model, which the guarantee covers, is missing")
     if not isinstance(named, str):

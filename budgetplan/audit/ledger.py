@@ -33,9 +33,9 @@ def ledger_check(record: RunRecord, plan: Plan, run_dir: Path, add: Callable[[Ch
     problems: list[str] = []
     if record.ledger is None:
         problems.append("the record names no ledger")
-    elif record.ledger.get("head") != view.head or record.ledger.get("lines") != len(view.entries):
+    elif record.ledger.head != view.head or record.ledger.lines != len(view.entries):
         problems.append(f"the ledger ends at {view.head[:12]}... after {len(view.entries)} lines; the record says "
-                        f"{str(record.ledger.get('head'))[:12]}... after {record.ledger.get('lines')}: it was cut or "
+                        f"{record.ledger.head[:12]}... after {record.ledger.lines}: it was cut or "
                         "extended after the run")
     digests = {p.name: getattr(entry_of(record, p), "release_sha256", None)
                for p in plan.phases if p.name in RELEASE_FILES}

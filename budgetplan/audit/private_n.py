@@ -10,6 +10,7 @@ from budgetplan.audit.report import Check
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan
 from budgetplan.record.ledger import LedgerView, read_ledger
+from budgetplan.record.parts import LedgerHead
 from budgetplan.record.records import (
     PRIVATE_DIR,
     WITHHELD_WITH_N,
@@ -54,9 +55,9 @@ def sizes_evidence(plan: Plan, run_dir: Path, record: RunRecord | None) -> Sizes
         return SizesEvidence(view, problem="the plan's N is a DP count: the true row count is in the private "
                                            "record, which is not here")
     data = record.private_part.data
-    if data.get("rows_used") != rows:
+    if data.rows_used != rows:
         return SizesEvidence(view, problem=f"the private record's row count is not the one {path.name} was written on")
-    if data.get("sizes_ledger") != {"head": view.head, "lines": len(view.entries)}:
+    if data.sizes_ledger != LedgerHead(head=view.head, lines=len(view.entries)):
         return SizesEvidence(view, problem=f"{path.name} ends at {view.head[:12]}... after {len(view.entries)} "
                                            "lines; the private record says otherwise: it was cut or extended after "
                                            "the run")

@@ -55,16 +55,14 @@ def private_problems(record: RunRecord, plan: Plan) -> list[str]:
     if part.plan_sha256 != plan.sha256:
         problems.append(f"the private record names plan {part.plan_sha256}, not {plan.sha256}")
     data = part.data
-    rows_in, rows_used = data.get("rows_in"), data.get("rows_used")
-    fingerprinted = (data.get("fingerprint") or {}).get("rows")
+    rows_in, rows_used, fingerprinted = data.rows_in, data.rows_used, data.fingerprint.rows
     if plan.count is None and rows_used != plan.dataset_size:
         problems.append(f"the private record says {rows_used!r} rows were used; the plan accounts N = "
                         f"{plan.dataset_size}")
-    if not isinstance(rows_in, int) or not isinstance(rows_used, int) or \
-            rows_used > rows_in or (plan.unit.cap == 1 and rows_used != rows_in):
+    if rows_used > rows_in or (plan.unit.cap == 1 and rows_used != rows_in):
         problems.append(f"the private record's rows_in ({rows_in!r}) and rows_used ({rows_used!r}) do not fit "
                         f"{'capping' if plan.unit.cap > 1 else 'a run without capping (they are equal)'}")
-    if fingerprinted is not None and fingerprinted != rows_in:
+    if fingerprinted != rows_in:
         problems.append(f"the private record's fingerprint covers {fingerprinted!r} rows, its rows_in is {rows_in!r}")
     return problems
 

@@ -119,7 +119,7 @@ def walr_check(record: RunRecord, plan: Plan) -> Check:
     assert planned is not None and ran is not None  # settled otherwise
     par, problems = planned.params, gaussian_release_problems(ran, planned.params)
     # one-hot rows: the dimension follows from the features' encoding, which the record's model states
-    dimension = par.features if par.features is not None else record.model.get("config", {}).get("features")
+    dimension = par.features if par.features is not None else record.model.config.get("features")
     if not isinstance(dimension, int) or isinstance(dimension, bool):
         problems.append(f"the record states no dimension of the released sum (model config features: {dimension!r})")
     elif ran.noise_draws != dimension:

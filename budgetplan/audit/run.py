@@ -266,8 +266,8 @@ def audit_single(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pa
 
 
 def code_check(record: RunRecord) -> Check:
-    here = code_fingerprint()
-    differ = sorted(k for k in set(here) | set(record.code) if here.get(k) != record.code.get(k))
+    here, ran = code_fingerprint(), record.code.by_package()
+    differ = sorted(k for k in set(here) | set(ran) if here.get(k) != ran.get(k))
     if differ:
         return Check("code that ran", False, f"the installed {', '.join(differ)} differ from the code that ran: the "
                                             "empirical tests below measure other code than this run's")

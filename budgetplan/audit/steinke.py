@@ -21,6 +21,7 @@ record that carries this bound (a ``one_run`` entry without ``method``) by it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -86,7 +87,7 @@ def epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, confidence: flo
     return lo
 
 
-def check_legacy(one_run: dict[str, Any], planned_epsilon: float, planned_delta: float) -> tuple[bool, str]:
+def check_legacy(one_run: Mapping[str, Any], planned_epsilon: float, planned_delta: float) -> tuple[bool, str]:
     """(passed, detail) for a record's Steinke bound: it recomputes from its counts and stays within the plan.
 
     The bound is recomputed from the recorded counts (m, r, v) at the recorded level and the

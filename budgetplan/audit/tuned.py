@@ -26,7 +26,6 @@ import dataclasses
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 from budgetplan.audit.ledger import array_sha256, steps_check
 from budgetplan.audit.reaccount import reaccount_check
@@ -38,7 +37,7 @@ from budgetplan.plan import Plan
 from budgetplan.plan.phases import DPSGDPhase, Phase, RRPhase
 from budgetplan.planning.grid import Configuration, runs_of
 from budgetplan.record.ledger import LedgerView, read_ledger
-from budgetplan.record.records import PhaseRun, RunRecord, phase_run_dict, phase_runs
+from budgetplan.record.records import PhaseRun, RunRecord, TuningRecord, phase_run_dict
 
 __all__ = ["audit_tuned", "audit_tuned_interrupted"]
 
@@ -74,8 +73,8 @@ def _ledger(record: RunRecord | None, plan: Plan, run_dir: Path,
     except BudgetplanError as exc:
         return None, [str(exc)]
     problems: list[str] = []
-    if record is not None and (record.ledger is None or record.ledger.get("head") != view.head
-                               or record.ledger.get("lines") != len(view.entries)):
+    if record is not None and (record.ledger is None or record.ledger.head != view.head
+                               or record.ledger.lines != len(view.entries)):
         problems.append("the ledger does not end where the record says: it was cut or extended after the run")
     planned = {f"c{c.index}/{p.name}" for c, phases in runs for p in phases} | {"selection"}
     for entry in view.entries:
@@ -120,17 +119,13 @@ def audit_tuned(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pat
         add(Check("tuned runs within plan", False, "the plan declares a grid of configurations but the record "
                                                           "shows no tuning: nothing to check the runs against"))
         return
-    try:
-        listed = [(r["index"], phase_runs(r["phases"], f"tuning.runs[{i}].phases")) for i, r in enumerate(t["runs"])]
-        selected = t["selection"]["selected"]
-        training_rows = t["training_rows"]
-    except (KeyError, TypeError, BudgetplanError) as exc:
-        add(Check("tuned runs within plan", False, f"the record's tuning does not read: {exc}"))
-        return
+    # the record was read strictly: every run's phases are typed entries, the selection is there
+    listed = [(r.index, r.phases) for r in t.runs]
+    selected, training_rows = t.selection.selected, t.training_rows
     n = len(runs)
-    if t.get("configurations") != plan.tuning["configurations"]:
-        problems.append(f"the record declares {t.get('configurations')!r} configurations, the plan "
-                        f"{plan.tuning['configurations']}")
+    if t.configurations != plan.tuning.configurations:
+        problems.append(f"the record declares {t.configurations!r} configurations, the plan "
+                        f"{plan.tuning.configurations}")
     if len(listed) > n:
         problems.append(f"{len(listed)} runs recorded, more than the {n} configurations declared")
     elif [i for i, _ in listed] != list(range(n)):
@@ -172,29 +167,27 @@ def audit_tuned(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pat
             add(dataclasses.replace(check, name=f"#{c.index} {check.name}"))
 
 
-def _selection(view: LedgerView | None, t: dict[str, Any], plan: Plan, n: int) -> Check:
+def _selection(view: LedgerView | None, t: TuningRecord, plan: Plan, n: int) -> Check:
     name = "selection released"
     if view is None:
         return Check(name, False, "no readable ledger: the selection's release cannot be confirmed")
-    assert plan.tuning is not None  # a tuned plan's selection
-    want, sel = plan.tuning["noisy_max"], t.get("selection")
+    want, sel = plan.tuning.noisy_max if plan.tuning is not None else None, t.selection
+    assert want is not None  # a tuned plan's selection
     problems: list[str] = []
-    if not isinstance(sel, dict):
-        return Check(name, False, "the record shows no selection")
     intents, notes = view.events("intent", "selection"), view.events("released", "selection")
     if len(intents) != 1 or len(notes) != 1:
         problems.append(f"the ledger shows {len(intents)} selection intent(s) and {len(notes)} release(s); exactly "
                         "one of each is planned (a selection without its noisy release is not accounted)")
-    elif notes[0].get("selected") != sel.get("selected") or notes[0].get("candidates") != n:
+    elif notes[0].get("selected") != sel.selected or notes[0].get("candidates") != n:
         problems.append(f"the ledger released configuration {notes[0].get('selected')!r} of "
-                        f"{notes[0].get('candidates')!r}; the record says {sel.get('selected')!r} of {n}")
-    for key in ("epsilon", "gumbel_scale"):
-        have = sel.get(key)
-        if not (isinstance(have, (int, float)) and math.isclose(have, want[key], rel_tol=1e-12)):
-            problems.append(f"the selection's {key} is {have!r}, the plan's {want[key]!r}")
+                        f"{notes[0].get('candidates')!r}; the record says {sel.selected!r} of {n}")
+    for key, have, planned in (("epsilon", sel.epsilon, want.epsilon),
+                               ("gumbel_scale", sel.gumbel_scale, want.gumbel_scale)):
+        if not math.isclose(have, planned, rel_tol=1e-12):
+            problems.append(f"the selection's {key} is {have!r}, the plan's {planned!r}")
     return Check(name, not problems, "; ".join(problems) or
-                 f"one report-noisy-max release (configuration {sel.get('selected')} of {n}) at epsilon "
-                 f"{want['epsilon']:.6g}, Gumbel scale {want['gumbel_scale']:.6g}")
+                 f"one report-noisy-max release (configuration {sel.selected} of {n}) at epsilon "
+                 f"{want.epsilon:.6g}, Gumbel scale {want.gumbel_scale:.6g}")
 
 
 def audit_tuned_interrupted(report: AuditReport, plan: Plan, run_dir: Path) -> None:

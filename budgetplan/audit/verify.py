@@ -29,6 +29,7 @@ Numbers are compared to a relative 1e-9 when the library versions match the plan
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,7 @@ from budgetplan.plan.phases import (
     WALRPhase,
     phase_to_dict,
 )
+from budgetplan.plan.tuning import GridEntry, NoisyMax, TuningAccounting, read_tuning
 from budgetplan.planning import grid
 from budgetplan.planning.calibrate import steps_for_epochs
 from budgetplan.planning.composition import EPS_SLACK, basic_total, phase_guarantee, pld_total, tuning_accounting
@@ -306,10 +308,10 @@ def _check_split(plan: Plan, problems: list[str]) -> None:
     if wanted is None:
         return
     targets = {p.name: p.target_epsilon for p in plan.phases}
-    for name, key in (("rr", "epsilon1"), ("dpsgd", "epsilon2")):
-        if targets.get(name, 0.0) != wanted[key]:
+    for name, key, value in (("rr", "epsilon1", wanted.epsilon1), ("dpsgd", "epsilon2", wanted.epsilon2)):
+        if targets.get(name, 0.0) != value:
             problems.append(f"split: the {name} phase is planned to {targets.get(name, 0.0)!r}, the rule's {key} "
-                            f"is {wanted[key]!r}")
+                            f"is {value!r}")
 
 
 def _check_count(plan: Plan, close: _Close, problems: list[str]) -> None:
@@ -381,7 +383,7 @@ def _check_guarantees(plan: Plan, close: _Close, problems: list[str]) -> None:
     if (tuning is None) != (plan.tuning is None):
         close("tuning", plan.tuning, tuning)
     elif tuning is not None and plan.tuning is not None:
-        close("tuning.guarantee.epsilon", Guarantee.from_dict(plan.tuning["guarantee"]).epsilon,
+        close("tuning.guarantee.epsilon", plan.tuning.guarantee.epsilon,
               Guarantee.from_dict(tuning["guarantee"]).epsilon)
 
 
@@ -393,17 +395,13 @@ def _check_grid(plan: Plan, close: _Close, problems: list[str]) -> bool:
     t = plan.scenario.tuning
     stored = plan.tuning
     if t is None or not t.is_grid:
-        if stored is not None and ("grid" in stored or "noisy_max" in stored):
+        if stored is not None and stored.is_grid:
             problems.append("tuning: the plan lists a grid of configurations that its scenario does not declare")
         return False
-    if stored is None or "grid" not in stored or "noisy_max" not in stored:
+    if stored is None or stored.grid is None or stored.noisy_max is None:
         problems.append("tuning: the scenario declares a grid; the plan lists no configurations or no selection")
         return True
-    try:
-        runs = grid.runs_of(plan)
-    except PlanMismatchError as exc:
-        problems.append(str(exc))
-        return True
+    runs = grid.runs_of(plan)  # read strictly when the plan was
     wanted = grid.configurations(t)
     if [c for c, _ in runs] != wanted:
         problems.append(f"tuning.grid: the plan lists {[c.label for c, _ in runs]}, the scenario's grid is "
@@ -413,7 +411,7 @@ def _check_grid(plan: Plan, close: _Close, problems: list[str]) -> bool:
     eps_sel, eps_run, delta_run = grid.budgets(plan.epsilon, plan.delta, len(wanted), t.selection_share)
     close("run_budget.epsilon", plan.run_epsilon, eps_run)
     close("run_budget.delta", plan.run_delta, delta_run)
-    if [phase_to_dict(p) for p in plan.phases] != stored["grid"][0]["phases"]:
+    if [phase_to_dict(p) for p in plan.phases] != [phase_to_dict(p) for p in stored.grid[0].phases]:
         problems.append("phases: a grid plan's phases must be its first configuration's")
     for c, phases in runs:
         _check_grid_configuration(plan, c, phases, eps_run, delta_run, close, problems)
@@ -443,22 +441,24 @@ def _check_grid_configuration(plan: Plan, c: grid.Configuration, phases: tuple[P
                         f"above the run budget ({eps_run:.6g}, {delta_run:.3g})")
 
 
-def _check_grid_accounting(plan: Plan, stored: dict[str, Any],
+def _check_grid_accounting(plan: Plan, stored: TuningAccounting,
                            runs: list[tuple[grid.Configuration, tuple[Phase, ...]]], close: _Close) -> None:
     """The grid's tuning object re-accounted from its configurations: guarantee, selection, each one's total."""
-    fresh = grid.accounting(plan.scenario, plan.unit, [(c, list(ph)) for c, ph in runs], plan.delta)
+    fresh = read_tuning("recomputed tuning", grid.accounting(plan.scenario, plan.unit,
+                                                             [(c, list(ph)) for c, ph in runs], plan.delta))
+    # both list their configurations and selection (the caller checked the stored one; the fresh one is a grid's)
+    assert fresh is not None and fresh.grid is not None and fresh.noisy_max is not None
+    assert stored.grid is not None and stored.noisy_max is not None
     for key in ("epsilon", "delta"):
-        close(f"tuning.guarantee.{key}", Guarantee.from_dict(stored["guarantee"]).to_dict()[key],
-              fresh["guarantee"][key])
-    close("tuning.configurations", stored["configurations"], fresh["configurations"])
-    for key in sorted(set(stored["noisy_max"]) | set(fresh["noisy_max"])):
-        close(f"tuning.noisy_max.{key}", stored["noisy_max"].get(key), fresh["noisy_max"].get(key))
-    for entry, again in zip(stored["grid"], fresh["grid"]):
-        for key in sorted(set(entry) | set(again)):
-            if key not in ("phases", "total"):
-                close(f"tuning.grid[{again['index']}].{key}", entry.get(key), again.get(key))
-        close(f"tuning.grid[{again['index']}].total.epsilon", (entry.get("total") or {}).get("epsilon"),
-              again["total"]["epsilon"])
+        close(f"tuning.guarantee.{key}", getattr(stored.guarantee, key), getattr(fresh.guarantee, key))
+    close("tuning.configurations", stored.configurations, fresh.configurations)
+    for f in dataclasses.fields(NoisyMax):
+        close(f"tuning.noisy_max.{f.name}", getattr(stored.noisy_max, f.name), getattr(fresh.noisy_max, f.name))
+    for entry, again in zip(stored.grid, fresh.grid):
+        for f in dataclasses.fields(GridEntry):
+            if f.name not in ("phases", "total"):
+                close(f"tuning.grid[{again.index}].{f.name}", getattr(entry, f.name), getattr(again, f.name))
+        close(f"tuning.grid[{again.index}].total.epsilon", entry.total.epsilon, again.total.epsilon)
 
 
 def _check_replan(plan: Plan, close: _Close, problems: list[str]) -> None:

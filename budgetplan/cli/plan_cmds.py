@@ -75,17 +75,18 @@ def _render(p: Plan, out: Console) -> None:
         totals.append(["PLD composition", p.total_pld.epsilon, p.total_pld.delta])
     if p.tuning is not None:
         t = p.tuning
-        how = f"{t['selection']} + noisy max (eps {fmt(t['noisy_max']['epsilon'])})" if "grid" in t else t["selection"]
-        totals.append([f"tuning: {t['configurations']} configs, {how}", g.epsilon, g.delta])
+        how = f"{t.selection} + noisy max (eps {fmt(t.noisy_max.epsilon)})" if t.noisy_max else t.selection
+        totals.append([f"tuning: {t.configurations} configs, {how}", g.epsilon, g.delta])
     out.print(results_table("Totals", ["composition", "epsilon", "delta"], totals))
     if p.unit_alternatives:
         alt = []
         for a in p.unit_alternatives:
-            knob = next((k for k in ("per_impression_epsilon", "noise_multiplier", "noise_std") if k in a), None)
-            cost = f"{knob.replace('_', ' ')} {fmt(a[knob])}" if knob else f"n/a: {a.get('note', '')}"
-            per = "-" if "noise_per_contribution" not in a else \
-                fmt(a["noise_per_contribution"]) + (" (recommended)" if a.get("recommended") else "")
-            alt.append([a["phase"], a["bounding"], cost, a.get("unit_epsilon", "-"), a.get("unit_delta", "-"), per])
+            knob = a.knob
+            cost = f"{knob[0].replace('_', ' ')} {fmt(knob[1])}" if knob else f"n/a: {a.note}"
+            per = "-" if a.noise_per_contribution is None else \
+                fmt(a.noise_per_contribution) + (" (recommended)" if a.recommended else "")
+            alt.append([a.phase, a.bounding, cost, "-" if a.unit_epsilon is None else a.unit_epsilon,
+                        "-" if a.unit_delta is None else a.unit_delta, per])
         out.print(results_table(f"Ways to bound a unit of {p.unit.cap} examples (the plan uses "
                                 f"{p.scenario.unit_accounting}, per-impression rule "
                                 f"{p.scenario.rr.per_impression if p.scenario.rr else '-'})",

@@ -5,7 +5,7 @@ Both import the torch trainer lazily: the rest of the CLI never loads torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -318,10 +318,10 @@ def _print_record(record: RunRecord, out_dir: str) -> None:
     from budgetplan.record.records import BaselineStats, RRRun
 
     rows = [["algorithm", record.algorithm], ["rows used", fmt(record.rows_used)],
-            ["device", record.device], ["seeds", record.seeds["policy"]]]
+            ["device", record.device], ["seeds", record.seeds.policy]]
     if record.tuning is not None:
-        rows.append(["tuning: selected (noisy max)", f"configuration {record.tuning['selection']['selected']} of "
-                                                     f"{len(record.tuning['runs'])}"])
+        rows.append(["tuning: selected (noisy max)", f"configuration {record.tuning.selection.selected} of "
+                                                     f"{len(record.tuning.runs)}"])
     for ph in record.phases:
         if isinstance(ph, RRRun) and ph.labels_flipped is not None:
             rows.append(["rr: labels flipped", f"{ph.labels_flipped:,} of {ph.labels:,}"])
@@ -342,7 +342,8 @@ def _print_record(record: RunRecord, out_dir: str) -> None:
         rows += [["baseline: epochs trained", fmt(stats.checked_at[-1]) if stats.checked_at else "0"],
                  ["baseline: kept epoch", best], ["baseline: stopped by", stats.stopped]]
     # A plan whose N is a DP count keeps its timings private (they grow with the true count).
-    timings = record.timings or (record.private_part.data.get("timings", {}) if record.private_part else {})
+    timings: Mapping[str, int | float] = (record.timings or (record.private_part.data.timings
+                                                             if record.private_part else None) or {})
     if "total_seconds" in timings:
         rows.append(["seconds", fmt(timings["total_seconds"], 3)])
     one_run = record.private_part.one_run if record.private_part is not None else None

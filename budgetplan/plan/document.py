@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from budgetplan.accounting.guarantee import Guarantee, library_versions
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
+from budgetplan.plan.parts import UnitAlternative, unit_alternatives, versions_table
 from budgetplan.plan.phases import (
     CalibrationPhase,
     CountPhase,
@@ -32,9 +33,13 @@ from budgetplan.plan.phases import (
     phase_to_dict,
 )
 from budgetplan.plan.schema import check_plan_types
+from budgetplan.plan.tuning import TuningAccounting, read_tuning
 from budgetplan.scenario.model import Scenario
+from budgetplan.scenario.split_rules import SplitChoice
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util.fileio import write_atomic
+from budgetplan.util.frozen import FrozenMap
+from budgetplan.util.typed import from_json_object, to_json
 
 __all__ = ["SCHEMA_VERSION", "Phase", "Plan", "load_plan", "write_atomic", "canonical_json", "parse_json"]
 
@@ -56,12 +61,14 @@ class Plan:
         total: basic composition of the phases (one run).
         total_pld: PLD composition of the phases where their adjacencies agree, else None.
         total_pld_note: why there is no PLD total, when there is none.
-        tuning: the accounting of the declared hyperparameter selection, or None.
-        unit_alternatives: for units capped at K > 1, what each way of bounding a unit costs.
+        tuning: the accounting of the declared hyperparameter selection
+            (``tuning.TuningAccounting``), or None.
+        unit_alternatives: for units capped at K > 1, what each way of bounding a unit costs
+            (``parts.UnitAlternative``).
         warnings: doubtful but legal settings.
-        versions: budgetplan and its back-ends, as planned.
+        versions: budgetplan and its back-ends, as planned (a read-only table by name).
         split: Hybrid under a table-driven split rule (``alpha-by-eps``): the rule, the
-            epsilon it split, the alpha it resolved to and why (``split.SplitChoice``);
+            epsilon it split, the alpha it resolved to and why (``split_rules.SplitChoice``);
             None otherwise (a fixed rule's alpha is in its spelling).
     """
 
@@ -77,24 +84,35 @@ class Plan:
     total: Guarantee
     total_pld: Guarantee | None
     total_pld_note: str | None
-    tuning: dict[str, Any] | None
-    unit_alternatives: tuple[dict[str, Any], ...]
+    tuning: TuningAccounting | None
+    unit_alternatives: tuple[UnitAlternative, ...]
     warnings: tuple[str, ...]
-    versions: dict[str, str]
-    split: dict[str, Any] | None = None
+    versions: FrozenMap[str]
+    split: SplitChoice | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "versions", versions_table("versions", self.versions))
+        object.__setattr__(self, "unit_alternatives", tuple(self.unit_alternatives))
+        for a in self.unit_alternatives:
+            if not isinstance(a, UnitAlternative):
+                raise InvalidParameterError(f"unit_alternatives must hold UnitAlternative entries, got {a!r}")
+        if self.tuning is not None and not isinstance(self.tuning, TuningAccounting):
+            raise InvalidParameterError(f"tuning must be a TuningAccounting, got {self.tuning!r}")
+        if self.split is not None and not isinstance(self.split, SplitChoice):
+            raise InvalidParameterError(f"split must be a SplitChoice, got {self.split!r}")
 
     @property
     def guarantee(self) -> Guarantee:
         """The headline guarantee: with tuning included when tuning is declared."""
         if self.tuning is not None:
-            return Guarantee.from_dict(self.tuning["guarantee"])
+            return self.tuning.guarantee
         return self.total
 
     @property
     def tuned(self) -> bool:
         """Whether the plan declares a grid of configurations and one selection among them."""
-        return self.tuning is not None and "grid" in self.tuning
+        return self.tuning is not None and self.tuning.is_grid
 
     @property
     def nonsensitive_fixed(self) -> bool:
@@ -139,7 +157,7 @@ class Plan:
         """Everything the hash covers (``split`` only where there is one: other plans keep their bytes)."""
         out: dict[str, Any] = {
             "schema_version": self.schema_version,
-            "versions": self.versions,
+            "versions": to_json(self.versions),
             "scenario": self.scenario.to_dict(),
             "budget": {"epsilon": self.epsilon, "delta": self.delta},
             "privacy": {"adjacency": self.adjacency.value, "unit": self.unit.to_dict(),
@@ -149,12 +167,12 @@ class Plan:
             "total": {"basic": self.total.to_dict(),
                       "pld": self.total_pld.to_dict() if self.total_pld else None,
                       "pld_note": self.total_pld_note},
-            "tuning": self.tuning,
-            "unit_alternatives": list(self.unit_alternatives),
+            "tuning": to_json(self.tuning),
+            "unit_alternatives": to_json(self.unit_alternatives),
             "warnings": list(self.warnings),
         }
         if self.split is not None:
-            out["split"] = self.split
+            out["split"] = to_json(self.split)
         return out
 
     @property
@@ -206,17 +224,19 @@ def _load_v1(d: dict[str, Any]) -> Plan:
         phases=tuple(phase_from_dict(p, f"phases[{i}]") for i, p in enumerate(d["phases"])),
         total=Guarantee.from_dict(total["basic"]),
         total_pld=Guarantee.from_dict(total["pld"]) if total["pld"] else None,
-        total_pld_note=total["pld_note"], tuning=d["tuning"],
-        unit_alternatives=tuple(d["unit_alternatives"]), warnings=tuple(d["warnings"]),
-        versions=d["versions"], split=d.get("split"), schema_version=1,
+        total_pld_note=total["pld_note"], tuning=read_tuning("tuning", d["tuning"]),
+        unit_alternatives=unit_alternatives("unit_alternatives", d["unit_alternatives"]), warnings=tuple(d["warnings"]),
+        versions=versions_table("versions", d["versions"]),
+        split=None if d.get("split") is None else from_json_object(SplitChoice, d["split"], "split"), schema_version=1,
     )
 
 
 _LOADERS = {1: _load_v1}
 
 
-def current_versions() -> dict[str, str]:
-    return dict(library_versions())
+def current_versions() -> FrozenMap[str]:
+    """budgetplan and its back-ends as installed, as a plan records them."""
+    return versions_table("versions", dict(library_versions()))
 
 
 def canonical_json(obj: object) -> str:

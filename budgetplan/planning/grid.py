@@ -37,13 +37,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from budgetplan.accounting.guarantee import Guarantee
-from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan.document import Plan
-from budgetplan.plan.phases import Phase, phase_from_dict, phase_to_dict
+from budgetplan.plan.phases import Phase, phase_to_dict
 from budgetplan.planning.composition import basic_total
 from budgetplan.planning.shares import split_record
 from budgetplan.scenario.model import Scenario, Tuning
 from budgetplan.units import PrivacyUnit
+from budgetplan.util.typed import to_json
 
 __all__ = ["Configuration", "configurations", "configured", "budgets", "score_sensitivity", "accounting",
            "runs_of", "NOISY_MAX_REFERENCE"]
@@ -129,7 +129,7 @@ def accounting(scenario: Scenario, unit: PrivacyUnit, runs: Sequence[tuple[Confi
     for c, phases in runs:
         total = basic_total(phases, scenario, unit)
         totals.append(total)
-        grid.append({**c.to_dict(), "split_choice": split_record(configured(scenario, c), eps_run),
+        grid.append({**c.to_dict(), "split_choice": to_json(split_record(configured(scenario, c), eps_run)),
                      "phases": [phase_to_dict(p) for p in phases], "total": total.to_dict()})
     g = Guarantee(
         epsilon=math.fsum([x.epsilon for x in totals] + [eps_sel]), delta=math.fsum(x.delta for x in totals),
@@ -155,18 +155,7 @@ def runs_of(plan: Plan) -> list[tuple[Configuration, tuple[Phase, ...]]]:
         PlanMismatchError: the plan's grid does not read as configurations with phases.
     """
     t = plan.tuning
-    if t is None or "grid" not in t:
+    if t is None or t.grid is None:
         return []
-    try:
-        out: list[tuple[Configuration, tuple[Phase, ...]]] = []
-        for i, entry in enumerate(t["grid"]):
-            c = Configuration(entry["index"], entry["split"], entry["clipping_norm"], entry["dpsgd_learning_rate"])
-            phases = tuple(phase_from_dict(p, f"tuning.grid[{i}].phases[{j}]") for j, p in enumerate(entry["phases"]))
-            if not phases:
-                raise PlanMismatchError(f"tuning.grid[{i}] has no phases")
-            out.append((c, phases))
-    except (KeyError, TypeError) as exc:
-        raise PlanMismatchError(f"tuning.grid does not read as configurations: {exc!r}") from None
-    except InvalidParameterError as exc:
-        raise PlanMismatchError(f"tuning.grid: {exc}") from None
-    return out
+    # the plan read its grid strictly (budgetplan.plan.tuning): each entry has its phases
+    return [(Configuration(e.index, e.split, e.clipping_norm, e.dpsgd_learning_rate), e.phases) for e in t.grid]

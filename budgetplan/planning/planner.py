@@ -39,6 +39,7 @@ from budgetplan.mechanisms import (
     UnitPoissonDPSGD,
 )
 from budgetplan.plan import Plan, current_versions
+from budgetplan.plan.parts import unit_alternatives
 from budgetplan.plan.phases import (
     CalibrationParams,
     CalibrationPhase,
@@ -53,6 +54,7 @@ from budgetplan.plan.phases import (
     WALRParams,
     WALRPhase,
 )
+from budgetplan.plan.tuning import read_tuning
 from budgetplan.planning import calibrate, grid
 from budgetplan.planning.composition import (
     EPS_SLACK,
@@ -117,8 +119,9 @@ def build_plan(scenario: Scenario) -> Plan:
     return Plan(split=split_record(s, run_eps),
         scenario=s, epsilon=s.epsilon, delta=delta, adjacency=s.adjacency, unit=unit, dataset_size=s.dataset_size,
         run_epsilon=run_eps, run_delta=run_delta, phases=tuple(phases), total=total, total_pld=total_pld,
-        total_pld_note=pld_note, tuning=tuning, unit_alternatives=tuple(alternatives), warnings=s.warnings,
-        versions=current_versions(),
+        total_pld_note=pld_note, tuning=read_tuning("tuning", tuning),
+        unit_alternatives=unit_alternatives("unit_alternatives", alternatives),
+        warnings=s.warnings, versions=current_versions(),
     )
 
 

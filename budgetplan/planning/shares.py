@@ -6,15 +6,14 @@ The planner plans the phases to these shares and ``verify`` recomputes them from
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from budgetplan.scenario import Scenario
-from budgetplan.scenario.split_rules import choose_split, parse_rule, split_budget
+from budgetplan.scenario.split_rules import SplitChoice, choose_split, parse_rule, split_budget
 
 __all__ = ["split_record", "training_epsilon", "calibration_released", "rest_of"]
 
 
-def split_record(s: Scenario, run_eps: float) -> dict[str, Any] | None:
+def split_record(s: Scenario, run_eps: float) -> SplitChoice | None:
     """What a table-driven split rule resolved to at the epsilon it splits; None for fixed rules.
 
     That epsilon is the run's, less the intercept calibration's share when the run releases one
@@ -22,7 +21,7 @@ def split_record(s: Scenario, run_eps: float) -> dict[str, Any] | None:
     """
     if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
         return None
-    return choose_split(training_epsilon(s, run_eps), s.split).to_dict()
+    return choose_split(training_epsilon(s, run_eps), s.split)
 
 
 def training_epsilon(s: Scenario, run_eps: float) -> float:

@@ -43,7 +43,20 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan import canonical_json, parse_json, write_atomic
 from budgetplan.record.evidence import read_evidence
+from budgetplan.record.parts import (
+    CodeHashes,
+    DataSummary,
+    LedgerHead,
+    ModelInfo,
+    Seeds,
+    json_table,
+    number_table,
+    set_field,
+    sha256_hex,
+    text_table,
+)
 from budgetplan.util import typed, validate
+from budgetplan.util.frozen import FrozenMap
 
 __all__ = [
     "RECORD_SCHEMA_VERSION",
@@ -62,6 +75,9 @@ __all__ = [
     "PhaseStats",
     "PrivateRecord",
     "RunRecord",
+    "TunedRun",
+    "Selection",
+    "TuningRecord",
     "load_record",
     "phase_runs",
     "phase_run_dict",
@@ -78,22 +94,14 @@ PRIVATE_DIR = "private"
 _E = TypeVar("_E")
 _R = TypeVar("_R")
 
-_SHA256_HEX = frozenset("0123456789abcdef")
-
 # The DP-SGD facts that grow with the true row count: withheld from the public record, all
 # of them, when the plan's N is a DP count (batch sizes are Binomial(N, q) draws).
 WITHHELD_WITH_N = ("batch_sizes_observed", "batch_size_sum", "batch_size_sumsq", "batch_size_min",
                    "batch_size_max", "chunks", "peak_memory")
 
 
-def _set(obj: object, name: str, value: object) -> None:
-    object.__setattr__(obj, name, value)
-
-
-def _hex(name: str, value: object) -> str:
-    if not isinstance(value, str) or len(value) != 64 or not set(value) <= _SHA256_HEX:
-        raise InvalidParameterError(f"{name} must be a sha256 hex digest, got {value!r}")
-    return value
+_set = set_field
+_hex = sha256_hex
 
 
 def _count(name: str, value: object) -> int:
@@ -601,6 +609,11 @@ def phase_run_dict(entry: PhaseRun) -> dict[str, Any]:
     return _entry_dict(entry)
 
 
+def _typed(name: str, value: object, kind: type[Any]) -> None:
+    if not isinstance(value, kind):
+        raise InvalidParameterError(f"{name} must be a {kind.__name__}, got {value!r}")
+
+
 def _object(name: str, value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidParameterError(f"{name} must be a JSON object, got {value!r}")
@@ -618,6 +631,65 @@ def _read_hashed(text: str, what: str) -> tuple[dict[str, Any], str | None]:
     return data, stored
 
 
+# ------------------------------------------------------------------------- tuned runs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunedRun:
+    """One configuration of a tuned run: its grid ``index``, the public entries of its phases and
+    the DP-SGD learning rate it trained with (None without a DP-SGD phase)."""
+
+    index: int
+    phases: tuple[PhaseRun, ...] = typed.loaded(lambda where, value: phase_runs(value, where),
+                                                dump=lambda entries: [phase_run_dict(p) for p in entries])
+    dpsgd_learning_rate: float | None
+
+    def __post_init__(self) -> None:
+        _set(self, "index", validate.non_negative_int("index", self.index))
+        _set(self, "phases", tuple(self.phases))
+        typed.optional(validate.positive, "dpsgd_learning_rate", self.dpsgd_learning_rate)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Selection:
+    """The one report-noisy-max release that picked the configuration (``budgetplan.planning.grid``)."""
+
+    phase: str
+    mechanism: str
+    noise: str
+    epsilon: float
+    gumbel_scale: float
+    candidates: int
+    selected: int
+
+    def __post_init__(self) -> None:
+        typed.choice("phase", self.phase, ("selection",))
+        typed.text("mechanism", self.mechanism)
+        typed.text("noise", self.noise)
+        for name in ("epsilon", "gumbel_scale"):
+            validate.positive(name, getattr(self, name))
+        _set(self, "candidates", validate.positive_int("candidates", self.candidates))
+        _set(self, "selected", validate.non_negative_int("selected", self.selected))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TuningRecord:
+    """A tuned run: the ``configurations`` declared, one :class:`TunedRun` per configuration trained,
+    the rows of the training part (``training_rows``) and the :class:`Selection`. The record's
+    ``phases`` are the selected configuration's; the audit checks each claim against the plan
+    and the ledger, so nothing here is checked against the plan."""
+
+    configurations: int
+    runs: tuple[TunedRun, ...] = typed.nested_tuple(TunedRun)
+    training_rows: int
+    selection: Selection = typed.nested(Selection)
+
+    def __post_init__(self) -> None:
+        _set(self, "configurations", validate.positive_int("configurations", self.configurations))
+        _set(self, "runs", tuple(self.runs))
+        _set(self, "training_rows", validate.positive_int("training_rows", self.training_rows))
+
+
 # ----------------------------------------------------------------------- private record
 
 
@@ -627,44 +699,44 @@ class PrivateRecord:
 
     Attributes:
         plan_sha256: the executed plan (None for a baseline).
-        data: path, format, rows_in, rows_used, capping statistics, and the keyed
-            fingerprint {"hmac_sha256", "key_id", "columns", "rows"}; when the plan's N is a
-            DP count also the run's ``timings`` and ``sizes_ledger`` {"head", "lines"}, where
-            the private batch-size ledger ended.
+        data: what was read (:class:`~budgetplan.record.parts.DataSummary`): path, format,
+            rows_in, rows_used, capping statistics and the keyed fingerprint; when the plan's
+            N is a DP count also the run's ``timings`` and ``sizes_ledger``, where the private
+            batch-size ledger ended.
         phases: data-dependent statistics, one entry per phase of the public record.
-        metrics: evaluation metrics by split (computed on private labels).
-        encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts).
+        metrics: evaluation metrics by split (computed on private labels): a read-only table.
+        encoding: how features were encoded (hash bins, vocabulary sizes, OOV counts, by
+            column): a read-only table.
         one_run: a run trained with canaries (``trainers.canary``): the one-run audit's
             guess counts, its verdict on the plan's trade-off curve and its bound
             (``budgetplan.audit.canary.bound_from_scores``, with ``planned_epsilon``,
-            ``score`` and ``canary``). None (and absent) otherwise.
+            ``score`` and ``canary``), a read-only table that ``budgetplan.audit.canary``
+            checks field by field (older records hold another form of it). None (and absent)
+            otherwise.
     """
 
     plan_sha256: str | None
-    data: dict[str, Any]
+    data: DataSummary
     phases: tuple[PhaseStats, ...]
-    metrics: dict[str, Any]
-    encoding: dict[str, Any]
+    metrics: FrozenMap[Any]
+    encoding: FrozenMap[Any]
     schema_version: int = PRIVATE_SCHEMA_VERSION
-    one_run: dict[str, Any] | None = None
+    one_run: FrozenMap[Any] | None = None
 
     def __post_init__(self) -> None:
         typed.optional(_hex, "plan_sha256", self.plan_sha256)
-        _object("data", self.data)
-        fp = _object("data.fingerprint", self.data.get("fingerprint"))
-        _hex("data.fingerprint.hmac_sha256", fp.get("hmac_sha256"))
+        _typed("data", self.data, DataSummary)
         _set(self, "phases", tuple(self.phases))
-        _object("metrics", self.metrics)
-        _object("encoding", self.encoding)
-        if self.one_run is not None:
-            _object("one_run", self.one_run)
+        _set(self, "metrics", json_table("metrics", self.metrics))
+        _set(self, "encoding", json_table("encoding", self.encoding))
+        _set(self, "one_run", typed.optional(json_table, "one_run", self.one_run))
 
     def content(self) -> dict[str, Any]:
-        out = {"schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "data": self.data,
-               "phases": [_entry_dict(p) for p in self.phases], "metrics": self.metrics,
-               "encoding": self.encoding}
+        out = {"schema_version": self.schema_version, "plan_sha256": self.plan_sha256,
+               "data": typed.to_json(self.data), "phases": [_entry_dict(p) for p in self.phases],
+               "metrics": typed.to_json(self.metrics), "encoding": typed.to_json(self.encoding)}
         if self.one_run is not None:  # only runs with canaries: other records keep their bytes
-            out["one_run"] = self.one_run
+            out["one_run"] = typed.to_json(self.one_run)
         return out
 
     @property
@@ -685,10 +757,12 @@ class PrivateRecord:
                                           "one_run"})
             if unknown:
                 raise InvalidParameterError(f"unknown field {unknown[0]!r}")
-            record = cls(plan_sha256=data.get("plan_sha256"), data=data.get("data"),  # type: ignore[arg-type]
+            record = cls(plan_sha256=data.get("plan_sha256"),
+                         data=typed.from_json_object(DataSummary, data.get("data"), "data"),
                          phases=_entries(_STATS_KINDS, data.get("phases"), "phases"),
-                         metrics=data.get("metrics"), encoding=data.get("encoding"),  # type: ignore[arg-type]
-                         one_run=data.get("one_run"))
+                         metrics=json_table("metrics", data.get("metrics")),
+                         encoding=json_table("encoding", data.get("encoding")),
+                         one_run=typed.optional(json_table, "one_run", data.get("one_run")))
         except InvalidParameterError as exc:
             raise PlanMismatchError(f"the private record does not match its schema: {exc}") from None
         if stored != record.sha256:
@@ -711,19 +785,20 @@ class RunRecord:
         rows_used: the rows trained on (the plan's N; public because the plan states it).
             When the plan's N is a DP count, that count: the true one is in the private
             record's ``data.rows_used``.
-        seeds: {"policy": "csprng" | "seeded", "seed": int | None, "note": ...}.
+        seeds: where the randomness came from (:class:`~budgetplan.record.parts.Seeds`).
         phases: what each phase did (typed entries, in the plan's order).
-        model: {"kind", "config", "final"}; training: non-privacy settings (lr, loss, ...).
-        ledger: {"head": last line's hash, "lines": count} of the write-ahead ledger, or None
-            for a run without a run directory.
+        model: the final model (:class:`~budgetplan.record.parts.ModelInfo`); training: the
+            non-privacy settings (lr, loss, ...), an open table of the trainer's settings.
+        ledger: where the write-ahead ledger ended (:class:`~budgetplan.record.parts.LedgerHead`),
+            or None for a run without a run directory.
         code: sha256 of the installed budgetplan and trainers sources that ran.
-        timings, device, versions: seconds by stage, where it ran, library versions.
+        timings, device, versions: seconds (and thread counts) by stage, where it ran, library
+            versions by name; the two tables are read-only mappings.
         private_sha256: the hash of the data owner's private record.
         status: "completed".
         tuning: a run of a plan with a grid of configurations (``budgetplan.planning.grid``):
-            {"configurations": declared, "runs": [{"index", "phases": [entries]}], one per
-            configuration trained, "selection": {"selected", "epsilon", "gumbel_scale", ...}};
-            ``phases`` are then the selected configuration's. None (and absent) otherwise.
+            a :class:`TuningRecord`; ``phases`` are then the selected configuration's. None
+            (and absent) otherwise.
         private_part: the private record, when this process holds it (not part of the
             public JSON; written to ``private/record.json``).
     """
@@ -732,19 +807,19 @@ class RunRecord:
     private: bool
     algorithm: str
     rows_used: int
-    seeds: dict[str, Any]
+    seeds: Seeds = typed.nested(Seeds)
     phases: tuple[PhaseRun, ...]
-    model: dict[str, Any]
-    training: dict[str, Any]
-    ledger: dict[str, Any] | None
-    code: dict[str, Any]
-    timings: dict[str, Any]
+    model: ModelInfo = typed.nested(ModelInfo)
+    training: FrozenMap[Any] = typed.loaded(json_table)
+    ledger: LedgerHead | None = typed.nested(LedgerHead, optional=True)
+    code: CodeHashes = typed.nested(CodeHashes)
+    timings: FrozenMap[int | float] = typed.loaded(number_table)
     device: str
-    versions: dict[str, Any]
+    versions: FrozenMap[str] = typed.loaded(text_table)
     private_sha256: str
     status: str = "completed"
     notes: tuple[str, ...] = ()
-    tuning: dict[str, Any] | None = None
+    tuning: TuningRecord | None = typed.nested(TuningRecord, omit=True)
     schema_version: int = RECORD_SCHEMA_VERSION
     private_part: PrivateRecord | None = field(default=None, compare=False)
 
@@ -755,13 +830,15 @@ class RunRecord:
             raise InvalidParameterError("a private run names its plan, a non-private one none")
         typed.text("algorithm", self.algorithm)
         _set(self, "rows_used", validate.positive_int("rows_used", self.rows_used))
-        seeds = _object("seeds", self.seeds)
-        typed.choice("seeds.policy", seeds.get("policy"), ("csprng", "seeded"))
+        _typed("seeds", self.seeds, Seeds)
         _set(self, "phases", tuple(self.phases))
-        for name in ("model", "training", "code", "timings", "versions"):
-            _object(name, getattr(self, name))
+        _typed("model", self.model, ModelInfo)
+        _set(self, "training", json_table("training", self.training))
+        _typed("code", self.code, CodeHashes)
+        _set(self, "timings", number_table("timings", self.timings))
+        _set(self, "versions", text_table("versions", self.versions))
         if self.ledger is not None:
-            _hex("ledger.head", _object("ledger", self.ledger).get("head"))
+            _typed("ledger", self.ledger, LedgerHead)
         typed.text("device", self.device)
         _hex("private_sha256", self.private_sha256)
         typed.choice("status", self.status, ("completed",))
@@ -769,12 +846,12 @@ class RunRecord:
         if self.private_part is not None and self.private_part.sha256 != self.private_sha256:
             raise InvalidParameterError("the private record is not the one this record names")
         if self.tuning is not None:
-            _object("tuning", self.tuning)
+            _typed("tuning", self.tuning, TuningRecord)
 
     @property
-    def metrics(self) -> dict[str, Any]:
-        """Evaluation metrics (from the private record; empty without it)."""
-        return self.private_part.metrics if self.private_part is not None else {}
+    def metrics(self) -> FrozenMap[Any]:
+        """Evaluation metrics by split (from the private record; empty without it)."""
+        return self.private_part.metrics if self.private_part is not None else FrozenMap()
 
     def phase_of(self, kind: type[_R]) -> _R | None:
         return next((p for p in self.phases if isinstance(p, kind)), None)
@@ -782,14 +859,15 @@ class RunRecord:
     def content(self) -> dict[str, Any]:
         out = {
             "schema_version": self.schema_version, "plan_sha256": self.plan_sha256, "private": self.private,
-            "algorithm": self.algorithm, "rows_used": self.rows_used, "seeds": self.seeds,
-            "phases": [_entry_dict(p) for p in self.phases], "model": self.model, "training": self.training,
-            "ledger": self.ledger, "code": self.code, "timings": self.timings, "device": self.device,
-            "versions": self.versions, "private_sha256": self.private_sha256, "status": self.status,
+            "algorithm": self.algorithm, "rows_used": self.rows_used, "seeds": typed.to_json(self.seeds),
+            "phases": [_entry_dict(p) for p in self.phases], "model": typed.to_json(self.model),
+            "training": typed.to_json(self.training), "ledger": typed.to_json(self.ledger),
+            "code": typed.to_json(self.code), "timings": typed.to_json(self.timings), "device": self.device,
+            "versions": typed.to_json(self.versions), "private_sha256": self.private_sha256, "status": self.status,
             "notes": list(self.notes),
         }
         if self.tuning is not None:  # only tuned runs have it: other records keep their bytes
-            out["tuning"] = self.tuning
+            out["tuning"] = typed.to_json(self.tuning)
         return out
 
     @property

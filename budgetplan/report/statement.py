@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeVar
 
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import PlanMismatchError, UnsupportedError
 from budgetplan.plan import Plan
+from budgetplan.plan.parts import UnitAlternative
 from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
 from budgetplan.planning.composition import plan_tradeoff
 from budgetplan.record.records import (
@@ -34,6 +35,7 @@ from budgetplan.record.records import (
     WALRRun,
     WALRStats,
 )
+from budgetplan.scenario.split_rules import SplitChoice
 from budgetplan.units import Adjacency
 
 __all__ = ["render_statement", "render_run_statement", "describes", "describes_entry"]
@@ -221,11 +223,11 @@ def _pair_target(p: Phase) -> str:
     return f"({_num(p.target_epsilon)}, {_num(p.target_delta, 4)})"
 
 
-def _split_words(choice: dict[str, Any]) -> str:
+def _split_words(choice: SplitChoice) -> str:
     """What a table-driven split rule chose, and why."""
-    return (f"The split rule {choice['rule']} chose alpha = {_num(choice['alpha'])} at the run's epsilon "
-            f"{_num(choice['epsilon'])} (randomized response eps1 = {_num(choice['epsilon1'])}, DP-SGD eps2 = "
-            f"{_num(choice['epsilon2'])}): {choice['reason']}.")
+    return (f"The split rule {choice.rule} chose alpha = {_num(choice.alpha)} at the run's epsilon "
+            f"{_num(choice.epsilon)} (randomized response eps1 = {_num(choice.epsilon1)}, DP-SGD eps2 = "
+            f"{_num(choice.epsilon2)}): {choice.reason}.")
 
 
 def _composition_lines(plan: Plan) -> list[str]:
@@ -251,19 +253,19 @@ def _composition_lines(plan: Plan) -> list[str]:
         lines.append(_item(f"One phase: the run is {_pair(plan.total)}."))
     if plan.tuning is not None:
         t = plan.tuning
-        g = Guarantee.from_dict(t["guarantee"])
-        if "grid" in t:
+        g = t.guarantee
+        if t.is_grid:
             lines += _grid_lines(plan, g)
             return lines
-        if t["selection"] == "naive":
-            text = (f"Hyperparameter tuning is declared: {t['configurations']} configurations are trained, each "
+        if t.selection == "naive":
+            text = (f"Hyperparameter tuning is declared: {t.configurations} configurations are trained, each "
                     f"within ({_num(plan.run_epsilon)}, {_num(plan.run_delta, 4)}), and the best is kept; their "
                     f"composition (naive, basic) is {_pair(g)}.")
-            if t.get("pld_guarantee"):
-                text += f" PLD composition of the runs gives {_pair(Guarantee.from_dict(t['pld_guarantee']))}."
+            if t.pld_guarantee is not None:
+                text += f" PLD composition of the runs gives {_pair(t.pld_guarantee)}."
         else:
-            text = (f"Hyperparameter tuning is declared: the number of runs is drawn from a {t['distribution']} "
-                    f"distribution with mean {t['configurations']} and only the best run's output is released; "
+            text = (f"Hyperparameter tuning is declared: the number of runs is drawn from a {t.distribution} "
+                    f"distribution with mean {t.configurations} and only the best run's output is released; "
                     f"by repeat-and-select accounting (Papernot and Steinke 2022) this is {_pair(g)}.")
         lines.append(_item(text))
     return lines
@@ -272,46 +274,47 @@ def _composition_lines(plan: Plan) -> list[str]:
 def _grid_lines(plan: Plan, g: Guarantee) -> list[str]:
     """A declared grid: what is varied, what each run and the selection cost, and their total."""
     t, tuning = plan.tuning, plan.scenario.tuning
-    assert t is not None and tuning is not None  # a grid plan's scenario declares its grid
-    sel = t["noisy_max"]
+    # a grid plan's scenario declares its grid, and its tuning lists the configurations and the selection
+    assert t is not None and tuning is not None and t.grid is not None and t.noisy_max is not None
+    sel = t.noisy_max
     varied = [f"{words} in {{{', '.join(v if isinstance(v, str) else _num(v) for v in values)}}}"
               for words, values in (("split", tuning.split), ("clipping norm", tuning.clipping_norm),
                                     ("DP-SGD learning rate", tuning.dpsgd_learning_rate)) if values is not None]
     out = [_item(
-        f"Hyperparameter tuning over a declared grid of {t['configurations']} configurations ({'; '.join(varied)}). "
+        f"Hyperparameter tuning over a declared grid of {t.configurations} configurations ({'; '.join(varied)}). "
         f"The units are divided once at random, independently of the data, into a training part and a validation "
-        f"part ({_num(100 * sel['validation_fraction'])}% of the units; never the evaluation data). Every "
+        f"part ({_num(100 * sel.validation_fraction)}% of the units; never the evaluation data). Every "
         f"configuration is trained on the training part within the per-run budget ({_num(plan.run_epsilon)}, "
         f"{_num(plan.run_delta, 4)}), its phases as listed below.")]
-    for entry in t["grid"]:
-        phases = "; ".join(_grid_phase(p) for p in entry["phases"])
-        choice = entry.get("split_choice")
-        why = f" The rule chose alpha = {_num(choice['alpha'])}: {choice['reason']}." if choice else ""
-        lr = entry.get("dpsgd_learning_rate")
-        out.append(_item(f"Configuration {entry['index']}"
-                         + (f", split {entry['split']}" if entry.get("split") else "")
+    for entry in t.grid:
+        phases = "; ".join(_grid_phase(p) for p in entry.phases)
+        choice = entry.split_choice
+        why = f" The rule chose alpha = {_num(choice.alpha)}: {choice.reason}." if choice else ""
+        lr = entry.dpsgd_learning_rate
+        out.append(_item(f"Configuration {entry.index}"
+                         + (f", split {entry.split}" if entry.split else "")
                          + (f", DP-SGD learning rate {_num(lr)}" if lr is not None else "")
-                         + f": {phases}; the run is {_pair(Guarantee.from_dict(entry['total']))}.{why}"))
+                         + f": {phases}; the run is {_pair(entry.total)}.{why}"))
     out.append(_item(
-        f"Selection: each trained model is scored by {sel['score']} (p = {_num(sel['prediction_clip'])}), so one "
-        f"{plan.unit.name} moves a score by at most {_num(sel['sensitivity'])}; the best configuration is picked by "
-        f"{sel['reference']}, Gumbel noise of scale {_num(sel['gumbel_scale'])}: ({_num(sel['epsilon'])}, 0)-DP, "
-        f"{_num(100 * sel['share'])}% of the budget. Only the selected model is kept; the selection's noisy "
+        f"Selection: each trained model is scored by {sel.score} (p = {_num(sel.prediction_clip)}), so one "
+        f"{plan.unit.name} moves a score by at most {_num(sel.sensitivity)}; the best configuration is picked by "
+        f"{sel.reference}, Gumbel noise of scale {_num(sel.gumbel_scale)}: ({_num(sel.epsilon)}, 0)-DP, "
+        f"{_num(100 * sel.share)}% of the budget. Only the selected model is kept; the selection's noisy "
         "release (the index chosen) is in the run record."))
     out.append(_item(
-        f"Total by basic composition of the {t['configurations']} runs and the selection: {_pair(g)}. No parallel "
+        f"Total by basic composition of the {t.configurations} runs and the selection: {_pair(g)}. No parallel "
         "composition between the training and validation parts is claimed: under replace-one a replaced unit may "
         "move from one part to the other."))
     return out
 
 
-def _grid_phase(p: dict[str, Any]) -> str:
-    par = p["parameters"]
-    if p["name"] == "rr":
-        return (f"randomized response at epsilon {_num(p['target_epsilon'])} (flip probability "
-                f"{_num(par['flip_probability'])})")
-    return (f"DP-SGD at ({_num(p['target_epsilon'])}, {_num(p['target_delta'], 4)}), noise multiplier "
-            f"{_num(par['noise_multiplier'])}, clipping norm {_num(par['clipping_norm'])}")
+def _grid_phase(p: Phase) -> str:
+    if isinstance(p, RRPhase):
+        return (f"randomized response at epsilon {_num(p.target_epsilon)} (flip probability "
+                f"{_num(p.params.flip_probability)})")
+    assert isinstance(p, DPSGDPhase)  # a grid's configurations train RR and DP-SGD phases
+    return (f"DP-SGD at ({_num(p.target_epsilon)}, {_num(p.target_delta, 4)}), noise multiplier "
+            f"{_num(p.params.noise_multiplier)}, clipping norm {_num(p.params.clipping_norm)}")
 
 
 def _assumptions(plan: Plan) -> list[str]:
@@ -570,20 +573,23 @@ def render_statement(plan: Plan, tradeoff: dict[str, Any] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _alternative(a: dict[str, Any]) -> str:
-    if not a.get("applies", True):
-        return f"{a['phase']}, {a['bounding']}: does not apply ({a['note']})."
-    for knob, words in (("per_impression_epsilon", "per-impression epsilon"), ("noise_multiplier", "noise multiplier"),
-                        ("noise_std", "noise std")):
-        if knob in a:
-            text = (f"{a['phase']}, {a['bounding']}: {words} {_num(a[knob])}, unit guarantee "
-                    f"({_num(a['unit_epsilon'])}, {_num(a['unit_delta'], 4)}); {a['note']}.")
-            if "noise_per_contribution" in a:
-                text += (f" {a['execution'].capitalize()}: about {_num(a['expected_contributions'])} clipped "
-                         f"contributions per step, noise {_num(a['noise_per_contribution'])} x C per contribution"
-                         + (f" Recommended: {a['recommendation']}." if a.get("recommended") else "."))
-            return text
-    return f"{a['phase']}, {a['bounding']}."
+_KNOB_WORDS = {"per_impression_epsilon": "per-impression epsilon", "noise_multiplier": "noise multiplier",
+               "noise_std": "noise std"}
+
+
+def _alternative(a: UnitAlternative) -> str:
+    if not a.applies:
+        return f"{a.phase}, {a.bounding}: does not apply ({a.note})."
+    knob = a.knob
+    if knob is None:
+        return f"{a.phase}, {a.bounding}."
+    text = (f"{a.phase}, {a.bounding}: {_KNOB_WORDS[knob[0]]} {_num(knob[1])}, unit guarantee "
+            f"({_num(a.unit_epsilon)}, {_num(a.unit_delta, 4)}); {a.note}.")
+    if a.noise_per_contribution is not None:
+        text += (f" {(a.execution or '').capitalize()}: about {_num(a.expected_contributions)} clipped "
+                 f"contributions per step, noise {_num(a.noise_per_contribution)} x C per contribution"
+                 + (f" Recommended: {a.recommendation}." if a.recommended else "."))
+    return text
 
 
 def render_run_statement(plan: Plan, record: RunRecord, tradeoff: dict[str, Any] | None = None) -> str:
@@ -624,18 +630,18 @@ def _public_run_items(plan: Plan, record: RunRecord) -> list[str]:
     items = [_item(f"Executed plan {plan.sha256} on {rows}, on {record.device}.")]
     seeds = record.seeds
     items.append(_item("Randomness: privacy noise from generators seeded with fresh bits of the operating system's "
-                       "CSPRNG (RR flips drawn from it directly)." if seeds.get("policy") == "csprng" else
-                       f"Randomness: SEEDED with {seeds.get('seed')} for a reproducible debugging run: anyone who "
+                       "CSPRNG (RR flips drawn from it directly)." if seeds.policy == "csprng" else
+                       f"Randomness: SEEDED with {seeds.seed} for a reproducible debugging run: anyone who "
                        "knows the seed can remove the noise, so this run's outputs are not private."))
     items += [_item(text) for text in map(_entry_words, record.phases) if text is not None]
     if record.tuning is not None:
-        sel = record.tuning.get("selection") or {}
-        items.append(_item(f"Tuning: {len(record.tuning.get('runs') or [])} of {record.tuning.get('configurations')} "
+        sel = record.tuning.selection
+        items.append(_item(f"Tuning: {len(record.tuning.runs)} of {record.tuning.configurations} "
                            f"declared configurations trained on the training part; report-noisy-max (epsilon "
-                           f"{_num(sel.get('epsilon'))}) selected configuration {sel.get('selected')}, whose phases "
+                           f"{_num(sel.epsilon)}) selected configuration {sel.selected}, whose phases "
                            "are the ones above; the other configurations' phases are in the record."))
-    items.append(_item(f"Code: budgetplan {record.code.get('budgetplan', '?')[:12]}..., trainers "
-                       f"{record.code.get('trainers', '?')[:12]}... (sha256 of the sources)."))
+    items.append(_item(f"Code: budgetplan {record.code.budgetplan[:12]}..., trainers "
+                       f"{record.code.trainers[:12]}... (sha256 of the sources)."))
     return items
 
 
@@ -700,11 +706,12 @@ def _dpsgd_run_words(ph: DPSGDRun) -> str:
 
 def _private_run_items(private: PrivateRecord) -> list[str]:
     """The private record's items: the data read, capping, each phase's data-dependent statistics, audit, eval."""
-    held = [_item(f"Data: {private.data.get('rows_in')} rows read from {private.data.get('path')}, "
-                  f"{private.data.get('rows_used')} used; keyed fingerprint (HMAC-SHA256, key "
-                  f"{(private.data.get('fingerprint') or {}).get('key_id')}) "
-                  f"{(private.data.get('fingerprint') or {}).get('hmac_sha256')}.")]
-    cap = private.data.get("capping")
+    data = private.data
+    held = [_item(f"Data: {data.rows_in} rows read from {data.path}, "
+                  f"{data.rows_used} used; keyed fingerprint (HMAC-SHA256, key "
+                  f"{data.fingerprint.key_id}) "
+                  f"{data.fingerprint.hmac_sha256}.")]
+    cap = data.capping
     if cap:
         held.append(_item(f"Capping kept {cap.get('rows_kept')} of {cap.get('rows_in')} rows "
                           f"({cap.get('rows_dropped')} dropped, {cap.get('units_capped')} units capped)."))
@@ -753,7 +760,7 @@ def _calibration_stats_words(st: CalibrationStats) -> str:
             f"{_num(st.target_variance)}).")
 
 
-def _one_run_words(one_run: dict[str, Any]) -> str:
+def _one_run_words(one_run: Mapping[str, Any]) -> str:
     """The statement's line on a run trained with canaries (an f-DP record, or one written with Steinke's bound)."""
     head = (f"{one_run['canaries']} rows were replaced by canaries whose labels were secret coins; querying the model "
             f"guessed {one_run['correct']} of {one_run['guesses']} right")

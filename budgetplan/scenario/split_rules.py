@@ -111,9 +111,13 @@ class SplitRule:
         return self.kind if self.value is None else f"{self.kind}={self.value:g}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SplitChoice:
-    """What a rule gives at one epsilon: the alpha = eps1 / epsilon it resolved to, and why."""
+    """What a rule gives at one epsilon: the alpha = eps1 / epsilon it resolved to, and why.
+
+    A plan under a table-driven rule holds it as its ``split`` (read with
+    ``budgetplan.util.typed.from_json_object``).
+    """
 
     rule: str
     epsilon: float
@@ -121,6 +125,15 @@ class SplitChoice:
     epsilon1: float
     epsilon2: float
     reason: str
+
+    def __post_init__(self) -> None:
+        for name in ("rule", "reason"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidParameterError(f"split.{name} must be a string, got {getattr(self, name)!r}")
+        validate.positive("split.epsilon", self.epsilon)
+        validate.probability("split.alpha", self.alpha, allow_zero=True, allow_one=True)
+        for name in ("epsilon1", "epsilon2"):
+            validate.non_negative(f"split.{name}", getattr(self, name))
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "epsilon": self.epsilon, "alpha": self.alpha, "epsilon1": self.epsilon1,

@@ -7,13 +7,16 @@ names it, never something skipped. Each typed value validates its own fields in
 
 A field declared with ``omit_if_none()`` is left out of the JSON when it is None (and may
 be absent when reading), which keeps plan files byte-identical to the form they had when
-those keys were written only for some plans.
+those keys were written only for some plans. A field declared with ``loaded(load)`` holds a
+typed sub-object (or a tuple of them, or a frozen table): reading passes its JSON value
+through ``load(where, value)``, and writing turns nested dataclasses, mappings and tuples
+back into JSON objects and lists.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from budgetplan.errors import InvalidParameterError
@@ -22,11 +25,16 @@ from budgetplan.util import validate
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["omit_if_none", "from_json_object", "to_json_object", "choice", "optional", "float_tuple"]
+__all__ = ["omit_if_none", "loaded", "nested", "nested_tuple", "from_json_object", "to_json_object", "to_json",
+           "choice", "optional", "float_tuple"]
 
 T = TypeVar("T")
 
 _OMIT = "omit_if_none"
+_LOAD = "load"
+_DUMP = "dump"
+
+Loader = Callable[[str, object], Any]
 
 
 def omit_if_none() -> Any:
@@ -34,14 +42,56 @@ def omit_if_none() -> Any:
     return dataclasses.field(default=None, metadata={_OMIT: True})
 
 
+def loaded(load: Loader, *, omit: bool = False, optional: bool = False,
+           dump: Callable[[Any], Any] | None = None) -> Any:
+    """A field whose JSON value is read with ``load(where, value)`` (None passes through when ``optional``).
+
+    ``omit=True``: the field defaults to None and is left out of the JSON when None.
+    ``dump``: how the field's (not None) value is written, where :func:`to_json` would not do.
+    """
+    def read(where: str, value: object) -> Any:
+        return None if value is None and (optional or omit) else load(where, value)
+
+    meta: dict[str, Any] = {_LOAD: read, _OMIT: omit}
+    if dump is not None:
+        meta[_DUMP] = dump
+    return dataclasses.field(default=None, metadata=meta) if omit else dataclasses.field(metadata=meta)
+
+
+def nested(cls: type[Any], *, omit: bool = False, optional: bool = False) -> Any:
+    """A field holding one ``cls`` sub-object, read strictly from its JSON object."""
+    return loaded(lambda where, value: from_json_object(cls, value, where), omit=omit, optional=optional)
+
+
+def nested_tuple(cls: type[Any]) -> Any:
+    """A field holding a tuple of ``cls`` sub-objects, read from a JSON list of objects."""
+    def load(where: str, value: object) -> tuple[Any, ...]:
+        if not isinstance(value, (list, tuple)):
+            raise InvalidParameterError(f"{where} must be a list, got {type(value).__name__}")
+        return tuple(from_json_object(cls, v, f"{where}[{i}]") for i, v in enumerate(value))
+    return loaded(load)
+
+
+def to_json(value: object) -> Any:
+    """A JSON-ready value: dataclasses as their objects, mappings as dicts, tuples as lists (deeply)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_json_object(value)
+    if isinstance(value, Mapping):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [to_json(v) for v in value]
+    return value
+
+
 def to_json_object(value: DataclassInstance) -> dict[str, Any]:
-    """The dataclass as a JSON-ready dict (tuples become lists; omit-if-none fields dropped)."""
+    """The dataclass as a JSON-ready dict (see :func:`to_json`; omit-if-none fields dropped)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(value):
         v = getattr(value, f.name)
         if v is None and f.metadata.get(_OMIT):
             continue
-        out[f.name] = list(v) if isinstance(v, tuple) else v
+        dump = f.metadata.get(_DUMP)
+        out[f.name] = dump(v) if dump is not None and v is not None else to_json(v)
     return out
 
 
@@ -62,7 +112,11 @@ def from_json_object(cls: type[T], data: object, where: str) -> T:
     for name, f in known.items():
         if name in data:
             v = data[name]
-            kwargs[name] = tuple(v) if isinstance(v, list) else v
+            load = f.metadata.get(_LOAD)
+            if load is not None:
+                kwargs[name] = load(f"{where}.{name}", v)
+            else:
+                kwargs[name] = tuple(v) if isinstance(v, list) else v
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise InvalidParameterError(f"{where} is missing the field {name!r}")
     try:

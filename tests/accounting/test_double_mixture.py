@@ -299,11 +299,11 @@ def test_hybrid_plan_with_a_capped_unit_uses_the_double_mixture():
     assert dp.unit_accounting == "tight"
     assert dp.guarantee.method == "double-mixture-of-gaussians(pld)"
     assert dp.guarantee.epsilon <= dp.target_epsilon
-    rows = {a["bounding"]: a for a in p.unit_alternatives if a["phase"] == "dpsgd"}
+    rows = {a.bounding: a for a in p.unit_alternatives if a.phase == "dpsgd"}
     tight, grp = rows["double mixture of Gaussians"], rows["group privacy (pld)"]
-    assert tight["applies"] and tight["noise_multiplier"] == pytest.approx(dp.params.noise_multiplier, rel=1e-3)
-    assert tight["noise_multiplier"] <= grp["noise_multiplier"]
-    assert not rows["group privacy (rdp)"]["applies"]
+    assert tight.applies and tight.noise_multiplier == pytest.approx(dp.params.noise_multiplier, rel=1e-3)
+    assert tight.noise_multiplier <= grp.noise_multiplier
+    assert not rows["group privacy (rdp)"].applies
     assert verify_plan(p).ok, verify_plan(p).problems
     # the verifier recomputes the guarantee: a stated epsilon below the double mixture's is caught
     forged = dataclasses.replace(dp, guarantee=dataclasses.replace(dp.guarantee, epsilon=0.9 * dp.guarantee.epsilon))

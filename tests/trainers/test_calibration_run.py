@@ -23,6 +23,7 @@ from budgetplan.planning.planner import build_plan
 from budgetplan.record.ledger import digest, line
 from budgetplan.record.records import CalibrationRun, CalibrationStats, PrivateRecord, RunRecord, load_record
 from budgetplan.scenario.model import parse_scenario
+from budgetplan.util.typed import to_json
 from trainers.audit import audit_run
 from trainers.calibration import exact_release, run_calibration
 from trainers.data.synth import SYNTH_FEATURES, synthesize
@@ -88,7 +89,7 @@ def _train_sums(root, run_dir, record, *, truncated=False):
     plan = load_plan(run_dir / "plan.json")
     prep = prepare_data(root / "train.parquet", plan.scenario.features, FAST.for_plan(plan), torch.device("cpu"), cap=1,
                     capping=None, expected_rows=N, randomness=None)
-    model = build_model("mlp", record.model["config"])
+    model = build_model("mlp", to_json(record.model.config))
     model.load_state_dict(torch.load(run_dir / "model.pt"))
     return exact_release(model, prep.data, (0.0,), truncated=truncated)
 

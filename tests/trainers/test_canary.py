@@ -21,6 +21,7 @@ from budgetplan.errors import UnsupportedError
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import load_record
 from budgetplan.scenario.model import parse_scenario
+from budgetplan.util.typed import to_json
 from tests.trainers.mutants import CLIPPING_OFF, NOISE_HALVED
 from trainers.canary import CANARY_DATA, audit_scenario, canary_audit, insert_canaries
 from trainers.data.synth import SYNTH_FEATURES, synthesize
@@ -120,7 +121,7 @@ def test_honest_run_stays_below_the_plan_and_passes_the_audit(setting):
                         hash_bins_sensitive=2**20)
 
     def logits(path):
-        model = build_model(rec.model["kind"], rec.model["config"])
+        model = build_model(rec.model.kind, to_json(rec.model.config))
         model.load_state_dict(torch.load(path, weights_only=True))
         model.eval()
         with torch.no_grad():

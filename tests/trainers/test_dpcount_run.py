@@ -8,14 +8,17 @@ of leaking it is forged and must fail the audit.
 
 import json
 import shutil
+from dataclasses import replace
 
 import pyarrow.parquet as pq
 import pytest
 
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.ledger import digest, line
+from budgetplan.record.parts import DataSummary
 from budgetplan.record.records import WITHHELD_WITH_N, PrivateRecord, RunRecord, load_record
 from budgetplan.scenario.model import parse_scenario
+from budgetplan.util.typed import from_json_object
 from trainers.audit import audit_run
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.run import RunOptions, TrainSettings, execute_plan
@@ -69,7 +72,7 @@ def check(report, name):
 
 def test_trains_on_another_true_count_and_audits_clean(run):
     root, plan, record = run
-    assert record.rows_used == NOISY_N and record.private_part.data["rows_used"] == TRUE_N
+    assert record.rows_used == NOISY_N and record.private_part.data.rows_used == TRUE_N
     report = audit_run(root / "run", data_path=root / "train.parquet")
     assert report.passed, [c for c in report.checks if not c.passed]
     assert "N kept private" in {c.name for c in report.checks}
@@ -220,9 +223,8 @@ def _f_other_rows_noted(root, out):
     head = rechain(out / "private" / "ledger.jsonl", edit)
     private = PrivateRecord.from_json((out / "private" / "record.json").read_text())
     content = private.content()
-    content["data"] = {**content["data"], "sizes_ledger": head, "rows_used": 2 * TRUE_N}
-    edited = PrivateRecord(**{k: v for k, v in content.items() if k not in ("phases",)},
-                           phases=private.phases)
+    data = from_json_object(DataSummary, {**content["data"], "sizes_ledger": head, "rows_used": 2 * TRUE_N}, "data")
+    edited = replace(private, data=data)
     (out / "private" / "record.json").write_text(edited.to_json())
     public = load_record(out, private=False).content()
     public["private_sha256"] = edited.sha256

@@ -210,8 +210,9 @@ def test_train_on_a_prepared_directory_reconciles_n_and_k(synth_capped, tmp_path
     user = 'unit = "user x time"\ncap = 2'
     rec = execute_plan(rr_plan(n, extra_privacy=user), root / "capped", RunOptions(settings=FAST))
     data = rec.private_part.data
-    assert data["rows_used"] == n and data["capping"]["rows_dropped"] == 0 and data["capping"]["capped_ahead"]
-    assert data["prepared"]["key_id"] == manifest["key_id"]
+    assert data.rows_used == n and data.capping is not None
+    assert data.capping["rows_dropped"] == 0 and data.capping["capped_ahead"]
+    assert data.prepared is not None and data.prepared["key_id"] == manifest["key_id"]
     with pytest.raises(InvalidParameterError, match=f"holds N = {n} rows .* the plan accounts N = {n + 1}"):
         execute_plan(rr_plan(n + 1, extra_privacy=user), root / "capped",
                      RunOptions(settings=FAST, out_dir=tmp_path / "r"))

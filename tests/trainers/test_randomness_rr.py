@@ -7,14 +7,15 @@ import pytest
 from scipy import stats
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.record.parts import Seeds
 from trainers.randomness import Randomness
 from trainers.rr_phase import flip_probabilities, randomize_labels
 
 
 def test_policy_is_recorded():
-    assert Randomness().record()["policy"] == "csprng"
+    assert Randomness().record().policy == "csprng"
     note = "reproducible run: noise derived from an explicit seed, for debugging only"
-    assert Randomness(7).record() == {"policy": "seeded", "seed": 7, "note": note}
+    assert Randomness(7).record() == Seeds(policy="seeded", seed=7, note=note)
     with pytest.raises(ValueError):
         Randomness(-1)
 

@@ -52,13 +52,13 @@ def test_rr_run_writes_a_complete_record(data, tmp_path):
     again = load_record(tmp_path / "run")
     assert again == rec and again.sha256 == rec.sha256
     assert rec.plan_sha256 == plan.sha256 and rec.private
-    assert rec.rows_used == 5000 and rec.private_part.data["rows_used"] == 5000
-    fp = rec.private_part.data["fingerprint"]
-    assert len(fp["hmac_sha256"]) == 64 and fp["rows"] == 5000
+    assert rec.rows_used == 5000 and rec.private_part.data.rows_used == 5000
+    fp = rec.private_part.data.fingerprint
+    assert len(fp.hmac_sha256) == 64 and fp.rows == 5000
     phase = rec.phases[0]
     assert phase.labels == 5000 and 0 < phase.labels_flipped < 5000
     assert phase.flip_probability == plan.phases[0].params.flip_probability
-    assert rec.seeds["policy"] == "csprng"
+    assert rec.seeds.policy == "csprng"
     ev = rec.metrics["eval"]
     assert 0 <= ev["auc"] <= 1 and "relative_auc_loss" in ev
     from importlib.metadata import version
@@ -71,7 +71,7 @@ def test_seeded_runs_are_reproducible(data):
     plan = rr_plan(5000)
     a = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST, seed=123))
     b = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST, seed=123))
-    assert a.seeds == {"policy": "seeded", "seed": 123, "note": a.seeds["note"]}
+    assert (a.seeds.policy, a.seeds.seed) == ("seeded", 123) and a.seeds == b.seeds
     assert a.phases[0].labels_flipped == b.phases[0].labels_flipped
     assert a.phases[0].epoch_loss == b.phases[0].epoch_loss
 
@@ -84,8 +84,8 @@ def test_user_level_capping_and_eps_over_k_i(data):
     plan = rr_plan(n_capped, extra_privacy='unit = "user x time"\ncap = 2', rr_extra='per_impression = "eps/K_i"')
     rec = execute_plan(plan, root / "train.parquet", RunOptions(settings=FAST))
     data = rec.private_part.data
-    assert data["rows_in"] == 5000 and data["rows_used"] == rec.rows_used == n_capped
-    assert data["capping"]["rows_dropped"] == 5000 - n_capped
+    assert data.rows_in == 5000 and data.rows_used == rec.rows_used == n_capped
+    assert data.capping is not None and data.capping["rows_dropped"] == 5000 - n_capped
     phase, stats = rec.phases[0], rec.private_part.phases[0]
     # per-unit flip probabilities depend on the unit sizes: the flips are private under eps/K_i
     assert phase.per_impression_rule == "eps/K_i" and phase.flip_probability is None and phase.labels_flipped is None
@@ -184,7 +184,7 @@ def test_hybrid_family_runs_through_one_code_path(data, split, phases):
         assert dp.noise_std == pytest.approx(planned.noise_multiplier * planned.clipping_norm)
         assert dp.model == "full"
         assert dp.nonsensitive_tower == ("frozen" if split == "alpha=0.5" else "trained")
-    assert rec.model["final"] == ("truncated" if phases == ["rr"] else "full")
+    assert rec.model.final == ("truncated" if phases == ["rr"] else "full")
     assert 0 <= rec.metrics["eval"]["auc"] <= 1
 
 

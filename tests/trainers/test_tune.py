@@ -14,7 +14,8 @@ from budgetplan.errors import UnsupportedError
 from budgetplan.planning import grid
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.ledger import read_ledger
-from budgetplan.record.records import load_record, phase_run_dict
+from budgetplan.record.parts import LedgerHead
+from budgetplan.record.records import DPSGDRun, RRRun, load_record
 from budgetplan.scenario.model import parse_scenario
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
@@ -57,18 +58,18 @@ def tuned(data, tmp_path_factory):
 def test_every_configuration_trains_its_planned_phases(tuned):
     plan, record, _ = tuned
     runs = grid.runs_of(plan)
-    assert len(record.tuning["runs"]) == len(runs) == record.tuning["configurations"] == 2
-    for (c, phases), ran in zip(runs, record.tuning["runs"]):
-        assert ran["index"] == c.index and [p["name"] for p in ran["phases"]] == [p.name for p in phases]
-        rr, sgd = ran["phases"]
-        assert rr["flip_probability"] == phases[0].params.flip_probability
-        assert sgd["steps_executed"] == sgd["steps_planned"] == phases[1].params.steps
-        assert sgd["noise_multiplier"] == phases[1].params.noise_multiplier
-        assert sgd["clipping_norm"] == 2.0 == phases[1].params.clipping_norm
-        assert sgd["sampling_rate"] == phases[1].params.sampling_rate
+    assert len(record.tuning.runs) == len(runs) == record.tuning.configurations == 2
+    for (c, phases), ran in zip(runs, record.tuning.runs):
+        assert ran.index == c.index and [p.name for p in ran.phases] == [p.name for p in phases]
+        rr, sgd = ran.phases
+        assert isinstance(rr, RRRun) and isinstance(sgd, DPSGDRun)
+        assert rr.flip_probability == phases[0].params.flip_probability
+        assert sgd.steps_executed == sgd.steps_planned == phases[1].params.steps
+        assert sgd.noise_multiplier == phases[1].params.noise_multiplier
+        assert sgd.clipping_norm == 2.0 == phases[1].params.clipping_norm
+        assert sgd.sampling_rate == phases[1].params.sampling_rate
     # alpha = 0.75 leaves DP-SGD a quarter of the run's epsilon: more noise than alpha = 0.25
-    assert record.tuning["runs"][1]["phases"][1]["noise_multiplier"] > record.tuning["runs"][0]["phases"][1][
-        "noise_multiplier"]
+    assert record.tuning.runs[1].phases[1].noise_multiplier > record.tuning.runs[0].phases[1].noise_multiplier
 
 
 def test_training_and_validation_parts_are_disjoint_and_not_the_eval_file(tuned):
@@ -76,8 +77,8 @@ def test_training_and_validation_parts_are_disjoint_and_not_the_eval_file(tuned)
     t = record.private_part.metrics["tuning"]
     assert t["training_rows"] + t["validation_rows"] == ROWS
     assert 0 < t["validation_rows"] < ROWS
-    for ran in record.tuning["runs"]:
-        assert ran["phases"][0]["labels"] == t["training_rows"]  # RR randomised the training part only
+    for ran in record.tuning.runs:
+        assert ran.phases[0].labels == t["training_rows"]  # RR randomised the training part only
     assert record.metrics["eval"]["rows"] == 600
 
 
@@ -86,12 +87,12 @@ def test_selection_is_the_noisy_max_and_its_model_is_kept(tuned):
     private = record.private_part.metrics["tuning"]
     scores = [r["score"] for r in private["runs"]]
     noise = [r["gumbel_noise"] for r in private["runs"]]
-    selected = record.tuning["selection"]["selected"]
+    selected = record.tuning.selection.selected
     assert selected == noisy_max(scores, noise) == private["selected"]
     for r in private["runs"]:
         assert r["score"] == -r["validation_log_loss_sum"] and 0 < r["validation_log_loss"] <= math.log(1000)
-    assert [phase_run_dict(p) for p in record.phases] == record.tuning["runs"][selected]["phases"]
-    assert record.tuning["selection"]["epsilon"] == pytest.approx(0.2)
+    assert record.phases == record.tuning.runs[selected].phases
+    assert record.tuning.selection.epsilon == pytest.approx(0.2)
     assert (out / "model.pt").exists()
     assert load_record(out) == record
     # scores and noise are statistics of private labels: not in the public record
@@ -102,16 +103,16 @@ def test_selection_is_the_noisy_max_and_its_model_is_kept(tuned):
 def test_ledger_covers_every_configuration_and_one_selection(tuned):
     plan, record, out = tuned
     view = read_ledger(out / "ledger.jsonl", plan_sha256=plan.sha256)
-    for (c, phases), ran in zip(grid.runs_of(plan), record.tuning["runs"]):
+    for (c, phases), ran in zip(grid.runs_of(plan), record.tuning.runs):
         assert view.count(f"c{c.index}/dpsgd") == phases[1].params.steps
         released = view.events("released", f"c{c.index}/rr")
-        assert len(released) == 1 and released[0]["sha256"] == ran["phases"][0]["release_sha256"]
+        assert len(released) == 1 and released[0]["sha256"] == ran.phases[0].release_sha256
     assert [e["index"] for e in view.events("configuration")] == [0, 1]
     assert view.count("dpsgd") == 0 and view.count("rr") == 0
     assert view.count("selection") == 1
     (note,) = view.events("released", "selection")
-    assert note["selected"] == record.tuning["selection"]["selected"]
-    assert record.ledger == {"head": view.head, "lines": len(view.entries)}
+    assert note["selected"] == record.tuning.selection.selected
+    assert record.ledger == LedgerHead(head=view.head, lines=len(view.entries))
 
 
 def test_a_tuned_run_is_not_resumed(data, tmp_path):
@@ -127,10 +128,10 @@ def test_user_level_units_stay_in_one_part(data, tmp_path):
     n = int(np.minimum(counts, 2).sum())
     plan = build_plan(parse_scenario(grid_scenario('clipping_norm = [1.0, 4.0]\n', n=n,
                                                    unit='unit = "user x time"\ncap = 2\nunit_accounting = "group"')))
-    assert plan.tuning["noisy_max"]["sensitivity"] == pytest.approx(2 * math.log(1000))
+    assert plan.tuning.noisy_max.sensitivity == pytest.approx(2 * math.log(1000))
     record = execute_plan(plan, data / "train.parquet", RunOptions(settings=FAST, seed=3))
-    dpsgd = [next(p for p in r["phases"] if p["name"] == "dpsgd") for r in record.tuning["runs"]]
-    assert [p["clipping_norm"] for p in dpsgd] == [1.0, 4.0]
+    dpsgd = [next(p for p in r.phases if isinstance(p, DPSGDRun)) for r in record.tuning.runs]
+    assert [p.clipping_norm for p in dpsgd] == [1.0, 4.0]
 
 
 def test_split_units_keeps_each_unit_whole():

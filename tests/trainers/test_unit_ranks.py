@@ -222,7 +222,7 @@ def test_a_two_process_unit_run_audits_clean_with_batch_sizes_in_units(data, run
     dpsgd = next(p for p in record.phases if p.name == "dpsgd")
     assert dpsgd.processes == 2 and dpsgd.clipped_per == "unit"
     assert dpsgd.batch_size_sum == sum(e["batch_size"] for e in intents)
-    assert record.private_part.data["rank_rows"] and sum(record.private_part.data["rank_rows"]) == data.n
+    assert record.private_part.data.rank_rows and sum(record.private_part.data.rank_rows) == data.n
     assert record.private_part.encoding["units"] == data.m
 
 

@@ -129,8 +129,8 @@ def test_a_one_hot_walr_plan_trains_on_categoricals_and_audits(tmp_path):
     rec = execute_plan(plan, tmp_path / "train.parquet", RunOptions(eval_path=tmp_path / "eval.parquet",
                                                                     out_dir=tmp_path / "run", seed=3, threads=1))
     entry = rec.phases[0]
-    assert entry.name == "walr" and rec.model["config"]["encoding"] == "one-hot"
-    assert entry.noise_draws == rec.model["config"]["features"] > 100  # one coordinate per category value
+    assert entry.name == "walr" and rec.model.config["encoding"] == "one-hot"
+    assert entry.noise_draws == rec.model.config["features"] > 100  # one coordinate per category value
     assert rec.metrics["eval"]["auc"] > 0.6
     report = audit_run(tmp_path / "run", data_path=tmp_path / "train.parquet")
     assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]

@@ -7,6 +7,7 @@ from trainers import dpsgd  # its run_dpsgd looked up at each call: tests swap i
 from trainers.phases.registry import PhaseContext, register_executor
 from trainers.phases.trained import TrainedModel
 from trainers.record import dpsgd_entry
+from trainers.session import Checkpoint
 
 __all__ = ["execute_dpsgd", "trainable"]
 
@@ -46,22 +47,22 @@ def execute_dpsgd(phase: DPSGDPhase, context: PhaseContext) -> list:
     c = context
     taken = _steps_taken(c)
     ckpt = c.checkpoint
-    resumed_from = ckpt.get("step", 0) if ckpt is not None and ckpt.get("phase") == "dpsgd" else 0
+    resumed_from = ckpt.dpsgd_step if ckpt is not None else 0
     rr_result = c.rr_result  # the RR phase's, this session's or the checkpoint's (Hybrid), else None
     if rr_result is not None and not resumed_from and c.settings.hybrid_start == "rr-model":
         c.model.match_truncated()  # a fresh DP-SGD phase (a resumed one has its checkpoint)
     model, session = c.model, c.session
 
     def save(step_done, opt_state):
-        session.save_checkpoint({"phase": "dpsgd", "step": step_done, "model": model.state_dict(),
-                                 "optimizer": opt_state, "rr_result": rr_result})
+        session.save_checkpoint(Checkpoint(phase="dpsgd", step=step_done, model=model.state_dict(),
+                                           optimizer=opt_state, rr_result=rr_result))
 
     sgd = dpsgd.run_dpsgd(model, c.data, phase.params, trainable=trainable(model, c.phases, c.index),
                           randomness=c.randomness, settings=c.dpsgd_settings, progress=c.label("DP-SGD phase"),
                           ledger=session, start_step=taken, checkpoint=save if c.checkpoints else None,
                           checkpoint_every=session.checkpoint_every if c.lead else 0,
-                          optimizer_state=ckpt.get("optimizer") if resumed_from else None, size_private=c.size_private,
-                          collective=c.collective)
+                          optimizer_state=ckpt.optimizer if ckpt is not None and resumed_from else None,
+                          size_private=c.size_private, collective=c.collective)
     c.timings["dpsgd_phase_seconds"] = sgd.seconds
     c.final = TrainedModel.of(c, truncated=False, dpsgd_settings=c.dpsgd_settings)
     return [dpsgd_entry(sgd, session.ledger_view(), nonsensitive_tower=phase.params.nonsensitive_tower,

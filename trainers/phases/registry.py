@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from budgetplan.errors import UnsupportedError
+from budgetplan.record.parts import ModelInfo
+from trainers.session import Checkpoint
 
 __all__ = ["Entry", "Executor", "PhaseContext", "FinalModel", "register_executor", "executor_for",
            "check_executable", "executes_torch_model", "data_needs", "check_phases", "run_phases", "REGISTRY"]
@@ -43,7 +45,7 @@ class FinalModel(Protocol):
 
     def state(self) -> dict: ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> ModelInfo: ...
 
     def training(self) -> dict: ...
 
@@ -98,7 +100,7 @@ class PhaseContext:
     walr_settings: Any = None
     collective: Any = None
     progress: str | None = None
-    checkpoint: dict | None = None
+    checkpoint: Checkpoint | None = None
     lead: bool = True
     checkpoints: bool = False
     size_private: bool = False

@@ -12,6 +12,7 @@ from trainers.calibration import free_calibration
 from trainers.phases.registry import PhaseContext, register_executor
 from trainers.phases.trained import TrainedModel
 from trainers.record import rr_entry
+from trainers.session import Checkpoint
 
 __all__ = ["execute_rr"]
 
@@ -24,8 +25,8 @@ def _needs(phase: RRPhase) -> dict:
 def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
     c = context
     ckpt = c.checkpoint
-    if ckpt is not None and ckpt.get("phase") in ("rr-done", "dpsgd"):
-        rr = ckpt["rr_result"]  # trained in an earlier session
+    if ckpt is not None and ckpt.rr_result is not None:
+        rr = ckpt.rr_result  # trained in an earlier session
     else:
         s = c.settings
         rr = rr_phase.run_rr_phase(
@@ -34,7 +35,7 @@ def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
             collective=c.collective, rows=c.rows, holdout=c.holdout, patience=s.rr_patience,
             checks_per_epoch=s.rr_checks_per_epoch, weight_decay=s.rr_weight_decay)
         if len(c.phases) > 1:
-            c.session.save_checkpoint({"phase": "rr-done", "model": c.model.state_dict(), "rr_result": rr})
+            c.session.save_checkpoint(Checkpoint(phase="rr-done", model=c.model.state_dict(), rr_result=rr))
     c.timings["rr_phase_seconds"] = rr.seconds
     c.rr_result = rr
     c.final = TrainedModel.of(c, truncated=True, dpsgd_settings=None)  # non-sensitive features only

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from budgetplan.record.parts import ModelInfo, json_table
 from trainers.outputs import evaluate
 
 __all__ = ["TrainedModel"]
@@ -29,9 +30,9 @@ class TrainedModel:
     def state(self) -> dict:
         return self.model.state_dict()
 
-    def describe(self) -> dict:
-        return {"kind": self.settings.model, "config": self.model.config(),
-                "final": "truncated" if self.truncated else "full"}
+    def describe(self) -> ModelInfo:
+        return ModelInfo(kind=self.settings.model, config=json_table("model.config", self.model.config()),
+                         final="truncated" if self.truncated else "full")
 
     def training(self) -> dict:
         dpsgd = self.dpsgd_settings

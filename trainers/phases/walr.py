@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from budgetplan.plan.phases import WALRPhase
+from budgetplan.record.parts import ModelInfo, json_table
 from trainers import distributed, walr, walr_onehot  # looked up at each call: tests swap them
 from trainers.inputs import check_walr_columns
 from trainers.metrics import evaluate_model
@@ -39,8 +40,8 @@ class FittedWALR:
     def state(self) -> dict:
         return self.weights
 
-    def describe(self) -> dict:
-        return {"kind": "logistic-regression", "config": self.config, "final": "walr"}
+    def describe(self) -> ModelInfo:
+        return ModelInfo(kind="logistic-regression", config=json_table("model.config", self.config), final="walr")
 
     def training(self) -> dict:
         return {"walr": self.settings}

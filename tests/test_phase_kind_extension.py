@@ -38,6 +38,7 @@ from budgetplan.planning import planner
 from budgetplan.planning.planner import build_plan, pending_guarantee, register_algorithm, with_guarantee
 from budgetplan.record import ledger, records
 from budgetplan.record.ledger import register_one_shot_release
+from budgetplan.record.parts import ModelInfo, json_table
 from budgetplan.record.records import load_record, register_phase_entries
 from budgetplan.report import statement
 from budgetplan.report.statement import describes, describes_entry, render_run_statement, render_statement
@@ -138,8 +139,8 @@ class ConstantModel:
     def state(self) -> dict:
         return {"logit": torch.tensor(self.logit)}
 
-    def describe(self) -> dict:
-        return {"kind": "constant", "config": {}, "final": KIND}
+    def describe(self) -> ModelInfo:
+        return ModelInfo(kind="constant", config=json_table("model.config", {}), final=KIND)
 
     def training(self) -> dict:
         return {}

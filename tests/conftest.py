@@ -32,8 +32,21 @@ SLOW = {
     "tests/trainers/test_unit_ranks.py::test_a_two_process_unit_run_audits_clean_with_batch_sizes_in_units",  # [31]
     "tests/trainers/test_canary.py::test_noise_halved_is_caught_by_the_audit_of_the_model",  # [23]
     "tests/trainers/test_canary.py::test_clipping_off_is_caught_by_the_audit_of_the_model",  # [18]
+    # moved out to keep the default run well under 10 minutes as the audit's checks grew (each under 15 s idle;
+    # seconds in brackets measured beside another full run): what they check is checked at a smaller size, or by
+    # the same code path, in the default run
+    "tests/trainers/test_run.py::test_cli_demo_small",  # [20] the demo's three trainings; the demo's refusals stay
+    "tests/fuzz/test_fuzz.py::test_case[out-demo-missing-parent]",  # [19] the demo trains before it writes
+    "tests/fuzz/test_fuzz.py::test_case[opt-demo--epsilon=frac]",  # [17] likewise
+    "tests/fuzz/test_fuzz.py::test_case[scenario-dpsgd.accounting.discretization=tiny]",  # [19]; the CLI case stays
+    "tests/accounting/test_double_mixture.py::test_hybrid_plan_with_a_capped_unit_uses_the_double_mixture",  # [19]
+    "tests/accounting/test_limits.py::test_hopeless_grid_is_refused_naming_the_noise_that_works",  # [18]
+    "tests/test_planner.py::test_examples_plan_verify_and_round_trip[dpsgd-user-level-units]",  # [13]; -level stays
+    "tests/test_statement.py::test_golden_statement[dpsgd-user-level-units]",  # [9]; dpsgd-user-level stays
     # the benchmarks' smoke runs (tests/test_benchmark_smoke.py) that train or start several processes; the others
-    # (batch_selection, calibration, epoch_throughput, split_grid, data_scale) stay in the default run
+    # (calibration, split_grid, data_scale, planner) stay in the default run
+    "tests/test_benchmark_smoke.py::test_smoke_run[epoch_throughput]",  # [23] five trainings and a WALR release
+    "tests/test_benchmark_smoke.py::test_smoke_run[batch_selection]",  # [20] a training per batch selection
     "tests/test_benchmark_smoke.py::test_smoke_run[user_level]",  # [52-69] 4 trainings + audits, tight K = 2 accounting
     "tests/test_benchmark_smoke.py::test_smoke_run[dpsgd_step]",  # [42-67] 5 children, each importing torch and Opacus
     "tests/test_benchmark_smoke.py::test_smoke_run[one_run_audit]",  # [35-38] 6 canary runs, then the step audits

@@ -181,8 +181,10 @@ def _forged_evidence(out, edit):
     who knows the format would."""
     import dataclasses
 
+    from budgetplan.util.typed import to_json
+
     record = load_record(out)
-    phases = tuple(dataclasses.replace(p, evidence=edit(json.loads(json.dumps(p.evidence))))
+    phases = tuple(dataclasses.replace(p, evidence=edit(to_json(p.evidence)))
                    if getattr(p, "evidence", None) is not None else p for p in record.private_part.phases)
     write_record(out, public(out), dataclasses.replace(record.private_part, phases=phases))
 

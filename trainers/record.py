@@ -125,14 +125,17 @@ def dpsgd_entry(result: DPSGDResult, ledger: LedgerView | None, *, nonsensitive_
         truncated=result.truncated, noise_std=result.noise_std, noise_multiplier=result.noise_multiplier,
         clipping_norm=result.clipping_norm, sampling_rate=result.sampling_rate, noise_draws=result.noise_draws,
         trainable_parameters=result.trainable_parameters, model=result.model, nonsensitive_tower=nonsensitive_tower,
-        chunks=result.chunks, padded_size=result.padded_size, settings=result.settings, seconds=result.seconds,
-        peak_memory=result.peak_memory, processes=result.world_size if result.rank_steps is not None else None,
+        chunks=result.chunks, padded_size=result.padded_size, settings=json_table("settings", result.settings),
+        seconds=result.seconds,
+        peak_memory=None if result.peak_memory is None else json_table("peak_memory", result.peak_memory),
+        processes=result.world_size if result.rank_steps is not None else None,
         rank_steps=result.rank_steps, clipped_per="unit" if result.clipped_per == "unit" else None)
     evidence = getattr(result, "evidence", None)
     if not withhold:
         return public, DPSGDStats(clipped_fraction=result.clipped_fraction, evidence=evidence)
     public, held = public.withholding()
-    return public, DPSGDStats(clipped_fraction=result.clipped_fraction, withheld=held, evidence=evidence)
+    return public, DPSGDStats(clipped_fraction=result.clipped_fraction, withheld=json_table("withheld", held),
+                              evidence=evidence)
 
 
 def walr_entry(result: WALRResult, *, release_sha256: str) -> tuple[WALRRun, WALRStats]:

@@ -22,6 +22,7 @@ checks, each failing closed when its evidence is not there:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from scipy import stats
@@ -65,17 +66,17 @@ def evidence_checks(record: RunRecord, plan: Plan, alpha: float) -> list[Check]:
     return checks
 
 
-def noise_evidence_check(ev: dict[str, Any], ran: DPSGDRun, alpha: float) -> Check:
+def noise_evidence_check(ev: Mapping[str, Any], ran: DPSGDRun, alpha: float) -> Check:
     ranks, draws, chi2 = ev["noise_ranks"], ev["noise_draws"], ev["noise_chi2"]
     t, d = ran.steps_this_session, ran.trainable_parameters
-    drawer = [0]  # rank 0 draws, with one process or several
+    drawer = (0,)  # rank 0 draws, with one process or several
     problems = []
     if len(ranks) != t:
         problems.append(f"noise evidence for {len(ranks)} steps; the session took {t}")
-    wrong = [i for i, r in enumerate(ranks) if r != drawer]
+    wrong = [i for i, r in enumerate(ranks) if tuple(r) != drawer]
     if wrong:
         i = wrong[0]
-        who = "no rank" if not ranks[i] else f"rank(s) {ranks[i]}"
+        who = "no rank" if not ranks[i] else f"rank(s) {list(ranks[i])}"
         problems.append(f"{len(wrong)} of {len(ranks)} steps did not have their noise drawn by rank 0 alone (step "
                         f"{i}: {who} drew it)")
     short = [i for i, x in enumerate(draws) if x != d]
@@ -97,7 +98,7 @@ def noise_evidence_check(ev: dict[str, Any], ran: DPSGDRun, alpha: float) -> Che
                                 f"(each fails below {alpha / 2:g})")
 
 
-def participation_check(ev: dict[str, Any], ran: DPSGDRun, par: DPSGDParams) -> Check:
+def participation_check(ev: Mapping[str, Any], ran: DPSGDRun, par: DPSGDParams) -> Check:
     name = PARTICIPATION[par.sampling]
     epochs = ev.get("participation")
     if epochs is None:
@@ -131,7 +132,7 @@ def _times(counts: dict[str, int]) -> str:
     return ", ".join(f"{v} row(s) {k} time(s)" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
 
 
-def units_check(ev: dict[str, Any], ran: DPSGDRun) -> Check:
+def units_check(ev: Mapping[str, Any], ran: DPSGDRun) -> Check:
     if "unit_blocks" not in ev:
         return Check(UNITS, False, "the evidence holds no check of the sampled units' blocks")
     blocks, split = ev["unit_blocks"], ev["units_split"]

@@ -258,9 +258,9 @@ class DPSGDRun:
     nonsensitive_tower: str | None
     chunks: int | None
     padded_size: int
-    settings: dict[str, Any]
+    settings: FrozenMap[Any] = typed.loaded(json_table)
     seconds: float
-    peak_memory: dict[str, Any] | None
+    peak_memory: FrozenMap[Any] | None = typed.loaded(json_table, optional=True)
     withheld: tuple[str, ...] | None = typed.omit_if_none()
     processes: int | None = typed.omit_if_none()
     rank_steps: tuple[int, ...] | None = typed.omit_if_none()
@@ -297,7 +297,7 @@ class DPSGDRun:
         typed.flag("truncated", self.truncated)
         typed.text("model", self.model)
         typed.optional(typed.text, "nonsensitive_tower", self.nonsensitive_tower)
-        _object("settings", self.settings)
+        _set(self, "settings", json_table("settings", self.settings))
         _set(self, "seconds", _seconds("seconds", self.seconds))
 
     def _check_withholdable(self) -> None:
@@ -307,7 +307,7 @@ class DPSGDRun:
             _set(self, name, typed.optional(_count, name, getattr(self, name)))
         if (self.batch_size_min is None) != (self.batch_sizes_observed == 0):
             raise InvalidParameterError("batch_size_min/max are null exactly when no batch size was observed")
-        _object("peak_memory", self.peak_memory)
+        _set(self, "peak_memory", json_table("peak_memory", self.peak_memory))
 
     def withholding(self) -> tuple[DPSGDRun, dict[str, Any]]:
         """(this entry with :data:`WITHHELD_WITH_N` nulled, the withheld values) for a private N."""
@@ -443,16 +443,18 @@ class DPSGDStats:
 
     name: ClassVar[str] = "dpsgd"
     clipped_fraction: float
-    withheld: dict[str, Any] | None = typed.omit_if_none()
-    evidence: dict[str, Any] | None = typed.omit_if_none()
+    withheld: FrozenMap[Any] | None = typed.loaded(json_table, omit=True)
+    evidence: FrozenMap[Any] | None = typed.loaded(json_table, omit=True)
 
     def __post_init__(self) -> None:
         if self.evidence is not None:
-            read_evidence(self.evidence)
+            read_evidence(typed.to_json(self.evidence))  # its structure checked on the JSON form
+            _set(self, "evidence", json_table("evidence", self.evidence))
         _set(self, "clipped_fraction", validate.probability("clipped_fraction", self.clipped_fraction,
                                                              allow_zero=True, allow_one=True))
         if self.withheld is not None:
-            keys = tuple(_object("withheld", self.withheld))
+            _set(self, "withheld", json_table("withheld", self.withheld))
+            keys = tuple(self.withheld)
             if sorted(keys) != sorted(WITHHELD_WITH_N):
                 raise InvalidParameterError(f"withheld must hold {list(WITHHELD_WITH_N)}, got {sorted(keys)}")
 

@@ -323,16 +323,18 @@ class NullSession:
     def __init__(self) -> None:
         self._dpsgd = 0
 
-    def rr_labels(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        data, info = make()
-        return data, {"phase": "rr", "sha256": _sha256(np.asarray(data)), **info}
-
-    walr_sum = rr_labels
-    calibration_release = rr_labels
-
     def release(self, phase: str, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         data, info = make()
         return data, {"phase": phase, "sha256": _sha256(np.asarray(data)), **info}
+
+    def rr_labels(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.release("rr", make)
+
+    def walr_sum(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.release("walr", make)
+
+    def calibration_release(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.release("calibration", make)
 
     def dpsgd_steps_taken(self) -> int:
         return 0

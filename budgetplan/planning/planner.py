@@ -31,7 +31,6 @@ from budgetplan.mechanisms import (
     AllocationDPSGD,
     DiscreteLaplaceCount,
     GaussianRelease,
-    Mechanism,
     PoissonDPSGD,
     RandomizedResponse,
     ShuffledDPSGD,
@@ -401,7 +400,7 @@ def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total
         if have > eps * (1 + EPS_SLACK):
             raise _too_little_noise(s, eps, delta, q, steps, sigma, have, acc_unit, unit_accounting, method, epoch_eps)
     else:
-        sigma = _calibrate_sigma(s, mech, eps_of, eps, delta, q, steps, acc_unit, unit_accounting, method)
+        sigma = _calibrate_sigma(s, eps_of, eps, delta, q, steps, acc_unit, unit_accounting, method)
         if d.max_noise_multiplier is not None and sigma > d.max_noise_multiplier:
             raise _too_much_noise(s, eps, delta, q, steps, sigma, acc_unit, unit_accounting, method, epoch_eps)
     sens = d.clipping_norm * (2 if s.adjacency.value == "replace-one" else 1)
@@ -422,8 +421,8 @@ def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total
     return with_guarantee(phase, s, unit)
 
 
-def _calibrate_sigma(s: Scenario, mech: Callable[[float], Mechanism], eps_of: Callable[[float], float], eps: float,
-                     delta: float, q: float, steps: int, unit: PrivacyUnit, unit_accounting: str, method: str) -> float:
+def _calibrate_sigma(s: Scenario, eps_of: Callable[[float], float], eps: float, delta: float,
+                     q: float, steps: int, unit: PrivacyUnit, unit_accounting: str, method: str) -> float:
     """The phase's noise multiplier; refuses, naming the budget, what no noise within the search range meets."""
     try:
         return _calibrated_sigma(s, eps_of, eps, delta, q, steps, unit, unit_accounting, method)

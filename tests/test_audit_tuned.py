@@ -153,3 +153,51 @@ def test_cli_audit_exit_codes(tuned, runner):
     write_record(out, rechain(out, lambda es: [e for e in es if e.get("phase") != "selection"]))
     bad = runner.invoke(cli, ["audit", str(out)])
     assert bad.exit_code == 1 and "selection released" in bad.stderr
+
+
+def _selected(root) -> int:
+    return json.loads((root / "run" / "run.json").read_text())["tuning"]["selection"]["selected"]
+
+
+def test_the_selected_configuration_carries_its_step_evidence(tuned):
+    root, _ = tuned
+    sel = _selected(root)
+    report = audit_run(root / "run")
+    evidence = [c for c in report.checks if c.name == f"#{sel} DP-SGD noise evidence"]
+    assert len(evidence) == 1 and evidence[0].passed, evidence
+    assert "drawn by rank 0 alone" in evidence[0].detail
+
+
+def test_a_tuned_record_without_its_step_evidence_fails(tuned):
+    import dataclasses
+
+    from budgetplan.record.records import DPSGDStats, load_record
+    from tests.test_audit import write_record as relink
+
+    root, _ = tuned
+    out = copy_run(root, "no-evidence")
+    record = load_record(out)
+    phases = tuple(dataclasses.replace(p, evidence=None) if isinstance(p, DPSGDStats) else p
+                   for p in record.private_part.phases)
+    relink(out, public(out), dataclasses.replace(record.private_part, phases=phases))
+    check = next(c for c in audit_run(out).checks if c.name == f"#{_selected(root)} DP-SGD noise evidence")
+    assert not check.passed and "keeps no per-step evidence" in check.detail
+
+
+def test_noise_not_added_in_the_selected_configuration_fails(tmp_path, monkeypatch):
+    """A trainer defect planted in every configuration: the draws are counted but all zero (no noise added).
+    The record's claims match the plan; only the selected configuration's step evidence shows it."""
+    from tests.trainers.mutants import NOISE_NOT_ADDED
+    from tests.trainers.test_tune import FAST as settings
+    from trainers.data.synth import synthesize
+    from trainers.run import RunOptions, execute_plan
+
+    NOISE_NOT_ADDED.install(monkeypatch)
+    pq.write_table(synthesize(ROWS, 900, 4), tmp_path / "train.parquet")
+    plan = build_plan(parse_scenario(grid_scenario(GRID_2X1)))
+    execute_plan(plan, tmp_path / "train.parquet", RunOptions(out_dir=tmp_path / "run", settings=settings, seed=3))
+    sel = _selected(tmp_path)
+    report = audit_run(tmp_path / "run")
+    assert failing(report) == {f"#{sel} DP-SGD noise evidence"}, report.failing()
+    detail = next(c.detail for c in report.checks if c.name == f"#{sel} DP-SGD noise evidence")
+    assert "smallest step 0 against chi-square" in detail, detail

@@ -17,7 +17,13 @@ fails closed on anything it cannot match to the plan:
 - per configuration (``#i ...``): the checks of a single run (steps, DP-SGD noise, Poisson
   batch sizes, RR flips, independent re-accounting) against that configuration's phases,
   its ledger lines and its record entries, with the training part's row count as N for
-  the sampling and flip tests.
+  the sampling and flip tests;
+- the selected configuration s (``#s DP-SGD noise evidence``, ``#s Units kept whole``): the
+  per-step evidence its DP-SGD phase measured, which the private record keeps as a
+  one-process run's (``budgetplan.audit.step_evidence``): every step's noise drawn by rank 0,
+  one draw per parameter, chi-square sums of squares; every sampled unit whole. Only the
+  selected configuration's model is released and only its statistics are in the private
+  record's phases, so the others are checked on their ledger and record entries alone.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from budgetplan.audit.reaccount import reaccount_check
 from budgetplan.audit.releases import flips_check, noise_check
 from budgetplan.audit.report import AuditReport, Check
 from budgetplan.audit.sampling import sampling_checks
+from budgetplan.audit.step_evidence import evidence_checks
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan
 from budgetplan.plan.phases import DPSGDPhase, Phase, RRPhase
@@ -161,7 +168,9 @@ def audit_tuned(report: AuditReport, record: RunRecord, plan: Plan, run_dir: Pat
             for p in phases))
         sub = dataclasses.replace(record, phases=entries, tuning=None)
         cview = _config_view(view, c.index) if view is not None else None
-        for check in [steps_check(sub, mine, cview), noise_check(sub, mine),
+        # the private record's phase statistics (and so the step evidence) are the selected configuration's
+        evidence = evidence_checks(sub, sized, alpha) if c.index == selected else []
+        for check in [steps_check(sub, mine, cview), noise_check(sub, mine), *evidence,
                       *sampling_checks(sized, cview, sub, alpha), flips_check(sub, sized, alpha),
                       reaccount_check(sub, mine)]:
             add(dataclasses.replace(check, name=f"#{c.index} {check.name}"))

@@ -326,3 +326,55 @@ def test_the_canaries_run_over_two_processes():
     run's own distributed loop): the noise, its independence and the canaries' rate q all check out."""
     r = dpsgd_lower_bound(SMALL_DPSGD, delta=DELTA, absent=20_000, randomness=Randomness(34), processes=2)
     assert r.passed and "over 2 processes" in r.compared and r.samples == 4000, r.checks
+
+
+@pytest.fixture(scope="module")
+def truncated_plan():
+    """A small add-remove DP-SGD plan whose Poisson batches are truncated at 150 (q N = 100)."""
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.scenario.model import parse_scenario
+    from tests.fuzz.artefacts import SMALL_SCENARIOS
+
+    text = SMALL_SCENARIOS["dpsgd"].replace("noise_multiplier = 2.0", 'noise_multiplier = 2.0\nsampling = '
+                                            '"truncated-poisson"\nmax_batch_size = 150').replace(
+        "dataset_size = 10000", "dataset_size = 4000")
+    plan = build_plan(parse_scenario(text))
+    assert plan.dpsgd.params.sampling == "truncated-poisson"
+    return plan
+
+
+def test_a_truncated_poisson_phase_is_audited_as_the_poisson_run_it_is(truncated_plan, monkeypatch):
+    """The phase gets its canary row (it once got none): the real loop runs Poisson at the plan's q, uncut, and
+    the row says so; the bound is compared with the Poisson steps' add-remove epsilon."""
+    from trainers.empirical import audit_plan
+
+    ran = []
+    real_loop, real_bound = dpsgd.run_dpsgd, canaries.dpsgd_lower_bound
+
+    def loop(model, data, params, **kw):
+        ran.append((params.sampling, params.sampling_rate, params.max_batch_size))
+        return real_loop(model, data, params, **kw)
+
+    monkeypatch.setattr(dpsgd, "run_dpsgd", loop)
+    monkeypatch.setattr(canaries, "dpsgd_lower_bound", lambda par, **kw: real_bound(par, **{**kw, "absent": 5_000}))
+    rows = audit_plan(truncated_plan, randomness=Randomness(35))
+    assert [r["name"] for r in rows] == ["empirical dpsgd"]
+    row = rows[0]
+    assert ran == [("poisson", 0.025, None)]
+    assert row["passed"] and row["failing"] == [], row["checks"]
+    assert "truncated Poisson phase run as Poisson at the plan's q = 0.025, its batches not cut at 150" in \
+        row["compared"]
+    poisson = account(PoissonDPSGD(noise_multiplier=2.0, sampling_rate=0.025, steps=20),
+                      delta=truncated_plan.dpsgd.guarantee.delta, adjacency="add-remove", method="pld").epsilon
+    assert row["planned_epsilon"] == pytest.approx(poisson)
+
+
+def test_a_truncated_poisson_phase_gets_a_one_run_row(truncated_plan, monkeypatch):
+    from trainers.empirical import one_run
+
+    real = one_run.dpsgd_one_run
+    monkeypatch.setattr(one_run, "dpsgd_one_run", lambda phase, **kw: real(phase, **{**kw, "canaries": 20_000}))
+    rows = one_run.one_run_rows(truncated_plan, randomness=Randomness(36))
+    assert len(rows) == 1 and rows[0]["passed"], rows
+    assert "run as Poisson at the plan's q = 0.025" in rows[0]["detail"]
+    assert "its batches not cut at 150" in rows[0]["compared"]

@@ -62,9 +62,10 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
     ``failing``, ``detail`` and the rest of the ``Result``, and ``phase_adjacency``: the
     adjacency of the plan's own ``phase_epsilon`` (``compared`` says what the bound is
     compared with, which may be another adjacency's epsilon). A DP-SGD phase under truncated
-    Poisson sampling has no canary audit (its batches cannot be scaled down to the canary
-    set as accounted) and gets no row. A phase that samples units, allocates or shuffles
-    is run so (``trainers.empirical.execution``); allocation and shuffled batches are
+    Poisson sampling is audited as the Poisson run it is, at the plan's q with its batches
+    uncut (the cut cannot be scaled down to the canary set as accounted, and it only removes
+    participation, which the accounting covers): its row says so. A phase that samples
+    units, allocates or shuffles is run so (``trainers.empirical.execution``); allocation and shuffled batches are
     compared with the phase's planned epsilon. ``processes``: the processes the run trained
     with; the DP-SGD canaries are run over as many gloo ranks.
 
@@ -83,7 +84,7 @@ def audit_plan(plan, *, randomness=None, progress: bool = False, confidence: flo
                                        confidence=confidence, alpha=alpha,
                                        progress="empirical WALR releases" if progress else None)
                 res = _with_phase_epsilon(res, phase)
-            case DPSGDPhase(params=par) if par.sampling != "truncated-poisson":
+            case DPSGDPhase(params=par):
                 epochs = par.sampling in ("allocation", "shuffle")
                 res = canaries.dpsgd_lower_bound(par, delta=phase.guarantee.delta, randomness=randomness,
                                                  epsilon=float(phase.guarantee.epsilon) if epochs else None,

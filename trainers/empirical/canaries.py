@@ -53,6 +53,7 @@ from trainers.empirical.execution import (
     canary_data,
     canary_params,
     observed_run,
+    truncation_note,
 )
 from trainers.empirical.stats import (
     ALPHA,
@@ -93,7 +94,8 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
 
     Args:
         params: the plan's ``DPSGDParams``, run as the plan executes (``execution``): Poisson
-            (a truncated plan's cut is not reproduced), units, allocation or shuffled batches.
+            (a truncated plan run as Poisson at its q, uncut, as ``compared`` says), units,
+            allocation or shuffled batches.
         delta: the plan's delta.
         epsilon: the epsilon to compare with; default budgetplan's PLD add-remove epsilon of
             the audited steps (Poisson). Allocation and shuffled batches must be given one
@@ -167,7 +169,8 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
     how = _execution(params, processes)
     compared = (f"add-remove epsilon of {steps_text}, PLD; one canary is one {how}" if epsilon is None or
                 params.sampling not in EPOCH_SAMPLING else
-                f"the phase's planned epsilon ({steps_text} audited; one canary is one {how}, in each epoch once)")
+                f"the phase's planned epsilon ({steps_text} audited; one canary is one {how}, in each epoch once)"
+                ) + truncation_note(params)
     return make_result(mechanism=f"{'poisson' if params.sampling not in EPOCH_SAMPLING else params.sampling}-dpsgd",
                        planned_epsilon=planned, compared=compared,
                        phase_epsilon=None, delta=delta, confidence=confidence, samples=r, absent=a, checks=checks,

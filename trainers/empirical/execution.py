@@ -4,8 +4,11 @@ Both canary audits (``canaries.dpsgd_lower_bound``, ``one_run.dpsgd_one_run``) r
 ``trainers.dpsgd.run_dpsgd`` on canary examples and read the model after every step. Here is
 how that run takes the shape of the plan's execution:
 
-- **Poisson** (truncated or not): every canary is sampled at the plan's q (a truncated plan's
-  cut is not reproduced on the canaries: its batches cannot be scaled down as accounted).
+- **Poisson** (truncated or not): every canary is sampled at the plan's q. A truncated
+  Poisson phase is a Poisson phase whose batches are cut at a maximum size; its canary run
+  is that Poisson run, uncut (the cut cannot be scaled down to the canaries as accounted,
+  and it only removes participation, which the accounting covers), and its row says so
+  (``truncation_note``).
 - **Unit sampling**: every canary is a unit of one row (unit id = canary), so the real unit
   sampler draws it at the plan's q and the real per-unit clipping cuts its block to C.
 - **Random allocation and shuffled batches**: the plan's epochs of T = N // B steps over
@@ -35,7 +38,7 @@ from trainers.distributed import launch
 from trainers.randomness import Randomness
 
 __all__ = ["CanaryModel", "CanaryObserver", "SignObserver", "canary_data", "canary_params", "observed_run",
-           "EPOCH_SAMPLING"]
+           "truncation_note", "EPOCH_SAMPLING"]
 
 EPOCH_SAMPLING = ("allocation", "shuffle")
 
@@ -145,6 +148,14 @@ def canary_params(params, present: int, steps: int):
     units = present if params.samples_units else None
     return replace(params, dataset_size=present, steps=steps, sampling="poisson", max_batch_size=None,
                    units=units), present
+
+
+def truncation_note(params) -> str:
+    """How a truncated Poisson phase's canaries ran, for its row's text ("" for any other phase)."""
+    if params.sampling != "truncated-poisson":
+        return ""
+    return (f"; the truncated Poisson phase run as Poisson at the plan's q = {params.sampling_rate:g}, its batches "
+            f"not cut at {params.max_batch_size} (the cut only removes participation, which the accounting covers)")
 
 
 def observed_run(run_par, *, present: int, absent: int, labels: np.ndarray | None = None, signs: bool = False,

@@ -28,7 +28,7 @@ from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.plan.phases import DPSGDPhase
 from budgetplan.units import Adjacency, PrivacyUnit
 from budgetplan.util import validate
-from trainers.empirical.execution import EPOCH_SAMPLING, canary_params, observed_run
+from trainers.empirical.execution import EPOCH_SAMPLING, canary_params, observed_run, truncation_note
 from trainers.empirical.stats import default_randomness
 
 __all__ = ["ONE_RUN_CANARIES", "ONE_RUN_STEPS", "dpsgd_one_run", "one_run_rows"]
@@ -85,18 +85,20 @@ def dpsgd_one_run(phase, *, canaries: int = ONE_RUN_CANARIES, steps: int | None 
     detail = (f"{res['correct']} of {res['guesses']} guesses right on {m} gradient canaries ({how}{steps_text}, "
               f"{seen} observed; q = {q:g}, sigma = {sigma:g}): epsilon >= {eps:.4g} at confidence {confidence:g} "
               f"(the steps with sigma / {res['noise_divisor']:.3g}), against the phase's replace-one {planned:.4g}"
-              + (": the guesses refute the phase's trade-off curve" if res["refutes_plan"] else ""))
+              + (": the guesses refute the phase's trade-off curve" if res["refutes_plan"] else "")
+              + truncation_note(params))
     return {"name": "one-run dpsgd", "passed": not failing, "epsilon_lower_bound": eps, "planned_epsilon": planned,
-            "compared": f"the phase's replace-one epsilon of {steps_text}; one canary is one row",
+            "compared": f"the phase's replace-one epsilon of {steps_text}; one canary is one row"
+                        + truncation_note(params),
             "failing": failing, "detail": detail, "seconds": time.perf_counter() - t0, "steps": t, **res}
 
 
 def one_run_rows(plan, *, randomness=None, confidence: float = DEFAULT_CONFIDENCE, processes: int = 1) -> list[dict]:
-    """One row per DP-SGD phase of ``plan`` that is not truncated (its cut batches are not audited so): Poisson,
-    unit-sampled, allocated or shuffled, run over ``processes`` ranks as the run was."""
+    """One row per DP-SGD phase of ``plan``: Poisson (a truncated Poisson phase run as Poisson at its q, uncut, as
+    its row says), unit-sampled, allocated or shuffled, run over ``processes`` ranks as the run was."""
     rows = []
     for p in plan.phases:
-        if not isinstance(p, DPSGDPhase) or p.params.sampling == "truncated-poisson":
+        if not isinstance(p, DPSGDPhase):
             continue
         rows.append(_refused(p) if p.params.sampling in EPOCH_SAMPLING else
                     dpsgd_one_run(p, randomness=randomness, confidence=confidence, processes=processes))

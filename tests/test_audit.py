@@ -386,6 +386,29 @@ def _f_model_digest_removed(root, out):
     write_record(out, c)
 
 
+def _f_vocabulary_edited(root, out):
+    vocab = json.loads((out / "vocabulary.json").read_text())
+    column = next(iter(vocab))
+    vocab[column] = [f"not-{v}" for v in vocab[column]] if isinstance(vocab[column], list) else {
+        f"not-{k}": v for k, v in vocab[column].items()}  # the model's rows now stand for other values
+    (out / "vocabulary.json").write_text(json.dumps(vocab, sort_keys=True) + "\n")
+
+
+def _f_vocabulary_deleted(root, out):
+    (out / "vocabulary.json").unlink()
+
+
+def _f_vocabulary_digest_removed(root, out):
+    c = public(out)
+    del c["model"]["vocabulary_sha256"]
+    write_record(out, c)
+
+
+def _f_vocabulary_and_digest_removed(root, out):
+    _f_vocabulary_digest_removed(root, out)
+    (out / "vocabulary.json").unlink()
+
+
 def _f_labels_deleted(root, out):
     (out / "rr_labels.npy").unlink()
 
@@ -435,6 +458,10 @@ FORGERIES = [
     ("model replaced", _f_model_replaced, "model file"),
     ("model digest removed", _f_model_digest_removed, "model file"),
     ("rr labels deleted", _f_labels_deleted, "ledger"),
+    ("vocabulary edited", _f_vocabulary_edited, "vocabulary file"),
+    ("vocabulary deleted", _f_vocabulary_deleted, "vocabulary file"),
+    ("vocabulary digest removed", _f_vocabulary_digest_removed, "vocabulary file"),
+    ("vocabulary and digest removed", _f_vocabulary_and_digest_removed, "vocabulary file"),
 ]
 
 # What the check that fails each forgery must name (the six forged records of issue 26 among them).
@@ -449,6 +476,10 @@ NAMED = {
     "model replaced": "model.pt is not the model the record names",
     "model digest removed": "the record names no digest of model.pt",
     "rr labels deleted": "rr_labels.npy, the rr release the ledger recorded, is not here",
+    "vocabulary edited": "vocabulary.json is not the vocabulary the record names",
+    "vocabulary deleted": "the vocabulary the record names (sha256",
+    "vocabulary digest removed": "vocabulary.json is here but the record names none",
+    "vocabulary and digest removed": "the record names no vocabulary.json and none is here",
 }
 
 
@@ -672,3 +703,29 @@ def test_malformed_evidence_does_not_read(runs, edit, names):
     with pytest.raises(PlanMismatchError, match="does not match its schema") as refused:
         PrivateRecord.from_json(_rehash(content))
     assert names in str(refused.value)
+
+
+def test_a_record_of_schema_2_has_its_vocabulary_not_recorded(runs, no_empirical):
+    """A record written before the vocabulary's digest was recorded (schema 2, no digest) still loads and
+    passes: its vocabulary is reported as not recorded. A schema 2 record naming a digest is refused."""
+    root, _ = runs
+    out = copy_run(root, "schema-2")
+    c = public(out)
+    named = c["model"].pop("vocabulary_sha256")
+    c["schema_version"] = 2
+    write_record(out, c)
+    report = audit_run(out)
+    assert report.passed, report.failing()
+    assert check(report, "vocabulary file").detail.startswith("not recorded: a record of schema 2")
+    c["model"]["vocabulary_sha256"] = named
+    write_raw_record(out, c)
+    assert "model.vocabulary_sha256 is a field of schema 3" in check(audit_run(out), "record is well-formed").detail
+
+
+def test_the_record_names_the_vocabulary_it_wrote(runs):
+    import hashlib
+
+    root, _ = runs
+    record = load_record(root / "run")
+    assert record.schema_version == 3
+    assert record.model.vocabulary_sha256 == hashlib.sha256((root / "run" / "vocabulary.json").read_bytes()).hexdigest()

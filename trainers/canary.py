@@ -64,13 +64,13 @@ import torch
 
 from budgetplan.audit.canary import DEFAULT_CONFIDENCE, GUESS_FRACTIONS, bound_from_scores
 from budgetplan.audit.fdp import plan_family
-from budgetplan.errors import InvalidParameterError, UnsupportedError
+from budgetplan.errors import InvalidParameterError, PlanMismatchError, UnsupportedError
 from budgetplan.plan.phases import DPSGDPhase, RRPhase
-from budgetplan.record.parts import json_table
+from budgetplan.record.parts import VOCABULARY_FILE, json_table
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.units import Adjacency
 from budgetplan.util import validate
-from budgetplan.util.fileio import atomic_output
+from budgetplan.util.fileio import atomic_output, file_sha256
 from budgetplan.util.typed import to_json
 from trainers.data.encode import encode, hash_value
 from trainers.data.loaders import read_table
@@ -229,8 +229,7 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
     training = record.training
     model = build_model(record.model.kind, to_json(record.model.config))
     model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
-    vocab_path = run_dir / "vocabulary.json"
-    vocabulary = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
+    vocabulary = _vocabulary(run_dir, record)
     data, _ = encode(canaries_table, spec, nonsensitive_encoding=training["nonsensitive_encoding"],
                      hash_bins_nonsensitive=training["hash_bins_nonsensitive"],
                      hash_bins_sensitive=training["hash_bins_sensitive"],
@@ -246,6 +245,15 @@ def score_canaries(run_dir, canaries_table, spec, record: RunRecord) -> np.ndarr
             model.load_state_dict(torch.load(initial, map_location="cpu", weights_only=True))
             logits = logits - model_logits(model, data, torch.arange(len(data)), truncated).double()
     return logits.numpy()
+
+
+def _vocabulary(run_dir: Path, record: RunRecord) -> dict | None:
+    """The run's ``vocabulary.json``, refused unless it is the one the record names (``model.vocabulary_sha256``)."""
+    path, named = run_dir / VOCABULARY_FILE, record.model.vocabulary_sha256
+    if named is not None and (not path.is_file() or file_sha256(path) != named):
+        raise PlanMismatchError(f"{path} is not the vocabulary the run record names (sha256 {named[:12]}...): the "
+                                "canaries cannot be encoded as the run encoded its data")
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def canary_audit(plan, data_path, options: RunOptions | None = None, *, canaries: int,

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.record.parts import VOCABULARY_FILE
 from budgetplan.record.records import PRIVATE_DIR, RunRecord
 from budgetplan.util.fileio import atomic_output, check_writable, file_sha256, is_temporary, torch_save, write_atomic
 from trainers.data.fingerprint import new_key, write_key
@@ -85,13 +86,16 @@ def write_run(record: RunRecord, state: dict, out: Path | None, vocabulary: dict
               new_key: bytes | None = None) -> RunRecord:
     """Write the model, the key, the private then the public record (last): a directory with run.json is complete.
 
-    The record written (and returned) names the model file by its digest (``model.sha256``).
+    The record written (and returned) names the model file by its digest (``model.sha256``),
+    and the vocabulary beside it, when there is one, by its own (``model.vocabulary_sha256``).
     """
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         record = save_model(record, state, out)
         if vocabulary is not None:  # non-sensitive values only: needed to encode new data alike
-            write_atomic(out / "vocabulary.json", json.dumps(vocabulary, sort_keys=True) + "\n")
+            write_atomic(out / VOCABULARY_FILE, json.dumps(vocabulary, sort_keys=True) + "\n")
+            record = replace(record, model=replace(record.model,
+                                                   vocabulary_sha256=file_sha256(out / VOCABULARY_FILE)))
         if new_key is not None:
             (out / PRIVATE_DIR).mkdir(exist_ok=True)
             write_key(out / PRIVATE_DIR / "fingerprint.key", new_key)

@@ -2,6 +2,13 @@
 
 - ``model file``: ``model.pt`` is there and is the file the record names by its digest
   (``model.sha256``): a model deleted, or swapped for another (a non-private one), fails.
+- ``vocabulary file``: ``vocabulary.json`` (the non-sensitive values each row of the model's
+  tables stands for, needed to encode new data as the run did) is the file the record names
+  by its digest (``model.vocabulary_sha256``): one edited, deleted, or added beside a record
+  that names none fails. A record of schema 2 predates the digest: its vocabulary is "not
+  recorded", reported and not failed. In a record of schema 3 the digest's absence says the
+  run wrote no vocabulary, so a vocabulary here, or a private record whose encoding says the
+  non-sensitive columns were counted into one (any model but WALR's, which keeps none), fails.
 - ``seed policy``: the write-ahead ledger records, at the start of every session and before
   any of its spending, where that session's draws came from (``seeds``: policy, seed and
   session index, ``trainers.session``). Every session's policy and seed must be the
@@ -19,6 +26,7 @@ carries ``seeded`` (``AuditReport.seeded``), which the CLI prints beside the ver
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +34,11 @@ from budgetplan.audit.report import Check
 from budgetplan.errors import BudgetplanError
 from budgetplan.plan import Plan
 from budgetplan.record.ledger import LedgerView, read_ledger
+from budgetplan.record.parts import VOCABULARY_FILE
 from budgetplan.record.records import RunRecord
 from budgetplan.util.fileio import file_sha256
 
-__all__ = ["model_check", "seeds_check", "ledger_view", "session_problems", "recorded_seeds"]
+__all__ = ["model_check", "vocabulary_check", "seeds_check", "ledger_view", "session_problems", "recorded_seeds"]
 
 MODEL_FILE = "model.pt"
 
@@ -59,6 +68,40 @@ def model_check(record: RunRecord, run_dir: Path) -> Check:
         return Check(name, False, f"{MODEL_FILE} is not the model the record names (sha256 {named[:12]}...): it was "
                                   "replaced or edited after the run")
     return Check(name, True, f"{MODEL_FILE} is the model the record names (sha256 {named[:12]}...)")
+
+
+def vocabulary_check(record: RunRecord, run_dir: Path) -> Check:
+    """``vocabulary.json`` is the file the record names by its digest, or absent where the record says none was
+    written."""
+    name, path = "vocabulary file", run_dir / VOCABULARY_FILE
+    named = record.model.vocabulary_sha256
+    if named is not None:
+        if not path.is_file():
+            return Check(name, False, f"{path} is not here: the vocabulary the record names (sha256 {named[:12]}...) "
+                                      "was deleted, so the model's rows cannot be tied to the values they stand for")
+        if file_sha256(path) != named:
+            return Check(name, False, f"{VOCABULARY_FILE} is not the vocabulary the record names (sha256 "
+                                      f"{named[:12]}...): it was replaced or edited after the run")
+        return Check(name, True, f"{VOCABULARY_FILE} is the vocabulary the record names (sha256 {named[:12]}...)")
+    if record.schema_version < 3:
+        return Check(name, True, f"not recorded: a record of schema {record.schema_version} names no digest of "
+                                 f"{VOCABULARY_FILE}" + (", so the one here is not checked" if path.exists() else ""))
+    if path.exists():
+        return Check(name, False, f"{VOCABULARY_FILE} is here but the record names none: it was added after the run, "
+                                  "or the record's digest of it was removed")
+    if _counted_vocabulary(record):
+        return Check(name, False, f"the private record says the non-sensitive columns were encoded with a "
+                                  f"vocabulary, but the record names no {VOCABULARY_FILE} and none is here: it was "
+                                  "deleted and the record's digest of it removed")
+    return Check(name, True, "the run wrote no vocabulary (hashed or one-hot columns), and none is here")
+
+
+def _counted_vocabulary(record: RunRecord) -> bool:
+    """Whether the private record says the trainer built a vocabulary that it keeps beside the model."""
+    if record.private_part is None or record.model.final == "walr":
+        return False
+    nonsensitive = record.private_part.encoding.get("nonsensitive")
+    return isinstance(nonsensitive, Mapping) and nonsensitive.get("encoding") == "vocab"
 
 
 def session_problems(view: LedgerView, policy: Any = None, seed: Any = None) -> tuple[list[str], set[Any]]:

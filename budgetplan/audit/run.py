@@ -55,10 +55,10 @@ before planning; ``independent re-accounting`` re-derives its epsilon with dp_ac
 and its batch sizes are tested against the true row count, both from the private side
 (``private/record.json``, ``private/ledger.jsonl``): without them the test fails closed.
 
-``model file`` and ``seed policy`` (``budgetplan.audit.evidence``): ``model.pt`` is the
-model the record names by its digest, and every session of the ledger drew under the
-record's seed policy, each from streams of its own. A seeded run is reported as
-``seeded``: not certifiable as private, whatever its checks say.
+``model file``, ``vocabulary file`` and ``seed policy`` (``budgetplan.audit.evidence``):
+``model.pt`` and ``vocabulary.json`` are the files the record names by their digests, and
+every session of the ledger drew under the record's seed policy, each from streams of its own.
+A seeded run is reported as ``seeded``: not certifiable as private, whatever its checks say.
 
 An interrupted run (a run directory with a ledger but no record yet) is audited on what
 its ledger shows (nothing beyond the plan so far, every session's seed policy recorded),
@@ -79,6 +79,7 @@ from budgetplan.audit.evidence import (
     recorded_seeds,
     seeds_check,
     session_problems,
+    vocabulary_check,
 )
 from budgetplan.audit.ledger import ledger_check, release_problems, steps_check
 from budgetplan.audit.private_n import n_private_check, sizes_evidence
@@ -166,6 +167,7 @@ def audit_run(record_path: str | Path, plan_path: str | Path | None = None, *, a
                                                                 else "") + " read strictly; hashes hold"))
     add(names_plan_check(record, plan))
     add(model_check(record, run_dir))
+    add(vocabulary_check(record, run_dir))
     add(seeds_check(record, ledger_view(run_dir, plan)))
     report.seeded = recorded_seeds(record)[0] != "csprng"
     if plan.tuned:  # n runs and a selection: checked configuration by configuration

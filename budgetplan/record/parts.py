@@ -19,11 +19,12 @@ from budgetplan.util import typed, validate
 from budgetplan.util.frozen import FrozenMap, freeze, table
 
 __all__ = [
-    "Seeds", "ModelInfo", "LedgerHead", "CodeHashes", "Fingerprint", "DataSummary",
+    "VOCABULARY_FILE", "Seeds", "ModelInfo", "LedgerHead", "CodeHashes", "Fingerprint", "DataSummary",
     "sha256_hex", "number", "json_value", "json_table", "number_table", "text_table", "set_field",
 ]
 
 _SHA256_HEX = frozenset("0123456789abcdef")
+VOCABULARY_FILE = "vocabulary.json"  # beside model.pt: the non-sensitive values each model row stands for
 
 
 def set_field(obj: object, name: str, value: object) -> None:
@@ -85,20 +86,24 @@ class Seeds:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelInfo:
     """The final model: its ``kind`` (the model builder's name), its ``config`` (the builder's
-    arguments, an open table), which model was kept (``final``: "full", "truncated", "walr")
-    and ``sha256``, the digest of the ``model.pt`` the run wrote (None, and absent, for a run
-    without a run directory)."""
+    arguments, an open table), which model was kept (``final``: "full", "truncated", "walr"),
+    ``sha256``, the digest of the ``model.pt`` the run wrote (None, and absent, for a run
+    without a run directory), and ``vocabulary_sha256``, the digest of the ``vocabulary.json``
+    written beside it (the non-sensitive values the model's rows stand for; None, and absent,
+    when the run wrote none, and in records of schema 2, written before it was recorded)."""
 
     kind: str
     config: FrozenMap[Any] = typed.loaded(json_table)
     final: str
     sha256: str | None = typed.omit_if_none()
+    vocabulary_sha256: str | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
         typed.text("model.kind", self.kind)
         set_field(self, "config", json_table("model.config", self.config))
         typed.text("model.final", self.final)
         typed.optional(sha256_hex, "model.sha256", self.sha256)
+        typed.optional(sha256_hex, "model.vocabulary_sha256", self.vocabulary_sha256)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

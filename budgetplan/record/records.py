@@ -26,9 +26,12 @@ validated type, read strictly: a missing, unknown or malformed field is an error
 (an auditor must never pass on evidence that is not there).
 
 Schema history (``schema_version``): 1, one record with data statistics in it (no longer
-written; refused with a message); 2, the public and private split. Fields added since are
-optional and absent where they do not apply (``tuning``, ``one_run``, ``processes``, the
-private DP-SGD ``evidence``), so records without them keep their bytes.
+written; refused with a message); 2, the public and private split; 3, the model part names
+the ``vocabulary.json`` the run wrote by its digest (``model.vocabulary_sha256``): in a
+record of schema 3 its absence says the run wrote none, in one of schema 2 only that it was
+not recorded. Records of schema 2 are still read and keep their bytes. Other fields added
+since 2 are optional and absent where they do not apply (``tuning``, ``one_run``,
+``processes``, the private DP-SGD ``evidence``), so records without them keep their bytes.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from budgetplan.util.frozen import FrozenMap
 
 __all__ = [
     "RECORD_SCHEMA_VERSION",
+    "READ_SCHEMA_VERSIONS",
     "PRIVATE_SCHEMA_VERSION",
     "RRRun",
     "DPSGDRun",
@@ -87,7 +91,9 @@ __all__ = [
     "WITHHELD_WITH_N",
 ]
 
-RECORD_SCHEMA_VERSION = 2
+RECORD_SCHEMA_VERSION = 3
+# the public record schemas read: 2 (no vocabulary digest) and 3 (RECORD_SCHEMA_VERSION), which is written
+READ_SCHEMA_VERSIONS = (2, RECORD_SCHEMA_VERSION)
 PRIVATE_SCHEMA_VERSION = 1
 PRIVATE_DIR = "private"
 
@@ -835,6 +841,12 @@ class RunRecord:
         _typed("seeds", self.seeds, Seeds)
         _set(self, "phases", tuple(self.phases))
         _typed("model", self.model, ModelInfo)
+        if type(self.schema_version) is not int or self.schema_version not in READ_SCHEMA_VERSIONS:
+            raise InvalidParameterError(f"schema_version must be one of {list(READ_SCHEMA_VERSIONS)}, got "
+                                        f"{self.schema_version!r}")
+        if self.schema_version < 3 and self.model.vocabulary_sha256 is not None:
+            raise InvalidParameterError("model.vocabulary_sha256 is a field of schema 3, not of this record's schema "
+                                        f"{self.schema_version}")
         _set(self, "training", json_table("training", self.training))
         _typed("code", self.code, CodeHashes)
         _set(self, "timings", number_table("timings", self.timings))
@@ -891,11 +903,11 @@ class RunRecord:
     def from_json(cls, text: str, private_part: PrivateRecord | None = None) -> RunRecord:
         data, stored = _read_hashed(text, "run record")
         version = data.get("schema_version")
-        if version != RECORD_SCHEMA_VERSION:
+        if type(version) is not int or version not in READ_SCHEMA_VERSIONS:
             hint = (": schema 1 records mixed data statistics into the public record; re-run with this budgetplan"
                     if version == 1 else "")
             raise PlanMismatchError(f"run record schema_version {version!r} is not one this budgetplan reads "
-                                    f"({RECORD_SCHEMA_VERSION}){hint}")
+                                    f"({', '.join(map(str, READ_SCHEMA_VERSIONS))}){hint}")
         try:
             if "private_part" in data:
                 raise InvalidParameterError("run record has an unknown field 'private_part'")

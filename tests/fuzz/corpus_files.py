@@ -258,7 +258,7 @@ def _signed_cases() -> list[Case]:
 RECORD_EDITS = (
     ("sha-wrong", _json_edit(_set_path("sha256", "0" * 64))),
     ("sha-missing", _json_edit(_drop_key("sha256"))),
-    ("schema-3", _json_edit(_set_path("schema_version", 3))),
+    ("schema-4", _json_edit(_set_path("schema_version", 4))),
     ("schema-1", _json_edit(_set_path("schema_version", 1))),
     ("unknown-key", _json_edit(_set_path("zz", 1))),
     ("missing-key", _json_edit(_drop_key("phases"))),

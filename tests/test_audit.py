@@ -8,14 +8,24 @@ check the audit runs has at least one forgery (``test_every_check_has_a_forgery`
 import json
 import shutil
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from budgetplan.planning.planner import build_plan
-from budgetplan.record.ledger import digest, line
-from budgetplan.record.records import PrivateRecord, RunRecord, load_record
+from budgetplan.record.records import PrivateRecord, load_record
 from budgetplan.scenario.model import parse_scenario
+from tests.forgeries import (
+    FORGERIES,
+    copy_run,
+    forge_non_private,
+    forge_plan_edited,
+    forge_seeds_note,
+    forge_too_many_steps,
+    public,
+    rehash,
+    write_raw_record,
+    write_record,
+)
 from trainers import audit as audit_mod
 from trainers.audit import audit_run
 from trainers.demo import demo_scenario
@@ -39,430 +49,6 @@ def runs(tmp_path_factory):
                                                           settings=TrainSettings(embedding_dim=4)))
     return root, plan
 
-
-# ------------------------------------------------------------------------- forging tools
-
-
-def copy_run(root, name):
-    out = root / "forged" / name
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(root / "run", out)
-    return out
-
-
-def write_record(out, content: dict, private: PrivateRecord | None = None):
-    """Re-hash a public record's content (and re-link an edited private record)."""
-    if private is not None:
-        (out / "private" / "record.json").write_text(private.to_json())
-        content = {**content, "private_sha256": private.sha256}
-    body = {k: v for k, v in content.items()}
-    (out / "run.json").write_text(RunRecord.from_json(_rehash(body)).to_json())
-
-
-def _rehash(body: dict) -> str:
-    import hashlib
-
-    from budgetplan.plan import canonical_json
-
-    sha = hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
-    return json.dumps({**body, "sha256": sha}, sort_keys=True, indent=2)
-
-
-def write_raw_record(out, content: dict):
-    """A record that no longer loads as the schema says, re-hashed all the same."""
-    (out / "run.json").write_text(_rehash(content))
-
-
-def rechain(out, edit_entries):
-    """Rewrite the ledger with edited entries and a valid hash chain; the record follows its new head."""
-    path = out / "ledger.jsonl"
-    entries = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    entries = edit_entries(entries)
-    prev, lines = "0" * 64, []
-    for i, e in enumerate(entries):
-        e = {k: v for k, v in e.items() if k not in ("hash", "prev", "seq")}
-        e = {"seq": i, "prev": prev, **e}
-        e["hash"] = prev = digest(e)
-        lines.append(line(e))
-    path.write_text("\n".join(lines) + "\n")
-    content = load_record(out).content()
-    content["ledger"] = {"head": prev, "lines": len(entries)}
-    return content
-
-
-def dpsgd(content):
-    return next(p for p in content["phases"] if p["name"] == "dpsgd")
-
-
-def rr(content):
-    return next(p for p in content["phases"] if p["name"] == "rr")
-
-
-def public(out):
-    return load_record(out).content()
-
-
-# Each forgery: (id, function(run root, output dir) -> None, the check that must fail).
-def _f_field_removed(root, out):
-    c = public(out)
-    del dpsgd(c)["steps_this_session"]
-    write_raw_record(out, c)
-
-
-def _f_rr_entry_removed(root, out):
-    c = public(out)
-    c["phases"] = [p for p in c["phases"] if p["name"] != "rr"]
-    write_record(out, c)
-
-
-def _f_unknown_field(root, out):
-    c = public(out)
-    rr(c)["comment"] = "ok"
-    write_raw_record(out, c)
-
-
-def _f_too_many_steps(root, out):
-    c = public(out)
-    dpsgd(c)["steps_executed"] = 61
-    write_record(out, c)
-
-
-def _f_other_plan(root, out):
-    c = public(out)
-    c["plan_sha256"] = "0" * 64
-    write_record(out, c)
-
-
-def _f_non_private(root, out):
-    c = public(out)
-    c["plan_sha256"], c["private"] = None, False
-    write_record(out, c)
-
-
-def _f_rows(root, out):
-    c = public(out)
-    c["rows_used"] = N - 1
-    write_record(out, c)
-
-
-def _f_flip_probability(root, out):
-    c = public(out)
-    rr(c)["flip_probability"] *= 1.000001
-    write_record(out, c)
-
-
-def _f_flips_halved(root, out):
-    c = public(out)
-    rr(c)["labels_flipped"] //= 2
-    write_record(out, c)
-
-
-def _f_labels(root, out):
-    c = public(out)
-    rr(c)["labels"] = N // 2
-    write_record(out, c)
-
-
-def _f_noise_std(root, out):
-    c = public(out)
-    dpsgd(c)["noise_std"] /= 2
-    write_record(out, c)
-
-
-def _f_noise_draws(root, out):
-    c = public(out)
-    dpsgd(c)["noise_draws"] //= 3
-    write_record(out, c)
-
-
-def _forged_evidence(out, edit):
-    """The private record's DP-SGD evidence edited, the private record re-hashed and re-linked, as a forger
-    who knows the format would."""
-    import dataclasses
-
-    from budgetplan.util.typed import to_json
-
-    record = load_record(out)
-    phases = tuple(dataclasses.replace(p, evidence=edit(to_json(p.evidence)))
-                   if getattr(p, "evidence", None) is not None else p for p in record.private_part.phases)
-    write_record(out, public(out), dataclasses.replace(record.private_part, phases=phases))
-
-
-def _f_noise_not_drawn(root, out):
-    def edit(ev):  # step 7's draw claimed by no rank, with nothing drawn
-        ev["noise_ranks"][7], ev["noise_draws"][7], ev["noise_chi2"][7] = [], 0, 0.0
-        return ev
-    _forged_evidence(out, edit)
-
-
-def _f_noise_draw_empty(root, out):
-    def edit(ev):  # rank 0 claims step 7's draws, but their sum of squares is that of no noise
-        ev["noise_chi2"][7] = 0.0
-        return ev
-    _forged_evidence(out, edit)
-
-
-def _f_batch_stats(root, out):
-    c = public(out)
-    ph = dpsgd(c)
-    ph["batch_size_sum"], ph["batch_size_sumsq"] = 100 * 60, 100 * 100 * 60
-    write_record(out, c)
-
-
-def _f_fixed_size_ledger(root, out):
-    def edit(entries):
-        for e in entries:
-            if e.get("event") == "intent" and e.get("phase") == "dpsgd":
-                e["batch_size"] = 100  # every batch exactly the expected size: shuffled, not Poisson
-        return entries
-    c = rechain(out, edit)
-    ph = dpsgd(c)
-    ph.update(batch_size_sum=6000, batch_size_sumsq=600000, batch_size_min=100, batch_size_max=100)
-    write_record(out, c)
-
-
-def _f_ledger_deleted(root, out):
-    (out / "ledger.jsonl").unlink()
-
-
-def _f_ledger_line_edited(root, out):
-    path = out / "ledger.jsonl"
-    lines = path.read_text().splitlines(keepends=True)
-    k = next(i for i, x in enumerate(lines) if '"phase":"dpsgd"' in x)
-    e = json.loads(lines[k])
-    e["batch_size"] += 1
-    lines[k] = line(e) + "\n"
-    path.write_text("".join(lines))
-
-
-def _f_ledger_cut(root, out):
-    path = out / "ledger.jsonl"
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[:-5]))
-
-
-def _f_ledger_cut_record_follows(root, out):
-    def edit(entries):
-        keep = [e for e in entries if not (e.get("event") == "intent" and e.get("step", 0) >= 50
-                                           and e.get("phase") == "dpsgd")]
-        return keep
-    c = rechain(out, edit)
-    ph = dpsgd(c)
-    sizes = [json.loads(x)["batch_size"] for x in (out / "ledger.jsonl").read_text().splitlines()
-             if '"phase":"dpsgd"' in x and '"intent"' in x]
-    ph.update(steps_executed=50, batch_sizes_observed=50, batch_size_sum=sum(sizes),
-              batch_size_sumsq=sum(s * s for s in sizes), batch_size_min=min(sizes), batch_size_max=max(sizes))
-    write_record(out, c)
-
-
-def _f_second_release(root, out):
-    def edit(entries):
-        rel = next(e for e in entries if e.get("event") == "released")
-        i = entries.index(rel)
-        return entries[:i + 1] + [{"event": "intent", "phase": "rr", "step": 0}, dict(rel)] + entries[i + 1:]
-    write_record(out, rechain(out, edit))
-
-
-def _f_labels_file(root, out):
-    labels = np.load(out / "rr_labels.npy")
-    labels[:10] = 1 - labels[:10]
-    np.save(out / "rr_labels.npy", labels)
-
-
-def _f_release_digest(root, out):
-    c = public(out)
-    rr(c)["release_sha256"] = "f" * 64
-    write_record(out, c)
-
-
-def _f_extra_session(root, out):
-    def edit(entries):
-        i = next(k for k, e in enumerate(entries) if e.get("event") == "intent" and e.get("phase") == "dpsgd")
-        return entries[:i] + [{"event": "resume"}] + entries[i:]
-    write_record(out, rechain(out, edit))
-
-
-def _f_private_edited(root, out):
-    priv = PrivateRecord.from_json((out / "private" / "record.json").read_text())
-    content = priv.content()
-    content["phases"][1]["clipped_fraction"] = 0.0
-    (out / "private" / "record.json").write_text(_rehash(content))
-
-
-def _f_plan_edited(root, out):
-    """Half the noise, the guarantee left as it was, re-hashed in canonical form so that it loads."""
-    import hashlib
-
-    from budgetplan.plan import canonical_json
-
-    plan = json.loads((out / "plan.json").read_text())
-    for where in ("parameters", "mechanism"):
-        plan["phases"][1][where]["noise_multiplier"] *= 0.5
-    plan["phases"][1]["parameters"]["noise_std"] *= 0.5
-    body = {k: v for k, v in plan.items() if k != "sha256"}
-    body["sha256"] = hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
-    (out / "plan.json").write_text(json.dumps(body, sort_keys=True, indent=2, ensure_ascii=True) + "\n")
-
-
-def _private(out) -> dict:
-    return PrivateRecord.from_json((out / "private" / "record.json").read_text()).content()
-
-
-def _write_private(out, private_content: dict):
-    """Re-hash an edited private record and re-link the public record to it, as a forger who knows the format."""
-    write_record(out, public(out), PrivateRecord.from_json(_rehash(private_content)))
-
-
-def _f_seeds_policy(root, out):
-    """The run drew from the CSPRNG; the record now says it was seeded (re-hashed)."""
-    c = public(out)
-    c["seeds"] = {"policy": "seeded", "seed": 7, "note": "reproducible run"}
-    write_record(out, c)
-
-
-def _f_seeds_note(root, out):
-    """The ledger's seed note edited and re-chained: the record and ledger say seeded, the run was not."""
-    def edit(entries):
-        for e in entries:
-            if e.get("event") == "seeds":
-                e.update(policy="seeded", seed=7)
-        return entries
-    c = rechain(out, edit)
-    c["seeds"] = {"policy": "seeded", "seed": 7, "note": "reproducible run"}
-    write_record(out, c)
-
-
-def _f_replayed_streams(root, out):
-    """A second session whose ledger says it drew from the first session's streams (a replay)."""
-    def edit(entries):
-        i = next(k for k, e in enumerate(entries) if e.get("event") == "intent" and e.get("phase") == "dpsgd")
-        note = dict(next(e for e in entries if e.get("event") == "seeds"))
-        return entries[:i + 30] + [{"event": "resume"}, note] + entries[i + 30:]
-    c = rechain(out, edit)
-    dpsgd(c)["sessions"] = 2
-    write_record(out, c)
-
-
-def _f_no_seed_note(root, out):
-    write_record(out, rechain(out, lambda entries: [e for e in entries if e.get("event") != "seeds"]))
-
-
-def _f_private_rows(root, out):
-    """rows_in and rows_used set below the plan's N in the private record (re-hashed, re-linked)."""
-    content = _private(out)
-    content["data"]["rows_in"] = content["data"]["rows_used"] = N - 1000
-    _write_private(out, content)
-
-
-def _f_private_rows_in(root, out):
-    content = _private(out)
-    content["data"]["rows_in"] = N - 1000  # fewer rows read than used: no capping does that
-    _write_private(out, content)
-
-
-def _f_private_plan(root, out):
-    content = _private(out)
-    content["plan_sha256"] = "0" * 64
-    _write_private(out, content)
-
-
-def _f_model_deleted(root, out):
-    (out / "model.pt").unlink()
-
-
-def _f_model_replaced(root, out):
-    import torch
-
-    state = torch.load(out / "model.pt", weights_only=False)
-    key = next(iter(state))
-    state[key] = state[key] * 0  # another model in its place
-    torch.save(state, out / "model.pt")
-
-
-def _f_model_digest_removed(root, out):
-    c = public(out)
-    del c["model"]["sha256"]
-    write_record(out, c)
-
-
-def _f_vocabulary_edited(root, out):
-    vocab = json.loads((out / "vocabulary.json").read_text())
-    column = next(iter(vocab))
-    vocab[column] = [f"not-{v}" for v in vocab[column]] if isinstance(vocab[column], list) else {
-        f"not-{k}": v for k, v in vocab[column].items()}  # the model's rows now stand for other values
-    (out / "vocabulary.json").write_text(json.dumps(vocab, sort_keys=True) + "\n")
-
-
-def _f_vocabulary_deleted(root, out):
-    (out / "vocabulary.json").unlink()
-
-
-def _f_vocabulary_digest_removed(root, out):
-    c = public(out)
-    del c["model"]["vocabulary_sha256"]
-    write_record(out, c)
-
-
-def _f_vocabulary_and_digest_removed(root, out):
-    _f_vocabulary_digest_removed(root, out)
-    (out / "vocabulary.json").unlink()
-
-
-def _f_labels_deleted(root, out):
-    (out / "rr_labels.npy").unlink()
-
-
-def _f_code(root, out):
-    c = public(out)
-    c["code"]["trainers"] = "0" * 64
-    write_record(out, c)
-
-
-FORGERIES = [
-    ("dpsgd field removed", _f_field_removed, "record is well-formed"),
-    ("unknown field", _f_unknown_field, "record is well-formed"),
-    ("private record edited", _f_private_edited, "record is well-formed"),
-    ("rr entry removed", _f_rr_entry_removed, "record names the plan"),
-    ("rr entry removed: no flips to test", _f_rr_entry_removed, "RR flips"),
-    ("other plan", _f_other_plan, "record names the plan"),
-    ("non-private", _f_non_private, "record names the plan"),
-    ("rows", _f_rows, "record names the plan"),
-    ("plan edited", _f_plan_edited, "plan verifies"),
-    ("too many steps", _f_too_many_steps, "steps within plan"),
-    ("extra session", _f_extra_session, "steps within plan"),
-    ("ledger cut, record follows", _f_ledger_cut_record_follows, "steps within plan"),
-    ("ledger deleted", _f_ledger_deleted, "ledger"),
-    ("ledger line edited", _f_ledger_line_edited, "ledger"),
-    ("ledger cut", _f_ledger_cut, "ledger"),
-    ("second release", _f_second_release, "ledger"),
-    ("labels file", _f_labels_file, "ledger"),
-    ("release digest", _f_release_digest, "ledger"),
-    ("noise std", _f_noise_std, "DP-SGD noise"),
-    ("noise draws", _f_noise_draws, "DP-SGD noise"),
-    ("noise not drawn", _f_noise_not_drawn, "DP-SGD noise evidence"),
-    ("noise draw empty", _f_noise_draw_empty, "DP-SGD noise evidence"),
-    ("batch statistics", _f_batch_stats, "Poisson batch sizes"),
-    ("fixed-size batches", _f_fixed_size_ledger, "Poisson batch sizes: spread"),
-    ("flip probability", _f_flip_probability, "RR flips"),
-    ("flips halved", _f_flips_halved, "RR flips"),
-    ("labels", _f_labels, "RR flips"),
-    ("code", _f_code, "code that ran"),
-    ("seeds csprng to seeded", _f_seeds_policy, "seed policy"),
-    ("replayed streams", _f_replayed_streams, "seed policy"),
-    ("no seed note", _f_no_seed_note, "seed policy"),
-    ("private rows below N", _f_private_rows, "record names the plan"),
-    ("private rows_in below rows_used", _f_private_rows_in, "record names the plan"),
-    ("private plan replaced", _f_private_plan, "record names the plan"),
-    ("model deleted", _f_model_deleted, "model file"),
-    ("model replaced", _f_model_replaced, "model file"),
-    ("model digest removed", _f_model_digest_removed, "model file"),
-    ("rr labels deleted", _f_labels_deleted, "ledger"),
-    ("vocabulary edited", _f_vocabulary_edited, "vocabulary file"),
-    ("vocabulary deleted", _f_vocabulary_deleted, "vocabulary file"),
-    ("vocabulary digest removed", _f_vocabulary_digest_removed, "vocabulary file"),
-    ("vocabulary and digest removed", _f_vocabulary_and_digest_removed, "vocabulary file"),
-]
 
 # What the check that fails each forgery must name (the six forged records of issue 26 among them).
 NAMED = {
@@ -506,7 +92,7 @@ def test_an_honest_run_passes(runs, no_empirical):
 def test_each_forgery_fails_its_check(runs, no_empirical, name, forge, failing):
     root, _ = runs
     out = copy_run(root, name.replace(" ", "-").replace(":", ""))
-    forge(root, out)
+    forge(out)
     report = audit_run(out, empirical=True)
     assert not report.passed
     assert not check(report, failing).passed, report.to_dict()
@@ -601,7 +187,7 @@ def test_cli_audit_and_run_statement(runs, runner):
     assert (shown["epsilon"], shown["delta"]) == (plan.guarantee.epsilon, plan.guarantee.delta)
     assert shown["adjacency"] == plan.adjacency.value
     out = copy_run(root, "cli-steps")
-    _f_too_many_steps(root, out)
+    forge_too_many_steps(out)
     bad = runner.invoke(cli, ["audit", str(out)])
     assert bad.exit_code == 1 and "steps within plan" in bad.stderr
     stmt = runner.invoke(cli, ["statement", str(root / "run" / "run.json")])
@@ -616,7 +202,7 @@ def test_a_run_seeded_by_its_evidence_is_not_certified(runs, runner):
 
     root, _ = runs
     out = copy_run(root, "seeded-everywhere")
-    _f_seeds_note(root, out)
+    forge_seeds_note(out)
     report = audit_run(out)
     assert report.seeded and "not certifiable as private" in check(report, "seed policy").detail
     res = runner.invoke(cli, ["audit", str(out), "--json"])
@@ -661,7 +247,7 @@ def test_a_statement_is_only_printed_for_the_plan_that_ran(runs, runner, tmp_pat
     wrong = runner.invoke(cli, ["statement", str(root / "run" / "run.json"), "--plan", str(tmp_path / "other.json")])
     assert wrong.exit_code == 1 and "names plan" in wrong.stderr and not wrong.stdout
     base = copy_run(root, "baseline-like")
-    _f_non_private(root, base)
+    forge_non_private(base)
     nonpriv = runner.invoke(cli, ["statement", str(base / "run.json")])
     assert nonpriv.exit_code == 1 and "non-private" in nonpriv.stderr and not nonpriv.stdout
 
@@ -671,7 +257,7 @@ def test_a_statement_is_refused_for_a_plan_that_does_not_verify(runs, runner, tm
 
     root, _ = runs
     out = copy_run(root, "stmt-plan")
-    _f_plan_edited(root, out)
+    forge_plan_edited(out)
     res = runner.invoke(cli, ["statement", str(out / "plan.json")])
     assert res.exit_code == 1 and "does not verify" in res.stderr and not res.stdout
 
@@ -701,7 +287,7 @@ def test_malformed_evidence_does_not_read(runs, edit, names):
     edit(stats["evidence"])
     del content["sha256"]
     with pytest.raises(PlanMismatchError, match="does not match its schema") as refused:
-        PrivateRecord.from_json(_rehash(content))
+        PrivateRecord.from_json(rehash(content))
     assert names in str(refused.value)
 
 

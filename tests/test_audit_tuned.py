@@ -10,7 +10,7 @@ from budgetplan.audit import audit_run
 from budgetplan.cli import cli
 from budgetplan.planning.planner import build_plan
 from budgetplan.scenario.model import parse_scenario
-from tests.test_audit import copy_run, public, rechain, write_record
+from tests.forgeries import copy_run, public, rechain, write_record
 from tests.trainers.test_tune import FAST, GRID_2X1, grid_scenario
 
 ROWS = 3000
@@ -172,14 +172,13 @@ def test_a_tuned_record_without_its_step_evidence_fails(tuned):
     import dataclasses
 
     from budgetplan.record.records import DPSGDStats, load_record
-    from tests.test_audit import write_record as relink
 
     root, _ = tuned
     out = copy_run(root, "no-evidence")
     record = load_record(out)
     phases = tuple(dataclasses.replace(p, evidence=None) if isinstance(p, DPSGDStats) else p
                    for p in record.private_part.phases)
-    relink(out, public(out), dataclasses.replace(record.private_part, phases=phases))
+    write_record(out, public(out), dataclasses.replace(record.private_part, phases=phases))
     check = next(c for c in audit_run(out).checks if c.name == f"#{_selected(root)} DP-SGD noise evidence")
     assert not check.passed and "keeps no per-step evidence" in check.detail
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-__all__ = ["Artefacts", "TRAIN_ROWS", "EVAL_ROWS", "SMALL_SCENARIOS", "train_scenario", "train_dpsgd_scenario"]
+__all__ = ["Artefacts", "TRAIN_ROWS", "EVAL_ROWS", "SMALL_SCENARIOS", "train_scenario", "train_dpsgd_scenario",
+           "train_hybrid_scenario"]
 
 TRAIN_ROWS, EVAL_ROWS, USERS = 300, 120, 60
 
@@ -148,6 +149,44 @@ method = "rdp"
 {SYNTH_FEATURES.to_toml()}"""
 
 
+def train_hybrid_scenario(rows: int = TRAIN_ROWS) -> str:
+    """A Hybrid scenario over the synthetic columns (RR, then 24 Poisson DP-SGD steps): the run the forged
+    records (``tests/forgeries.py``) are made from. At epsilon 1 the RR phase flips about a third of the
+    labels, so that a count of flips halved is far outside what 300 labels allow."""
+    from trainers.data.synth import SYNTH_FEATURES
+
+    return f"""name = "fuzz-train-hybrid"
+
+[budget]
+epsilon = 1.0
+delta = 1e-5
+
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+
+[data]
+dataset_size = {rows}
+
+[algorithm]
+name = "hybrid"
+split = "alpha=0.5"
+
+[rr]
+epochs = 1
+batch_size = 64
+
+[dpsgd]
+batch_size = 30
+steps = 24
+clipping_norm = 1.0
+
+[accounting]
+discretization = 1e-3
+
+{SYNTH_FEATURES.to_toml()}"""
+
+
 def train_scenario(rows: int = TRAIN_ROWS, *, extra: str = "") -> str:
     """An RR scenario over the synthetic columns, N = ``rows``: what the train cases execute."""
     from trainers.data.synth import SYNTH_FEATURES
@@ -197,7 +236,9 @@ class Artefacts:
         source = self.path(name)
         if source.is_dir():
             shutil.copytree(source, target)
-            if edit is not None:
+            if callable(edit):  # edits the copied directory in place (a forged run: several files at once)
+                edit(target)
+            elif edit is not None:
                 rel, fn = edit
                 f = target / rel
                 new = fn(f.read_bytes())
@@ -310,6 +351,16 @@ def _run_rr(a: Artefacts) -> Path:
     return out
 
 
+def _run_hybrid(a: Artefacts) -> Path:
+    """A completed Hybrid run drawing from the CSPRNG (its record says so, and forgeries may say otherwise)."""
+    from trainers.run import RunOptions, TrainSettings, execute_plan
+
+    out = a.root / "run-hybrid"
+    execute_plan(_plan_of(train_hybrid_scenario()), a.path("train-parquet"),
+                 RunOptions(out_dir=out, settings=TrainSettings(**_FAST)))
+    return out
+
+
 def _run_baseline(a: Artefacts) -> Path:
     from budgetplan.plan import load_plan
     from trainers.baseline import BaselineSettings
@@ -341,5 +392,6 @@ _BUILDERS = {
     "eval-parquet": _eval_parquet,
     "train-csv": _train_csv,
     "run-rr": _run_rr,
+    "run-hybrid": _run_hybrid,
     "run-baseline": _run_baseline,
 }

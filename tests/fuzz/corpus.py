@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.fuzz.corpus_files import file_cases
+from tests.fuzz.corpus_forged import forged_cases
 from tests.fuzz.corpus_misc import misc_cases
 from tests.fuzz.corpus_options import option_cases
 from tests.fuzz.corpus_outputs import output_cases
@@ -12,7 +13,7 @@ __all__ = ["CASES"]
 
 
 def _all():
-    cases = option_cases() + scenario_cases() + file_cases() + output_cases() + misc_cases()
+    cases = option_cases() + scenario_cases() + file_cases() + output_cases() + misc_cases() + forged_cases()
     seen = set()
     for case in cases:
         if case.id in seen:

@@ -81,7 +81,7 @@ class Artefact:
 
     ``edit`` maps the artefact's bytes to the bytes to write (for a directory artefact it is
     ``(relative path, edit)``: one file inside the copied directory is rewritten, or removed
-    when the edit returns None).
+    when the edit returns None; or a function of the copied directory, which edits it in place).
     """
 
     path: str

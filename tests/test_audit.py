@@ -22,6 +22,7 @@ from tests.forgeries import (
     forge_seeds_note,
     forge_too_many_steps,
     public,
+    rechain,
     rehash,
     write_raw_record,
     write_record,
@@ -205,10 +206,35 @@ def test_a_run_seeded_by_its_evidence_is_not_certified(runs, runner):
     forge_seeds_note(out)
     report = audit_run(out)
     assert report.seeded and "not certifiable as private" in check(report, "seed policy").detail
+    assert "not checked: that the run's draws are the ones this seed makes" in check(report, "seed policy").detail
     res = runner.invoke(cli, ["audit", str(out), "--json"])
     assert json.loads(res.stdout)["seeded"] is True
     table = runner.invoke(cli, ["audit", str(out)])
     assert "seeded: not certifiable as private" in " ".join(table.stdout.split())
+
+
+def test_a_seeded_run_rewritten_to_csprng_is_a_stated_limit(runs):
+    """Records are not signed: a seeded run whose ledger and record both say csprng again (re-chained, re-hashed)
+    reads as a CSPRNG run. The audit cannot tell; its seed-policy text says what it could not check."""
+    root, _ = runs
+    honest = load_record(root / "run").seeds
+    out = copy_run(root, "seeded-then-csprng")
+    forge_seeds_note(out)  # the files of a seeded run, as far as the audit can tell
+    assert audit_run(out).seeded
+
+    def edit(entries):
+        for e in entries:
+            if e.get("event") == "seeds":
+                e.update(policy="csprng", seed=None)
+        return entries
+    content = rechain(out, edit)
+    content["seeds"] = {"policy": "csprng", "seed": None, "note": honest.note}
+    write_record(out, content)
+    report = audit_run(out)
+    assert report.passed and not report.seeded, report.failing()
+    detail = check(report, "seed policy").detail
+    assert "records and ledgers are not signed" in detail and "rewritten to say csprng reads the same" in detail
+    assert detail == check(audit_run(root / "run"), "seed policy").detail  # word for word an honest run's
 
 
 def test_audit_of_a_missing_directory_says_so(runner, tmp_path):

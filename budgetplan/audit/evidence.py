@@ -17,6 +17,11 @@
   anything must have said so first. A record whose seed policy was edited after the run
   therefore fails, whichever way it was edited.
 
+What the files cannot show is where the draws really came from: records and ledgers are not
+signed, so a seeded run whose ledger and record were both rewritten (and re-hashed, re-chained)
+to say ``csprng`` reads exactly as a CSPRNG run does. The check's detail says so; only the
+process that trained, not its files, can vouch for the CSPRNG.
+
 A seeded run passes ``seed policy`` when its evidence agrees (the seeded mode exists so
 that tests and benchmarks reproduce, and what they audit is the mechanics), but it is never
 certified as private: its seed is in the public record, so anyone holding the record can
@@ -154,8 +159,13 @@ def seeds_check(record: RunRecord, view: LedgerView | None) -> Check:
     if problems:
         return Check(name, False, "; ".join(problems))
     if policy == "seeded":
-        return Check(name, True, f"seeded (seed {seed}): {sessions} session(s), each on its own streams as the "
-                                 "ledger records; every draw is reproducible from the seed the record publishes, "
-                                 "so this run is not certifiable as private (a debugging run)")
-    return Check(name, True, f"csprng: {sessions} session(s), each drawing afresh from the operating system's "
-                             "CSPRNG, as the ledger records before any spending")
+        return Check(name, True, f"seeded (seed {seed}): checked that the ledger records this seed for each of its "
+                                 f"{sessions} session(s) before any spending, each on streams of its own; not "
+                                 "checked: that the run's draws are the ones this seed makes (the audit does not "
+                                 "redraw them). Every draw is reproducible from the seed the record publishes, so "
+                                 "this run is not certifiable as private (a debugging run)")
+    return Check(name, True, f"csprng: the ledger records, for each of its {sessions} session(s) and before any "
+                             "spending, draws from the operating system's CSPRNG, as the record says; what the files "
+                             "cannot show is where the draws really came from: records and ledgers are not signed, "
+                             "so a seeded run whose ledger and record were both rewritten to say csprng reads the "
+                             "same")

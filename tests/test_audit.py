@@ -341,3 +341,17 @@ def test_the_record_names_the_vocabulary_it_wrote(runs):
     record = load_record(root / "run")
     assert record.schema_version == 3
     assert record.model.vocabulary_sha256 == hashlib.sha256((root / "run" / "vocabulary.json").read_bytes()).hexdigest()
+
+
+def test_canaries_are_not_scored_through_another_vocabulary(runs):
+    """The canary audit encodes its canaries with the run's vocabulary.json: one the record does not name is
+    refused (scores through it would query rows other than the ones the run trained)."""
+    from budgetplan.errors import PlanMismatchError
+    from trainers.canary import score_canaries
+
+    root, plan = runs
+    out = copy_run(root, "canary-vocabulary")
+    (out / "vocabulary.json").write_text((out / "vocabulary.json").read_text().replace('"', '"x', 2))
+    table = pq.read_table(root / "train.parquet").slice(0, 5)
+    with pytest.raises(PlanMismatchError, match="is not the vocabulary the run record names"):
+        score_canaries(out, table, plan.scenario.features, load_record(out))

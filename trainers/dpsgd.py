@@ -177,11 +177,15 @@ def encoded_rows(data):
 
 
 class NoisyGradient(NamedTuple):
-    """What ``noisy_gradient`` did on this rank: rows (units) clipped, noise draws made, their sum of squares."""
+    """What ``noisy_gradient`` did on this rank: rows (units) clipped, noise draws made, their sum of squares.
 
-    clipped: int
+    ``clipped`` (int64) and ``noise_sumsq`` (float64, None when no draw was made) are 0-d tensors
+    on the gradients' device: reading them is a host sync, which a step leaves to the session's end.
+    """
+
+    clipped: torch.Tensor
     noise_draws: int
-    noise_sumsq: float
+    noise_sumsq: torch.Tensor | None
 
 
 def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float, noise_std: float,
@@ -221,7 +225,7 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
             a.mul_(noise_std)
         else:
             a.zero_()
-    clipped = 0
+    clipped = torch.zeros((), dtype=torch.int64, device=acc[0].device if acc else None)
     for idx, mask in batch.chunks:
         for a, p in zip(acc, trainable):
             p.grad = a
@@ -229,12 +233,12 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
         out = clipping.clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
                                    parameters=trainable, truncated=truncated, unit_rows=unit_rows,
                                    accumulate=True)
-        clipped += int(out["clipped"])
+        clipped = clipped + out["clipped"]  # on the device: no host sync per chunk
     if collective is not None:
         collective.sum_(acc)
     for a, p in zip(acc, trainable):
         p.grad = a.div_(expected_batch)
-    return NoisyGradient(clipped, draws, 0.0 if sumsq is None else float(sumsq))
+    return NoisyGradient(clipped, draws, sumsq)
 
 
 class DPSGDStep:
@@ -278,7 +282,8 @@ class DPSGDStep:
         self.start_step = self.step = start_step  # the next step's index
         self.sizes: list[int] = []        # global batch sizes, as the ledger holds them
         self.local_sizes: list = []       # with a collective: every rank's part of each step
-        self.clipped = self.chunks = self.noise_draws = self.batches_truncated = 0
+        self.chunks = self.noise_draws = self.batches_truncated = 0
+        self.clipped: torch.Tensor | int = 0  # a device tensor once a step ran: read in ``result``
         self.evidence = StepEvidence(params, rows=rows, unit=unit, start_step=start_step)
         self.t0 = time.perf_counter()
 
@@ -320,7 +325,7 @@ class DPSGDStep:
     def result(self, *, padded_size: int, settings: dict, device) -> DPSGDResult:
         """What this session ran (totals over the ranks with a collective: call it on every rank)."""
         par, coll = self.params, self.collective
-        clipped, chunks, per_rank, rank_steps = self.clipped, self.chunks, None, None
+        clipped, chunks, per_rank, rank_steps = int(self.clipped), self.chunks, None, None
         mine = self.evidence.local()
         draws, evidence = self.noise_draws, merge([mine])
         if coll is not None:

@@ -131,6 +131,29 @@ def test_the_step_evidence_is_the_draws_sums_of_squares_exactly_read_once():
     assert evidence["noise_ranks"] == [[0]] * 3 and len(set(expected)) == 3
 
 
+def test_the_noise_is_drawn_after_the_backward_not_beside_it(monkeypatch):
+    """No gradient buffer (noise or the last step's gradient) is held while a chunk is clipped, but the first."""
+    from trainers import clipping
+
+    data, model = tiny_data(), tiny_model()
+    trainable = list(model.parameters())
+    for p in trainable:
+        p.grad = torch.ones_like(p)  # the last step's gradient
+    held, real = [], clipping.clipped_gradient_sum
+
+    def spy(*args, **kw):
+        held.append(sum(p.grad is not None for p in trainable))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(clipping, "clipped_gradient_sum", spy)
+    idx = torch.arange(16)
+    batch = Batch(chunks=[(idx[:8], torch.ones(8)), (idx[8:], torch.ones(8))], size=16, drawn=16, truncated=False)
+    noisy_gradient(model, encoded_rows(data), batch, trainable, clipping_norm=0.5, noise_std=0.7, expected_batch=4.0,
+                   noise_generator=torch.Generator().manual_seed(5), loss_fn=functools.partial(bce, reduction="none"))
+    assert held == [0, len(trainable)]  # the second chunk adds into the first one's sums
+    assert all(p.grad is not None and bool((p.grad != 1).all()) for p in trainable)
+
+
 def test_run_counts_steps_and_records_batch_statistics():
     data, model = tiny_data(), tiny_model("fm")
     rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1))

@@ -9,8 +9,9 @@ is edited. The registrations are undone after the module, so no other test sees 
 
 What must hold, as for a built-in kind: the plan round-trips through its file and verifies;
 its statement describes the release; the run writes a record with the kind's entries and a
-ledgered release; the audit passes the honest run and fails a run whose release was
-forged, or whose noise was planned smaller than its budget allows.
+ledgered release, made once for all ranks over several processes (``release_once``); the
+audit passes the honest run and fails a run whose release was forged, or whose noise was
+planned smaller than its budget allows.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ from budgetplan.report.statement import describes, describes_entry, render_run_s
 from budgetplan.scenario import model as scenario_model
 from budgetplan.scenario.model import parse_scenario
 from budgetplan.util import validate
+from trainers import distributed
 from trainers.audit import audit_run
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.metrics import evaluate_model
 from trainers.phases import registry as executors
 from trainers.phases.registry import PhaseContext, register_executor
+from trainers.randomness import Randomness
 from trainers.run import RunOptions, execute_plan
+from trainers.session import Session
 
 N = 3000
 KIND = "base-rate"
@@ -158,7 +162,7 @@ def execute_base_rate(phase: BaseRatePhase, c: PhaseContext) -> list:
     def draw():
         return np.array([positives + c.randomness.generator().normal(0.0, phase.params.noise_std)]), {}
 
-    noisy, note = c.session.release(KIND, draw)
+    noisy, note = distributed.release_once(c.collective, c.session, KIND, draw)
     rate = min(max(float(noisy[0]) / phase.params.dataset_size, 1e-6), 1 - 1e-6)
     c.final = ConstantModel(math.log(rate / (1 - rate)))
     public = BaseRateRun(noise_std=phase.params.noise_std, noise_draws=1, release_sha256=note["sha256"],
@@ -286,3 +290,64 @@ def test_the_audit_fails_a_plan_planned_below_its_budget(run, kind):
     check = reaccount.reaccount_check(record, replace(plan, phases=(looser,)))
     assert not check.passed and "analytic Gaussian" in check.detail
 
+
+
+class _Ranks:
+    """Two ranks' collective in one process: rank 0's broadcasts are recorded, and rank 1 receives them in order."""
+
+    def __init__(self, rank: int, sent: list):
+        self.rank, self.sent = rank, sent
+
+    def broadcast_object(self, value):
+        if self.rank == 0:
+            self.sent.append(value)
+            return value
+        return self.sent.pop(0)
+
+
+class _NoPersist:
+    """Rank 1's session: a rank other than 0 must never persist (nor log) a release."""
+
+    def release(self, phase, make):
+        raise AssertionError(f"rank 1 persisted the {phase} release")
+
+    def released(self, phase):
+        raise AssertionError("rank 1 judged whether the release was made")
+
+
+def test_the_kind_is_released_once_for_all_ranks_and_reloaded_on_resume(kind, tmp_path):
+    """Through ``release_once``, as the trainers' built-in kinds: rank 0 logs, draws and persists; every
+    rank runs ``make`` (its side of the collectives) while the release is fresh, and gets rank 0's."""
+    plan = build_plan(parse_scenario(SCENARIO))
+    calls = {0: 0, 1: 0}
+
+    def make(rank):
+        def draw():
+            calls[rank] += 1
+            return np.array([100.0 + rank]), {"rank": rank}
+        return draw
+
+    def both(session):
+        sent: list = []
+        mine = distributed.release_once(_Ranks(0, sent), session, KIND, make(0))
+        theirs = distributed.release_once(_Ranks(1, sent), _NoPersist(), KIND, make(1))
+        assert not sent  # rank 1 consumed every broadcast
+        return mine, theirs
+
+    first = Session(tmp_path / "run", plan, randomness=Randomness(5))
+    try:
+        (data0, note0), (data1, note1) = both(first)
+    finally:
+        first.close()
+    assert calls == {0: 1, 1: 1} and data0.tolist() == data1.tolist() == [100.0] and note1 == note0
+    assert note0["phase"] == KIND and note0["rank"] == 0
+    assert np.load(tmp_path / "run" / f"{KIND}_release.npy").tolist() == [100.0]
+    assert first.ledger.count(KIND) == 1 and len(first.ledger.events("released", KIND)) == 1
+
+    again = Session(tmp_path / "run", plan, randomness=Randomness(5), resume=True)
+    try:
+        (data0, note0), (data1, _) = both(again)
+        assert again.ledger.count(KIND) == 1  # no second intent: the release is reloaded, not redrawn
+    finally:
+        again.close()
+    assert calls == {0: 1, 1: 1} and data0.tolist() == data1.tolist() == [100.0] and note0["rank"] == 0

@@ -342,6 +342,8 @@ def _index_add(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, accu
 # about K L (dim + a sort's log). On one CPU thread (24k lookups, dim 8 and 32) the Gram was the
 # faster up to K L = 16 and 2-5x slower from 32 to 64.
 _GRAM_MAX_LOOKUPS = 16
+# Rows per block of an Embedding's masked Gram matrices (see _EmbeddingPieces.squared_norms).
+_GRAM_ROWS = 2048
 
 
 def _segment_squared_norms(owner: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, vocab: int,
@@ -382,9 +384,16 @@ class _EmbeddingPieces:
         if ids.shape[1] == 1:
             return torch.linalg.vector_norm(g, dim=(1, 2)).square()
         # Rows that looked up the same id add up before the norm is taken: keep the cross
-        # terms of equal ids only. [P, L, L], never [P, vocabulary, dim]; the Gram matrix is
-        # ours, so it is masked in place (a fill, not a product: no float copy of the mask).
-        return (g @ g.mT).masked_fill_(ids.unsqueeze(2) != ids.unsqueeze(1), 0).sum((1, 2))
+        # terms of equal ids only. [rows, L, L], never [P, vocabulary, dim]; the Gram matrix is
+        # ours, so it is masked in place (a fill, not a product: no float copy of the mask). A
+        # block of _GRAM_ROWS rows at a time: the norms are taken while every layer's output
+        # gradients are held, the step's peak, where the whole [P, L, L] Gram and its mask would
+        # add 13 MiB at the pCTR shape (P = 16,384, L = 13).
+        out = g.new_empty(g.shape[0])
+        for start in range(0, g.shape[0], _GRAM_ROWS):
+            gs, ib = g[start:start + _GRAM_ROWS], ids[start:start + _GRAM_ROWS]
+            out[start:start + _GRAM_ROWS] = (gs @ gs.mT).masked_fill_(ib.unsqueeze(2) != ib.unsqueeze(1), 0).sum((1, 2))
+        return out
 
     def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
         scale = c[:, None, None]

@@ -150,13 +150,16 @@ def release_once(collective: Collective | None, session, phase: str, make):
     only rank 0's return value is kept: rank 0's session logs the intent first, then calls
     it, persists the result and logs its digest, exactly as one process does. A resumed run
     reloads rank 0's saved release instead. Every rank returns ``(array, note)`` from rank 0.
+
+    ``phase`` is any one-shot release the ledger knows (``budgetplan.record.ledger.RELEASE_FILES``:
+    rr, walr, calibration, or a kind added with ``register_one_shot_release``); it goes through
+    the session's generic ``release(phase, make)``.
     """
-    release = getattr(session, {"rr": "rr_labels", "walr": "walr_sum", "calibration": "calibration_release"}[phase])
     if collective is None:
-        return release(make)
+        return session.release(phase, make)
     fresh = collective.broadcast_object(not session.released(phase) if collective.rank == 0 else None)
     if collective.rank == 0:
-        result = release(make)  # make() runs inside, after the intent is logged
+        result = session.release(phase, make)  # make() runs inside, after the intent is logged
     else:
         if fresh:
             make()  # the other ranks' side of make's collectives

@@ -177,11 +177,15 @@ def encoded_rows(data):
 
 
 class NoisyGradient(NamedTuple):
-    """What ``noisy_gradient`` did on this rank: rows (units) clipped, noise draws made, their sum of squares."""
+    """What ``noisy_gradient`` did on this rank: rows (units) clipped, noise draws made, their sum of squares.
 
-    clipped: int
+    ``clipped`` (int64) and ``noise_sumsq`` (float64, None when no draw was made) are 0-d tensors
+    on the gradients' device: reading them is a host sync, which a step leaves to the session's end.
+    """
+
+    clipped: torch.Tensor
     noise_draws: int
-    noise_sumsq: float
+    noise_sumsq: torch.Tensor | None
 
 
 def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float, noise_std: float,
@@ -189,9 +193,9 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
                    collective=None, unit_rows: int = 1) -> NoisyGradient:
     """Set each trainable parameter's .grad to (clipped sum + N(0, noise_std^2)) / expected_batch.
 
-    The noise is drawn once per parameter element, into the gradient buffers themselves, and
-    the batch's chunks are clipped and summed separately into them: one noisy update however
-    many chunks. An empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
+    The batch's chunks are clipped and summed into the gradient buffers, then the noise is
+    drawn once per parameter element and added to them: one noisy update however many
+    chunks. An empty batch gets the noise alone. With a ``collective`` (``trainers.distributed``) the
     sum covers every rank's rows and the noise is drawn by rank 0 alone, once. Returns how
     many of this rank's real rows were clipped, and the noise this rank drew: how many
     standard normal draws (scaled by ``noise_std`` when added) and the sum of their squares,
@@ -205,36 +209,37 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
             count returned is then of clipped units.
     """
 
-    # The noise is drawn straight into the gradient buffers and every chunk's clipped sum is added
-    # into them (clipped_gradient_sum(accumulate=True)): no zeroed accumulator. The draws are those
-    # of one torch.randn per parameter, in parameter order; their sum of squares (the evidence) takes
-    # one temporary per parameter, freed before any activation is stored.
-    acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]
-    draws, sumsq = 0, None
-    for a in acc:
-        if collective is None or collective.draws_noise:
-            a.normal_(generator=noise_generator)  # the values of randn(...), scaled below
-            # the commitment to the draw actually added: its size and its sum of squares
-            draws += a.numel()
-            square = a.square().sum(dtype=torch.float64)
-            sumsq = square if sumsq is None else sumsq + square
-            a.mul_(noise_std)
-        else:
-            a.zero_()
-    clipped = 0
+    # Every chunk's clipped sum is added into the gradient buffers (clipped_gradient_sum(accumulate=True)):
+    # no zeroed accumulator. The noise is added after the last chunk, once the activations are gone: buffers
+    # drawn before the backward would sit beside the activations and every layer's output gradients, at
+    # the step's peak. The draws are those of one torch.randn per parameter, in parameter order; the draw
+    # and its square (the evidence) take one temporary each, the size of the parameter.
+    for p in trainable:
+        p.grad = None
+    clipped = torch.zeros((), dtype=torch.int64, device=trainable[0].device if trainable else None)
     for idx, mask in batch.chunks:
-        for a, p in zip(acc, trainable):
-            p.grad = a
         inputs, targets = rows(idx)
         out = clipping.clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
                                    parameters=trainable, truncated=truncated, unit_rows=unit_rows,
                                    accumulate=True)
-        clipped += int(out["clipped"])
+        clipped = clipped + out["clipped"]  # on the device: no host sync per chunk
+    acc = [torch.zeros_like(p, memory_format=torch.contiguous_format) if p.grad is None else p.grad.contiguous()
+           for p in trainable]
+    draws, sumsq = 0, None
+    for a in acc:
+        if collective is None or collective.draws_noise:
+            noise = torch.empty_like(a).normal_(generator=noise_generator)  # the values of randn(...)
+            # the commitment to the draw actually added: its size and its sum of squares
+            draws += noise.numel()
+            square = noise.square().sum(dtype=torch.float64)
+            sumsq = square if sumsq is None else sumsq + square
+            a.add_(noise.mul_(noise_std))
+            del noise
     if collective is not None:
         collective.sum_(acc)
     for a, p in zip(acc, trainable):
         p.grad = a.div_(expected_batch)
-    return NoisyGradient(clipped, draws, 0.0 if sumsq is None else float(sumsq))
+    return NoisyGradient(clipped, draws, sumsq)
 
 
 class DPSGDStep:
@@ -278,7 +283,8 @@ class DPSGDStep:
         self.start_step = self.step = start_step  # the next step's index
         self.sizes: list[int] = []        # global batch sizes, as the ledger holds them
         self.local_sizes: list = []       # with a collective: every rank's part of each step
-        self.clipped = self.chunks = self.noise_draws = self.batches_truncated = 0
+        self.chunks = self.noise_draws = self.batches_truncated = 0
+        self.clipped: torch.Tensor | int = 0  # a device tensor once a step ran: read in ``result``
         self.evidence = StepEvidence(params, rows=rows, unit=unit, start_step=start_step)
         self.t0 = time.perf_counter()
 
@@ -320,7 +326,7 @@ class DPSGDStep:
     def result(self, *, padded_size: int, settings: dict, device) -> DPSGDResult:
         """What this session ran (totals over the ranks with a collective: call it on every rank)."""
         par, coll = self.params, self.collective
-        clipped, chunks, per_rank, rank_steps = self.clipped, self.chunks, None, None
+        clipped, chunks, per_rank, rank_steps = int(self.clipped), self.chunks, None, None
         mine = self.evidence.local()
         draws, evidence = self.noise_draws, merge([mine])
         if coll is not None:

@@ -40,7 +40,10 @@ class StepEvidence:
         self.steps_per_epoch = params.steps_per_epoch
         self.sampling = params.sampling
         self.k = params.cap if params.samples_units else 1
-        self.noise: list[tuple[int, float]] = []      # per step: (draws made on this rank, sum of their squares)
+        # per step: draws made on this rank, and the sum of their squares as a 0-d float64 tensor on
+        # the noise's device (None: no draw), read back once in ``local``: no host sync per step
+        self.draws: list[int] = []
+        self.sumsq: list[torch.Tensor | None] = []
         self.epochs: list[dict] = []                  # per epoch: {"whole", "counts": {times: rows}}
         self.step = start_step
         self._counts = (torch.zeros(int(rows), dtype=torch.int32) if rows is not None
@@ -76,9 +79,14 @@ class StepEvidence:
         units = torch.cat(seen) if seen else torch.empty(0, dtype=torch.int64)
         self.units_split += int(units.numel() - torch.unique(units).numel())  # a unit in two blocks of the step
 
-    def drew(self, draws: int, sumsq: float) -> None:
-        """The noise this rank drew at this step (after ``batch``), which closes the step."""
-        self.noise.append((int(draws), float(sumsq)))
+    def drew(self, draws: int, sumsq: torch.Tensor | None) -> None:
+        """The noise this rank drew at this step (after ``batch``), which closes the step.
+
+        ``sumsq``: the sum of the draws' squares, a 0-d tensor left on its device (or None
+        for no draw); it is not read here, so a step costs no device sync.
+        """
+        self.draws.append(int(draws))
+        self.sumsq.append(sumsq)
         self.step += 1
         if self._counts is not None and self.step % self.steps_per_epoch == 0:
             self._close_epoch(whole=True)
@@ -89,11 +97,24 @@ class StepEvidence:
         self.epochs.append({"whole": whole, "counts": {str(int(t)): int(r) for t, r in zip(times, rows)}})
         self._counts.zero_()
 
+    def _sums(self) -> list[float]:
+        """Every step's sum of squares as floats: one stack and one read per device, not one per step."""
+        out = [0.0] * len(self.sumsq)
+        by_device: dict[torch.device, list[int]] = {}
+        for i, s in enumerate(self.sumsq):
+            if s is not None:
+                by_device.setdefault(s.device, []).append(i)
+        for steps in by_device.values():
+            values = torch.stack([self.sumsq[i].to(torch.float64) for i in steps]).tolist()
+            for i, v in zip(steps, values):
+                out[i] = float(v)
+        return out
+
     def local(self) -> dict:
         """This rank's evidence, to merge (an unfinished epoch closed as partial)."""
         if self._counts is not None and self.step % self.steps_per_epoch and bool(self._counts.any()):
             self._close_epoch(whole=False)
-        out: dict = {"noise": list(self.noise)}
+        out: dict = {"noise": list(zip(self.draws, self._sums()))}
         if self._counts is not None:
             out["participation"] = list(self.epochs)
         if self._unit is not None:

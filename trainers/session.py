@@ -222,16 +222,6 @@ class Session:
         """(the release, its ledger note) of a one-shot phase (``RELEASE_FILES``): drawn once, reloaded on resume."""
         return self._release(phase, RELEASE_FILES[phase], make)
 
-    def rr_labels(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        """(noisy labels, ledger note): drawn once per run, reloaded on resume."""
-        return self.release("rr", make)
-
-    def walr_sum(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        return self.release("walr", make)
-
-    def calibration_release(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        return self.release("calibration", make)
-
     # ---------------------------------------------------------- DP-SGD steps
 
     def dpsgd_steps_taken(self) -> int:
@@ -326,15 +316,6 @@ class NullSession:
     def release(self, phase: str, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
         data, info = make()
         return data, {"phase": phase, "sha256": _sha256(np.asarray(data)), **info}
-
-    def rr_labels(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        return self.release("rr", make)
-
-    def walr_sum(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        return self.release("walr", make)
-
-    def calibration_release(self, make: MakeRelease) -> tuple[np.ndarray, dict[str, Any]]:
-        return self.release("calibration", make)
 
     def dpsgd_steps_taken(self) -> int:
         return 0

@@ -33,6 +33,7 @@ import torch
 
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.planning import grid
+from budgetplan.record.ledger import RELEASE_FILES
 from budgetplan.record.records import Selection, TunedRun, TuningRecord
 from budgetplan.util.typed import to_json_object
 from trainers.dpsgd import DPSGDSettings
@@ -54,10 +55,14 @@ class _ConfigSession:
     def __init__(self, session, index: int):
         self.session, self.index = session, index
 
-    def rr_labels(self, make):
+    def release(self, phase: str, make):
+        """A one-shot release of this configuration (any kind in ``RELEASE_FILES``), as ``c<i>/<phase>``."""
         if not hasattr(self.session, "ledger"):  # no run directory: nothing durable
-            return self.session.rr_labels(make)
-        return self.session._release(f"c{self.index}/rr", f"c{self.index}_rr_labels.npy", make)
+            return self.session.release(phase, make)
+        return self.session._release(f"c{self.index}/{phase}", f"c{self.index}_{RELEASE_FILES[phase]}", make)
+
+    def released(self, phase: str) -> bool:
+        return bool(self.session.released(f"c{self.index}/{phase}"))
 
     def intend(self, step: int, batch_size: int | None = None) -> None:
         if hasattr(self.session, "ledger"):

@@ -58,8 +58,8 @@ class Mutant:
 
 NOISE_HALVED = Mutant(
     "noise halved", "trainers.dpsgd",
-    "a.mul_(noise_std)",
-    "a.mul_(noise_std / 2)", ("noisy_gradient",))
+    "a.add_(noise.mul_(noise_std))",
+    "a.add_(noise.mul_(noise_std / 2))", ("noisy_gradient",))
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",
@@ -69,9 +69,9 @@ CLIPPING_OFF = Mutant(
 # 49 steps make an epoch of the README plan (ceil(N / B) = ceil(200,000 / 4,096)).
 NOISE_ONCE_PER_EPOCH_IN_STEP = Mutant(
     "noise once per epoch in the step", "trainers.dpsgd",
-    "    acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]\n",
+    "    draws, sumsq = 0, None\n",
     "    global _CALLS\n    _CALLS += 1\n    if _CALLS % 49 != 1:\n        noise_std = 0.0\n"
-    "    acc = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in trainable]\n",
+    "    draws, sumsq = 0, None\n",
     ("noisy_gradient",), preamble="_CALLS = 0\n")
 
 # DPSGDStep is the step object of every DP-SGD loop (run_dpsgd's and trainers.private's): its
@@ -120,8 +120,8 @@ SAME_SEED_RANKS = Mutant(
 
 NO_NOISE_ON_ANY_RANK = Mutant(
     "noise drawn by no rank", "trainers.dpsgd",
-    "    if collective is None or collective.draws_noise:\n",
-    "    if collective is None:\n", ("noisy_gradient",))
+    "        if collective is None or collective.draws_noise:\n",
+    "        if collective is None:\n", ("noisy_gradient",))
 
 # the draws counted and "added", but every one of them zero: the noise claimed at every step was never added
 NOISE_NOT_ADDED = Mutant(

@@ -101,6 +101,59 @@ def test_the_noise_is_the_same_draws_added_to_the_same_clipped_sum():
         assert float((a - p.grad / 4.0).abs().max()) > 0.05
 
 
+def test_the_step_evidence_is_the_draws_sums_of_squares_exactly_read_once():
+    """Each step's chi-square is the float64 sum, parameter by parameter, of the squares of the draws made.
+
+    The sums stay device tensors through the steps (no host sync per step) and are read at the
+    session's end; the values are those of the draws recomputed from the same seed, bit for bit.
+    """
+    from trainers.dpsgd import DPSGDStep
+
+    data, model = tiny_data(), tiny_model()
+    trainable = list(model.parameters())
+    par = params(200, steps=3)
+    step = DPSGDStep(model, par, trainable=trainable, optimizer=torch.optim.SGD(trainable, lr=0.1),
+                     loss_fn=functools.partial(bce, reduction="none"), noise_generator=torch.Generator().manual_seed(9))
+    idx = torch.arange(8)
+    for _ in range(3):
+        step(Batch(chunks=[(idx, torch.ones(8))], size=8, drawn=8, truncated=False), encoded_rows(data))
+    assert all(isinstance(s, torch.Tensor) and s.dtype == torch.float64 for s in step.evidence.sumsq)
+    evidence = step.result(padded_size=8, settings={}, device=torch.device("cpu")).evidence
+    gen, expected = torch.Generator().manual_seed(9), []
+    for _ in range(3):
+        total = None
+        for p in trainable:
+            square = torch.randn(p.shape, generator=gen).square().sum(dtype=torch.float64)
+            total = square if total is None else total + square
+        expected.append(float(total))
+    n = sum(p.numel() for p in trainable)
+    assert evidence["noise_chi2"] == expected and evidence["noise_draws"] == [n] * 3  # exact, not close
+    assert evidence["noise_ranks"] == [[0]] * 3 and len(set(expected)) == 3
+
+
+def test_the_noise_is_drawn_after_the_backward_not_beside_it(monkeypatch):
+    """No gradient buffer (noise or the last step's gradient) is held while a chunk is clipped, but the first."""
+    from trainers import clipping
+
+    data, model = tiny_data(), tiny_model()
+    trainable = list(model.parameters())
+    for p in trainable:
+        p.grad = torch.ones_like(p)  # the last step's gradient
+    held, real = [], clipping.clipped_gradient_sum
+
+    def spy(*args, **kw):
+        held.append(sum(p.grad is not None for p in trainable))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(clipping, "clipped_gradient_sum", spy)
+    idx = torch.arange(16)
+    batch = Batch(chunks=[(idx[:8], torch.ones(8)), (idx[8:], torch.ones(8))], size=16, drawn=16, truncated=False)
+    noisy_gradient(model, encoded_rows(data), batch, trainable, clipping_norm=0.5, noise_std=0.7, expected_batch=4.0,
+                   noise_generator=torch.Generator().manual_seed(5), loss_fn=functools.partial(bce, reduction="none"))
+    assert held == [0, len(trainable)]  # the second chunk adds into the first one's sums
+    assert all(p.grad is not None and bool((p.grad != 1).all()) for p in trainable)
+
+
 def test_run_counts_steps_and_records_batch_statistics():
     data, model = tiny_data(), tiny_model("fm")
     rec = run_dpsgd(model, data, params(200), trainable=list(model.parameters()), randomness=Randomness(1))

@@ -64,11 +64,11 @@ class _CaptureSession:
     resumed = False
     checkpoint_every = 0
 
-    def rr_labels(self, make):
+    def release(self, phase: str, make):
         raise _Released(*make())
 
-    def walr_sum(self, make):
-        raise _Released(*make())
+    def released(self, phase: str) -> bool:
+        return False
 
 
 # ---- randomized response ------------------------------------------------------------------
@@ -225,7 +225,8 @@ def walr_lower_bound(params, *, delta: float, epsilon: float | None = None, samp
 
     def one(y) -> np.ndarray:
         try:
-            walr.run_walr(X, y, w, par, rnd, steps=0, minibatch=1, lr=1.0, persist=session.walr_sum)
+            walr.run_walr(X, y, w, par, rnd, steps=0, minibatch=1, lr=1.0,
+                          persist=lambda draw: session.release("walr", draw))
         except _Released as released:
             return np.asarray(released.data.cpu() if hasattr(released.data, "cpu") else released.data, np.float64)
         raise BudgetplanError("run_walr returned without releasing its sum through the persist hook")

@@ -583,14 +583,15 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
         fit_seconds=fit_seconds)
 
 
-def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
-    """Rows/s and bytes/s of one release over synthetic float32 rows, and of a copy of those rows (benchmark helper).
+def release_throughput(n_rows: int, k: int, device="cpu", threads: int | None = None) -> dict:
+    """Rows/s and bytes/s of one release over synthetic float32 rows, and of a copy of its input (benchmark helper).
 
-    Bytes counted: every byte the release reads or writes (``bytes_moved``): the rows once, the
-    float64 block written and read twice, the weights once and the labels three times.
-    ``input_bytes`` is the input read once (N k 4 + N 8 + N), what a single pass would move. Right after the release,
-    the same prepared rows are copied once into a buffer written beforehand (numpy on a CPU,
-    torch on an accelerator; read + write counted): ``copy_bytes_per_s``, measured side by side.
+    Bytes counted: what the release reads from memory (``bytes_moved``: the rows and weights
+    once, the uint8 labels twice). ``input_bytes`` is the input read once (N k 4 + N 8 + N).
+    Right after the release, those input bytes (rows, weights and labels) are copied once into
+    buffers written beforehand (numpy on a CPU, one thread; torch on an accelerator):
+    ``copy_seconds``, and ``copy_bytes_per_s`` with read + write counted, measured side by side.
+    ``threads`` sets torch's threads for the release only (restored after; default: as they are).
     """
 
     n, k = _count("n_rows", n_rows, low=1), _count("k", k, low=1)
@@ -599,23 +600,33 @@ def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
     y = torch.randint(0, 2, (n,), generator=g, device=device, dtype=torch.uint8)
     Xc, wc, _ = prepare_rows(X, row_norm_bound=math.sqrt(k))
     del X
-    dst = torch.zeros_like(Xc)  # written once, so the copy below pays no first-touch page faults
+    inputs = (Xc, wc, y)
+    copies = [torch.zeros_like(t) for t in inputs]  # written once, so the copy below pays no first-touch page faults
     cuda = Xc.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(Xc.device)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(_count("threads", threads, low=1))
+    try:
+        t0 = time.perf_counter()
+        noisy, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0))
+        float(noisy[0])  # waits for the device
+        seconds = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(before)
     t0 = time.perf_counter()
-    noisy, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0))
-    float(noisy[0])  # waits for the device
-    seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    for src, dst in zip(inputs, copies, strict=True):
+        if cuda:
+            dst.copy_(src)
+        else:
+            np.copyto(dst.numpy(), src.numpy())
     if cuda:
-        dst.copy_(Xc)
         torch.cuda.synchronize(Xc.device)
-    else:
-        np.copyto(dst.numpy(), Xc.numpy())
     copy_seconds = time.perf_counter() - t0
     nbytes = bytes_moved(Xc, y, wc)
-    return {"rows": n, "k": k, "device": str(Xc.device), "seconds": seconds, "rows_per_s": n / seconds,
-            "bytes_per_s": nbytes / seconds, "bytes_moved": nbytes,
-            "input_bytes": n * k * Xc.element_size() + n * wc.element_size() + n * y.element_size(),
-            "copy_seconds": copy_seconds, "copy_bytes_per_s": 2 * Xc.numel() * Xc.element_size() / copy_seconds}
+    input_bytes = sum(t.numel() * t.element_size() for t in inputs)
+    return {"rows": n, "k": k, "device": str(Xc.device), "threads": threads or before, "seconds": seconds,
+            "rows_per_s": n / seconds, "bytes_per_s": nbytes / seconds, "bytes_moved": nbytes,
+            "input_bytes": input_bytes, "copy_seconds": copy_seconds,
+            "copy_bytes_per_s": 2 * input_bytes / copy_seconds}

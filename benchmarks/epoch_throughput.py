@@ -18,12 +18,13 @@ counted) and the time one epoch over 40,000,000 rows would take at that rate,
 on CPU the row gather from a 40M-row table would be somewhat slower than from 1M rows).
 
 WALR: ``trainers.walr.release_throughput`` over 16,000,000 rows x 20 features (intercept
-included): the one private release's rows/s and bytes/s (every byte it moves,
-``trainers.walr.bytes_moved``), median and best of ``--walr-repeats`` (5) runs, each run
-followed by a copy of the same rows (the ratio of the two rates, side by side), compared with this machine's
-memory bandwidth measured on a 2 GiB float32 array: the best of a numpy sum, a torch sum
-(all threads) and a numpy copy (read + write bytes counted), each the best of 5. The fraction
-release bytes/s / read bandwidth says how close the release runs to a memory-bound pass.
+included, float32): the one private release's rows/s and bytes/s (what it reads from memory,
+``trainers.walr.bytes_moved``), ``--walr-repeats`` (5) runs at one torch thread and at torch's
+default (on a CPU; the two interleaved), each run followed by a copy of the same input bytes
+(rows, weights, labels) under the same load: the median of the runs' release time over copy
+time is the figure (target <= 2x). Beside it, this machine's memory bandwidth measured on a
+2 GiB float32 array: the best of a numpy sum, a torch sum (all threads) and a numpy copy
+(read + write bytes counted), each the best of 5.
 
 Writes ``benchmarks/results/epoch_throughput.json`` and ``epoch_throughput.md`` (``*_cuda.*`` on a GPU). Not a test:
 run it with ``python benchmarks/epoch_throughput.py [--device cuda] [--threads 1] [--quick]``

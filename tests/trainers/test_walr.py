@@ -251,6 +251,25 @@ def test_the_float32_bound_holds_on_large_equal_rows_and_a_long_group_breaks_it(
     assert error > bound
 
 
+def test_one_label_moves_the_float32_release_by_its_group_bound_only():
+    """The privacy claim of ``float32_error_bound``: flipping one label changes one group's float32 sum only,
+    so the release moves by w_i x_i within 2 gamma_33 32 W R (plus float64 terms), far inside the global bound."""
+    n, k, R = 1 << 14, 8, 1.0
+    row = torch.full((k - 1,), 0.1 + 2.0 ** -20, dtype=torch.float32)
+    Xc, wc, _ = prepare_rows(row.repeat(n, 1) * 100, row_norm_bound=R)  # equal rows at the bound: the worst case
+    y = torch.ones(n, dtype=torch.uint8)
+    rel, _ = float32_error_bound(n)
+    group = 2 * (33 * 2.0 ** -24 / (1 - 33 * 2.0 ** -24)) * 32 * R
+    float64 = 2 * 600 * 2.0 ** -53 * n * R + 8 * np.finfo(np.float64).eps * n * R  # block sums, fsum, a - b
+    a, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(1))
+    for i in (0, 31, 32, 5000, n - 1):
+        y2 = y.clone()
+        y2[i] = 0
+        b, _ = release(Xc, y2, wc, noise_std=1.0, randomness=Randomness(1))
+        moved = float(np.linalg.norm((a - b).numpy() - Xc[i].double().numpy()))
+        assert moved <= group + float64 < rel * n * R / 100
+
+
 def test_float32_release_moves_within_the_bound_and_far_below_the_noise():
     g = torch.Generator().manual_seed(6)
     X = torch.rand(20_000, 9, generator=g)

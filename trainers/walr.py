@@ -397,10 +397,14 @@ def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomne
             seeded with 128 bits of its privacy source (the OS CSPRNG unless seeded).
         sensitivity: the plan's sensitivity; when given, the release is refused (nothing is
             returned) if the realised max ||w_i x_i|| exceeds it.
-        chunk_rows: rows per float64 block (performance only; default by device).
+        chunk_rows: rows per block (performance only; default by device and dtype; float32
+            rows: the error bound's float64 stage depends on it, ``float32_error_bound``).
         collective: with several processes (``Xc`` this rank's rows), every rank checks its
             own rows against the sensitivity, the exact sums are added across ranks, and
             rank 0 alone adds the noise, once; the other ranks return None.
+
+    Rows in float32 (or float16, bfloat16) are summed in one pass with float32 group sums
+    (``_float32_sum``, within ``float32_error_bound`` of the exact sum); float64 rows in float64.
 
     Returns:
         (noisy_sum [k] float64 on Xc's device, not divided by N, info) where info has

@@ -18,12 +18,13 @@ counted) and the time one epoch over 40,000,000 rows would take at that rate,
 on CPU the row gather from a 40M-row table would be somewhat slower than from 1M rows).
 
 WALR: ``trainers.walr.release_throughput`` over 16,000,000 rows x 20 features (intercept
-included): the one private release's rows/s and bytes/s (every byte it moves,
-``trainers.walr.bytes_moved``), median and best of ``--walr-repeats`` (5) runs, each run
-followed by a copy of the same rows (the ratio of the two rates, side by side), compared with this machine's
-memory bandwidth measured on a 2 GiB float32 array: the best of a numpy sum, a torch sum
-(all threads) and a numpy copy (read + write bytes counted), each the best of 5. The fraction
-release bytes/s / read bandwidth says how close the release runs to a memory-bound pass.
+included, float32): the one private release's rows/s and bytes/s (what it reads from memory,
+``trainers.walr.bytes_moved``), ``--walr-repeats`` (5) runs at one torch thread and at torch's
+default (on a CPU; the two interleaved), each run followed by a copy of the same input bytes
+(rows, weights, labels) under the same load: the median of the runs' release time over copy
+time is the figure (target <= 2x). Beside it, this machine's memory bandwidth measured on a
+2 GiB float32 array: the best of a numpy sum, a torch sum (all threads) and a numpy copy
+(read + write bytes counted), each the best of 5.
 
 Writes ``benchmarks/results/epoch_throughput.json`` and ``epoch_throughput.md`` (``*_cuda.*`` on a GPU). Not a test:
 run it with ``python benchmarks/epoch_throughput.py [--device cuda] [--threads 1] [--quick]``
@@ -51,6 +52,7 @@ STEP_LIMIT = 120.0
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 DPSGD = {"optimizer": "sgd", "lr": LR, "cosine_decay": True}  # the DP-SGD phase as the Hybrid paper runs it
 WALR_FEATURES, BANDWIDTH_BYTES, BANDWIDTH_REPEATS = 20, 2 << 30, 5
+WALR_CPU_THREADS = (1, None)  # the release at one torch thread, then at torch's default
 # --smoke: both modes (each in its own process) at one reduced shape, the release and the bandwidth, all tiny
 SMOKE = {"shapes": "attribution-reduced", "rows": 4096, "batch": 256, "steps": 2, "warmup": 1, "threads": 1,
          "walr_rows": 20_000, "walr_repeats": 1, "bandwidth_bytes": 8 << 20}
@@ -217,23 +219,35 @@ def bandwidth(device: str, nbytes: int = 2 << 30, repeats: int = 5) -> dict:
     return out
 
 
-def walr(device: str, rows: int, k: int, repeats: int) -> dict:
-    from trainers.walr import release_throughput
-
-    runs = [release_throughput(rows, k, device=device) for _ in range(repeats)]
-    secs = statistics.median(r["seconds"] for r in runs)
+def _walr_summary(runs: list[dict]) -> dict:
+    rows, secs = runs[0]["rows"], statistics.median(r["seconds"] for r in runs)
     best = min(r["seconds"] for r in runs)
     nbytes = runs[0]["bytes_moved"]
-    # each run's release against the copy of the same rows right after it (side by side, same load)
-    ratios = [r["bytes_per_s"] / r["copy_bytes_per_s"] for r in runs]
-    return {"rows": rows, "k": k, "repeats": repeats, "seconds_median": secs, "seconds_min": best,
-            "seconds_all": [r["seconds"] for r in runs], "rows_per_s": rows / secs, "bytes_per_s": nbytes / secs,
-            "best_rows_per_s": rows / best, "best_bytes_per_s": nbytes / best, "bytes_read": nbytes,
-            "bytes_moved": nbytes, "input_bytes": runs[0]["input_bytes"],
-            "copy_seconds_all": [r["copy_seconds"] for r in runs],
+    # each run's release against the copy of its input right after it (side by side, same load)
+    over = [r["seconds"] / r["copy_seconds"] for r in runs]
+    return {"rows": rows, "k": runs[0]["k"], "repeats": len(runs), "threads": runs[0]["threads"],
+            "seconds_median": secs, "seconds_min": best, "seconds_all": [r["seconds"] for r in runs],
+            "rows_per_s": rows / secs, "bytes_per_s": nbytes / secs, "best_rows_per_s": rows / best,
+            "best_bytes_per_s": nbytes / best, "bytes_read": nbytes, "bytes_moved": nbytes,
+            "input_bytes": runs[0]["input_bytes"], "copy_seconds_all": [r["copy_seconds"] for r in runs],
             "copy_bytes_per_s_median": statistics.median(r["copy_bytes_per_s"] for r in runs),
-            "fraction_of_copy_all": ratios, "fraction_of_copy_median": statistics.median(ratios),
-            "time_over_copy_median": statistics.median(r["seconds"] / r["copy_seconds"] for r in runs)}
+            "fraction_of_copy_all": [r["bytes_per_s"] / r["copy_bytes_per_s"] for r in runs],
+            "fraction_of_copy_median": statistics.median(r["bytes_per_s"] / r["copy_bytes_per_s"] for r in runs),
+            "time_over_copy_all": over, "time_over_copy_median": statistics.median(over),
+            "load_average_1min": [r["load_average_1min"] for r in runs]}
+
+
+def walr(device: str, rows: int, k: int, repeats: int, threads: tuple[int | None, ...]) -> dict:
+    """``release_throughput`` ``repeats`` times per thread setting, the settings interleaved (each
+    release followed by its copy); one summary per setting, keyed by its threads (None: torch's default)."""
+    from trainers.walr import release_throughput
+
+    runs: dict[int | None, list[dict]] = {t: [] for t in threads}
+    for _ in range(repeats):
+        for t in threads:
+            load = os.getloadavg()[0]
+            runs[t].append({**release_throughput(rows, k, device=device, threads=t), "load_average_1min": load})
+    return {t: _walr_summary(r) for t, r in runs.items()}
 
 
 # --------------------------------------------------------------------------------------- parent
@@ -289,7 +303,12 @@ def settings(args: argparse.Namespace) -> dict:
         "torch_threads_training": args.threads, "shapes": {s: h.SHAPES[s] for s in args.shape_list},
         "walr": None if args.skip_walr else {"rows": args.walr_rows, "features": WALR_FEATURES,
                                              "repeats": args.walr_repeats, "bandwidth_bytes": args.bandwidth_bytes,
-                                             "bandwidth_repeats": BANDWIDTH_REPEATS}})
+                                             "bandwidth_repeats": BANDWIDTH_REPEATS, **walr_threads(args)}})
+
+
+def walr_threads(args: argparse.Namespace) -> dict:
+    """The release's torch threads on a CPU (one, then the default, interleaved); nothing on a GPU."""
+    return {} if args.device.startswith("cuda") else {"threads": list(WALR_CPU_THREADS)}
 
 
 def main(argv: list[str]) -> None:
@@ -335,10 +354,14 @@ def main(argv: list[str]) -> None:
     if not args.skip_walr:
         print("[epoch_throughput] memory bandwidth and WALR release ...", file=sys.stderr, flush=True)
         bw = bandwidth(args.device, args.bandwidth_bytes, BANDWIDTH_REPEATS)
-        rel = walr(args.device, walr_rows, WALR_FEATURES, args.walr_repeats)
-        rel["fraction_of_read_bandwidth"] = rel["bytes_per_s"] / bw["read_bytes_per_s"]
-        rel["best_fraction_of_read_bandwidth"] = rel["best_bytes_per_s"] / bw["read_bytes_per_s"]
-        release = {"bandwidth": bw, "release": rel}
+        threads = tuple(walr_threads(args).get("threads", [None]))
+        by_threads = walr(args.device, walr_rows, WALR_FEATURES, args.walr_repeats, threads)
+        for rel in by_threads.values():
+            rel["fraction_of_read_bandwidth"] = rel["bytes_per_s"] / bw["read_bytes_per_s"]
+            rel["best_fraction_of_read_bandwidth"] = rel["best_bytes_per_s"] / bw["read_bytes_per_s"]
+        # "release": torch's default threads, as before; "release_one_thread" beside it on a CPU
+        release = {"bandwidth": bw, "release": by_threads[None],
+                   **({"release_one_thread": by_threads[1]} if 1 in by_threads else {})}
 
     result = {"device": h.describe_device(args.device), "device_arg": args.device,
               "machine": {**h.machine(), "torch_threads_training": args.threads or torch.get_num_threads(),
@@ -406,38 +429,49 @@ def _markdown(r: dict) -> str:
                      f"{h.mib(row['memory']['bytes'])} | {load} | ok{extra} |")
     w = r.get("walr")
     if w:
-        bw, rel = w["bandwidth"], w["release"]
-        lines += ["", "## WALR release", "",
-                  (f"`release_throughput({rel['rows']:,}, {rel['k']})`: median and best of {rel['repeats']} run(s), "
-                  f"torch threads {m.get('torch_threads_walr')}."), "",
-                  "| what | seconds | rows/s | GB/s |", "|---|---|---|---|",
-                  (f"| WALR release, median (moves {rel['bytes_read'] / 1e9:.2f} GB) | {rel['seconds_median']:.3f} | "
-                  f"{rel['rows_per_s']:,.0f} | {rel['bytes_per_s'] / 1e9:.2f} |"),
-                  (f"| WALR release, best run | {rel['seconds_min']:.3f} | {rel['best_rows_per_s']:,.0f} | "
-                  f"{rel['best_bytes_per_s'] / 1e9:.2f} |")]
-        size = _size(bw["array_bytes"])
-        for key, label in (("numpy_sum_bytes_per_s", f"numpy sum of {size} float32 (1 thread)"),
-                           ("torch_sum_bytes_per_s", f"torch sum of {size} float32 (all threads)"),
-                           ("numpy_copy_bytes_per_s", f"numpy copy of {size} (read + write counted)"),
-                           ("torch_copy_bytes_per_s", f"torch copy of {size} (read + write counted)")):
-            if key in bw:
-                lines.append(f"| {label} | | | {bw[key] / 1e9:.2f} |")
-        lines += ["", (f"Release bytes/s: **{rel['fraction_of_read_bandwidth']:.0%} of the measured read bandwidth** "
-                  f"({bw['read_bytes_per_s'] / 1e9:.2f} GB/s, best-of-5 sum) for the median run, "
-                  f"{rel['best_fraction_of_read_bandwidth']:.0%} for the best run (the bandwidth figures are "
-                  f"best-of-5 too). Run times: {', '.join(f'{x:.2f}' for x in rel['seconds_all'])} s.")]
-        if "fraction_of_copy_median" in rel:
-            lines += ["", (f"Side by side with a copy of the same rows right after each release (read + write "
-                           f"counted, median {rel['copy_bytes_per_s_median'] / 1e9:.2f} GB/s): the release moves "
-                           f"bytes at **{rel['fraction_of_copy_median']:.0%} of the copy's rate** (median of the "
-                           f"runs' ratios; each run: {', '.join(f'{x:.0%}' for x in rel['fraction_of_copy_all'])}; "
-                           "target >= 50%). Bytes moved count every pass: the rows read twice (float32 norms, "
-                           "the copy into the float64 block), the float64 block written and read, weights and "
-                           f"labels; a single pass over the input would move {rel['input_bytes'] / 1e9:.2f} GB. "
-                           f"In time, the release takes **{rel['time_over_copy_median']:.1f}x a copy of its rows** "
-                           "(median of the runs' ratios), since most of the bytes counted are float64 traffic "
-                           "through a cache-resident block.")]
+        lines += _walr_markdown(w, m)
     return "\n".join(lines + ["", h.settings_markdown(r["settings"])]) + "\n"
+
+
+def _walr_markdown(w: dict, m: dict) -> list[str]:
+    bw = w["bandwidth"]
+    one = w.get("release_one_thread")
+    runs = [(f"{one['threads']} thread", one)] if one else []
+    runs.append((f"{w['release'].get('threads', m.get('torch_threads_walr'))} threads (torch's default)", w["release"]))
+    rel0 = runs[0][1]
+    lines = ["", "## WALR release", "",
+             (f"`release_throughput({rel0['rows']:,}, {rel0['k']})`: {rel0['repeats']} run(s) per torch thread "
+              "setting, the settings interleaved, each release followed by a copy of its input (rows, weights and "
+              f"labels, {rel0['input_bytes'] / 1e9:.2f} GB; numpy, one thread) under the same load. The release reads "
+              f"{rel0['bytes_moved'] / 1e9:.2f} GB from memory (`bytes_moved`: rows and weights once, labels twice)."),
+             "",
+             ("| release threads | release s (median) | best | GB/s read | release / copy time (median) | "
+              "each run | read rate / copy rate | load (1 min) |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for label, rel in runs:
+        if "time_over_copy_all" not in rel:
+            continue
+        each = ", ".join(f"{x:.2f}" for x in rel["time_over_copy_all"])
+        load = "/".join(f"{x:.1f}" for x in rel.get("load_average_1min", []))
+        lines.append(f"| {label} | {rel['seconds_median']:.3f} | {rel['seconds_min']:.3f} | "
+                     f"{rel['bytes_per_s'] / 1e9:.2f} | **{rel['time_over_copy_median']:.2f}x** | {each} | "
+                     f"{rel['input_bytes'] / rel['bytes_moved'] / rel['time_over_copy_median']:.0%} | {load} |")
+    lines += ["", ("Target: at most about 2x the copy's time (the release reading its bytes at >= 50% of the rate "
+                   "the copy copies them, each byte counted once; `fraction_of_copy` in the JSON counts the copy's "
+                   "reads and writes, so it is half that).")]
+    size = _size(bw["array_bytes"])
+    lines += ["", "| bandwidth probe | GB/s |", "|---|---|"]
+    for key, label in (("numpy_sum_bytes_per_s", f"numpy sum of {size} float32 (1 thread)"),
+                       ("torch_sum_bytes_per_s", f"torch sum of {size} float32 (all threads)"),
+                       ("numpy_copy_bytes_per_s", f"numpy copy of {size} (read + write counted)"),
+                       ("torch_copy_bytes_per_s", f"torch copy of {size} (read + write counted)")):
+        if key in bw:
+            lines.append(f"| {label} | {bw[key] / 1e9:.2f} |")
+    rel = w["release"]
+    lines += ["", (f"Release bytes/s at torch's default threads: {rel['fraction_of_read_bandwidth']:.0%} of the "
+                   f"best-of-5 read bandwidth ({bw['read_bytes_per_s'] / 1e9:.2f} GB/s) for the median run, "
+                   f"{rel['best_fraction_of_read_bandwidth']:.0%} for the best run.")]
+    return lines
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ def _epoch_throughput(r: dict) -> None:
     assert release["rows"] == 20_000 and 0 < release["fraction_of_read_bandwidth"] < 10
     assert 0 < release["fraction_of_copy_median"] < 100 and release["bytes_moved"] > release["input_bytes"]
     assert 0 < release["time_over_copy_median"] < 1e4
+    one = r["walr"]["release_one_thread"]  # beside torch's default threads, interleaved with it
+    assert one["threads"] == 1 and one["repeats"] == release["repeats"] == 1 and 0 < one["time_over_copy_median"]
 
 
 def _data_scale(r: dict) -> None:

@@ -26,18 +26,27 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from budgetplan.plan.phases import WALRParams
 from trainers.randomness import Randomness
 
-__all__ = ["WALRResult", "bytes_moved", "draw_once", "fit", "predict", "prepare_rows", "release", "release_throughput",
-           "run_walr"]
+__all__ = ["WALRResult", "bytes_moved", "draw_once", "fit", "float32_error_bound", "norm_error_bound", "predict",
+           "prepare_rows", "release", "release_throughput", "run_walr"]
 
 # rows per float64 block. On CPU 2^16 x k x 8 bytes (10 MB at k = 20) stays in cache; with one reused buffer the
 # release of 16M x 20 rows takes 0.16 s on 2 cores, against 2.5 s converting 2^20-row blocks afresh. On an
 # accelerator larger blocks mean fewer kernel launches.
 _CHUNK_ROWS = 1 << 16
 _CHUNK_ROWS_ACCELERATOR = 1 << 22
+# rows per block of the float32 release (``_float32_sum``): 2^14 x 20 x 4 bytes (1.3 MB) stays in a core's cache
+# while the block's product and norms read it, so the rows come from memory once
+_CHUNK_ROWS_FLOAT32 = 1 << 14
+# rows per float32 partial sum of the release: its error bound grows as the square of this (``float32_error_bound``),
+# the float64 work as its inverse
+_GROUP_ROWS = 32
+_U32, _U64 = 2.0 ** -24, 2.0 ** -53
 
 
-def _default_chunk(device: torch.device) -> int:
-    return _CHUNK_ROWS if device.type == "cpu" else _CHUNK_ROWS_ACCELERATOR
+def _default_chunk(device: torch.device, float32: bool = False) -> int:
+    if device.type != "cpu":
+        return _CHUNK_ROWS_ACCELERATOR
+    return _CHUNK_ROWS_FLOAT32 if float32 else _CHUNK_ROWS
 
 
 def _finite(name: str, value, *, low: float, strict: bool) -> float:
@@ -162,25 +171,37 @@ def _check_labels(y, n: int, device) -> torch.Tensor:
     y = torch.as_tensor(y, device=device)
     if y.shape != (n,):
         raise InvalidParameterError(f"y must have shape ({n},) like the rows, got {tuple(y.shape)}")
+    if y.dtype == torch.bool:
+        return y
+    if not (y.is_floating_point() or y.is_complex()):  # integers: one pass, min and max
+        lo, hi = torch.aminmax(y)
+        if int(lo) >= 0 and int(hi) <= 1:
+            return y
     ok = (y == 0) | (y == 1)
     if not bool(ok.all()):
         raise InvalidParameterError(f"labels must be 0 or 1, got {_first_bad('y', ~ok, y)}")
     return y
 
 
-def _exact_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_rows: int):
-    """(sum_i y_i w_i x_i, max_i ||w_i x_i||) in float64, in row blocks.
+def _exact_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_rows: int | None):
+    """(sum_i y_i w_i x_i in float64, max_i ||w_i x_i|| as float64 computes it), in row blocks.
 
-    Private to ``release``: the exact sum must be noised before anything sees it.
+    Private to ``release``: the exact sum must be noised before anything sees it. Float64 rows
+    take ``_float64_sum`` (as before the float32 path existed), every other float dtype the
+    one-pass ``_float32_sum``.
+    """
+    float32 = Xc.dtype != torch.float64
+    chunk = _default_chunk(Xc.device, float32) if chunk_rows is None else chunk_rows
+    return _float32_sum(Xc, y, wc, chunk_rows=chunk) if float32 else _float64_sum(Xc, y, wc, chunk_rows=chunk)
 
-    Each block is read once from memory: rows that are not float64 are copied into one reused
-    float64 block (cache-resident on a CPU), whose norms and product are then taken; float64
-    rows are used in place. The sum must be float64: a float32 sum over a block of m rows can be
-    off by up to about m^2 2^-24 W R in the worst case, so one label flip could move the computed
-    sum by more than its own row's W R, the sensitivity the plan accounts for (float64 keeps that
-    below 1e-6 W R at 2^16 rows). Float32 norms first, with a float64 recheck of the rows near
-    the maximum, were measured slower on a CPU than the float64 norms of the block already in
-    cache (the per-row reduction, not memory, bounds both), so the norms are float64 too.
+
+def _float64_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_rows: int):
+    """(sum_i y_i w_i x_i, max_i ||w_i x_i||) in float64, in row blocks of float64 rows.
+
+    Rows that are not float64 are copied into one reused float64 block (cache-resident on a
+    CPU); float64 rows are used in place. The block's norms and its product are float64, the
+    product's partial sums too, so a float64 release is the same, bit for bit, as before the
+    float32 path existed.
     """
     n, k = Xc.shape
     total = torch.zeros(k, dtype=torch.float64, device=Xc.device)
@@ -199,19 +220,168 @@ def _exact_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_row
     return total, float(largest)
 
 
-def bytes_moved(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor) -> int:
-    """The bytes ``release`` reads and writes on these rows, cache-resident blocks included (benchmark helper).
+def float32_error_bound(n_rows: int, chunk_rows: int = _CHUNK_ROWS_FLOAT32) -> tuple[float, float]:
+    """(rel, tiny): the float32 release's sum is within ``rel * T + tiny * Z`` of sum_i y_i w_i x_i (2-norm).
 
-    Per row: the row read once (by the copy into the float64 block, or by the norms for float64
-    rows), the float64 copy written and read twice (norms, sum; float64 rows: read once more in
-    place instead), the weight read once, the label read three times (two checks for 0 or 1,
-    then the per-block copy) with the check's three boolean masks written and read once each,
-    and the float64 product ``y w`` written, read and written by the scaling, and read by the sum.
+    T = sum_i y_i |w_i| ||x_i|| and Z = sum_i y_i (||x_i|| + sqrt(k)), for n_rows rows in
+    blocks of chunk_rows (``_float32_sum``). With u = 2^-24 and gamma_m = m u / (1 - m u)
+    (Higham, Accuracy and Stability of Numerical Algorithms, (3.4)-(3.5)):
+
+    - the float32 stage: each weight rounded to float32 (relative u) times a 0/1 label (exact),
+      then a dot product over a group of at most G = 32 rows, in whatever order the kernel
+      takes: gamma_(G+1) per coordinate, relative to sum |y w x_j| over the group;
+    - the float64 stage: the block's group sums (exact in float64) added in any order,
+      gamma64_(B/G) with B = chunk_rows, then the blocks' sums added by ``math.fsum``
+      (correctly rounded, one rounding of 2^-53);
+    - below float32's normal range (2^-126), a weight or a product may lose at most 2^-126
+      ||x_i|| and 2^-126 per coordinate: ``tiny`` = 2^-126, times Z.
+
+    Per coordinate that is rel * sum_i y_i |w_i x_ij|, and the 2-norm of that vector is at
+    most rel * T. rel is about 2e-6 (G = 32). For privacy what matters is what one label
+    changes: the kernels' summation order depends on the shapes and the thread count, not on
+    the values, so every group but the changed row's gives the same bits, and the computed sum
+    moves by w_i x_i plus at most 2 gamma_33 G W R = 1.3e-4 W R for rows of norm <= R and
+    weights <= W (plus gamma64 terms below 1e-9 W R and one rounding of the total): about
+    four orders of magnitude below the noise's standard deviation z W R at any noise
+    multiplier z >= 1, and 2.6e-4 of it at z = 0.5.
+    """
+    n, chunk = _count("n_rows", n_rows, low=1), _count("chunk_rows", chunk_rows, low=1)
+
+    def gamma(m: int, u: float) -> float:
+        return m * u / (1 - m * u)
+
+    group = min(_GROUP_ROWS, chunk, n)
+    first = gamma(group + 1, _U32)
+    groups = -(-min(chunk, n) // _GROUP_ROWS) + 1  # the block's group sums and its tail
+    return first + (1 + first) * (gamma(groups, _U64) + 2 * _U64), 2.0 ** -126
+
+
+def _float32_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_rows: int):
+    """(sum_i y_i w_i x_i in float64, max_i ||w_i x_i|| as float64 computes it): one pass over float32 rows.
+
+    Each block of rows is read from memory once, in the rows' dtype (rows in another dtype, or
+    not contiguous, are converted into one reused float32 block, exactly): ``embedding_bag``
+    adds each group of 32 rows times ``y w`` (the weight rounded to float32) into a float32
+    group sum, the group sums are added in float64 (the blocks' sums by ``math.fsum``), and
+    ``_largest`` takes the float64 maximum of ``|w_i| ||x_i||`` exactly from the block's float32
+    row norms. No matrix product is involved, so torch's TF32 or bfloat16 settings for float32
+    products cannot lower the precision. The error bound and what it means for privacy:
+    ``float32_error_bound``. A block whose float32 values overflow (weights above 3e38,
+    products near it) is summed by ``_float64_sum`` instead.
     """
     n, k = Xc.shape
-    rows = n * k * Xc.element_size()
-    block = 2 * rows if Xc.dtype == torch.float64 else rows + 3 * n * k * 8
-    return block + n * wc.element_size() + 3 * n * y.element_size() + 6 * n + 4 * n * 8
+    rows = min(chunk_rows, n)
+    dev = Xc.device
+    yw, w32 = torch.empty(rows, device=dev), torch.empty(rows, device=dev)
+    buf = None if Xc.dtype == torch.float32 and Xc.is_contiguous() else torch.empty(rows, k, device=dev)
+    index = torch.arange(rows, device=dev)
+    offsets = torch.arange(0, rows, _GROUP_ROWS, device=dev)
+    table = torch.zeros(-(-n // chunk_rows), k, dtype=torch.float64, device=dev)  # each block's sum
+    largest = 0.0
+    for i, a in enumerate(range(0, n, chunk_rows)):
+        block = Xc[a:a + chunk_rows]
+        r = block.shape[0]
+        xs = block if buf is None else buf[:r].copy_(block)
+        w = w32[:r].copy_(wc[a:a + chunk_rows])
+        v = yw[:r].copy_(y[a:a + chunk_rows]).mul_(w)  # a 0/1 label times the weight: exact
+        groups = torch.nn.functional.embedding_bag(index[:r], xs, offsets[:-(-r // _GROUP_ROWS)], mode="sum",
+                                                   per_sample_weights=v)
+        torch.sum(groups, 0, dtype=torch.float64, out=table[i])
+        largest = _largest(xs, w, wc[a:a + chunk_rows], largest)
+    sums = table.cpu().numpy()
+    for i in np.flatnonzero(~np.isfinite(sums).all(1)):  # a float32 overflow: this block in float64
+        a = int(i) * chunk_rows
+        sums[i] = _float64_sum(Xc[a:a + chunk_rows], y[a:a + chunk_rows], wc[a:a + chunk_rows],
+                               chunk_rows=chunk_rows)[0].cpu().numpy()
+    if not np.isfinite(sums).all():  # the release refuses it; fsum would raise on inf - inf
+        return torch.as_tensor(sums.sum(0), device=dev), largest
+    return torch.tensor([math.fsum(sums[:, j]) for j in range(k)], dtype=torch.float64, device=dev), largest
+
+
+def norm_error_bound(k: int) -> tuple[float, float]:
+    """(relative, absolute) bounds on the error of ``w ||x||`` for k coordinates computed in float32.
+
+    The sum of k squares in any order is within gamma_k = k u / (1 - k u) of its value (u the
+    unit roundoff of float32, 2^-24; Higham (3.5)); the square root halves that and adds u, the
+    weight's rounding to float32 and the product add 2u: relative (k / 2 + 3) u. A square below
+    float32's smallest normal number may be flushed to zero or rounded to a subnormal (at most
+    k 2^-126 lost from the sum, sqrt(k) 2^-63 from the norm, times the weight), and a weight or
+    product below it is off by at most 2^-149 times a finite norm (< sqrt(k) 2^64). The bounds
+    returned are twice the relative one (which also covers the float64 rounding of the same
+    value) and sqrt(k) 2^-60 (to be multiplied by the largest weight, plus sqrt(k) 2^-80 on its
+    own). A square or product that overflows gives inf, which the caller treats as unknown.
+    Coordinates in half precision are converted to float32 exactly, so the bounds are the same.
+    """
+    u = _U32
+    return 2 * (k / 2 + 3) * u / (1 - k * u), math.sqrt(k) * 2.0 ** -60
+
+
+def _largest(block: torch.Tensor, w32: torch.Tensor, wc: torch.Tensor, largest: float) -> float:
+    """max(largest, the block's float64 ``|w_i| ||x_i||``), from float32 values first.
+
+    ``block`` is float32 rows, ``wc`` their weights and ``w32`` those rounded to float32. With
+    ``p_i`` the float32 value of ``|w_i| ||x_i||`` and (rel, abs) its error bounds
+    (``norm_error_bound``; A = abs W + sqrt(k) 2^-80, W the block's largest weight), row i's
+    float64 value ``t_i`` satisfies
+    ``(1 - rel) t_i - A <= p_i <= (1 + rel) t_i + A``. The row j with the largest ``t_j`` then
+    has ``t_j >= M = max((max_i p_i - A) / (1 + rel), largest)`` whenever it matters, hence
+    ``p_j >= M (1 - rel) - A``: exactly the rows over that threshold (rounded down to float32)
+    are measured again by ``_row_norms``, so the result is bit for bit the float64 maximum over
+    every row, and a row over the plan's bound is never passed on a float32 value. A block with
+    a value that is not finite, or with more than a quarter of its rows over the threshold (rows
+    all clipped to the bound), is measured in float64 throughout. A result that is not finite is
+    returned as it is (the release refuses it).
+    """
+    if not math.isfinite(largest):
+        return largest
+    k = block.shape[1]
+    rel, slack = norm_error_bound(k)
+    p = torch.linalg.vector_norm(block, dim=1).mul_(w32)
+    lo, hi = torch.aminmax(p)
+    wlo, whi = torch.aminmax(w32)
+    heaviest, top = max(-float(wlo), float(whi)), max(-float(lo), float(hi))
+    if not (math.isfinite(top) and math.isfinite(heaviest)):  # an overflow, a non-finite row or weight
+        return _float64_largest(block, wc, largest)
+    lost = slack * heaviest + math.sqrt(k) * 2.0 ** -80
+    threshold = max((top - lost) / (1 + rel), largest) * (1 - rel) - lost
+    if top < threshold:  # no row of this block can reach the maximum so far
+        return largest
+    cut = float(np.float32(threshold))
+    if cut > threshold:  # rounded up to float32: step down, so that no row at the threshold is missed
+        cut = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
+    near = torch.nonzero(p.abs_() >= cut).flatten()
+    if near.numel() > block.shape[0] // 4:
+        return _float64_largest(block, wc, largest)
+    exact = (_row_norms(block.index_select(0, near)) * wc.index_select(0, near).to(torch.float64).abs()).max()
+    return max(largest, float(exact))
+
+
+def _float64_largest(block: torch.Tensor, wc: torch.Tensor, largest: float) -> float:
+    value = float((_row_norms(block) * wc.to(torch.float64).abs()).max())
+    return value if not math.isfinite(value) else max(largest, value)
+
+
+def bytes_moved(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor) -> int:
+    """The bytes ``release`` reads from memory on these rows (benchmark helper).
+
+    Float rows other than float64 (``_float32_sum``): each row once (its block's product and
+    norms then read the block from the cache), each weight once. Float64 rows
+    (``_float64_sum``): each row twice, the norms and the product each reading a 10 MB block
+    that no core's cache holds, each weight once. Labels: integer labels twice (their minimum
+    and maximum, then each block's), boolean labels once, float labels three times with the
+    check's three boolean masks written and read. Per-block temporaries (a few MB at most) stay
+    in the cache and are not counted; rows that ``_largest`` measures again in float64 are
+    (a handful per block on most data) not either.
+    """
+    n, k = Xc.shape
+    rows = n * k * Xc.element_size() * (2 if Xc.dtype == torch.float64 else 1)
+    if y.dtype == torch.bool:
+        labels = n
+    elif y.is_floating_point() or y.is_complex():
+        labels = 3 * n * y.element_size() + 6 * n
+    else:
+        labels = 2 * n * y.element_size()
+    return rows + n * wc.element_size() + labels
 
 
 def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomness,
@@ -227,10 +397,14 @@ def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomne
             seeded with 128 bits of its privacy source (the OS CSPRNG unless seeded).
         sensitivity: the plan's sensitivity; when given, the release is refused (nothing is
             returned) if the realised max ||w_i x_i|| exceeds it.
-        chunk_rows: rows per float64 block (performance only; default by device).
+        chunk_rows: rows per block (performance only; default by device and dtype; float32
+            rows: the error bound's float64 stage depends on it, ``float32_error_bound``).
         collective: with several processes (``Xc`` this rank's rows), every rank checks its
             own rows against the sensitivity, the exact sums are added across ranks, and
             rank 0 alone adds the noise, once; the other ranks return None.
+
+    Rows in float32 (or float16, bfloat16) are summed in one pass with float32 group sums
+    (``_float32_sum``, within ``float32_error_bound`` of the exact sum); float64 rows in float64.
 
     Returns:
         (noisy_sum [k] float64 on Xc's device, not divided by N, info) where info has
@@ -247,7 +421,7 @@ def release(Xc: torch.Tensor, y, wc: torch.Tensor, *, noise_std: float, randomne
     if wc.shape != (n,):
         raise InvalidParameterError(f"wc must have shape ({n},), got {tuple(wc.shape)}")
     # `noisy` holds the exact sum until the noise is added below, in place
-    chunk = _default_chunk(Xc.device) if chunk_rows is None else _count("chunk_rows", chunk_rows, low=1)
+    chunk = None if chunk_rows is None else _count("chunk_rows", chunk_rows, low=1)
     noisy, largest = _exact_sum(Xc, y, wc, chunk_rows=chunk)
     if not math.isfinite(largest) or not bool(torch.isfinite(noisy).all()):
         raise InvalidParameterError("Xc and wc must be finite: use prepare_rows")
@@ -413,14 +587,15 @@ def run_walr(X: torch.Tensor, y, weights, params: WALRParams, randomness, *, ste
         fit_seconds=fit_seconds)
 
 
-def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
-    """Rows/s and bytes/s of one release over synthetic float32 rows, and of a copy of those rows (benchmark helper).
+def release_throughput(n_rows: int, k: int, device="cpu", threads: int | None = None) -> dict:
+    """Rows/s and bytes/s of one release over synthetic float32 rows, and of a copy of its input (benchmark helper).
 
-    Bytes counted: every byte the release reads or writes (``bytes_moved``): the rows once, the
-    float64 block written and read twice, the weights once and the labels three times.
-    ``input_bytes`` is the input read once (N k 4 + N 8 + N), what a single pass would move. Right after the release,
-    the same prepared rows are copied once into a buffer written beforehand (numpy on a CPU,
-    torch on an accelerator; read + write counted): ``copy_bytes_per_s``, measured side by side.
+    Bytes counted: what the release reads from memory (``bytes_moved``: the rows and weights
+    once, the uint8 labels twice). ``input_bytes`` is the input read once (N k 4 + N 8 + N).
+    Right after the release, those input bytes (rows, weights and labels) are copied once into
+    buffers written beforehand (numpy on a CPU, one thread; torch on an accelerator):
+    ``copy_seconds``, and ``copy_bytes_per_s`` with read + write counted, measured side by side.
+    ``threads`` sets torch's threads for the release only (restored after; default: as they are).
     """
 
     n, k = _count("n_rows", n_rows, low=1), _count("k", k, low=1)
@@ -429,23 +604,33 @@ def release_throughput(n_rows: int, k: int, device="cpu") -> dict:
     y = torch.randint(0, 2, (n,), generator=g, device=device, dtype=torch.uint8)
     Xc, wc, _ = prepare_rows(X, row_norm_bound=math.sqrt(k))
     del X
-    dst = torch.zeros_like(Xc)  # written once, so the copy below pays no first-touch page faults
+    inputs = (Xc, wc, y)
+    copies = [torch.zeros_like(t) for t in inputs]  # written once, so the copy below pays no first-touch page faults
     cuda = Xc.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(Xc.device)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(_count("threads", threads, low=1))
+    try:
+        t0 = time.perf_counter()
+        noisy, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0))
+        float(noisy[0])  # waits for the device
+        seconds = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(before)
     t0 = time.perf_counter()
-    noisy, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0))
-    float(noisy[0])  # waits for the device
-    seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    for src, dst in zip(inputs, copies, strict=True):
+        if cuda:
+            dst.copy_(src)
+        else:
+            np.copyto(dst.numpy(), src.numpy())
     if cuda:
-        dst.copy_(Xc)
         torch.cuda.synchronize(Xc.device)
-    else:
-        np.copyto(dst.numpy(), Xc.numpy())
     copy_seconds = time.perf_counter() - t0
     nbytes = bytes_moved(Xc, y, wc)
-    return {"rows": n, "k": k, "device": str(Xc.device), "seconds": seconds, "rows_per_s": n / seconds,
-            "bytes_per_s": nbytes / seconds, "bytes_moved": nbytes,
-            "input_bytes": n * k * Xc.element_size() + n * wc.element_size() + n * y.element_size(),
-            "copy_seconds": copy_seconds, "copy_bytes_per_s": 2 * Xc.numel() * Xc.element_size() / copy_seconds}
+    input_bytes = sum(t.numel() * t.element_size() for t in inputs)
+    return {"rows": n, "k": k, "device": str(Xc.device), "threads": threads or before, "seconds": seconds,
+            "rows_per_s": n / seconds, "bytes_per_s": nbytes / seconds, "bytes_moved": nbytes,
+            "input_bytes": input_bytes, "copy_seconds": copy_seconds,
+            "copy_bytes_per_s": 2 * input_bytes / copy_seconds}

@@ -21,6 +21,7 @@ from trainers.randomness import Randomness
 from trainers.walr import (
     bytes_moved,
     fit,
+    float32_error_bound,
     predict,
     prepare_rows,
     release,
@@ -163,21 +164,123 @@ def test_noise_is_drawn_once_per_release(small):
     assert not np.allclose(noisy.numpy(), _exact(Xc, y, wc))
 
 
-def test_release_sums_in_float64():
-    # 2^20 rows whose float32 running sum would lose the small parts; compared with math.fsum
-    n = 1 << 20
+def _old_float64_release(Xc, y, wc, sigma, seed, chunk=1 << 16):
+    """The float64 release as it was before the float32 path: float64 blocks of 2^16 rows, then the noise."""
+    total = torch.zeros(Xc.shape[1], dtype=torch.float64)
+    for a in range(0, Xc.shape[0], chunk):
+        total += (torch.as_tensor(y[a:a + chunk]).to(torch.float64) * wc[a:a + chunk]) @ Xc[a:a + chunk]
+    u = Randomness(seed).uniform_u64(2)
+    gen = np.random.Generator(np.random.PCG64((int(u[0]) << 64) | int(u[1])))
+    return total + torch.as_tensor(gen.standard_normal(Xc.shape[1])) * sigma
+
+
+def test_float64_rows_release_as_before_bit_for_bit():
+    # 2^18 float64 rows whose float32 running sum would lose the small parts; compared with math.fsum
+    n = 1 << 18
     g = torch.Generator().manual_seed(2)
-    X = torch.cat([torch.rand(n, 1, generator=g) * 1e-3 + 0.5, torch.rand(n, 1, generator=g)], dim=1)
+    X = torch.cat([torch.rand(n, 1, generator=g, dtype=torch.float64) * 1e-3 + 0.5,
+                   torch.rand(n, 1, generator=g, dtype=torch.float64)], dim=1)
     Xc, wc, _ = prepare_rows(X, row_norm_bound=2.0)
     y = (torch.rand(n, generator=g) < 0.5).to(torch.uint8)
-    zero = torch.zeros(n, dtype=torch.uint8)
-    # same seed, same noise: the difference from the all-zero labels is the exact sum
     a, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(9))
-    b, _ = release(Xc, zero, wc, noise_std=1.0, randomness=Randomness(9))
-    c, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(9), chunk_rows=4099)
+    assert torch.equal(a, _old_float64_release(Xc, y, wc, 1.0, 9))  # the same seed gives the same release
+    b, _ = release(Xc, torch.zeros(n, dtype=torch.uint8), wc, noise_std=1.0, randomness=Randomness(9))
+    assert np.allclose((a - b).numpy(), _exact(Xc, y, wc), rtol=1e-13, atol=0)
+    # a planted float32 sum of the same rows is caught by that tolerance
+    wrong = (y.float() @ Xc.float()).double()
+    assert not np.allclose(wrong.numpy(), _exact(Xc, y, wc), rtol=1e-13, atol=0)
+
+
+def _float32_error(Xc, y, wc, chunk_rows=None):
+    """|release - exact sum| (2-norm), its stated bound, and the bound of a 4,096-row group, for these rows."""
+    n = Xc.shape[0]
+    kw = {"noise_std": 1e-3, "chunk_rows": chunk_rows}
+    a, _ = release(Xc, y, wc, randomness=Randomness(5), **kw)
+    b, _ = release(Xc, torch.zeros(n, dtype=torch.uint8), wc, randomness=Randomness(5), **kw)  # the noise alone
     exact = _exact(Xc, y, wc)
-    assert np.allclose((a - b).numpy(), exact, rtol=1e-13, atol=0)
-    assert np.allclose(c.numpy(), a.numpy(), rtol=1e-13, atol=0)
+    x = Xc.to(torch.float64)
+    norms = _norms(x).numpy()
+    yv = np.asarray(y, dtype=np.float64)
+    T = float(yv @ (np.abs(wc.numpy()) * norms))
+    Z = float(yv @ (norms + math.sqrt(x.shape[1])))
+    rel, tiny = float32_error_bound(n, chunk_rows or (1 << 14))
+    slack = 4 * np.finfo(np.float64).eps * (np.abs(a.numpy()).max() + np.abs(b.numpy()).max())  # a - b rounds
+    return float(np.linalg.norm((a - b).numpy() - exact)), rel * T + tiny * Z + slack, T
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 3000), k=st.integers(1, 24), dtype=st.sampled_from([torch.float32, torch.bfloat16,
+                                                                              torch.float16]),
+       chunk=st.sampled_from([None, 1, 31, 64, 1000]), kind=st.sampled_from(["random", "equal", "bound", "wide"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_float32_release_is_within_its_stated_bound(n, k, dtype, chunk, kind, seed):
+    rng = np.random.default_rng(seed)
+    R = 3.0
+    if kind == "equal":  # large equal rows: every float32 partial sum rounds the same way
+        X = np.tile(rng.standard_normal(k) * 1e3 + 0.1, (n, 1))
+    elif kind == "wide":
+        span = 8 if dtype == torch.float16 else 20  # float16 overflows above 65504
+        X = rng.standard_normal((n, k)) * np.exp(rng.uniform(-span, span, (n, 1)))
+    else:
+        X = rng.standard_normal((n, k)) * (10 if kind == "bound" else 0.3)  # "bound": nearly every row clipped to R
+    Xc, wc, _ = prepare_rows(torch.as_tensor(X, dtype=torch.float64).to(dtype)[:, : k - 1] if k > 1
+                             else torch.zeros(n, 0, dtype=dtype), row_norm_bound=R,
+                             weights=torch.as_tensor(rng.uniform(0, 2, n)), weights_bound=1.5)
+    y = torch.as_tensor(rng.integers(0, 2, n)) if kind != "equal" else torch.ones(n, dtype=torch.int64)
+    error, bound, _ = _float32_error(Xc, y, wc, chunk)
+    assert error <= bound
+    _, info = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(0), sensitivity=1.5 * R)
+    assert info["max_contribution"] == float((_norms(Xc) * wc).max()) <= 1.5 * R
+
+
+def test_the_float32_bound_holds_on_large_equal_rows_and_a_long_group_breaks_it(monkeypatch):
+    import trainers.walr as walr
+
+    n, k = 1 << 14, 8
+    row = torch.full((k - 1,), 0.1 + 2.0 ** -20, dtype=torch.float32)  # a full mantissa: each partial sum rounds
+    Xc, wc, _ = prepare_rows(row.repeat(n, 1) * 100, row_norm_bound=1.0)  # every row clipped to the bound
+    y = torch.ones(n, dtype=torch.uint8)
+    error, bound, T = _float32_error(Xc, y, wc)
+    assert 0 < error <= bound and bound < 3e-6 * T
+    # the noise's standard deviation sigma R dwarfs one group's worst case: 2 gamma_33 32 R = 1.3e-4 R
+    rel, _ = float32_error_bound(n)
+    assert 2 * rel * 32 < 1.3e-4
+    # planted: float32 sums over groups of 4,096 rows instead of 32 exceed the bound stated for 32
+    monkeypatch.setattr(walr, "_GROUP_ROWS", 4096)
+    error, _, _ = _float32_error(Xc, y, wc)
+    assert error > bound
+
+
+def test_one_label_moves_the_float32_release_by_its_group_bound_only():
+    """The privacy claim of ``float32_error_bound``: flipping one label changes one group's float32 sum only,
+    so the release moves by w_i x_i within 2 gamma_33 32 W R (plus float64 terms), far inside the global bound."""
+    n, k, R = 1 << 14, 8, 1.0
+    row = torch.full((k - 1,), 0.1 + 2.0 ** -20, dtype=torch.float32)
+    Xc, wc, _ = prepare_rows(row.repeat(n, 1) * 100, row_norm_bound=R)  # equal rows at the bound: the worst case
+    y = torch.ones(n, dtype=torch.uint8)
+    rel, _ = float32_error_bound(n)
+    group = 2 * (33 * 2.0 ** -24 / (1 - 33 * 2.0 ** -24)) * 32 * R
+    float64 = 2 * 600 * 2.0 ** -53 * n * R + 8 * np.finfo(np.float64).eps * n * R  # block sums, fsum, a - b
+    a, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(1))
+    for i in (0, 31, 32, 5000, n - 1):
+        y2 = y.clone()
+        y2[i] = 0
+        b, _ = release(Xc, y2, wc, noise_std=1.0, randomness=Randomness(1))
+        moved = float(np.linalg.norm((a - b).numpy() - Xc[i].double().numpy()))
+        assert moved <= group + float64 < rel * n * R / 100
+
+
+def test_float32_release_moves_within_the_bound_and_far_below_the_noise():
+    g = torch.Generator().manual_seed(6)
+    X = torch.rand(20_000, 9, generator=g)
+    Xc, wc, _ = prepare_rows(X, row_norm_bound=4.0)
+    y = torch.randint(0, 2, (20_000,), generator=g)
+    a, _ = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(3))
+    before = _old_float64_release(Xc.double(), y, wc, 1.0, 3)  # the float64 path's release of the same rows
+    rel, _ = float32_error_bound(20_000)
+    T = float(y.double() @ _norms(Xc))
+    moved = float(np.linalg.norm((a - before).numpy()))
+    assert 0 < moved <= rel * T + 1e-9 and moved < 1e-3  # noise std 1: a thousandth of it at most
 
 
 def test_release_refusals(small):
@@ -226,10 +329,14 @@ def test_one_label_moves_the_sum_by_w_i_x_i_within_the_bound(n, d, scale, R, W, 
     step = wc[i].item() * Xc[i].double().numpy() * (1 if y2[i] == 1 else -1)
     assert np.allclose(exact_change, step, rtol=1e-13, atol=ulps + 1e-300)  # w_i x_i, not 2 w_i x_i
     assert np.linalg.norm(step) <= W * R * (1 + 1e-15)
-    # through the release itself: the same seed adds the same noise to both
+    # through the release itself (float32 rows: within the stated bound of each sum); the same seed, the same noise
     a, info = release(Xc, y, wc, noise_std=1.0, randomness=Randomness(seed), sensitivity=W * R)
     b, _ = release(Xc, y2, wc, noise_std=1.0, randomness=Randomness(seed), sensitivity=W * R)
-    assert np.allclose((b - a).numpy(), exact_change, rtol=1e-9, atol=1e-9 * (1 + np.abs(a.numpy()).max()))
+    rel, tiny = float32_error_bound(n)
+    contributions = wc.numpy() * _norms(Xc).numpy()
+    allowed = rel * (y.numpy() @ contributions + y2.numpy() @ contributions) + tiny * 2 * n * (R + math.sqrt(d + 1))
+    allowed += 4 * np.finfo(np.float64).eps * (1 + np.abs(a.numpy()).max() + np.abs(b.numpy()).max())
+    assert np.linalg.norm((b - a).numpy() - exact_change) <= allowed
     assert info["max_contribution"] <= W * R
 
 
@@ -354,7 +461,8 @@ def test_run_walr_refuses_data_off_plan(planned):
 def test_release_throughput_runs():
     r = release_throughput(10_000, 5, "cpu")
     assert r["rows"] == 10_000 and r["k"] == 5 and r["rows_per_s"] > 0 and r["bytes_per_s"] > r["rows_per_s"]
-    assert r["bytes_moved"] == 10_000 * (5 * 4 + 3 * 5 * 8 + 49) > r["input_bytes"] == 10_000 * (5 * 4 + 9)
+    # the rows and weights read once, the uint8 labels twice (their check, then the sum)
+    assert r["bytes_moved"] == 10_000 * (5 * 4 + 8 + 2) > r["input_bytes"] == 10_000 * (5 * 4 + 9)
     assert r["copy_bytes_per_s"] > 0 and r["copy_seconds"] > 0
 
 
@@ -430,7 +538,7 @@ def test_bytes_moved_counts_every_pass():
     X = torch.rand(n, k)
     y = torch.randint(0, 2, (n,), dtype=torch.uint8)
     w = torch.ones(n, dtype=torch.float64)
-    per_row = k * 4 + 3 * k * 8 + 8 + 3 + 6 + 32  # row, float64 copy written + read twice, weight, labels, y w
-    assert bytes_moved(X, y, w) == n * per_row
-    assert bytes_moved(X.double(), y, w) == n * (2 * k * 8 + 8 + 3 + 6 + 32)  # float64: no copy
-
+    assert bytes_moved(X, y, w) == n * (k * 4 + 8 + 2)  # float32: one pass; labels: check, then the sum
+    assert bytes_moved(X.double(), y, w) == n * (2 * k * 8 + 8 + 2)  # float64: norms and sum each read the block
+    assert bytes_moved(X.half(), y.bool(), w) == n * (k * 2 + 8 + 1)  # boolean labels need no check
+    assert bytes_moved(X, y.float(), w) == n * (k * 4 + 8 + 3 * 4 + 6)  # float labels: three reads, three masks

@@ -209,3 +209,23 @@ def test_fine_solve_costs_three_accountings_and_brackets_its_answer(monkeypatch)
                         delta=1e-6, adjacency="add-remove")
         aim = eps * (1 - 2e-5)  # the PLD search aims this far inside the target
         assert cal.guarantee.epsilon <= aim < below.epsilon
+
+
+def test_throw_away_builds_leave_the_kept_plds_in_place():
+    """A calibration's coarse evaluations build with keep=False: the working grid's PLD of the noise it
+    settles on is still the one kept when the calibration re-accounts it (no second composition)."""
+    from budgetplan.accounting.pld_build import build
+    from budgetplan.units import Adjacency
+
+    def built(sigma, d, keep=True):
+        mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=0.01, steps=100)
+        return build(mech, adjacency=Adjacency.ADD_REMOVE, unit=PrivacyUnit.example(), discretization=d, delta=1e-6,
+                     keep=keep)
+
+    kept = built(2.0, 1e-3)
+    for i in range(6):
+        assert built(2.0 + 0.01 * (i + 1), 1e-2, keep=False) is not built(2.0 + 0.01 * (i + 1), 1e-2, keep=False)
+    assert built(2.0, 1e-3) is kept
+    for i in range(6):  # kept builds push it out, as before
+        built(2.0 + 0.01 * (i + 1), 1e-2)
+    assert built(2.0, 1e-3) is not kept

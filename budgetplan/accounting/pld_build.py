@@ -71,8 +71,11 @@ class BuiltPLD:
 
 
 def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
-          delta: float) -> BuiltPLD:
+          delta: float, keep: bool = True) -> BuiltPLD:
     """The PLD of ``mechanism`` for ``unit`` under ``adjacency``, tight at ``delta``.
+
+    ``keep=False`` builds without entering the result among the last few kept (a search's
+    throw-away evaluations on a coarse grid, which would push out the ones it will ask for again).
 
     Raises:
         InvalidParameterError: delta below MIN_PLD_DELTA.
@@ -83,6 +86,8 @@ def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, disc
     try:
         hit = _RECENT.get(key)
     except TypeError:  # a mechanism holding an unhashable value: not kept
+        return _build(mechanism, adjacency, unit, discretization, delta)
+    if hit is None and not keep:
         return _build(mechanism, adjacency, unit, discretization, delta)
     if hit is not None:
         _RECENT.move_to_end(key)
@@ -117,9 +122,10 @@ def _build(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, discre
 
 
 def pld_of(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
-           delta: float) -> fastpld.PLD:
+           delta: float, keep: bool = True) -> fastpld.PLD:
     """``build(...).pld``."""
-    return build(mechanism, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta).pld
+    return build(mechanism, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta,
+                 keep=keep).pld
 
 
 def pure_epsilon(mechanism: Mechanism, unit: PrivacyUnit, discretization: float) -> float:

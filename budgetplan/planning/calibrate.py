@@ -11,9 +11,10 @@ second, where dp_accounting's ``calibrate_dp_mechanism`` takes seconds):
 2. a solve on a grid 16 times coarser (cheap, and pessimistic, so it lands just above the
    answer);
 3. the coarse grid's bias measured at that answer by one accounting at the working grid, the
-   shifted target solved again on the coarse grid, and the working grid's solve started there
-   with a first step one tolerance wide: usually two more accountings (the answer meets the
-   target, one tolerance below does not), three at the working grid in all;
+   answer carried along the coarse curve's slope to the shifted target (``_shifted_start``),
+   and the working grid's solve started there with a first step one tolerance wide: one or two
+   more accountings (the start meets the target, one tolerance below does not), two or three
+   at the working grid in all;
 4. the single-step distributions are cached by the engine, so the searches over steps
    reuse them and only the FFT power changes.
 """
@@ -48,6 +49,9 @@ __all__ = [
 
 REL_TOL = 1e-4
 _COARSE_FACTOR = 16
+# Both solves on the coarse grid go this close to its answer: a coarse accounting costs about a
+# twentieth of one at the working grid, and a close start saves working-grid accountings.
+_COARSE_REL_TOL = 2e-5
 # PLD searches aim 2e-5 (relative) inside the target: float64 FFT noise moves a composed
 # epsilon by up to ~5e-6 relative over 1e5 steps in any engine (dp_accounting's included),
 # so an independent re-accounting must not land above the target by that noise.
@@ -214,8 +218,9 @@ class _EpsilonCurve:
     """
 
     def __init__(self, adjacency: Adjacency, unit: PrivacyUnit, sampling_rate: float, steps: int, delta: float,
-                 discretization: float):
+                 discretization: float, *, keep: bool = True):
         self._shape = (adjacency, unit, sampling_rate, steps, delta, discretization)
+        self._keep = keep  # whether the engine keeps the composed PLDs for the final re-accounting
         self._seen: dict[float, float] = {}
         self.evaluations = 0
 
@@ -226,9 +231,41 @@ class _EpsilonCurve:
         adjacency, unit, sampling_rate, steps, delta, discretization = self._shape
         mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
         eps = fastpld.epsilon_for_delta(
-            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta), delta)
+            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta,
+                   keep=self._keep), delta)
         self._seen[sigma] = eps
         return eps
+
+    def slope_below(self, sigma: float) -> float | None:
+        """d ln eps / d ln sigma between ``sigma`` and the nearest sigma accounted below it, if any."""
+        below = [s for s in self._seen if s < sigma]
+        if sigma not in self._seen or not below:
+            return None
+        near = max(below)
+        e_hi, e_lo = self._seen[sigma], self._seen[near]
+        if not (0 < e_hi < e_lo < math.inf):
+            return None
+        return (math.log(e_hi) - math.log(e_lo)) / (math.log(sigma) - math.log(near))
+
+
+def _shifted_start(coarse: _EpsilonCurve, x0: float, e_coarse: float, target: float) -> float:
+    """Where the fine solve starts: the coarse curve's sigma for ``target`` (its bias-shifted aim).
+
+    The coarse solve left x0 and a point 2e-5 below it, so the curve's slope there is known: a
+    shift of under 1e-3 is taken along it (the error is second order, some 1e-7), a larger one
+    solved for on the coarse curve from there. Where the shift is under 0.8 tolerances, x0 itself
+    (accounted at the fine grid already, and meeting the target) is within a tolerance of the
+    fine answer: the fine solve starts there and its first step down should fail.
+    """
+    slope = coarse.slope_below(x0)
+    shift = (math.log(target) - math.log(e_coarse)) / slope if slope is not None and slope < 0 else -math.inf
+    if shift > -0.8 * REL_TOL:
+        return x0
+    if shift > -1e-3:
+        return x0 * math.exp(shift)
+    x1, _, _ = solve_decreasing(coarse, target, x0 * math.exp(max(shift, -0.25)), step=2e-3,
+                                lo_limit=SIGMA_RANGE[0], hi_limit=SIGMA_RANGE[1], rel_tol=_COARSE_REL_TOL)
+    return x1
 
 
 def dpsgd_noise_multiplier(
@@ -266,20 +303,19 @@ def dpsgd_noise_multiplier(
     curves: tuple[_EpsilonCurve, ...] = ()
     eps_of: Callable[[float], float]
     if fast:
-        coarse = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, discretization * _COARSE_FACTOR)
+        coarse = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, discretization * _COARSE_FACTOR,
+                               keep=False)
         fine = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, discretization)
         curves, eps_of = (coarse, fine), fine
         x0, e_coarse, _ = solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
-                                            hi_limit=SIGMA_RANGE[1], rel_tol=1e-3)
+                                            hi_limit=SIGMA_RANGE[1], rel_tol=_COARSE_REL_TOL)
         # The coarse grid's epsilon sits a nearly constant bias above the fine one near the
         # answer: measure it once at x0, then solve the shifted target on the cheap curve.
         e_fine = eps_of(x0)
         if math.isfinite(e_fine) and math.isfinite(e_coarse) and 0 < e_fine < e_coarse:
-            x0, _, _ = solve_decreasing(coarse, aim + (e_coarse - e_fine), x0, step=2e-3,
-                                         lo_limit=SIGMA_RANGE[0], hi_limit=SIGMA_RANGE[1], rel_tol=2e-5)
-        # x0 is now within a few 1e-5 of the fine answer, on the safe side: the fine solve's
-        # first step is one tolerance wide, so the usual outcome is two fine accountings (x0
-        # meets the target, x0 less one tolerance does not) and no secant steps.
+            x0 = _shifted_start(coarse, x0, e_coarse, aim + (e_coarse - e_fine))
+        # The fine solve's first step is one tolerance wide: the usual outcome is one or two
+        # more fine accountings (x0 meets the target, x0 less one tolerance does not).
         step = REL_TOL * (1 - 1e-6)
     else:
         def accounted(sigma: float) -> float:

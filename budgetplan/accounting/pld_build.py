@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from budgetplan.accounting import allocation_pld, fastpld, mixture_pld, mog
+from budgetplan.accounting import fastpld, mixture_pld, mog
 from budgetplan.accounting.ctd import readonly
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
@@ -275,6 +275,8 @@ def _parts(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: flo
         # the unit is the element sampled and clipped: one unit moves one Poisson contribution
         return _parts(mechanism.as_poisson(), adjacency, PrivacyUnit.example(unit.name), d, delta)
     if isinstance(mechanism, AllocationDPSGD):
+        from budgetplan.accounting import allocation_pld  # loaded with the mechanism that needs it
+
         allocation_pld.check_applies(adjacency, unit)
         return [(allocation_pld.epoch_pld(noise_multiplier=mechanism.noise_multiplier,
                                           steps_per_epoch=mechanism.steps_per_epoch, discretization=d),

@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> dict:
                          "target_seconds": TARGETS[name]})
     return {"settings": settings(args),
             "machine": h.machine() | {"load_average_1min_before": load_before,
-                                      "load_average_1min_after": os.getloadavg()[0]},
+                                      "load_average_1min_after": os.getloadavg()[0],
+                                      # set here: every run compiles budgetplan's sources (no cached bytecode)
+                                      "python_dont_write_bytecode": bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))},
             "rows": rows}
 
 
@@ -125,11 +127,17 @@ def render(r: dict) -> str:
              f"Each command in a fresh interpreter (imports counted), median of {r['settings']['values']['rounds']} "
              f"run(s); {m['cpus']} CPUs, load average (1 min) {m['load_average_1min_before']:.2f} before and "
              f"{m['load_average_1min_after']:.2f} after. CPU seconds are the children's user + system time "
-             "(the grid's worker processes included); on a loaded machine they move less than wall time.", "",
-             "| command | tree | wall s | CPU s | target wall s |", "|---|---|---|---|---|"]
+             "(the grid's worker processes included); on a loaded machine they move less than wall time. "
+             "Ratios: this tree's median over the baseline's, the two timed alternately under the same load.", "",
+             "| command | tree | wall s | CPU s | wall ratio | CPU ratio | target wall s |",
+             "|---|---|---|---|---|---|---|"]
+    base = {row["command"]: row for row in r["rows"] if row["tree"] == "baseline"}
     for row in r["rows"]:
+        ref = base.get(row["command"]) if row["tree"] == "this tree" else None
+        ratios = (f"{row['wall_median'] / ref['wall_median']:.2f} | {row['cpu_median'] / ref['cpu_median']:.2f}"
+                  if ref else "- | -")
         lines.append(f"| {row['command']} | {row['tree']} | {row['wall_median']:.2f} | {row['cpu_median']:.2f} "
-                     f"| {row['target_seconds']:g} |")
+                     f"| {ratios} | {row['target_seconds']:g} |")
     lines += ["", h.settings_markdown(r["settings"])]
     return "\n".join(lines) + "\n"
 

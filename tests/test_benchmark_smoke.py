@@ -121,6 +121,7 @@ def _planner(r: dict) -> None:
     assert sorted(rows) == ["accounting", "grid", "user-level plan"]
     assert all(_finite(row["wall_median"], row["cpu_median"]) and row["wall_median"] > 0 for row in rows.values())
     assert "--smoke" in r["settings"]["argv"] and "1000000" in rows["grid"]["argv"]
+    assert isinstance(r["machine"]["python_dont_write_bytecode"], bool)
 
 
 def _user_level(r: dict) -> None:
@@ -140,7 +141,7 @@ SCRIPTS = {
     "dpsgd_step": ("| shape | batch | mode | step median (s) |", _dpsgd_step),
     "epoch_throughput": ("| shape | mode | steps | seconds | rows/s |", _epoch_throughput),
     "one_run_audit": ("| plan epsilon | canaries | model | DP-SGD optimiser | arm |", _one_run_audit),
-    "planner": ("| command | tree | wall s | CPU s | target wall s |", _planner),
+    "planner": ("| command | tree | wall s | CPU s | wall ratio | CPU ratio | target wall s |", _planner),
     "paper_sizes": ("| processes | wall s | read s | encode s | DP-SGD s |", _paper_sizes),
     "split_grid": ("| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
     "split_selection": ("| shape | epsilon | plan | epsilon per configuration |", _split_selection),

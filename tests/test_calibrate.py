@@ -168,3 +168,64 @@ def test_solver_does_not_creep_from_one_side():
     assert eps_of(x) <= 1.0 and e == eps_of(x)
     assert root <= x <= root * math.exp(REL_TOL)
     assert n <= 40
+
+
+@pytest.mark.parametrize("start", [0.3, 1.0, 1.9, 2.1, 7.0])
+def test_solver_returns_the_epsilon_it_accounted_at_its_answer(start):
+    """The Illinois step halves the stale end's g to unstick the secant; the epsilon returned
+    beside x must still be eps_of(x) (the calibration measures the coarse grid's bias with it).
+    Before, the halved g came back: 0.99989 for an answer at 0.99653 (from 1.0, target 1)."""
+    from budgetplan.planning.calibrate import solve_decreasing
+
+    curves = [lambda x: 1.0 + 0.05 * (2.0 - x) if x < 2.0 else math.exp(-3 * (x - 2.0)),
+              lambda x: (2.0 / x) ** 0.5 + 0.01 * math.sin(3 * x) ** 2]
+    for eps_of in curves:
+        for target in (0.9, 1.0):
+            x, e, _ = solve_decreasing(eps_of, target, start, step=0.25, lo_limit=1e-3, hi_limit=1e4, rel_tol=1e-3)
+            assert e == eps_of(x) <= target
+
+
+def test_fine_solve_costs_three_accountings_and_brackets_its_answer(monkeypatch):
+    """After the coarse solves, the working grid is accounted at the coarse answer (its bias), then
+    at the answer and one tolerance below it, which must fail: the answer is certified within
+    REL_TOL of the smallest noise that meets the target, in three fine accountings."""
+    from budgetplan.planning import calibrate
+    from budgetplan.planning.calibrate import REL_TOL
+
+    fine = []
+    real = calibrate.pld_of
+
+    def counted(mech, **kw):
+        if kw["discretization"] == 1e-4:
+            fine.append(mech.noise_multiplier)
+        return real(mech, **kw)
+
+    monkeypatch.setattr(calibrate, "pld_of", counted)
+    for eps in (1.0, 4.0):
+        fine.clear()
+        cal = dpsgd_noise_multiplier(epsilon=eps, delta=1e-6, sampling_rate=0.01, steps=1000, verify=False)
+        assert len(set(fine)) <= 3, fine
+        below = account(PoissonDPSGD(noise_multiplier=cal.value * math.exp(-REL_TOL), sampling_rate=0.01, steps=1000),
+                        delta=1e-6, adjacency="add-remove")
+        aim = eps * (1 - 2e-5)  # the PLD search aims this far inside the target
+        assert cal.guarantee.epsilon <= aim < below.epsilon
+
+
+def test_throw_away_builds_leave_the_kept_plds_in_place():
+    """A calibration's coarse evaluations build with keep=False: the working grid's PLD of the noise it
+    settles on is still the one kept when the calibration re-accounts it (no second composition)."""
+    from budgetplan.accounting.pld_build import build
+    from budgetplan.units import Adjacency
+
+    def built(sigma, d, keep=True):
+        mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=0.01, steps=100)
+        return build(mech, adjacency=Adjacency.ADD_REMOVE, unit=PrivacyUnit.example(), discretization=d, delta=1e-6,
+                     keep=keep)
+
+    kept = built(2.0, 1e-3)
+    for i in range(6):
+        assert built(2.0 + 0.01 * (i + 1), 1e-2, keep=False) is not built(2.0 + 0.01 * (i + 1), 1e-2, keep=False)
+    assert built(2.0, 1e-3) is kept
+    for i in range(6):  # kept builds push it out, as before
+        built(2.0 + 0.01 * (i + 1), 1e-2)
+    assert built(2.0, 1e-3) is not kept

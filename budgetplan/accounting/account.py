@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from budgetplan.accounting import allocation_pld, backends, gaussian, group, pld_build, rr
+from budgetplan.accounting import gaussian, group, pld_build, rr
 from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import AccountingError, BudgetplanError, InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import (
@@ -313,6 +313,8 @@ def _curve(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, method
     if isinstance(mechanism, AllocationDPSGD):
         if method == "rdp":
             return _allocation_curve(mechanism, adjacency, unit)
+        from budgetplan.accounting import allocation_pld  # the back-ends load with the mechanisms that need them
+
         how = (f"{allocation_pld.REFERENCE}: one epoch's likelihood ratio bounded in the convex order (mean-preserving "
                "spreads on a grid), so both directions are dominated; epochs composed",)
         if mechanism.noise_multiplier < allocation_pld.MIN_NOISE:
@@ -377,6 +379,8 @@ def _rr_curve(mech: RandomizedResponse, adjacency: Adjacency, unit: PrivacyUnit,
         return _Curve(epsilon=lambda d: rr.composed_epsilon(e, k, d), method="exact", bound="exact",
                       notes=(f"{k} x RR(eps={e:.6g}) per unit, exact binomial privacy loss",) if k > 1 else ())
     if method == "rdp":
+        from budgetplan.accounting import backends
+
         rdp = backends.rdp_rr_curve(epsilon=e, count=k)
 
         def checked(d: float) -> float:
@@ -406,6 +410,8 @@ def _gaussian_curve(mech: GaussianRelease, adjacency: Adjacency, unit: PrivacyUn
         return _Curve(epsilon=lambda d: gaussian.classical_epsilon(sigma=sigma, delta=d, sensitivity=sens)
                       if d > 0 else math.inf, method="classical", bound="upper", notes=notes)
     if method == "rdp":
+        from budgetplan.accounting import backends
+
         return _Curve(epsilon=backends.rdp_gaussian_curve(noise_multiplier=sigma / sens), method="rdp",
                       conversion=backends.RDP_CONVERSION, notes=notes)
     return _pld_curve(mech, adjacency, unit, discretization, delta, "pld", notes)
@@ -425,6 +431,8 @@ def _dpsgd_curve(mech: PoissonDPSGD, adjacency: Adjacency, unit: PrivacyUnit, me
                 "use method 'pld', or unit_accounting 'group'"
             )
     notes = (_POISSON_NOTE,)
+    if method in ("rdp", "prv"):
+        from budgetplan.accounting import backends
     if method == "rdp":
         return _Curve(epsilon=backends.rdp_dpsgd_curve(noise_multiplier=mech.noise_multiplier,
                                                        sampling_rate=mech.sampling_rate, steps=mech.steps),
@@ -545,7 +553,7 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency: Adjacency, unit: Pr
             f"no tight accounting of truncated Poisson batches for K={unit.cap} examples per unit; "
             "use unit_accounting 'group'"
         )
-    from budgetplan.accounting import fastpld
+    from budgetplan.accounting import backends, fastpld
     from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_SINGLE_GRID_POINTS
 
     steps, rel = mech.steps, adjacency.value
@@ -583,7 +591,7 @@ def _truncated_curve(mech: TruncatedPoissonDPSGD, adjacency: Adjacency, unit: Pr
 
 
 def _allocation_curve(mech: AllocationDPSGD, adjacency: Adjacency, unit: PrivacyUnit) -> _Curve:
-    from budgetplan.accounting import allocation
+    from budgetplan.accounting import allocation, allocation_pld, backends
 
     allocation_pld.check_applies(adjacency, unit)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from budgetplan.accounting import allocation_pld, fastpld, mixture_pld, mog
+from budgetplan.accounting import fastpld, mixture_pld, mog
 from budgetplan.accounting.ctd import readonly
 from budgetplan.accounting.limits import MAX_COMPOSITIONS, MAX_DISCRETIZATION, MAX_GRID_POINTS, MAX_MIXTURE_ATOMS
 from budgetplan.errors import AccountingError, InvalidParameterError, UnsupportedError
@@ -71,8 +71,11 @@ class BuiltPLD:
 
 
 def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
-          delta: float) -> BuiltPLD:
+          delta: float, keep: bool = True) -> BuiltPLD:
     """The PLD of ``mechanism`` for ``unit`` under ``adjacency``, tight at ``delta``.
+
+    ``keep=False`` builds without entering the result among the last few kept (a search's
+    throw-away evaluations on a coarse grid, which would push out the ones it will ask for again).
 
     Raises:
         InvalidParameterError: delta below MIN_PLD_DELTA.
@@ -83,6 +86,8 @@ def build(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, disc
     try:
         hit = _RECENT.get(key)
     except TypeError:  # a mechanism holding an unhashable value: not kept
+        return _build(mechanism, adjacency, unit, discretization, delta)
+    if hit is None and not keep:
         return _build(mechanism, adjacency, unit, discretization, delta)
     if hit is not None:
         _RECENT.move_to_end(key)
@@ -117,9 +122,10 @@ def _build(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, discre
 
 
 def pld_of(mechanism: Mechanism, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float,
-           delta: float) -> fastpld.PLD:
+           delta: float, keep: bool = True) -> fastpld.PLD:
     """``build(...).pld``."""
-    return build(mechanism, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta).pld
+    return build(mechanism, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta,
+                 keep=keep).pld
 
 
 def pure_epsilon(mechanism: Mechanism, unit: PrivacyUnit, discretization: float) -> float:
@@ -269,6 +275,8 @@ def _parts(mechanism: Mechanism, adjacency: Adjacency, unit: PrivacyUnit, d: flo
         # the unit is the element sampled and clipped: one unit moves one Poisson contribution
         return _parts(mechanism.as_poisson(), adjacency, PrivacyUnit.example(unit.name), d, delta)
     if isinstance(mechanism, AllocationDPSGD):
+        from budgetplan.accounting import allocation_pld  # loaded with the mechanism that needs it
+
         allocation_pld.check_applies(adjacency, unit)
         return [(allocation_pld.epoch_pld(noise_multiplier=mechanism.noise_multiplier,
                                           steps_per_epoch=mechanism.steps_per_epoch, discretization=d),

@@ -55,7 +55,7 @@ class Terms(tuple[Term, ...]):
     The tilt and window solvers revisit orders (a bracket's end is the next solve's start).
     """
 
-    memo: dict[float, tuple[float, float, float]]
+    memo: dict[float, tuple[float, float, float | None]]
 
     def __new__(cls, items: Iterable[Term]) -> Terms:
         obj = super().__new__(cls, items)
@@ -66,7 +66,7 @@ class Terms(tuple[Term, ...]):
 # ----------------------------------------------------------------- cumulants and tilt
 
 
-def _moments(terms: Sequence[Term], theta: float) -> tuple[float, float, float]:
+def _moments(terms: Sequence[Term], theta: float, variance: bool = True) -> tuple[float, float, float]:
     """C(theta), C'(theta), C''(theta) of the composition, C = sum count * ln MGF.
 
     Evaluated dozens of times per composition, so in place in a scratch array. Weights
@@ -74,10 +74,13 @@ def _moments(terms: Sequence[Term], theta: float) -> tuple[float, float, float]:
     the clip only raises C, which keeps every bound taken from it valid. The raw second
     moment loses a few digits of the variance to cancellation, which only steers solvers.
     einsum, not a BLAS product: under load BLAS spends milliseconds waking its threads.
+    ``variance=False`` skips C'' (a pass over the squared losses; the Chernoff searches never
+    read it) and returns NaN in its place; C and C' are the same either way.
     """
-    memo: dict[float, tuple[float, float, float]] | None = getattr(terms, "memo", None)
-    if memo is not None and theta in memo:
-        return memo[theta]
+    memo: dict[float, tuple[float, float, float | None]] | None = getattr(terms, "memo", None)
+    hit = memo.get(theta) if memo is not None else None
+    if hit is not None and (hit[2] is not None or not variance):
+        return hit[0], hit[1], math.nan if hit[2] is None else hit[2]
     c = c1 = c2 = 0.0
     for t in terms:
         w = np.multiply(t.losses, theta, out=t.scratch)
@@ -88,13 +91,13 @@ def _moments(terms: Sequence[Term], theta: float) -> tuple[float, float, float]:
         np.exp(w, out=w)
         s = float(w.sum())
         mean = float(np.einsum("i,i->", w, t.losses)) / s
-        var = max(0.0, float(np.einsum("i,i->", w, t.squares)) / s - mean * mean)
         c += t.count * (top + math.log(s))
         c1 += t.count * mean
-        c2 += t.count * var
+        if variance:
+            c2 += t.count * max(0.0, float(np.einsum("i,i->", w, t.squares)) / s - mean * mean)
     if memo is not None:
-        memo[theta] = (c, c1, c2)
-    return c, c1, c2
+        memo[theta] = (c, c1, c2 if variance else None)
+    return c, c1, c2 if variance else math.nan
 
 
 def _bracket_root(f: Callable[[float], float], x0: float, cap: float, rel: float) -> tuple[float, float]:
@@ -167,7 +170,7 @@ def _legendre(terms: Sequence[Term], theta0: float, c0: float, var: float, targe
 
     def f(x: float) -> float:  # ln I - ln target: about linear in ln x, even for heavy tails
         theta = theta0 + side * x
-        c, c1, _ = _moments(terms, theta)
+        c, c1, _ = _moments(terms, theta, variance=False)
         if tried is not None:
             tried(theta, c)
         rate = side * x * c1 - c + c0
@@ -180,7 +183,7 @@ def _legendre(terms: Sequence[Term], theta0: float, c0: float, var: float, targe
 
 def tilted_mean(terms: Sequence[Term], lam: float) -> float:
     """C'(lam): the mean loss of the composition tilted by ``lam`` (increasing in lam)."""
-    return _moments(terms, lam)[1]
+    return _moments(terms, lam, variance=False)[1]
 
 
 def tilt_with_mean(terms: Sequence[Term], mean: float) -> float:
@@ -189,7 +192,8 @@ def tilt_with_mean(terms: Sequence[Term], mean: float) -> float:
     if c1 >= mean or not c2 > 0:
         return 0.0
     cap = _MAX_TILT_STEPS / terms[0].pmf.discretization
-    return _bracket_root(lambda lam: _moments(terms, lam)[1] - mean, (mean - c1) / c2, cap, 0.02)[1]
+    return _bracket_root(lambda lam: _moments(terms, lam, variance=False)[1] - mean, (mean - c1) / c2, cap,
+                        0.02)[1]
 
 
 def choose_tilt(terms: Sequence[Term], delta: float, gamma: float) -> float:
@@ -227,12 +231,12 @@ def choose_tilt(terms: Sequence[Term], delta: float, gamma: float) -> float:
     guess = max(lam_e - math.sqrt(max(0.0, 2.0 * (log_target + log_delta) / v0 + lam_e * lam_e)), lam_e / 8)
     cap = _MAX_TILT_STEPS / terms[0].pmf.discretization
     near, far = _bracket_root(f, min(guess, cap), cap, 0.3)
-    if near > 0 and _moments(terms, far)[1] > e_hat:
+    if near > 0 and _moments(terms, far, variance=False)[1] > e_hat:
         # Past the saddle point: a heavy upper tail (the remove direction of a subsampled
         # Gaussian) can carry the tilted law's mass far above e_hat within a few percent of
         # lambda, leaving the masses near the epsilon read in the FFT's noise. Stay at or
         # below the saddle point (the mean is increasing in lambda).
-        return _bracket_root(lambda lam: _moments(terms, lam)[1] - e_hat, near, far, 0.02)[0]
+        return _bracket_root(lambda lam: _moments(terms, lam, variance=False)[1] - e_hat, near, far, 0.02)[0]
     return far
 
 

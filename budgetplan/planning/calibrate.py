@@ -10,8 +10,11 @@ second, where dp_accounting's ``calibrate_dp_mechanism`` takes seconds):
    q sqrt(T (e^{1/sigma^2} - 1)) (Bu, Dong, Long, Su 2020, arXiv:1911.11607);
 2. a solve on a grid 16 times coarser (cheap, and pessimistic, so it lands just above the
    answer);
-3. a safeguarded secant (Illinois) solve at the working grid from there, which needs few
-   evaluations because it starts inside a narrow bracket;
+3. the coarse grid's bias measured at that answer by one accounting at the working grid, the
+   answer carried along the coarse curve's slope to the shifted target (``_shifted_start``),
+   and the working grid's solve started there with a first step one tolerance wide: one or two
+   more accountings (the start meets the target, one tolerance below does not), two or three
+   at the working grid in all;
 4. the single-step distributions are cached by the engine, so the searches over steps
    reuse them and only the FFT power changes.
 """
@@ -46,6 +49,9 @@ __all__ = [
 
 REL_TOL = 1e-4
 _COARSE_FACTOR = 16
+# Both solves on the coarse grid go this close to its answer: a coarse accounting costs about a
+# twentieth of one at the working grid, and a close start saves working-grid accountings.
+_COARSE_REL_TOL = 2e-5
 # PLD searches aim 2e-5 (relative) inside the target: float64 FFT noise moves a composed
 # epsilon by up to ~5e-6 relative over 1e5 steps in any engine (dp_accounting's included),
 # so an independent re-accounting must not land above the target by that noise.
@@ -148,11 +154,12 @@ def solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float,
     evaluated and met the target. Raises InfeasibleError when none does below hi_limit.
     """
     evals = 0
+    seen: dict[float, float] = {}  # eps_of by log x: the Illinois step rescales g, not what it returns
 
     def g(log_x: float) -> float:
         nonlocal evals
         evals += 1
-        e = eps_of(math.exp(log_x))
+        e = seen[log_x] = eps_of(math.exp(log_x))
         if e == 0:
             return -math.inf
         return math.log(e) - math.log(target) if math.isfinite(e) else math.inf
@@ -164,7 +171,7 @@ def solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float,
         lo = lx - step
         while True:
             if lo < math.log(lo_limit) or evals >= _MAX_EVALUATIONS:
-                return math.exp(hi), target * math.exp(g_hi), evals
+                return math.exp(hi), seen[hi], evals
             g_lo = g(lo)
             if g_lo > 0:
                 break
@@ -200,17 +207,65 @@ def solve_decreasing(eps_of: Callable[[float], float], target: float, x0: float,
             if side == -1:
                 g_hi *= 0.5
         side = moved
-    return math.exp(hi), target * math.exp(g_hi) if math.isfinite(g_hi) else 0.0, evals
+    return math.exp(hi), seen[hi], evals
 
 
-def _fast_pld_epsilon(adjacency: Adjacency, unit: PrivacyUnit, sampling_rate: float, steps: int,
-                      delta: float, discretization: float) -> Callable[[float], float]:
-    def eps_of(sigma: float) -> float:
+class _EpsilonCurve:
+    """sigma -> the PLD epsilon of Poisson DP-SGD at one grid, remembering the sigmas it has accounted.
+
+    The searches revisit points (the bias-corrected coarse solve starts where the first one
+    ended); ``evaluations`` counts the accountings actually made.
+    """
+
+    def __init__(self, adjacency: Adjacency, unit: PrivacyUnit, sampling_rate: float, steps: int, delta: float,
+                 discretization: float, *, keep: bool = True):
+        self._shape = (adjacency, unit, sampling_rate, steps, delta, discretization)
+        self._keep = keep  # whether the engine keeps the composed PLDs for the final re-accounting
+        self._seen: dict[float, float] = {}
+        self.evaluations = 0
+
+    def __call__(self, sigma: float) -> float:
+        if sigma in self._seen:
+            return self._seen[sigma]
+        self.evaluations += 1
+        adjacency, unit, sampling_rate, steps, delta, discretization = self._shape
         mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
-        return fastpld.epsilon_for_delta(
-            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta), delta)
+        eps = fastpld.epsilon_for_delta(
+            pld_of(mech, adjacency=adjacency, unit=unit, discretization=discretization, delta=delta,
+                   keep=self._keep), delta)
+        self._seen[sigma] = eps
+        return eps
 
-    return eps_of
+    def slope_below(self, sigma: float) -> float | None:
+        """d ln eps / d ln sigma between ``sigma`` and the nearest sigma accounted below it, if any."""
+        below = [s for s in self._seen if s < sigma]
+        if sigma not in self._seen or not below:
+            return None
+        near = max(below)
+        e_hi, e_lo = self._seen[sigma], self._seen[near]
+        if not (0 < e_hi < e_lo < math.inf):
+            return None
+        return (math.log(e_hi) - math.log(e_lo)) / (math.log(sigma) - math.log(near))
+
+
+def _shifted_start(coarse: _EpsilonCurve, x0: float, e_coarse: float, target: float) -> float:
+    """Where the fine solve starts: the coarse curve's sigma for ``target`` (its bias-shifted aim).
+
+    The coarse solve left x0 and a point 2e-5 below it, so the curve's slope there is known: a
+    shift of under 1e-3 is taken along it (the error is second order, some 1e-7), a larger one
+    solved for on the coarse curve from there. Where the shift is under 0.8 tolerances, x0 itself
+    (accounted at the fine grid already, and meeting the target) is within a tolerance of the
+    fine answer: the fine solve starts there and its first step down should fail.
+    """
+    slope = coarse.slope_below(x0)
+    shift = (math.log(target) - math.log(e_coarse)) / slope if slope is not None and slope < 0 else -math.inf
+    if shift > -0.8 * REL_TOL:
+        return x0
+    if shift > -1e-3:
+        return x0 * math.exp(shift)
+    x1, _, _ = solve_decreasing(coarse, target, x0 * math.exp(max(shift, -0.25)), step=2e-3,
+                                lo_limit=SIGMA_RANGE[0], hi_limit=SIGMA_RANGE[1], rel_tol=_COARSE_REL_TOL)
+    return x1
 
 
 def dpsgd_noise_multiplier(
@@ -245,27 +300,29 @@ def dpsgd_noise_multiplier(
     x0 = _clt_guess(epsilon=epsilon, delta=delta, sampling_rate=sampling_rate, steps=steps)
     fast = method == "pld" and (unit.cap == 1 or unit_accounting == "tight")
     aim = epsilon * (1 - _PLD_MARGIN) if method == "pld" else epsilon
-    evals = 0
+    curves: tuple[_EpsilonCurve, ...] = ()
+    eps_of: Callable[[float], float]
     if fast:
-        coarse = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, discretization * _COARSE_FACTOR)
-        eps_of = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, discretization)
-        x0, e_coarse, n = solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
-                                            hi_limit=SIGMA_RANGE[1], rel_tol=1e-3)
+        coarse = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, discretization * _COARSE_FACTOR,
+                               keep=False)
+        fine = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, discretization)
+        curves, eps_of = (coarse, fine), fine
+        x0, e_coarse, _ = solve_decreasing(coarse, aim, x0, step=0.25, lo_limit=SIGMA_RANGE[0],
+                                            hi_limit=SIGMA_RANGE[1], rel_tol=_COARSE_REL_TOL)
         # The coarse grid's epsilon sits a nearly constant bias above the fine one near the
         # answer: measure it once at x0, then solve the shifted target on the cheap curve.
         e_fine = eps_of(x0)
-        evals += n + 1
         if math.isfinite(e_fine) and math.isfinite(e_coarse) and 0 < e_fine < e_coarse:
-            x0, _, n = solve_decreasing(coarse, aim + (e_coarse - e_fine), x0, step=2e-3,
-                                         lo_limit=SIGMA_RANGE[0], hi_limit=SIGMA_RANGE[1], rel_tol=2e-5)
-            evals += n
-        step = 2 * REL_TOL
+            x0 = _shifted_start(coarse, x0, e_coarse, aim + (e_coarse - e_fine))
+        # The fine solve's first step is one tolerance wide: the usual outcome is one or two
+        # more fine accountings (x0 meets the target, x0 less one tolerance does not).
+        step = REL_TOL * (1 - 1e-6)
     else:
-        def eps_of(sigma: float) -> float:
+        def accounted(sigma: float) -> float:
             mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
             return account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                            unit_accounting=unit_accounting, discretization=discretization).epsilon
-        step = 0.25
+        eps_of, step = accounted, 0.25
     try:
         sigma, _, n = solve_decreasing(eps_of, aim, x0, step=step, lo_limit=SIGMA_RANGE[0],
                                         hi_limit=SIGMA_RANGE[1])
@@ -274,13 +331,13 @@ def dpsgd_noise_multiplier(
             f"no noise multiplier up to {SIGMA_RANGE[1]:g} gives epsilon <= {epsilon:g} at delta={delta:g}",
             knob="noise_multiplier",
         ) from None
-    evals += n
+    evals = sum(c.evaluations for c in curves) if fast else n
     mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
     verified = None
     if verify and method == "pld":
         finer = discretization / 2
         for _ in range(_MAX_VERIFY_STEPS):
-            verified = _fast_pld_epsilon(adjacency, unit, sampling_rate, steps, delta, finer)(sigma) if fast else \
+            verified = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, finer)(sigma) if fast else \
                 account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                         unit_accounting=unit_accounting, discretization=finer).epsilon
             evals += 1

@@ -257,3 +257,19 @@ def test_pessimistic_not_optimistic():
     assert optimistic.self_compose(5859).get_epsilon_for_delta(1e-7) == 0.0
     g = account(dpsgd(1.0, Q_CRITEO, 5859), delta=1e-7, adjacency="add-remove")
     assert g.bound == "upper" and g.epsilon == pytest.approx(0.2385, abs=1e-4)
+
+
+def test_library_versions_agree_with_the_installed_metadata():
+    """numpy's and scipy's versions are read from the loaded modules (no metadata scan); they must be
+    what the installed distributions say, and the libraries not loaded are still looked up."""
+    import importlib.metadata
+
+    import numpy
+    import scipy
+
+    from budgetplan.accounting.guarantee import library_versions
+
+    versions = dict(library_versions())
+    assert versions["numpy"] == numpy.__version__ == importlib.metadata.version("numpy")
+    assert versions["scipy"] == scipy.__version__ == importlib.metadata.version("scipy")
+    assert versions["dp-accounting"] == importlib.metadata.version("dp-accounting")

@@ -152,6 +152,11 @@ def render(state: dict, name: str) -> str:
              "of its table the seeds cannot tell: their mean difference is smaller than the larger of their two "
              "stds." + (" **One seed: no spread, so no cell can be judged readable or not.**" if seeds == 1 else ""),
              ""]
+    if state.get("carried"):
+        carried = state["carried"]
+        lines += [f"The {', '.join(carried['arms'])} cells were carried from the run at commit "
+                  f"{carried['from_commit']}, because {carried['why']}; their relative losses are against this "
+                  "run's baselines.", ""]
     for shape, summ in summary.items():
         by_eps, bl = summ["cells"], summ["baselines"]
         par = st["shapes"][shape]

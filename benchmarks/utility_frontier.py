@@ -364,10 +364,24 @@ def run(args) -> dict:
                 _unit(args, *unit, report)
         else:
             _run_parallel(args, units, report)
+    rescore_carried(state)
     state["complete"] = True
     state["machine"] = {**h.machine(), "device": args.device, "jobs": args.jobs}
     _save(path, state)
     return state
+
+
+def rescore_carried(state: dict) -> None:
+    """Score the cells carried from an earlier run (``carried_from``) against this run's baselines:
+    their AUC is what their training gave, their relative loss and beats-baseline flag are not."""
+    from trainers.metrics import relative_auc_loss
+
+    for cell in state["cells"].values():
+        base = state["baselines"].get(_key(cell["shape"], cell["seed"])) if "carried_from" in cell else None
+        if base is not None and cell.get("auc") is not None:
+            cell["relative_auc_loss"] = relative_auc_loss(cell["auc"], base["all"]["auc"])
+            tolerance = base["all"].get("auc_tolerance")
+            cell["beats_baseline"] = tolerance is not None and cell["auc"] - base["all"]["auc"] > tolerance
 
 
 def _run_parallel(args, units, report) -> None:

@@ -99,7 +99,17 @@ def _validation(result: RRResult) -> dict[str, Any]:
     return {"validation_rows": result.validation_rows, "validation_checks": tuple(result.validation_checks),
             "validation_log_loss": _finite(result.validation_log_loss),
             "validation_auc": _finite(result.validation_auc), "validation_kept": result.validation_kept,
-            "stopped": result.stopped}
+            "stopped": result.stopped, **_candidates(result)}
+
+
+def _candidates(result: RRResult) -> dict[str, Any]:
+    """The (learning rate, L2) pairs the RR phase chose among on its held-out units, if it chose."""
+    if result.candidates is None:
+        return {}
+    assert result.candidate_log_loss is not None and result.chosen is not None
+    return {"candidate_lr": tuple(r for r, _ in result.candidates),
+            "candidate_weight_decay": tuple(d for _, d in result.candidates),
+            "candidate_log_loss": _finite(result.candidate_log_loss), "candidate_chosen": result.chosen}
 
 
 def dpsgd_entry(result: DPSGDResult, ledger: LedgerView | None, *, nonsensitive_tower: str | None,

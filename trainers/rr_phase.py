@@ -16,6 +16,7 @@ the others; only their RR labels are read.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,10 @@ class RRResult:
             check, the debiased log loss and AUC there, the index of the check whose state
             was kept (None: no finite score, the last state stayed); ``stopped`` is
             "patience" or "epochs".
+        candidates, candidate_log_loss, chosen: with a held-out part and more than one
+            (learning rate, weight decay) pair: the pairs trained, each one's best debiased
+            validation log loss, and the index of the pair kept (the ``validation_*`` fields
+            are its own).
     """
 
     labels: int
@@ -67,6 +72,9 @@ class RRResult:
     validation_auc: tuple[float | None, ...] | None = None
     validation_kept: int | None = None
     stopped: str | None = None
+    candidates: tuple[tuple[float, float], ...] | None = None
+    candidate_log_loss: tuple[float | None, ...] | None = None
+    chosen: int | None = None
 
 
 def flip_probabilities(plan_phase, unit_counts: np.ndarray | None, n: int) -> np.ndarray:
@@ -116,6 +124,18 @@ def _start_at_base_rate(model, targets) -> None:
         model.output_bias().fill_(float(np.log(rate / (1 - rate))))
 
 
+def _best_loss(stopping) -> float | None:
+    """The lowest debiased validation log loss a pair reached (None: no check scored finite)."""
+    return None if stopping is None or stopping.best is None else stopping.log_loss[stopping.best]
+
+
+def _best_pair(runs) -> int:
+    """The index of the pair with the lowest debiased validation log loss; the first pair where none scored
+    (the scores are sums over every rank's held-out rows, so every rank picks the same pair)."""
+    scored = [(loss, i) for i, run in enumerate(runs) if (loss := _best_loss(run[2])) is not None]
+    return min(scored)[1] if scored else 0
+
+
 def _compact(rows: np.ndarray):
     """A rank's row numbers as a slice when they are one contiguous block (what rank 0 is sent)."""
     if rows.size and rows[-1] - rows[0] + 1 == rows.size:
@@ -123,10 +143,62 @@ def _compact(rows: np.ndarray):
     return rows
 
 
+def _train(model, data, targets, noisy, rho, holdout, pairs, plain: FitSettings, *, loss_fn, shuffle_seed: int,
+           patience: int, checks_per_epoch: int, init_bias: bool, progress, collective):
+    """Train the truncated model once per (learning rate, L2) pair from the same start and the same
+    row order (``shuffle_seed``), keep the pair with the lowest debiased validation log loss (the
+    first pair without held-out units); (its FitSettings, its fit history, the seconds of every
+    pair, the record's validation fields)."""
+    if holdout is None:
+        pairs = pairs[:1]  # nothing to choose by: the first pair
+    else:
+        mask = torch.as_tensor(np.asarray(holdout, dtype=bool), device=targets.device)
+        data, targets, held = data.take(~mask), targets[~mask], data.take(mask)
+    if init_bias:
+        _start_at_base_rate(model, targets)
+    start = copy.deepcopy(model.state_dict()) if len(pairs) > 1 else None
+    runs = []
+    for rate, decay in pairs:
+        if start is not None:
+            model.load_state_dict(start)
+        gen = torch.Generator().manual_seed(shuffle_seed)
+        settings = FitSettings(epochs=plain.epochs, batch_size=plain.batch_size, lr=rate, optimizer=plain.optimizer,
+                               weight_decay=decay)
+        stopping = every = None
+        if holdout is not None:
+            stopping = rr_validation.DebiasedStopping(model, held, noisy[holdout], rho[holdout], patience=patience,
+                                                      collective=collective)
+            train_rows = len(data) if collective is None else collective.total(len(data))
+            every = rr_validation.check_every(train_rows, settings.batch_size, checks_per_epoch)
+        history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
+                      truncated=True, generator=gen, progress=progress, collective=collective, check=stopping,
+                      check_every=every)
+        if stopping is not None:
+            stopping.restore()
+        runs.append((settings, history, stopping, copy.deepcopy(model.state_dict()) if start else None))
+    chosen = _best_pair(runs)
+    settings, history, stopping, state = runs[chosen]
+    if state is not None:
+        model.load_state_dict(state)
+    validation: dict = {}
+    if stopping is not None:
+        held_rows = int(np.count_nonzero(holdout))
+        validation = dict(
+            validation_rows=held_rows if collective is None else collective.total(held_rows),
+            validation_checks=tuple(stopping.checked_at), validation_log_loss=tuple(stopping.log_loss),
+            validation_auc=tuple(stopping.auc), validation_kept=stopping.best,
+            stopped="patience" if history["stopped_early"] else "epochs")
+        if len(runs) > 1:  # the held-out units chose the pair
+            validation.update(candidates=tuple((float(r), float(d)) for r, d in pairs), chosen=chosen,
+                              candidate_log_loss=tuple(_best_loss(run[2]) for run in runs))
+    return settings, history, sum(run[1]["seconds"] for run in runs), validation
+
+
 def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optimizer: str, batch_size: int,
                  randomness, session=None, progress: str | None = None, collective=None, rows=None,
                  holdout: np.ndarray | None = None, patience: int = 4, checks_per_epoch: int = 4,
-                 init_bias: bool = True, weight_decay: float = 0.0) -> RRResult:
+                 init_bias: bool = True, weight_decay: float = 0.0,
+                 candidates: tuple[tuple[float, float], ...] | None = None) -> RRResult:
     """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
@@ -174,32 +246,13 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     targets = torch.stack([torch.as_tensor(noisy, dtype=torch.float32, device=device),
                            torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
     loss_fn = losses.rr_unbiased_loss if loss == "unbiased" else losses.rr_forward_loss
-    gen = torch.Generator().manual_seed(randomness.torch_seed())
-    settings = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size,
-                           lr=lr, optimizer=optimizer, weight_decay=weight_decay)
-    train_data, train_targets, stopping, every = data, targets, None, None
-    if holdout is not None:
-
-        mask = torch.as_tensor(np.asarray(holdout, dtype=bool), device=device)
-        train_data, train_targets = data.take(~mask), targets[~mask]
-        stopping = rr_validation.DebiasedStopping(model, data.take(mask), noisy[holdout], rho[holdout],
-                                                  patience=patience, collective=collective)
-        train_rows = len(train_data) if collective is None else collective.total(len(train_data))
-        every = rr_validation.check_every(train_rows, settings.batch_size, checks_per_epoch)
-    if init_bias:
-        _start_at_base_rate(model, train_targets)
-    history = fit(model, train_data, train_targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
-                  truncated=True, generator=gen, progress=progress, collective=collective, check=stopping,
-                  check_every=every)
-    validation: dict = {}
-    if stopping is not None:
-        stopping.restore()
-        held = int(np.count_nonzero(holdout))
-        validation = dict(
-            validation_rows=held if collective is None else collective.total(held),
-            validation_checks=tuple(stopping.checked_at), validation_log_loss=tuple(stopping.log_loss),
-            validation_auc=tuple(stopping.auc), validation_kept=stopping.best,
-            stopped="patience" if history["stopped_early"] else "epochs")
+    pairs = tuple(candidates) if candidates else ((lr, weight_decay),)
+    plain = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size, lr=lr,
+                        optimizer=optimizer)
+    settings, history, seconds, validation = _train(
+        model, data, targets, noisy, rho, holdout, pairs, plain, loss_fn=loss_fn, shuffle_seed=randomness.torch_seed(),
+        patience=patience, checks_per_epoch=checks_per_epoch, init_bias=init_bias, progress=progress,
+        collective=collective)
     debiased, rho_sum = rr_estimate(noisy, rho), float(rho.sum())
     if collective is not None:
         pooled = torch.tensor([*debiased, rho_sum], dtype=torch.float64)
@@ -211,5 +264,5 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
         flip_probability_mean=rho_sum / total, per_impression_rule=phase.params.per_impression_rule,
         release_sha256=note["sha256"], epochs=settings.epochs,
         batch_size=settings.batch_size, batches=history["batches"], loss=loss,
-        epoch_loss=tuple(history["epoch_loss"]), seconds=history["seconds"],
+        epoch_loss=tuple(history["epoch_loss"]), seconds=seconds,
         debiased_positives=debiased, **validation)

@@ -56,6 +56,12 @@ class TrainSettings:
     rr_checks_per_epoch: int = 4
     rr_patience: int = 4
     rr_weight_decay: float = 0.0
+    # (learning rate, L2) pairs the RR phase trains when it has held-out units, keeping the one
+    # with the lowest debiased validation log loss (free: post-processing of the release); None:
+    # (lr, rr_weight_decay) alone. On the 1M-row frontier the second pair closed most of RR's gap
+    # to its ceiling at eps 3 and 8, and collapsed to a constant model at eps 1 and 1.5, which
+    # the first pair does not: neither alone is safe across budgets (CHANGELOG).
+    rr_candidates: tuple | None = ((1e-3, 0.0), (3e-4, 1e-4))
 
     def __post_init__(self):
         if self.model not in ("mlp", "fm"):
@@ -69,6 +75,16 @@ class TrainSettings:
             raise InvalidParameterError(f"hybrid_start must be rr-model or as-trained, got {self.hybrid_start!r}")
         for name in ("rr_checks_per_epoch", "rr_patience"):
             validate.at_most(name, validate.positive_int(name, getattr(self, name)), limits.MAX_EPOCHS)
+        validate.non_negative("rr_weight_decay", self.rr_weight_decay)
+        if self.rr_candidates is not None:
+            if not self.rr_candidates:
+                raise InvalidParameterError("rr_candidates must name at least one (learning rate, L2) pair, or be None")
+            for pair in self.rr_candidates:
+                if not isinstance(pair, tuple | list) or len(pair) != 2:
+                    raise InvalidParameterError(f"rr_candidates: each entry must be a (learning rate, L2) pair, "
+                                                f"got {pair!r}")
+                validate.positive("rr_candidates learning rate", pair[0])
+                validate.non_negative("rr_candidates L2", pair[1])
 
     def to_dict(self) -> dict:
         out = asdict(self)

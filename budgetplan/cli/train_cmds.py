@@ -69,7 +69,10 @@ def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSetting
                                  "criteo-search"]))
 @click.option("--model", type=click.Choice(["mlp", "fm"]), default="mlp", show_default=True)
 @click.option("--embedding-dim", default="8", show_default=True, help='An integer, or "auto" (int(2 V^0.25)).')
-@click.option("--lr", type=LEARNING_RATE, default=1e-3, show_default=True)
+@click.option("--lr", type=LEARNING_RATE, default=1e-3, show_default=True,
+              help="Adam step size of a --non-private baseline, and of an RR phase without held-out units "
+              "(with them it trains (1e-3, no L2) and (3e-4, L2 1e-4) and keeps the better on its held-out "
+              "units' debiased loss).")
 @click.option("--dpsgd-optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
               help="DP-SGD phase optimiser (sgd: momentum 0.9). Post-processing: no privacy cost.")
 @click.option("--dpsgd-lr", type=LEARNING_RATE_OR_AUTO, default="auto", show_default=True,

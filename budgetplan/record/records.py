@@ -171,10 +171,15 @@ class RRRun:
     validation_auc: tuple[float | None, ...] | None = typed.omit_if_none()
     validation_kept: int | None = typed.omit_if_none()
     stopped: str | None = typed.omit_if_none()
+    candidate_lr: tuple[float, ...] | None = typed.omit_if_none()
+    candidate_weight_decay: tuple[float, ...] | None = typed.omit_if_none()
+    candidate_log_loss: tuple[float | None, ...] | None = typed.omit_if_none()
+    candidate_chosen: int | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
         _set(self, "labels", validate.positive_int("labels", self.labels))
         self._check_validation()
+        self._check_candidates()
         if (self.labels_flipped is None) != (self.flip_probability is None):
             raise InvalidParameterError("labels_flipped and flip_probability are public together or not at all")
         if self.labels_flipped is not None:
@@ -192,6 +197,25 @@ class RRRun:
         _set(self, "epoch_loss", _losses("epoch_loss", self.epoch_loss))
         typed.text("model", self.model)
         _set(self, "seconds", _seconds("seconds", self.seconds))
+
+    def _check_candidates(self) -> None:
+        fields = (self.candidate_lr, self.candidate_weight_decay, self.candidate_log_loss, self.candidate_chosen)
+        if all(v is None for v in fields):
+            return
+        if any(v is None for v in fields) or self.validation_rows is None:
+            raise InvalidParameterError("an RR entry's candidate_* fields come together, with validation_rows")
+        rates = typed.float_tuple("candidate_lr", self.candidate_lr or (), validate.positive)
+        decays = typed.float_tuple("candidate_weight_decay", self.candidate_weight_decay or (), validate.non_negative)
+        losses = _losses("candidate_log_loss", self.candidate_log_loss or ())
+        if not len(rates) == len(decays) == len(losses) >= 2:
+            raise InvalidParameterError("candidate_lr, candidate_weight_decay and candidate_log_loss must have one "
+                                        "entry per candidate, at least two")
+        chosen = _count("candidate_chosen", self.candidate_chosen)
+        if chosen >= len(rates):
+            raise InvalidParameterError(f"candidate_chosen ({chosen}) names no candidate (there are {len(rates)})")
+        for name, value in (("candidate_lr", rates), ("candidate_weight_decay", decays),
+                            ("candidate_log_loss", losses), ("candidate_chosen", chosen)):
+            _set(self, name, value)
 
     def _check_validation(self) -> None:
         if self.validation_rows is None:

@@ -394,7 +394,19 @@ def _rr_training(ph: RRRun) -> str:
     why = "the held-out score stopped improving" if ph.stopped == "patience" else "its epochs ran out"
     return (f"{done} of at most {ph.epochs} epochs trained on them, stopped because {why}; the state after "
             f"{_num(kept, 3)} epochs was kept (debiased held-out AUC "
-            f"{'n/a' if area is None else _num(area, 4)} on {ph.validation_rows} held-out rows).")
+            f"{'n/a' if area is None else _num(area, 4)} on {ph.validation_rows} held-out rows).{_rr_pairs(ph)}")
+
+
+def _rr_pairs(ph: RRRun) -> str:
+    """Which (learning rate, L2) pair the held-out units chose, where the phase trained several."""
+    if ph.candidate_chosen is None or ph.candidate_lr is None or ph.candidate_weight_decay is None:
+        return ""
+    pairs = ", ".join(f"({_num(r, 3)}, {_num(d, 3)})" for r, d in zip(ph.candidate_lr, ph.candidate_weight_decay,
+                                                                        strict=True))
+    i = ph.candidate_chosen
+    return (f" It trained once per (learning rate, L2) pair {pairs} from the same start and kept "
+            f"({_num(ph.candidate_lr[i], 3)}, {_num(ph.candidate_weight_decay[i], 3)}), the lowest debiased held-out "
+            "loss: a choice made on the release, so free.")
 
 
 def _not_covered(plan: Plan) -> list[str]:

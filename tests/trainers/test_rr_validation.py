@@ -211,3 +211,67 @@ def test_the_statements_say_what_the_held_out_units_decided(data):
     assert f"on {rr.validation_rows} held-out rows" in text and "was kept (debiased held-out AUC" in text
     off = _plan(rr_extra="validation_fraction = 0")
     assert "held-out" not in render_statement(off)
+
+
+# ---------------------------------------------------------------- (learning rate, L2) pairs
+
+COLLAPSES = 5.0  # an L2 this strong drives the model to a constant: its held-out loss is the worst
+
+
+@pytest.mark.parametrize("order", [((1e-3, 0.0), (1e-3, COLLAPSES)), ((1e-3, COLLAPSES), (1e-3, 0.0))])
+def test_the_held_out_units_choose_the_pair_and_keep_its_model(data, order):
+    """The pair with the lower debiased held-out loss is kept, whichever comes first, and the model
+    is exactly what that pair alone trains (same start, same row order)."""
+    from dataclasses import replace
+
+    root, _ = data
+    plan = _plan(epochs=2)
+    opts = dict(eval_path=root / "eval.parquet", seed=5, threads=1)
+    rec = execute_plan(plan, root / "train.parquet", RunOptions(settings=replace(FAST, rr_candidates=order), **opts))
+    rr = rec.phases[0]
+    good = [i for i, (_, decay) in enumerate(order) if decay == 0.0][0]
+    assert rr.candidate_chosen == good
+    assert rr.candidate_lr == tuple(r for r, _ in order) and rr.candidate_weight_decay == tuple(d for _, d in order)
+    assert rr.candidate_log_loss[good] == min(rr.candidate_log_loss)
+    assert rr.validation_log_loss[rr.validation_kept] == rr.candidate_log_loss[good]
+    alone = execute_plan(plan, root / "train.parquet",
+                         RunOptions(settings=replace(FAST, rr_candidates=None, lr=1e-3, rr_weight_decay=0.0), **opts))
+    assert alone.phases[0].candidate_chosen is None
+    assert alone.phases[0].validation_log_loss == rr.validation_log_loss
+    assert alone.metrics["eval"]["auc"] == rec.metrics["eval"]["auc"]
+
+
+def test_without_held_out_units_only_the_first_pair_trains(data):
+    from dataclasses import replace
+
+    root, _ = data
+    settings = replace(FAST, rr_candidates=((1e-3, 0.0), (1e-3, COLLAPSES)))
+    rec = execute_plan(_plan(epochs=1, rr_extra="validation_fraction = 0"), root / "train.parquet",
+                       RunOptions(settings=settings, seed=3, threads=1))
+    rr = rec.phases[0]
+    assert rr.candidate_chosen is None and rr.candidate_lr is None and rr.batches == int(np.ceil(N / 256))
+
+
+@pytest.mark.parametrize("bad", [(), ((1e-3,),), ((0.0, 0.0),), ((1e-3, -1.0),), ((float("nan"), 0.0),)])
+def test_bad_pairs_are_refused_naming_the_setting(bad):
+    from budgetplan.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="rr_candidates"):
+        TrainSettings(rr_candidates=bad)
+
+
+def test_a_record_refuses_candidate_fields_that_do_not_fit(data):
+    from dataclasses import replace
+
+    from budgetplan.errors import InvalidParameterError
+    from budgetplan.record.records import RRRun
+    from budgetplan.util.typed import from_json_object, to_json_object
+
+    root, _ = data
+    rec = execute_plan(_plan(epochs=1), root / "train.parquet", RunOptions(settings=FAST, seed=3, threads=1))
+    rr = rec.phases[0]
+    assert rr.candidate_chosen is not None  # the default trains two pairs
+    assert from_json_object(RRRun, to_json_object(rr), "rr") == rr
+    for change in ({"candidate_chosen": 2}, {"candidate_lr": (1e-3,)}, {"candidate_log_loss": None}):
+        with pytest.raises(InvalidParameterError, match="candidate"):
+            replace(rr, **change)

@@ -72,12 +72,23 @@ def settings(args) -> dict:
     from budgetplan.scenario.split_rules import DEFAULT_RULE
     from trainers.data.synth import get_shape
 
-    train, dp = uf.trainer_settings(args)
+    train, dp = _trainer_settings(args)
     return h.settings_record("split_selection.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilons": args.epsilon_list,
         "shapes": {s: get_shape(s).parameters() for s in args.shape_list}, "grids": GRIDS,
         "default_rule": DEFAULT_RULE, "template": uf.TEMPLATE, "holdout": uf.HOLDOUT,
-        "training": train.to_dict(), "dpsgd_settings": dp.to_dict()})
+        "training": {k: v for k, v in train.to_dict().items() if k != "rr_candidates"},  # pinned: None
+        "dpsgd_settings": dp.to_dict()})
+
+
+def _trainer_settings(args):
+    """The frontier's trainer settings with the RR phase's (learning rate, L2) pairs off: these results
+    were measured before the RR phase chose among pairs (one pair, (lr, rr_weight_decay)), and a
+    rerun takes hours; the record leaves the setting out, as it did."""
+    from dataclasses import replace
+
+    train, dp = uf.trainer_settings(args)
+    return replace(train, rr_candidates=None), dp
 
 
 def _tuned(text: str, rules) -> str:
@@ -97,7 +108,7 @@ def _unit(args, shape: str, seed: int) -> list[dict]:
     from trainers.data.synth import get_shape
     from trainers.run import RunOptions, execute_plan
 
-    train_settings, dp = uf.trainer_settings(args)
+    train_settings, dp = _trainer_settings(args)
     threads = 1 if args.jobs > 1 else "auto"
     spec = get_shape(shape).features
     work = Path(tempfile.mkdtemp(prefix="selection-"))

@@ -146,12 +146,10 @@ def _compact(rows: np.ndarray):
 def _train(model, data, targets, noisy, rho, holdout, pairs, plain: FitSettings, *, loss_fn, shuffle_seed: int,
            patience: int, checks_per_epoch: int, init_bias: bool, progress, collective):
     """Train the truncated model once per (learning rate, L2) pair from the same start and the same
-    row order (``shuffle_seed``), keep the pair with the lowest debiased validation log loss (the
-    first pair without held-out units); (its FitSettings, its fit history, the seconds of every
+    row order (``shuffle_seed``), keep the pair with the lowest debiased validation log loss;
+    (its FitSettings, its fit history, the seconds of every
     pair, the record's validation fields)."""
-    if holdout is None:
-        pairs = pairs[:1]  # nothing to choose by: the first pair
-    else:
+    if holdout is not None:
         mask = torch.as_tensor(np.asarray(holdout, dtype=bool), device=targets.device)
         data, targets, held = data.take(~mask), targets[~mask], data.take(mask)
     if init_bias:
@@ -246,7 +244,8 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     targets = torch.stack([torch.as_tensor(noisy, dtype=torch.float32, device=device),
                            torch.as_tensor(rho, dtype=torch.float32, device=device)], 1)
     loss_fn = losses.rr_unbiased_loss if loss == "unbiased" else losses.rr_forward_loss
-    pairs = tuple(candidates) if candidates else ((lr, weight_decay),)
+    # several pairs only where held-out units can choose among them; else (lr, weight_decay)
+    pairs = tuple(candidates) if candidates and holdout is not None else ((lr, weight_decay),)
     plain = FitSettings(epochs=phase.params.epochs, batch_size=phase.params.batch_size or batch_size, lr=lr,
                         optimizer=optimizer)
     settings, history, seconds, validation = _train(

@@ -57,10 +57,11 @@ class TrainSettings:
     rr_patience: int = 4
     rr_weight_decay: float = 0.0
     # (learning rate, L2) pairs the RR phase trains when it has held-out units, keeping the one
-    # with the lowest debiased validation log loss (free: post-processing of the release); None:
-    # (lr, rr_weight_decay) alone. On the 1M-row frontier the second pair closed most of RR's gap
-    # to its ceiling at eps 3 and 8, and collapsed to a constant model at eps 1 and 1.5, which
-    # the first pair does not: neither alone is safe across budgets (CHANGELOG).
+    # with the lowest debiased validation log loss (free: post-processing of the release); None,
+    # or a plan without held-out units: (lr, rr_weight_decay) alone. On the 1M-row frontier the
+    # second pair closed most of RR's gap to its ceiling at eps 3 and 8, and collapsed to a
+    # constant model at eps 1 and 1.5, which the first pair does not: neither alone is safe
+    # across budgets (CHANGELOG).
     rr_candidates: tuple | None = ((1e-3, 0.0), (3e-4, 1e-4))
 
     def __post_init__(self):

@@ -241,15 +241,18 @@ def test_the_held_out_units_choose_the_pair_and_keep_its_model(data, order):
     assert alone.metrics["eval"]["auc"] == rec.metrics["eval"]["auc"]
 
 
-def test_without_held_out_units_only_the_first_pair_trains(data):
+def test_without_held_out_units_the_phase_trains_lr_and_rr_weight_decay(data):
     from dataclasses import replace
 
     root, _ = data
-    settings = replace(FAST, rr_candidates=((1e-3, 0.0), (1e-3, COLLAPSES)))
-    rec = execute_plan(_plan(epochs=1, rr_extra="validation_fraction = 0"), root / "train.parquet",
-                       RunOptions(settings=settings, seed=3, threads=1))
-    rr = rec.phases[0]
+    plan, opts = _plan(epochs=1, rr_extra="validation_fraction = 0"), dict(seed=3, threads=1)
+    pairs = execute_plan(plan, root / "train.parquet", RunOptions(
+        settings=replace(FAST, lr=2e-3, rr_candidates=((1e-3, 0.0), (1e-3, COLLAPSES))), **opts))
+    alone = execute_plan(plan, root / "train.parquet", RunOptions(settings=replace(FAST, lr=2e-3, rr_candidates=None),
+                                                                  **opts))
+    rr = pairs.phases[0]
     assert rr.candidate_chosen is None and rr.candidate_lr is None and rr.batches == int(np.ceil(N / 256))
+    assert rr.epoch_loss == alone.phases[0].epoch_loss
 
 
 @pytest.mark.parametrize("bad", [(), ((1e-3,),), ((0.0, 0.0),), ((1e-3, -1.0),), ((float("nan"), 0.0),)])

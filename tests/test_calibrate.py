@@ -293,3 +293,44 @@ def test_finer_grid_that_never_agrees_is_refused():
     with pytest.raises(AccountingError, match="grids disagree"):
         _verified_sigma(lambda s: calls.append(s) or 5.0, 1.0, 4.0, -3.0)
     assert len(calls) <= 12
+
+
+def test_group_floor_is_below_the_group_epsilon():
+    """K eps_e(delta / K) never exceeds the group-privacy epsilon (it reads delta_e <= delta / K)."""
+    from budgetplan.planning.calibrate import _group_floor
+    from budgetplan.units import Adjacency
+
+    unit = PrivacyUnit.capped(4)
+    for sigma in (0.6, 1.0, 3.0):
+        mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=0.01, steps=200)
+        floor = _group_floor(mech, 1e-6, Adjacency.ADD_REMOVE, unit, "pld", 1e-4)
+        full = account(mech, delta=1e-6, adjacency="add-remove", unit=unit, unit_accounting="group").epsilon
+        assert 0 < floor <= full
+
+
+def test_group_calibration_skips_hopeless_noise_and_answers_as_before(monkeypatch):
+    """Noise whose floor is above the target is not accounted in full (a dozen compositions each at
+    q near 1e-8): fewer full group accountings, and the answer of the search without the floor
+    within REL_TOL, meeting the target."""
+    from budgetplan.accounting import group as group_module
+    from budgetplan.planning import calibrate
+    from budgetplan.planning.calibrate import REL_TOL
+
+    full = []
+    real_group = group_module.group_from_curve
+
+    def counted(*a, **kw):
+        full.append(1)
+        return real_group(*a, **kw)
+
+    monkeypatch.setattr(group_module, "group_from_curve", counted)
+    unit = PrivacyUnit.capped(4)
+    kw = dict(epsilon=2.0, delta=1e-6, sampling_rate=0.01, steps=200, unit=unit, unit_accounting="group",
+              verify=False)
+    new = dpsgd_noise_multiplier(**kw)
+    n_new = len(full)
+    full.clear()
+    monkeypatch.setattr(calibrate, "_group_floor", lambda *a: 0.0)  # the search as it was
+    old = dpsgd_noise_multiplier(**kw)
+    assert new.guarantee.epsilon <= 2.0 and abs(new.value / old.value - 1) <= REL_TOL
+    assert n_new < len(full)

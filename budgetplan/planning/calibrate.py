@@ -62,6 +62,9 @@ _MAX_EVALUATIONS = 60
 # A secant step that moves the same end this many times in a row is followed by a bisection:
 # Illinois halving alone still creeps when the curve has a kink near the root.
 _STALL_RUN = 3
+# A group-privacy search takes the floor (``_group_floor``) for the epsilon only this far above its
+# aim: there the full accounting is hopeless and slow; nearer, the secant steers on the real value.
+_FLOOR_FACTOR = 2.0
 # Re-checks at the finer grid, each moving sigma up by REL_TOL (0.5% in all).
 _MAX_VERIFY_STEPS = 50
 
@@ -268,6 +271,57 @@ def _shifted_start(coarse: _EpsilonCurve, x0: float, e_coarse: float, target: fl
     return x1
 
 
+def _group_floor(mech: PoissonDPSGD, delta: float, adjacency: Adjacency, unit: PrivacyUnit, method: str,
+                 discretization: float) -> float:
+    """K eps_e(delta / K): a floor under the group-privacy unit epsilon, in one example-level accounting.
+
+    Group privacy reads the example-level curve at some delta_e <= delta / K, where eps_e(delta_e)
+    >= eps_e(delta / K), and multiplies by K. Where the floor is above the target the full
+    accounting (a search over delta_e, a dozen compositions where no delta_e is feasible, ~4 s
+    each at q near 1e-8 and 1e8 steps) cannot meet it either. 0 where delta / K is below what
+    the method reads.
+    """
+    try:
+        example = account(mech, delta=delta / unit.cap, adjacency=adjacency, unit=PrivacyUnit.example(unit.name),
+                          method=method, discretization=discretization)
+    except InvalidParameterError:
+        return 0.0
+    return unit.cap * example.epsilon
+
+
+def _verified_sigma(finer_eps: Callable[[float], float], sigma: float, epsilon: float,
+                    slope: float | None) -> tuple[float, float, int]:
+    """(sigma', its epsilon at the finer grid, accountings): the smallest sigma' >= sigma, within
+    REL_TOL, whose finer-grid epsilon is <= ``epsilon``; sigma itself where it passes.
+
+    Where the finer grid disagrees (at q near 1e-8 and 1e8 steps its rounding allowance sits
+    above the working grid's), the search starts where the working curve's slope
+    (d ln eps / d ln sigma, if known) says the finer one meets epsilon, and brackets from there
+    in doubling steps: two or three accountings, not one per REL_TOL step. It stops, as the
+    REL_TOL steps did, _MAX_VERIFY_STEPS tolerances above sigma.
+    """
+    verified = finer_eps(sigma)
+    if verified <= epsilon:
+        return sigma, verified, 1
+    shift = REL_TOL
+    if slope is not None and slope < 0 and math.isfinite(verified):
+        shift = max(shift, (math.log(epsilon) - math.log(verified)) / slope)
+    hi_limit = sigma * (1 + REL_TOL) ** _MAX_VERIFY_STEPS
+    first = verified
+    try:
+        # the doubling steps may pass hi_limit before they bracket an answer below it: search twice as far
+        found, verified, n = solve_decreasing(
+            finer_eps, epsilon, min(sigma * math.exp(shift), hi_limit), step=REL_TOL * (1 - 1e-6),
+            lo_limit=sigma * (1 + 0.5 * REL_TOL), hi_limit=sigma * (1 + REL_TOL) ** (2 * _MAX_VERIFY_STEPS))
+    except InfeasibleError:
+        found = math.inf
+    if found > hi_limit:
+        raise AccountingError(
+            f"re-accounting at the finer discretization keeps exceeding epsilon={epsilon:g} up to "
+            f"noise_multiplier={hi_limit:.6g} (first {first:.6g} at {sigma:.6g}); the grids disagree")
+    return found, verified, n + 1
+
+
 def dpsgd_noise_multiplier(
     *,
     epsilon: float,
@@ -320,6 +374,10 @@ def dpsgd_noise_multiplier(
     else:
         def accounted(sigma: float) -> float:
             mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
+            if unit.cap > 1 and unit_accounting == "group":
+                floor = _group_floor(mech, delta, adjacency, unit, method, discretization)
+                if floor > _FLOOR_FACTOR * aim:
+                    return floor  # fails the target: it only steers the search, never answers it
             return account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                            unit_accounting=unit_accounting, discretization=discretization).epsilon
         eps_of, step = accounted, 0.25
@@ -332,23 +390,19 @@ def dpsgd_noise_multiplier(
             knob="noise_multiplier",
         ) from None
     evals = sum(c.evaluations for c in curves) if fast else n
-    mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
     verified = None
     if verify and method == "pld":
         finer = discretization / 2
-        for _ in range(_MAX_VERIFY_STEPS):
-            verified = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, finer)(sigma) if fast else \
-                account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
-                        unit_accounting=unit_accounting, discretization=finer).epsilon
-            evals += 1
-            if verified <= epsilon:
-                break
-            sigma *= 1 + REL_TOL  # the finer grid disagrees: step to the safe side and re-check
-            mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
+        if fast:
+            finer_eps: Callable[[float], float] = _EpsilonCurve(adjacency, unit, sampling_rate, steps, delta, finer)
         else:
-            raise AccountingError(
-                f"re-accounting at discretization {finer:g} keeps exceeding epsilon={epsilon:g} "
-                f"(last {verified:.6g} at noise_multiplier={sigma:.6g}); the grids disagree")
+            def finer_eps(s: float) -> float:
+                m = PoissonDPSGD(noise_multiplier=s, sampling_rate=sampling_rate, steps=steps)
+                return account(m, delta=delta, adjacency=adjacency, unit=unit, method=method,
+                               unit_accounting=unit_accounting, discretization=finer).epsilon
+        sigma, verified, n = _verified_sigma(finer_eps, sigma, epsilon, curves[-1].slope_below(sigma) if fast else None)
+        evals += n
+    mech = PoissonDPSGD(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps)
     g = account(mech, delta=delta, adjacency=adjacency, unit=unit, method=method,
                 unit_accounting=unit_accounting, discretization=discretization)
     return Calibration(value=sigma, guarantee=g, verified_epsilon=verified, evaluations=evals + 1)

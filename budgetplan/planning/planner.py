@@ -579,6 +579,12 @@ def _unit_alternatives(s: Scenario, unit: PrivacyUnit, phases: Sequence[Phase]) 
 _UNIT_SAMPLING = "unit sampling (clip per unit)"
 
 
+def _calibrated_here(s: Scenario, p: DPSGDPhase) -> bool:
+    """Whether the phase's noise multiplier is the PLD calibration of Poisson DP-SGD at its target."""
+    return (s.dpsgd is not None and s.dpsgd.noise_multiplier is None and s.dpsgd.sampling == "poisson"
+            and isinstance(p.mechanism, PoissonDPSGD) and p.method == "pld")
+
+
 def _example_sampled_rows(s: Scenario, unit: PrivacyUnit, p: DPSGDPhase, q: float,
                           steps: int) -> list[dict[str, Any]]:
     """The noise each bound on a unit of K independently sampled examples needs, at q and T."""
@@ -593,6 +599,11 @@ def _example_sampled_rows(s: Scenario, unit: PrivacyUnit, p: DPSGDPhase, q: floa
         if not adj_ok:
             rows.append({"phase": p.name, "bounding": label, "applies": False,
                          "note": "defined under add-remove only; this plan is replace-one"})
+            continue
+        if kwargs.get("unit_accounting") == p.unit_accounting and "method" not in kwargs and _calibrated_here(s, p):
+            # the phase's own calibration answered this row's question (verified, so at or above its answer)
+            rows.append(_alt(p, label, "noise_multiplier", p.mechanism.noise_multiplier, p.guarantee.epsilon,
+                             p.guarantee.delta, p.guarantee.method))
             continue
         try:
             cal = calibrate.dpsgd_noise_multiplier(epsilon=p.target_epsilon, delta=p.target_delta, sampling_rate=q,

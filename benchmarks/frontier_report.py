@@ -215,8 +215,11 @@ def _regret_section(summary: dict, state: dict) -> list[str]:
     table = regret(summary, rules, share)
     eps_list = sorted({e for s in summary.values() for e in s["cells"]})
     shapes = list(summary)
+    rules = [r for r in rules if any(v is not None for shape in shapes for v in table[r].get(shape, {}).values())]
+    measured = {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
+    grid = ", ".join(f"{alpha:g}" for alpha, arm in _GRID_ALPHA.items() if arm in measured)
     lines = ["## Which split: regret of each rule", "",
-             "Relative AUC loss (points) of the rule's arm above the best alpha of the grid {0, 0.25, 0.5, 0.75, 1} "
+             f"Relative AUC loss (points) of the rule's arm above the best alpha of the grid {{{grid}}} "
              "on the same shape and epsilon (means over the seeds); `worst` is the largest over the shapes, `mean` "
              f"their mean. The default rule is `{rule}`. `alpha-by-eps (before)` is the table this project used "
              "before these shapes were measured (alpha 0 below eps 2, 0.75 to 10, then 0.5).", "",

@@ -126,8 +126,8 @@ NO_NOISE_ON_ANY_RANK = Mutant(
 # the draws counted and "added", but every one of them zero: the noise claimed at every step was never added
 NOISE_NOT_ADDED = Mutant(
     "noise counted but not added", "trainers.dpsgd",
-    "            a.normal_(generator=noise_generator)  # the values of randn(...), scaled below\n",
-    "            a.zero_()\n", ("noisy_gradient",))
+    "            noise = torch.empty_like(a).normal_(generator=noise_generator)  # the values of randn(...)\n",
+    "            noise = torch.zeros_like(a)\n", ("noisy_gradient",))
 
 # the last row of each epoch's allocation is replaced by the first: one row takes part twice, one not at all
 ALLOCATED_TWICE = Mutant(

@@ -88,7 +88,7 @@ def cases(quick: bool) -> list[tuple[str, int, bool]]:
     if quick:
         return [("pctr", 4096, False), ("pctr-reduced", 1024, True), ("attribution", 4096, False),
                 ("attribution-reduced", 4096, True)]
-    return [("pctr", 16384, False), ("pctr-reduced", 1024, True), ("attribution", 16384, False),
+    return [("pctr", 16384, False), ("pctr", 4096, False), ("pctr-reduced", 1024, True), ("attribution", 16384, False),
             ("attribution", 4096, False), ("attribution-reduced", 4096, True)]
 
 

@@ -27,7 +27,8 @@ epsilon (``frontier_report.regret``), and the checks the issue asked of the defa
 
 Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
 that finds a JSON made with the same settings continues where it stopped (one made with other
-settings is refused, naming what differs; ``--fresh`` starts over). Writes
+settings is refused, naming what differs; ``--fresh`` starts over; new shapes added to
+``--shapes`` extend it). Writes
 ``<out>/<name>.json``, ``<name>.md`` and one ``<name>_<shape>.png`` per shape (``--out``
 defaults to benchmarks/results).
 
@@ -220,7 +221,10 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
     if path.exists() and not fresh:
         state = json.loads(path.read_text())
         recorded = state.get("settings", {})
-        diff = h.settings_differences(recorded, today)
+        old_shapes = recorded.get("values", {}).get("shapes", {})
+        # a shape the earlier run did not have extends it (its cells are trained, the others kept)
+        diff = [d for d in h.settings_differences(recorded, today)
+                if not (d.startswith("shapes.") and d.split(".")[1] not in old_shapes)]
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
                              "--fresh to start over, or --name to keep both")

@@ -136,6 +136,22 @@ def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
         uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4"])
 
 
+def test_a_new_shape_extends_a_run_and_a_dropped_one_is_refused(tiny, monkeypatch):
+    uf, out, state = tiny
+    monkeypatch.setattr(uf, "TRAINING", TRAINING)
+    monkeypatch.setattr(uf, "BASELINE", BASELINE)
+    path = out / "tiny.json"
+    before = json.loads(path.read_text())
+    wider = uf.settings(uf.parse_args([*ARGV, "--shapes", "legacy,nonsensitive"]))
+    extended = uf._load_state(path, wider, fresh=False)
+    assert extended["cells"] == before["cells"] and extended["baselines"] == before["baselines"]
+    assert set(extended["settings"]["values"]["shapes"]) == {"legacy", "nonsensitive"}
+    path.write_text(json.dumps(extended))
+    with pytest.raises(SystemExit, match=r"these differ: shapes.nonsensitive"):
+        uf._load_state(path, state["settings"], fresh=False)  # a run without a shape it had
+    path.write_text(json.dumps(before))
+
+
 @pytest.mark.parametrize("argv, what", [(["--shapes", "nope"], "--shapes"), (["--arms", "RR,X"], "--arms"),
                                         (["--epsilons", "1,inf"], "--epsilons"), (["--rows", "0"], "--rows"),
                                         (["--jobs", "0"], "--jobs")])

@@ -181,15 +181,13 @@ def _step(result: dict, label: str, bar, task) -> dict:
 
 
 def run(args) -> dict:
-    from rich.console import Console
-    from rich.progress import Progress
 
     work = args.work or Path(tempfile.mkdtemp(prefix="data-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     key = work / "key"
     key.write_bytes(bytes(range(32)))  # a benchmark key: which rows are kept does not matter here
     result: dict = {"settings": settings(args), "sizes": []}
-    with Progress(console=Console(stderr=True)) as bar:
+    with h.progress() as bar:
         task = bar.add_task("data scale", total=3 * len(args.rows))
         for rows in args.rows:
             users = rows // USERS_PER_ROW

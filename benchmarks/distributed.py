@@ -173,15 +173,13 @@ def _one(args, plan, train, evaluation, seed: int, nproc: int, work: Path, basel
 
 
 def run(args) -> dict:
-    from rich.console import Console
-    from rich.progress import Progress
 
     from trainers.run import run_baseline
 
     work = Path(tempfile.mkdtemp(prefix="distributed-"))
     result: dict = {"settings": settings(args), "runs": [], "baselines": []}
     training, _, baseline = _train_settings()
-    with Progress(console=Console(stderr=True)) as bar:
+    with h.progress() as bar:
         task = bar.add_task("runs", total=args.seeds * (len(args.counts) + 1))
         for seed in range(args.seeds):
             train, evaluation, n = h.holdout_data(SHAPE, seed, args.rows, args.users, work)

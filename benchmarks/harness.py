@@ -230,6 +230,57 @@ def save_results(out: Path, name: str, result: dict, render) -> str:
     return text
 
 
+class LogProgress:
+    """``rich.progress.Progress``'s ``add_task``, ``update`` and ``advance`` as plain lines on
+    stderr, for a benchmark whose stderr is a log or a pipe (a rich bar there shows nothing
+    until it ends): one line when a task starts, each time its description changes and each
+    time it advances, with how far it is and how long it has run."""
+
+    def __init__(self, stream=None, clock=time.monotonic):
+        self._stream, self._clock = stream, clock
+        self._tasks: list[dict] = []
+
+    def __enter__(self) -> LogProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, description: str, total: int | None = None, **_) -> int:
+        self._tasks.append({"description": description, "total": total, "done": 0, "start": self._clock()})
+        self._line(len(self._tasks) - 1, "started")
+        return len(self._tasks) - 1
+
+    def update(self, task: int, *, description: str | None = None, advance: float = 0, **_) -> None:
+        if description is not None and description != self._tasks[task]["description"]:
+            self._tasks[task]["description"] = description
+            self._line(task, "now")
+        if advance:
+            self.advance(task, advance)
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self._tasks[task]["done"] += advance
+        self._line(task, "advanced")
+
+    def _line(self, task: int, what: str) -> None:
+        from trainers.progress import PREFIX
+
+        t = self._tasks[task]
+        done = f"{t['done']:g}" + (f"/{t['total']:g}" if t["total"] else "")
+        print(f"{PREFIX}{t['description']}: {what}, {done} done, {self._clock() - t['start']:.0f} s elapsed",
+              file=self._stream or sys.stderr, flush=True)
+
+
+def progress(*columns):
+    """A rich progress bar on stderr in a terminal, :class:`LogProgress` lines otherwise."""
+    if not sys.stderr.isatty():
+        return LogProgress()
+    from rich.console import Console
+    from rich.progress import Progress
+
+    return Progress(*columns, console=Console(stderr=True))
+
+
 def settings_markdown(settings: dict) -> str:
     """One paragraph for a results table: how to re-run it, the commit, and every setting."""
     import json as _json

@@ -148,8 +148,6 @@ def _measure(args, path: Path, plan, threads) -> dict:
 
 def run(args) -> dict:
     import pyarrow.parquet as pq
-    from rich.console import Console
-    from rich.progress import Progress
 
     from budgetplan.planning.planner import build_plan
     from budgetplan.scenario.model import parse_scenario
@@ -163,7 +161,7 @@ def run(args) -> dict:
     plan = build_plan(parse_scenario(h.as_planned_then(_scenario(args.rows))))  # the plan measured (docstring)
     result: dict = {"settings": settings(args), "cpus": cpus, "conditions": {}}
     context = multiprocessing.get_context("fork")
-    with Progress(console=Console(stderr=True)) as bar:
+    with h.progress() as bar:
         task = bar.add_task("threads", total=2 * len(counts))
         for condition in ("idle", "loaded"):
             spinners = [context.Process(target=_spin, daemon=True) for _ in range(cpus - 1 if condition == "loaded"

@@ -169,8 +169,6 @@ def _recommended(plan) -> str | None:
 
 
 def run(args) -> dict:
-    from rich.console import Console
-    from rich.progress import Progress
 
     from budgetplan.planning.planner import build_plan
     from budgetplan.scenario.model import parse_scenario
@@ -182,7 +180,7 @@ def run(args) -> dict:
     result: dict = {"settings": settings(args), "runs": [], "baselines": []}
     training, _, baseline = _train_settings()
     arms = [(k, by) for k in args.cap_list for by in (("example",) if k == 1 else ("example", "unit"))]
-    with Progress(console=Console(stderr=True)) as bar:
+    with h.progress() as bar:
         task = bar.add_task("runs", total=args.seeds * (len(arms) + 1))
         for seed in range(args.seeds):
             train, evaluation, _ = h.holdout_data(SHAPE, seed, args.rows, args.users, work)

@@ -334,8 +334,7 @@ def _queued_unit(args, shape, seed, cells, baseline) -> None:
 
 
 def run(args) -> dict:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     path = args.out / f"{args.name}.json"
     state = _load_state(path, settings(args), args.fresh)
@@ -350,7 +349,7 @@ def run(args) -> dict:
     total = sum(len(u[2]) + (u[3] is None) for u in units)
     args.out.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    with h.progress(*columns) as bar:
         task = bar.add_task("utility frontier", total=total)
 
         def report(kind, key, value):

@@ -146,6 +146,16 @@ COMMANDS = (
         Opt("--rows", accept=""),
         Opt("--users", accept=""),
     ), outputs=("d.parquet",)),
+    # the mixed family's knobs (the other shapes refuse them): shares and rates in their ranges, the
+    # spreads positive up to their stated limits (5 and 4)
+    Cmd("data-synth-mixed", ("data", "synth", "--rows", "200", "--users", "20", "--shape", "mixed", "--out",
+                             "d.parquet", "--json"), (
+        Opt("--nonsensitive-share", accept="zero tiny"),
+        Opt("--cross-share", accept="zero tiny"),
+        Opt("--signal-std", accept="tiny frac"),
+        Opt("--base-rate", accept="tiny"),
+        Opt("--user-sigma", accept="tiny frac"),
+    ), outputs=("d.parquet",)),
     Cmd("data-count", ("data", "count", "train.parquet", "--unit-id", "user_id", "--unit-cap", "2", "--json"), (
         Opt("--unit-cap", accept=""),
         # below K / MAX_DATASET_SIZE the count is all noise (1e-300 divided by zero)

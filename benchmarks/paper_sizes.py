@@ -12,8 +12,14 @@ sum over the process and its children, every 0.5 s):
    beside the wall time (read, encode, DP-SGD phase, its rows per second);
 4. ``budgetplan audit RUN --data DIR``.
 
+``--device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``; default ``auto``) is the trainer's; on
+CUDA each run also records the training process's peak GPU memory (the record's DP-SGD phase:
+``torch.cuda.max_memory_allocated`` over the whole run, the encoded data included) beside the
+peak RSS.
+
 Not a test: ``python benchmarks/paper_sizes.py`` (about 40 minutes at 40M rows on 2 cores);
-writes ``results/paper_sizes.json`` and ``.md``. ``--rows 4000000 --nproc 1,2 --name
+writes ``results/paper_sizes.json`` and ``.md`` (``paper_sizes_cuda.*`` with ``--device cuda``,
+unless ``--name`` is given; ``benchmarks/gpu_suite.py`` runs it so on a GPU). ``--rows 4000000 --nproc 1,2 --name
 paper_sizes_4m`` gives the processes' scaling table at a size two processes fit twice. ``--smoke --out DIR``:
 every command at 2,000 rows and batch 256, one process (distributed.py's smoke runs two).
 
@@ -49,7 +55,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--nproc", default="1", help="comma-separated process counts, each a run")
     ap.add_argument("--data", type=Path, default=None, help="an existing `data synth --shape pctr` directory")
     ap.add_argument("--work", type=Path, default=None, help="where data and runs go (default: a fresh temp dir)")
-    ap.add_argument("--name", default="paper_sizes")
+    ap.add_argument("--device", default="auto", help="the trainer's device: auto, cpu, cuda or cuda:N")
+    ap.add_argument("--name", default=None, help="results file stem (default paper_sizes, paper_sizes_cuda on CUDA)")
     ap.add_argument("--out", type=Path, default=h.RESULTS)
     h.add_smoke(ap)
     args = ap.parse_args(argv)
@@ -63,6 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"--nproc: not a comma-separated list of integers: {args.nproc!r}")
     if not args.counts or min(args.counts) < 1:
         ap.error(f"--nproc counts must be at least 1, got {args.nproc!r}")
+    if args.device not in ("auto", "cpu") and not args.device.split(":")[0] == "cuda":
+        ap.error(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
+    args.name = args.name or h.results_name("paper_sizes", _kind(args.device))
     return args
 
 
@@ -87,18 +97,30 @@ clipping_norm = 5.0
 {get_shape(SHAPE).features.to_toml()}"""
 
 
-def _train_settings():
-    """(TrainSettings, DPSGDSettings) of every run: hashed categoricals, the DP-SGD step size pinned."""
+def _kind(device: str) -> str:
+    """``cuda`` or ``cpu``: ``cuda`` taken at its word (a CUDA run's settings read back on a machine without
+    one), ``auto`` what the trainer resolves it to here."""
+    import torch
+
+    return "cuda" if device.startswith("cuda") or device == "auto" and torch.cuda.is_available() else "cpu"
+
+
+def _train_settings(device: str = "auto"):
+    """(TrainSettings, DPSGDSettings) of every run on ``device``: hashed categoricals, the DP-SGD step
+    size pinned, the trainer's chunk for the device kind (``DPSGDSettings.for_device``, ``_kind``)."""
+    import torch
+
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import TrainSettings
 
-    return TrainSettings(nonsensitive_encoding="hash"), DPSGDSettings(lr=DPSGD_LR)
+    return (TrainSettings(nonsensitive_encoding="hash", device=device),
+            DPSGDSettings.for_device(torch.device(_kind(device)), lr=DPSGD_LR))
 
 
 def settings(args: argparse.Namespace) -> dict:
     from trainers.data.synth import get_shape
 
-    training, dpsgd = _train_settings()
+    training, dpsgd = _train_settings(args.device)
     return h.settings_record("paper_sizes.py", args.argv, {
         "rows": args.rows, "users": args.rows // 5, "shape": get_shape(SHAPE).parameters(), "batch": args.batch,
         "epsilon": args.epsilon, "processes": args.counts, "scenario": scenario(args),
@@ -175,7 +197,14 @@ def _run(cmd: list[str], log: Path) -> dict:
 def run(args) -> dict:
     from rich.console import Console
 
+    from budgetplan.errors import InvalidParameterError
+    from trainers.run import resolve_device
+
     say = Console(stderr=True).print
+    try:  # before anything is written: --device cuda where there is none
+        resolve_device(args.device)
+    except InvalidParameterError as exc:
+        raise SystemExit(f"paper_sizes: {exc}") from None
     work = args.work or Path(tempfile.mkdtemp(prefix="paper-sizes-"))
     work.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m"]
@@ -189,7 +218,7 @@ def run(args) -> dict:
         if stage["returncode"]:
             raise SystemExit(f"data synth failed: see {work / 'synth.log'}")
     (work / "scenario.toml").write_text(h.as_planned_then(scenario(args)))  # the plan measured (docstring)
-    train_options = _train_options(*_train_settings())
+    train_options = _train_options(*_train_settings(args.device))
     stage = _run(py + ["budgetplan", "plan", str(work / "scenario.toml"), "--output", str(work / "plan.json")],
                  work / "plan.log")
     result["stages"]["plan"] = {k: v for k, v in stage.items() if k != "stdout"}
@@ -207,6 +236,7 @@ def run(args) -> dict:
         record = json.loads(stage["stdout"])
         timings = record["timings"]
         dp = next(p for p in record["phases"] if p["name"] == "dpsgd")
+        gpu = dp.get("peak_memory") or {}
         audit = _run(py + ["budgetplan", "audit", str(run_dir), "--data", str(data), "--json"],
                      work / f"audit-{nproc}.log")
         verdict = json.loads(audit["stdout"]) if audit["stdout"].strip() else {}
@@ -215,7 +245,8 @@ def run(args) -> dict:
             "load_seconds": timings.get("load_seconds"), "encode_seconds": timings.get("encode_seconds"),
             "dpsgd_seconds": dp["seconds"], "steps": dp["steps_executed"], "rows_sampled": dp["batch_size_sum"],
             "dpsgd_rows_per_second": dp["batch_size_sum"] / dp["seconds"],
-            "torch_threads": timings.get("torch_threads"),
+            "torch_threads": timings.get("torch_threads"), "device": record.get("device"),
+            "peak_gpu_bytes": gpu.get("bytes") if str(gpu.get("kind", "")).startswith("cuda") else None,
             "audit_seconds": audit["seconds"], "audit_passed": audit["returncode"] == 0,
             "audit_failed": [c["name"] for c in verdict.get("checks", []) if not c.get("passed")],
             "load_after": stage["load_after"]})
@@ -233,14 +264,22 @@ def render(result: dict) -> str:
              "over its process tree, sampled every 0.5 s.", ""]
     for name, s in result["stages"].items():
         lines.append(f"- `{name}`: {s['seconds']:.0f} s, peak {s['peak_mib']:,.0f} MiB.")
+    # runs on CUDA: the device and the training process's peak GPU memory (the CUDA allocator's)
+    gpu = any(r.get("peak_gpu_bytes") is not None for r in result["runs"])
+    if gpu:
+        devices = sorted({str(r.get("device")) for r in result["runs"]})
+        lines += ["", f"Trained on {', '.join(devices)}; peak GPU MiB is the training process's "
+                      "`torch.cuda.max_memory_allocated` over the whole run, the encoded data included."]
     lines += ["", "| processes | wall s | read s | encode s | DP-SGD s | steps | DP-SGD rows/s | peak MiB | threads "
-              "| audit | load before/after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| audit | load before/after |" + (" peak GPU MiB |" if gpu else ""),
+              "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "")]
     for r in result["runs"]:
         lines.append(f"| {r['processes']} | {r['wall_seconds']:.0f} | {r['load_seconds'] or 0:.1f} | "
                      f"{r['encode_seconds'] or 0:.1f} | {r['dpsgd_seconds']:.0f} | {r['steps']:,} | "
                      f"{r['dpsgd_rows_per_second']:,.0f} | {r['peak_mib']:,.0f} | {r['torch_threads']} | "
                      f"{'passed' if r['audit_passed'] else 'FAILED ' + ', '.join(r['audit_failed'])} "
-                     f"({r['audit_seconds']:.0f} s) | {r['load_before']:.2f}/{r['load_after']:.2f} |")
+                     f"({r['audit_seconds']:.0f} s) | {r['load_before']:.2f}/{r['load_after']:.2f} |"
+                     + (f" {h.mib(r.get('peak_gpu_bytes'))} |" if gpu else ""))
     lines += ["", h.settings_markdown(result["settings"]), ""]
     return "\n".join(lines)
 

@@ -65,15 +65,25 @@ def settings_record(script: str, argv: list[str], values: dict) -> dict:
 
     The commit (and whether the work tree had uncommitted changes to tracked files outside
     the results) and the budgetplan version say which code ran; they are provenance, not
-    settings, and :func:`settings_differences` leaves them out.
+    settings, and :func:`settings_differences` leaves them out. In a copy of the tree without its
+    git directory they are read from the environment (``PROVENANCE``), else None.
     """
     import budgetplan
 
+    commit = _git("rev-parse", "HEAD")
     # results files are outputs: rewriting them is no change to the code that ran
     status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    dirty = None if status is None else bool(status)
+    if commit is None:  # a copy of the tree without its git directory (a GPU machine's): what was recorded beside it
+        given = json.loads(os.environ.get(PROVENANCE) or "{}")
+        commit, dirty = given.get("commit"), given.get("dirty")
     return {"script": script, "argv": [str(a) for a in argv], "values": json.loads(json.dumps(values)),
-            "commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
-            "budgetplan_version": budgetplan.__version__}
+            "commit": commit, "dirty": dirty, "budgetplan_version": budgetplan.__version__}
+
+
+# Where the tree is a copy without its git directory, the commit and dirty flag it was copied at, as
+# JSON ({"commit": ..., "dirty": ...}), recorded beside the copy by benchmarks/gpu_suite.py --prepare.
+PROVENANCE = "BENCHMARK_PROVENANCE"
 
 
 def settings_differences(recorded: dict, today: dict) -> list[str]:

@@ -53,6 +53,7 @@ SLOW = {
     "tests/test_benchmark_smoke.py::test_smoke_run[split_selection]",  # [33-45] 9 trainings and the baselines
     "tests/test_benchmark_smoke.py::test_smoke_run[distributed]",  # [29-39] a baseline, 1 and 2 processes, audits
     "tests/test_benchmark_smoke.py::test_smoke_run[paper_sizes]",  # [22-25] synth, plan, train and audit, each a CLI
+    "tests/test_benchmark_smoke.py::test_smoke_run[reproduction]",  # [38-50] synth, plan, three trainings: CLIs
     # the docs' examples, page by page (tests/docs/test_examples.py); the pages not listed take under 15 s
     "tests/docs/test_examples.py::test_examples_run[docs/guide/audit.md]",  # a run, its empirical and one-run audits
     "tests/docs/test_examples.py::test_examples_run[docs/guide/train.md]",  # plan, then train at 200,000 rows

@@ -4,9 +4,9 @@ Each script runs as a user runs it, ``python benchmarks/<script>.py --smoke --ou
 fresh interpreter from the repository root, so none can rot between two real measurements:
 exit status 0, its results files written under ``DIR`` (never over ``benchmarks/results``) and
 readable, and one or two of its numbers sane. What a smoke run runs, and what it leaves out and
-why, is in each script's docstring. Six take 20 s or more (conftest's ``SLOW``). The scripts
-tested otherwise (``threads.py``, ``utility_frontier.py``, ``walr_utility.py``) have their own
-test files.
+why, is in each script's docstring. Those that take 20 s or more are in conftest's ``SLOW``. The
+scripts tested otherwise (``gpu_suite.py``, ``threads.py``, ``utility_frontier.py``,
+``walr_utility.py``) have their own test files.
 """
 
 from __future__ import annotations
@@ -108,6 +108,12 @@ def _paper_sizes(r: dict) -> None:
     assert set(r["stages"]) == {"synth", "plan"}
 
 
+def _reproduction(r: dict) -> None:
+    same, other = r["same_seed"], r["other_seed"]
+    assert r["passed"] and same["differences"] == [] and other["model_differs"]
+    assert same["compared"]["tensors"] > 0 and same["compared"]["fields"] > 100 and r["seeds"]["b"] == r["seeds"]["a"]
+
+
 def _split_selection(r: dict) -> None:
     plans = {c["plan"]: c for c in r["cells"]}
     assert sorted(plans) == ["3 splits", "5 splits", "default"]
@@ -143,6 +149,7 @@ SCRIPTS = {
     "one_run_audit": ("| plan epsilon | canaries | model | DP-SGD optimiser | arm |", _one_run_audit),
     "planner": ("| command | tree | wall s | CPU s | wall ratio | CPU ratio | target wall s |", _planner),
     "paper_sizes": ("| processes | wall s | read s | encode s | DP-SGD s |", _paper_sizes),
+    "reproduction": ("| comparison | model tensors | record fields | files | differences |", _reproduction),
     "split_grid": ("| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
     "split_selection": ("| shape | epsilon | plan | epsilon per configuration |", _split_selection),
     "user_level": ("| K | sampling | noise multiplier | accounting | AUC |", _user_level),

@@ -249,3 +249,18 @@ def test_the_steps_record_the_commit_a_copy_without_git_was_made_at(tmp_path, mo
     assert (record["commit"], record["dirty"]) == ("c0ffee", True)
     monkeypatch.delenv(harness.PROVENANCE)
     assert harness.settings_record("x.py", [], {})["commit"] is None
+
+
+def test_the_paper_step_trains_on_cuda_with_the_gpus_chunk_and_reads_back_without_one(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import trainers.run
+    from trainers.dpsgd import GPU_MAX_CHUNK
+
+    paper = _script("paper_sizes")
+    # what a CUDA run's results file records, computed on a machine without CUDA (tests/test_benchmark_settings.py)
+    values = paper.settings(paper.parse_args(["--device", "cuda"]))["values"]
+    assert values["dpsgd_settings"]["max_chunk"] == GPU_MAX_CHUNK and values["training"]["device"] == "cuda"
+    # on a GPU: the train command's options build exactly the recorded settings (it stops the run otherwise)
+    monkeypatch.setattr(trainers.run, "resolve_device", lambda name: torch.device("cuda"))
+    options = paper._train_options(*paper._train_settings("cuda"))
+    assert options[options.index("--device") + 1] == "cuda"

@@ -54,10 +54,11 @@ About 470 s in all (10 + 100 + 60 + 120 + 180). ``paper`` needs ``synth`` to hav
 
 What comes back, under the output folder (the device tool returns at most 8 files there):
 ``suite.log`` (every step's start and end, status, seconds, limit and peak GPU memory by
-``nvidia-smi``, the end of a failed step's log), ``suite.json`` (the same, and the device) and
-``results.tar.gz``: ``results/`` (the ``*_cuda.json`` and ``.md`` files the steps wrote, to
-copy into ``benchmarks/results/``), ``logs/`` (each step's output), ``device.txt`` and the
-paper run's and the reproduction's records and logs. All three are rewritten after every step,
+``nvidia-smi``: the device's, so the concurrent steps' together; the end of a failed step's
+log), ``suite.json`` (the same, and the device) and ``results.tar.gz``: ``results/`` (the
+``*_cuda.json`` and ``.md`` files the steps wrote, to copy into ``benchmarks/results/``),
+``logs/`` (each step's output), ``device.txt`` and the paper run's and the reproduction's
+records and logs. All three are rewritten after every step,
 so a run cut off keeps what it finished. Exit status 0 when every step passed, 1 otherwise.
 """
 

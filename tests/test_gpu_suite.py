@@ -264,3 +264,23 @@ def test_the_paper_step_trains_on_cuda_with_the_gpus_chunk_and_reads_back_withou
     monkeypatch.setattr(trainers.run, "resolve_device", lambda name: torch.device("cuda"))
     options = paper._train_options(*paper._train_settings("cuda"))
     assert options[options.index("--device") + 1] == "cuda"
+
+
+def test_a_suite_stopped_from_outside_kills_what_runs_and_records_it(tmp_path):
+    suite = _script("gpu_suite")
+    calls = iter(range(10**6))
+
+    def clock():  # the stop (SIGTERM raises SystemExit in main) arrives while the step runs
+        if next(calls) == 5:
+            raise KeyboardInterrupt
+        return time.monotonic()
+
+    log = suite.Log(tmp_path / "out", tmp_path / "work")
+    step = suite.Step("long", _py("import time; time.sleep(30)"), 1, 60, timed=True)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        suite.run_steps([step], log=log, budget=60, env=suite.environment(), memory=suite.GpuMemory(False),
+                        clock=clock, poll_seconds=0.05)
+    assert time.monotonic() - t0 < 10
+    (row,) = json.loads((tmp_path / "out" / "suite.json").read_text())["steps"]
+    assert (row["status"], row["reason"]) == ("interrupted", "the suite was stopped") and row["returncode"] < 0

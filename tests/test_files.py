@@ -141,3 +141,18 @@ def test_dev_stdout_is_this_process_s_descriptor(tmp_path):
     assert _files._descriptor(_files.Path("/dev/stdout")) == 1
     assert _files._descriptor(_files.Path("/proc/self/fd/2")) == 2
     assert _files._descriptor(tmp_path / "plain") is None
+
+
+def test_a_saved_state_has_the_same_bytes_whatever_the_temporary_name(tmp_path):
+    torch = pytest.importorskip("torch")
+    from budgetplan.util.fileio import file_sha256, torch_save
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 3}
+    digests = set()
+    for name in ("a", "model.pt.tmp-1234-abcdef"):
+        (tmp_path / name).mkdir()
+        with atomic_output(tmp_path / name / "model.pt") as tmp:
+            torch_save(state, tmp)
+        digests.add(file_sha256(tmp_path / name / "model.pt"))
+    assert len(digests) == 1  # the archive's folder is not named after the temporary file
+    assert torch.load(tmp_path / "a" / "model.pt")["w"].equal(state["w"])

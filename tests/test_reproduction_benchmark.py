@@ -62,13 +62,20 @@ def test_what_need_not_repeat_is_left_out_and_the_rest_is_compared(tmp_path):
     # timings, memory peaks, the fresh fingerprint key and every hash over them: all different
     record = _changed(_changed(_changed(RECORD, ("timings", "total_seconds"), 9.0), ("phases", 0, "seconds"), 2.0),
                       ("phases", 0, "peak_memory", "bytes"), 6)
-    record = {**record, "sha256": "r2", "private_sha256": "p2", "model": {**RECORD["model"], "sha256": "bb"}}
+    record = {**record, "sha256": "r2", "private_sha256": "p2"}
     private = _changed(_changed(PRIVATE, ("data", "fingerprint", "hmac_sha256"), "h2"), ("sha256",), "s2")
     private = _changed(private, ("data", "fingerprint", "key_id"), "k2")
     b = _run(tmp_path / "b", record=record, private=private, key=b"key-2")
     out = bench.compare_runs(a, b)
     assert out["differences"] == [] and not out["model_differs"]
-    assert out["compared"] == {"tensors": 2, "files": 4, "fields": 7}  # seeds 2, model 1, phases 3, private rows 1
+    assert out["compared"] == {"tensors": 2, "files": 4, "fields": 8}  # seeds 2, model 2, phases 3, private rows 1
+
+
+def test_the_model_digest_must_repeat(tmp_path):
+    bench = _script()
+    a = _run(tmp_path / "a")
+    b = _run(tmp_path / "b", record={**RECORD, "model": {**RECORD["model"], "sha256": "bb"}})
+    assert bench.compare_runs(a, b)["differences"] == ["run.json: model.sha256"]
 
 
 @pytest.mark.parametrize(("what", "change", "found"), [

@@ -214,11 +214,16 @@ def torch_save(obj: object, tmp: Path) -> None:
     torch's zip writer reports a write the operating system refused (a full disk, a file-size
     limit) as a RuntimeError ("unexpected pos ..."), which no caller would take for an
     output failure; it becomes one here, so that atomic_output names the path.
+
+    It writes through an open file: given a path, torch names the archive's folder after the
+    file, here the temporary name, so two saves of one state differed in their bytes and a
+    seeded run's ``model.pt`` digest changed from run to run.
     """
     import torch
 
     try:
-        torch.save(obj, tmp)
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
     except RuntimeError as exc:
         detail = " ".join(str(exc).split())[:120]
         raise OSError(f"the write stopped short (a full disk or a file-size limit?): torch: {detail}") from None

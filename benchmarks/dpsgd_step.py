@@ -49,8 +49,16 @@ allocated before the model. Time box: a mode that does not finish a step within
 space at its free memory so that this is a clean error, not the OOM killer) is recorded as
 infeasible with its reason, never a crash.
 
-Ratios: ours / non-private (time and memory; target <= 1.3 each) and opacus / ours,
-opacus-ghost / ours (target >= 3 each), on the same shape and batch.
+Noise floor: a DP-SGD step cannot skip its Gaussian noise, one standard normal per trainable
+parameter. After its steps (and its memory readings), each ``ours`` child times the draws
+alone: ``normal_`` with a generator of the same kind on the same device into preallocated
+buffers of every parameter's shape, as many times as it timed steps (median). Beside ours /
+non-private the table shows ours / (non-private + noise draw): how far the step is from
+what no DP-SGD step can go below.
+
+Ratios: ours / non-private (time and memory; target <= 1.3 each), ours / (non-private +
+noise draw), and opacus / ours, opacus-ghost / ours (target >= 3 each), on the same shape
+and batch.
 
 Writes ``benchmarks/results/dpsgd_step.json`` and ``dpsgd_step.md`` (``dpsgd_step_cuda.*`` on a
 GPU). Not a test: run it with
@@ -63,6 +71,7 @@ Opacus's two included, at one reduced shape and batch 64, 1 warm-up and 1 timed 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -146,7 +155,23 @@ def child(spec: dict) -> None:
         return  # the error is reported
     h.sync(device)
     h.emit("ready", parameters=n_params, build_memory=mem.report())
-    _measure(step, spec, device, mem, checked)
+    # built only after the memory readings, so that its buffers count for no mode
+    floor = functools.partial(_noise_draw, params, device) if mode.startswith("ours") else None
+    _measure(step, spec, device, mem, checked, floor)
+
+
+def _noise_draw(params, device):
+    """The step's noise alone: one standard normal per parameter element, with a generator like the engine's."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+
+    def draw():
+        for b in buffers:
+            b.normal_(generator=gen)
+
+    return draw
 
 
 def _page_in(cfg: dict, device) -> None:
@@ -256,8 +281,9 @@ def _opacus_step(mode, model, cfg, inputs, params, checked, batch, device):
     return step
 
 
-def _measure(step, spec: dict, device, mem, checked: dict) -> None:
-    """Warm up, time the steps, measure the memory; emit ``done`` (or ``error``)."""
+def _measure(step, spec: dict, device, mem, checked: dict, floor=None) -> None:
+    """Warm up, time the steps, measure the memory, then time ``floor()``'s noise draw as often as the
+    steps (when given); emit ``done`` (or ``error``)."""
     cpu_times = []
 
     def timed(check=False) -> float:
@@ -290,12 +316,24 @@ def _measure(step, spec: dict, device, mem, checked: dict) -> None:
         elif statistics.median(times) < 30:
             torch_view = h.torch_cpu_step_peak(step)
             h.emit("step", phase="profiled")
+        noise = None
+        if floor is not None:
+            draw = floor()
+            draw()  # warm-up
+            noise = []
+            for _ in times:
+                h.sync(device)
+                t0 = time.perf_counter()
+                draw()
+                h.sync(device)
+                noise.append(time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - recorded as infeasible, with the reason
         h.emit("error", reason=h.failure_reason(exc), message=f"{type(exc).__name__}: {str(exc)[:500]}")
         return
     h.emit("done", step_seconds_median=statistics.median(times), step_seconds_min=min(times), step_seconds=times,
            step_cpu_seconds_median=statistics.median(cpu_times), warmup_seconds=warm,
-           memory=memory, torch_step_peak_bytes=torch_view, checked=checked)
+           memory=memory, torch_step_peak_bytes=torch_view, checked=checked,
+           **({} if noise is None else {"noise_seconds_median": statistics.median(noise), "noise_seconds": noise}))
 
 
 # --------------------------------------------------------------------------------------- parent
@@ -324,6 +362,9 @@ def _combine(shape, batch, reduced, mode, results: list[dict]) -> dict:
                    load_average_1min=results[0]["load_average_1min"])
         return row
     best = min(ok, key=lambda r: r["step_seconds_median"])
+    noise = [r["noise_seconds_median"] for r in ok if "noise_seconds_median" in r]
+    if noise:  # like the step: the lowest round median
+        row["noise_seconds_median"] = min(noise)
     row.update(status="ok", step_seconds_median=best["step_seconds_median"],
                round_medians=[r["step_seconds_median"] for r in ok],
                step_seconds_min=min(r["step_seconds_min"] for r in ok),
@@ -447,6 +488,10 @@ def main(argv: list[str]) -> None:
             q[name + "_time"] = _ratio(t(a), t(b))
             q[name + "_time_of_minimums"] = _ratio(t(a, "step_seconds_min"), t(b, "step_seconds_min"))
             q[name + "_memory"] = _ratio(m_(a), m_(b))
+        noise = by["ours"].get("noise_seconds_median") if "ours" in by else None
+        q["noise_draw_seconds"] = noise
+        q["ours_over_nonprivate_plus_noise_time"] = _ratio(t("ours"), None if noise is None or t("non-private") is None
+                                                           else t("non-private") + noise)
         ratios.append(q)
 
     result = {"device": h.describe_device(args.device), "device_arg": args.device,
@@ -525,11 +570,14 @@ def _markdown(r: dict) -> str:
             lines.append(f"| {label} | {row['batch']:,} | {row['mode']} | - | - | - | - | {load} | infeasible: "
                          f"{why.replace('|', '/').replace(chr(10), ' ')} |")
     lines += ["", ("Ratios (same shape and batch; targets: ours / non-private <= 1.3, Opacus / ours >= 3); time "
-              "ratios of the medians, with the ratio of the minimums in brackets:"), "",
-              ("| shape | batch | ours/non-private time | ours/non-private memory | ours 4 chunks/non-private time | "
+              "ratios of the medians, with the ratio of the minimums in brackets. 'noise draw' is the time to draw "
+              "the step's noise alone (one standard normal per parameter, measured in the ours process after its "
+              "steps): ours / (non-private + noise draw) is the step against what no DP-SGD step can go below:"), "",
+              ("| shape | batch | ours/non-private time | noise draw (s) | ours/(non-private + noise draw) time | "
+               "ours/non-private memory | ours 4 chunks/non-private time | "
                "ours 4 chunks/non-private memory | opacus/ours time | opacus/ours memory | ghost/ours time | "
                "ghost/ours memory |"),
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     low, high = (lambda x: x <= 1.3), (lambda x: x >= 3.0)
     for q in r["ratios"]:
         cells = []
@@ -542,6 +590,9 @@ def _markdown(r: dict) -> str:
             if q[name + "_time_of_minimums"] is not None:
                 tm += f" [{q[name + '_time_of_minimums']:.2f}x]"
             cells += [tm, _mark(q[name + "_memory"], ok)]
+        # the noise floor beside ours / non-private time (absent from files made before it was measured)
+        floor = q.get("ours_over_nonprivate_plus_noise_time")
+        cells[1:1] = [_fmt(q.get("noise_draw_seconds"), ".4f"), "-" if floor is None else f"{floor:.2f}x"]
         lines.append(f"| {q['shape']} | {q['batch']:,} | " + " | ".join(cells) + " |")
     lines += ["", "n/a: one side of the ratio was infeasible (see the first table). 'ours 4 chunks' is the same "
               "logical batch clipped in four fixed-size chunks whose clipped sums add before the single noise draw "

@@ -62,6 +62,12 @@ def _dpsgd_step(r: dict) -> None:
         assert _finite(runs[mode]["step_seconds_median"]) and runs[mode]["step_seconds_median"] > 0
     (q,) = r["ratios"]
     assert _finite(q["ours_over_nonprivate_memory"])
+    # the noise floor: timed in the ours process, beside non-private + noise
+    assert _finite(runs["ours"]["noise_seconds_median"]) and runs["ours"]["noise_seconds_median"] > 0
+    assert "noise_seconds_median" not in runs["non-private"]
+    assert q["noise_draw_seconds"] == runs["ours"]["noise_seconds_median"]
+    assert q["ours_over_nonprivate_plus_noise_time"] == pytest.approx(
+        runs["ours"]["step_seconds_median"] / (runs["non-private"]["step_seconds_median"] + q["noise_draw_seconds"]))
     if peer:
         assert _finite(q["opacus_over_ours_time"], q["ghost_over_ours_time"])
 

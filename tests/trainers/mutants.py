@@ -58,8 +58,8 @@ class Mutant:
 
 NOISE_HALVED = Mutant(
     "noise halved", "trainers.dpsgd",
-    "a.add_(noise.mul_(noise_std))",
-    "a.add_(noise.mul_(noise_std / 2))", ("noisy_gradient",))
+    "part.add_(z.mul_(noise_std))",
+    "part.add_(z.mul_(noise_std / 2))", ("noisy_gradient",))
 
 CLIPPING_OFF = Mutant(
     "clipping off", "trainers.clipping",
@@ -120,14 +120,14 @@ SAME_SEED_RANKS = Mutant(
 
 NO_NOISE_ON_ANY_RANK = Mutant(
     "noise drawn by no rank", "trainers.dpsgd",
-    "        if collective is None or collective.draws_noise:\n",
-    "        if collective is None:\n", ("noisy_gradient",))
+    "    if collective is None or collective.draws_noise:\n",
+    "    if collective is None:\n", ("noisy_gradient",))
 
 # the draws counted and "added", but every one of them zero: the noise claimed at every step was never added
 NOISE_NOT_ADDED = Mutant(
     "noise counted but not added", "trainers.dpsgd",
-    "            noise = torch.empty_like(a).normal_(generator=noise_generator)  # the values of randn(...)\n",
-    "            noise = torch.zeros_like(a)\n", ("noisy_gradient",))
+    "            z.normal_(generator=generator)  # the values of randn(...), this block of them\n",
+    "            z.zero_()\n", ("noisy_gradient",))
 
 # the last row of each epoch's allocation is replaced by the first: one row takes part twice, one not at all
 ALLOCATED_TWICE = Mutant(

@@ -118,6 +118,49 @@ def test_embedding_norms_in_blocks_of_rows_match_loop(kind, monkeypatch):
     check_against_loop(make(kind), *batch(), quantile=0.5)
 
 
+def test_repeating_rows_are_the_rows_holding_an_id_twice():
+    """Against a set per row, on small vocabularies (repeats at every distance, the first and last column included)."""
+    from trainers.clipping import _repeating_rows
+
+    g = torch.Generator().manual_seed(3)
+    for lookups, vocab in [(2, 3), (4, 9), (6, 40), (13, 60)]:
+        ids = torch.randint(0, vocab, (300, lookups), generator=g)
+        want = [i for i, row in enumerate(ids.tolist()) if len(set(row)) < lookups]
+        assert 0 < len(want) < 300
+        assert _repeating_rows(ids).tolist() == want
+    ends = torch.tensor([[5, 1, 2, 5], [5, 1, 2, 3]])  # equal only at distance 3
+    assert _repeating_rows(ends).tolist() == [0]
+
+
+@pytest.mark.parametrize("gram_everywhere", [False, True])
+def test_rows_with_distinct_ids_skip_the_gram_and_match_loop(gram_everywhere, monkeypatch):
+    """On the CPU only the rows that repeat an id take the masked Gram matrix (the others are a norm of
+    their lookups); the Gram for every row (the GPU route) gives the same norms and sums."""
+    from trainers import clipping
+
+    if gram_everywhere:
+        monkeypatch.setattr(clipping, "_SKIP_DISTINCT_ROWS", frozenset())
+    seen, real_gram = [], clipping._masked_gram_norms
+
+    def spy(g, ids):
+        seen.append(ids.clone())
+        return real_gram(g, ids)
+
+    monkeypatch.setattr(clipping, "_masked_gram_norms", spy)
+    shape = {**SHAPE, "n_ns_cat": 4}
+    inputs, targets, mask = batch(shape, rows=8, real=7)
+    ns_cat = torch.tensor([[0, 1, 2, 3], [4, 4, 5, 6], [7, 8, 9, 7], [1, 1, 1, 2], [3, 5, 7, 9], [2, 6, 2, 6],
+                           [10, 9, 8, 10], [0, 0, 0, 0]])
+    s_cat = torch.tensor([[1, 2], [3, 3], [4, 5], [6, 7], [8, 8], [0, 1], [2, 3], [4, 4]])
+    inputs = (ns_cat, inputs[1], s_cat, inputs[3])
+    check_against_loop(make("mlp", shape), inputs, targets, mask, quantile=0.5)
+    rows = sorted(tuple(row) for ids in seen for row in ids.tolist())
+    if gram_everywhere:
+        assert len(rows) == 2 * 8  # both tables, every row
+    else:  # only the rows that repeat an id: ns rows 1, 2, 3, 5, 6, 7 and s rows 1, 4, 7
+        assert rows == sorted(map(tuple, ns_cat[[1, 2, 3, 5, 6, 7]].tolist() + s_cat[[1, 4, 7]].tolist()))
+
+
 @settings(max_examples=12, deadline=None)
 @given(kind=st.sampled_from(["mlp", "fm"]), truncated=st.booleans(), seed=st.integers(0, 10_000),
        n_ns_cat=st.integers(0, 4), n_ns_num=st.integers(0, 3), n_s_cat=st.integers(0, 4), n_s_num=st.integers(0, 3),

@@ -267,7 +267,8 @@ def _float32_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_r
     adds each group of 32 rows times ``y w`` (the weight rounded to float32) into a float32
     group sum, the group sums are added in float64 (the blocks' sums by ``math.fsum``), and
     ``_largest`` takes the float64 maximum of ``|w_i| ||x_i||`` exactly from the block's float32
-    row norms (on a CPU from its squared norms, ``_cpu_squares``, while the block is in cache).
+    row norms (on a CPU with one torch thread from its squared norms, ``_cpu_squares``, while the
+    block is in cache).
     No torch matrix product is involved, so torch's TF32 or bfloat16 settings for float32
     products cannot lower the precision. The error bound and what it means for privacy:
     ``float32_error_bound``. A block whose float32 values overflow (weights above 3e38,
@@ -281,7 +282,9 @@ def _float32_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_r
     index = torch.arange(rows, device=dev)
     offsets = torch.arange(0, rows, _GROUP_ROWS, device=dev)
     table = torch.zeros(-(-n // chunk_rows), k, dtype=torch.float64, device=dev)  # each block's sum
-    squares = _cpu_squares(Xc if buf is None else buf, rows) if dev.type == "cpu" else None
+    # one CPU thread: numpy's squares (single-threaded); several: torch's row norm, which uses them all
+    one_thread = dev.type == "cpu" and torch.get_num_threads() == 1
+    squares = _cpu_squares(Xc if buf is None else buf, rows) if one_thread else None
     largest = 0.0
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # inf and NaN squares: ``_largest``'s
         for i, a in enumerate(range(0, n, chunk_rows)):

@@ -469,6 +469,15 @@ def test_release_throughput_runs():
 # ---- the release's largest contribution: the float64 maximum, bit for bit -----------------------------
 
 
+@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
+def threads(request):
+    """torch's threads for the release: one takes the CPU's numpy squared norms, several torch's row norm."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def _adversarial_rows(k: int = 20, seed: int = 0) -> torch.Tensor:
     """float32 rows where float32 norms are hard: near-ties, wide ranges, equal coordinates, subnormal squares."""
     g = torch.Generator().manual_seed(seed)
@@ -483,7 +492,7 @@ def _adversarial_rows(k: int = 20, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("chunk_rows", [64, 1000, 1 << 16])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_largest_contribution_is_the_float64_maximum_bit_for_bit(chunk_rows, seed):
+def test_the_largest_contribution_is_the_float64_maximum_bit_for_bit(chunk_rows, seed, threads):
     g = torch.Generator().manual_seed(seed)
     X = _adversarial_rows(seed=seed)
     X = X[torch.randperm(X.shape[0], generator=g)]
@@ -548,6 +557,7 @@ def test_a_block_is_passed_over_only_below_the_maximum_with_its_error_bound(monk
     i, j = next((a, b) for a, b in zip(order, order[1:], strict=False) if t[b] > t[a] and f32[b] <= t[a])
     rows, y, w = X[[i, j]], torch.ones(2), torch.ones(2, dtype=torch.float64)
     kw = {"noise_std": 1.0, "randomness": Randomness(0), "chunk_rows": 1}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the one-thread path, whatever the test runner's
     assert release(rows, y, w, **kw)[1]["max_contribution"] == float(t[j]) > float(t[i])
     # planted: the same screening without its error margins passes the second block over and misses the larger row
     monkeypatch.setattr(walr, "norm_error_bound", lambda k: (0.0, 0.0))
@@ -555,7 +565,7 @@ def test_a_block_is_passed_over_only_below_the_maximum_with_its_error_bound(monk
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_a_row_one_ulp_over_the_bound_is_refused(dtype):
+def test_a_row_one_ulp_over_the_bound_is_refused(dtype, threads):
     """The sensitivity check decides on the float64 value of every row, whatever the rows' dtype."""
     g = torch.Generator().manual_seed(3)
     X = (1.0 + torch.rand(5000, 8, generator=g) * 0.01).to(dtype)
@@ -567,7 +577,7 @@ def test_a_row_one_ulp_over_the_bound_is_refused(dtype):
         release(X, y, w, noise_std=1.0, randomness=Randomness(0), sensitivity=math.nextafter(top, 0.0))
 
 
-def test_rows_clipped_to_the_bound_and_rows_whose_float32_squares_overflow():
+def test_rows_clipped_to_the_bound_and_rows_whose_float32_squares_overflow(threads):
     X = torch.randn(3000, 6, generator=torch.Generator().manual_seed(4)).abs() + 0.5
     Xc, wc, _ = prepare_rows(X * 10, row_norm_bound=2.0)  # every row clipped to about 2: all near the maximum
     y = torch.ones(3000)

@@ -37,6 +37,9 @@ _CHUNK_ROWS_ACCELERATOR = 1 << 22
 # rows per block of the float32 release (``_float32_sum``): 2^14 x 20 x 4 bytes (1.3 MB) stays in a core's cache
 # while the block's product and norms read it, so the rows come from memory once
 _CHUNK_ROWS_FLOAT32 = 1 << 14
+# rows squared at a time for the float32 release's row norms on a CPU (``_cpu_squares``): 2^12 x 20 x 4 bytes
+# (330 KB) of squares beside the 1.3 MB block stay in a core's 2 MB L2 cache (2^11 to 2^13 measure alike, 2^14 slower)
+_SQUARE_ROWS = 1 << 12
 # rows per float32 partial sum of the release: its error bound grows as the square of this (``float32_error_bound``),
 # the float64 work as its inverse
 _GROUP_ROWS = 32
@@ -264,7 +267,9 @@ def _float32_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_r
     adds each group of 32 rows times ``y w`` (the weight rounded to float32) into a float32
     group sum, the group sums are added in float64 (the blocks' sums by ``math.fsum``), and
     ``_largest`` takes the float64 maximum of ``|w_i| ||x_i||`` exactly from the block's float32
-    row norms. No matrix product is involved, so torch's TF32 or bfloat16 settings for float32
+    row norms (on a CPU with one torch thread from its squared norms, ``_cpu_squares``, while the
+    block is in cache).
+    No torch matrix product is involved, so torch's TF32 or bfloat16 settings for float32
     products cannot lower the precision. The error bound and what it means for privacy:
     ``float32_error_bound``. A block whose float32 values overflow (weights above 3e38,
     products near it) is summed by ``_float64_sum`` instead.
@@ -277,17 +282,24 @@ def _float32_sum(Xc: torch.Tensor, y: torch.Tensor, wc: torch.Tensor, *, chunk_r
     index = torch.arange(rows, device=dev)
     offsets = torch.arange(0, rows, _GROUP_ROWS, device=dev)
     table = torch.zeros(-(-n // chunk_rows), k, dtype=torch.float64, device=dev)  # each block's sum
+    # one CPU thread: numpy's squares (single-threaded); several: torch's row norm, which uses them all
+    one_thread = dev.type == "cpu" and torch.get_num_threads() == 1
+    squares = _cpu_squares(Xc if buf is None else buf, rows) if one_thread else None
     largest = 0.0
-    for i, a in enumerate(range(0, n, chunk_rows)):
-        block = Xc[a:a + chunk_rows]
-        r = block.shape[0]
-        xs = block if buf is None else buf[:r].copy_(block)
-        w = w32[:r].copy_(wc[a:a + chunk_rows])
-        v = yw[:r].copy_(y[a:a + chunk_rows]).mul_(w)  # a 0/1 label times the weight: exact
-        groups = torch.nn.functional.embedding_bag(index[:r], xs, offsets[:-(-r // _GROUP_ROWS)], mode="sum",
-                                                   per_sample_weights=v)
-        torch.sum(groups, 0, dtype=torch.float64, out=table[i])
-        largest = _largest(xs, w, wc[a:a + chunk_rows], largest)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # inf and NaN squares: ``_largest``'s
+        for i, a in enumerate(range(0, n, chunk_rows)):
+            block, weights = Xc[a:a + chunk_rows], wc[a:a + chunk_rows]
+            r = block.shape[0]
+            xs = block if buf is None else buf[:r].copy_(block)
+            w = w32.copy_(weights) if r == rows else w32[:r].copy_(weights)
+            v = (yw if r == rows else yw[:r]).copy_(y[a:a + chunk_rows]).mul_(w)  # a 0/1 label times the weight: exact
+            # the block's one read from memory; its squares (on a CPU) read it from the cache
+            groups = torch.nn.functional.embedding_bag(index if r == rows else index[:r], xs,
+                                                       offsets if r == rows else offsets[:-(-r // _GROUP_ROWS)],
+                                                       mode="sum", per_sample_weights=v)
+            torch.sum(groups, 0, dtype=torch.float64, out=table[i])
+            s = None if squares is None else squares(a if buf is None else 0, r)
+            largest = _largest(xs, w, weights, largest, s)
     sums = table.cpu().numpy()
     for i in np.flatnonzero(~np.isfinite(sums).all(1)):  # a float32 overflow: this block in float64
         a = int(i) * chunk_rows
@@ -316,15 +328,48 @@ def norm_error_bound(k: int) -> tuple[float, float]:
     return 2 * (k / 2 + 3) * u / (1 - k * u), math.sqrt(k) * 2.0 ** -60
 
 
-def _largest(block: torch.Tensor, w32: torch.Tensor, wc: torch.Tensor, largest: float) -> float:
+def _cpu_squares(rows: torch.Tensor, block_rows: int):
+    """A function (a, r) -> float32 squared norms of ``rows[a:a + r]`` (r <= block_rows), on a CPU.
+
+    ``rows`` is float32 and contiguous. Called once ``embedding_bag`` has read the block from
+    memory: every 2^12 rows are squared from the cache into one reused buffer (numpy) and the
+    squares' row sums taken by a float32 matrix-vector product with ones (numpy's BLAS, one
+    thread at these sizes), in about 60% of the time torch's row norm takes on the cached block.
+    Any order of the sum of the k rounded squares stays within ``norm_error_bound``
+    (gamma_k); a square that overflows gives inf and one below 2^-126 may be flushed, as there
+    (the caller ignores numpy's floating-point warnings).
+    """
+    x = rows.detach().numpy()
+    q = np.empty((min(block_rows, _SQUARE_ROWS), x.shape[1]), dtype=np.float32)
+    ones = np.ones(x.shape[1], dtype=np.float32)
+    out = torch.empty(block_rows)
+    sums = out.numpy()
+
+    def squares(a: int, r: int) -> torch.Tensor:
+        for c in range(0, r, q.shape[0]):
+            m = min(q.shape[0], r - c)
+            np.square(x[a + c:a + c + m], out=q[:m])
+            np.matmul(q[:m], ones, out=sums[c:c + m])
+        return out[:r]
+
+    return squares
+
+
+def _largest(block: torch.Tensor, w32: torch.Tensor, wc: torch.Tensor, largest: float,
+             squares: torch.Tensor | None = None) -> float:
     """max(largest, the block's float64 ``|w_i| ||x_i||``), from float32 values first.
 
-    ``block`` is float32 rows, ``wc`` their weights and ``w32`` those rounded to float32. With
-    ``p_i`` the float32 value of ``|w_i| ||x_i||`` and (rel, abs) its error bounds
-    (``norm_error_bound``; A = abs W + sqrt(k) 2^-80, W the block's largest weight), row i's
-    float64 value ``t_i`` satisfies
-    ``(1 - rel) t_i - A <= p_i <= (1 + rel) t_i + A``. The row j with the largest ``t_j`` then
-    has ``t_j >= M = max((max_i p_i - A) / (1 + rel), largest)`` whenever it matters, hence
+    ``block`` is float32 rows, ``wc`` their weights and ``w32`` those rounded to float32;
+    ``squares``, when given, the rows' float32 squared norms (``_cpu_squares``), else the
+    norms are taken here. With ``p_i`` the float32 value of ``|w_i| ||x_i||`` and (rel, abs)
+    its error bounds (``norm_error_bound``; A = abs W + sqrt(k) 2^-80, W the block's largest
+    weight), row i's float64 value ``t_i`` satisfies
+    ``(1 - rel) t_i - A <= p_i <= (1 + rel) t_i + A``, and the same for the exact product
+    ``sqrt(s_i) |w32_i|`` of its squared norm ``s_i``. So every ``t_i`` is at most
+    ``(sqrt(max_i s_i) W + A) (1 + 2 rel)`` (the float64 roundings of that bound are far below
+    rel): a block whose bound is not above ``largest`` cannot change the maximum and is passed
+    over without a per-row pass. Otherwise the row j with the largest ``t_j`` has
+    ``t_j >= M = max((max_i p_i - A) / (1 + rel), largest)`` whenever it matters, hence
     ``p_j >= M (1 - rel) - A``: exactly the rows over that threshold (rounded down to float32)
     are measured again by ``_row_norms``, so the result is bit for bit the float64 maximum over
     every row, and a row over the plan's bound is never passed on a float32 value. A block with
@@ -336,13 +381,19 @@ def _largest(block: torch.Tensor, w32: torch.Tensor, wc: torch.Tensor, largest: 
         return largest
     k = block.shape[1]
     rel, slack = norm_error_bound(k)
-    p = torch.linalg.vector_norm(block, dim=1).mul_(w32)
-    lo, hi = torch.aminmax(p)
     wlo, whi = torch.aminmax(w32)
-    heaviest, top = max(-float(wlo), float(whi)), max(-float(lo), float(hi))
+    heaviest = max(-float(wlo), float(whi))
+    lost = slack * heaviest + math.sqrt(k) * 2.0 ** -80
+    if squares is None:
+        p = torch.linalg.vector_norm(block, dim=1).mul_(w32)
+    elif (math.sqrt(float(squares.max())) * heaviest + lost) * (1 + 2 * rel) <= largest:  # NaN: not passed over
+        return largest
+    else:
+        p = squares.sqrt().mul_(w32)
+    lo, hi = torch.aminmax(p)
+    top = max(-float(lo), float(hi))
     if not (math.isfinite(top) and math.isfinite(heaviest)):  # an overflow, a non-finite row or weight
         return _float64_largest(block, wc, largest)
-    lost = slack * heaviest + math.sqrt(k) * 2.0 ** -80
     threshold = max((top - lost) / (1 + rel), largest) * (1 - rel) - lost
     if top < threshold:  # no row of this block can reach the maximum so far
         return largest

@@ -469,6 +469,15 @@ def test_release_throughput_runs():
 # ---- the release's largest contribution: the float64 maximum, bit for bit -----------------------------
 
 
+@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
+def threads(request):
+    """torch's threads for the release: one takes the CPU's numpy squared norms, several torch's row norm."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def _adversarial_rows(k: int = 20, seed: int = 0) -> torch.Tensor:
     """float32 rows where float32 norms are hard: near-ties, wide ranges, equal coordinates, subnormal squares."""
     g = torch.Generator().manual_seed(seed)
@@ -483,7 +492,7 @@ def _adversarial_rows(k: int = 20, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("chunk_rows", [64, 1000, 1 << 16])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_largest_contribution_is_the_float64_maximum_bit_for_bit(chunk_rows, seed):
+def test_the_largest_contribution_is_the_float64_maximum_bit_for_bit(chunk_rows, seed, threads):
     g = torch.Generator().manual_seed(seed)
     X = _adversarial_rows(seed=seed)
     X = X[torch.randperm(X.shape[0], generator=g)]
@@ -508,8 +517,55 @@ def test_the_largest_contribution_is_the_float64_maximum_bit_for_bit(chunk_rows,
     assert info["max_contribution"] == float(_norms(ties).max())
 
 
+def test_cpu_squared_norms_are_within_the_norm_bound():
+    """The float32 squared norms the CPU release screens rows with (numpy squares, a BLAS row sum) stay within
+    ``norm_error_bound`` of the float64 norms on adversarial rows, block offsets and a partial last square."""
+    import trainers.walr as walr
+
+    big = torch.zeros(3, 20)
+    big[:2] = 5e18  # each square finite, their sum over float32's range
+    big[2, 0] = 3e19  # a square over it
+    X = torch.cat([_adversarial_rows(seed=4), big])
+    k = X.shape[1]
+    rel, slack = walr.norm_error_bound(k)
+    want = _norms(X)
+    squares = walr._cpu_squares(X, 5000)  # 4,096 rows squared at a time: a block of 5,000 takes two
+    with np.errstate(over="ignore"):  # as the release calls it
+        got = torch.cat([squares(a, min(5000, X.shape[0] - a)).clone() for a in range(0, X.shape[0], 5000)]).double()
+    finite = torch.isfinite(got)
+    assert int((~finite).sum()) == int((want > 1.85e19).sum()) == 3  # over float32's range: inf, measured again
+    assert bool(finite[want < 1.84e19].all())
+    allowed = rel * want + slack + math.sqrt(k) * 2.0 ** -80
+    assert bool(((got[finite].sqrt() - want[finite]).abs() <= allowed[finite]).all())
+    # planted: squared norms summed in bfloat16 are caught by that bound
+    coarse = got[finite].sqrt().to(torch.bfloat16).double()
+    assert not bool(((coarse - want[finite]).abs() <= allowed[finite]).all())
+
+
+def test_a_block_is_passed_over_only_below_the_maximum_with_its_error_bound(monkeypatch):
+    """The CPU release passes over a block on its largest float32 squared norm; the bound's margin is what makes
+    that exact: two rows whose float64 norms differ by less than float32 can tell, one block each."""
+    import trainers.walr as walr
+
+    g = torch.Generator().manual_seed(0)
+    X = 3.0 + torch.randint(-64, 65, (4096, 20), generator=g).to(torch.float32) * 2.0 ** -22
+    t = _norms(X)
+    one = walr._cpu_squares(X, 1)  # as the release below squares them: one row per block
+    f32 = torch.tensor([float(one(a, 1)[0]) for a in range(X.shape[0])], dtype=torch.float64).sqrt()
+    order = torch.argsort(t).tolist()
+    # the first neighbours in float64 order whose larger row's float32 norm is not above the smaller's float64 norm
+    i, j = next((a, b) for a, b in zip(order, order[1:], strict=False) if t[b] > t[a] and f32[b] <= t[a])
+    rows, y, w = X[[i, j]], torch.ones(2), torch.ones(2, dtype=torch.float64)
+    kw = {"noise_std": 1.0, "randomness": Randomness(0), "chunk_rows": 1}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the one-thread path, whatever the test runner's
+    assert release(rows, y, w, **kw)[1]["max_contribution"] == float(t[j]) > float(t[i])
+    # planted: the same screening without its error margins passes the second block over and misses the larger row
+    monkeypatch.setattr(walr, "norm_error_bound", lambda k: (0.0, 0.0))
+    assert release(rows, y, w, **kw)[1]["max_contribution"] == float(t[i])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_a_row_one_ulp_over_the_bound_is_refused(dtype):
+def test_a_row_one_ulp_over_the_bound_is_refused(dtype, threads):
     """The sensitivity check decides on the float64 value of every row, whatever the rows' dtype."""
     g = torch.Generator().manual_seed(3)
     X = (1.0 + torch.rand(5000, 8, generator=g) * 0.01).to(dtype)
@@ -521,7 +577,7 @@ def test_a_row_one_ulp_over_the_bound_is_refused(dtype):
         release(X, y, w, noise_std=1.0, randomness=Randomness(0), sensitivity=math.nextafter(top, 0.0))
 
 
-def test_rows_clipped_to_the_bound_and_rows_whose_float32_squares_overflow():
+def test_rows_clipped_to_the_bound_and_rows_whose_float32_squares_overflow(threads):
     X = torch.randn(3000, 6, generator=torch.Generator().manual_seed(4)).abs() + 0.5
     Xc, wc, _ = prepare_rows(X * 10, row_norm_bound=2.0)  # every row clipped to about 2: all near the maximum
     y = torch.ones(3000)

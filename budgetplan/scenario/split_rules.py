@@ -73,6 +73,10 @@ ALPHA_BY_EPSILON_SOURCE = (
 # and 8 after the RR phase began choosing its step size on its held-out units (RR 1.7-2 points
 # better at eps 3): the table still had the least worst-case regret (1.71 and 0.60 points,
 # against 2.85 and 0.68 for alpha 0.75 throughout); the evidence below is the first measurement.
+# With mixed-ns (95% of the signal non-sensitive) and mixed-s (half sensitive) added at 1M rows,
+# still the least: 6.02 and 0.67 points at eps 3 and 8 against 7.05 and 1.40 for alpha 0.75; at
+# eps 3 RR is best on balanced and mixed-ns, plain DP-SGD on mixed and mixed-s, so no alpha is
+# within 6 points everywhere.
 ALPHA_BY_EPSILON: tuple[AlphaStep, ...] = (
     AlphaStep(0.0, 0.0, "alpha = 0 (plain DP-SGD) was best at eps = 1 and 3 on mixed and at eps 1 on balanced, "
               "1.11 points behind alpha 0.75 at eps 3 on balanced (relative AUC loss 12.14 against 11.03)"),

@@ -291,6 +291,29 @@ def progress(*columns):
     return Progress(*columns, console=Console(stderr=True))
 
 
+def dpsgd_scenario(name: str, *, epsilon: float, rows: int, batch: int, shape: str) -> str:
+    """A one-epoch DP-SGD scenario (replace-one per impression, delta 0.1/N, C = 5) over a synthetic
+    shape's features: what the paper-size and reproduction benchmarks plan."""
+    from trainers.data.synth import get_shape
+
+    return f"""name = "{name}"
+[budget]
+epsilon = {float(epsilon)!r}
+delta = "0.1/N"
+[privacy]
+adjacency = "replace-one"
+unit = "impression"
+[data]
+dataset_size = {rows}
+[algorithm]
+name = "dpsgd"
+[dpsgd]
+batch_size = {batch}
+epochs = 1
+clipping_norm = 5.0
+{get_shape(shape).features.to_toml()}"""
+
+
 def settings_markdown(settings: dict) -> str:
     """One paragraph for a results table: how to re-run it, the commit, and every setting."""
     import json as _json

@@ -75,24 +75,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def scenario(args) -> str:
-    from trainers.data.synth import get_shape
-
-    return f"""name = "reproduction"
-[budget]
-epsilon = 8.0
-delta = "0.1/N"
-[privacy]
-adjacency = "replace-one"
-unit = "impression"
-[data]
-dataset_size = {args.rows}
-[algorithm]
-name = "dpsgd"
-[dpsgd]
-batch_size = {args.batch}
-epochs = 1
-clipping_norm = 5.0
-{get_shape(SHAPE).features.to_toml()}"""
+    return h.dpsgd_scenario("reproduction", epsilon=8.0, rows=args.rows, batch=args.batch, shape=SHAPE)
 
 
 def settings(args: argparse.Namespace) -> dict:

@@ -291,6 +291,24 @@ def progress(*columns):
     return Progress(*columns, console=Console(stderr=True))
 
 
+def work_folder(device: str, work: Path | None, *, script: str) -> Path:
+    """The scratch folder of a benchmark that trains on ``device``: ``work``, or a fresh temporary one,
+    made only after the device is known to exist (``--device cuda`` where there is none ends the
+    script first, naming it, with nothing written)."""
+    import tempfile
+
+    from budgetplan.errors import InvalidParameterError
+    from trainers.run import resolve_device
+
+    try:
+        resolve_device(device)
+    except InvalidParameterError as exc:
+        raise SystemExit(f"{script}: {exc}") from None
+    folder = work or Path(tempfile.mkdtemp(prefix=f"{script.replace('_', '-')}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def dpsgd_scenario(name: str, *, epsilon: float, rows: int, batch: int, shape: str) -> str:
     """A one-epoch DP-SGD scenario (replace-one per impression, delta 0.1/N, C = 5) over a synthetic
     shape's features: what the paper-size and reproduction benchmarks plan."""

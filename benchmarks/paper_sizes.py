@@ -36,7 +36,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -180,16 +179,8 @@ def _run(cmd: list[str], log: Path) -> dict:
 def run(args) -> dict:
     from rich.console import Console
 
-    from budgetplan.errors import InvalidParameterError
-    from trainers.run import resolve_device
-
     say = Console(stderr=True).print
-    try:  # before anything is written: --device cuda where there is none
-        resolve_device(args.device)
-    except InvalidParameterError as exc:
-        raise SystemExit(f"paper_sizes: {exc}") from None
-    work = args.work or Path(tempfile.mkdtemp(prefix="paper-sizes-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = h.work_folder(args.device, args.work, script="paper_sizes")
     py = [sys.executable, "-m"]
     result: dict = {"settings": settings(args), "stages": {}, "runs": []}
     data = args.data or work / "data"

@@ -36,7 +36,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -177,15 +176,7 @@ def _cli(args: list[str], log: Path) -> dict:
 
 
 def run(args) -> dict:
-    from budgetplan.errors import InvalidParameterError
-    from trainers.run import resolve_device
-
-    try:  # before anything is written: --device cuda where there is none
-        resolve_device(args.device)
-    except InvalidParameterError as exc:
-        raise SystemExit(f"reproduction: {exc}") from None
-    work = args.work or Path(tempfile.mkdtemp(prefix="reproduction-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = h.work_folder(args.device, args.work, script="reproduction")
     data = work / "data"
     stages = {"synth": _cli(["data", "synth", "--shape", SHAPE, "--rows", str(args.rows), "--users",
                              str(args.rows // 5), "--out", f"{data}/"], work / "synth.log")}

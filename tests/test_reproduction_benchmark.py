@@ -121,3 +121,13 @@ def test_bad_arguments_are_refused_in_one_line(capsys):
         with pytest.raises(SystemExit) as stop:
             bench.parse_args(argv)
         assert stop.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_missing_gpu_ends_the_run_before_anything_is_written(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    bench = _script()
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit, match=r"^reproduction: .*cuda"):
+        bench.run(bench.parse_args(["--device", "cuda", "--work", str(work), "--out", str(tmp_path / "out")]))
+    assert not work.exists() and not (tmp_path / "out").exists()

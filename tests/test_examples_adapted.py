@@ -27,3 +27,21 @@ def test_set_key_adds_a_missing_key_and_refuses_a_missing_table():
     assert text.splitlines()[:3] == ["[rr]", "epochs = 7", "batch_size = 1"]
     with pytest.raises(InvalidParameterError, match=r"no \[walr\] table"):
         examples.set_key(text, "walr", "features", 3)
+
+
+def test_set_key_drops_the_replaced_lines_comment_with_its_continuation():
+    text = ('[algorithm]\nsplit = "alpha-by-eps"   # the default: alpha 0.5 from eps 5, so\n'
+            '                         # eps1 = 3.8; below eps 5 plain DP-SGD\n'
+            '# a note about the table, not the value\ntower = "frozen"  # kept\n[rr]\nepochs = 5\n')
+    out = examples.set_key(text, "algorithm", "split", "alpha=0.75")
+    assert out.splitlines()[:4] == ['[algorithm]', 'split = "alpha=0.75"',
+                                    '# a note about the table, not the value', 'tower = "frozen"  # kept']
+    hashed = examples.set_key('[a]\nname = "x # not a comment"\n   # not under a comment\n', "a", "name", "y")
+    assert hashed.splitlines() == ["[a]", 'name = "y"', "   # not under a comment"]
+
+
+def test_an_adapted_template_has_no_orphaned_comment_lines():
+    text = examples.adapted("synthetic-hybrid", split="alpha=0.75")
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("split = "))
+    assert lines[at] == 'split = "alpha=0.75"' and not lines[at + 1].lstrip().startswith("#")

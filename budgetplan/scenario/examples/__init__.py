@@ -56,7 +56,8 @@ def set_key(toml: str, table: str, key: str, value: str | bool | int | float) ->
     """``toml`` with ``[table].key`` set to ``value`` (the line replaced, or added under the table's header).
 
     ``value`` is written as TOML: a string quoted, a bool lower-case, a number as Python prints it.
-    Comments on a replaced line go with it.
+    Comments on a replaced line go with it, and so do the comment-only lines under it that
+    continue that comment (a ``#`` in the same column): they described the old value.
     """
     lines = toml.splitlines()
     head = next((i for i, line in enumerate(lines) if re.match(rf"^\[{re.escape(table)}\]", line)), None)
@@ -66,10 +67,33 @@ def set_key(toml: str, table: str, key: str, value: str | bool | int | float) ->
     written = json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
     for i in range(head + 1, end):
         if re.match(rf"^{re.escape(key)}\s*=", lines[i]):
-            lines[i] = f"{key} = {written}"
+            column = _comment_column(lines[i])
+            after = i + 1
+            while column is not None and after < end and re.fullmatch(rf" {{{column}}}#.*", lines[after]):
+                after += 1
+            lines[i:after] = [f"{key} = {written}"]
             return "\n".join(lines) + "\n"
     lines.insert(head + 1, f"{key} = {written}")
     return "\n".join(lines) + "\n"
+
+
+def _comment_column(line: str) -> int | None:
+    """The column of the comment that ends a ``key = value`` line (None: no comment)."""
+    try:
+        tokens = tomllib.loads(line)  # the value parses alone: what follows it is the comment
+    except tomllib.TOMLDecodeError:
+        return None
+    value = next(iter(tokens.values()), None) if tokens else None
+    if value is None:
+        return None
+    hash_at = [m.start() for m in re.finditer("#", line)]
+    for at in hash_at:  # the first # outside the value: the one whose prefix still parses
+        try:
+            if tomllib.loads(line[:at]) == tokens:
+                return at
+        except tomllib.TOMLDecodeError:
+            continue
+    return None
 
 
 def adapted(name: str, *, epsilon: float | None = None, dataset_size: int | None = None, split: str | None = None,

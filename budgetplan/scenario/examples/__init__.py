@@ -78,19 +78,16 @@ def set_key(toml: str, table: str, key: str, value: str | bool | int | float) ->
 
 
 def _comment_column(line: str) -> int | None:
-    """The column of the comment that ends a ``key = value`` line (None: no comment)."""
+    """The column of the comment that ends a ``key = value`` line (None: no comment): the first
+    ``#`` whose prefix parses to what the whole line does (a ``#`` inside a string does not)."""
     try:
-        tokens = tomllib.loads(line)  # the value parses alone: what follows it is the comment
+        whole = tomllib.loads(line)
     except tomllib.TOMLDecodeError:
         return None
-    value = next(iter(tokens.values()), None) if tokens else None
-    if value is None:
-        return None
-    hash_at = [m.start() for m in re.finditer("#", line)]
-    for at in hash_at:  # the first # outside the value: the one whose prefix still parses
+    for hash_sign in re.finditer("#", line):
         try:
-            if tomllib.loads(line[:at]) == tokens:
-                return at
+            if tomllib.loads(line[:hash_sign.start()]) == whole:
+                return hash_sign.start()
         except tomllib.TOMLDecodeError:
             continue
     return None

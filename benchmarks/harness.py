@@ -110,10 +110,11 @@ def settings_differences(recorded: dict, today: dict) -> list[str]:
 _ABSENT = object()
 
 
-# TrainSettings' fields that only an RR phase reads: its weight decay, and its stopping rule and
-# (learning rate, L2) pairs (read only where the plan holds units out of the RR phase:
-# [rr].validation_fraction).
-RR_TRAINING = ("rr_checks_per_epoch", "rr_patience", "rr_weight_decay", "rr_candidates")
+# TrainSettings' fields that only an RR phase reads: its weight decay, and its stopping rule, (learning
+# rate, L2) pairs, weight average and score (read only where the plan holds units out of the RR
+# phase: [rr].validation_fraction).
+RR_TRAINING = ("rr_checks_per_epoch", "rr_patience", "rr_weight_decay", "rr_candidates", "rr_average",
+               "rr_select")
 
 
 def without_rr(training: dict) -> dict:

@@ -77,18 +77,22 @@ def settings(args) -> dict:
         "rows": args.rows, "users": args.users, "seeds": args.seeds, "epsilons": args.epsilon_list,
         "shapes": {s: get_shape(s).parameters() for s in args.shape_list}, "grids": GRIDS,
         "default_rule": DEFAULT_RULE, "template": uf.TEMPLATE, "holdout": uf.HOLDOUT,
-        "training": {k: v for k, v in train.to_dict().items() if k != "rr_candidates"},  # pinned: None
+        "training": {k: v for k, v in train.to_dict().items() if k not in PINNED},
         "dpsgd_settings": dp.to_dict()})
 
 
+# The RR phase's settings as they were when these results were measured: one (lr, rr_weight_decay)
+# pair, the last weights scored, by the debiased log loss. A rerun takes hours; the record leaves
+# these settings out, as it did.
+PINNED = {"rr_candidates": None, "rr_average": None, "rr_select": "log_loss"}
+
+
 def _trainer_settings(args):
-    """The frontier's trainer settings with the RR phase's (learning rate, L2) pairs off: these results
-    were measured before the RR phase chose among pairs (one pair, (lr, rr_weight_decay)), and a
-    rerun takes hours; the record leaves the setting out, as it did."""
+    """The frontier's trainer settings with the RR phase's later choices off (``PINNED``)."""
     from dataclasses import replace
 
     train, dp = uf.trainer_settings(args)
-    return replace(train, rr_candidates=None), dp
+    return replace(train, **PINNED), dp
 
 
 def _tuned(text: str, rules) -> str:

@@ -127,7 +127,7 @@ def test_data_fingerprint_needs_the_same_data_and_key(runs, tmp_path):
 def test_the_public_record_holds_no_data_statistics(runs):
     root, _ = runs
     text = (root / "run" / "run.json").read_text()
-    for secret in ("clipped_fraction", "hmac_sha256", "rows_in", '"auc"', "train.parquet", '"encoding":',
+    for secret in ("clipped_fraction", "hmac_sha256", "rows_in", '"auc":', "train.parquet", '"encoding":',
                    "capping"):
         assert secret not in text, secret
     private = (root / "run" / "private" / "record.json").read_text()

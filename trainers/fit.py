@@ -51,7 +51,7 @@ def model_logits(model, data, idx, truncated: bool):
 
 def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, truncated: bool,
         generator: torch.Generator, progress: str | None = None, check=None, check_every: int | None = None,
-        collective=None) -> dict:
+        collective=None, on_step=None) -> dict:
     """Train ``model`` on (data, targets) with ``loss_fn(logits, targets)``; returns a history.
 
     Args:
@@ -70,6 +70,8 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
             first). The loss history is over all ranks. A ``check`` is called on every rank
             at the same batches and must return the same decision on each (it must pool
             what it scores across ranks, as ``trainers.rr_validation`` does).
+        on_step: called with no arguments after every optimiser step (a weight average's
+            ``update``), before that batch's ``check``.
 
     Returns:
         ``{"epoch_loss": mean loss per epoch (the last one over the batches it ran),
@@ -107,6 +109,8 @@ def fit(model, data, targets: torch.Tensor, loss_fn, settings: FitSettings, *, t
                     idx = parts[b]
                     loss = _shared_backward(model, data, targets, loss_fn, idx, shares[b], opt, truncated, collective)
                 opt.step()
+                if on_step is not None:
+                    on_step()
                 batch_loss = float(loss.detach()) * idx.numel()
                 total, rows = total + batch_loss, rows + idx.numel()
                 since_check, rows_since_check = since_check + batch_loss, rows_since_check + idx.numel()

@@ -99,7 +99,8 @@ def _validation(result: RRResult) -> dict[str, Any]:
     return {"validation_rows": result.validation_rows, "validation_checks": tuple(result.validation_checks),
             "validation_log_loss": _finite(result.validation_log_loss),
             "validation_auc": _finite(result.validation_auc), "validation_kept": result.validation_kept,
-            "stopped": result.stopped, **_candidates(result)}
+            "stopped": result.stopped, "validation_by": result.validation_by,
+            "validation_averaged": result.validation_averaged, **_candidates(result)}
 
 
 def _candidates(result: RRResult) -> dict[str, Any]:
@@ -109,7 +110,9 @@ def _candidates(result: RRResult) -> dict[str, Any]:
     assert result.candidate_log_loss is not None and result.chosen is not None
     return {"candidate_lr": tuple(r for r, _ in result.candidates),
             "candidate_weight_decay": tuple(d for _, d in result.candidates),
-            "candidate_log_loss": _finite(result.candidate_log_loss), "candidate_chosen": result.chosen}
+            "candidate_log_loss": _finite(result.candidate_log_loss),
+            "candidate_auc": None if result.candidate_auc is None else _finite(result.candidate_auc),
+            "candidate_chosen": result.chosen}
 
 
 def dpsgd_entry(result: DPSGDResult, ledger: LedgerView | None, *, nonsensitive_tower: str | None,

@@ -9,14 +9,17 @@ loss, or the forward-corrected loss).
 
 With the plan's ``validation_fraction`` the rows of a share of the units (``holdout``) are
 kept out of this phase's training and score it on their RR labels, debiased
-(:mod:`trainers.rr_validation`): the phase stops when the debiased validation log loss no
-longer falls and keeps its best state. Their labels are randomised and released with all
+(:mod:`trainers.rr_validation`): the phase stops when their debiased score (the log loss, or
+the AUC: ``TrainSettings.rr_select``) no longer improves and keeps its best state, the last
+weights or their moving average (``TrainSettings.rr_average``). Their labels are randomised and released with all
 the others; only their RR labels are read.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +30,7 @@ from budgetplan.intercept import rr_estimate
 from trainers import distributed, losses, rr_validation  # looked up at each call: tests swap their functions
 from trainers.fit import FitSettings, fit
 from trainers.session import NullSession
+from trainers.weight_average import WeightAverage
 
 __all__ = ["RRResult", "flip_probabilities", "randomize_labels", "run_rr_phase"]
 
@@ -46,11 +50,13 @@ class RRResult:
         validation_*: with a held-out part: its rows (all ranks'), the epochs done at each
             check, the debiased log loss and AUC there, the index of the check whose state
             was kept (None: no finite score, the last state stayed); ``stopped`` is
-            "patience" or "epochs".
-        candidates, candidate_log_loss, chosen: with a held-out part and more than one
-            (learning rate, weight decay) pair: the pairs trained, each one's best debiased
-            validation log loss, and the index of the pair kept (the ``validation_*`` fields
-            are its own).
+            "patience" or "epochs"; ``validation_by`` the score compared ("log_loss" or
+            "auc"); ``validation_averaged`` (with a weight average) whether each check's
+            better view was the moving average.
+        candidates, candidate_log_loss, candidate_auc, chosen: with a held-out part and more
+            than one (learning rate, weight decay) pair: the pairs trained, the debiased
+            validation log loss and AUC of each one's kept state, and the index of the pair
+            kept (the ``validation_*`` fields are its own).
     """
 
     labels: int
@@ -72,8 +78,11 @@ class RRResult:
     validation_auc: tuple[float | None, ...] | None = None
     validation_kept: int | None = None
     stopped: str | None = None
+    validation_by: str | None = None
+    validation_averaged: tuple[bool, ...] | None = None
     candidates: tuple[tuple[float, float], ...] | None = None
     candidate_log_loss: tuple[float | None, ...] | None = None
+    candidate_auc: tuple[float | None, ...] | None = None
     chosen: int | None = None
 
 
@@ -124,16 +133,18 @@ def _start_at_base_rate(model, targets) -> None:
         model.output_bias().fill_(float(np.log(rate / (1 - rate))))
 
 
-def _best_loss(stopping) -> float | None:
-    """The lowest debiased validation log loss a pair reached (None: no check scored finite)."""
-    return None if stopping is None or stopping.best is None else stopping.log_loss[stopping.best]
+def _kept(stopping, values: list) -> float | None:
+    """``values`` (a stopping rule's log losses or AUCs) at the state it kept (None: no check scored)."""
+    return None if stopping is None or stopping.best is None else values[stopping.best]
 
 
 def _best_pair(runs) -> int:
-    """The index of the pair with the lowest debiased validation log loss; the first pair where none scored
-    (the scores are sums over every rank's held-out rows, so every rank picks the same pair)."""
-    scored = [(loss, i) for i, run in enumerate(runs) if (loss := _best_loss(run[2])) is not None]
-    return min(scored)[1] if scored else 0
+    """The index of the pair whose kept state scored best (the score its checks compared: every pair
+    has the same held-out rows, so the same one); the first pair where none scored (the scores are
+    pooled over every rank's held-out rows, so every rank picks the same pair)."""
+    scored = [(score, -i) for i, run in enumerate(runs)
+              if run[2] is not None and (score := run[2].best_score()) is not None]
+    return -max(scored)[1] if scored else 0
 
 
 def _compact(rows: np.ndarray):
@@ -144,11 +155,12 @@ def _compact(rows: np.ndarray):
 
 
 def _train(model, data, targets, noisy, rho, holdout, pairs, plain: FitSettings, *, loss_fn, shuffle_seed: int,
-           patience: int, checks_per_epoch: int, init_bias: bool, progress, collective):
+           patience: int, checks_per_epoch: int, init_bias: bool, progress, collective, average: float | None,
+           select: str):
     """Train the truncated model once per (learning rate, L2) pair from the same start and the same
-    row order (``shuffle_seed``), keep the pair with the lowest debiased validation log loss;
-    (its FitSettings, its fit history, the seconds of every
-    pair, the record's validation fields)."""
+    row order (``shuffle_seed``), keep the pair whose kept state scored best on the held-out rows;
+    (its FitSettings, its fit history, the seconds of every pair, the record's validation
+    fields). ``average``: epochs of the weight average the checks also score (None: none)."""
     if holdout is not None:
         mask = torch.as_tensor(np.asarray(holdout, dtype=bool), device=targets.device)
         data, targets, held = data.take(~mask), targets[~mask], data.take(mask)
@@ -162,15 +174,19 @@ def _train(model, data, targets, noisy, rho, holdout, pairs, plain: FitSettings,
         gen = torch.Generator().manual_seed(shuffle_seed)
         settings = FitSettings(epochs=plain.epochs, batch_size=plain.batch_size, lr=rate, optimizer=plain.optimizer,
                                weight_decay=decay)
-        stopping = every = None
+        stopping = every = averaged = None
         if holdout is not None:
-            stopping = rr_validation.DebiasedStopping(model, held, noisy[holdout], rho[holdout], patience=patience,
-                                                      collective=collective)
             train_rows = len(data) if collective is None else collective.total(len(data))
+            views: list = [("last", nullcontext)]
+            if average is not None:
+                averaged = WeightAverage(model, max(1.0, average * math.ceil(train_rows / settings.batch_size)))
+                views.append(("average", averaged.swapped))
+            stopping = rr_validation.DebiasedStopping(model, held, noisy[holdout], rho[holdout], patience=patience,
+                                                      collective=collective, views=views, by=select)
             every = rr_validation.check_every(train_rows, settings.batch_size, checks_per_epoch)
         history = fit(model, data, targets, lambda logits, t: loss_fn(logits, t[:, 0], t[:, 1]), settings,
                       truncated=True, generator=gen, progress=progress, collective=collective, check=stopping,
-                      check_every=every)
+                      check_every=every, on_step=None if averaged is None else averaged.update)
         if stopping is not None:
             stopping.restore()
         runs.append((settings, history, stopping, copy.deepcopy(model.state_dict()) if start else None))
@@ -185,10 +201,12 @@ def _train(model, data, targets, noisy, rho, holdout, pairs, plain: FitSettings,
             validation_rows=held_rows if collective is None else collective.total(held_rows),
             validation_checks=tuple(stopping.checked_at), validation_log_loss=tuple(stopping.log_loss),
             validation_auc=tuple(stopping.auc), validation_kept=stopping.best,
-            stopped="patience" if history["stopped_early"] else "epochs")
+            stopped="patience" if history["stopped_early"] else "epochs", validation_by=stopping.by,
+            validation_averaged=tuple(stopping.averaged) if average is not None else None)
         if len(runs) > 1:  # the held-out units chose the pair
             validation.update(candidates=tuple((float(r), float(d)) for r, d in pairs), chosen=chosen,
-                              candidate_log_loss=tuple(_best_loss(run[2]) for run in runs))
+                              candidate_log_loss=tuple(_kept(run[2], run[2].log_loss) for run in runs),
+                              candidate_auc=tuple(_kept(run[2], run[2].auc) for run in runs))
     return settings, history, sum(run[1]["seconds"] for run in runs), validation
 
 
@@ -196,7 +214,8 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
                  randomness, session=None, progress: str | None = None, collective=None, rows=None,
                  holdout: np.ndarray | None = None, patience: int = 4, checks_per_epoch: int = 4,
                  init_bias: bool = True, weight_decay: float = 0.0,
-                 candidates: tuple[tuple[float, float], ...] | None = None) -> RRResult:
+                 candidates: tuple[tuple[float, float], ...] | None = None, average: float | None = None,
+                 select: str = "log_loss") -> RRResult:
     """Randomise the labels once and train the truncated model on them; returns what ran.
 
     With a ``session`` the noisy labels are a logged, persisted release: a resumed run
@@ -210,6 +229,10 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     of processes reads the same labels), every rank trains on its share of that release
     (``trainers.fit`` adds the gradients across ranks), and the counts and the debiased
     estimate cover all rows.
+
+    With held-out units (``holdout``): ``average`` (epochs, or None) adds a moving average of
+    the weights for the checks to score beside the last weights, and ``select`` ("log_loss"
+    or "auc") is the score they compare (``trainers.rr_validation``).
     """
 
     session = session or NullSession()
@@ -251,7 +274,7 @@ def run_rr_phase(model, data, phase, *, unit_counts, loss: str, lr: float, optim
     settings, history, seconds, validation = _train(
         model, data, targets, noisy, rho, holdout, pairs, plain, loss_fn=loss_fn, shuffle_seed=randomness.torch_seed(),
         patience=patience, checks_per_epoch=checks_per_epoch, init_bias=init_bias, progress=progress,
-        collective=collective)
+        collective=collective, average=average, select=select)
     debiased, rho_sum = rr_estimate(noisy, rho), float(rho.sum())
     if collective is not None:
         pooled = torch.tensor([*debiased, rho_sum], dtype=torch.float64)

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from trainers.distributed import Collective
     from trainers.dpsgd import DPSGDSettings
 
-__all__ = ["TrainSettings", "WALRSettings", "RunOptions"]
+__all__ = ["TrainSettings", "WALRSettings", "RunOptions", "RR_SELECT"]
+
+# What the RR phase's held-out checks compare (``TrainSettings.rr_select``).
+RR_SELECT = ("auc", "log_loss")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +66,15 @@ class TrainSettings:
     # constant model at eps 1 and 1.5, which the first pair does not: neither alone is safe
     # across budgets (CHANGELOG).
     rr_candidates: tuple | None = ((1e-3, 0.0), (3e-4, 1e-4))
+    # With held-out units: None scores the last weights at each check; a number of epochs also
+    # scores a moving average of the weights over about that many epochs (an exponential average
+    # updated after every step), and each check keeps the better of the two.
+    rr_average: float | None = None
+    # What the held-out checks compare, to stop, keep a state and choose a pair: "log_loss" (the
+    # debiased log loss) or "auc" (the debiased AUC: the RR phase hands on a ranking, its
+    # calibration is set afterwards). "auc" falls back to the log loss where the held-out rows
+    # are too few to estimate an AUC (trainers.rr_validation.AUC_MIN_POSITIVES).
+    rr_select: str = "log_loss"
 
     def __post_init__(self):
         if self.model not in ("mlp", "fm"):
@@ -77,6 +89,10 @@ class TrainSettings:
         for name in ("rr_checks_per_epoch", "rr_patience"):
             validate.at_most(name, validate.positive_int(name, getattr(self, name)), limits.MAX_EPOCHS)
         validate.non_negative("rr_weight_decay", self.rr_weight_decay)
+        if self.rr_average is not None:
+            validate.at_most("rr_average", validate.positive("rr_average", self.rr_average), limits.MAX_EPOCHS)
+        if self.rr_select not in RR_SELECT:
+            raise InvalidParameterError(f"rr_select must be {' or '.join(RR_SELECT)}, got {self.rr_select!r}")
         if self.rr_candidates is not None:
             if not self.rr_candidates:
                 raise InvalidParameterError("rr_candidates must name at least one (learning rate, L2) pair, or be None")

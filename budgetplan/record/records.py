@@ -148,8 +148,13 @@ class RRRun:
     the epochs done at each check (``validation_checks``), the debiased log loss and AUC of
     the truncated model on their RR labels there, the index of the check whose state was
     kept (``validation_kept``; None when no check scored) and why the phase ``stopped``
-    ("patience" or "epochs"). All of it is computed from the release and non-sensitive
-    features: post-processing, covered by the guarantee. Absent without a held-out part.
+    ("patience" or "epochs"); the score the checks compared (``validation_by``: "log_loss"
+    or "auc"; absent in records made before it was a choice, which compared the log loss)
+    and, where a moving average of the weights was scored too, whether each check's better
+    state was the average (``validation_averaged``). With several (learning rate, L2) pairs,
+    each pair's kept log loss and AUC (``candidate_log_loss``, ``candidate_auc``) and the
+    pair kept. All of it is computed from the release and non-sensitive features:
+    post-processing, covered by the guarantee. Absent without a held-out part.
     """
 
     name: ClassVar[str] = "rr"
@@ -171,9 +176,12 @@ class RRRun:
     validation_auc: tuple[float | None, ...] | None = typed.omit_if_none()
     validation_kept: int | None = typed.omit_if_none()
     stopped: str | None = typed.omit_if_none()
+    validation_by: str | None = typed.omit_if_none()
+    validation_averaged: tuple[bool, ...] | None = typed.omit_if_none()
     candidate_lr: tuple[float, ...] | None = typed.omit_if_none()
     candidate_weight_decay: tuple[float, ...] | None = typed.omit_if_none()
     candidate_log_loss: tuple[float | None, ...] | None = typed.omit_if_none()
+    candidate_auc: tuple[float | None, ...] | None = typed.omit_if_none()
     candidate_chosen: int | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
@@ -210,6 +218,12 @@ class RRRun:
         if not len(rates) == len(decays) == len(losses) >= 2:
             raise InvalidParameterError("candidate_lr, candidate_weight_decay and candidate_log_loss must have one "
                                         "entry per candidate, at least two")
+        if self.candidate_auc is not None:
+            areas = _losses("candidate_auc", self.candidate_auc)
+            if len(areas) != len(rates):
+                raise InvalidParameterError(f"candidate_auc must have one entry per candidate ({len(rates)}), "
+                                            f"got {len(areas)}")
+            _set(self, "candidate_auc", areas)
         chosen = _count("candidate_chosen", self.candidate_chosen)
         if chosen >= len(rates):
             raise InvalidParameterError(f"candidate_chosen ({chosen}) names no candidate (there are {len(rates)})")
@@ -220,7 +234,7 @@ class RRRun:
     def _check_validation(self) -> None:
         if self.validation_rows is None:
             rest = (self.validation_checks, self.validation_log_loss, self.validation_auc, self.validation_kept,
-                    self.stopped)
+                    self.stopped, self.validation_by, self.validation_averaged, self.candidate_auc)
             if any(v is not None for v in rest):
                 raise InvalidParameterError("an RR entry's validation fields come with validation_rows")
             return
@@ -242,6 +256,17 @@ class RRRun:
             raise InvalidParameterError(f"validation_kept ({kept}) names no check (there are {len(checks)})")
         _set(self, "validation_kept", kept)
         typed.choice("stopped", self.stopped, ("patience", "epochs"))
+        if self.validation_by is not None:
+            typed.choice("validation_by", self.validation_by, ("auc", "log_loss"))
+        if self.validation_averaged is not None:
+            if not isinstance(self.validation_averaged, (list, tuple)):
+                raise InvalidParameterError(f"validation_averaged must be a list of booleans, "
+                                            f"got {self.validation_averaged!r}")
+            flags = tuple(typed.flag(f"validation_averaged[{i}]", v) for i, v in enumerate(self.validation_averaged))
+            if len(flags) != len(checks):
+                raise InvalidParameterError(f"validation_averaged must have one entry per check ({len(checks)}), "
+                                            f"got {len(flags)}")
+            _set(self, "validation_averaged", flags)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -391,8 +391,11 @@ def _rr_training(ph: RRRun) -> str:
         return (f"{done} of at most {ph.epochs} epochs trained on them; no held-out score was finite, so the last "
                 "state was kept.")
     kept, area = ph.validation_checks[ph.validation_kept], (ph.validation_auc or ())[ph.validation_kept]
-    why = "the held-out score stopped improving" if ph.stopped == "patience" else "its epochs ran out"
-    return (f"{done} of at most {ph.epochs} epochs trained on them, stopped because {why}; the state after "
+    score = "held-out AUC" if ph.validation_by == "auc" else "held-out score"
+    why = f"the {score} stopped improving" if ph.stopped == "patience" else "its epochs ran out"
+    state = ("the moving average of the weights after" if ph.validation_averaged and
+             ph.validation_averaged[ph.validation_kept] else "the state after")
+    return (f"{done} of at most {ph.epochs} epochs trained on them, stopped because {why}; {state} "
             f"{_num(kept, 3)} epochs was kept (debiased held-out AUC "
             f"{'n/a' if area is None else _num(area, 4)} on {ph.validation_rows} held-out rows).{_rr_pairs(ph)}")
 
@@ -404,9 +407,10 @@ def _rr_pairs(ph: RRRun) -> str:
     pairs = ", ".join(f"({_num(r, 3)}, {_num(d, 3)})" for r, d in zip(ph.candidate_lr, ph.candidate_weight_decay,
                                                                         strict=True))
     i = ph.candidate_chosen
+    best = "highest debiased held-out AUC" if ph.validation_by == "auc" else "lowest debiased held-out loss"
     return (f" It trained once per (learning rate, L2) pair {pairs} from the same start and kept "
-            f"({_num(ph.candidate_lr[i], 3)}, {_num(ph.candidate_weight_decay[i], 3)}), the lowest debiased held-out "
-            "loss: a choice made on the release, so free.")
+            f"({_num(ph.candidate_lr[i], 3)}, {_num(ph.candidate_weight_decay[i], 3)}), the {best}: a choice made "
+            "on the release, so free.")
 
 
 def _not_covered(plan: Plan) -> list[str]:

@@ -34,7 +34,7 @@ def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
             batch_size=s.batch_size, randomness=c.randomness, session=c.session, progress=c.label("RR phase"),
             collective=c.collective, rows=c.rows, holdout=c.holdout, patience=s.rr_patience,
             checks_per_epoch=s.rr_checks_per_epoch, weight_decay=s.rr_weight_decay,
-            candidates=s.rr_candidates)
+            candidates=s.rr_candidates, average=s.rr_average, select=s.rr_select)
         if len(c.phases) > 1:
             c.session.save_checkpoint(Checkpoint(phase="rr-done", model=c.model.state_dict(), rr_result=rr))
     c.timings["rr_phase_seconds"] = rr.seconds

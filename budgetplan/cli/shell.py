@@ -177,6 +177,16 @@ class _OrAuto(_Checked):
         return "auto" if value == "auto" else super().convert(value, param, ctx)
 
 
+class _OrNone(_Checked):
+    """``"none"`` (returned as the string), or what the wrapped check accepts."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return "none" if value == "none" else super().convert(value, param, ctx)
+
+
+# A number of epochs, or "none" (the RR phase's weight average: TrainSettings.rr_average)
+EPOCHS_OR_NONE = _OrNone("epochs", _bounded(validate.positive, limits.MAX_EPOCHS))
+
 # The DP-SGD phase's step size: a learning rate, or "auto" (trainers.dpsgd: 0.12 / sqrt(steps))
 LEARNING_RATE_OR_AUTO = _OrAuto("learning_rate_or_auto", _bounded(validate.positive, limits.MAX_LEARNING_RATE))
 

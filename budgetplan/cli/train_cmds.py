@@ -6,6 +6,7 @@ Both import the torch trainer lazily: the rest of the CLI never loads torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -14,6 +15,7 @@ from budgetplan.cli.data_cmd import SHAPE_NAMES
 from budgetplan.cli.render import fmt, results_table
 from budgetplan.cli.shell import (
     BATCH_SIZE,
+    EPOCHS_OR_NONE,
     LEARNING_RATE,
     LEARNING_RATE_OR_AUTO,
     OPEN_UNIT,
@@ -35,6 +37,7 @@ from budgetplan.limits import (
     MAX_SYNTH_ROWS,
     MAX_WEIGHT_DECAY,
 )
+from trainers.settings import RR_SELECT, TrainSettings  # no torch: settings only
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -42,9 +45,10 @@ if TYPE_CHECKING:
     from budgetplan.plan import Plan
     from budgetplan.record.records import RunRecord
     from trainers.distributed import Collective
-    from trainers.settings import TrainSettings
 
 __all__ = ["train", "demo"]
+
+_TRAIN = TrainSettings()  # the defaults the options below show
 
 _THREADS = click.option(
     "--threads", type=THREADS_OR_AUTO, default="auto", show_default=True,
@@ -53,8 +57,6 @@ _THREADS = click.option(
 
 
 def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSettings checks each
-    from trainers.run import TrainSettings
-
     return TrainSettings(**{k: v for k, v in kw.items() if v is not None})
 
 
@@ -82,6 +84,13 @@ def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSetting
 @click.option("--loss", type=click.Choice(["forward", "unbiased"]), default="forward", show_default=True,
               help="RR debiasing: the forward-corrected loss, or the Hybrid paper's unbiased loss (unbounded "
               "below: it can memorise flipped labels of rare values).")
+@click.option("--rr-select", type=click.Choice(RR_SELECT), default=None, show_default=_TRAIN.rr_select,
+              help="What the RR phase's held-out checks compare to stop, keep a state and choose a (learning rate, "
+              "L2) pair: the debiased AUC (the log loss where the held-out rows hold too few positives) or the "
+              "debiased log loss. Post-processing of the release: no privacy cost.")
+@click.option("--rr-average", type=EPOCHS_OR_NONE, default=None, show_default=str(_TRAIN.rr_average).lower(),
+              help='Epochs of the moving average of the RR weights that each held-out check scores beside the '
+              'last weights, keeping the better; "none": the last weights alone.')
 @click.option("--hybrid-start", type=click.Choice(["rr-model", "as-trained"]), default="rr-model", show_default=True,
               help="Hybrid: start DP-SGD from exactly the RR model, or leave the sensitive tower's outlet as "
               "initialised.")
@@ -136,7 +145,8 @@ def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSetting
 @click.option("--json", "as_json", is_flag=True, help="Print the run record (public and private parts) on stdout.")
 def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, data_format: str, model: str,
           embedding_dim: str, lr: float, dpsgd_optimizer: str, dpsgd_lr: float | str, dpsgd_schedule: str, loss: str,
-          hybrid_start: str, batch_size: int | None, nonsensitive_encoding: str, vocab_threshold: int, hash_bins: int,
+          rr_select: str | None, rr_average: float | str | None, hybrid_start: str, batch_size: int | None,
+          nonsensitive_encoding: str, vocab_threshold: int, hash_bins: int,
           device: str, threads: int | str, seed: int | None, non_private: bool, baseline_epochs: int, patience: int,
           validation_fraction: float, weight_decay: float, truncated: bool, baseline_run: str | None, resume: bool,
           checkpoint_every: int, key_path: str | None, nproc: int, canaries: int | None, canary_confidence: float,
@@ -154,7 +164,9 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
     settings = _settings(model=model, embedding_dim=emb, lr=lr, loss=loss, batch_size=batch_size, device=device,
                          data_format=data_format, nonsensitive_encoding=nonsensitive_encoding,
                          vocab_threshold=vocab_threshold, hash_bins_nonsensitive=hash_bins,
-                         hash_bins_sensitive=hash_bins, hybrid_start=hybrid_start)
+                         hash_bins_sensitive=hash_bins, hybrid_start=hybrid_start, rr_select=rr_select)
+    if rr_average is not None:
+        settings = replace(settings, rr_average=None if rr_average == "none" else float(rr_average))
     plan = load_plan(plan_file)
     _refuse_unused(click.get_current_context(), plan, non_private)
     if signed is not None:
@@ -248,7 +260,8 @@ def _baseline_reference(path: str, plan: Plan, settings: TrainSettings) -> tuple
 # Options that only some runs read: given explicitly to a run that ignores them, they are
 # refused, so that a setting someone meant to change never silently changes nothing.
 _DPSGD_ONLY = ("dpsgd_optimizer", "dpsgd_lr", "dpsgd_schedule", "checkpoint_every")
-_PRIVATE_ONLY = ("loss", "hybrid_start", "resume", "baseline_run", "nproc", "canaries", "canary_confidence")
+_PRIVATE_ONLY = ("loss", "hybrid_start", "rr_select", "rr_average", "resume", "baseline_run", "nproc", "canaries",
+                 "canary_confidence")
 _BASELINE_ONLY = ("baseline_epochs", "patience", "validation_fraction", "weight_decay", "truncated")
 _NEURAL_ONLY = ("model", "embedding_dim", "lr", "nonsensitive_encoding", "vocab_threshold", "hash_bins")
 
@@ -279,12 +292,22 @@ def _refuse_unused(ctx: click.Context, plan: Plan, non_private: bool) -> None:
         refuse("loss", f"is the RR phase's debiasing; this plan has {' + '.join(names)}")
     if "hybrid_start" in given and (plan.rr is None or plan.dpsgd is None):
         refuse("hybrid_start", f"applies to a Hybrid plan (RR then DP-SGD); this plan has {' + '.join(names)}")
+    _refuse_rr_checks(given, plan, non_private, refuse)
     if "canary_confidence" in given and "canaries" not in given:
         refuse("canary_confidence", "applies to a run with --canaries")
     rr = plan.rr
     if "batch_size" in given and not non_private and (rr is None or rr.params.batch_size):
         refuse("batch_size", "is used by --non-private and by an RR phase whose plan fixes none; this plan "
                + ("fixes the RR batch size" if rr is not None else "has no RR phase"))
+
+
+def _refuse_rr_checks(given: Mapping[str, Any], plan: Plan, non_private: bool,
+                      refuse: Callable[[str, str], Any]) -> None:
+    """The RR phase's held-out checks' options, refused where the plan holds no units out of an RR phase."""
+    for param in ("rr_select", "rr_average"):
+        if param in given and not non_private and (plan.rr is None or plan.rr.params.validation_fraction is None):
+            refuse(param, "applies to an RR phase with held-out units; this plan "
+                   + ("has no RR phase" if plan.rr is None else "holds none ([rr].validation_fraction = 0)"))
 
 
 def _int_option(name: str, text: str, limit: int) -> int:

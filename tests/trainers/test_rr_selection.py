@@ -286,3 +286,40 @@ def test_pairs_are_chosen_by_the_checks_score_and_the_record_holds_both(data):  
 def test_bad_selection_settings_are_refused_naming_the_setting(change):
     with pytest.raises(InvalidParameterError, match=next(iter(change))):
         TrainSettings(**change)
+
+
+def test_the_cli_options_reach_the_rr_phase_and_are_refused_where_nothing_reads_them(data, tmp_path, runner):  # noqa: F811
+    import json
+
+    from budgetplan.cli import cli
+
+    root, _ = data
+    plan_path, bare = tmp_path / "plan.json", tmp_path / "bare.json"
+    plan_path.write_text(_plan(epochs=1).to_json())
+    bare.write_text(_plan(epochs=1, rr_extra="validation_fraction = 0").to_json())
+    common = ["--data", str(root / "train.parquet"), "--embedding-dim", "4", "--seed", "1"]
+    out = runner.invoke(cli, ["train", str(plan_path), *common, "--out", str(tmp_path / "a"), "--rr-select", "auc",
+                              "--rr-average", "0.5", "--json"])
+    assert out.exit_code == 0, out.output
+    rr = json.loads(out.stdout)["phases"][0]
+    assert rr["validation_by"] == "auc" and len(rr["validation_averaged"]) == len(rr["validation_checks"])
+    out = runner.invoke(cli, ["train", str(plan_path), *common, "--out", str(tmp_path / "b"), "--rr-select",
+                              "log_loss", "--rr-average", "none", "--json"])
+    assert out.exit_code == 0, out.output
+    rr = json.loads(out.stdout)["phases"][0]
+    assert rr["validation_by"] == "log_loss" and "validation_averaged" not in rr
+    for args, where, name in (((bare, "--rr-select", "auc"), "held-out units", "--rr-select"),
+                              ((plan_path, "--rr-average", "nan"), "rr-average", "--rr-average"),
+                              ((plan_path, "--rr-average", "0"), "rr-average", "--rr-average"),
+                              ((plan_path, "--rr-select", "brier"), "brier", "--rr-select")):
+        bad = runner.invoke(cli, ["train", str(args[0]), *common, "--out", str(tmp_path / "x"), *args[1:]])
+        assert bad.exit_code == 2 and name in bad.stderr and where in bad.stderr, bad.stderr
+        assert bad.stderr.strip().count("\n") == 0 and not (tmp_path / "x").exists()
+
+
+def test_the_cli_defaults_are_the_trainers():
+    from budgetplan.cli.train_cmds import train
+
+    defaults = TrainSettings()
+    shown = {p.name: getattr(p, "show_default", None) for p in train.params}
+    assert shown["rr_select"] == defaults.rr_select and shown["rr_average"] == str(defaults.rr_average).lower()

@@ -56,6 +56,10 @@ _THREADS = click.option(
     "less the threads other work runs now: never more threads than free cores).")
 
 
+def _pairs(pairs: tuple | None) -> str:
+    return "none" if not pairs else ", ".join(f"({r:g}, {d:g})" for r, d in pairs)
+
+
 def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSettings checks each
     return TrainSettings(**{k: v for k, v in kw.items() if v is not None})
 
@@ -73,8 +77,8 @@ def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSetting
 @click.option("--embedding-dim", default="8", show_default=True, help='An integer, or "auto" (int(2 V^0.25)).')
 @click.option("--lr", type=LEARNING_RATE, default=1e-3, show_default=True,
               help="Adam step size of a --non-private baseline, and of an RR phase without held-out units "
-              "(with them it trains (1e-3, no L2) and (3e-4, L2 1e-4) and keeps the better on its held-out "
-              "units' debiased loss).")
+              f"(with them it trains each (learning rate, L2) pair of {_pairs(_TRAIN.rr_candidates)} from the same "
+              "start and keeps the one its held-out units score best: see --rr-select).")
 @click.option("--dpsgd-optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
               help="DP-SGD phase optimiser (sgd: momentum 0.9). Post-processing: no privacy cost.")
 @click.option("--dpsgd-lr", type=LEARNING_RATE_OR_AUTO, default="auto", show_default=True,

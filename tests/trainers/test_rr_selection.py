@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from budgetplan.errors import InvalidParameterError
-from tests.trainers.test_rr_validation import FAST, _plan, data  # noqa: F401  (the module's data fixture)
+from tests.trainers.test_rr_validation import FAST, _plan, _Rows, data  # noqa: F401  (the module's data fixture)
 from trainers.debiased import debiased_auc
 from trainers.run import RunOptions, TrainSettings, execute_plan
 from trainers.weight_average import WeightAverage
@@ -70,16 +70,6 @@ class _Scaled(torch.nn.Module):
 
     def forward_truncated(self, ns_cat, ns_num):
         return self.a * ns_num[:, 0] + self.b
-
-
-class _Rows:
-    def __init__(self, x):
-        self.ns_num = torch.as_tensor(x, dtype=torch.float32)[:, None]
-        self.ns_cat = torch.zeros(len(x), 0, dtype=torch.long)
-        self.label = torch.zeros(len(x))
-
-    def __len__(self):
-        return self.ns_num.shape[0]
 
 
 def _held_out(n=4000, rho=0.1, seed=0):

@@ -56,7 +56,7 @@ _THREADS = click.option(
     "less the threads other work runs now: never more threads than free cores).")
 
 
-def _pairs(pairs: tuple | None) -> str:
+def _pairs(pairs: tuple[tuple[float, float], ...] | None) -> str:
     return "none" if not pairs else ", ".join(f"({r:g}, {d:g})" for r, d in pairs)
 
 

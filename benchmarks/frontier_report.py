@@ -154,7 +154,8 @@ def render(state: dict, name: str) -> str:
              ""]
     if state.get("carried"):
         carried = state["carried"]
-        lines += [f"The {', '.join(carried['arms'])} cells were carried from the run at commit "
+        runs = "runs at commits" if " and " in carried["from_commit"] else "run at commit"
+        lines += [f"The {', '.join(carried['arms'])} cells were carried from the {runs} "
                   f"{carried['from_commit']}, because {carried['why']}; their relative losses are against this "
                   "run's baselines.", ""]
     for shape, summ in summary.items():

@@ -225,6 +225,8 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
         # a shape the earlier run did not have extends it (its cells are trained, the others kept)
         diff = [d for d in h.settings_differences(recorded, today)
                 if not (d.startswith("shapes.") and d.split(".")[1] not in old_shapes)]
+        if diff and all(d.startswith("training.") and d.split(".")[1] in h.RR_TRAINING for d in diff):
+            return _carry_unaffected(state, today, diff)
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
                              "--fresh to start over, or --name to keep both")
@@ -232,6 +234,27 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
         state["settings"] = today
         return state
     return _new_state(today)
+
+
+def _carry_unaffected(state: dict, today: dict, diff: list[str]) -> dict:
+    """A new state for a run whose settings differ from the earlier one's only in the RR phase's
+    (``harness.RR_TRAINING``): the cells that train no RR phase (plain DP-SGD, alpha 0) and the
+    non-private baselines read none of those settings, so they are carried, each cell marked
+    with the commit it was trained at (``carried_from``); every other cell is trained again."""
+    commit = state["settings"].get("commit") or "unknown"
+    cells = {key: {**cell, "carried_from": cell.get("carried_from", commit)}
+             for key, cell in state["cells"].items() if cell.get("alpha") == 0}
+    earlier = (state.get("carried") or {}).get("commits", [])
+    commits = sorted({*earlier, *(c["carried_from"] for c in cells.values())} or {commit})
+    changed = ", ".join(d.split(".", 1)[1] for d in diff)
+    print(f"carrying {len(cells)} DP-SGD cell(s) and {len(state['baselines'])} baseline pair(s): only the RR "
+          f"phase's settings changed ({changed})", file=sys.stderr)
+    fresh = _new_state(today)
+    fresh.update(baselines=state["baselines"], cells=cells, carried={
+        "from_commit": " and ".join(c[:12] for c in commits), "commits": commits,
+        "arms": ["DP-SGD", "the non-private baselines"],
+        "why": f"neither reads a setting that changed (the RR phase's {changed})"})
+    return fresh
 
 
 def _new_state(today: dict) -> dict:

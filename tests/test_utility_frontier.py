@@ -152,6 +152,36 @@ def test_a_new_shape_extends_a_run_and_a_dropped_one_is_refused(tiny, monkeypatc
     path.write_text(json.dumps(before))
 
 
+def test_a_change_to_the_rr_phases_settings_alone_carries_what_does_not_read_them(tiny):
+    """Only the cells that train an RR phase are trained again; the plain DP-SGD cells and the
+    baselines are carried, each cell marked with the commit it came from. Any other change is
+    refused as before."""
+    import copy
+
+    uf, out, _ = tiny
+    path = out / "tiny.json"
+    before = json.loads(path.read_text())
+    today = copy.deepcopy(before["settings"])
+    today["values"]["training"]["rr_average"] = 0.3
+    today["values"]["training"]["rr_select"] = "auc" if before["settings"]["values"]["training"]["rr_select"] \
+        != "auc" else "log_loss"
+    today["commit"] = "f" * 40
+    carried = uf._load_state(path, today, fresh=False)
+    assert carried["settings"] == today and not carried["complete"] and carried["seconds"] == 0.0
+    assert carried["baselines"] == before["baselines"]
+    dpsgd = {k: c for k, c in before["cells"].items() if c["arm"] == "DP-SGD"}
+    assert dpsgd and sorted(carried["cells"]) == sorted(dpsgd)
+    commit = before["settings"].get("commit") or "unknown"
+    for key, cell in carried["cells"].items():
+        assert cell == {**dpsgd[key], "carried_from": commit}
+    assert "rr_average" in carried["carried"]["why"] and "rr_select" in carried["carried"]["why"]
+    assert carried["carried"]["commits"] == [commit]
+    today["values"]["training"]["lr"] = 0.5  # the DP-SGD arm reads the model's settings: no carrying
+    with pytest.raises(SystemExit, match="these differ: training.lr"):
+        uf._load_state(path, today, fresh=False)
+    assert json.loads(path.read_text()) == before  # loading writes nothing
+
+
 @pytest.mark.parametrize("argv, what", [(["--shapes", "nope"], "--shapes"), (["--arms", "RR,X"], "--arms"),
                                         (["--epsilons", "1,inf"], "--epsilons"), (["--rows", "0"], "--rows"),
                                         (["--jobs", "0"], "--jobs")])

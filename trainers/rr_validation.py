@@ -46,6 +46,7 @@ import torch
 
 from trainers.debiased import debiased_auc
 from trainers.fit import predict
+from trainers.settings import RR_SELECT
 
 __all__ = ["DebiasedStopping", "check_every", "FIRST_CHECK", "AUC_MIN_POSITIVES"]
 
@@ -83,8 +84,8 @@ class DebiasedStopping:
 
     def __init__(self, model, validation, noisy: np.ndarray, rho: np.ndarray, *, patience: int, collective=None,
                  views=None, by: str = "log_loss"):
-        if by not in ("auc", "log_loss"):
-            raise ValueError(f"by must be auc or log_loss, got {by!r}")
+        if by not in RR_SELECT:
+            raise ValueError(f"by must be one of {RR_SELECT}, got {by!r}")
         self.model, self.validation, self.patience, self.collective = model, validation, int(patience), collective
         self.views = tuple(views) if views else (("last", nullcontext),)
         self.noisy = np.asarray(noisy, dtype=np.float64)

@@ -65,16 +65,16 @@ class TrainSettings:
     # second pair closed most of RR's gap to its ceiling at eps 3 and 8, and collapsed to a
     # constant model at eps 1 and 1.5, which the first pair does not: neither alone is safe
     # across budgets (CHANGELOG).
-    rr_candidates: tuple | None = ((1e-3, 0.0), (3e-4, 1e-4))
+    rr_candidates: tuple | None = ((1e-3, 0.0), (1e-3, 1e-4))
     # With held-out units: None scores the last weights at each check; a number of epochs also
     # scores a moving average of the weights over about that many epochs (an exponential average
     # updated after every step), and each check keeps the better of the two.
-    rr_average: float | None = None
+    rr_average: float | None = 0.7
     # What the held-out checks compare, to stop, keep a state and choose a pair: "log_loss" (the
     # debiased log loss) or "auc" (the debiased AUC: the RR phase hands on a ranking, its
     # calibration is set afterwards). "auc" falls back to the log loss where the held-out rows
     # are too few to estimate an AUC (trainers.rr_validation.AUC_MIN_POSITIVES).
-    rr_select: str = "log_loss"
+    rr_select: str = "auc"
 
     def __post_init__(self):
         if self.model not in ("mlp", "fm"):

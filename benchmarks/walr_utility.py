@@ -12,7 +12,9 @@ other benchmarks (``harness.holdout_data``),
   trained through the product's own entry point ``trainers.run.execute_plan``;
 - the non-private arm: the same logistic regression on exactly the same rows and encoding,
   fitted on the exact sum (``release`` with ``noise_std`` 0) with the penalty WALR's own rule
-  (``penalties``) gives at no noise: a uniform L2 of ``L2_BASE`` (10), the intercept free.
+  (``penalties``) gives at no noise: a uniform L2 of ``L2_BASE`` (10), the intercept free. The
+  private arm weights its columns (``column_weights``); with its penalty on ``a_j theta_j`` the
+  fit at no noise is the same model whatever the weights, so this is the same encoding's model.
 
 The rows and their encoding are those ``execute_plan`` prepares: the non-private arm reads them
 with the trainer's own ``trainers.inputs.prepare_data`` and ``prepare_eval`` (what reads, caps and
@@ -121,7 +123,7 @@ def settings(args) -> dict:
     from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import TrainSettings
-    from trainers.walr_onehot import FIT_ITERATIONS, L2_BASE
+    from trainers.walr_onehot import FIT_ITERATIONS, L2_BASE, WEIGHT_FLOOR
 
     return h.settings_record("walr_utility.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds,
@@ -135,7 +137,10 @@ def settings(args) -> dict:
         # hashing, resolved per plan; the data format; the device); its model and optimiser settings it does not
         "training": {k: v for k, v in TrainSettings().to_dict().items() if k in TRAINING},
         "walr_fit": {"fit": "L-BFGS", "iterations": FIT_ITERATIONS, "l2_base": L2_BASE,
-                     "penalty": "lam_j = l2_base (1 + s^2 / (c_j p (1 - p))), intercept free"},
+                     "penalty": "lam_j = l2_base a_j^2 (1 + s^2 / (c_j p (1 - p))), intercept free",
+                     "column_weights": "sum_k a_k^2 = R^2 maximising sum_k sum_(j in k) c_j r_j, "
+                                       "r_j = a_k^2 c_j v / (a_k^2 c_j v + s^2), v = 1/4",
+                     "weight_floor": WEIGHT_FLOOR},
         "non_private": {"fit": "L-BFGS", "iterations": FIT_ITERATIONS, "l2": L2_BASE,
                         "penalty": "uniform l2 (WALR's rule at s = 0), intercept free",
                         "release": "the exact sum (noise_std 0)"}})

@@ -46,12 +46,38 @@ import torch
 from budgetplan.errors import InvalidParameterError, PlanMismatchError
 from trainers.walr import WALRResult, draw_once
 
-__all__ = ["OneHotRows", "numeric_range", "encode_rows", "release", "fit", "predict", "run_walr_onehot",
-           "curvature", "penalties", "L2_BASE", "FIT_ITERATIONS"]
+__all__ = ["ColumnWeights", "column_weights", "coordinate_weights", "WEIGHT_FLOOR", "OneHotRows", "numeric_range",
+           "encode_rows", "release", "fit", "predict", "run_walr_onehot", "curvature", "penalties", "L2_BASE",
+           "FIT_ITERATIONS"]
 
 L2_BASE = 10.0
 FIT_ITERATIONS = 200
+WEIGHT_FLOOR = 0.05
 _BLOCK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ColumnWeights:
+    """What each column's coordinate holds: the intercept's, each categorical's and each numeric's factor.
+
+    A row's squared norm is at most ``intercept^2 + sum categorical^2 + sum numeric^2`` (numerics
+    lie in [0, 1]) when no two of its columns share a coordinate. ``UNIFORM`` (every factor 1) is
+    the plain one-hot encoding.
+    """
+
+    intercept: float
+    categorical: tuple[float, ...]
+    numeric: tuple[float, ...]
+
+    @classmethod
+    def uniform(cls, categorical: int, numeric: int) -> ColumnWeights:
+        return cls(1.0, (1.0,) * categorical, (1.0,) * numeric)
+
+    def squared_total(self) -> float:
+        return self.intercept ** 2 + sum(a * a for a in self.categorical) + sum(a * a for a in self.numeric)
+
+    def to_dict(self) -> dict:
+        return {"intercept": self.intercept, "categorical": list(self.categorical), "numeric": list(self.numeric)}
 
 
 @dataclass(frozen=True)
@@ -59,11 +85,14 @@ class OneHotRows:
     """Rows of the one-hot encoding, sparse.
 
     Attributes:
-        cat: [N, c] int64 coordinates of the categorical ones (1 .. num_offset - 1).
-        num: [N, m] float64 numerics in [0, 1] (coordinates num_offset .. k - 1).
+        cat: [N, c] int64 coordinates of the categorical columns (1 .. num_offset - 1); column j's
+            coordinate holds ``weights.categorical[j]`` (1 without weights).
+        num: [N, m] float64 numerics in [0, 1], each times its column's weight (coordinates
+            num_offset .. k - 1).
         scale: [N] float64, each row's factor min(1, R / ||x_i||).
         norm: [N] float64, each row's norm after scaling, ||scale_i x_i|| (at most R).
         k: the dimension, intercept (coordinate 0) included.
+        weights: the columns' weights (``ColumnWeights``).
     """
 
     cat: torch.Tensor
@@ -72,12 +101,18 @@ class OneHotRows:
     norm: torch.Tensor
     num_offset: int
     k: int
+    weights: ColumnWeights
+
+    def _cat_weights(self) -> torch.Tensor:
+        return torch.tensor(self.weights.categorical, dtype=torch.float64, device=self.scale.device)
 
     def __len__(self) -> int:
         return self.scale.shape[0]
 
     def logits(self, theta: torch.Tensor) -> torch.Tensor:
-        z = theta[0] + theta[self.cat].sum(1) if self.cat.shape[1] else theta[0].expand(len(self)).clone()
+        a0 = self.weights.intercept
+        z = a0 * theta[0] + theta[self.cat] @ self._cat_weights() if self.cat.shape[1] else \
+            (a0 * theta[0]).expand(len(self)).clone()
         if self.num.shape[1]:
             z = z + self.num @ theta[self.num_offset:]
         return z * self.scale
@@ -101,30 +136,126 @@ def numeric_range(data, collective=None) -> tuple[list[float], list[float]]:
     return lo.tolist(), hi.tolist()
 
 
-def encode_rows(data, lo: list[float], hi: list[float], *, row_norm_bound: float) -> tuple[OneHotRows, int]:
-    """(the rows, how many were scaled to the bound) for ``data`` (``EncodedData``) and the fitted transform."""
+def encode_rows(data, lo: list[float], hi: list[float], *, row_norm_bound: float,
+                weights: ColumnWeights | None = None) -> tuple[OneHotRows, int]:
+    """(the rows, how many were scaled to the bound) for ``data`` (``EncodedData``), the fitted transform
+    and the columns' weights (``column_weights``; None: every weight 1)."""
     n = len(data)
     cat = torch.cat([data.ns_cat + 1, data.s_cat + 1 + data.ns_vocab], 1).to(torch.int64)
     num_offset = 1 + data.ns_vocab + data.s_vocab
     x = _numeric(data)
+    if weights is None:
+        weights = ColumnWeights.uniform(cat.shape[1], x.shape[1])
+    if len(weights.categorical) != cat.shape[1] or len(weights.numeric) != x.shape[1]:
+        raise InvalidParameterError(f"the column weights name {len(weights.categorical)} categorical and "
+                                    f"{len(weights.numeric)} numeric columns; the rows have {cat.shape[1]} and "
+                                    f"{x.shape[1]}")
     if x.shape[1]:
         low = torch.tensor(lo, dtype=torch.float64, device=x.device)
         width = (torch.tensor(hi, dtype=torch.float64, device=x.device) - low).clamp_min(1e-300)
-        x = ((x - low) / width).clamp_(0.0, 1.0)
-    # ||x_i||^2 = 1 + sum over the row's distinct coordinates of (their count)^2 + sum of numerics^2
+        x = ((x - low) / width).clamp_(0.0, 1.0) * torch.tensor(weights.numeric, dtype=torch.float64, device=x.device)
+    # ||x_i||^2 = a0^2 + sum over the row's column pairs (j, l) sharing a coordinate of a_j a_l + sum of numerics^2
+    a = torch.tensor(weights.categorical, dtype=torch.float64, device=x.device)
+    products = a[:, None] * a[None, :]
     squared = torch.empty(n, dtype=torch.float64, device=x.device)
     c = cat.shape[1]
-    for a in range(0, n, _BLOCK):
-        block = cat[a:a + _BLOCK]
-        pairs = (block[:, :, None] == block[:, None, :]).sum((1, 2)) if c else torch.zeros(len(block))
-        squared[a:a + _BLOCK] = 1.0 + pairs.to(torch.float64) + (x[a:a + _BLOCK] ** 2).sum(1)
+    for s in range(0, n, _BLOCK):
+        block = cat[s:s + _BLOCK]
+        pairs = ((block[:, :, None] == block[:, None, :]) * products).sum((1, 2)) if c else \
+            torch.zeros(len(block), dtype=torch.float64, device=x.device)
+        squared[s:s + _BLOCK] = weights.intercept ** 2 + pairs + (x[s:s + _BLOCK] ** 2).sum(1)
     norms = squared.sqrt()
     # a row above the bound is scaled to a hair below it, so that no rounding of its coordinates, in
     # any order, can take it past the bound
     scale = torch.where(norms > row_norm_bound, row_norm_bound / norms * (1 - 64 * torch.finfo(torch.float64).eps),
                         torch.ones_like(norms))
-    return (OneHotRows(cat, x, scale, norms * scale, num_offset, num_offset + x.shape[1]),
+    return (OneHotRows(cat, x, scale, norms * scale, num_offset, num_offset + x.shape[1], weights),
             int((norms > row_norm_bound).sum()))
+
+
+def _used(rows: OneHotRows, collective=None) -> torch.Tensor:
+    """[c, k]: whether any row of any rank sets categorical column j's coordinate."""
+    used = torch.zeros(rows.cat.shape[1], rows.k, dtype=torch.float64, device=rows.scale.device)
+    for j in range(rows.cat.shape[1]):
+        used[j, rows.cat[:, j]] = 1.0
+    if collective is not None:
+        collective.sum_([used])
+    return used > 0
+
+
+def coordinate_weights(rows: OneHotRows, collective=None) -> torch.Tensor:
+    """[k] each coordinate's column weight, the same on every rank (a coordinate two hashed columns
+    share, or none uses: the later column's, or 1)."""
+    a = torch.ones(rows.k, dtype=torch.float64, device=rows.scale.device)
+    a[0] = rows.weights.intercept
+    for j, used in enumerate(_used(rows, collective)):
+        a[used] = rows.weights.categorical[j]
+    a[rows.num_offset:] = torch.tensor(rows.weights.numeric, dtype=torch.float64, device=a.device)
+    return a
+
+
+def _column_counts(rows: OneHotRows, w: torch.Tensor, collective=None) -> list[torch.Tensor]:
+    """Per column (categoricals, then numerics, then the intercept): the curvature weight of each
+    coordinate it uses, pooled over ranks. Unweighted rows; features only."""
+    c = curvature(rows, w, collective)
+    used = _used(rows, collective)
+    groups = [c[used[j]] for j in range(rows.cat.shape[1])]
+    groups += [c[rows.num_offset + i:rows.num_offset + i + 1] for i in range(rows.num.shape[1])]
+    return [g.cpu() for g in groups] + [c[0:1].cpu()]
+
+
+def column_weights(rows: OneHotRows, w: torch.Tensor, *, noise_std: float, row_norm_bound: float,
+                   collective=None) -> ColumnWeights:
+    """The columns' weights that spend the row norm where the noise hides most rows; features only.
+
+    Every coordinate's statistic in the release is ``a_k`` times its rows' label sum plus noise of
+    std ``s``, ``a_k`` the weight of its column k, and a row's norm is sqrt(sum_k a_k^2) (the
+    intercept and the numerics are columns too), so the plan's bound R fixes sum_k a_k^2 = R^2 and
+    the weights decide which columns the noise hides. A coordinate of c_j rows carries
+    information a_k^2 c_j v against noise s^2: the share of its statistic that is signal is
+    r = a_k^2 c_j v / (a_k^2 c_j v + s^2). The weights maximise the rows' total share,
+    sum_k sum_(j in k) c_j r, subject to sum_k a_k^2 = R^2 and a_k >= ``WEIGHT_FLOOR`` (the
+    objective is concave in a_k^2: water-filling, by bisection on the multiplier), with v = 1/4,
+    the label variance's largest value, so that no label is read. A column of a few values seen
+    in every row (a device, an intercept, a numeric) is informed at any weight and gives its norm
+    to the long-tailed columns whose rare values the noise would bury. ``rows``: the unweighted
+    rows; the counts are public under label DP, so this is free.
+    """
+    groups = _column_counts(rows, w, collective)
+    total, floor2, v = row_norm_bound ** 2, WEIGHT_FLOOR ** 2, 0.25
+    s2 = max(noise_std, 1e-12) ** 2
+    if floor2 * len(groups) >= total:
+        raise InvalidParameterError(f"row_norm_bound {row_norm_bound!r} leaves no room above the weights' floor")
+    infos = [g * v / s2 for g in groups]
+
+    def marginal(t: float, g: torch.Tensor, x: torch.Tensor) -> float:
+        return float((g * x / (1 + t * x) ** 2).sum())
+
+    def t_for(mu: float, g: torch.Tensor, x: torch.Tensor) -> float:
+        lo, hi = floor2, total
+        if marginal(lo, g, x) <= mu:
+            return lo
+        if marginal(hi, g, x) >= mu:
+            return hi
+        for _ in range(60):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if marginal(mid, g, x) > mu else (lo, mid)
+        return math.sqrt(lo * hi)
+
+    lo, hi = 1e-300, max(marginal(floor2, g, x) for g, x in zip(groups, infos)) + 1.0
+    for _ in range(200):
+        mu = math.sqrt(lo * hi) if lo > 0 else hi / 2
+        if sum(t_for(mu, g, x) for g, x in zip(groups, infos)) > total:
+            lo = mu
+        else:
+            hi = mu
+        if hi / max(lo, 1e-300) < 1 + 1e-12:
+            break
+    ts = [t_for(hi, g, x) for g, x in zip(groups, infos)]
+    fill = total / sum(ts)  # the last hair of the bound, so that sum a_k^2 = R^2 to rounding
+    a = [math.sqrt(t * fill) * (1 - 1e-12) for t in ts]
+    c, m = rows.cat.shape[1], rows.num.shape[1]
+    return ColumnWeights(a[-1], tuple(a[:c]), tuple(a[c:c + m]))
 
 
 def release(rows: OneHotRows, y: torch.Tensor, w: torch.Tensor, *, noise_std: float, sensitivity: float,
@@ -144,9 +275,9 @@ def release(rows: OneHotRows, y: torch.Tensor, w: torch.Tensor, *, noise_std: fl
         raise PlanMismatchError(f"a row contributes {largest!r} to the sum, more than the planned sensitivity "
                                 f"{sensitivity!r}")
     total = torch.zeros(rows.k, dtype=torch.float64, device=v.device)
-    total[0] = v.sum()
+    total[0] = rows.weights.intercept * v.sum()
     if rows.cat.shape[1]:
-        total.index_add_(0, rows.cat.reshape(-1), v.repeat_interleave(rows.cat.shape[1]))
+        total.index_add_(0, rows.cat.reshape(-1), (v[:, None] * rows._cat_weights()).reshape(-1))
     if rows.num.shape[1]:
         total[rows.num_offset:] += rows.num.T @ v
     if collective is not None:
@@ -166,9 +297,9 @@ def curvature(rows: OneHotRows, w: torch.Tensor, collective=None) -> torch.Tenso
     """sum_i w_i x_ij^2 for every coordinate j: how many (scaled) rows inform it. Features only: public."""
     out = torch.zeros(rows.k, dtype=torch.float64, device=rows.scale.device)
     ws2 = w * rows.scale ** 2
-    out[0] = ws2.sum()
+    out[0] = rows.weights.intercept ** 2 * ws2.sum()
     if rows.cat.shape[1]:
-        out.index_add_(0, rows.cat.reshape(-1), ws2.repeat_interleave(rows.cat.shape[1]))
+        out.index_add_(0, rows.cat.reshape(-1), (ws2[:, None] * rows._cat_weights() ** 2).reshape(-1))
     if rows.num.shape[1]:
         out[rows.num_offset:] = (rows.num ** 2).T @ ws2
     if collective is not None:
@@ -176,21 +307,29 @@ def curvature(rows: OneHotRows, w: torch.Tensor, collective=None) -> torch.Tenso
     return out
 
 
+def _base_rate(rows: OneHotRows, released: torch.Tensor, c: torch.Tensor) -> float:
+    """The base rate read from the release's intercept coordinate, within [1e-4, 0.5] (post-processing)."""
+    p = rows.weights.intercept * float(released[0]) / max(float(c[0]), 1e-300)
+    return min(max(p, 1e-4), 0.5)
+
+
 def penalties(rows: OneHotRows, w: torch.Tensor, noisy: torch.Tensor, *, noise_std: float, base: float,
               collective=None) -> torch.Tensor:
-    """Per-coordinate L2 weights lam_j = base (1 + s^2 / (c_j p (1 - p))), the intercept unpenalised.
+    """Per-coordinate L2 weights lam_j = base a_j^2 (1 + s^2 / (c_j p (1 - p))), the intercept unpenalised.
 
     ``c_j`` is the coordinate's curvature weight (``curvature``) and ``p`` the base rate read from
     the release's intercept coordinate: ``c_j p (1 - p)`` is the information the data hold about
     theta_j, ``s^2`` what the noise adds to its statistic, so the penalty is the prior's
     (``base``) inflated by the noise-to-information ratio: a coordinate of thousands of rows is
-    barely touched, one of a handful is held near 0. Post-processing of the release and of
-    public features.
+    barely touched, one of a handful is held near 0. ``a_j`` is the coordinate's column weight:
+    theta_j multiplies a_j, so a prior of precision ``base`` on a_j theta_j is one of precision
+    ``base a_j^2`` on theta_j, and the unweighted fit at no noise is the same model whatever the
+    weights. Post-processing of the release and of public features.
     """
     c = curvature(rows, w, collective)
-    p = float(noisy[0]) / max(float(c[0]), 1.0)
-    info = c * min(max(p, 1e-4), 0.5) * (1 - min(max(p, 1e-4), 0.5))
-    lam = base * (1.0 + noise_std ** 2 / info.clamp_min(1e-12))
+    p = _base_rate(rows, noisy, c)
+    info = c * p * (1 - p)
+    lam = base * coordinate_weights(rows, collective) ** 2 * (1.0 + noise_std ** 2 / info.clamp_min(1e-12))
     lam[0] = 0.0
     return lam
 
@@ -213,7 +352,7 @@ def fit(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, 
         lam = torch.full((rows.k,), float(l2), dtype=torch.float64, device=target.device)
         lam[0] = 0.0  # the intercept
     c = curvature(rows, w, collective)
-    p = min(max(float(target[0]) / max(float(c[0]), 1.0), 1e-4), 0.5)
+    p = _base_rate(rows, target, c)
     d = 1.0 / torch.sqrt(lam + c * p * (1 - p) + 1e-12)
     phi = torch.zeros(rows.k, dtype=torch.float64, device=target.device, requires_grad=True)
     opt = torch.optim.LBFGS([phi], lr=1.0, max_iter=iterations, history_size=20, tolerance_grad=1e-10,
@@ -257,6 +396,7 @@ class OneHotWALR:
     k: int
     rows_scaled: int
     l2: float
+    weights: ColumnWeights
 
 
 def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
@@ -270,13 +410,17 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
         raise InvalidParameterError(f"the data has {n} rows; the plan accounts N = {params.dataset_size}: re-plan "
                                     "with this N or supply the planned data")
     lo, hi = numeric_range(data, collective)
-    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
-    w = torch.ones(len(rows), dtype=torch.float64) if weights is None else \
+    w = torch.ones(len(data), dtype=torch.float64) if weights is None else \
         torch.as_tensor(weights, dtype=torch.float64)
     if not bool(((w >= 0) & torch.isfinite(w)).all()):
         raise InvalidParameterError("weights must be finite numbers >= 0")
     weights_clipped = int((w > params.weights_bound).sum())
     w = w.clamp(max=params.weights_bound)
+    plain, _ = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
+    columns = column_weights(plain, w, noise_std=params.noise_std, row_norm_bound=params.row_norm_bound,
+                             collective=collective)
+    del plain
+    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound, weights=columns)
 
     def draw():
         out = release(rows, y, w, noise_std=params.noise_std, sensitivity=params.sensitivity, randomness=randomness,
@@ -297,4 +441,4 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
                         release_seconds=rel["seconds"], fit_steps=iterations, fit_seconds=time.perf_counter() - t0)
     if not math.isfinite(float(theta.abs().max())):
         raise InvalidParameterError("the fit diverged")  # pragma: no cover - L-BFGS on a strictly convex objective
-    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base), result
+    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base, weights=columns), result

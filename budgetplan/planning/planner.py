@@ -345,7 +345,9 @@ def _walr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_
         row_norm_bound=bound, weights_bound=w.weights_bound, dataset_size=s.dataset_size,
         cap=unit.cap, capping=unit.capping,
         release=("sum_i y_i w_i x_i once, x_i the row's categoricals one-hot and numerics scaled into [0, 1] by a "
-                 "transform fitted on the features, with an intercept, every row (norm at most row_norm_bound) "
+                 "transform fitted on the features, with an intercept, each column weighted from the features' "
+                 "counts (the weights' squares summing to row_norm_bound squared), every row (norm at most "
+                 "row_norm_bound) "
                  "clipped to it all the same, weights clipped to weights_bound; gradient steps after it are free "
                  "(post-processing)" if one_hot else
                  "sum_i y_i w_i x_i once, every row (intercept included) clipped to row_norm_bound, "

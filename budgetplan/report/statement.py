@@ -163,7 +163,8 @@ def _calibration_words(plan: Plan, i: int, p: CalibrationPhase) -> str:
 def _walr_words(plan: Plan, i: int, p: WALRPhase) -> str:
     walr = p.params
     rows = (f"({walr.features} features, intercept included)" if walr.encoding is None else
-            "(every categorical column one-hot, every numeric column scaled into [0, 1], an intercept)")
+            "(every categorical column one-hot, every numeric column scaled into [0, 1], an intercept, each "
+            "column weighted so that the weights' squares add up to the row bound's square)")
     text = (f"Phase {i}, one Gaussian release (WALR): the sum of y_i w_i x_i over all rows, each row "
             f"{rows} clipped to L2 norm "
             f"{_num(walr.row_norm_bound)} and each weight to {_num(walr.weights_bound)}, so one "
@@ -375,8 +376,9 @@ def _assumptions(plan: Plan) -> list[str]:
                          "enforced by the trainer, not assumed of the data."))
         if plan.walr.params.encoding == "one-hot":
             out.append(_item("Under label DP every feature is public: the vocabularies of the categorical columns and "
-                             "the range each numeric column is scaled by are fitted on the training rows' features "
-                             "(never their labels), and kept with the model. Only the labels are protected."))
+                             "the range each numeric column is scaled by and each column's weight (from how many rows "
+                             "share each value) are fitted on the training rows' features (never their labels), and "
+                             "kept with the model. Only the labels are protected."))
     out.append(_item("All intermediate checkpoints and logged quantities computed from these outputs are covered: "
                      "the guarantee holds for everything released along the way, not only the final model."))
     return out

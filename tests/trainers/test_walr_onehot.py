@@ -18,7 +18,16 @@ from trainers.data.encoded import EncodedData
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.randomness import Randomness
 from trainers.run import RunOptions, execute_plan
-from trainers.walr_onehot import encode_rows, fit, numeric_range, predict, release
+from trainers.walr_onehot import (
+    WEIGHT_FLOOR,
+    ColumnWeights,
+    column_weights,
+    encode_rows,
+    fit,
+    numeric_range,
+    predict,
+    release,
+)
 
 N = 6000
 
@@ -41,23 +50,27 @@ def _data(rows):
 
 def _dense(rows):
     x = torch.zeros(len(rows), rows.k, dtype=torch.float64)
-    x[:, 0] = 1.0
+    x[:, 0] = rows.weights.intercept
     for j in range(rows.cat.shape[1]):
-        x[torch.arange(len(rows)), rows.cat[:, j]] += 1.0
+        x[torch.arange(len(rows)), rows.cat[:, j]] += rows.weights.categorical[j]
     x[:, rows.num_offset:] = rows.num
     return x * rows.scale[:, None]
 
 
-def test_every_row_is_within_the_bound_and_the_sparse_sum_is_the_dense_one():
+WEIGHTED = ColumnWeights(0.3, (1.2, 1.2, 0.9), (1.1, 0.05))
+
+
+@pytest.mark.parametrize("weights", [None, WEIGHTED], ids=["unweighted", "weighted"])
+def test_every_row_is_within_the_bound_and_the_sparse_sum_is_the_dense_one(weights):
     data = _data(500)
     lo, hi = numeric_range(data)
-    bound = math.sqrt(1 + 3 + 2)
-    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=bound)
+    bound = math.sqrt(1 + 3 + 2 if weights is None else weights.squared_total())
+    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=bound, weights=weights)
     dense = _dense(rows)
     norms = torch.linalg.vector_norm(dense, dim=1)
     assert bool((norms <= bound).all()) and scaled >= 1 and rows.scale[0] < 1  # the collision is scaled down
     assert torch.allclose(norms, rows.norm) and rows.k == 1 + 20 + 9 + 2
-    assert float(rows.num.min()) == 0.0 and float(rows.num.max()) == 1.0
+    assert float(rows.num.min()) == 0.0 and float(rows.num.max()) == (1.0 if weights is None else 1.1)
     y, w = data.label.double(), torch.ones(500, dtype=torch.float64)
     exact, info = release(rows, y, w, noise_std=0.0, sensitivity=bound, randomness=Randomness(0))
     assert torch.allclose(exact, (y[:, None] * dense).sum(0)) and info["noise_draws"] == rows.k
@@ -100,6 +113,7 @@ def test_scenarios_derive_the_bound_from_features_and_keep_numeric_plans_as_they
     assert par.row_norm_bound == pytest.approx(math.sqrt(1 + columns)) and par.sensitivity == par.row_norm_bound
     text = " ".join(render_statement(plan).split())
     assert "every categorical column one-hot" in text and "fitted on the training rows' features" in text
+    assert "each column's weight" in text
     numeric = build_plan(parse_scenario(adapted("walr")))
     assert numeric.walr.params.encoding is None and numeric.walr.params.features == 20
     assert "encoding" not in numeric.scenario.to_dict()["walr"]  # the bytes of plans made before
@@ -130,12 +144,16 @@ def test_a_one_hot_walr_plan_trains_on_categoricals_and_audits(tmp_path):
                                                                     out_dir=tmp_path / "run", seed=3, threads=1))
     entry = rec.phases[0]
     assert entry.name == "walr" and rec.model.config["encoding"] == "one-hot"
+    kept = ColumnWeights(**{k: (tuple(v) if k != "intercept" else v)
+                            for k, v in rec.model.config["column_weights"].items()})
+    assert kept.squared_total() <= plan.walr.params.row_norm_bound ** 2
     assert entry.noise_draws == rec.model.config["features"] > 100  # one coordinate per category value
     assert rec.metrics["eval"]["auc"] > 0.6
     report = audit_run(tmp_path / "run", data_path=tmp_path / "train.parquet")
     assert report.passed, [(c.name, c.detail) for c in report.checks if not c.passed]
     state = torch.load(tmp_path / "run" / "model.pt")
     assert state["theta"].shape == (entry.noise_draws,) and state["numeric_lo"].shape == (4,)
+    assert state["column_weights"].tolist() == [kept.intercept, *kept.categorical, *kept.numeric]
 
 
 def test_over_two_processes_it_is_the_one_process_release_and_fit(tmp_path):
@@ -168,3 +186,59 @@ def test_the_penalty_grows_with_the_noise_over_what_the_rows_tell():
     frequent, rare = int(torch.argmax(c[1:21])) + 1, int(torch.argmin(c[1:21])) + 1
     assert lam[rare] > lam[frequent] > 10.0
     assert bool((penalties(rows, w, noisy, noise_std=1e-9, base=10.0)[1:] - 10.0).abs().max() < 1e-6)
+
+
+def _objective(groups, weights, s2):
+    """The rows' total share of signal that ``column_weights`` maximises, at v = 1/4."""
+    a = [*weights.categorical, *weights.numeric, weights.intercept]
+    return sum(float((g * (t * g / 4 / s2) / (1 + t * g / 4 / s2)).sum()) for g, t in zip(groups, [x * x for x in a]))
+
+
+@pytest.mark.parametrize("noise_std", [0.5, 5.0, 50.0])
+def test_column_weights_fill_the_bound_and_beat_every_other_allocation(noise_std):
+    from trainers.walr_onehot import _column_counts
+
+    g = torch.Generator().manual_seed(3)
+    n = 4000
+    data = _data(n)
+    # column 0: a long tail (Zipf-like), column 1: two values only, column 2: nine values
+    data.ns_cat[:, 0] = torch.clamp((torch.rand(n, generator=g) ** -1.5).long(), max=19)
+    data.ns_cat[:, 1] = torch.randint(0, 2, (n,), generator=g)
+    lo, hi = numeric_range(data)
+    bound = math.sqrt(6)
+    plain, _ = encode_rows(data, lo, hi, row_norm_bound=bound)
+    w = torch.ones(n, dtype=torch.float64)
+    got = column_weights(plain, w, noise_std=noise_std, row_norm_bound=bound)
+    a = [got.intercept, *got.categorical, *got.numeric]
+    assert got.squared_total() == pytest.approx(bound ** 2, rel=1e-9) and got.squared_total() <= bound ** 2
+    assert min(a) >= WEIGHT_FLOOR * (1 - 1e-9)
+    groups, s2 = _column_counts(plain, w), noise_std ** 2
+    best = _objective(groups, got, s2)
+    assert best >= _objective(groups, ColumnWeights.uniform(3, 2), s2) * (1 - 1e-9)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # any other allocation of the same norm, above the floor
+        t = rng.dirichlet(np.ones(6)) * (bound ** 2 - 6 * WEIGHT_FLOOR ** 2) + WEIGHT_FLOOR ** 2
+        r = np.sqrt(t)
+        other = ColumnWeights(float(r[5]), tuple(float(x) for x in r[:3]), tuple(float(x) for x in r[3:5]))
+        assert best >= _objective(groups, other, s2) * (1 - 1e-7)
+    if noise_std == 5.0:  # two values of 2,000 rows each are informed at any weight, the tail's rare values are not
+        assert got.categorical[0] > got.categorical[1]
+
+
+def test_the_weighted_fit_at_no_noise_is_the_unweighted_model():
+    """The prior is on a_j theta_j: without noise, weighting the columns changes no prediction."""
+    g = torch.Generator().manual_seed(2)
+    n = 6000
+    data = _data(n)
+    lo, hi = numeric_range(data)
+    w = torch.ones(n, dtype=torch.float64)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < 0.3).double()
+    predictions = []
+    for weights in (None, WEIGHTED):
+        rows, _ = encode_rows(data, lo, hi, row_norm_bound=10.0, weights=weights)
+        exact, _ = release(rows, y, w, noise_std=0.0, sensitivity=10.0, randomness=Randomness(0))
+        from trainers.walr_onehot import penalties
+
+        lam = penalties(rows, w, exact, noise_std=0.0, base=10.0)
+        predictions.append(predict(fit(rows, exact, w, n_rows=n, l2=lam, iterations=500), rows))
+    np.testing.assert_allclose(predictions[1].numpy(), predictions[0].numpy(), rtol=1e-5, atol=1e-7)

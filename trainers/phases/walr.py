@@ -107,10 +107,14 @@ def _one_hot(par, c: PhaseContext, weights):
                                              collective=c.collective)
 
     def scores(ev):
-        rows, _ = walr_onehot.encode_rows(ev.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound)
+        rows, _ = walr_onehot.encode_rows(ev.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound,
+                                          weights=model.weights)
         return walr_onehot.predict(model.theta, rows)
 
     state = {"theta": model.theta.cpu(), "numeric_lo": torch.tensor(model.lo, dtype=torch.float64),
-             "numeric_hi": torch.tensor(model.hi, dtype=torch.float64)}
-    config = {"features": model.k, "encoding": "one-hot", "numeric_range": [model.lo, model.hi], "l2": model.l2}
+             "numeric_hi": torch.tensor(model.hi, dtype=torch.float64),
+             "column_weights": torch.tensor([model.weights.intercept, *model.weights.categorical,
+                                             *model.weights.numeric], dtype=torch.float64)}
+    config = {"features": model.k, "encoding": "one-hot", "numeric_range": [model.lo, model.hi], "l2": model.l2,
+              "column_weights": model.weights.to_dict()}
     return res, FittedWALR(state, config, {"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2}, scores)

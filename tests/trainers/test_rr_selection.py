@@ -22,7 +22,7 @@ from trainers.debiased import debiased_auc
 from trainers.run import RunOptions, TrainSettings, execute_plan
 from trainers.weight_average import WeightAverage
 
-ONE = replace(FAST, rr_candidates=None)  # one (learning rate, L2) pair: the checks alone decide
+ONE = replace(FAST, rr_candidates=None, rr_select="log_loss", rr_average=None)  # one pair, the rule as it was
 
 
 @pytest.fixture(autouse=True)

@@ -2,19 +2,22 @@
 
 Under label DP every feature is public, so the rows may be encoded from the features freely:
 
-- each categorical column contributes one coordinate set to 1 (its value's row of the
+- each categorical column contributes one coordinate set to its column's weight a_k (its value's row of the
   trainer's encoding: a vocabulary of the values seen often enough for non-sensitive columns,
   hashed bins for sensitive ones, as ``trainers.data.encode`` does for the neural models);
 - each numeric column ``v`` (already ``sign(v) log1p(|v|)``) is scaled into [0, 1] by
   ``(v - lo) / (hi - lo)``, clipped, with ``lo`` and ``hi`` its minimum and maximum over the
   training rows: a transform fitted on the features alone (public under label DP; the
-  statement says so), kept with the model so that new rows are scaled alike;
-- an intercept coordinate of 1.
+  statement says so), kept with the model so that new rows are scaled alike, then times its
+  column's weight;
+- an intercept coordinate holding its weight.
 
-A row's L2 norm is then at most sqrt(1 + c + m) for c categorical and m numeric columns,
-whatever the vocabularies, which is the plan's ``row_norm_bound``; the dimension k does not
-enter the noise (the Gaussian release is accounted by its L2 sensitivity alone). Two columns
-hashed to one bin would make a coordinate 2 and a row longer than the bound: every row is
+The plan's ``row_norm_bound`` is R = sqrt(1 + c + m) for c categorical and m numeric columns,
+whatever the vocabularies; the weights' squares add up to R^2 (``column_weights``: fitted on the
+public counts, so that the columns whose rare values the noise would bury get more of the
+norm), so a row's L2 norm is at most R. The dimension k does not enter the noise (the
+Gaussian release is accounted by its L2 sensitivity alone). Two columns hashed to one bin
+would put a_j + a_l in one coordinate and make a row longer than the bound: every row is
 scaled by ``min(1, R / ||x_i||)``, computed exactly, so the bound holds for every row all the
 same (the count of scaled rows is in the private record).
 
@@ -25,8 +28,8 @@ column). The model is then fitted on S and the public features alone (post-proce
 
 (the intercept not penalised) by L-BFGS in float64. The penalty matters: a value seen in a
 handful of rows has a coordinate of S that is mostly noise, and without it theta there grows
-without bound. Its weight is per coordinate (``penalties``): ``lam_j = L2_BASE (1 + s^2 /
-(c_j p (1 - p)))`` with ``c_j`` the (public) count of rows behind coordinate j and ``p`` the
+without bound. Its weight is per coordinate (``penalties``): ``lam_j = L2_BASE a_j^2 (1 + s^2 /
+(c_j p (1 - p)))`` with ``c_j`` the (public, weighted) count of rows behind coordinate j and ``p`` the
 base rate read from the release. ``c_j p (1 - p)`` is what the data tell about theta_j and
 ``s^2`` what the noise adds to its statistic; with a Gaussian prior of precision
 ``L2_BASE`` the posterior mean solves this objective to first order. ``L2_BASE = 10`` was
@@ -61,7 +64,7 @@ class ColumnWeights:
     """What each column's coordinate holds: the intercept's, each categorical's and each numeric's factor.
 
     A row's squared norm is at most ``intercept^2 + sum categorical^2 + sum numeric^2`` (numerics
-    lie in [0, 1]) when no two of its columns share a coordinate. ``UNIFORM`` (every factor 1) is
+    lie in [0, 1]) when no two of its columns share a coordinate. ``uniform`` (every factor 1) is
     the plain one-hot encoding.
     """
 

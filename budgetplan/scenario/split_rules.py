@@ -76,7 +76,10 @@ ALPHA_BY_EPSILON_SOURCE = (
 # With mixed-ns (95% of the signal non-sensitive) and mixed-s (half sensitive) added at 1M rows,
 # still the least: 6.02 and 0.67 points at eps 3 and 8 against 7.05 and 1.40 for alpha 0.75; at
 # eps 3 RR is best on balanced and mixed-ns, plain DP-SGD on mixed and mixed-s, so no alpha is
-# within 6 points everywhere.
+# within 6 points everywhere. With the RR phase selecting by its held-out AUC over a weight
+# average (all five shapes at 1M rows, every RR and Hybrid cell re-trained): still the least,
+# 6.62 and 0.97 points at eps 3 and 8, against 8.12 and 0.97 for alpha 0.5, 9.84 and 1.86 for
+# alpha 0.75 and 6.62 and 7.76 for plain DP-SGD throughout.
 ALPHA_BY_EPSILON: tuple[AlphaStep, ...] = (
     AlphaStep(0.0, 0.0, "alpha = 0 (plain DP-SGD) was best at eps = 1 and 3 on mixed and at eps 1 on balanced, "
               "1.11 points behind alpha 0.75 at eps 3 on balanced (relative AUC loss 12.14 against 11.03)"),

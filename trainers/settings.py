@@ -125,6 +125,14 @@ class WALRSettings:
     steps: int = 2000
     minibatch: int = 4096
     lr: float = 0.5
+    # The one-hot encoding's column weights: "fitted" (``trainers.walr_onehot.column_weights``,
+    # from the features' counts) or "uniform" (every column's coordinate 1, as before they were
+    # fitted). The numeric encoding has none.
+    column_weights: str = "fitted"
+
+    def __post_init__(self):
+        if self.column_weights not in ("fitted", "uniform"):
+            raise InvalidParameterError(f"column_weights must be fitted or uniform, got {self.column_weights!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

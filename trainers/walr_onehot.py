@@ -208,7 +208,7 @@ def _column_counts(rows: OneHotRows, w: torch.Tensor, collective=None) -> list[t
 
 
 def column_weights(rows: OneHotRows, w: torch.Tensor, *, noise_std: float, row_norm_bound: float,
-                   collective=None) -> ColumnWeights:
+                   collective=None, label_variance: float = 0.25) -> ColumnWeights:
     """The columns' weights that spend the row norm where the noise hides most rows; features only.
 
     Every coordinate's statistic in the release is ``a_k`` times its rows' label sum plus noise of
@@ -225,7 +225,7 @@ def column_weights(rows: OneHotRows, w: torch.Tensor, *, noise_std: float, row_n
     rows; the counts are public under label DP, so this is free.
     """
     groups = _column_counts(rows, w, collective)
-    total, floor2, v = row_norm_bound ** 2, WEIGHT_FLOOR ** 2, 0.25
+    total, floor2, v = row_norm_bound ** 2, WEIGHT_FLOOR ** 2, label_variance
     s2 = max(noise_std, 1e-12) ** 2
     if floor2 * len(groups) >= total:
         raise InvalidParameterError(f"row_norm_bound {row_norm_bound!r} leaves no room above the weights' floor")
@@ -403,8 +403,11 @@ class OneHotWALR:
 
 
 def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
-                    l2_base: float | None = None, iterations: int = FIT_ITERATIONS):
-    """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult)."""
+                    l2_base: float | None = None, iterations: int = FIT_ITERATIONS, fitted_weights: bool = True):
+    """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult).
+
+    ``fitted_weights``: the columns weighted by ``column_weights``; False: every weight 1.
+    """
 
     if getattr(params, "encoding", None) != "one-hot":
         raise PlanMismatchError("run_walr_onehot runs a WALR phase planned with encoding = \"one-hot\"")
@@ -419,11 +422,14 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
         raise InvalidParameterError("weights must be finite numbers >= 0")
     weights_clipped = int((w > params.weights_bound).sum())
     w = w.clamp(max=params.weights_bound)
-    plain, _ = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
-    columns = column_weights(plain, w, noise_std=params.noise_std, row_norm_bound=params.row_norm_bound,
-                             collective=collective)
+    plain, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
+    columns = plain.weights
+    if fitted_weights:
+        columns = column_weights(plain, w, noise_std=params.noise_std, row_norm_bound=params.row_norm_bound,
+                                 collective=collective)
+    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound, weights=columns) \
+        if fitted_weights else (plain, scaled)
     del plain
-    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound, weights=columns)
 
     def draw():
         out = release(rows, y, w, noise_std=params.noise_std, sensitivity=params.sensitivity, randomness=randomness,

@@ -242,3 +242,21 @@ def test_the_weighted_fit_at_no_noise_is_the_unweighted_model():
         lam = penalties(rows, w, exact, noise_std=0.0, base=10.0)
         predictions.append(predict(fit(rows, exact, w, n_rows=n, l2=lam, iterations=500), rows))
     np.testing.assert_allclose(predictions[1].numpy(), predictions[0].numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_uniform_column_weights_are_the_plain_encoding_and_bad_values_are_refused(tmp_path):
+    from trainers.settings import WALRSettings
+
+    table = synthesize(N, 1500, 5)
+    pq.write_table(table, tmp_path / "train.parquet")
+    plan = build_plan(parse_scenario(_onehot_text(eps=8.0)))
+    runs = {}
+    for choice in ("uniform", "fitted"):
+        rec = execute_plan(plan, tmp_path / "train.parquet", RunOptions(
+            seed=3, threads=1, walr_settings=WALRSettings(column_weights=choice)))
+        runs[choice] = rec.model.config["column_weights"]
+    assert set(runs["uniform"]["categorical"]) == set(runs["uniform"]["numeric"]) == {1.0}
+    assert runs["uniform"]["intercept"] == 1.0
+    assert runs["fitted"] != runs["uniform"]
+    with pytest.raises(InvalidParameterError, match="column_weights must be fitted or uniform, got 'none'"):
+        WALRSettings(column_weights="none")

@@ -103,8 +103,9 @@ def _one_hot(par, c: PhaseContext, weights):
     def persist(draw):
         return distributed.release_once(c.collective, c.session, "walr", draw)
 
+    ws = c.walr_settings or WALRSettings()
     model, res = walr_onehot.run_walr_onehot(c.data, c.data.label.double(), weights, par, c.randomness, persist=persist,
-                                             collective=c.collective)
+                                             collective=c.collective, fitted_weights=ws.column_weights == "fitted")
 
     def scores(ev):
         rows, _ = walr_onehot.encode_rows(ev.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound,
@@ -117,4 +118,5 @@ def _one_hot(par, c: PhaseContext, weights):
                                              *model.weights.numeric], dtype=torch.float64)}
     config = {"features": model.k, "encoding": "one-hot", "numeric_range": [model.lo, model.hi], "l2": model.l2,
               "column_weights": model.weights.to_dict()}
-    return res, FittedWALR(state, config, {"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2}, scores)
+    return res, FittedWALR(state, config, {"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2,
+                                           "column_weights": ws.column_weights}, scores)

@@ -42,6 +42,13 @@ SLOW = {
     "[SAME_SEED_RANKS-failing0-30 of 30 steps tied]",  # [11]; the other planted defect stays
     "tests/trainers/test_distributed.py::test_a_rank_that_dies_fails_the_run",  # [10]; a rank's refusal stays
     "tests/test_batch_selection.py::test_each_choice_plans_to_its_own_accounting_and_verifies[allocation]",  # [10]
+    # and, with the run at 9:07 on a fresh clone, the next six, each with a cheaper default test of the same path
+    "tests/trainers/test_unit_ranks.py::test_one_noisy_step_over_two_ranks_is_the_one_process_step",  # [10.5]
+    "tests/trainers/test_nproc.py::test_a_full_batch_fit_over_two_ranks_is_the_one_process_fit",  # [9.5]
+    "tests/test_unit_sampling.py::test_the_empirical_audits_run_a_unit_sampled_plan",  # [8.4]
+    "tests/accounting/test_allocation_pld.py::test_the_bounded_law_dominates_the_exact_moments_and_is_close",  # [8.3]
+    "tests/trainers/test_nproc.py::test_the_ranks_blocks_are_the_one_process_encoding[hash]",  # [8.1]; vocab stays
+    "tests/trainers/test_empirical.py::test_the_canaries_run_over_two_processes",  # [7.9]; test_nproc's stays
     "tests/fuzz/test_fuzz.py::test_case[out-demo-missing-parent]",  # [19] the demo trains before it writes
     "tests/fuzz/test_fuzz.py::test_case[opt-demo--epsilon=frac]",  # [17] likewise
     "tests/fuzz/test_fuzz.py::test_case[scenario-dpsgd.accounting.discretization=tiny]",  # [19]; the CLI case stays

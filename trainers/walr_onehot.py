@@ -422,14 +422,11 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
         raise InvalidParameterError("weights must be finite numbers >= 0")
     weights_clipped = int((w > params.weights_bound).sum())
     w = w.clamp(max=params.weights_bound)
-    plain, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
-    columns = plain.weights
-    if fitted_weights:
-        columns = column_weights(plain, w, noise_std=params.noise_std, row_norm_bound=params.row_norm_bound,
+    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound)
+    if fitted_weights:  # the weights read the unweighted rows' counts, then the rows are encoded with them
+        columns = column_weights(rows, w, noise_std=params.noise_std, row_norm_bound=params.row_norm_bound,
                                  collective=collective)
-    rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound, weights=columns) \
-        if fitted_weights else (plain, scaled)
-    del plain
+        rows, scaled = encode_rows(data, lo, hi, row_norm_bound=params.row_norm_bound, weights=columns)
 
     def draw():
         out = release(rows, y, w, noise_std=params.noise_std, sensitivity=params.sensitivity, randomness=randomness,
@@ -450,4 +447,4 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
                         release_seconds=rel["seconds"], fit_steps=iterations, fit_seconds=time.perf_counter() - t0)
     if not math.isfinite(float(theta.abs().max())):
         raise InvalidParameterError("the fit diverged")  # pragma: no cover - L-BFGS on a strictly convex objective
-    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base, weights=columns), result
+    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base, weights=rows.weights), result

@@ -131,6 +131,8 @@ def child(spec: dict) -> None:
     cfg = h.SHAPES[spec["shape"]]
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
+    if not h.apply_allocator(spec):
+        return
     if not device.startswith("cuda"):
         h.limit_address_space()
     try:  # every mode imports it before the baseline, so its pages count for none of them
@@ -391,6 +393,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="measure each fast feasible mode this many times (fresh process each), keep the best "
                              "round's median (default 2; 1 with --quick)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in the children")
+    parser.add_argument("--allocator", choices=("tuned", "system"), default="tuned",
+                        help="CPU: every mode's child runs with trainers.allocator.tune_allocator (tuned, what "
+                             "`budgetplan train` does) or with glibc's defaults (system)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--shapes", default=None, help="comma-separated subset of the shapes")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
@@ -420,7 +425,8 @@ def settings(args: argparse.Namespace) -> dict:
         "step_limit_seconds": args.step_limit, "clipping_norm": CLIP, "noise_multiplier": SIGMA,
         "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9}, "modes": args.mode_list,
         "cases": [{"shape": s, "batch": b, "reduced": r} for s, b, r in args.todo],
-        "shapes": {s: h.SHAPES[s] for s in dict.fromkeys(c[0] for c in args.todo)}})
+        "shapes": {s: h.SHAPES[s] for s in dict.fromkeys(c[0] for c in args.todo)}}
+        | ({} if args.device.startswith("cuda") else {"allocator": args.allocator}))
 
 
 def main(argv: list[str]) -> None:
@@ -451,7 +457,8 @@ def main(argv: list[str]) -> None:
                 if rnd and (not done or done[0]["status"] != "ok" or done[0]["step_seconds_median"] > REPEAT_BELOW):
                     continue  # infeasible or slow modes are measured once
                 spec = {"shape": shape, "batch": batch, "mode": mode, "device": args.device, "warmup": warmup,
-                        "steps": steps, "threads": args.threads}
+                        "steps": steps, "threads": args.threads,
+                        "allocator": None if args.device.startswith("cuda") else args.allocator}
                 print(f"[dpsgd_step] round {rnd + 1}: {shape} batch {batch} {mode} ...", file=sys.stderr, flush=True)
                 load_before = os.getloadavg()[0]
                 if mode.startswith("opacus") and importlib.util.find_spec("opacus") is None:

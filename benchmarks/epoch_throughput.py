@@ -68,6 +68,8 @@ def child(spec: dict) -> None:
     cfg = h.SHAPES[spec["shape"]]
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
+    if not h.apply_allocator(spec):
+        return
     if not device.startswith("cuda"):
         h.limit_address_space()
     mem = h.Memory(device)
@@ -271,6 +273,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--step-limit", type=float, default=STEP_LIMIT)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads in the training children (the WALR part keeps all threads)")
+    parser.add_argument("--allocator", choices=("tuned", "system"), default="tuned",
+                        help="CPU: both training children run with trainers.allocator.tune_allocator (tuned, what "
+                             "`budgetplan train` does) or with glibc's defaults (system); the WALR part keeps glibc's")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the existing .json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     h.add_smoke(parser, out=True)
@@ -303,7 +308,8 @@ def settings(args: argparse.Namespace) -> dict:
         "torch_threads_training": args.threads, "shapes": {s: h.SHAPES[s] for s in args.shape_list},
         "walr": None if args.skip_walr else {"rows": args.walr_rows, "features": WALR_FEATURES,
                                              "repeats": args.walr_repeats, "bandwidth_bytes": args.bandwidth_bytes,
-                                             "bandwidth_repeats": BANDWIDTH_REPEATS, **walr_threads(args)}})
+                                             "bandwidth_repeats": BANDWIDTH_REPEATS, **walr_threads(args)}}
+        | ({} if args.device.startswith("cuda") else {"allocator_training": args.allocator}))
 
 
 def walr_threads(args: argparse.Namespace) -> dict:
@@ -333,7 +339,8 @@ def main(argv: list[str]) -> None:
     for shape in args.shape_list:
         for mode in ("non-private", "dpsgd"):
             spec = {"shape": shape, "mode": mode, "device": args.device, "batch": batch, "steps": steps,
-                    "warmup": args.warmup, "rows": rows, "threads": args.threads, "dpsgd": args.dpsgd}
+                    "warmup": args.warmup, "rows": rows, "threads": args.threads, "dpsgd": args.dpsgd,
+                    "allocator": None if args.device.startswith("cuda") else args.allocator}
             print(f"[epoch_throughput] {shape} {mode} ...", file=sys.stderr, flush=True)
             load_before = os.getloadavg()[0]
             res = h.run_child(__file__, spec, step_limit=args.step_limit)

@@ -442,6 +442,21 @@ def peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def apply_allocator(spec: dict) -> bool:
+    """In a child: glibc's allocator as ``spec["allocator"]`` says ("tuned": ``tune_allocator``, what
+    ``budgetplan train`` does; "system" or None: as it is). False, with an error event sent, when
+    "tuned" cannot be applied here (not glibc, or the environment sets the allocator itself)."""
+    if spec.get("allocator") != "tuned":
+        return True
+    from trainers.allocator import tune_allocator
+
+    if tune_allocator():
+        return True
+    emit("error", reason="error", message="--allocator tuned: glibc's allocator cannot be set in this process "
+                                          "(another C library, or MALLOC_* / LD_PRELOAD in the environment)")
+    return False
+
+
 def limit_address_space(fraction: float = 0.85) -> int | None:
     """Cap this (child) process's address space at its current size + ``fraction`` of free memory.
 

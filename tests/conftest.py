@@ -13,6 +13,17 @@ def runner():
     return CliRunner()
 
 
+@pytest.fixture
+def allocator_calls(monkeypatch):
+    """The calls the training commands make to ``trainers.allocator.tune_allocator``, recorded
+    instead of made (the test process keeps glibc's settings and its environment)."""
+    from trainers import allocator
+
+    calls: list[int] = []
+    monkeypatch.setattr(allocator, "tune_allocator", lambda environ=None: calls.append(1) or True)
+    return calls
+
+
 # The tests left out of the default run (`-m "not slow"` in pyproject's addopts) and run by
 # `python -m pytest -m slow`, and by CI after the default run: each takes 15 s or more on an
 # idle 2-core machine (seconds measured there, under load, in brackets). What they check is

@@ -215,8 +215,10 @@ def _proxy(ctx: click.Context, proxy: str | None, scenario_path: str | None, pro
     if target.resolve() == source.resolve():
         raise click.UsageError(f"--write {target} would overwrite the scenario it reads; name another file")
 
+    from trainers.allocator import tune_allocator
     from trainers.proxy import proxy_grid
 
+    tune_allocator()  # this process is ours: a training step's tensors reuse their memory (trainers.allocator)
     result = proxy_grid(scenario, Path(proxy), eval_path=None if proxy_eval is None else Path(proxy_eval),
                         alphas=grid, out=out, seed=seed, threads=threads,
                         progress=None if as_json else lambda line: click.echo(line, err=True))

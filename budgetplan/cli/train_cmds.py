@@ -161,6 +161,7 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
     joins the group; rank 0 keeps the ledger, writes --out and prints the record.
     """
     from budgetplan.plan import load_plan
+    from trainers.allocator import tune_allocator
     from trainers.dpsgd import DPSGDSettings
     from trainers.run import RunOptions, execute_plan, resolve_device, run_baseline
 
@@ -181,6 +182,7 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
         from trainers.data.fingerprint import read_key
 
         key = read_key(key_path)
+    tune_allocator()  # this process is ours: a training step's tensors reuse their memory (trainers.allocator)
     if non_private:
         from trainers.baseline import BaselineSettings
 
@@ -410,6 +412,7 @@ def demo(rows: int, users: int | None, epsilon: float, shape: str, out_dir: str 
     the default split), trains each and the non-private baselines, and prints AUC, relative AUC
     loss, calibration and the split with its reason (about 30 s on 2 idle cores at the defaults).
     """
+    from trainers.allocator import tune_allocator
     from trainers.demo import run_demo
 
     if rows < MIN_DEMO_ROWS:
@@ -419,6 +422,7 @@ def demo(rows: int, users: int | None, epsilon: float, shape: str, out_dir: str 
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
     created = _fresh_directory("--out", out_dir) if out_dir is not None else None
+    tune_allocator()  # this process is ours: a training step's tensors reuse their memory (trainers.allocator)
     try:
         result = run_demo(rows=rows, users=users, epsilon=epsilon, shape=shape, out_dir=out_dir, seed=seed,
                           progress=not as_json, threads=threads)

@@ -32,12 +32,13 @@ def test_the_proxy_plan_keeps_epsilon_epochs_and_q():
     assert build_plan(p).dpsgd.params.sampling_rate == pytest.approx(1 / 50, rel=1e-3)
 
 
-def test_cli_writes_the_best_split_and_the_statement_quotes_where_it_came_from(files, runner):
+def test_cli_writes_the_best_split_and_the_statement_quotes_where_it_came_from(files, runner, allocator_calls):
     from budgetplan.cli import cli
 
     result = runner.invoke(cli, ["split", "--proxy", str(files / "proxy.parquet"), "--scenario",
                                  str(files / "mine.toml"), "--alphas", "0,1", "--seed", "1", "--json"])
     assert result.exit_code == 0, result.output
+    assert allocator_calls == [1]
     out = json.loads(result.stdout)
     cells = {c["alpha"]: c for c in out["cells"]}
     assert set(cells) == {0.0, 1.0} and out["best_alpha"] == max(cells, key=lambda a: cells[a]["auc"])

@@ -247,7 +247,7 @@ def test_record_tamper_is_detected(data, tmp_path):
     assert RunRecord.from_json(rec.to_json()) == rec
 
 
-def test_cli_train_and_baseline(data, tmp_path, runner):
+def test_cli_train_and_baseline(data, tmp_path, runner, allocator_calls):
     from budgetplan.cli import cli
 
     root, _ = data
@@ -256,6 +256,7 @@ def test_cli_train_and_baseline(data, tmp_path, runner):
     common = ["--data", str(root / "train.parquet"), "--eval", str(root / "eval.parquet"), "--embedding-dim", "4"]
     base = runner.invoke(cli, ["train", str(plan_path), *common, "--out", str(tmp_path / "base"), "--non-private"])
     assert base.exit_code == 0, base.output
+    assert allocator_calls == [1]  # the command's process is its own: glibc's thresholds set for training
     out = runner.invoke(cli, ["train", str(plan_path), *common, "--out", str(tmp_path / "rr"), "--baseline",
                               str(tmp_path / "base" / "run.json"), "--json"])
     assert out.exit_code == 0, out.output
@@ -289,11 +290,12 @@ def test_cli_dpsgd_options_reach_the_dpsgd_phase(data, tmp_path, runner):
     assert bad.exit_code == 2 and "--dpsgd-lr" in bad.stderr and not (tmp_path / "x").exists()
 
 
-def test_cli_demo_small(runner, tmp_path):
+def test_cli_demo_small(runner, tmp_path, allocator_calls):
     from budgetplan.cli import cli
 
     out = runner.invoke(cli, ["demo", "--rows", "6000", "--epsilon", "8", "--out", str(tmp_path / "demo"), "--json"])
     assert out.exit_code == 0, out.output
+    assert allocator_calls == [1]
     result = json.loads(out.stdout)
     names = [r["name"] for r in result["runs"]]
     assert names == ["non-private", "non-private, non-sensitive only", "RR", "DP-SGD", "Hybrid"]
@@ -309,12 +311,13 @@ def test_cli_demo_small(runner, tmp_path):
     assert human.exit_code == 0 and "Hybrid's split" in human.stdout
 
 
-def test_cli_demo_refuses_too_few_rows_for_a_held_out_conversion(runner, tmp_path):
+def test_cli_demo_refuses_too_few_rows_for_a_held_out_conversion(runner, tmp_path, allocator_calls):
     from budgetplan.cli import cli
     from budgetplan.cli.train_cmds import MIN_DEMO_ROWS
 
     bad = runner.invoke(cli, ["demo", "--rows", str(MIN_DEMO_ROWS - 1), "--out", str(tmp_path / "d")])
     assert bad.exit_code == 2 and f"--rows must be at least {MIN_DEMO_ROWS:,}" in bad.stderr
+    assert allocator_calls == []  # refused before anything is set
     assert bad.stderr.strip().count("\n") == 0 and not (tmp_path / "d").exists()
 
 

@@ -1,0 +1,78 @@
+"""glibc's malloc set for training: a step's large tensors reuse freed memory instead of fresh pages.
+
+torch's CPU tensors come from ``malloc``. glibc serves a request above its mmap threshold
+(128 KiB at first, raised to the size of the largest mapped block freed, at most 32 MiB)
+with a fresh ``mmap`` and returns it to the kernel on ``free``; the heap above 2x that
+threshold is returned too (trimmed). A training step allocates and frees the same few
+large activations and gradients every step, so every step touches fresh pages: each
+4 KiB page is a page fault and a zeroed page. Measured on the attribution shape at batch
+16,384 (one thread, 2-core machine): 8,000-10,000 page faults per DP-SGD step and about
+2,000-2,500 per non-private step; with the settings below, about 100 and 0, and the DP-SGD
+step 15-20% faster (84.7 ms to 67.6 ms, 92.3 ms to 76.0 ms in two runs).
+
+``tune_allocator`` sets the mmap threshold to glibc's largest (32 MiB: blocks up to it come
+from the heap and are reused) and the trim threshold to 1 GiB (up to 1 GiB of freed heap
+stays with the process instead of going back to the kernel at every step's end). The cost:
+the process keeps the memory of its largest step until it exits, where glibc would have
+given some of it back between steps; its peak is about the same (within a few percent in the
+step benchmark).
+
+``budgetplan train``, ``budgetplan demo`` and ``budgetplan split --proxy`` call it: those
+processes are ours. A Python caller opts in by calling it; library calls (``execute_plan``)
+leave the allocator as they find it, since the setting lasts as long as the process. It does
+nothing where the C library is not glibc, or where the environment already sets one of
+glibc's threshold variables, or another allocator (glibc applied those at start: the operator's choice, as
+``OMP_NUM_THREADS`` is for threads). It also writes the two settings into the environment,
+so that processes started from this one (``--nproc``'s ranks, a benchmark's children) start
+with them. Allocator settings change only speed and memory, never a result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+from collections.abc import MutableMapping
+
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "tune_allocator"]
+
+MMAP_THRESHOLD = 32 << 20  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
+TRIM_THRESHOLD = 1 << 30
+
+# mallopt's parameter numbers (malloc.h) and the environment variables glibc reads at start
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_ENV = {"MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD}
+_OPERATOR = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "MALLOC_CONF",
+             "LD_PRELOAD")
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library through ctypes when it is glibc, else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def tune_allocator(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Set glibc's mmap and trim thresholds for training (module docstring); True when they were set.
+
+    False, with nothing changed, where the C library is not glibc or where ``environ`` already
+    holds one of glibc's threshold variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+    ``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_MAX_``) with another value, ``MALLOC_CONF`` or ``LD_PRELOAD`` (another
+    allocator, or the operator's own settings). Calling it again is harmless.
+    """
+    if any(name in environ for name in _OPERATOR if environ.get(name) != str(_ENV.get(name))):
+        return False
+    libc = _glibc()
+    if libc is None:
+        return False
+    ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+              and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+    if ok:
+        for name, value in _ENV.items():
+            environ[name] = str(value)
+    return ok

@@ -6,25 +6,26 @@ with a fresh ``mmap`` and returns it to the kernel on ``free``; the heap above 2
 threshold is returned too (trimmed). A training step allocates and frees the same few
 large activations and gradients every step, so every step touches fresh pages: each
 4 KiB page is a page fault and a zeroed page. Measured on the attribution shape at batch
-16,384 (one thread, 2-core machine): 8,000-10,000 page faults per DP-SGD step and about
-2,000-2,500 per non-private step; with the settings below, about 100 and 0, and the DP-SGD
-step 15-20% faster (84.7 ms to 67.6 ms, 92.3 ms to 76.0 ms in two runs).
+16,384 (one thread, 2-core machine, three fresh processes per setting): 8,800-16,300 page
+faults per DP-SGD step and 2,100-4,800 per non-private step with glibc's defaults, 0-190 and
+11-84 with the settings below; the DP-SGD step's median went from 82-100 ms to 66-70 ms, the
+non-private step's from 63-67 ms to 58-63 ms.
 
 ``tune_allocator`` sets the mmap threshold to glibc's largest (32 MiB: blocks up to it come
 from the heap and are reused) and the trim threshold to 1 GiB (up to 1 GiB of freed heap
 stays with the process instead of going back to the kernel at every step's end). The cost:
 the process keeps the memory of its largest step until it exits, where glibc would have
-given some of it back between steps; its peak is about the same (within a few percent in the
-step benchmark).
+given some of it back between steps; the peak is about the same.
 
 ``budgetplan train``, ``budgetplan demo`` and ``budgetplan split --proxy`` call it: those
 processes are ours. A Python caller opts in by calling it; library calls (``execute_plan``)
 leave the allocator as they find it, since the setting lasts as long as the process. It does
-nothing where the C library is not glibc, or where the environment already sets one of
-glibc's threshold variables, or another allocator (glibc applied those at start: the operator's choice, as
-``OMP_NUM_THREADS`` is for threads). It also writes the two settings into the environment,
-so that processes started from this one (``--nproc``'s ranks, a benchmark's children) start
-with them. Allocator settings change only speed and memory, never a result.
+nothing where ``BUDGETPLAN_ALLOCATOR=system`` (the opt-out), where the C library is not glibc,
+or where the environment already sets one of glibc's threshold variables or another allocator
+(glibc applied those at start: the operator's choice, as ``OMP_NUM_THREADS`` is for threads).
+It also writes the two settings into the environment, so that processes started from this
+one (``--nproc``'s ranks, a benchmark's children) start with them. Allocator settings change
+only speed and memory, never a result.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import ctypes.util
 import os
 import platform
 from collections.abc import MutableMapping
+
+from budgetplan.errors import InvalidParameterError
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "tune_allocator"]
 
@@ -60,12 +63,17 @@ def _glibc() -> ctypes.CDLL | None:
 def tune_allocator(environ: MutableMapping[str, str] = os.environ) -> bool:
     """Set glibc's mmap and trim thresholds for training (module docstring); True when they were set.
 
-    False, with nothing changed, where the C library is not glibc or where ``environ`` already
+    False, with nothing changed, where ``BUDGETPLAN_ALLOCATOR`` is ``system`` (the opt-out; any
+    value but ``tuned`` and ``system`` is refused), where the C library is not glibc, or where
+    ``environ`` already
     holds one of glibc's threshold variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
     ``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_MAX_``) with another value, ``MALLOC_CONF`` or ``LD_PRELOAD`` (another
     allocator, or the operator's own settings). Calling it again is harmless.
     """
-    if any(name in environ for name in _OPERATOR if environ.get(name) != str(_ENV.get(name))):
+    choice = environ.get("BUDGETPLAN_ALLOCATOR", "tuned")
+    if choice not in ("tuned", "system"):
+        raise InvalidParameterError(f'BUDGETPLAN_ALLOCATOR must be "tuned" or "system", got {choice!r}')
+    if choice == "system" or any(name in environ for name in _OPERATOR if environ.get(name) != str(_ENV.get(name))):
         return False
     libc = _glibc()
     if libc is None:

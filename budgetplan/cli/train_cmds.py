@@ -421,8 +421,8 @@ def demo(rows: int, users: int | None, epsilon: float, shape: str, out_dir: str 
     users = users or max(1, rows // 5)
     if users > rows:
         raise click.UsageError(f"--users ({users}) must not exceed --rows ({rows}): every user has a row")
-    created = _fresh_directory("--out", out_dir) if out_dir is not None else None
     tune_allocator()  # this process is ours: a training step's tensors reuse their memory (trainers.allocator)
+    created = _fresh_directory("--out", out_dir) if out_dir is not None else None
     try:
         result = run_demo(rows=rows, users=users, epsilon=epsilon, shape=shape, out_dir=out_dir, seed=seed,
                           progress=not as_json, threads=threads)

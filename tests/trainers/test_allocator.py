@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from budgetplan.errors import InvalidParameterError
 from trainers import allocator
 from trainers.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_allocator
 
@@ -92,6 +93,23 @@ def test_leaves_the_operators_allocator_alone(fake_libc, name, value):
     environ = {name: value}
     assert tune_allocator(environ) is False
     assert fake_libc.calls == [] and environ == {name: value}
+
+
+def test_the_opt_out_and_a_bad_value(fake_libc):
+    environ = {"BUDGETPLAN_ALLOCATOR": "system"}
+    assert tune_allocator(environ) is False and fake_libc.calls == [] and environ == {"BUDGETPLAN_ALLOCATOR": "system"}
+    assert tune_allocator({"BUDGETPLAN_ALLOCATOR": "tuned"}) is True
+    with pytest.raises(InvalidParameterError, match="""must be "tuned" or "system", got 'jemalloc'"""):
+        tune_allocator({"BUDGETPLAN_ALLOCATOR": "jemalloc"})
+
+
+def test_a_bad_opt_out_is_one_line_and_writes_nothing(monkeypatch, runner, tmp_path):
+    from budgetplan.cli import cli
+
+    monkeypatch.setenv("BUDGETPLAN_ALLOCATOR", "off")
+    out = runner.invoke(cli, ["demo", "--rows", "6000", "--out", str(tmp_path / "demo")])
+    assert out.exit_code in (1, 2) and "BUDGETPLAN_ALLOCATOR" in out.stderr and "'off'" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and not (tmp_path / "demo").exists()
 
 
 def test_does_nothing_without_glibc(monkeypatch):

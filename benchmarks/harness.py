@@ -445,7 +445,7 @@ def peak_rss() -> int:
 def apply_allocator(spec: dict) -> bool:
     """In a child: glibc's allocator as ``spec["allocator"]`` says ("tuned": ``tune_allocator``, what
     ``budgetplan train`` does; "system" or None: as it is). False, with an error event sent, when
-    "tuned" cannot be applied here (not glibc, or the environment sets the allocator itself)."""
+    "tuned" cannot be applied here (not glibc, the opt-out, or the environment sets the allocator itself)."""
     if spec.get("allocator") != "tuned":
         return True
     from trainers.allocator import tune_allocator
@@ -453,7 +453,8 @@ def apply_allocator(spec: dict) -> bool:
     if tune_allocator():
         return True
     emit("error", reason="error", message="--allocator tuned: glibc's allocator cannot be set in this process "
-                                          "(another C library, or MALLOC_* / LD_PRELOAD in the environment)")
+                                          "(another C library, BUDGETPLAN_ALLOCATOR=system, or MALLOC_* / "
+                                          "LD_PRELOAD in the environment)")
     return False
 
 

@@ -86,8 +86,8 @@ SLOW = {
     "tests/accounting/test_double_mixture.py::test_double_mixture_dominates_vector_valued_steps",  # [11]
     "tests/trainers/test_ledger.py::test_killed_run_resumes_with_the_ledger_count",  # [11]
     "tests/accounting/test_account.py::test_prv_failures_become_one_line_accounting_errors",  # [10]
-    "tests/trainers/test_nproc.py::test_walr_over_two_processes_is_the_one_process_release_and_fit",  # [10] one-hot
-    # WALR's two-process test stays in the default run
+    # [10] numeric WALR over two processes; one-hot WALR's two-process test stays in the default run
+    "tests/trainers/test_nproc.py::test_walr_over_two_processes_is_the_one_process_release_and_fit",
     "tests/trainers/test_run.py::test_user_level_dpsgd_mixture_plan",  # [9]
 }
 SLOW_MODULES = {

@@ -66,15 +66,16 @@ def tune_allocator(environ: MutableMapping[str, str] = os.environ) -> bool:
 
     False, with nothing changed, where ``BUDGETPLAN_ALLOCATOR`` is ``system`` (the opt-out; any
     value but ``tuned`` and ``system`` is refused), where the C library is not glibc, or where
-    ``environ`` already
-    holds one of glibc's threshold variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
-    ``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_MAX_``) with another value, ``MALLOC_CONF`` or ``LD_PRELOAD`` (another
-    allocator, or the operator's own settings). Calling it again is harmless.
+    ``environ`` already holds one of glibc's threshold variables (``MALLOC_MMAP_THRESHOLD_``,
+    ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_MAX_``) with a value other than
+    ours, ``MALLOC_CONF`` or ``LD_PRELOAD`` (another allocator, or the operator's own settings).
+    Calling it again is harmless.
     """
     choice = environ.get("BUDGETPLAN_ALLOCATOR", "tuned")
     if choice not in ("tuned", "system"):
         raise InvalidParameterError(f'BUDGETPLAN_ALLOCATOR must be "tuned" or "system", got {choice!r}')
-    if choice == "system" or any(name in environ for name in _OPERATOR if environ.get(name) != str(_ENV.get(name))):
+    operator = any(name in environ and environ[name] != str(_ENV.get(name)) for name in _OPERATOR)
+    if choice == "system" or operator:
         return False
     libc = _glibc()
     if libc is None:

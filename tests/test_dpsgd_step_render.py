@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.test_benchmark_settings import _script as benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def step():
-    spec = importlib.util.spec_from_file_location("dpsgd_step_render", ROOT / "benchmarks" / "dpsgd_step.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # its harness
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    return benchmark_script("dpsgd_step.py")  # the loader the settings test uses, and its cached module
 
 
 def _ratio_rows(markdown: str) -> dict:

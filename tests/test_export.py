@@ -107,11 +107,18 @@ def _truncated():
     return SimpleNamespace(dpsgd=SimpleNamespace(params=params), count=None, tuning=None, scenario=plan.scenario)
 
 
+def _units_split():
+    from tests.test_units_split import plan_of
+
+    return plan_of()
+
+
 @pytest.mark.parametrize("plan, what", [
     (lambda: build_plan(load_example("rr-impression")), "no DP-SGD phase"),
     (lambda: _truncated(), "truncated-poisson"),
     (lambda: _dpsgd(data_extra="size_release_epsilon = 0.1"), "DP count"),
     (lambda: _dpsgd(extra="[tuning]\nconfigurations = 4"), "[tuning]"),
+    (lambda: _units_split(), "splits the units"),
 ])
 def test_what_opacus_cannot_execute_is_refused(plan, what):
     with pytest.raises(UnsupportedError, match=re.escape(what)):

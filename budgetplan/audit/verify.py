@@ -51,22 +51,32 @@ from budgetplan.mechanisms import (
 )
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.plan.phases import (
+    UNITS_SPLIT_KEY,
     CalibrationPhase,
     CountPhase,
     DPSGDParams,
     DPSGDPhase,
     Phase,
     RRPhase,
+    UnitPart,
     WALRPhase,
     phase_to_dict,
 )
 from budgetplan.plan.tuning import GridEntry, NoisyMax, TuningAccounting, read_tuning
 from budgetplan.planning import grid
 from budgetplan.planning.calibrate import steps_for_epochs
-from budgetplan.planning.composition import EPS_SLACK, basic_total, phase_guarantee, pld_total, tuning_accounting
+from budgetplan.planning.composition import (
+    EPS_SLACK,
+    basic_total,
+    part_spent,
+    phase_guarantee,
+    pld_total,
+    tuning_accounting,
+)
 from budgetplan.planning.planner import build_plan, check_within_budget
 from budgetplan.planning.shares import split_record
 from budgetplan.scenario.model import Scenario
+from budgetplan.scenario.split_rules import part_rows, units_share
 from budgetplan.units import Adjacency
 from budgetplan.util.typed import to_json_object
 
@@ -185,10 +195,33 @@ def checks_phase(phase_type: type) -> Callable[[C], C]:
     return register
 
 
+def _rows(plan: Plan, params: Any) -> int:
+    """The rows a phase trains on: N, or under a units split its part's expected rows."""
+    part = getattr(params, "unit_part", None)
+    return plan.dataset_size if part is None else part.rows
+
+
+def _check_unit_part(plan: Plan, where: str, p: Phase, problems: list[str]) -> None:
+    """A phase's part of the units is the one the scenario's units split gives its kind (none otherwise)."""
+    s = plan.scenario
+    share = units_share(s.split) if s.algorithm == "hybrid" and s.split is not None else None
+    part = getattr(p.params, "unit_part", None)
+    wanted: UnitPart | None = None
+    if share is not None and isinstance(p, (RRPhase, DPSGDPhase)):
+        rr_rows, sgd_rows = part_rows(plan.dataset_size, share)
+        wanted = (UnitPart(low=0.0, high=share, rows=rr_rows, key=UNITS_SPLIT_KEY) if isinstance(p, RRPhase) else
+                  UnitPart(low=share, high=1.0, rows=sgd_rows, key=UNITS_SPLIT_KEY))
+    if part != wanted:
+        stored = None if part is None else to_json_object(part)
+        given = None if wanted is None else to_json_object(wanted)
+        problems.append(f"{where}.parameters.unit_part: stored {stored!r}, the scenario's split {s.split!r} gives "
+                        f"{given!r}")
+
+
 def _check_phase(plan: Plan, where: str, p: Phase, close: _Close, problems: list[str]) -> None:
     """One phase's derived parameters agree with the ones they derive from and with the plan."""
-    n = plan.dataset_size
-    close(f"{where}.parameters.dataset_size", p.params.dataset_size, n)
+    _check_unit_part(plan, where, p, problems)
+    close(f"{where}.parameters.dataset_size", p.params.dataset_size, _rows(plan, p.params))
     close(f"{where}.parameters.cap", p.params.cap, plan.unit.cap)
     check = _PHASE_CHECKS.get(type(p))
     if check is None:
@@ -211,7 +244,7 @@ def _check_rr(plan: Plan, where: str, p: RRPhase, close: _Close, problems: list[
 
 @checks_phase(DPSGDPhase)
 def _check_dpsgd(plan: Plan, where: str, p: DPSGDPhase, close: _Close, problems: list[str]) -> None:
-    m, par, n = p.mechanism, p.params, plan.dataset_size
+    m, par, n = p.mechanism, p.params, _rows(plan, p.params)
     close(f"{where}.mechanism.noise_multiplier", m.noise_multiplier, par.noise_multiplier)
     close(f"{where}.parameters.noise_std", par.noise_std, par.noise_multiplier * par.clipping_norm)
     close(f"{where}.parameters.sampling_rate", par.sampling_rate,
@@ -261,7 +294,7 @@ def _check_walr(plan: Plan, where: str, p: WALRPhase, close: _Close, problems: l
 def _check_dpsgd_shape(plan: Plan, where: str, m: Mechanism, par: DPSGDParams, close: _Close,
                        problems: list[str]) -> None:
     """The DP-SGD phase's steps and mechanism are those its scenario and sampling choice give."""
-    n = plan.dataset_size
+    n = _rows(plan, par)
     shape = plan.scenario.dpsgd
     if shape is None:
         problems.append(f"{where}: the scenario has no [dpsgd] table")
@@ -357,7 +390,7 @@ def _check_calibration(plan: Plan, close: _Close, problems: list[str]) -> None:
     close(f"phases[{last}] (calibration).parameters.share vs scenario", phase.params.share, cal.share)
     close(f"phases[{last}] (calibration).target_epsilon", phase.target_epsilon, cal.share * plan.run_epsilon)
     close(f"phases[{last}] (calibration).target_delta", phase.target_delta, cal.share * plan.run_delta)
-    spent = math.fsum(p.target_epsilon for p in plan.phases if not isinstance(p, CountPhase))
+    spent = part_spent(plan.phases)
     if spent > plan.run_epsilon * (1 + 1e-12):
         problems.append(f"the run's phases are planned to epsilon {spent!r} in all, more than the run budget "
                         f"{plan.run_epsilon!r}")

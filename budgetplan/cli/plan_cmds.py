@@ -69,8 +69,13 @@ def _render(p: Plan, out: Console) -> None:
                 ("guarantee", f"({fmt(ph.guarantee.epsilon)}, {fmt(ph.guarantee.delta, 4)}) by {ph.guarantee.method}")]
         rows += [(k.replace("_", " "), getattr(ph.params, k)) for k in _SHOWN[type(ph.params).__name__]
                  if getattr(ph.params, k) is not None]
+        if (part := getattr(ph.params, "unit_part", None)) is not None:
+            rows.append(("units (hash position)", f"[{fmt(part.low)}, {fmt(part.high)}): about {part.rows:,} rows"))
         out.print(params_table(f"Phase {i}: {ph.name}", rows))
-    totals = [["basic composition" if len(p.phases) > 1 else "the one phase", p.total.epsilon, p.total.delta]]
+    how = "basic composition" if len(p.phases) > 1 else "the one phase"
+    if p.total.method == "parallel-composition":
+        how = "parallel over the units split"
+    totals: list[list[str | float | None]] = [[how, p.total.epsilon, p.total.delta]]
     if p.total_pld is not None:
         totals.append(["PLD composition", p.total_pld.epsilon, p.total_pld.delta])
     if p.tuning is not None:

@@ -40,6 +40,8 @@ from budgetplan.units import CAPPING_RULES, SAMPLE_BY
 from budgetplan.util import typed, validate
 
 __all__ = [
+    "UnitPart",
+    "UNITS_SPLIT_KEY",
     "RRParams",
     "DPSGDParams",
     "WALRParams",
@@ -83,6 +85,39 @@ def _capping(obj: _Capped, cap: int) -> None:
         raise InvalidParameterError(f"capping must be null for cap = 1, got {obj.capping!r}")
 
 
+UNITS_SPLIT_KEY = "budgetplan units split v1"  # the blake2b key of a units split's hash (public, in the plan)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitPart:
+    """The units a phase trains on under a units split: those whose position is in [low, high).
+
+    A unit's position is the blake2b-64 hash of its id's string form keyed with ``key``, as a
+    fraction of 2^64; without a unit id column each row is placed by a generator seeded from
+    the key (a public draw, made before any data is read). The position depends on the unit's
+    id alone, which a replace-one neighbour leaves unchanged, so a unit's data reaches the
+    phases of one part only. ``rows`` is the part's expected size (its share of N).
+    """
+
+    low: float
+    high: float
+    rows: int
+    key: str
+
+    def __post_init__(self) -> None:
+        for name in ("low", "high"):
+            validate.probability(f"unit_part.{name}", getattr(self, name), allow_zero=True, allow_one=True)
+        if not self.low < self.high or (self.low, self.high) == (0.0, 1.0):
+            raise InvalidParameterError(f"unit_part must be a proper part [low, high) of [0, 1), got "
+                                        f"[{self.low!r}, {self.high!r})")
+        _set(self, "rows", validate.positive_int("unit_part.rows", self.rows))
+        typed.text("unit_part.key", self.key)
+
+    def overlaps(self, other: UnitPart | None) -> bool:
+        """Whether a unit may fall in both parts (None: every unit)."""
+        return other is None or (self.key != other.key or (self.low < other.high and other.low < self.high))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RRParams:
     """What the RR phase executes.
@@ -103,6 +138,8 @@ class RRParams:
             scored on their RR labels, debiased (post-processing of the release): the phase
             keeps its state with the lowest debiased validation log loss and stops when it
             no longer falls, training at most ``epochs``. None (absent): exactly ``epochs``.
+        unit_part: under a units split, the units the phase trains on (its held-out units
+            among them); None (absent): every unit.
     """
 
     per_impression_rule: str
@@ -119,6 +156,7 @@ class RRParams:
     per_impression_epsilon_by_count: tuple[float, ...] | None = typed.omit_if_none()
     flip_probability_by_count: tuple[float, ...] | None = typed.omit_if_none()
     validation_fraction: float | None = typed.omit_if_none()
+    unit_part: UnitPart | None = typed.nested(UnitPart, omit=True)
 
     def __post_init__(self) -> None:
         typed.choice("per_impression_rule", self.per_impression_rule, PER_IMPRESSION_RULES)
@@ -177,6 +215,8 @@ class DPSGDParams:
             joining each batch w.p. q = batch_size / M with its examples' gradients summed and
             clipped once to C; ``batch_size`` then counts units and the noisy sum is divided
             by q M. Absent: examples are sampled (q = batch_size / dataset_size).
+        unit_part: under a units split, the units the phase trains on; ``dataset_size`` is
+            then the part's expected rows. None (absent): every unit.
     """
 
     noise_multiplier: float
@@ -198,8 +238,13 @@ class DPSGDParams:
     nonsensitive_tower: str | None = typed.omit_if_none()
     sample_by: str | None = typed.omit_if_none()
     units: int | None = typed.omit_if_none()
+    unit_part: UnitPart | None = typed.nested(UnitPart, omit=True)
 
     def __post_init__(self) -> None:
+        if self.unit_part is not None and (self.sampling != "poisson" or self.units is not None):
+            raise InvalidParameterError(f"a DP-SGD phase on a part of the units samples examples with Poisson "
+                                        f"batches, got sampling {self.sampling!r}"
+                                        + (" by unit" if self.units is not None else ""))
         if (self.sample_by is None) != (self.units is None) or self.sample_by not in (None, "unit"):
             raise InvalidParameterError(f"sample_by = \"unit\" and units go together (omit both to sample examples), "
                                         f"got sample_by={self.sample_by!r}, units={self.units!r}")

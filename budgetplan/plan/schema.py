@@ -127,7 +127,7 @@ _PHASE: dict[str, _Spec] = {
     "name": STR, "mechanism": _Map(SCALAR, known={"phases": _List(_Map(SCALAR))}), "target_epsilon": NUM,
     "target_delta": NUM, "method": STR, "unit_accounting": STR,
     "parameters": _Map(_T("a number, string, boolean, null or list", lambda v: v is None or isinstance(
-        v, (int, float, str, bool, list)))),
+        v, (int, float, str, bool, list))), known={"unit_part": {"low": NUM, "high": NUM, "rows": INT, "key": STR}}),
     "guarantee": _GUARANTEE}
 _TUNING = _Map(SCALAR, known={"configurations": INT, "guarantee": _GUARANTEE, "pld_guarantee": _Optional(_GUARANTEE),
                               # a grid's configurations (phases read strictly by budgetplan.planning.grid) and selection

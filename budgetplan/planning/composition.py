@@ -1,12 +1,17 @@
 """What a plan's phases add up to: each phase's guarantee, their basic and PLD totals, and tuning's.
 
 The planner states these and ``verify`` recomputes them, from the same functions.
+
+Phases on disjoint parts of the units (a units split: ``UnitPart``) compose in parallel: a
+unit's data reaches the phases of its own part and those on every unit, so the total is
+the worst part's composition (``unit_parts``). Parts that may overlap, or that a plan marks
+with different keys, are composed in sequence, as if there were no parts.
 """
 
 from __future__ import annotations
 
-__all__ = ["EPS_SLACK", "phase_guarantee", "basic_total", "pld_total", "tuning_accounting", "run_mechanism",
-           "joint_mechanism", "plan_tradeoff"]
+__all__ = ["EPS_SLACK", "unit_parts", "part_spent", "phase_guarantee", "basic_total", "pld_total",
+           "tuning_accounting", "run_mechanism", "joint_mechanism", "plan_tradeoff"]
 
 import math
 from collections.abc import Sequence
@@ -25,12 +30,43 @@ from budgetplan.mechanisms import (
     TruncatedPoissonDPSGD,
 )
 from budgetplan.plan.document import Plan
-from budgetplan.plan.phases import CountPhase, Phase, RRPhase
+from budgetplan.plan.phases import CountPhase, Phase, RRPhase, UnitPart
 from budgetplan.planning.tuning import REPEAT_AND_SELECT_REFERENCE, repeat_and_select_epsilon
 from budgetplan.scenario import Scenario
 from budgetplan.units import Adjacency, PrivacyUnit
 
 EPS_SLACK = 1e-9  # relative: a guarantee within this of its target meets it (float rounding)
+
+
+def _part(phase: Phase) -> UnitPart | None:
+    return getattr(phase.params, "unit_part", None)
+
+
+def unit_parts(phases: Sequence[Phase]) -> list[list[Phase]]:
+    """The phases that one unit's data may reach, one list per part of a units split, in order.
+
+    Without parts, or when two parts may share a unit, one list: every phase (sequential
+    composition). Each list holds its part's phases and every phase on all units.
+    """
+    parts: list[UnitPart] = []
+    for p in phases:
+        part = _part(p)
+        if part is not None and part not in parts:
+            parts.append(part)
+    if len(parts) < 2 or any(a.overlaps(b) for i, a in enumerate(parts) for b in parts[i + 1:]):
+        return [list(phases)]
+    return [[p for p in phases if _part(p) in (None, part)] for part in parts]
+
+
+def part_spent(phases: Sequence[Phase]) -> float:
+    """The run's phases' planned epsilon as one unit sees it: the largest sum over a part (count phases aside)."""
+    return max(math.fsum(p.target_epsilon for p in part if not isinstance(p, CountPhase))
+               for part in unit_parts(phases))
+
+
+def _part_names(part: Sequence[Phase]) -> str:
+    return ", ".join(p.name + (f" on units [{q.low:g}, {q.high:g})" if (q := _part(p)) is not None else "")
+                     for p in part)
 
 
 def phase_guarantee(phase: Phase, *, adjacency: Adjacency, unit: PrivacyUnit, discretization: float) -> Guarantee:
@@ -52,6 +88,16 @@ def counted_per_example(phase: Phase) -> bool:
 
 
 def basic_total(phases: Sequence[Phase], s: Scenario, unit: PrivacyUnit) -> Guarantee:
+    parts = unit_parts(phases)
+    if len(parts) > 1:  # parallel: (the largest part's epsilon, the largest part's delta)
+        sums = [(math.fsum(p.guarantee.epsilon for p in part), math.fsum(p.guarantee.delta for p in part))
+                for part in parts]
+        return Guarantee(
+            epsilon=max(e for e, _ in sums), delta=max(d for _, d in sums), method="parallel-composition",
+            adjacency=s.adjacency, unit=unit,
+            notes=("a unit's data reaches one part of the units split: the largest of the parts' sums of phase "
+                   "guarantees: " + "; ".join(f"{_part_names(part)} ({e:.6g}, {d:.3g})"
+                                               for part, (e, d) in zip(parts, sums)),))
     if len(phases) == 1:
         return phases[0].guarantee
     return Guarantee(
@@ -64,6 +110,31 @@ def basic_total(phases: Sequence[Phase], s: Scenario, unit: PrivacyUnit) -> Guar
 
 def pld_total(phases: Sequence[Phase], s: Scenario, unit: PrivacyUnit,
               delta: float) -> tuple[Guarantee | None, str | None]:
+    parts = unit_parts(phases)
+    if len(parts) > 1:  # parallel: the PLD composition of each part at delta, the largest epsilon
+        totals = []
+        for part in parts:
+            g, note = (_pld_composed(part, s, unit, delta) if len(part) > 1
+                       else (_pld_one(part[0], s, unit, delta), None))
+            if g is None:
+                return None, f"{_part_names(part)}: {note or 'no PLD for this mechanism'}"
+            totals.append((g, part))
+        g, part = max(totals, key=lambda gp: gp[0].epsilon)
+        return g.with_notes(f"parallel composition over the units split: its largest part, {_part_names(part)}, "
+                            "composed by PLD"), None
+    return _pld_composed(phases, s, unit, delta)
+
+
+def _pld_one(phase: Phase, s: Scenario, unit: PrivacyUnit, delta: float) -> Guarantee | None:
+    try:
+        return account(phase.mechanism, delta=delta, adjacency=s.adjacency, unit=unit, method="pld",
+                       discretization=s.discretization)
+    except UnsupportedError:
+        return None
+
+
+def _pld_composed(phases: Sequence[Phase], s: Scenario, unit: PrivacyUnit,
+                  delta: float) -> tuple[Guarantee | None, str | None]:
     if len(phases) < 2:
         return None, "one phase: the total is that phase's guarantee"
     if any(isinstance(p.mechanism, TruncatedPoissonDPSGD) for p in phases):
@@ -126,6 +197,8 @@ def joint_mechanism(plan: Plan) -> Mechanism | None:
     truncated Poisson phase, a DP count, a tuning grid.
     """
     phases = plan.phases
+    if len(unit_parts(phases)) > 1:
+        return None  # a units split: each part's run has its own PLD, none the whole
     if (plan.tuning is not None or not all(p.unit_accounting == "tight" for p in phases)
             or any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
             or any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases)):

@@ -40,6 +40,7 @@ from budgetplan.mechanisms import (
 from budgetplan.plan import Plan, current_versions
 from budgetplan.plan.parts import unit_alternatives
 from budgetplan.plan.phases import (
+    UNITS_SPLIT_KEY,
     CalibrationParams,
     CalibrationPhase,
     CountParams,
@@ -50,6 +51,7 @@ from budgetplan.plan.phases import (
     PhaseBase,
     RRParams,
     RRPhase,
+    UnitPart,
     WALRParams,
     WALRPhase,
 )
@@ -67,7 +69,7 @@ from budgetplan.planning.shares import calibration_released, rest_of, split_reco
 from budgetplan.planning.tuning import repeat_and_select_epsilon
 from budgetplan.scenario.model import Scenario
 from budgetplan.scenario.model import register_algorithm as register_scenario_algorithm
-from budgetplan.scenario.split_rules import split_budget
+from budgetplan.scenario.split_rules import part_rows, split_budget, units_share
 from budgetplan.units import PrivacyUnit
 
 __all__ = ["build_plan", "unit_of", "register_algorithm", "pending_guarantee", "with_guarantee", "TrainingPlanner"]
@@ -152,8 +154,7 @@ def _plan_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: floa
     share = s.calibration.share
     cal_eps, cal_delta = share * run_eps, share * run_delta
     train_eps, train_delta = training_epsilon(s, run_eps), rest_of(run_delta, cal_delta)
-    if s.algorithm == "hybrid":
-        assert s.split is not None  # a hybrid Scenario always has its split rule
+    if s.algorithm == "hybrid" and s.split is not None and units_share(s.split) is None:
         try:
             split_budget(train_eps, s.split)
         except InvalidParameterError:
@@ -161,8 +162,10 @@ def _plan_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: floa
                 f"[algorithm].split = {s.split!r} leaves the DP-SGD phase nothing once [calibration] takes its share "
                 f"{share:g} of the run's epsilon {run_eps:g}: lower eps1 or [calibration].share") from None
     phases = _training_phases(s, unit, train_eps, train_delta, delta)
+    # the RR labels' debiased count joins the target when they cover every unit (not a units split's part)
     return [*phases, _calibration_phase(s, unit, cal_eps, cal_delta,
-                                        rr=any(isinstance(p, RRPhase) for p in phases))]
+                                        rr=any(isinstance(p, RRPhase) and p.params.unit_part is None
+                                               for p in phases))]
 
 
 # (scenario, unit, the training phases' epsilon and delta, the plan's delta) -> the training phases
@@ -202,6 +205,9 @@ def _plan_dpsgd(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float
 
 def _plan_hybrid(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float) -> list[Phase]:
     assert s.split is not None  # a hybrid Scenario always has its split rule
+    share = units_share(s.split)
+    if share is not None:
+        return _plan_units_split(s, unit, run_eps, run_delta, delta, share)
     eps1, eps2 = split_budget(run_eps, s.split)
     if eps2 > 0 and run_delta == 0:
         raise InvalidParameterError(f"[budget].delta must be > 0: split {s.split!r} gives the DP-SGD phase "
@@ -213,6 +219,26 @@ def _plan_hybrid(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: floa
     if eps2 > 0:
         phases.append(_dpsgd_phase(s, unit, eps2, run_delta, delta, warm_start=bool(phases)))
     return phases
+
+
+def _plan_units_split(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: float, delta: float,
+                      share: float) -> list[Phase]:
+    """RR on the units in [0, share) of the hash, DP-SGD (from the RR model) on the rest, each at the whole budget.
+
+    A unit's data reaches one of the two phases, so they compose in parallel
+    (``composition.unit_parts``); the DP-SGD phase's q and steps are those of its part's
+    expected rows. Warm-starting DP-SGD from the RR model is post-processing for the units
+    DP-SGD trains on, whose data the RR model never saw.
+    """
+    if run_delta == 0:
+        raise InvalidParameterError(f"[budget].delta must be > 0: split {s.split!r} gives the DP-SGD phase "
+                                    f"epsilon {run_eps:g}, and DP-SGD is not pure DP")
+    rr_rows, sgd_rows = part_rows(s.dataset_size, share)
+    rr = _rr_phase(s, unit, run_eps, 0.0, model="the truncated model (non-sensitive tower, sensitive input zeroed)",
+                   part=UnitPart(low=0.0, high=share, rows=rr_rows, key=UNITS_SPLIT_KEY))
+    sgd = _dpsgd_phase(s, unit, run_eps, run_delta, delta, warm_start=True,
+                       part=UnitPart(low=share, high=1.0, rows=sgd_rows, key=UNITS_SPLIT_KEY))
+    return [rr, sgd]
 
 
 _PLANNERS.update(rr=_plan_rr, walr=_plan_walr, dpsgd=_plan_dpsgd, hybrid=_plan_hybrid)
@@ -275,7 +301,8 @@ def _round_down_share(total: float, k: int) -> float:
     return e
 
 
-def _rr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, *, model: str) -> Phase:
+def _rr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, *, model: str,
+              part: UnitPart | None = None) -> Phase:
     shape = s.rr
     assert shape is not None  # a Scenario of an RR algorithm always has its [rr] shape
     k, rule = unit.cap, shape.per_impression
@@ -291,8 +318,8 @@ def _rr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, *, model
     params = RRParams(
         per_impression_rule=rule_used, unit_epsilon=eps, per_impression_epsilon=per,
         flip_probability=rr_math.flip_probability(per), cap=k, capping=unit.capping,
-        epochs=shape.epochs, batch_size=shape.batch_size, dataset_size=s.dataset_size,
-        labels_randomised="once per example, before training; all epochs reuse them", model=model,
+        epochs=shape.epochs, batch_size=shape.batch_size, dataset_size=s.dataset_size if part is None else part.rows,
+        labels_randomised="once per example, before training; all epochs reuse them", model=model, unit_part=part,
         per_impression_epsilon_by_count=shares,
         flip_probability_by_count=tuple(rr_math.flip_probability(e) for e in shares) if shares else None,
         validation_fraction=shape.validation_fraction)
@@ -361,12 +388,13 @@ def _walr_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_
 
 
 def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total_delta: float, *,
-                 warm_start: bool = False) -> Phase:
+                 warm_start: bool = False, part: UnitPart | None = None) -> Phase:
     d = s.dpsgd
     assert d is not None  # a DP-SGD or Hybrid Scenario always has its [dpsgd] shape
     by_unit = d.sample_by == "unit"
-    # Sampling units: the M units are the population each batch is drawn from (Scenario checks M).
-    n = s.units if by_unit else s.dataset_size
+    # Sampling units: the M units are the population each batch is drawn from (Scenario checks M);
+    # on a part of the units, that part's expected rows (Scenario allows Poisson over examples only).
+    n = s.units if by_unit else s.dataset_size if part is None else part.rows
     assert n is not None
     q = d.batch_size / n
     epochs: float
@@ -386,7 +414,8 @@ def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total
     method = batch_selection.method_for(d.sampling, s.method)
 
     def mech(sigma: float, t: int = steps) -> _DPSGDMechanism:
-        return batch_selection.mechanism(d.sampling, sigma, dataset_size=s.dataset_size, batch_size=d.batch_size,
+        return batch_selection.mechanism(d.sampling, sigma, dataset_size=n if part else s.dataset_size,
+                                         batch_size=d.batch_size,
                                          steps=t, max_batch_size=d.max_batch_size, units=s.units if by_unit else None)
 
     def eps_of(sigma: float, t: int = steps) -> float:
@@ -410,7 +439,8 @@ def _dpsgd_phase(s: Scenario, unit: PrivacyUnit, eps: float, delta: float, total
     params = DPSGDParams(
         noise_multiplier=sigma, noise_std=sigma * d.clipping_norm, clipping_norm=d.clipping_norm,
         sensitivity=sens, sampling_rate=q, steps=steps, batch_size=d.batch_size,
-        epochs=epochs, dataset_size=s.dataset_size, sampling=d.sampling, max_batch_size=d.max_batch_size,
+        epochs=epochs, dataset_size=n if part else s.dataset_size, sampling=d.sampling,
+        max_batch_size=d.max_batch_size, unit_part=part,
         cap=unit.cap, capping=unit.capping,
         normalise_by="expected units per batch q*M, never the realised count" if by_unit else
         "expected batch size q*N, never the realised one", model="full (all features)",

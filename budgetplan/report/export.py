@@ -9,7 +9,8 @@ a slightly smaller expected batch when B does not divide N).
 
 Refused, because Opacus cannot execute what the plan accounted: a plan without a DP-SGD
 phase, truncated Poisson sampling (Opacus does not cut batches), a plan whose N is a DP
-count (Opacus reads the true ``len(dataset)``), and a ``[tuning]`` plan (several
+count (Opacus reads the true ``len(dataset)``), a units split (likewise, its part's true size), and a
+``[tuning]`` plan (several
 configurations; export the chosen one's plan).
 """
 
@@ -36,6 +37,10 @@ def opacus_settings(plan: Plan) -> dict[str, Any]:
     if plan.count is not None:
         raise UnsupportedError("the plan's N is a DP count: Opacus samples at 1 / len(data_loader), which reads the "
                                "true N; train with budgetplan, which keeps it private")
+    if p.unit_part is not None:
+        raise UnsupportedError("the plan splits the units: its DP-SGD phase samples at q = B / (the part's expected "
+                               "rows), and Opacus samples at 1 / len(data_loader) of the part's true rows, which may "
+                               "be fewer; train with budgetplan, which keeps the plan's q")
     if plan.tuning is not None:
         raise UnsupportedError("a [tuning] plan runs several configurations and a selection: export the plan of "
                                "the configuration you train")

@@ -117,7 +117,8 @@ def arm_of(plan: Plan) -> tuple[str, float | None]:
     # a DP count of N and an intercept calibration are no arm; alpha is the RR share of the
     # training phases' epsilon (a calibration release takes its share before the split)
     names = [p.name for p in plan.phases if p.name not in ("count", "calibration")]
-    if plan.scenario.algorithm == "hybrid":
+    parts = plan.rr is not None and plan.rr.params.unit_part is not None
+    if plan.scenario.algorithm == "hybrid" and not parts:  # a units split has no alpha: each phase has it all
         eps1 = plan.rr.target_epsilon if plan.rr is not None else 0.0
         eps2 = plan.dpsgd.target_epsilon if plan.dpsgd is not None else 0.0
         alpha = eps1 / (eps1 + eps2) if eps1 + eps2 > 0 else None

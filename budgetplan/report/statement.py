@@ -19,8 +19,8 @@ from budgetplan.accounting.guarantee import Guarantee
 from budgetplan.errors import PlanMismatchError, UnsupportedError
 from budgetplan.plan import Plan
 from budgetplan.plan.parts import UnitAlternative
-from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, WALRPhase
-from budgetplan.planning.composition import plan_tradeoff
+from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, Phase, RRPhase, UnitPart, WALRPhase
+from budgetplan.planning.composition import plan_tradeoff, unit_parts
 from budgetplan.record.records import (
     CalibrationRun,
     CalibrationStats,
@@ -121,6 +121,8 @@ def _rr_words(plan: Plan, i: int, p: RRPhase) -> str:
             f"{_num(rr.flip_probability)} (per-impression epsilon {_num(rr.per_impression_epsilon)}"
             f", rule {rr.per_impression_rule}), {rr.labels_randomised}. The model trained on them: "
             f"{rr.model}.")
+    if rr.unit_part is not None:
+        text += " " + _part_words(rr.unit_part, plan)
     if rr.per_impression_rule == "eps/K_i":
         text += (f" A unit with K_i <= {plan.unit.cap} examples uses epsilon "
                  f"{_num(rr.unit_epsilon)}/K_i per example.")
@@ -183,6 +185,8 @@ def _dpsgd_words(plan: Plan, i: int, p: DPSGDPhase) -> str:
     sgd = p.params
     rows = (f"N = {sgd.dataset_size} rows" if plan.count is None else
             f"the data (N = {sgd.dataset_size} is the DP count; the true row count is never used)")
+    if sgd.unit_part is not None:
+        rows = f"the rows of its part of the units (N = {sgd.dataset_size} expected)"
     text = f"Phase {i}, DP-SGD: {sgd.steps} noisy steps ({_num(sgd.epochs)} epochs) over {rows}; "
     if sgd.sampling == "allocation":
         text += ("each epoch of T steps puts every example in exactly one uniformly random step (random "
@@ -213,7 +217,20 @@ def _dpsgd_words(plan: Plan, i: int, p: DPSGDPhase) -> str:
     if sgd.warm_start is not None:
         text += (f" It trains the full model warm-started from {sgd.warm_start}, the non-sensitive "
                  f"tower {sgd.nonsensitive_tower}.")
+    if sgd.unit_part is not None:
+        text += " " + _part_words(sgd.unit_part, plan)
     return text
+
+
+def _part_words(part: UnitPart, plan: Plan) -> str:
+    """Which units a phase on a part of a units split trains on."""
+    unit = "impression" if plan.unit.cap == 1 else f"{plan.unit.name} unit"
+    spec = plan.scenario.features
+    place = ("the hash of the unit id keyed with" if spec is None or spec.unit_id is not None else
+             "without a unit id column a public draw per row seeded from")
+    return (f"It trains on the {unit}s whose position, {place} {part.key!r}, lies in "
+            f"[{_num(part.low)}, {_num(part.high)}) of [0, 1): {_num(100 * (part.high - part.low))}% of them, about "
+            f"{part.rows} rows; no other training phase reads their labels or sensitive features.")
 
 
 def _unit_words(plan: Plan) -> str:
@@ -240,7 +257,21 @@ def _composition_lines(plan: Plan) -> list[str]:
                            "Choosing it there costs the data this plan trains on no privacy, provided that data is "
                            "not the proxy's or part of it; if it is, the choice spent privacy this plan does not "
                            "account."))
-    if len(plan.phases) > 1:
+    if len(unit_parts(plan.phases)) > 1:
+        lines.append(_item(
+            "The units are split, not the budget: each training phase reads the labels and sensitive features of "
+            "its own part of the units only, and a unit's part depends on its id alone, which neighbouring "
+            "datasets share. So one unit's data reaches one training phase (and the phases every unit takes "
+            "part in), and the phases compose in parallel: by basic composition within each part (epsilons and "
+            f"deltas add) and the largest over the parts, the run is {_pair(plan.total)}. Starting DP-SGD from "
+            "the RR model is post-processing for the units DP-SGD trains on, which the RR model never saw."))
+        if plan.total_pld is not None:
+            lines.append(_item(f"Composing each part's privacy loss distributions under the shared adjacency gives "
+                               f"the tighter {_pair(plan.total_pld)} for the same run; the basic figure is the "
+                               "one planned to."))
+        elif plan.total_pld_note:
+            lines.append(_item(f"No PLD composition: {plan.total_pld_note}."))
+    elif len(plan.phases) > 1:
         lines.append(_item(
             f"The phases run one after another on the same data (later phases may use earlier outputs) and "
             f"compose: by basic composition (epsilons and deltas add) the run is {_pair(plan.total)}."))

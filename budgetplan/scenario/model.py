@@ -118,7 +118,7 @@ from budgetplan.accounting.batch_selection import EPOCH_SAMPLINGS, epoch_steps
 from budgetplan.errors import InvalidParameterError
 from budgetplan.intercept import SHARE
 from budgetplan.limits import SIGMA_RANGE
-from budgetplan.scenario.split_rules import DEFAULT_RULE, parse_rule, split_budget
+from budgetplan.scenario.split_rules import DEFAULT_RULE, parse_rule, part_rows, split_budget, units_share
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY, Adjacency
 from budgetplan.util import validate
 from budgetplan.util.typed import from_json_object
@@ -648,6 +648,8 @@ class Scenario:
                 split = _split_rule("[algorithm].split", DEFAULT_RULE if self.split is None else self.split)
                 _set(self, "split", split)
                 _check_split(split, self.epsilon)
+                if units_share(split) is not None:
+                    _check_units_split(self)
             _set(self, "tower", _choice("[algorithm].tower", "frozen" if self.tower is None else self.tower, TOWERS))
         if self.split_evidence is not None:
             _text("[algorithm].split_evidence", self.split_evidence)
@@ -766,7 +768,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
                   split_evidence=algo.get("split_evidence", default=None))
     algo.finish()
 
-    _batch_policy(raw, values["dataset_size"])
+    _batch_policy(raw, values["dataset_size"], values["split"])
     for key, kind, used_by in _SHAPES:
         if key in raw and algorithm not in used_by:
             raise InvalidParameterError(f"[{key}] does not apply to algorithm {algorithm!r}")
@@ -808,10 +810,12 @@ def _shape(top: _Table, key: str, kind: type[_S], *, required: bool = False) -> 
 _BATCH_RE = re.compile(r"^N/((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
 
 
-def _batch_policy(raw: dict[str, Any], dataset_size: object) -> None:
+def _batch_policy(raw: dict[str, Any], dataset_size: object, split: object = None) -> None:
     """``[dpsgd].batch_size = "N/<c>"``: the expected batch N / c, rounded (at least 1), written in place.
 
-    The plan then holds the number, as if it had been written; q = B / N is about 1 / c.
+    The plan then holds the number, as if it had been written; q = B / N is about 1 / c. Under
+    a units split N is the rows of the DP-SGD phase's part (its expected size), so q is still
+    about 1 / c.
     """
     table = raw.get("dpsgd")
     if not isinstance(table, dict) or not isinstance(table.get("batch_size"), str):
@@ -827,6 +831,9 @@ def _batch_policy(raw: dict[str, Any], dataset_size: object) -> None:
         raise InvalidParameterError(f'[dpsgd].batch_size = {value!r}: with sample_by = "unit" the batch counts '
                                     "units; write the number")
     n = _bounded_int("[data].dataset_size", dataset_size, limits.MAX_DATASET_SIZE)
+    share = units_share(_split_rule("[algorithm].split", split)) if split is not None else None
+    if share is not None:
+        n = part_rows(n, share)[1]
     table["batch_size"] = max(1, round(n / c))
 
 
@@ -890,10 +897,42 @@ def _split_rule(name: str, value: object) -> str:
 
 def _check_split(split: str, epsilon: float, key: str = "[algorithm].split") -> None:
     """An explicit eps1 must leave the DP-SGD phase a share of the total (see ``budgetplan.scenario.split_rules``)."""
+    if units_share(split) is not None:
+        if key != "[algorithm].split":
+            raise InvalidParameterError(f"{key} = {split!r}: a units split is not tuned by a grid (the grid's "
+                                        "accounting composes whole runs over every unit); give it as "
+                                        "[algorithm].split")
+        return  # each phase gets the whole budget: nothing to split
     try:
         split_budget(epsilon, split)
     except InvalidParameterError as exc:
         raise InvalidParameterError(f"{key} = {split!r}: {exc}") from None
+
+
+def _check_units_split(s: Scenario) -> None:
+    """What a units split (``[algorithm].split = "units=<r>"``) needs for its parallel composition to hold.
+
+    Each phase is accounted on its own part of the units at the whole budget, which is sound
+    when a neighbouring dataset changes one part only and the parts' sizes are the same in
+    both: replace-one (the unit, its id and so its part stay; only its protected values
+    change). DP-SGD's part is planned at its expected size (1 - r) N, which only Poisson
+    sampling of examples leaves out of the accounting.
+    """
+    if s.adjacency is not Adjacency.REPLACE_ONE:
+        raise InvalidParameterError(f"[algorithm].split = {s.split!r} needs [privacy].adjacency = \"replace-one\", "
+                                    f"got {s.adjacency.value!r}: under add-remove the parts' sizes would tell a unit "
+                                    "apart; use an alpha rule")
+    if s.tuning is not None:
+        raise InvalidParameterError(f"[algorithm].split = {s.split!r} with [tuning] is not supported: the tuning "
+                                    "accounting composes whole runs over every unit; drop one of them")
+    if s.size_release_epsilon is not None:
+        raise InvalidParameterError(f"[algorithm].split = {s.split!r} with [data].size_release_epsilon is not "
+                                    "supported: the parts are planned from the exact N")
+    d = s.dpsgd
+    if d is not None and (d.sampling != "poisson" or d.sample_by != "example"):
+        raise InvalidParameterError(f"[algorithm].split = {s.split!r} needs [dpsgd].sampling = \"poisson\" over "
+                                    f"examples, got sampling {d.sampling!r} by {d.sample_by!r}: the DP-SGD part's "
+                                    "row count is known only in expectation")
 
 
 def check_max_batch_size(batch_size: int, max_batch_size: int, dataset_size: int, *,

@@ -8,6 +8,10 @@ Semi-Sensitive Features", arXiv:2401.15246):
 - ``alpha=<a>``: eps1 = a eps for a in [0, 1] (v2; a is tuned per eps from
   {0, .25, .5, .75, 1}); a = 0 is plain DP-SGD, a = 1 plain RR on the truncated model;
 - ``eps1=<e>``: an explicit eps1 strictly between 0 and eps;
+- ``units=<r>``: split the units, not the budget (parallel composition): the RR phase trains
+  on the units whose public keyed hash falls in the first share r (0 < r < 1), the DP-SGD
+  phase on the rest, each phase at the whole training budget (``budgetplan.planning.composition``);
+  it has no eps1 (``choose_split`` refuses it; ``units_share`` reads it);
 - ``alpha-by-eps``: alpha read from ``ALPHA_BY_EPSILON``, a step function of the epsilon
   being split (the run's epsilon when tuning divides the budget). The table is the
   measured frontier (budgetplan's own measurements, in line with the v2 paper's Fig. 3),
@@ -19,7 +23,8 @@ phase) and ``alpha=1`` (no DP-SGD phase); ``eps1=0`` and ``eps1=<eps>`` are refu
 point there, so that each arm has one name and a typo cannot silently drop a phase.
 
 By basic composition the two phases are (eps1 + eps2, delta)-DP; RR is pure, so all of
-delta goes to DP-SGD.
+delta goes to DP-SGD. Under ``units=<r>`` a unit's data reaches one phase only, so the two
+are (eps, delta)-DP together.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
 __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget", "choose_split", "alpha_by_epsilon",
-           "DEFAULT_RULE",
+           "DEFAULT_RULE", "units_share", "part_rows",
            "ALPHA_BY_EPSILON", "ALPHA_BY_EPSILON_SOURCE", "PAPER_ALPHAS", "PAPER_EPSILONS"]
 
 # The rule a Hybrid scenario gets when it names none: the least regret (relative AUC loss above
@@ -43,8 +48,8 @@ __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget"
 DEFAULT_RULE = "alpha-by-eps"
 PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
-_RULE = re.compile(r"^(alpha|eps1)=((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
-_FORMS = '"paper-v1", "alpha-by-eps", "alpha=<a>" or "eps1=<e>" (no spaces)'
+_RULE = re.compile(r"^(alpha|eps1|units)=((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)$")
+_FORMS = '"paper-v1", "alpha-by-eps", "alpha=<a>", "eps1=<e>" or "units=<r>" (no spaces)'
 _TABLE_RULE = "alpha-by-eps"
 
 
@@ -112,7 +117,7 @@ def alpha_by_epsilon(epsilon: float, table: tuple[AlphaStep, ...] = ALPHA_BY_EPS
 
 @dataclass(frozen=True, slots=True)
 class SplitRule:
-    """A parsed split rule: ``kind`` is "paper-v1", "alpha-by-eps", "alpha" or "eps1"; ``value`` its number."""
+    """A parsed split rule: ``kind`` is "paper-v1", "alpha-by-eps", "alpha", "eps1" or "units"; ``value`` its number."""
 
     kind: str
     value: float | None = None
@@ -151,7 +156,7 @@ class SplitChoice:
 
 
 def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
-    """Read ``"paper-v1"``, ``"alpha-by-eps"``, ``"alpha=<a>"`` or ``"eps1=<e>"``."""
+    """Read ``"paper-v1"``, ``"alpha-by-eps"``, ``"alpha=<a>"``, ``"eps1=<e>"`` or ``"units=<r>"``."""
     if isinstance(rule, SplitRule):
         return rule
     if not isinstance(rule, str):
@@ -164,10 +169,35 @@ def parse_rule(rule: str | SplitRule, name: str = "split rule") -> SplitRule:
     value = float(m.group(2))
     if m.group(1) == "alpha":
         return SplitRule("alpha", validate.probability(f"{name} alpha", value, allow_zero=True, allow_one=True))
+    if m.group(1) == "units":
+        if not 0 < value < 1:
+            raise InvalidParameterError(f"{name} units share must be strictly between 0 and 1 (the RR phase's "
+                                        f"share of the units; the rest go to DP-SGD), got {rule!r}: the arms "
+                                        "without a split are spelled alpha=1 and alpha=0")
+        return SplitRule("units", value)
     if value == 0:
         raise InvalidParameterError(f"{name} eps1 must be > 0, got {rule!r}: the arm without an RR phase is "
                                     "spelled alpha=0")
     return SplitRule("eps1", validate.positive(f"{name} eps1", value))
+
+
+def units_share(rule: str | SplitRule) -> float | None:
+    """The RR phase's share of the units under a ``units=<r>`` rule; None for a rule that splits the budget."""
+    r = parse_rule(rule)
+    return r.value if r.kind == "units" else None
+
+
+def part_rows(dataset_size: int, share: float) -> tuple[int, int]:
+    """The expected rows of a units split's two parts, (RR's, DP-SGD's): round(share N) and the rest.
+
+    Each unit falls in the RR part with probability ``share`` (a keyed hash of its id), so
+    these are the parts' sizes in expectation; the plan's q and the normalisation use them.
+    """
+    rr = round(share * dataset_size)
+    if not 0 < rr < dataset_size:
+        raise InvalidParameterError(f"a units split with share {share:g} of N = {dataset_size} rows leaves a part "
+                                    "with no rows: move the share away from 0 and 1 or use an alpha rule")
+    return rr, dataset_size - rr
 
 
 def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
@@ -180,6 +210,9 @@ def choose_split(epsilon: float, rule: str | SplitRule) -> SplitChoice:
     """The split of ``epsilon`` by ``rule``, with the alpha it resolved to and the reason in words."""
     epsilon = validate.positive("epsilon", epsilon)
     r = parse_rule(rule)
+    if r.kind == "units":
+        raise InvalidParameterError(f"split rule {str(r)!r} splits the units, not the budget: each phase gets the "
+                                    "whole of it, so there is no eps1 to choose")
     if r.kind == "paper-v1":
         eps1 = min(0.6 * epsilon, 3.0)
         reason = "paper-v1: eps1 = min(0.6 eps, 3) (v1 of arXiv:2401.15246)"

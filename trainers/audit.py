@@ -9,6 +9,10 @@ torch, no data). ``audit_run`` here runs those checks and then, when asked:
   the code the record says ran, and every phase of the plan, run on neighbouring inputs by
   the installed trainer code (``trainers.empirical.audit_plan``), shows no more privacy
   loss than planned;
+- ``units split`` (``data_path``, plans that split the units): the parts recomputed on the
+  given data from the plan's key hold the rows the record says each phase trained on (RR's
+  labels, DP-SGD's part): exactly, or at most as many when the plan caps units (capping
+  keeps a unit's rows in its part);
 - the one-run audit (``one_run``): each DP-SGD phase audited in one run with a million
   gradient canaries (``trainers.empirical.one_run``, arXiv:2410.22235).
 
@@ -21,16 +25,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from budgetplan import audit as core
+from budgetplan.audit.record import record_entry
 from budgetplan.audit.report import ALPHA, AuditReport, Check
 from budgetplan.audit.run import code_check, find_plan, run_dir_of
 from budgetplan.plan import Plan
-from budgetplan.record.records import PRIVATE_DIR, DPSGDRun, RunRecord, load_record
+from budgetplan.record.records import PRIVATE_DIR, DPSGDRun, RRRun, RunRecord, load_record
 from trainers.data.columns import parquet_source
 from trainers.data.fingerprint import fingerprint, key_id, read_key
 from trainers.data.loaders import read_table
 from trainers.empirical import audit_plan
 
-__all__ = ["audit_run", "fingerprint_check", "run_empirical"]
+__all__ = ["audit_run", "fingerprint_check", "units_split_check", "run_empirical"]
 
 
 def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str = "auto", fingerprint_key=None,
@@ -57,6 +62,8 @@ def audit_run(record_path, plan_path=None, *, data_path=None, data_format: str =
                          else run_dir / "run.json")
     if data_path is not None:
         report.checks.append(fingerprint_check(record, plan, run_dir, data_path, data_format, fingerprint_key))
+        if plan.rr is not None and plan.rr.params.unit_part is not None:
+            report.checks.append(units_split_check(record, plan, data_path, data_format))
     processes = run_processes(record)
     if empirical:
         report.checks.append(code_check(record))
@@ -111,3 +118,28 @@ def fingerprint_check(record: RunRecord, plan: Plan, run_dir: Path, data_path, d
     if again["hmac_sha256"] != fp.hmac_sha256:
         return Check(name, False, f"the data at {data_path} is not the data the run read")
     return Check(name, True, f"{again['rows']} rows of {data_path} match the keyed fingerprint (key {fp.key_id})")
+
+
+def units_split_check(record: RunRecord, plan: Plan, data_path, data_format) -> Check:
+    """The rows each phase of a units split trained on are those its part of ``data_path`` holds."""
+    from trainers.inputs import units_part  # the trainer's own partition
+
+    name = "units split"
+    rr, sgd = plan.rr, plan.dpsgd
+    spec = plan.scenario.features
+    assert rr is not None and rr.params.unit_part is not None  # asked of units splits only
+    if spec is None or sgd is None or sgd.params.unit_part is None:
+        return Check(name, False, "the plan splits the units but lacks [features] or DP-SGD's part")
+    rr_ran, sgd_ran = record_entry(record, RRRun), record_entry(record, DPSGDRun)
+    if rr_ran is None or sgd_ran is None or sgd_ran.part_rows is None:
+        return Check(name, False, "the record lacks the RR labels' count or the rows of DP-SGD's part")
+    table = read_table(data_path, format=data_format, columns=[c for c in (spec.unit_id,) if c] or [spec.label])
+    first = units_part(table, spec.unit_id, rr.params.unit_part.high)
+    want = (int(first.sum()), int(first.size - first.sum()))
+    have = (rr_ran.labels, sgd_ran.part_rows)
+    capped = plan.unit.cap > 1
+    ok = have == want or (capped and have[0] <= want[0] and have[1] <= want[1])
+    how = "at most" if capped else "exactly"
+    detail = (f"RR trained on {have[0]} rows and DP-SGD on {have[1]}; the parts of {data_path} hold {want[0]} and "
+              f"{want[1]} (key {rr.params.unit_part.key!r}; {how} that many)")
+    return Check(name, ok, detail)

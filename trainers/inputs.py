@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from budgetplan.errors import InvalidParameterError
+from budgetplan.plan.phases import UNITS_SPLIT_KEY
 from trainers.baseline import validation_split
 from trainers.data.capping import cap_units, unit_ids
 from trainers.data.columns import parquet_source
@@ -28,8 +29,8 @@ from trainers.data.prepared import reconcile, verified_cap
 from trainers.models import build_model
 from trainers.ranks import rank_rows
 
-__all__ = ["Prepared", "resolve_device", "reproducible_kernels", "device_name", "prepare_data", "prepare_eval",
-           "new_model", "check_walr_columns"]
+__all__ = ["Prepared", "units_part", "resolve_device", "reproducible_kernels", "device_name", "prepare_data",
+           "prepare_eval", "new_model", "check_walr_columns"]
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Prepared:
     vocabulary: dict | None = None
     rows: np.ndarray | None = None  # with several processes: this rank's row numbers in the capped data
     holdout: np.ndarray | None = None  # the RR phase's held-out rows (a mask over this rank's rows), if any
+    part: np.ndarray | None = None  # a units split: the rows of the units in its first part (a mask), if any
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
@@ -138,7 +140,8 @@ def _check_both_classes(table, name: str) -> None:
 
 def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None, expected_rows, randomness,
                  vocabulary: dict | None = None, key: bytes | None = None, collective=None,
-                 whole_units: bool = False, holdout: float | None = None, training: bool = True) -> Prepared:
+                 whole_units: bool = False, holdout: float | None = None, units_split: float | None = None,
+                 training: bool = True) -> Prepared:
     """Read, cap and encode the data; with ``key``, fingerprint the data as read (before capping).
 
     ``collective``: this rank's place in a run over several processes: the rows are capped
@@ -149,6 +152,10 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
     ``holdout``: the RR phase's validation fraction: the units held out are chosen on the
     capped rows, before they are shared out, by ``trainers.baseline.validation_split`` (a
     keyed hash of the unit id, or of the row number without one: never the labels).
+
+    ``units_split``: a units split's share r: the rows of the units whose keyed hash position
+    (``UnitPart``) is below r, the first part, as a mask (``Prepared.part``); chosen like the
+    held-out units, with the units split's own key.
 
     ``training``: labels of one class are refused (``prepare_eval`` says so in its words).
     """
@@ -177,6 +184,7 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
     held = None
     if holdout is not None:
         held, _, _ = validation_split(table, spec.unit_id, holdout, what="[rr].validation_fraction")
+    first = None if units_split is None else units_part(table, spec.unit_id, units_split)
     mine = None
     if collective is not None:
         if settings.nonsensitive_encoding == "vocab" and vocabulary is None:
@@ -186,6 +194,7 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
         table = table.take(mine)
         unit_counts = None if unit_counts is None else unit_counts[mine]
         held = None if held is None else held[mine]
+        first = None if first is None else first[mine]
     t1 = time.perf_counter()
     data, encoding = encode(table, spec, nonsensitive_encoding=settings.nonsensitive_encoding,
                             hash_bins_nonsensitive=settings.hash_bins_nonsensitive,
@@ -196,7 +205,22 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
         encoding["units"] = units_in_all  # every rank's (its own share's count is local)
     vocab = encoding.pop("vocabulary", None)  # kept beside the model, not in the record
     return Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table,
-                    vocab, mine, held)
+                    vocab, mine, held, first)
+
+
+def units_part(table, unit_column: str | None, share: float) -> np.ndarray:
+    """The mask of ``table``'s rows whose unit's position (``UnitPart``) is below ``share``: a units split's first part.
+
+    Raises:
+        InvalidParameterError: either part is empty.
+    """
+    try:
+        first, _, _ = validation_split(table, unit_column, share, key=UNITS_SPLIT_KEY.encode())
+    except InvalidParameterError:
+        raise InvalidParameterError(f"[algorithm].split = \"units={share:g}\" puts every unit of the training data "
+                                    f"({table.num_rows} rows) in one part: each phase needs units of its own; use an "
+                                    "alpha rule") from None
+    return first
 
 
 def prepare_eval(path, spec, settings, device, vocabulary=None) -> Prepared | None:

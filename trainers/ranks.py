@@ -73,6 +73,9 @@ def check_distributable(plan) -> None:
     if plan.tuned:
         raise UnsupportedError("a tuning grid is not run over several processes yet: train it with one process "
                                "(--nproc 1)")
+    if any(getattr(p.params, "unit_part", None) is not None for p in plan.phases):
+        raise UnsupportedError("a units split is not run over several processes yet: train it with one process "
+                               "(--nproc 1)")
     if plan.dpsgd is not None and plan.dpsgd.params.sampling != "poisson":
         raise UnsupportedError(f"{GLOBAL_SAMPLING[plan.dpsgd.params.sampling]}: it is not run over several processes "
                                "(plan Poisson sampling, or train with --nproc 1)")

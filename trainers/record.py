@@ -116,12 +116,14 @@ def _candidates(result: RRResult) -> dict[str, Any]:
 
 
 def dpsgd_entry(result: DPSGDResult, ledger: LedgerView | None, *, nonsensitive_tower: str | None,
-                sizes_ledger: LedgerView | None = None, withhold: bool = False) -> tuple[DPSGDRun, DPSGDStats]:
+                sizes_ledger: LedgerView | None = None, withhold: bool = False,
+                part_rows: int | None = None) -> tuple[DPSGDRun, DPSGDStats]:
     """The DP-SGD phase over all of the run's sessions (from the ledger), or this one (no ledger).
 
     Args:
         sizes_ledger: where the batch sizes are, if not in ``ledger`` (a private N).
         withhold: the plan's N is a DP count: the public entry withholds what grows with it.
+        part_rows: the rows of the phase's part of the units (a units split), else None.
     """
     if ledger is not None:
         executed, sizes = ledger.count("dpsgd"), (sizes_ledger or ledger).batch_sizes("dpsgd")
@@ -142,7 +144,8 @@ def dpsgd_entry(result: DPSGDResult, ledger: LedgerView | None, *, nonsensitive_
         seconds=result.seconds,
         peak_memory=None if result.peak_memory is None else json_table("peak_memory", result.peak_memory),
         processes=result.world_size if result.rank_steps is not None else None,
-        rank_steps=result.rank_steps, clipped_per="unit" if result.clipped_per == "unit" else None)
+        rank_steps=result.rank_steps, clipped_per="unit" if result.clipped_per == "unit" else None,
+        part_rows=part_rows)
     evidence = getattr(result, "evidence", None)
     if not withhold:
         return public, DPSGDStats(clipped_fraction=result.clipped_fraction, evidence=evidence)

@@ -208,7 +208,7 @@ def _prepare(plan: Plan, data_path: str | Path, checked: _Checked, options: RunO
     prep = prepare_data(data_path, checked.spec, settings, device, cap=plan.unit.cap, capping=plan.unit.capping,
                         expected_rows=None if plan.count is not None else plan.dataset_size, randomness=capping_rnd,
                         key=key if checked.lead else None, collective=collective,
-                        **{"whole_units": False, "holdout": None, **data_needs(plan.phases)})
+                        **{"whole_units": False, "holdout": None, "units_split": None, **data_needs(plan.phases)})
     prep.timings["torch_threads"] = n_threads  # where it ran, beside the device
     if collective is not None:
         note_shard(prep, collective)
@@ -222,7 +222,7 @@ def _context(plan: Plan, run: _Prepared, options: RunOptions) -> PhaseContext:
     return PhaseContext(
         phases=plan.phases, prep=prep, data=prep.data, unit_counts=prep.unit_counts, randomness=run.randomness,
         session=None, settings=checked.settings, device=run.device, spec=checked.spec, rows=prep.rows,
-        holdout=prep.holdout, dpsgd_settings=run.dpsgd_settings, walr_settings=options.walr_settings,
+        holdout=prep.holdout, part=prep.part, dpsgd_settings=run.dpsgd_settings, walr_settings=options.walr_settings,
         collective=options.collective, progress="" if options.progress and checked.lead else None,
         lead=checked.lead, checkpoints=bool(checked.out and checked.lead), size_private=size_private,
         withhold_sizes=size_private, free_calibration=plan.free_calibration, timings=dict(prep.timings))

@@ -64,7 +64,13 @@ def flips_check(record: RunRecord, plan: Plan, alpha: float) -> Check:
         return verdict
     assert planned is not None and ran is not None  # settled otherwise
     par = planned.params
-    if ran.labels != plan.dataset_size:
+    if par.unit_part is not None:  # a units split: RR's part and DP-SGD's hold every row between them
+        sgd = record_entry(record, DPSGDRun)
+        rest = sgd.part_rows if sgd is not None else None
+        if rest is None or ran.labels + rest != plan.dataset_size:
+            return Check(name, False, f"{ran.labels} labels randomised and {rest} rows in DP-SGD's part of the units; "
+                                      f"the plan's N = {plan.dataset_size} must be their sum")
+    elif ran.labels != plan.dataset_size:
         return Check(name, False, f"{ran.labels} labels randomised; the plan accounts N = {plan.dataset_size}")
     if ran.per_impression_rule != par.per_impression_rule:
         return Check(name, False, f"the run used the rule {ran.per_impression_rule!r}, the plan "

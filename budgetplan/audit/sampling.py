@@ -145,6 +145,11 @@ def _batch_evidence(name: str, plan: Plan, ledger: LedgerView | None, record: Ru
             return Check(name, False, problem)
     # a unit-sampled phase draws its batches from the M units: its sizes count units
     n = planned.params.dataset_size if planned.params.units is None else planned.params.units
+    if planned.params.unit_part is not None:  # a units split: from its part's rows, which the record states
+        if ran is None or ran.part_rows is None:
+            return Check(name, False, "the plan trains DP-SGD on a part of the units, but the record does not say how "
+                                      "many rows the part held")
+        n = ran.part_rows
     if plan.count is None:
         return ran, ledger, n
     evidence = evidence or SizesEvidence(problem="no private batch-size ledger was read")

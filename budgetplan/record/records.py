@@ -287,6 +287,9 @@ class DPSGDRun:
     the ledger holds each step's per-rank batch sizes. Both are absent for one process.
     A phase that sampled units and clipped each unit's summed gradient once says
     ``clipped_per = "unit"`` (its batch sizes count units); absent when examples were.
+    A phase on a part of the units (a units split) says how many rows its part held
+    (``part_rows``: the population its batches were drawn from, the same in every
+    replace-one neighbour); absent when it trained on every row.
     """
 
     name: ClassVar[str] = "dpsgd"
@@ -320,8 +323,10 @@ class DPSGDRun:
     processes: int | None = typed.omit_if_none()
     rank_steps: tuple[int, ...] | None = typed.omit_if_none()
     clipped_per: str | None = typed.omit_if_none()
+    part_rows: int | None = typed.omit_if_none()
 
     def __post_init__(self) -> None:
+        _set(self, "part_rows", typed.optional(validate.positive_int, "part_rows", self.part_rows))
         if self.clipped_per not in (None, "unit"):
             raise InvalidParameterError(f"clipped_per must be \"unit\" or absent, got {self.clipped_per!r}")
         if (self.processes is None) != (self.rank_steps is None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from budgetplan.plan.phases import DPSGDPhase, RRPhase
 from trainers import dpsgd  # its run_dpsgd looked up at each call: tests swap it
+from trainers.phases.parts import needs_part, on_part
 from trainers.phases.registry import PhaseContext, register_executor
 from trainers.phases.trained import TrainedModel
 from trainers.record import dpsgd_entry
@@ -33,7 +34,8 @@ def _steps_taken(context: PhaseContext) -> int:
 
 
 def _needs(phase: DPSGDPhase) -> dict:
-    return {"whole_units": phase.params.samples_units}  # a sampled unit's rows all on one rank
+    # a sampled unit's rows all on one rank; under a units split, its part
+    return {"whole_units": phase.params.samples_units, **needs_part(phase)}
 
 
 def _check(phase: DPSGDPhase, context: PhaseContext) -> None:
@@ -57,13 +59,15 @@ def execute_dpsgd(phase: DPSGDPhase, context: PhaseContext) -> list:
         session.save_checkpoint(Checkpoint(phase="dpsgd", step=step_done, model=model.state_dict(),
                                            optimizer=opt_state, rr_result=rr_result))
 
-    sgd = dpsgd.run_dpsgd(model, c.data, phase.params, trainable=trainable(model, c.phases, c.index),
-                          randomness=c.randomness, settings=c.dpsgd_settings, progress=c.label("DP-SGD phase"),
-                          ledger=session, start_step=taken, checkpoint=save if c.checkpoints else None,
-                          checkpoint_every=session.checkpoint_every if c.lead else 0,
-                          optimizer_state=ckpt.optimizer if ckpt is not None and resumed_from else None,
-                          size_private=c.size_private, collective=c.collective)
+    with on_part(phase, c) as part_rows:
+        sgd = dpsgd.run_dpsgd(model, c.data, phase.params, trainable=trainable(model, c.phases, c.index),
+                              randomness=c.randomness, settings=c.dpsgd_settings, progress=c.label("DP-SGD phase"),
+                              ledger=session, start_step=taken, checkpoint=save if c.checkpoints else None,
+                              checkpoint_every=session.checkpoint_every if c.lead else 0,
+                              optimizer_state=ckpt.optimizer if ckpt is not None and resumed_from else None,
+                              size_private=c.size_private, collective=c.collective)
     c.timings["dpsgd_phase_seconds"] = sgd.seconds
     c.final = TrainedModel.of(c, truncated=False, dpsgd_settings=c.dpsgd_settings)
     return [dpsgd_entry(sgd, session.ledger_view(), nonsensitive_tower=phase.params.nonsensitive_tower,
-                        sizes_ledger=session.sizes_view() if c.withhold_sizes else None, withhold=c.withhold_sizes)]
+                        sizes_ledger=session.sizes_view() if c.withhold_sizes else None, withhold=c.withhold_sizes,
+                        part_rows=part_rows)]

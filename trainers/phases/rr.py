@@ -9,6 +9,7 @@ from __future__ import annotations
 from budgetplan.plan.phases import RRPhase
 from trainers import rr_phase  # its run_rr_phase looked up at each call: tests swap it
 from trainers.calibration import free_calibration
+from trainers.phases.parts import needs_part, on_part
 from trainers.phases.registry import PhaseContext, register_executor
 from trainers.phases.trained import TrainedModel
 from trainers.record import rr_entry
@@ -18,7 +19,8 @@ __all__ = ["execute_rr"]
 
 
 def _needs(phase: RRPhase) -> dict:
-    return {"holdout": phase.params.validation_fraction}  # the units held out to stop the phase early
+    # the units held out to stop the phase early; under a units split, its part
+    return {"holdout": phase.params.validation_fraction, **needs_part(phase)}
 
 
 @register_executor(RRPhase, follows=((),), needs=_needs)
@@ -29,12 +31,8 @@ def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
         rr = ckpt.rr_result  # trained in an earlier session
     else:
         s = c.settings
-        rr = rr_phase.run_rr_phase(
-            c.model, c.data, phase, unit_counts=c.unit_counts, loss=s.loss, lr=s.lr, optimizer=s.optimizer,
-            batch_size=s.batch_size, randomness=c.randomness, session=c.session, progress=c.label("RR phase"),
-            collective=c.collective, rows=c.rows, holdout=c.holdout, patience=s.rr_patience,
-            checks_per_epoch=s.rr_checks_per_epoch, weight_decay=s.rr_weight_decay,
-            candidates=s.rr_candidates, average=s.rr_average, select=s.rr_select)
+        with on_part(phase, c):
+            rr = _train(phase, c, s)
         if len(c.phases) > 1:
             c.session.save_checkpoint(Checkpoint(phase="rr-done", model=c.model.state_dict(), rr_result=rr))
     c.timings["rr_phase_seconds"] = rr.seconds
@@ -44,3 +42,12 @@ def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
     if c.free_calibration:
         entries.append((None, free_calibration(c.model, c.data, rr, c.collective)))
     return entries
+
+
+def _train(phase: RRPhase, c: PhaseContext, s) -> rr_phase.RRResult:
+    return rr_phase.run_rr_phase(
+        c.model, c.data, phase, unit_counts=c.unit_counts, loss=s.loss, lr=s.lr, optimizer=s.optimizer,
+        batch_size=s.batch_size, randomness=c.randomness, session=c.session, progress=c.label("RR phase"),
+        collective=c.collective, rows=c.rows, holdout=c.holdout, patience=s.rr_patience,
+        checks_per_epoch=s.rr_checks_per_epoch, weight_decay=s.rr_weight_decay,
+        candidates=s.rr_candidates, average=s.rr_average, select=s.rr_select)

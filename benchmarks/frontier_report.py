@@ -15,7 +15,7 @@ import harness as h
 
 MAIN = ("RR", "DP-SGD", "Hybrid")
 GRID = ("DP-SGD", "alpha=0.25", "alpha=0.5", "alpha=0.75", "RR")  # alpha 0 .. 1
-OTHER = ("paper-v1", "fine-tune")
+OTHER = ("paper-v1", "fine-tune", "units=0.75")
 _GRID_ALPHA = {0.0: "DP-SGD", 0.25: "alpha=0.25", 0.5: "alpha=0.5", 0.75: "alpha=0.75", 1.0: "RR"}
 # The table alpha-by-eps had before these shapes were measured (for the regret table).
 _OLD_TABLE = ((0.0, 0.0), (2.0, 0.75), (10.0, 0.5))
@@ -171,8 +171,9 @@ def render(state: dict, name: str) -> str:
                       f"{_pm(*bl['nonsensitive']['relative_auc_loss'], 2)} | "
                       f"{_pm(*bl['nonsensitive']['calibration_ratio'], 3)} |", ""]
         for title, arms, table in (("Arms", MAIN, "main"), ("Alpha grid (eps1 = alpha eps)", GRID, "grid"),
-                                   ("Other rules: the paper's v1 split, and alpha 0.5 with the non-sensitive tower "
-                                    "fine-tuned", OTHER, "other")):
+                                   ("Other rules: the paper's v1 split, alpha 0.5 with the non-sensitive tower "
+                                    "fine-tuned, and the units split (RR on 75% of the units, DP-SGD on the rest, "
+                                    "each at the whole budget)", OTHER, "other")):
             arms = [a for a in arms if any(a in v for v in by_eps.values())]
             if not arms:
                 continue
@@ -283,7 +284,7 @@ def plot(state: dict, name: str, out: Path) -> list[Path]:
     for shape, summ in summarise(state).items():
         by_eps, bl = summ["cells"], summ["baselines"]
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-        for arm in dict.fromkeys(MAIN + GRID):
+        for arm in dict.fromkeys(MAIN + GRID + ("units=0.75",)):
             xs = [e for e in sorted(by_eps) if arm in by_eps[e] and by_eps[e][arm]["loss_mean"] is not None]
             if not xs:
                 continue

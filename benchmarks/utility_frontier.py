@@ -9,8 +9,9 @@ then, for every total epsilon, plan and train (``execute_plan``) every arm of th
 plan family from the shipped template ``synthetic-hybrid`` with only its epsilon, N, split,
 tower and ``[features]`` changed, as a user would: RR (alpha = 1: the truncated model on
 randomised labels), DP-SGD (alpha = 0: all features), alpha = 0.25, 0.5, 0.75, the paper's
-``paper-v1`` (eps1 = min(0.6 eps, 3)) and ``fine-tune`` (alpha = 0.5 with the non-sensitive
-tower fine-tuned in phase 2 instead of frozen), all semi-sensitive DP (replace-one) per
+``paper-v1`` (eps1 = min(0.6 eps, 3)), ``fine-tune`` (alpha = 0.5 with the non-sensitive
+tower fine-tuned in phase 2 instead of frozen) and ``units=0.75`` (the units split: RR on 75%
+of the units, DP-SGD on the rest, each at the whole budget), all semi-sensitive DP (replace-one) per
 impression with delta = 0.1/N and the template's default calibration. The arms are set in
 one place (``ARMS``); training uses the library's defaults (``TrainSettings``,
 ``DPSGDSettings``) unless ``TRAINING``/``DPSGD_TRAINING`` or an option says otherwise. Every
@@ -28,7 +29,7 @@ epsilon (``frontier_report.regret``), and the checks the issue asked of the defa
 Resumable: every finished baseline pair and cell is written to the JSON at once, and a run
 that finds a JSON made with the same settings continues where it stopped (one made with other
 settings is refused, naming what differs; ``--fresh`` starts over; new shapes added to
-``--shapes`` extend it). Writes
+``--shapes`` and new arms added to ``ARMS`` extend it). Writes
 ``<out>/<name>.json``, ``<name>.md`` and one ``<name>_<shape>.png`` per shape (``--out``
 defaults to benchmarks/results).
 
@@ -65,7 +66,8 @@ TEMPLATE = "synthetic-hybrid"  # the shipped scenario every arm's plan is made f
 # The arms and everything that sets them, in one place. ARMS: arm -> (the scenario's split, its tower).
 ARMS = {"RR": ("alpha=1", None), "DP-SGD": ("alpha=0", None), "alpha=0.25": ("alpha=0.25", None),
         "alpha=0.5": ("alpha=0.5", None), "alpha=0.75": ("alpha=0.75", None), "paper-v1": ("paper-v1", None),
-        "fine-tune": ("alpha=0.5", "fine-tune")}
+        "fine-tune": ("alpha=0.5", "fine-tune"),
+        "units=0.75": ("units=0.75", None)}
 
 
 def _template_values() -> dict:
@@ -222,9 +224,11 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
         state = json.loads(path.read_text())
         recorded = state.get("settings", {})
         old_shapes = recorded.get("values", {}).get("shapes", {})
-        # a shape the earlier run did not have extends it (its cells are trained, the others kept)
+        old_arms = recorded.get("values", {}).get("arms", {})
+        # a shape or an arm the earlier run did not have extends it (its cells are trained, the others kept)
         diff = [d for d in h.settings_differences(recorded, today)
-                if not (d.startswith("shapes.") and d.split(".")[1] not in old_shapes)]
+                if not (d.startswith("shapes.") and d.split(".")[1] not in old_shapes)
+                and not (d.startswith("arms.") and d[len("arms."):] not in old_arms)]
         if diff and all(d.startswith("training.") and d.split(".")[1] in h.RR_TRAINING for d in diff):
             return _carry_unaffected(state, today, diff)
         if diff:

@@ -31,8 +31,11 @@ evidence is absent. Each check is named and independent:
    (``budgetplan.audit.ranks``): the ranks agree on the step count, their sizes add up to
    each step's, and each rank's batches are Poisson at q over its rows; and ``Rank samples
    independent``: no two ranks' batch sizes tie or correlate more than independent draws do.
+   A units split's DP-SGD phase is tested against the rows its part held (the record's
+   ``part_rows``; ``trainers.audit`` recomputes the parts from the data when given it).
 8. ``RR flips``: the flip probability is the plan's and the count of flips is consistent
-   with it (two-sided binomial test at ``alpha``).
+   with it (two-sided binomial test at ``alpha``); N labels, or under a units split N less
+   the DP-SGD part's rows.
 9. ``WALR release``: one release, with the plan's noise std, sensitivity and dimension.
    ``intercept calibration`` (plans or records with one): one release, with the plan's
    noise std, sensitivity and number of coordinates; the private record's released vector,

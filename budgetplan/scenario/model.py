@@ -31,7 +31,9 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
 
     [algorithm]
     name = "hybrid"                           # rr | walr | dpsgd | hybrid
-    split = "alpha-by-eps"                    # hybrid (default): "alpha-by-eps", "paper-v1", "alpha=<a>", "eps1=<e>"
+    split = "alpha-by-eps"                    # hybrid (default): "alpha-by-eps", "paper-v1", "alpha=<a>", "eps1=<e>",
+                                              # or "units=<r>": RR on a share r of the units, DP-SGD on
+                                              # the rest, each at the whole budget (replace-one, Poisson)
     split_evidence = "..."                    # hybrid, optional: where the split came from (written by
                                               # `budgetplan split --proxy`; the statement quotes it)
     tower = "frozen"                          # hybrid: non-sensitive tower in phase 2 ("fine-tune")

@@ -70,6 +70,9 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
                    "data); needs --scenario. Parquet, CSV/TSV or a directory of shards.")
 @click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False),
               help="--proxy: the Hybrid scenario (with [features]) whose split is chosen.")
+@click.option("--units", "units",
+              help="--proxy: also try the units split at these shares of the units for RR, comma-separated (e.g. "
+                   "0.75): each phase at the whole budget on its own units (needs replace-one and Poisson batches).")
 @click.option("--proxy-eval", type=click.Path(exists=True),
               help="--proxy: held-out proxy rows (default: a fifth of the proxy's units, by a keyed hash).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
@@ -84,21 +87,23 @@ def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
 def split(epsilon: float | None, epsilons: str | None, alphas: str | None, delta: float | None,
           dataset_size: int | None, batch_size: int | None, epochs: float | None, steps: int | None, rule: str,
           adjacency: str, accountant: str, jobs: int | str, proxy: str | None, scenario_path: str | None,
-          proxy_eval: str | None, out_dir: str | None, write_path: str | None, seed: int | None, threads: int | str,
-          as_json: bool) -> None:
+          units: str | None, proxy_eval: str | None, out_dir: str | None, write_path: str | None,
+          seed: int | None, threads: int | str, as_json: bool) -> None:
     """Split a total budget between Hybrid's RR phase (eps1, 0) and DP-SGD phase (eps2, delta).
 
-    With --proxy and --scenario: train the alpha grid on proxy data and write the scenario with the
-    split that did best there (and where it came from, for the statement).
+    With --proxy and --scenario: train the alpha grid (and with --units the units splits) on proxy
+    data and write the scenario with the split that did best there (and where it came from, for
+    the statement).
     """
     from budgetplan.errors import InvalidParameterError
     from budgetplan.planning.sweep import SweepShape, check_sweep_shape, sweep, sweep_warnings
 
     ctx = click.get_current_context()
     if proxy is not None or scenario_path is not None:
-        _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, seed, threads, as_json)
+        _proxy(ctx, proxy, scenario_path, proxy_eval, out_dir, write_path, alphas, units, seed, threads, as_json)
         return
-    _check_accounting_options(proxy_eval=proxy_eval, out_dir=out_dir, write_path=write_path, seed=seed, delta=delta,
+    _check_accounting_options(proxy_eval=proxy_eval, out_dir=out_dir, write_path=write_path, seed=seed, units=units,
+                              delta=delta,
                               dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, steps=steps)
     # _check_accounting_options refused these missing
     assert delta is not None and dataset_size is not None and batch_size is not None
@@ -129,12 +134,12 @@ def _option(name: str) -> str:
 
 
 def _check_accounting_options(*, proxy_eval: str | None, out_dir: str | None, write_path: str | None,
-                              seed: int | None, delta: float | None, dataset_size: int | None,
+                              seed: int | None, units: str | None, delta: float | None, dataset_size: int | None,
                               batch_size: int | None, epochs: float | None, steps: int | None) -> None:
     """Without --proxy: no proxy options, and the DP-SGD shape given in full (exactly one of --epochs, --steps)."""
     value: object
     for option, value in (("--proxy-eval", proxy_eval), ("--out", out_dir), ("--write", write_path),
-                          ("--seed", seed)):
+                          ("--seed", seed), ("--units", units)):
         if value is not None:
             raise click.UsageError(f"{option} goes with --proxy")
     for option, value in (("--delta", delta), ("--dataset-size", dataset_size), ("--batch-size", batch_size)):
@@ -191,8 +196,8 @@ _ACCOUNTING_ONLY = ("epsilon", "epsilons", "delta", "dataset_size", "batch_size"
 
 
 def _proxy(ctx: click.Context, proxy: str | None, scenario_path: str | None, proxy_eval: str | None,
-           out_dir: str | None, write_path: str | None, alphas: str | None, seed: int | None, threads: int | str,
-           as_json: bool) -> None:
+           out_dir: str | None, write_path: str | None, alphas: str | None, units: str | None, seed: int | None,
+           threads: int | str, as_json: bool) -> None:
     """``split --proxy``: the alpha grid on proxy data, the frontier written, the scenario written with the best."""
     from pathlib import Path
 
@@ -214,17 +219,23 @@ def _proxy(ctx: click.Context, proxy: str | None, scenario_path: str | None, pro
     target = Path(write_path) if write_path is not None else source.with_name(source.stem + "-proxy.toml")
     if target.resolve() == source.resolve():
         raise click.UsageError(f"--write {target} would overwrite the scenario it reads; name another file")
+    text = source.read_text(encoding="utf-8")
+    shares = _floats("--units", units) or ()
+    if any(not 0 < r < 1 for r in shares):
+        raise click.UsageError(f"--units shares must be strictly between 0 and 1, got {units!r}")
+    # each units split as the private plan would have it (its q over its part): the scenario's own text re-read
+    private = {r: load_scenario_text(set_key(text, "algorithm", "split", f"units={r:g}"), source.name)
+               for r in shares}
 
     from trainers.allocator import tune_allocator
     from trainers.proxy import proxy_grid
 
     tune_allocator()  # this process is ours: a training step's tensors reuse their memory (trainers.allocator)
     result = proxy_grid(scenario, Path(proxy), eval_path=None if proxy_eval is None else Path(proxy_eval),
-                        alphas=grid, out=out, seed=seed, threads=threads,
+                        alphas=grid, out=out, seed=seed, threads=threads, units=private,
                         progress=None if as_json else lambda line: click.echo(line, err=True))
-    best = result["best_alpha"]
-    text = source.read_text(encoding="utf-8")
-    text = set_key(text, "algorithm", "split", f"alpha={best:g}")
+    best = result["best_rule"]
+    text = set_key(text, "algorithm", "split", best)
     text = set_key(text, "algorithm", "split_evidence", result["evidence"])
     load_scenario_text(text, source.name)  # what is written parses
     write_atomic(target, text)
@@ -238,13 +249,13 @@ def _proxy(ctx: click.Context, proxy: str | None, scenario_path: str | None, pro
     if as_json:
         emit_json({"epsilon": result["epsilon"], **result})
         return
-    rows: list[list[str]] = [[fmt(c["alpha"]), fmt(c["auc"], 4),
+    rows: list[list[str]] = [[c["rule"], fmt(c["auc"], 4),
              "-" if c["relative_auc_loss"] is None else fmt(c["relative_auc_loss"], 3),
              fmt(c["calibration_ratio"], 3), fmt(c["seconds"], 3)] for c in result["cells"]]
     console().print(results_table(
         f"Split chosen on proxy {result['proxy']} ({fmt(result['train_rows'])} rows; non-private AUC "
-        f"{fmt(result['baseline_auc'], 4)})", ["alpha", "AUC", "rel. AUC loss %", "calib.", "s"], rows))
-    console().print(f"alpha = {best:g} did best; written to {target} with split_evidence. Frontier: {out}")
+        f"{fmt(result['baseline_auc'], 4)})", ["split", "AUC", "rel. AUC loss %", "calib.", "s"], rows))
+    console().print(f"{best} did best; written to {target} with split_evidence. Frontier: {out}")
 
 
 def load_scenario_text(text: str, name: str) -> Scenario:

@@ -42,8 +42,9 @@ def test_cli_writes_the_best_split_and_the_statement_quotes_where_it_came_from(f
     out = json.loads(result.stdout)
     cells = {c["alpha"]: c for c in out["cells"]}
     assert set(cells) == {0.0, 1.0} and out["best_alpha"] == max(cells, key=lambda a: cells[a]["auc"])
+    assert out["best_rule"] == f"alpha={out['best_alpha']:g}"
     written = load_scenario(files / "mine-proxy.toml")
-    assert written.split == f"alpha={out['best_alpha']:g}" and written.split_evidence == out["evidence"]
+    assert written.split == out["best_rule"] and written.split_evidence == out["evidence"]
     assert out["proxy_sha256"][:16] in written.split_evidence
     assert (files / "mine-proxy" / "frontier.png").stat().st_size > 0
     mine = load_scenario(files / "mine.toml")
@@ -53,9 +54,39 @@ def test_cli_writes_the_best_split_and_the_statement_quotes_where_it_came_from(f
     assert "if it is, the choice spent privacy this plan does not account" in text
 
 
+def test_a_units_split_keeps_the_q_the_private_plan_gives_it():
+    text = adapted("synthetic-hybrid", epsilon=4, dataset_size=2_000_000).replace(
+        'split = "alpha-by-eps"', 'split = "units=0.75"')
+    s = parse_scenario(text)  # "N/50" over the DP-SGD part's 500,000 rows
+    p = proxy_scenario(s, 40_000, "units=0.75")
+    assert (p.split, p.dataset_size, p.dpsgd.batch_size) == ("units=0.75", 40_000, 200)  # 1/50 of 10,000
+    assert build_plan(p).dpsgd.params.sampling_rate == pytest.approx(build_plan(s).dpsgd.params.sampling_rate)
+    # an alpha analog of the same private scenario keeps that q over every row
+    assert proxy_scenario(s, 40_000, 0.5).dpsgd.batch_size == 800
+
+
+def test_cli_tries_the_units_split_beside_the_alphas(files, runner, allocator_calls, tmp_path):
+    from budgetplan.cli import cli
+
+    result = runner.invoke(cli, ["split", "--proxy", str(files / "proxy.parquet"), "--scenario",
+                                 str(files / "mine.toml"), "--alphas", "1", "--units", "0.75", "--seed", "1",
+                                 "--out", str(tmp_path / "frontier"), "--write", str(tmp_path / "chosen.toml"),
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    cells = {c["rule"]: c for c in out["cells"]}
+    assert set(cells) == {"alpha=1", "units=0.75"} and cells["units=0.75"]["alpha"] is None
+    assert out["best_rule"] == max(cells, key=lambda r: cells[r]["auc"])
+    assert out["best_alpha"] == cells[out["best_rule"]]["alpha"]
+    written = load_scenario(tmp_path / "chosen.toml")
+    assert written.split == out["best_rule"] and "units=0.75: " in written.split_evidence
+    assert (tmp_path / "frontier" / "frontier.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--epsilon", "3"], "--epsilon does not go with --proxy"),
     (["--write", "{mine}"], "would overwrite the scenario it reads"),
+    (["--units", "1"], "--units shares must be strictly between 0 and 1"),
 ])
 def test_cli_refusals_are_one_line(files, runner, extra, message):
     from budgetplan.cli import cli

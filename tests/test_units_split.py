@@ -9,12 +9,13 @@ import math
 import pytest
 
 from budgetplan.accounting import account
+from budgetplan.accounting.tradeoff import mechanism_tradeoff, tpr_from_pair
 from budgetplan.audit.verify import verify_plan
 from budgetplan.errors import InvalidParameterError
 from budgetplan.mechanisms import Composition
 from budgetplan.plan import Plan, canonical_json
 from budgetplan.plan.phases import UNITS_SPLIT_KEY, UnitPart
-from budgetplan.planning.composition import basic_total, part_spent, pld_total, unit_parts
+from budgetplan.planning.composition import basic_total, part_spent, plan_tradeoff, pld_total, unit_parts
 from budgetplan.planning.planner import build_plan
 from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
@@ -214,3 +215,19 @@ def test_the_statement_says_the_units_are_split_and_the_phases_compose_in_parall
     assert "compose in parallel" in text
     assert "[0, 0.75)" in text and "[0.75, 1)" in text
     assert "one after another" not in text
+
+
+def test_the_attacker_s_bound_is_the_worse_part_s_curve_at_each_rate():
+    plan = plan_of()
+    rr, sgd, cal = plan.phases
+    out = plan_tradeoff(plan)
+    assert out["from"] == "pld"
+    curves = [mechanism_tradeoff(Composition(phases=(m, cal.mechanism)), adjacency=plan.adjacency, unit=plan.unit,
+                                 discretization=plan.scenario.discretization, alphas=out["alphas"])
+              for m in (rr.mechanism, sgd.mechanism)]
+    assert out["tpr"] == [max(a, b) for a, b in zip(*curves)]
+    # tighter than the one (eps, delta) pair, never looser
+    pair = tpr_from_pair(plan.guarantee.epsilon, plan.guarantee.delta, out["alphas"])
+    assert all(t <= p * (1 + 1e-12) for t, p in zip(out["tpr"], pair)) and out["tpr"][0] < pair[0]
+    text = " ".join(render_statement(plan).split())
+    assert "each part's phases composed" in text

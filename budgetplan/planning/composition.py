@@ -11,7 +11,7 @@ with different keys, are composed in sequence, as if there were no parts.
 from __future__ import annotations
 
 __all__ = ["EPS_SLACK", "unit_parts", "part_spent", "phase_guarantee", "basic_total", "pld_total",
-           "tuning_accounting", "run_mechanism", "joint_mechanism", "plan_tradeoff"]
+           "tuning_accounting", "run_mechanism", "joint_mechanism", "part_mechanisms", "plan_tradeoff"]
 
 import math
 from collections.abc import Sequence
@@ -194,11 +194,24 @@ def joint_mechanism(plan: Plan) -> Mechanism | None:
     """The mechanism of all of ``plan``'s phases composed, where their composition has a PLD here; else None.
 
     None where the phases compose only by basic composition: group privacy, eps/K_i, a
-    truncated Poisson phase, a DP count, a tuning grid.
+    truncated Poisson phase, a DP count, a tuning grid; and for a units split, whose parts
+    each have their own (``part_mechanisms``).
     """
-    phases = plan.phases
-    if len(unit_parts(phases)) > 1:
-        return None  # a units split: each part's run has its own PLD, none the whole
+    if len(unit_parts(plan.phases)) > 1:
+        return None
+    return _composed(plan, plan.phases)
+
+
+def part_mechanisms(plan: Plan) -> list[Mechanism] | None:
+    """Each part's phases composed, for a units split whose parts all have a PLD here; else None."""
+    parts = unit_parts(plan.phases)
+    if len(parts) < 2:
+        return None
+    mechs = [_composed(plan, part) for part in parts]
+    return None if any(m is None for m in mechs) else [m for m in mechs if m is not None]
+
+
+def _composed(plan: Plan, phases: Sequence[Phase]) -> Mechanism | None:
     if (plan.tuning is not None or not all(p.unit_accounting == "tight" for p in phases)
             or any(isinstance(p.mechanism, (TruncatedPoissonDPSGD, DiscreteLaplaceCount)) for p in phases)
             or any(getattr(p.params, "per_impression_rule", None) == "eps/K_i" for p in phases)):
@@ -214,6 +227,16 @@ def plan_tradeoff(plan: Plan, alphas: Sequence[float] = ALPHAS) -> dict[str, Any
     """
     a = [float(x) for x in alpha_array(alphas)]
     g = plan.guarantee
+    parts = part_mechanisms(plan)
+    if parts is not None:  # a unit is in one part: the attacker's best is the worst part's, at each FPR
+        try:
+            curves = [mechanism_tradeoff(m, adjacency=plan.adjacency, unit=plan.unit,
+                                         discretization=plan.scenario.discretization, alphas=a) for m in parts]
+            return {"alphas": a, "tpr": [max(c[i] for c in curves) for i in range(len(a))], "from": "pld",
+                    "note": "from the PLD of each part of the units split's phases composed, the largest TPR "
+                            "over the parts at each FPR: delta(eps) for every eps"}
+        except UnsupportedError:
+            pass
     mech = joint_mechanism(plan)
     if mech is not None:
         try:

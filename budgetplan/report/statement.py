@@ -570,7 +570,10 @@ def _attacker(plan: Plan, tradeoff: dict[str, Any]) -> list[str]:
     rates = (f"raises a false alarm for at most 1 in {round(1 / a0):,} (false-positive rate {_num(a0)}) is right "
              f"about at most {_num(100 * t0, 3)}% of the cases it looks for (true-positive rate)" + "".join(
                  f"; at a false-positive rate of {_num(a)}, at most {_num(100 * t, 3)}%" for a, t in zip(rest, more)))
-    source = ("the privacy loss distribution of the phases composed (delta at every epsilon)"
+    parted = len(unit_parts(plan.phases)) > 1
+    source = ("the privacy loss distribution of each part's phases composed (delta at every epsilon), the "
+              "larger true-positive rate of the parts at each false-positive rate" if parted and tradeoff["from"] ==
+              "pld" else "the privacy loss distribution of the phases composed (delta at every epsilon)"
               if tradeoff["from"] == "pld" else
               f"the one ({_num(plan.guarantee.epsilon)}, {_num(plan.guarantee.delta, 4)}) guarantee (these phases "
               "have no joint privacy loss distribution here, so the bound is looser)")

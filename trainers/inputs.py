@@ -46,7 +46,7 @@ class Prepared:
     vocabulary: dict | None = None
     rows: np.ndarray | None = None  # with several processes: this rank's row numbers in the capped data
     holdout: np.ndarray | None = None  # the RR phase's held-out rows (a mask over this rank's rows), if any
-    part: np.ndarray | None = None  # a units split: the rows of the units in its first part (a mask), if any
+    part: tuple[float, np.ndarray] | None = None  # a units split: (its share r, the mask of its first part's rows)
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
@@ -154,8 +154,8 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
     keyed hash of the unit id, or of the row number without one: never the labels).
 
     ``units_split``: a units split's share r: the rows of the units whose keyed hash position
-    (``UnitPart``) is below r, the first part, as a mask (``Prepared.part``); chosen like the
-    held-out units, with the units split's own key.
+    (``UnitPart``) is below r, the first part, as a mask (``Prepared.part``: (r, the mask));
+    chosen like the held-out units, with the units split's own key.
 
     ``training``: labels of one class are refused (``prepare_eval`` says so in its words).
     """
@@ -205,7 +205,7 @@ def prepare_data(path, spec, settings, device, *, cap: int, capping: str | None,
         encoding["units"] = units_in_all  # every rank's (its own share's count is local)
     vocab = encoding.pop("vocabulary", None)  # kept beside the model, not in the record
     return Prepared(data, info, encoding, unit_counts, {"load_seconds": t1 - t0, "encode_seconds": t2 - t1}, table,
-                    vocab, mine, held, first)
+                    vocab, mine, held, None if first is None else (units_split, first))
 
 
 def units_part(table, unit_column: str | None, share: float) -> np.ndarray:

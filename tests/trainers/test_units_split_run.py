@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from budgetplan.audit import audit_run as core_audit
-from budgetplan.errors import UnsupportedError
+from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import DPSGDRun, RRRun
 from budgetplan.scenario.model import parse_scenario
@@ -50,7 +50,8 @@ def poisoned(table: pa.Table, rows: np.ndarray, *, labels: bool, sensitive: bool
 
 def train(plan, table, path, out=None):
     pq.write_table(table, path)
-    return execute_plan(plan, path, RunOptions(settings=FAST, seed=7, out_dir=out))
+    # one thread: "auto" takes the CPUs free now, and another thread count sums in another order
+    return execute_plan(plan, path, RunOptions(settings=FAST, seed=7, out_dir=out, threads=1))
 
 
 def weights(out) -> dict:
@@ -128,3 +129,20 @@ def test_several_processes_are_refused_before_anything_is_spent(data, tmp_path):
         execute_plan(units_plan(ROWS), root / "train.parquet",
                      RunOptions(settings=FAST, out_dir=tmp_path / "run", nproc=2))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_phase_is_refused_on_data_split_elsewhere_than_its_part():
+    from types import SimpleNamespace
+
+    from trainers.phases.parts import check_part, part_mask
+
+    plan = units_plan(ROWS)
+    mask = np.arange(10) % 2 == 0
+    data = np.zeros(10)
+    at = lambda share: SimpleNamespace(part=None if share is None else (share, mask), data=data)  # noqa: E731
+    assert part_mask(plan.rr, at(SHARE)).tolist() == mask.tolist()
+    assert part_mask(plan.dpsgd, at(SHARE)).tolist() == (~mask).tolist()
+    assert part_mask(plan.calibration, at(None)) is None  # a phase on every unit
+    for share in (None, 0.5):
+        with pytest.raises(InvalidParameterError, match="but the data was split at"):
+            check_part(plan.dpsgd, at(share))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from budgetplan.plan.phases import DPSGDPhase, RRPhase
 from trainers import dpsgd  # its run_dpsgd looked up at each call: tests swap it
-from trainers.phases.parts import needs_part, on_part
+from trainers.phases.parts import check_part, needs_part, on_part
 from trainers.phases.registry import PhaseContext, register_executor
 from trainers.phases.trained import TrainedModel
 from trainers.record import dpsgd_entry
@@ -39,6 +39,7 @@ def _needs(phase: DPSGDPhase) -> dict:
 
 
 def _check(phase: DPSGDPhase, context: PhaseContext) -> None:
+    check_part(phase, context)  # under a units split, the data was split where the plan says
     if phase.params.samples_units:
         # another M is refused here, before a Hybrid's RR phase spends anything
         dpsgd.check_unit_count(phase.params, dpsgd.count_units(phase.params, context.data, context.collective)[0])

@@ -18,32 +18,44 @@ import torch
 from budgetplan.errors import InvalidParameterError
 from trainers.phases.registry import PhaseContext
 
-__all__ = ["on_part", "part_mask", "needs_part"]
+__all__ = ["on_part", "part_mask", "needs_part", "check_part"]
+
+
+def _share(part) -> float:
+    """The share r of a two-part split that ``part`` is one side of (its first part's end)."""
+    return part.high if part.low == 0.0 else part.low
 
 
 def needs_part(phase) -> dict:
     """What a phase on a part asks of the data's preparation: the split's share (its first part's end)."""
     part = getattr(phase.params, "unit_part", None)
-    if part is None:
-        return {}
-    return {"units_split": part.high if part.low == 0.0 else part.low}
+    return {} if part is None else {"units_split": _share(part)}
 
 
 def part_mask(phase, context: PhaseContext) -> np.ndarray | None:
-    """The mask of ``context.data``'s rows in ``phase``'s part, or None for a phase on every unit."""
+    """The mask of ``context.data``'s rows in ``phase``'s part, or None for a phase on every unit.
+
+    ``context.part`` is (the share r the data was split at, the mask of the first part's rows).
+
+    Raises:
+        InvalidParameterError: the data was split elsewhere than the phase's part, or not at all.
+    """
     part = getattr(phase.params, "unit_part", None)
     if part is None:
         return None
-    first = context.part
-    if first is None or len(first) != len(context.data):
-        raise InvalidParameterError(f"the plan trains its {phase.name} phase on a part of the units, but the data "
-                                    "was prepared without the units split")
-    if part.low == 0.0:
-        return np.asarray(first, dtype=bool)
-    if part.high == 1.0:
-        return ~np.asarray(first, dtype=bool)
-    raise InvalidParameterError(f"the {phase.name} phase's part [{part.low:g}, {part.high:g}) is neither the first "
-                                "nor the last of a two-part units split")
+    if part.low != 0.0 and part.high != 1.0:
+        raise InvalidParameterError(f"the {phase.name} phase's part [{part.low:g}, {part.high:g}) is neither the "
+                                    "first nor the last of a two-part units split")
+    share, first = context.part if context.part is not None else (None, None)
+    if first is None or len(first) != len(context.data) or share != _share(part):
+        raise InvalidParameterError(f"the plan trains its {phase.name} phase on the units in [{part.low:g}, "
+                                    f"{part.high:g}), but the data was split at {share}")
+    return np.asarray(first, dtype=bool) if part.low == 0.0 else ~np.asarray(first, dtype=bool)
+
+
+def check_part(phase, context: PhaseContext) -> None:
+    """Refuse, before anything is spent, a phase whose part the prepared data was not split for."""
+    part_mask(phase, context)
 
 
 @contextlib.contextmanager

@@ -77,8 +77,8 @@ class PhaseContext:
         withhold_sizes: the plan's N is a DP count: the public entries withhold what grows
             with the true count.
         free_calibration: an RR-only plan calibrates its intercept at no cost after its RR phase.
-        part: a units split: the mask of the rows (of ``data``) in its first part; a phase on
-            a part trains on that part's rows only (``trainers.phases.parts``).
+        part: a units split: (its share r, the mask of the rows of ``data`` in its first
+            part); a phase on a part trains on that part's rows only (``trainers.phases.parts``).
         timings: the run's timings, which each phase adds its own to.
         rr_result: the RR phase's result, once it has run (a Hybrid's DP-SGD phase and the
             calibration read it).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from budgetplan.plan.phases import RRPhase
 from trainers import rr_phase  # its run_rr_phase looked up at each call: tests swap it
 from trainers.calibration import free_calibration
-from trainers.phases.parts import needs_part, on_part
+from trainers.phases.parts import check_part, needs_part, on_part
 from trainers.phases.registry import PhaseContext, register_executor
 from trainers.phases.trained import TrainedModel
 from trainers.record import rr_entry
@@ -23,7 +23,7 @@ def _needs(phase: RRPhase) -> dict:
     return {"holdout": phase.params.validation_fraction, **needs_part(phase)}
 
 
-@register_executor(RRPhase, follows=((),), needs=_needs)
+@register_executor(RRPhase, follows=((),), needs=_needs, check=check_part)
 def execute_rr(phase: RRPhase, context: PhaseContext) -> list:
     c = context
     ckpt = c.checkpoint

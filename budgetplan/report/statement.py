@@ -265,22 +265,12 @@ def _composition_lines(plan: Plan) -> list[str]:
             "part in), and the phases compose in parallel: by basic composition within each part (epsilons and "
             f"deltas add) and the largest over the parts, the run is {_pair(plan.total)}. Starting DP-SGD from "
             "the RR model is post-processing for the units DP-SGD trains on, which the RR model never saw."))
-        if plan.total_pld is not None:
-            lines.append(_item(f"Composing each part's privacy loss distributions under the shared adjacency gives "
-                               f"the tighter {_pair(plan.total_pld)} for the same run; the basic figure is the "
-                               "one planned to."))
-        elif plan.total_pld_note:
-            lines.append(_item(f"No PLD composition: {plan.total_pld_note}."))
+        lines += _pld_lines(plan, "each part's")
     elif len(plan.phases) > 1:
         lines.append(_item(
             f"The phases run one after another on the same data (later phases may use earlier outputs) and "
             f"compose: by basic composition (epsilons and deltas add) the run is {_pair(plan.total)}."))
-        if plan.total_pld is not None:
-            lines.append(_item(f"Composing their privacy loss distributions under the shared adjacency gives "
-                               f"the tighter {_pair(plan.total_pld)} for the same run; the basic figure is the "
-                               "one planned to."))
-        elif plan.total_pld_note:
-            lines.append(_item(f"No PLD composition: {plan.total_pld_note}."))
+        lines += _pld_lines(plan, "their")
     else:
         lines.append(_item(f"One phase: the run is {_pair(plan.total)}."))
     if plan.tuning is not None:
@@ -301,6 +291,14 @@ def _composition_lines(plan: Plan) -> list[str]:
                     f"by repeat-and-select accounting (Papernot and Steinke 2022) this is {_pair(g)}.")
         lines.append(_item(text))
     return lines
+
+
+def _pld_lines(plan: Plan, whose: str) -> list[str]:
+    """The PLD total beside the basic one, or why there is none."""
+    if plan.total_pld is not None:
+        return [_item(f"Composing {whose} privacy loss distributions under the shared adjacency gives the tighter "
+                      f"{_pair(plan.total_pld)} for the same run; the basic figure is the one planned to.")]
+    return [_item(f"No PLD composition: {plan.total_pld_note}.")] if plan.total_pld_note else []
 
 
 def _grid_lines(plan: Plan, g: Guarantee) -> list[str]:

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
 from budgetplan.report.plots import agg_pyplot, save_png
-from budgetplan.scenario.split_rules import part_rows, units_share
+from budgetplan.scenario.split_rules import dpsgd_rows
 from budgetplan.util.fileio import atomic_output
 from trainers.data.loaders import read_table
 
@@ -59,12 +59,6 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _dpsgd_rows(dataset_size: int, split: str | None) -> int:
-    """The rows a Hybrid's DP-SGD phase samples from: N, or under a units split its part's expected rows."""
-    share = None if split is None else units_share(split)
-    return dataset_size if share is None else part_rows(dataset_size, share)[1]
-
-
 def proxy_scenario(scenario, rows: int, alpha: float | str):
     """The scenario's analog on ``rows`` proxy rows: same epsilon, delta policy, epochs and q.
 
@@ -77,8 +71,8 @@ def proxy_scenario(scenario, rows: int, alpha: float | str):
     rule = f"alpha={alpha:g}" if isinstance(alpha, (int, float)) else alpha
     dpsgd = s.dpsgd
     if dpsgd is not None:
-        q = dpsgd.batch_size / _dpsgd_rows(s.dataset_size, s.split)
-        part = _dpsgd_rows(rows, rule)
+        q = dpsgd.batch_size / dpsgd_rows(s.dataset_size, s.split)
+        part = dpsgd_rows(rows, rule)
         dpsgd = replace(dpsgd, batch_size=max(1, min(part, round(q * part))))
     return replace(s, dataset_size=rows, split=rule, dpsgd=dpsgd, split_evidence=None,
                    name=f"{s.name}-proxy-{rule.replace('=', '')}")

@@ -51,7 +51,6 @@ from budgetplan.mechanisms import (
 )
 from budgetplan.plan import Plan, current_versions, load_plan
 from budgetplan.plan.phases import (
-    UNITS_SPLIT_KEY,
     CalibrationPhase,
     CountPhase,
     DPSGDParams,
@@ -76,7 +75,7 @@ from budgetplan.planning.composition import (
 from budgetplan.planning.planner import build_plan, check_within_budget
 from budgetplan.planning.shares import split_record
 from budgetplan.scenario.model import Scenario
-from budgetplan.scenario.split_rules import part_rows, units_share
+from budgetplan.scenario.split_rules import units_share
 from budgetplan.units import Adjacency
 from budgetplan.util.typed import to_json_object
 
@@ -208,9 +207,7 @@ def _check_unit_part(plan: Plan, where: str, p: Phase, problems: list[str]) -> N
     part = getattr(p.params, "unit_part", None)
     wanted: UnitPart | None = None
     if share is not None and isinstance(p, (RRPhase, DPSGDPhase)):
-        rr_rows, sgd_rows = part_rows(plan.dataset_size, share)
-        wanted = (UnitPart(low=0.0, high=share, rows=rr_rows, key=UNITS_SPLIT_KEY) if isinstance(p, RRPhase) else
-                  UnitPart(low=share, high=1.0, rows=sgd_rows, key=UNITS_SPLIT_KEY))
+        wanted = UnitPart.halves(plan.dataset_size, share)[0 if isinstance(p, RRPhase) else 1]
     if part != wanted:
         stored = None if part is None else to_json_object(part)
         given = None if wanted is None else to_json_object(wanted)

@@ -36,6 +36,7 @@ from budgetplan.mechanisms import (
     mechanism_from_dict,
     mechanism_to_dict,
 )
+from budgetplan.scenario.split_rules import part_rows
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY
 from budgetplan.util import typed, validate
 
@@ -112,6 +113,13 @@ class UnitPart:
                                         f"[{self.low!r}, {self.high!r})")
         _set(self, "rows", validate.positive_int("unit_part.rows", self.rows))
         typed.text("unit_part.key", self.key)
+
+    @classmethod
+    def halves(cls, dataset_size: int, share: float) -> tuple[UnitPart, UnitPart]:
+        """The two parts of ``split = "units=<share>"`` over N rows: RR's [0, share), DP-SGD's [share, 1)."""
+        rr_rows, sgd_rows = part_rows(dataset_size, share)
+        return (cls(low=0.0, high=share, rows=rr_rows, key=UNITS_SPLIT_KEY),
+                cls(low=share, high=1.0, rows=sgd_rows, key=UNITS_SPLIT_KEY))
 
     def overlaps(self, other: UnitPart | None) -> bool:
         """Whether a unit may fall in both parts (None: every unit)."""

@@ -40,7 +40,6 @@ from budgetplan.mechanisms import (
 from budgetplan.plan import Plan, current_versions
 from budgetplan.plan.parts import unit_alternatives
 from budgetplan.plan.phases import (
-    UNITS_SPLIT_KEY,
     CalibrationParams,
     CalibrationPhase,
     CountParams,
@@ -69,7 +68,7 @@ from budgetplan.planning.shares import calibration_released, rest_of, split_reco
 from budgetplan.planning.tuning import repeat_and_select_epsilon
 from budgetplan.scenario.model import Scenario
 from budgetplan.scenario.model import register_algorithm as register_scenario_algorithm
-from budgetplan.scenario.split_rules import part_rows, split_budget, units_share
+from budgetplan.scenario.split_rules import split_budget, units_share
 from budgetplan.units import PrivacyUnit
 
 __all__ = ["build_plan", "unit_of", "register_algorithm", "pending_guarantee", "with_guarantee", "TrainingPlanner"]
@@ -233,11 +232,10 @@ def _plan_units_split(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta:
     if run_delta == 0:
         raise InvalidParameterError(f"[budget].delta must be > 0: split {s.split!r} gives the DP-SGD phase "
                                     f"epsilon {run_eps:g}, and DP-SGD is not pure DP")
-    rr_rows, sgd_rows = part_rows(s.dataset_size, share)
+    rr_part, sgd_part = UnitPart.halves(s.dataset_size, share)
     rr = _rr_phase(s, unit, run_eps, 0.0, model="the truncated model (non-sensitive tower, sensitive input zeroed)",
-                   part=UnitPart(low=0.0, high=share, rows=rr_rows, key=UNITS_SPLIT_KEY))
-    sgd = _dpsgd_phase(s, unit, run_eps, run_delta, delta, warm_start=True,
-                       part=UnitPart(low=share, high=1.0, rows=sgd_rows, key=UNITS_SPLIT_KEY))
+                   part=rr_part)
+    sgd = _dpsgd_phase(s, unit, run_eps, run_delta, delta, warm_start=True, part=sgd_part)
     return [rr, sgd]
 
 

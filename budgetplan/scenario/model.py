@@ -120,7 +120,7 @@ from budgetplan.accounting.batch_selection import EPOCH_SAMPLINGS, epoch_steps
 from budgetplan.errors import InvalidParameterError
 from budgetplan.intercept import SHARE
 from budgetplan.limits import SIGMA_RANGE
-from budgetplan.scenario.split_rules import DEFAULT_RULE, parse_rule, part_rows, split_budget, units_share
+from budgetplan.scenario.split_rules import DEFAULT_RULE, dpsgd_rows, parse_rule, split_budget, units_share
 from budgetplan.units import CAPPING_RULES, SAMPLE_BY, Adjacency
 from budgetplan.util import validate
 from budgetplan.util.typed import from_json_object
@@ -833,9 +833,7 @@ def _batch_policy(raw: dict[str, Any], dataset_size: object, split: object = Non
         raise InvalidParameterError(f'[dpsgd].batch_size = {value!r}: with sample_by = "unit" the batch counts '
                                     "units; write the number")
     n = _bounded_int("[data].dataset_size", dataset_size, limits.MAX_DATASET_SIZE)
-    share = units_share(_split_rule("[algorithm].split", split)) if split is not None else None
-    if share is not None:
-        n = part_rows(n, share)[1]
+    n = dpsgd_rows(n, None if split is None else _split_rule("[algorithm].split", split))
     table["batch_size"] = max(1, round(n / c))
 
 

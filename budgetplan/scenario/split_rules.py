@@ -38,7 +38,7 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.util import validate
 
 __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget", "choose_split", "alpha_by_epsilon",
-           "DEFAULT_RULE", "units_share", "part_rows",
+           "DEFAULT_RULE", "units_share", "part_rows", "dpsgd_rows",
            "ALPHA_BY_EPSILON", "ALPHA_BY_EPSILON_SOURCE", "PAPER_ALPHAS", "PAPER_EPSILONS"]
 
 # The rule a Hybrid scenario gets when it names none: the least regret (relative AUC loss above
@@ -198,6 +198,12 @@ def part_rows(dataset_size: int, share: float) -> tuple[int, int]:
         raise InvalidParameterError(f"a units split with share {share:g} of N = {dataset_size} rows leaves a part "
                                     "with no rows: move the share away from 0 and 1 or use an alpha rule")
     return rr, dataset_size - rr
+
+
+def dpsgd_rows(dataset_size: int, rule: str | SplitRule | None) -> int:
+    """The rows a Hybrid's DP-SGD phase samples from: N, or under a units split its part's expected rows."""
+    share = None if rule is None else units_share(rule)
+    return dataset_size if share is None else part_rows(dataset_size, share)[1]
 
 
 def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:

@@ -197,7 +197,12 @@ def render(state: dict, name: str) -> str:
                       "(negative loss) for " + ", ".join(beat) + ". The baseline is under-trained at these settings, "
                       "and every loss in this section is measured against it.", ""]
         lines += [f"![{shape}]({name}_{shape}.png)", ""]
-    lines += _regret_section(summary, state) + _checks_section(summary, state)
+    measured = {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
+    if len(measured & set(GRID)) > 1:
+        lines += _regret_section(summary, state) + _checks_section(summary, state)
+    else:  # one arm of the grid (an experiment on one arm's settings): no split to weigh against another
+        lines += ["One arm of the alpha grid only: no split to compare, so neither the regret table nor the "
+                  "defaults' checks (the full frontier, utility_frontier.md, has both).", ""]
     cells = list(state["cells"].values())
     if cells:
         median = statistics.median(c["seconds"] for c in cells)

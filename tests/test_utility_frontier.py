@@ -219,3 +219,19 @@ def test_a_dp_arm_beyond_its_baseline_fails_the_benchmark(tiny):
     beaten["cells"]["legacy|0|0.01|RR"]["beats_baseline"] = True
     with pytest.raises(SystemExit, match=r"in 1 cells \(legacy\|0\|0.01\|RR\): the baseline is no ceiling"):
         uf.check_ceiling(beaten)
+
+
+def test_a_run_of_one_arm_has_no_regret_table(tiny):
+    """An experiment on one arm (``--arms DP-SGD``) compares no split: the report says so instead of
+    printing a regret of 0 against itself and checks of the defaults it did not train."""
+    _frontier()
+    import frontier_report
+
+    _, _, state = tiny
+    full = frontier_report.render(state, "tiny")
+    assert "## Which split: regret of each rule" in full and "## The defaults against their targets" in full
+    one = json.loads(json.dumps(state))
+    one["cells"] = {k: c for k, c in one["cells"].items() if c["arm"] == "DP-SGD"}
+    text = frontier_report.render(one, "tiny")
+    assert "regret of each rule" not in text and "against their targets" not in text
+    assert "One arm of the alpha grid only" in text

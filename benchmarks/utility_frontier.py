@@ -119,6 +119,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--name", default=None, help="results file stem (default utility_frontier, _quick with --quick)")
     ap.add_argument("--out", type=Path, default=h.RESULTS, help="results folder (default benchmarks/results)")
     ap.add_argument("--fresh", action="store_true", help="discard finished cells of an earlier run")
+    ap.add_argument("--cells-from", type=Path, default=None, metavar="FILE",
+                    help="take the cells this run still lacks from another results file of this script made with "
+                         "the same settings (its shapes, arms and epsilons may differ) on the same baselines")
     ap.add_argument("--render", action="store_true", help="rewrite the .md and PNGs from the existing .json")
     args = ap.parse_args(argv)
     args.argv = list(argv)
@@ -230,7 +233,10 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
                 if not (d.startswith("shapes.") and d.split(".")[1] not in old_shapes)
                 and not (d.startswith("arms.") and d[len("arms."):] not in old_arms)]
         if diff and all(d.startswith("training.") and d.split(".")[1] in h.RR_TRAINING for d in diff):
-            return _carry_unaffected(state, today, diff)
+            return _carry_unaffected(state, today, [d.split(".", 1)[1] for d in diff], alpha=0, arm="DP-SGD",
+                                     phase="RR")
+        if diff and all(_dpsgd_only(d) for d in diff):
+            return _carry_unaffected(state, today, diff, alpha=1, arm="RR", phase="DP-SGD")
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
                              "--fresh to start over, or --name to keep both")
@@ -240,25 +246,78 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
     return _new_state(today)
 
 
-def _carry_unaffected(state: dict, today: dict, diff: list[str]) -> dict:
-    """A new state for a run whose settings differ from the earlier one's only in the RR phase's
-    (``harness.RR_TRAINING``): the cells that train no RR phase (plain DP-SGD, alpha 0) and the
-    non-private baselines read none of those settings, so they are carried, each cell marked
-    with the commit it was trained at (``carried_from``); every other cell is trained again."""
+def _dpsgd_only(setting: str) -> bool:
+    """Whether a setting is read by the DP-SGD phase alone: the template's ``[dpsgd]`` table, the batch
+    rule and the DP-SGD optimiser's settings. An RR-only plan (alpha 1) has the same phases whatever
+    they are (only the scenario it embeds differs), and the baselines read none of them."""
+    return setting.startswith(("scenario.dpsgd.", "dpsgd_settings.")) or setting == "scenario.dpsgd_batch_size"
+
+
+def _carry_unaffected(state: dict, today: dict, changed: list[str], *, alpha: float, arm: str, phase: str) -> dict:
+    """A new state for a run whose settings differ from the earlier one's only in ``phase``'s (the RR
+    phase's ``harness.RR_TRAINING``, or the DP-SGD phase's, ``_dpsgd_only``): the cells of the arm
+    without that phase (plain DP-SGD, alpha 0; or RR alone, alpha 1) and the non-private baselines
+    read none of those settings, so they are carried, each cell marked with the commit it was
+    trained at (``carried_from``); every other cell is trained again."""
     commit = state["settings"].get("commit") or "unknown"
     cells = {key: {**cell, "carried_from": cell.get("carried_from", commit)}
-             for key, cell in state["cells"].items() if cell.get("alpha") == 0}
+             for key, cell in state["cells"].items() if cell.get("alpha") == alpha}
     earlier = (state.get("carried") or {}).get("commits", [])
     commits = sorted({*earlier, *(c["carried_from"] for c in cells.values())} or {commit})
-    changed = ", ".join(d.split(".", 1)[1] for d in diff)
-    print(f"carrying {len(cells)} DP-SGD cell(s) and {len(state['baselines'])} baseline pair(s): only the RR "
-          f"phase's settings changed ({changed})", file=sys.stderr)
+    changed = ", ".join(changed)
+    print(f"carrying {len(cells)} {arm} cell(s) and {len(state['baselines'])} baseline pair(s): only the "
+          f"{phase} phase's settings changed ({changed})", file=sys.stderr)
     fresh = _new_state(today)
     fresh.update(baselines=state["baselines"], cells=cells, carried={
         "from_commit": " and ".join(c[:12] for c in commits), "commits": commits,
-        "arms": ["DP-SGD", "the non-private baselines"],
-        "why": f"neither reads a setting that changed (the RR phase's {changed})"})
+        "arms": [arm, "the non-private baselines"],
+        "why": f"neither reads a setting that changed (the {phase} phase's {changed})"})
     return fresh
+
+
+def take_cells(state: dict, other_path: Path, args) -> int:
+    """Copy into ``state`` the cells it lacks from another results file of this script (``--cells-from``):
+    one made with today's settings but for its shapes, arms and epsilons (a shape or arm both runs have
+    must be the same), whose baselines for the cell's (shape, seed) are this run's. Same settings, same
+    data and same seeds give the same plans and the same training, so a cell taken is the cell this run
+    would train. Each is marked with the commit it was trained at (``carried_from``); returns how many."""
+    try:
+        other = json.loads(Path(other_path).read_text())
+        recorded = other["settings"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"--cells-from {other_path}: not a results file of this script ({exc})") from None
+    today = state["settings"]
+    mine, theirs = today.get("values", {}), recorded.get("values", {})
+
+    def extends(setting: str) -> bool:  # a shape or arm that only one of the two runs has
+        top, _, rest = setting.partition(".")
+        name = rest.split(".")[0] if top == "shapes" else rest
+        return top in ("shapes", "arms") and (name not in mine.get(top, {}) or name not in theirs.get(top, {}))
+
+    diff = [d for d in h.settings_differences(recorded, today) if d != "epsilons" and not extends(d)]
+    if diff:
+        raise SystemExit(f"--cells-from {other_path}: made with other settings (these differ: "
+                         f"{', '.join(diff[:5])}); only its shapes, arms and epsilons may differ")
+    commit = recorded.get("commit") or "unknown"
+    taken = {}
+    for key, cell in other.get("cells", {}).items():
+        unit = _key(cell["shape"], cell["seed"])
+        if (key in state["cells"] or cell["shape"] not in args.shape_list or cell["arm"] not in args.arm_list
+                or cell["epsilon"] not in args.epsilon_list or cell["seed"] >= args.seeds
+                or unit not in state["baselines"] or other["baselines"].get(unit) != state["baselines"][unit]):
+            continue
+        taken[key] = {**cell, "carried_from": cell.get("carried_from", commit)}
+    if taken:
+        state["cells"].update(taken)
+        carried = state.setdefault("carried", {"arms": [], "commits": [], "why": ""})
+        arms = sorted({c["arm"] for c in taken.values()}, key=list(ARMS).index)
+        carried["arms"] = list(dict.fromkeys([*carried["arms"], *arms]))
+        carried["commits"] = sorted({*carried["commits"], *(c["carried_from"] for c in taken.values())})
+        carried["from_commit"] = " and ".join(c[:12] for c in carried["commits"])
+        why = f"{', '.join(arms)} from {Path(other_path).name}, made with the same settings on the same baselines"
+        carried["why"] = f"{carried['why']}; {why}" if carried["why"] else why
+    print(f"took {len(taken)} cell(s) from {other_path}", file=sys.stderr)
+    return len(taken)
 
 
 def _new_state(today: dict) -> dict:
@@ -365,6 +424,8 @@ def run(args) -> dict:
 
     path = args.out / f"{args.name}.json"
     state = _load_state(path, settings(args), args.fresh)
+    if args.cells_from is not None:
+        take_cells(state, args.cells_from, args)
     units = []  # (shape, seed, cells still to train, its baselines if already trained)
     for shape in args.shape_list:
         for seed in range(args.seeds):

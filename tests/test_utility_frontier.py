@@ -182,6 +182,81 @@ def test_a_change_to_the_rr_phases_settings_alone_carries_what_does_not_read_the
     assert json.loads(path.read_text()) == before  # loading writes nothing
 
 
+def test_a_change_to_the_dpsgd_phases_settings_alone_carries_the_rr_cells(tiny):
+    """The template's [dpsgd] table, the batch rule and the DP-SGD optimiser are read by every cell
+    with a DP-SGD phase; RR alone (alpha 1) and the baselines are carried, the rest trained again."""
+    import copy
+
+    uf, out, _ = tiny
+    path = out / "tiny.json"
+    before = json.loads(path.read_text())
+    today = copy.deepcopy(before["settings"])
+    today["values"]["scenario"]["dpsgd"]["epochs"] = 10.0
+    today["values"]["dpsgd_settings"]["cosine_decay"] = not today["values"]["dpsgd_settings"]["cosine_decay"]
+    carried = uf._load_state(path, today, fresh=False)
+    rr = {k: c for k, c in before["cells"].items() if c["arm"] == "RR"}
+    assert rr and sorted(carried["cells"]) == sorted(rr) and carried["baselines"] == before["baselines"]
+    commit = before["settings"].get("commit") or "unknown"
+    assert all(cell == {**rr[key], "carried_from": commit} for key, cell in carried["cells"].items())
+    assert carried["carried"]["arms"] == ["RR", "the non-private baselines"]
+    assert "DP-SGD phase's" in carried["carried"]["why"] and "scenario.dpsgd.epochs" in carried["carried"]["why"]
+    today["values"]["scenario"]["rr"]["batch_size"] = 7  # the RR arm reads it: no carrying
+    with pytest.raises(SystemExit, match="these differ: dpsgd_settings.cosine_decay, scenario.dpsgd.epochs, scenario.rr.batch_size"):
+        uf._load_state(path, today, fresh=False)
+    assert json.loads(path.read_text()) == before  # loading writes nothing
+
+
+def test_an_rr_only_plan_is_the_same_whatever_the_dpsgd_table_says():
+    """What carrying the RR cells rests on: the template's RR arm plans the same phases at 5 and 10
+    DP-SGD epochs (only the scenario the plan embeds differs)."""
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.scenario.examples import adapted, set_key
+    from budgetplan.scenario.model import parse_scenario
+    from trainers.data.synth import get_shape
+
+    text = adapted("synthetic-hybrid", epsilon=3, dataset_size=797_268, split="alpha=1",
+                   features=get_shape("mixed").features)
+    plans = [json.loads(build_plan(parse_scenario(set_key(text, "dpsgd", "epochs", e))).to_json()) for e in (5, 10)]
+    assert plans[0]["phases"] == plans[1]["phases"] and [p["name"] for p in plans[0]["phases"]] == ["rr"]
+    assert {k for k in plans[0] if plans[0][k] != plans[1][k]} == {"scenario", "sha256"}
+
+
+def test_cells_of_another_run_with_the_same_settings_are_taken(tiny, tmp_path):
+    """--cells-from: a cell this run lacks is taken from a results file made with the same settings
+    (its arms, shapes and epsilons may differ) where that file's baseline for the cell is this run's;
+    anything else is refused or left to train."""
+    import copy
+
+    uf, out, _ = tiny
+    before = json.loads((out / "tiny.json").read_text())
+    args = uf.parse_args([*ARGV, "--out", str(tmp_path)])
+    other = copy.deepcopy(before)  # an experiment on one arm: the arms differ, nothing else
+    other["settings"]["values"]["arms"] = {"DP-SGD": before["settings"]["values"]["arms"]["DP-SGD"]}
+    other["cells"] = {k: c for k, c in before["cells"].items() if c["arm"] == "DP-SGD"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+
+    state = uf._new_state(before["settings"])
+    state["baselines"] = copy.deepcopy(before["baselines"])
+    state["cells"] = {k: c for k, c in before["cells"].items() if c["arm"] != "DP-SGD"}
+    assert uf.take_cells(state, tmp_path / "other.json", args) == len(other["cells"]) > 0
+    assert set(state["cells"]) == set(before["cells"])
+    commit = before["settings"].get("commit") or "unknown"
+    assert all(state["cells"][k] == {**c, "carried_from": commit} for k, c in other["cells"].items())
+    assert "DP-SGD from other.json" in state["carried"]["why"] and state["carried"]["arms"] == ["DP-SGD"]
+    assert uf.take_cells(state, tmp_path / "other.json", args) == 0  # nothing left to take
+
+    moved = uf._new_state(before["settings"])  # a baseline of another run: its cells would score otherwise
+    moved["baselines"] = copy.deepcopy(before["baselines"])
+    first = sorted(moved["baselines"])[0]
+    moved["baselines"][first]["all"]["auc"] += 0.01
+    assert uf.take_cells(moved, tmp_path / "other.json", args) == len(other["cells"]) // 2
+
+    other["settings"]["values"]["rows"] = 5000
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="made with other settings \\(these differ: rows\\)"):
+        uf.take_cells(uf._new_state(before["settings"]), tmp_path / "other.json", args)
+
+
 @pytest.mark.parametrize("argv, what", [(["--shapes", "nope"], "--shapes"), (["--arms", "RR,X"], "--arms"),
                                         (["--epsilons", "1,inf"], "--epsilons"), (["--rows", "0"], "--rows"),
                                         (["--jobs", "0"], "--jobs")])

@@ -201,7 +201,8 @@ def test_a_change_to_the_dpsgd_phases_settings_alone_carries_the_rr_cells(tiny):
     assert carried["carried"]["arms"] == ["RR", "the non-private baselines"]
     assert "DP-SGD phase's" in carried["carried"]["why"] and "scenario.dpsgd.epochs" in carried["carried"]["why"]
     today["values"]["scenario"]["rr"]["batch_size"] = 7  # the RR arm reads it: no carrying
-    with pytest.raises(SystemExit, match="these differ: dpsgd_settings.cosine_decay, scenario.dpsgd.epochs, scenario.rr.batch_size"):
+    differ = "these differ: dpsgd_settings.cosine_decay, scenario.dpsgd.epochs, scenario.rr.batch_size"
+    with pytest.raises(SystemExit, match=differ):
         uf._load_state(path, today, fresh=False)
     assert json.loads(path.read_text()) == before  # loading writes nothing
 

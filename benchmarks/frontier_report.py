@@ -197,8 +197,7 @@ def render(state: dict, name: str) -> str:
                       "(negative loss) for " + ", ".join(beat) + ". The baseline is under-trained at these settings, "
                       "and every loss in this section is measured against it.", ""]
         lines += [f"![{shape}]({name}_{shape}.png)", ""]
-    measured = {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
-    if len(measured & set(GRID)) > 1:
+    if len(_measured(summary) & set(GRID)) > 1:
         lines += _regret_section(summary, state) + _checks_section(summary, state)
     else:  # one arm of the grid (an experiment on one arm's settings): no split to weigh against another
         lines += ["One arm of the alpha grid only: no split to compare, so neither the regret table nor the "
@@ -212,6 +211,11 @@ def render(state: dict, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _measured(summary: dict) -> set[str]:
+    """The arms with at least one cell, over every shape and epsilon."""
+    return {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
+
+
 RULES = ("alpha=0.25", "alpha=0.5", "alpha=0.75", "paper-v1", "alpha-by-eps (before)")
 
 
@@ -223,7 +227,7 @@ def _regret_section(summary: dict, state: dict) -> list[str]:
     eps_list = sorted({e for s in summary.values() for e in s["cells"]})
     shapes = list(summary)
     rules = [r for r in rules if any(v is not None for shape in shapes for v in table[r].get(shape, {}).values())]
-    measured = {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
+    measured = _measured(summary)
     grid = ", ".join(f"{alpha:g}" for alpha, arm in _GRID_ALPHA.items() if arm in measured)
     lines = ["## Which split: regret of each rule", "",
              f"Relative AUC loss (points) of the rule's arm above the best alpha of the grid {{{grid}}} "

@@ -2,7 +2,7 @@
 
 The run is the README's: ``example:synthetic-hybrid`` (Hybrid at (8, 0.1/N), N = 200,000; RR
 at eps1 = 3.8 (alpha-by-eps: 0.5 of the 7.6 the training phases get), then DP-SGD at batch N/50 = 4,000
-for 5 epochs, 250 steps at sigma 0.946, C = 5)
+for 10 epochs, 500 steps at sigma 1.198, C = 5)
 trained once on the built-in
 synthetic data (a smaller model than the default: the model is not what is audited). WALR
 has no trainable example (``example:walr`` has no features), so its plan is audited through
@@ -96,7 +96,7 @@ def test_the_readme_plan_is_the_one_described(readme_run):
     rr, dp = plan.rr, plan.dpsgd
     assert (rr.params.per_impression_epsilon, plan.dataset_size) == (pytest.approx(3.8), 200_000)
     par = dp.params
-    assert (par.steps, par.clipping_norm, par.sampling_rate, par.sampling) == (250, 5.0, 0.02, "poisson")
+    assert (par.steps, par.clipping_norm, par.sampling_rate, par.sampling) == (500, 5.0, 0.02, "poisson")
 
 
 def test_an_honest_run_passes_the_cli_audit(readme_run, runner):
@@ -113,7 +113,7 @@ def test_an_honest_run_passes_the_cli_audit(readme_run, runner):
     assert dp["passed"] and 0 < dp["epsilon_lower_bound"] <= dp["planned_epsilon"] < dp["phase_epsilon"]
     assert dp["phase_epsilon"] == plan.phases[1].guarantee.epsilon
     assert all(c["passed"] for c in dp["checks"]) and len(dp["checks"]) == 4
-    assert (dp["samples"], dp["absent"]) == (200_000, 1_120_000)  # 330M coordinate-steps / 250 steps
+    assert (dp["samples"], dp["absent"]) == (200_000, 460_000)  # 330M coordinate-steps / 500 steps
 
 
 @pytest.mark.parametrize(("mutant", "row", "expected"), CAUGHT, ids=[m.name for m, _, _ in CAUGHT])

@@ -72,7 +72,7 @@ __all__ = ["dpsgd_lower_bound", "canary_counts", "CanaryModel", "canary_data", "
 MAX_PRESENT = 200_000       # canaries present (examples): the README plan's N
 MAX_ABSENT = 2_000_000      # canaries absent (table rows no example reads)
 # Coordinates x steps per audit (147 steps x 2.2M coordinates, the README plan when it was set;
-# 250 steps x 1.32M today): plans with more steps get fewer canaries, so the cost stays about the same.
+# 500 steps x 660,000 today): plans with more steps get fewer canaries, so the cost stays about the same.
 WORK = 330_000_000
 MAX_STEPS = 2_000           # longer plans are audited on their first steps (stated in the result)
 
@@ -101,7 +101,7 @@ def dpsgd_lower_bound(params, *, delta: float, epsilon: float | None = None, pre
             the audited steps (Poisson). Allocation and shuffled batches must be given one
             (``audit_plan`` gives the phase's planned epsilon).
         present, absent, steps: canaries present and absent, steps run; default
-            ``canary_counts`` (the README plan: 200,000, 1,120,000 and all 250 steps).
+            ``canary_counts`` (the README plan: 200,000, 460,000 and all 500 steps).
         randomness: a ``Randomness`` (default: a fresh CSPRNG one); ``run_dpsgd`` seeds its
             sampler and noise from it as in a real run.
         confidence: probability that the bound is valid.

@@ -89,6 +89,11 @@ SLOW = {
     # [10] numeric WALR over two processes; one-hot WALR's two-process test stays in the default run
     "tests/trainers/test_nproc.py::test_walr_over_two_processes_is_the_one_process_release_and_fit",
     "tests/trainers/test_run.py::test_user_level_dpsgd_mixture_plan",  # [9]
+    # stop 42: the template's DP-SGD phase went from 5 epochs to 10 and the default run took 9:26 on a fresh
+    # clone (8:13 before); the proxy grid trains the template's phases, so its larger CLI call moves here
+    # (seconds beside the slow run; [11.7] at 5 epochs). The units-split CLI call, which trains a proxy grid,
+    # writes the chosen scenario and the frontier plot, stays in the default run.
+    "tests/trainers/test_proxy.py::test_cli_writes_the_best_split_and_the_statement_quotes_where_it_came_from",  # [15]
 }
 SLOW_MODULES = {
     "tests/test_notebooks.py",  # [183] the three notebooks top to bottom

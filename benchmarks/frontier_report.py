@@ -15,7 +15,7 @@ import harness as h
 
 MAIN = ("RR", "DP-SGD", "Hybrid")
 GRID = ("DP-SGD", "alpha=0.25", "alpha=0.5", "alpha=0.75", "RR")  # alpha 0 .. 1
-OTHER = ("paper-v1", "fine-tune", "units=0.75")
+OTHER = ("paper-v1", "fine-tune")  # and every units split measured (``_units_arms``)
 _GRID_ALPHA = {0.0: "DP-SGD", 0.25: "alpha=0.25", 0.5: "alpha=0.5", 0.75: "alpha=0.75", 1.0: "RR"}
 # The table alpha-by-eps had before these shapes were measured (for the regret table).
 _OLD_TABLE = ((0.0, 0.0), (2.0, 0.75), (10.0, 0.5))
@@ -26,8 +26,8 @@ def rule_arm(rule: str, epsilon: float, share: float | None) -> str | None:
     splits what the calibration release leaves. None where its alpha is not on the grid."""
     from budgetplan.scenario.split_rules import choose_split
 
-    if rule == "paper-v1":
-        return "paper-v1"
+    if rule == "paper-v1" or rule.startswith("units="):
+        return rule
     train = epsilon * (1 - (share or 0.0))
     if rule == "alpha-by-eps (before)":
         alpha = [a for start, a in _OLD_TABLE if start <= train][-1]
@@ -172,8 +172,8 @@ def render(state: dict, name: str) -> str:
                       f"{_pm(*bl['nonsensitive']['calibration_ratio'], 3)} |", ""]
         for title, arms, table in (("Arms", MAIN, "main"), ("Alpha grid (eps1 = alpha eps)", GRID, "grid"),
                                    ("Other rules: the paper's v1 split, alpha 0.5 with the non-sensitive tower "
-                                    "fine-tuned, and the units split (RR on 75% of the units, DP-SGD on the rest, "
-                                    "each at the whole budget)", OTHER, "other")):
+                                    "fine-tuned, and the units splits (units=r: RR on a share r of the units, DP-SGD "
+                                    "on the rest, each at the whole budget)", OTHER + _units_arms(summary), "other")):
             arms = [a for a in arms if any(a in v for v in by_eps.values())]
             if not arms:
                 continue
@@ -211,6 +211,12 @@ def render(state: dict, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _units_arms(summary: dict) -> tuple[str, ...]:
+    """The units splits measured, by their RR share, largest first."""
+    return tuple(sorted((a for a in _measured(summary) if a.startswith("units=")),
+                        key=lambda a: -float(a.partition("=")[2])))
+
+
 def _measured(summary: dict) -> set[str]:
     """The arms with at least one cell, over every shape and epsilon."""
     return {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
@@ -222,7 +228,7 @@ RULES = ("alpha=0.25", "alpha=0.5", "alpha=0.75", "paper-v1", "alpha-by-eps (bef
 def _regret_section(summary: dict, state: dict) -> list[str]:
     """Each rule's regret (its loss above the best alpha of the grid) per shape and epsilon, and its worst."""
     rule, share = _default(state)
-    rules = list(dict.fromkeys((*RULES, rule)))
+    rules = list(dict.fromkeys((*RULES, *_units_arms(summary), rule)))
     table = regret(summary, rules, share)
     eps_list = sorted({e for s in summary.values() for e in s["cells"]})
     shapes = list(summary)
@@ -290,10 +296,12 @@ def plot(state: dict, name: str, out: Path) -> list[Path]:
     plt = agg_pyplot()
     written = []
     n = len(state["settings"]["values"]["data_seeds"])
-    for shape, summ in summarise(state).items():
+    summary = summarise(state)
+    units = _units_arms(summary)
+    for shape, summ in summary.items():
         by_eps, bl = summ["cells"], summ["baselines"]
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-        for arm in dict.fromkeys(MAIN + GRID + ("units=0.75",)):
+        for arm in dict.fromkeys(MAIN + GRID + units):
             xs = [e for e in sorted(by_eps) if arm in by_eps[e] and by_eps[e][arm]["loss_mean"] is not None]
             if not xs:
                 continue

@@ -67,7 +67,7 @@ TEMPLATE = "synthetic-hybrid"  # the shipped scenario every arm's plan is made f
 ARMS = {"RR": ("alpha=1", None), "DP-SGD": ("alpha=0", None), "alpha=0.25": ("alpha=0.25", None),
         "alpha=0.5": ("alpha=0.5", None), "alpha=0.75": ("alpha=0.75", None), "paper-v1": ("paper-v1", None),
         "fine-tune": ("alpha=0.5", "fine-tune"),
-        "units=0.75": ("units=0.75", None)}
+        "units=0.75": ("units=0.75", None), "units=0.5": ("units=0.5", None)}
 
 
 def _template_values() -> dict:

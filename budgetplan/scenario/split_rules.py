@@ -41,10 +41,10 @@ __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget"
            "DEFAULT_RULE", "units_share", "part_rows", "dpsgd_rows",
            "ALPHA_BY_EPSILON", "ALPHA_BY_EPSILON_SOURCE", "PAPER_ALPHAS", "PAPER_EPSILONS"]
 
-# The rule a Hybrid scenario gets when it names none: the least regret (relative AUC loss above
-# the best alpha of the grid) at every epsilon measured on the 1M-row frontier
-# (benchmarks/results/utility_frontier.md: worst regret 0, 1.11 and 0.68 points at eps 1, 3 and
-# 8 over the balanced and mixed shapes; paper-v1 11.11, 3.39 and 1.86).
+# The rule a Hybrid scenario gets when it names none: the least worst-case regret (relative AUC
+# loss above the best alpha of the grid) on the 1M-row frontier
+# (benchmarks/results/utility_frontier.md: 5.56 and 1.15 points at eps 3 and 8 over five shapes,
+# against 8.25 and 1.15 for alpha 0.5 and 11.11 and 2.01 for alpha 0.75).
 DEFAULT_RULE = "alpha-by-eps"
 PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
@@ -67,28 +67,11 @@ ALPHA_BY_EPSILON_SOURCE = (
     "the signal in non-sensitive features to most of it in sensitive ones, 3 seeds each, alpha from {0, 0.5, 0.75, 1} "
     "at eps 3 and 8, the template's DP-SGD at batch N/50 for 10 epochs); the table with the least worst-case regret "
     "over those shapes")
-# The step lies between measured epsilons (3 and 8) where the best alpha changes; its place (5)
-# is not itself measured. Plain DP-SGD is best or within 1.11 points of the best split up to eps
-# 3 on both shapes; from eps 8 alpha 0.5 is best on mixed and 0.68 points behind 0.75 on
-# balanced, and at eps 12 alpha 0.5 tied 0.75 (the earlier 200,000-row measurements). Before
-# this frontier the table read alpha 0.75 from eps 2, fitted at 200,000 rows with the old
-# DP-SGD step (a fixed 0.01, batch 4,096, 3 epochs), under which plain DP-SGD trained worse:
-# 2.81 points of regret at eps 3 on mixed. Where the signal sits mostly in non-sensitive
-# features RR leads at small eps and alpha 0 loses to it: choose the split on a proxy
-# (`budgetplan split --proxy`) or with a [tuning] grid where that may be so. Re-measured at eps 3
-# and 8 after the RR phase began choosing its step size on its held-out units (RR 1.7-2 points
-# better at eps 3): the table still had the least worst-case regret (1.71 and 0.60 points,
-# against 2.85 and 0.68 for alpha 0.75 throughout); the evidence below is the first measurement.
-# With mixed-ns (95% of the signal non-sensitive) and mixed-s (half sensitive) added at 1M rows,
-# still the least: 6.02 and 0.67 points at eps 3 and 8 against 7.05 and 1.40 for alpha 0.75; at
-# eps 3 RR is best on balanced and mixed-ns, plain DP-SGD on mixed and mixed-s, so no alpha is
-# within 6 points everywhere. With the RR phase selecting by its held-out AUC over a weight
-# average (all five shapes at 1M rows, every RR and Hybrid cell re-trained): still the least,
-# 6.62 and 0.97 points at eps 3 and 8, against 8.12 and 0.97 for alpha 0.5, 9.84 and 1.86 for
-# alpha 0.75 and 6.62 and 7.76 for plain DP-SGD throughout. With the template's DP-SGD at 10
-# epochs instead of 5 (every DP-SGD and Hybrid cell re-trained): still the least, 5.56 and 1.15
-# points at eps 3 and 8, against 8.25 and 1.15 for alpha 0.5 and 11.11 and 2.01 for alpha 0.75.
-# The evidence below is this last measurement.
+# The step (eps 5) lies between the measured epsilons 3 and 8 where the best alpha changes; its
+# place is not itself measured. At eps 3 no alpha is within 5 points of the best on every shape
+# (RR alone leads where the signal is non-sensitive, plain DP-SGD where it is sensitive): there
+# `budgetplan split --proxy` or a [tuning] grid choose better. Each re-measurement of the frontier
+# kept this table; docs/history.md ("The default split table, round by round") lists them.
 ALPHA_BY_EPSILON: tuple[AlphaStep, ...] = (
     AlphaStep(0.0, 0.0, "alpha = 0 (plain DP-SGD) was best at eps = 3 on mixed, mixed-s and sensitive (relative "
               "AUC loss 11.27, 9.98 and 8.84); RR alone was best on balanced and mixed-ns, 1.83 and 5.56 points "

@@ -142,6 +142,7 @@ def _cell(s: dict | None, table: str, metric: str) -> str:
 def render(state: dict, name: str) -> str:
     st = state["settings"]["values"]
     summary = summarise(state)
+    other = OTHER + _units_arms(summary)
     seeds = len(st["data_seeds"])
     lines = [f"# Utility frontier by data shape{'' if state.get('complete') else ' (INCOMPLETE: a run in progress)'}",
              "", f"{st['rows']:,} synthetic rows per shape and seed ({st['users']:,} users, a fifth held out), "
@@ -173,7 +174,7 @@ def render(state: dict, name: str) -> str:
         for title, arms, table in (("Arms", MAIN, "main"), ("Alpha grid (eps1 = alpha eps)", GRID, "grid"),
                                    ("Other rules: the paper's v1 split, alpha 0.5 with the non-sensitive tower "
                                     "fine-tuned, and the units splits (units=r: RR on a share r of the units, DP-SGD "
-                                    "on the rest, each at the whole budget)", OTHER + _units_arms(summary), "other")):
+                                    "on the rest, each at the whole budget)", other, "other")):
             arms = [a for a in arms if any(a in v for v in by_eps.values())]
             if not arms:
                 continue

@@ -111,6 +111,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--dpsgd-epochs", type=float, default=PLAN["dpsgd"]["epochs"])
     ap.add_argument("--clipping-norm", type=float, default=PLAN["dpsgd"]["clipping_norm"])
     ap.add_argument("--dpsgd-lr", type=float, default=None, help="default: DPSGDSettings' default")
+    ap.add_argument("--composition", choices=("basic", "pld"), default=None,
+                    help="[accounting].composition of every plan (default: the template's, else the planner's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--jobs", type=int, default=1, help="(shape, seed) pairs trained at once, one torch thread each "
                     "(a speed setting: the results are the same)")
@@ -211,7 +213,12 @@ def scenario(args, *, epsilon: float, split: str, n: int, spec, tower: str | Non
     batch = args.dpsgd_batch
     text = set_key(text, "dpsgd", "batch_size", batch if str(batch).startswith("N/") else int(batch))
     text = set_key(text, "dpsgd", "epochs", args.dpsgd_epochs)
-    return set_key(text, "dpsgd", "clipping_norm", float(args.clipping_norm))
+    text = set_key(text, "dpsgd", "clipping_norm", float(args.clipping_norm))
+    if args.composition is not None:
+        if "[accounting]" not in text:
+            text += "\n[accounting]\n"
+        text = set_key(text, "accounting", "composition", args.composition)
+    return text
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -248,9 +255,11 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
 
 def _dpsgd_only(setting: str) -> bool:
     """Whether a setting is read by the DP-SGD phase alone: the template's ``[dpsgd]`` table, the batch
-    rule and the DP-SGD optimiser's settings. An RR-only plan (alpha 1) has the same phases whatever
-    they are (only the scenario it embeds differs), and the baselines read none of them."""
-    return setting.startswith(("scenario.dpsgd.", "dpsgd_settings.")) or setting == "scenario.dpsgd_batch_size"
+    rule and the DP-SGD optimiser's settings; and how the phases meet the budget (``[accounting].composition``:
+    one phase has nothing to compose). An RR-only plan (alpha 1) has the same phases whatever they are
+    (only the scenario it embeds differs), and the baselines read none of them."""
+    return (setting.startswith(("scenario.dpsgd.", "dpsgd_settings."))
+            or setting in ("scenario.dpsgd_batch_size", "scenario.composition"))
 
 
 def _carry_unaffected(state: dict, today: dict, changed: list[str], *, alpha: float, arm: str, phase: str) -> dict:

@@ -224,6 +224,23 @@ def test_an_rr_only_plan_is_the_same_whatever_the_dpsgd_table_says():
     plans = [json.loads(build_plan(parse_scenario(set_key(text, "dpsgd", "epochs", e))).to_json()) for e in (5, 10)]
     assert plans[0]["phases"] == plans[1]["phases"] and [p["name"] for p in plans[0]["phases"]] == ["rr"]
     assert {k for k in plans[0] if plans[0][k] != plans[1][k]} == {"scenario", "sha256"}
+    # nor whatever the composition: one phase has nothing to compose
+    pld = json.loads(build_plan(parse_scenario(text + '\n[accounting]\ncomposition = "pld"\n')).to_json())
+    assert pld["phases"] == plans[1]["phases"] and pld["run_budget"] == plans[1]["run_budget"]
+
+
+def test_the_composition_option_reaches_every_plan_and_reads_as_a_dpsgd_setting():
+    uf = _frontier()
+    from trainers.data.synth import get_shape
+
+    args = uf.parse_args([*ARGV, "--composition", "pld"])
+    text = uf.scenario(args, epsilon=3.0, split="alpha=0.5", n=100_000, spec=get_shape("legacy").features)
+    from budgetplan.scenario.model import parse_scenario
+
+    assert parse_scenario(text).composition == "pld"
+    assert uf.settings(args)["values"]["scenario"]["composition"] == "pld"
+    assert "composition" not in uf.settings(uf.parse_args(ARGV))["values"]["scenario"]  # basic: as before
+    assert uf._dpsgd_only("scenario.composition") and not uf._dpsgd_only("scenario.rr.epochs")
 
 
 def test_cells_of_another_run_with_the_same_settings_are_taken(tiny, tmp_path):

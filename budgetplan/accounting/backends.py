@@ -123,6 +123,23 @@ def reference_pld_dpsgd(
     ).self_compose(steps)
 
 
+def reference_pld_rr(*, epsilon: float, discretization: float) -> Any:
+    """dp_accounting's own PLD of one binary randomized response at ``epsilon`` (replace-one)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld  # heavy: dp_accounting (~1 s), a peer back-end
+
+    noise_parameter = 2.0 * float(special.expit(-epsilon))  # 2 / (e^eps + 1): a uniform bucket w.p. this
+    return pld.from_randomized_response(noise_parameter, 2, value_discretization_interval=discretization,
+                                        neighboring_relation=relation_of(Adjacency.REPLACE_ONE))
+
+
+def reference_pld_gaussian(*, noise_std: float, sensitivity: float, discretization: float) -> Any:
+    """dp_accounting's own PLD of one Gaussian release of L2 ``sensitivity`` (no sampling)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld  # heavy: dp_accounting (~1 s), a peer back-end
+
+    return pld.from_gaussian_mechanism(noise_std, sensitivity=sensitivity,
+                                       value_discretization_interval=discretization)
+
+
 def truncated_single_step(
     *,
     noise_multiplier: float,

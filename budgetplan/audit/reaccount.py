@@ -7,6 +7,7 @@ registers its own here, and a kind without one fails the check (nothing is taken
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from budgetplan.accounting import account, backends
@@ -14,8 +15,9 @@ from budgetplan.accounting.gaussian import analytic_epsilon
 from budgetplan.audit.record import record_entry
 from budgetplan.audit.report import REACCOUNT_TOLERANCE, Check
 from budgetplan.errors import BudgetplanError
-from budgetplan.mechanisms import PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
+from budgetplan.mechanisms import Composition, PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
 from budgetplan.plan import Plan
+from budgetplan.planning.composition import unit_parts
 from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
 from budgetplan.record.records import DPSGDRun, RunRecord
 
@@ -50,8 +52,63 @@ def reaccount_check(record: RunRecord, plan: Plan) -> Check:
             continue
         notes.append(note)
         problems += found
+    if plan.pld_budget and plan.total_pld is not None:
+        try:
+            note, found = _pld_total(record, plan)
+        except BudgetplanError as exc:
+            note, found = "", [f"PLD total: re-accounting failed: {exc}"]
+        notes.append(note)
+        problems += found
     detail = "; ".join(problems) or "; ".join(notes)
     return Check("independent re-accounting", not problems, detail)
+
+
+def _pld_total(record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
+    """A PLD budget's headline: the phases' composition by dp_accounting's own PLDs, within the budget.
+
+    Each part of a units split is composed on its own and the largest taken. At K = 1 with
+    Poisson DP-SGD every phase has a dp_accounting PLD (RR, sampled Gaussian, Gaussian) at the
+    executed steps; otherwise the composition is recomputed here at half the plan's grid.
+    """
+    total = plan.total_pld
+    assert total is not None  # only called for plans that have one
+    d = plan.scenario.discretization
+    ran = record_entry(record, DPSGDRun)
+    worst, how = 0.0, "dp_accounting PLD"
+    for part in unit_parts(plan.phases):
+        refs = [_reference_pld(p, plan, ran, d) for p in part]
+        if any(r is None for r in refs):
+            mechs = [replace(p.mechanism, steps=ran.steps_executed) if isinstance(p, DPSGDPhase) and ran is not None
+                     and hasattr(p.mechanism, "steps") else p.mechanism for p in part]
+            eps = account(Composition(phases=tuple(mechs)), delta=total.delta, adjacency=plan.adjacency,
+                          unit=plan.unit, method="pld", discretization=d / 2).epsilon
+            how = "PLD at half the grid"
+        else:
+            composed = refs[0]
+            for r in refs[1:]:
+                composed = composed.compose(r)
+            eps = float(composed.get_epsilon_for_delta(total.delta))
+        worst = max(worst, eps)
+    problems = []
+    if worst > plan.epsilon * (1 + REACCOUNT_TOLERANCE):
+        problems.append(f"PLD total: {how} composes the phases to {worst:.6g} > the budget {plan.epsilon:.6g}")
+    return f"the phases composed {worst:.6g} by {how} (plan {total.epsilon:.6g}, the budget)", problems
+
+
+def _reference_pld(phase: Any, plan: Plan, ran: DPSGDRun | None, d: float) -> Any:
+    """dp_accounting's own PLD of one phase as executed, or None where it has none (K > 1, other samplings)."""
+    if plan.unit.cap != 1:
+        return None
+    m = phase.mechanism
+    if isinstance(phase, RRPhase):
+        return backends.reference_pld_rr(epsilon=m.epsilon, discretization=d)
+    if isinstance(phase, (CalibrationPhase, WALRPhase)):
+        return backends.reference_pld_gaussian(noise_std=m.noise_std, sensitivity=m.sensitivity, discretization=d)
+    if isinstance(phase, DPSGDPhase) and isinstance(m, PoissonDPSGD):
+        return backends.reference_pld_dpsgd(
+            noise_multiplier=m.noise_multiplier, sampling_rate=m.sampling_rate,
+            steps=ran.steps_executed if ran is not None else m.steps, adjacency=plan.adjacency, discretization=d)
+    return None
 
 
 @reaccounts(DPSGDPhase)

@@ -39,7 +39,8 @@ def _summary(p: Plan) -> dict[str, Any]:
         "epsilon": g.epsilon, "delta": g.delta, "accountant": g.method, "adjacency": p.adjacency.value,
         "sha256": p.sha256, "schema_version": p.schema_version, "algorithm": p.scenario.algorithm,
         "unit": p.unit.to_dict(), "dataset_size": p.dataset_size,
-        "budget": {"epsilon": p.epsilon, "delta": p.delta},
+        "budget": {"epsilon": p.epsilon, "delta": p.delta, "composition": p.scenario.composition},
+        "run_budget": {"epsilon": p.run_epsilon, "delta": p.run_delta},
         "phases": [{"name": ph.name, "target_epsilon": ph.target_epsilon, "target_delta": ph.target_delta,
                     "epsilon": ph.guarantee.epsilon, "delta": ph.guarantee.delta, "method": ph.guarantee.method,
                     "parameters": to_json_object(ph.params)} for ph in p.phases],
@@ -63,7 +64,10 @@ def _render(p: Plan, out: Console) -> None:
     out.print(params_table(f"Plan {p.scenario.name}", [
         ("algorithm", p.scenario.algorithm), ("unit", p.unit.describe()), ("adjacency", p.adjacency.value),
         ("dataset size N", p.dataset_size), ("budget", f"({fmt(p.epsilon)}, {fmt(p.delta)})"),
-        ("guarantee", f"({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}"), ("sha256", p.sha256)]))
+        ("guarantee", f"({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}"),
+        *([("phases planned to", f"basic epsilon {fmt(p.run_epsilon)} (its PLD total is the budget)")]
+          if p.pld_budget and p.tuning is None else []),
+        ("sha256", p.sha256)]))
     for i, ph in enumerate(p.phases, 1):
         rows = [("target", f"({fmt(ph.target_epsilon)}, {fmt(ph.target_delta, 4)})"),
                 ("guarantee", f"({fmt(ph.guarantee.epsilon)}, {fmt(ph.guarantee.delta, 4)}) by {ph.guarantee.method}")]
@@ -77,7 +81,8 @@ def _render(p: Plan, out: Console) -> None:
         how = "parallel over the units split"
     totals: list[list[str | float | None]] = [[how, p.total.epsilon, p.total.delta]]
     if p.total_pld is not None:
-        totals.append(["PLD composition", p.total_pld.epsilon, p.total_pld.delta])
+        totals.append(["PLD composition" + (" (the budget)" if p.pld_budget else ""),
+                       p.total_pld.epsilon, p.total_pld.delta])
     if p.tuning is not None:
         t = p.tuning
         how = f"{t.selection} + noisy max (eps {fmt(t.noisy_max.epsilon)})" if t.noisy_max else t.selection

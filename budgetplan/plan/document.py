@@ -55,8 +55,10 @@ class Plan:
         epsilon, delta: the total budget (delta resolved from its policy).
         adjacency, unit, dataset_size: what the guarantees protect, and N (a DP count of
             the rows when the plan has a ``count`` phase).
-        run_epsilon, run_delta: the budget of one training run (the total, unless tuning
-            over several configurations is declared).
+        run_epsilon, run_delta: the budget of one training run, the basic budget its phases'
+            targets add up to (the total, unless tuning over several configurations is
+            declared; under a PLD budget, the largest epsilon whose phases' PLD total is
+            within the budget, above it).
         phases: the phases in order.
         total: basic composition of the phases (one run).
         total_pld: PLD composition of the phases where their adjacencies agree, else None.
@@ -104,10 +106,18 @@ class Plan:
 
     @property
     def guarantee(self) -> Guarantee:
-        """The headline guarantee: with tuning included when tuning is declared."""
+        """The headline guarantee: with tuning included when tuning is declared; the PLD total when the
+        budget is one (``[accounting].composition = "pld"``); else the basic total."""
         if self.tuning is not None:
             return self.tuning.guarantee
+        if self.pld_budget and self.total_pld is not None:
+            return self.total_pld
         return self.total
+
+    @property
+    def pld_budget(self) -> bool:
+        """Whether the phases' PLD composition, not their basic sum, is what meets the budget."""
+        return self.scenario.composition == "pld"
 
     @property
     def tuned(self) -> bool:

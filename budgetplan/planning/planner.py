@@ -64,11 +64,11 @@ from budgetplan.planning.composition import (
     run_mechanism,
     tuning_accounting,
 )
-from budgetplan.planning.shares import calibration_released, rest_of, split_record, training_epsilon
+from budgetplan.planning.shares import calibration_released, rest_of, split_of, split_record, training_epsilon
 from budgetplan.planning.tuning import repeat_and_select_epsilon
 from budgetplan.scenario.model import Scenario
 from budgetplan.scenario.model import register_algorithm as register_scenario_algorithm
-from budgetplan.scenario.split_rules import split_budget, units_share
+from budgetplan.scenario.split_rules import units_share
 from budgetplan.units import PrivacyUnit
 
 __all__ = ["build_plan", "unit_of", "register_algorithm", "pending_guarantee", "with_guarantee", "TrainingPlanner"]
@@ -106,6 +106,9 @@ def build_plan(scenario: Scenario) -> Plan:
         phases = _repeat_and_select_run(s, unit, delta)
         run_eps = math.fsum(p.target_epsilon for p in phases)
         run_delta = math.fsum(p.target_delta for p in phases)
+    elif s.composition == "pld":
+        run_delta = delta
+        run_eps, phases = _pld_budget_run(s, unit, delta)
     else:
         run_eps, run_delta = s.epsilon, delta
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
@@ -155,7 +158,7 @@ def _plan_phases(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: floa
     train_eps, train_delta = training_epsilon(s, run_eps), rest_of(run_delta, cal_delta)
     if s.algorithm == "hybrid" and s.split is not None and units_share(s.split) is None:
         try:
-            split_budget(train_eps, s.split)
+            split_of(s, train_eps)
         except InvalidParameterError:
             raise InvalidParameterError(
                 f"[algorithm].split = {s.split!r} leaves the DP-SGD phase nothing once [calibration] takes its share "
@@ -207,7 +210,8 @@ def _plan_hybrid(s: Scenario, unit: PrivacyUnit, run_eps: float, run_delta: floa
     share = units_share(s.split)
     if share is not None:
         return _plan_units_split(s, unit, run_eps, run_delta, delta, share)
-    eps1, eps2 = split_budget(run_eps, s.split)
+    choice = split_of(s, run_eps)
+    eps1, eps2 = choice.epsilon1, choice.epsilon2
     if eps2 > 0 and run_delta == 0:
         raise InvalidParameterError(f"[budget].delta must be > 0: split {s.split!r} gives the DP-SGD phase "
                                     f"epsilon {eps2:g}, and DP-SGD is not pure DP")
@@ -289,6 +293,45 @@ def _repeat_and_select_run(s: Scenario, unit: PrivacyUnit, delta: float) -> list
             f"no run budget down to epsilon {s.epsilon * 1e-6:g} keeps {t.configurations} repeat-and-select "
             f"runs within epsilon {s.epsilon:g}: lower [tuning].configurations", knob="configurations") from None
     return runs[best] if best in runs else _plan_phases(s, unit, 1.0 / best, delta, delta)
+
+
+def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float, list[Phase]]:
+    """``[accounting].composition = "pld"``: the run planned to the largest basic budget whose PLD total meets the budget.
+
+    The phases share the run's epsilon as under basic composition (split rule, calibration
+    share), but of a larger run epsilon E' >= epsilon: the largest (to a relative 1e-4) whose
+    phases, composed by PLD at the budget's delta, are within the budget's epsilon. Every
+    phase gets its share of E', so each draws less noise than at a basic total of epsilon,
+    and the headline guarantee is the PLD total. One phase has nothing to compose: E' =
+    epsilon. Phases without a PLD composition here are refused with the reason.
+    """
+    phases = _plan_phases(s, unit, s.epsilon, delta, delta)
+    first, note = pld_total(phases, s, unit, basic_total(phases, s, unit).delta)
+    if first is None:
+        if len(phases) < 2:
+            return s.epsilon, phases
+        raise UnsupportedError(f'[accounting].composition = "pld" needs phases that compose by PLD: {note}; '
+                               'use composition = "basic"')
+    runs: dict[float, list[Phase]] = {1.0 / s.epsilon: phases}
+
+    def pld_at(inverse_budget: float) -> float:
+        if inverse_budget not in runs:
+            runs[inverse_budget] = _plan_phases(s, unit, 1.0 / inverse_budget, delta, delta)
+        run = runs[inverse_budget]  # composed at the phases' summed delta, as build_plan states it
+        g, _ = pld_total(run, s, unit, basic_total(run, s, unit).delta)
+        assert g is not None  # the same phase kinds as at epsilon, which had one
+        return g.epsilon
+
+    # the PLD total grows with the run budget: search 1/E', the smallest that meets epsilon; the
+    # PLD total of phases at E' is at least their largest epsilon, E' / len(phases) or more
+    try:
+        best, _, _ = calibrate.solve_decreasing(pld_at, s.epsilon, 1.0 / s.epsilon, step=0.05,
+                                                 lo_limit=1.0 / (len(phases) * s.epsilon), hi_limit=4.0 / s.epsilon,
+                                                 rel_tol=1e-4)
+    except InfeasibleError:
+        raise InfeasibleError(f"no run budget down to epsilon {s.epsilon / 4:g} has a PLD total within epsilon "
+                              f"{s.epsilon:g}", knob="epsilon") from None
+    return 1.0 / best, runs[best]
 
 
 def _round_down_share(total: float, k: int) -> float:

@@ -10,7 +10,7 @@ import math
 from budgetplan.scenario import Scenario
 from budgetplan.scenario.split_rules import SplitChoice, choose_split, parse_rule, split_budget
 
-__all__ = ["split_record", "training_epsilon", "calibration_released", "rest_of"]
+__all__ = ["split_record", "split_of", "training_epsilon", "calibration_released", "rest_of"]
 
 
 def split_record(s: Scenario, run_eps: float) -> SplitChoice | None:
@@ -21,7 +21,19 @@ def split_record(s: Scenario, run_eps: float) -> SplitChoice | None:
     """
     if s.algorithm != "hybrid" or s.split is None or parse_rule(s.split).kind != "alpha-by-eps":
         return None
-    return choose_split(training_epsilon(s, run_eps), s.split)
+    return split_of(s, training_epsilon(s, run_eps))
+
+
+def split_of(s: Scenario, train_eps: float) -> SplitChoice:
+    """The Hybrid split of the training phases' epsilon ``train_eps`` by the scenario's rule.
+
+    Under ``[accounting].composition = "pld"`` the run is planned to a basic epsilon above the
+    budget's, and a table-driven rule reads its alpha at the budget's own training epsilon, so
+    the alpha is the one the budget asks for (not a table step that the larger epsilon crosses).
+    """
+    assert s.split is not None  # a hybrid Scenario always has its split rule
+    at = training_epsilon(s, s.epsilon) if s.composition == "pld" else None
+    return choose_split(train_eps, s.split, table_epsilon=at)
 
 
 def training_epsilon(s: Scenario, run_eps: float) -> float:

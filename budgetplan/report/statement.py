@@ -294,7 +294,15 @@ def _composition_lines(plan: Plan) -> list[str]:
 
 
 def _pld_lines(plan: Plan, whose: str) -> list[str]:
-    """The PLD total beside the basic one, or why there is none."""
+    """The PLD total beside the basic one, or why there is none; under a PLD budget, the one planned to."""
+    if plan.total_pld is not None and plan.pld_budget:
+        return [_item(f"Composing {whose} privacy loss distributions under the shared adjacency gives "
+                      f"{_pair(plan.total_pld)}: this is the run's guarantee, and the one planned to "
+                      f"([accounting].composition = \"pld\"). So the phases could be planned to the larger basic "
+                      f"budget of epsilon {_num(plan.run_epsilon)}, the largest whose composition stays within "
+                      f"epsilon {_num(plan.epsilon)}, and each draws less noise than under a basic sum of "
+                      f"{_num(plan.epsilon)}. The exact composition of the same mechanisms is the guarantee; the "
+                      "basic sum only bounds it from above.")]
     if plan.total_pld is not None:
         return [_item(f"Composing {whose} privacy loss distributions under the shared adjacency gives the tighter "
                       f"{_pair(plan.total_pld)} for the same run; the basic figure is the one planned to.")]

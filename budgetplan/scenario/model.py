@@ -102,6 +102,10 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     [accounting]                              # optional
     method = "pld"                            # pld | rdp | prv (DP-SGD and Gaussian phases)
     discretization = 1e-4
+    composition = "basic"                     # how the run's phases must meet [budget]: "basic"
+                                              # (their epsilons add up to it) or "pld" (their
+                                              # PLD composition meets it: each phase planned to
+                                              # a larger share, less noise for the same budget)
 """
 
 from __future__ import annotations
@@ -163,6 +167,7 @@ RR_VALIDATION_ROWS = 200_000  # ... or at most about this many rows (a share of 
 MAX_VALIDATION = 0.5
 RR_MAX_EPOCHS = 5  # [rr].epochs when a scenario with a held-out part does not say
 METHODS = ("pld", "rdp", "prv")
+COMPOSITIONS = ("basic", "pld")
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="DataclassInstance")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
@@ -603,6 +608,7 @@ class Scenario:
     features: FeatureSpec | None = None
     method: str = "pld"
     discretization: float = 1e-4
+    composition: str = "basic"
     size_release_epsilon: float | None = None
     calibration: CalibrationShape | None = None
     units: int | None = None
@@ -634,6 +640,7 @@ class Scenario:
                                             f"{type(getattr(self, key)).__name__}")
         _choice("[accounting].method", self.method, METHODS)
         _set(self, "discretization", validate.positive("[accounting].discretization", self.discretization))
+        _choice("[accounting].composition", self.composition, COMPOSITIONS)
         _set(self, "size_release_epsilon", _optional(validate.positive, "[data].size_release_epsilon",
                                                      self.size_release_epsilon))
         _set(self, "units", _optional(_bounded_int, "[data].units", self.units, limits.MAX_DATASET_SIZE))
@@ -685,6 +692,8 @@ class Scenario:
         for key in ("size_release_epsilon", "calibration", "units", "split_evidence"):
             if out[key] is None:
                 out.pop(key)  # plans without a DP count, a calibration, a unit count or evidence keep their bytes
+        if out["composition"] == "basic":
+            out.pop("composition")  # plans made before the PLD budget keep their bytes
         if out["dpsgd"] is not None and out["dpsgd"]["sample_by"] == "example":
             out["dpsgd"].pop("sample_by")
         if out["walr"] is not None:
@@ -785,7 +794,8 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     values["calibration"] = _calibration(top, algorithm, raw)
     if "accounting" in raw:
         acc = top.table("accounting")
-        values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4))
+        values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4),
+                      composition=acc.get("composition", default="basic"))
         acc.finish()
     top.used.add("accounting")
     top.finish()
@@ -1001,7 +1011,25 @@ def _check_consistency(s: Scenario) -> tuple[str, ...]:
     _check_size_release(s)
     _check_grid(s)
     _check_calibration(s)
+    _check_composition(s)
     return tuple(warnings + _doubtful_settings(s))
+
+
+def _check_composition(s: Scenario) -> None:
+    """A PLD budget needs phases that compose by PLD here, planned together as one run.
+
+    The rest (group privacy, eps/K_i, truncated Poisson) the planner refuses with the reason
+    once it has the phases; these two the scenario alone shows.
+    """
+    if s.composition != "pld":
+        return
+    if s.tuning is not None:
+        raise InvalidParameterError('[accounting].composition = "pld" does not combine with [tuning]: the tuning '
+                                    'accounting composes whole runs itself; use composition = "basic"')
+    if s.size_release_epsilon is not None:
+        raise InvalidParameterError('[accounting].composition = "pld" does not combine with '
+                                    '[data].size_release_epsilon: the DP count is released before the plan and '
+                                    'composed by basic composition; use composition = "basic"')
 
 
 def _check_delta(s: Scenario) -> list[str]:

@@ -194,14 +194,18 @@ def dpsgd_rows(dataset_size: int, rule: str | SplitRule | None) -> int:
     return dataset_size if share is None else part_rows(dataset_size, share)[1]
 
 
-def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
+def split_budget(epsilon: float, rule: str | SplitRule, *, table_epsilon: float | None = None) -> tuple[float, float]:
     """(eps1, eps2) with eps1 + eps2 = epsilon exactly (eps2 is computed as the remainder)."""
-    choice = choose_split(epsilon, rule)
+    choice = choose_split(epsilon, rule, table_epsilon=table_epsilon)
     return choice.epsilon1, choice.epsilon2
 
 
-def choose_split(epsilon: float, rule: str | SplitRule) -> SplitChoice:
-    """The split of ``epsilon`` by ``rule``, with the alpha it resolved to and the reason in words."""
+def choose_split(epsilon: float, rule: str | SplitRule, *, table_epsilon: float | None = None) -> SplitChoice:
+    """The split of ``epsilon`` by ``rule``, with the alpha it resolved to and the reason in words.
+
+    ``table_epsilon``: where ``alpha-by-eps`` reads its table, when not at ``epsilon`` itself (a
+    plan to a PLD total splits a larger basic epsilon by the alpha of the budget's own).
+    """
     epsilon = validate.positive("epsilon", epsilon)
     r = parse_rule(rule)
     if r.kind == "units":
@@ -211,10 +215,14 @@ def choose_split(epsilon: float, rule: str | SplitRule) -> SplitChoice:
         eps1 = min(0.6 * epsilon, 3.0)
         reason = "paper-v1: eps1 = min(0.6 eps, 3) (v1 of arXiv:2401.15246)"
     elif r.kind == _TABLE_RULE:
-        step = alpha_by_epsilon(epsilon)
+        at = epsilon if table_epsilon is None else validate.positive("table_epsilon", table_epsilon)
+        step = alpha_by_epsilon(at)
         eps1 = step.alpha * epsilon
         reason = (f"alpha-by-eps: alpha = {step.alpha:g} for eps >= {step.from_epsilon:g} in ALPHA_BY_EPSILON "
                   f"({step.evidence}; {ALPHA_BY_EPSILON_SOURCE})")
+        if table_epsilon is not None:
+            reason += (f"; read at the budget's training epsilon {table_epsilon:.6g}, and applied to the larger "
+                       f"{epsilon:.6g} the phases are planned to under a PLD total")
     elif r.kind == "alpha":
         assert r.value is not None  # parse_rule gives every alpha and eps1 rule its number
         eps1 = r.value * epsilon

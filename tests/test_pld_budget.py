@@ -180,3 +180,32 @@ def test_the_statement_and_the_cli_say_which_total_is_the_budget(tmp_path):
     assert got.exit_code == 0, got.output
     out = json.loads(got.output)
     assert out["budget"]["composition"] == "pld" and out["epsilon"] <= 3.0 < out["run_budget"]["epsilon"]
+
+
+def test_units_of_k_examples_compose_by_their_own_pld_and_the_audit_recomputes_it_finer():
+    """At K = 2 (mixture-of-Gaussians DP-SGD, the release at K x its sensitivity) the total is still
+    the budget, and the audit's composition, with no dp_accounting event for a unit of K, is this
+    library's PLD at half the grid."""
+    plan = build_plan(parse_scenario("""
+[budget]
+epsilon = 2.0
+delta = 1e-7
+[privacy]
+adjacency = "add-remove"
+unit = "user"
+cap = 2
+[data]
+dataset_size = 100000
+[algorithm]
+name = "dpsgd"
+[dpsgd]
+batch_size = "N/50"
+epochs = 2
+clipping_norm = 1.0
+[accounting]
+composition = "pld"
+"""))
+    assert plan.guarantee is plan.total_pld and plan.epsilon * (1 - 1e-3) < plan.guarantee.epsilon <= plan.epsilon
+    assert plan.run_epsilon > plan.epsilon and verify_plan(plan).ok
+    note, problems = reaccount._pld_total(SimpleNamespace(phases=()), plan)
+    assert problems == [] and "half the grid" in note

@@ -15,10 +15,10 @@ from budgetplan.accounting.gaussian import analytic_epsilon
 from budgetplan.audit.record import record_entry
 from budgetplan.audit.report import REACCOUNT_TOLERANCE, Check
 from budgetplan.errors import BudgetplanError
-from budgetplan.mechanisms import Composition, PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
+from budgetplan.mechanisms import Composition, Mechanism, PoissonDPSGD, RandomizedResponse, UnitPoissonDPSGD
 from budgetplan.plan import Plan
-from budgetplan.planning.composition import unit_parts
 from budgetplan.plan.phases import CalibrationPhase, CountPhase, DPSGDPhase, RRPhase, WALRPhase
+from budgetplan.planning.composition import unit_parts
 from budgetplan.record.records import DPSGDRun, RunRecord
 
 __all__ = ["reaccount_check", "reaccounts"]
@@ -78,10 +78,9 @@ def _pld_total(record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
     for part in unit_parts(plan.phases):
         refs = [_reference_pld(p, plan, ran, d) for p in part]
         if any(r is None for r in refs):
-            mechs = [replace(p.mechanism, steps=ran.steps_executed) if isinstance(p, DPSGDPhase) and ran is not None
-                     and hasattr(p.mechanism, "steps") else p.mechanism for p in part]
-            eps = account(Composition(phases=tuple(mechs)), delta=total.delta, adjacency=plan.adjacency,
-                          unit=plan.unit, method="pld", discretization=d / 2).epsilon
+            executed = Composition(phases=tuple(_executed(p.mechanism, ran) for p in part))
+            eps = account(executed, delta=total.delta, adjacency=plan.adjacency, unit=plan.unit, method="pld",
+                          discretization=d / 2).epsilon
             how = "PLD at half the grid"
         else:
             composed = refs[0]
@@ -93,6 +92,13 @@ def _pld_total(record: RunRecord, plan: Plan) -> tuple[str, list[str]]:
     if worst > plan.epsilon * (1 + REACCOUNT_TOLERANCE):
         problems.append(f"PLD total: {how} composes the phases to {worst:.6g} > the budget {plan.epsilon:.6g}")
     return f"the phases composed {worst:.6g} by {how} (plan {total.epsilon:.6g}, the budget)", problems
+
+
+def _executed(m: Mechanism, ran: DPSGDRun | None) -> Mechanism:
+    """A Poisson DP-SGD mechanism at the steps the run executed (an early stop executes fewer); others as planned."""
+    if ran is not None and isinstance(m, (PoissonDPSGD, UnitPoissonDPSGD)):
+        return replace(m, steps=ran.steps_executed)
+    return m
 
 
 def _reference_pld(phase: Any, plan: Plan, ran: DPSGDRun | None, d: float) -> Any:

@@ -296,7 +296,7 @@ def _repeat_and_select_run(s: Scenario, unit: PrivacyUnit, delta: float) -> list
 
 
 def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float, list[Phase]]:
-    """``[accounting].composition = "pld"``: the run planned to the largest basic budget whose PLD total meets the budget.
+    """``[accounting].composition = "pld"``: the run planned to the largest basic budget whose PLD total meets it.
 
     The phases share the run's epsilon as under basic composition (split rule, calibration
     share), but of a larger run epsilon E' >= epsilon: the largest (to a relative 1e-4) whose

@@ -194,9 +194,9 @@ def dpsgd_rows(dataset_size: int, rule: str | SplitRule | None) -> int:
     return dataset_size if share is None else part_rows(dataset_size, share)[1]
 
 
-def split_budget(epsilon: float, rule: str | SplitRule, *, table_epsilon: float | None = None) -> tuple[float, float]:
+def split_budget(epsilon: float, rule: str | SplitRule) -> tuple[float, float]:
     """(eps1, eps2) with eps1 + eps2 = epsilon exactly (eps2 is computed as the remainder)."""
-    choice = choose_split(epsilon, rule, table_epsilon=table_epsilon)
+    choice = choose_split(epsilon, rule)
     return choice.epsilon1, choice.epsilon2
 
 

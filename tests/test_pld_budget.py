@@ -209,3 +209,14 @@ composition = "pld"
     assert plan.run_epsilon > plan.epsilon and verify_plan(plan).ok
     note, problems = reaccount._pld_total(SimpleNamespace(phases=()), plan)
     assert problems == [] and "half the grid" in note
+
+
+def test_the_audit_composes_the_steps_the_run_executed(monkeypatch):
+    """A run stopped early (half its planned DP-SGD steps) composes below the planned total."""
+    plan = plan_of()
+    half = SimpleNamespace(steps_executed=plan.dpsgd.mechanism.steps // 2)
+    monkeypatch.setattr(reaccount, "record_entry", lambda record, kind: half)
+    note, problems = reaccount._pld_total(SimpleNamespace(phases=()), plan)
+    composed = float(note.split("composed ")[1].split(" ")[0])
+    assert problems == [] and composed < 0.95 * plan.total_pld.epsilon
+    assert reaccount._executed(plan.dpsgd.mechanism, half).steps == half.steps_executed

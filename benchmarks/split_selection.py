@@ -64,6 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # what utility_frontier.scenario reads: the template's training shape
     args.rr_epochs, args.dpsgd_batch = None, uf.PLAN["dpsgd"]["batch_size"]
     args.dpsgd_epochs, args.clipping_norm = uf.PLAN["dpsgd"]["epochs"], uf.PLAN["dpsgd"]["clipping_norm"]
+    args.composition = None  # the template's
     args.dpsgd_lr, args.device = None, "cpu"
     return args
 

@@ -214,11 +214,10 @@ def scenario(args, *, epsilon: float, split: str, n: int, spec, tower: str | Non
     text = set_key(text, "dpsgd", "batch_size", batch if str(batch).startswith("N/") else int(batch))
     text = set_key(text, "dpsgd", "epochs", args.dpsgd_epochs)
     text = set_key(text, "dpsgd", "clipping_norm", float(args.clipping_norm))
-    composition = getattr(args, "composition", None)  # other scripts build their options without it
-    if composition is not None:
+    if args.composition is not None:
         if "[accounting]" not in text:
             text += "\n[accounting]\n"
-        text = set_key(text, "accounting", "composition", composition)
+        text = set_key(text, "accounting", "composition", args.composition)
     return text
 
 

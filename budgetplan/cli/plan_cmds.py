@@ -66,7 +66,7 @@ def _render(p: Plan, out: Console) -> None:
         ("dataset size N", p.dataset_size), ("budget", f"({fmt(p.epsilon)}, {fmt(p.delta)})"),
         ("guarantee", f"({fmt(g.epsilon)}, {fmt(g.delta)}) by {g.method}"),
         *([("phases planned to", f"basic epsilon {fmt(p.run_epsilon)} (its PLD total is the budget)")]
-          if p.pld_budget and p.tuning is None else []),
+          if p.pld_budget else []),
         ("sha256", p.sha256)]))
     for i, ph in enumerate(p.phases, 1):
         rows = [("target", f"({fmt(ph.target_epsilon)}, {fmt(ph.target_delta, 4)})"),

@@ -312,16 +312,19 @@ def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float
             return s.epsilon, phases
         raise UnsupportedError(f'[accounting].composition = "pld" needs phases that compose by PLD: {note}; '
                                'use composition = "basic"')
-    runs: dict[float, list[Phase]] = {1.0 / s.epsilon: phases}
+    # 1/E' -> (its phases, their PLD total), composed at the phases' summed delta as build_plan states it
+    runs: dict[float, tuple[list[Phase], float]] = {}
 
     def pld_at(inverse_budget: float) -> float:
         if inverse_budget not in runs:
-            runs[inverse_budget] = _plan_phases(s, unit, 1.0 / inverse_budget, delta, delta)
-        run = runs[inverse_budget]  # composed at the phases' summed delta, as build_plan states it
-        g, _ = pld_total(run, s, unit, basic_total(run, s, unit).delta)
-        assert g is not None  # the same phase kinds as at epsilon, which had one
-        return g.epsilon
+            run = _plan_phases(s, unit, 1.0 / inverse_budget, delta, delta)
+            g, _ = pld_total(run, s, unit, basic_total(run, s, unit).delta)
+            assert g is not None  # the same phase kinds as at epsilon, which had one
+            runs[inverse_budget] = run, g.epsilon
+        return runs[inverse_budget][1]
 
+    start = math.exp(math.log(1.0 / s.epsilon))  # the solver's first point, exactly as it will evaluate it
+    runs[start] = phases, first.epsilon
     # the PLD total grows with the run budget: search 1/E', the smallest that meets epsilon; the
     # PLD total of phases at E' is at least their largest epsilon, E' / len(phases) or more
     try:
@@ -331,7 +334,7 @@ def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float
     except InfeasibleError:
         raise InfeasibleError(f"no run budget down to epsilon {s.epsilon / 4:g} has a PLD total within epsilon "
                               f"{s.epsilon:g}", knob="epsilon") from None
-    return 1.0 / best, runs[best]
+    return 1.0 / best, runs[best][0]
 
 
 def _round_down_share(total: float, k: int) -> float:

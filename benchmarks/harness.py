@@ -124,13 +124,16 @@ def without_rr(training: dict) -> dict:
 
 
 def as_planned_then(scenario: str) -> str:
-    """A scenario recorded before two planner defaults changed, with both off: the text that plans
+    """A scenario recorded before three planner defaults changed, with all three off: the text that plans
     today what the recorded one planned when it was measured.
 
     - ``[calibration]`` was opt-in (before commit 7554e58); absent, a DP-SGD or Hybrid plan is
       calibrated now. A text without the table gets ``[calibration] share = 0``.
     - The RR phase held no units out (before commit 30be4cc); absent, ``[rr].validation_fraction``
       holds out a share now. An ``[rr]`` table without the key gets ``validation_fraction = 0``.
+    - The phases' epsilons added up to the budget (before ``[accounting].composition = "auto"``
+      became the default); absent, phases that compose by PLD are planned to their PLD
+      total now. A text without the key gets ``composition = "basic"``.
 
     What a text states is kept. The recorded text stays the record: it is what was planned then.
     """
@@ -143,6 +146,10 @@ def as_planned_then(scenario: str) -> str:
         scenario = set_key(scenario, "rr", "validation_fraction", 0)
     if "calibration" not in raw:
         scenario = scenario.rstrip("\n") + "\n[calibration]\nshare = 0\n"
+    if "composition" not in raw.get("accounting", {}):
+        if "accounting" not in raw:
+            scenario = scenario.rstrip("\n") + "\n[accounting]\n"
+        scenario = set_key(scenario, "accounting", "composition", "basic")
     return scenario
 
 

@@ -20,7 +20,9 @@ Pinned: the plans and the training settings are this script's constants, the val
 ``results/user_level.json`` was measured at (1M rows, 3 seeds), not the utility frontier's or
 the library's defaults of today: C = 5, 3 DP-SGD epochs at B = 4,096, delta 0.1/N, a
 calibration share of 0.05, the DP-SGD step size 0.01 (the default then; 0.12 / sqrt(T) now).
-The scenarios state their calibration and have no RR phase, so they plan today what they
+The scenarios state their calibration and have no RR phase; ``harness.as_planned_then`` adds
+the basic composition they were planned by (before the default became "auto", which plans a
+DP-SGD phase and its calibration release to their PLD total), so they plan today what they
 planned then; with no RR phase the RR settings are never read, and the record leaves them out.
 
 Not a test: ``python benchmarks/user_level.py`` (about 35 minutes on 2 cores at the
@@ -186,8 +188,8 @@ def run(args) -> dict:
             train, evaluation, _ = h.holdout_data(SHAPE, seed, args.rows, args.users, work)
             top, n_top, m_top = _capped(train, max(args.cap_list), seed, work)
             bar.update(task, description=f"seed {seed}: non-private baseline")
-            base_plan = build_plan(parse_scenario(scenario(args, k=max(args.cap_list), n=n_top, m=m_top,
-                                                           by="example", spec=spec)))
+            base_plan = build_plan(parse_scenario(h.as_planned_then(scenario(args, k=max(args.cap_list), n=n_top,
+                                                                             m=m_top, by="example", spec=spec))))
             base = run_baseline(base_plan, top, eval_path=evaluation, settings=training, baseline=baseline,
                                 seed=seed, threads=1)
             result["baselines"].append({"seed": seed, **h.eval_metrics(base)})
@@ -195,7 +197,7 @@ def run(args) -> dict:
             for k, by in arms:
                 bar.update(task, description=f"seed {seed}: K = {k}, sampling {by}s")
                 path, n, m = _capped(train, k, seed, work)
-                plan = build_plan(parse_scenario(scenario(args, k=k, n=n, m=m, by=by, spec=spec)))
+                plan = build_plan(parse_scenario(h.as_planned_then(scenario(args, k=k, n=n, m=m, by=by, spec=spec))))
                 row = _one(args, plan, path, evaluation, seed, base.metrics["eval"]["auc"],
                            work / f"run-{seed}-{k}-{by}")
                 result["runs"].append({"seed": seed, "cap": k, "sample_by": by, "rows": n, "units": m,

@@ -111,7 +111,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--dpsgd-epochs", type=float, default=PLAN["dpsgd"]["epochs"])
     ap.add_argument("--clipping-norm", type=float, default=PLAN["dpsgd"]["clipping_norm"])
     ap.add_argument("--dpsgd-lr", type=float, default=None, help="default: DPSGDSettings' default")
-    ap.add_argument("--composition", choices=("basic", "pld"), default=None,
+    ap.add_argument("--composition", choices=("auto", "basic", "pld"), default=None,
                     help="[accounting].composition of every plan (default: the template's, else the planner's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--jobs", type=int, default=1, help="(shape, seed) pairs trained at once, one torch thread each "
@@ -187,12 +187,13 @@ def _shared_scenario(args) -> dict:
     """What every arm's scenario shares, the planner's defaults resolved (accountant,
     discretisation, sampling, RR's per-impression rule, ...): the name, epsilon, split, tower,
     N (and what follows from it) and features vary by cell and shape."""
+    from budgetplan.planning.planner import resolve_composition
     from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
 
     text = scenario(args, epsilon=max(args.epsilon_list), split="alpha=0.5", n=args.rows,
                     spec=get_shape(args.shape_list[0]).features)
-    shared = parse_scenario(text).to_dict()
+    shared = resolve_composition(parse_scenario(text)).to_dict()  # how the phases meet the budget, as planned
     for key in ("name", "epsilon", "split", "tower", "dataset_size", "features"):
         shared.pop(key)
     shared["dpsgd"].pop("batch_size")  # "N/<c>" resolves with N
@@ -284,12 +285,25 @@ def _carry_unaffected(state: dict, today: dict, changed: list[str], *, alpha: fl
     return fresh
 
 
+def _cell_plan(args, cell: dict):
+    """The plan this run makes for ``cell`` (its shape, epsilon, arm and training rows N)."""
+    from budgetplan.planning.planner import build_plan
+    from budgetplan.scenario.model import parse_scenario
+    from trainers.data.synth import get_shape
+
+    split, tower = ARMS[cell["arm"]]
+    return build_plan(parse_scenario(scenario(args, epsilon=cell["epsilon"], split=split, n=cell["dataset_size"],
+                                              spec=get_shape(cell["shape"]).features, tower=tower)))
+
+
 def take_cells(state: dict, other_path: Path, args) -> int:
     """Copy into ``state`` the cells it lacks from another results file of this script (``--cells-from``):
     one made with today's settings but for its shapes, arms and epsilons (a shape or arm both runs have
-    must be the same), whose baselines for the cell's (shape, seed) are this run's. Same settings, same
-    data and same seeds give the same plans and the same training, so a cell taken is the cell this run
-    would train. Each is marked with the commit it was trained at (``carried_from``); returns how many."""
+    must be the same), whose baselines for the cell's (shape, seed) are this run's, and whose plan is
+    the one this run makes, byte for byte (its ``plan_sha256``: a planner changed since plans some
+    cells otherwise even where no setting changed). Same settings, same data, same seeds and the same
+    plan give the same training, so a cell taken is the cell this run would train. Each is marked
+    with the commit it was trained at (``carried_from``); returns how many."""
     try:
         other = json.loads(Path(other_path).read_text())
         recorded = other["settings"]
@@ -308,14 +322,19 @@ def take_cells(state: dict, other_path: Path, args) -> int:
         raise SystemExit(f"--cells-from {other_path}: made with other settings (these differ: "
                          f"{', '.join(diff[:5])}); only its shapes, arms and epsilons may differ")
     commit = recorded.get("commit") or "unknown"
-    taken = {}
+    taken, replanned = {}, 0
     for key, cell in other.get("cells", {}).items():
         unit = _key(cell["shape"], cell["seed"])
         if (key in state["cells"] or cell["shape"] not in args.shape_list or cell["arm"] not in args.arm_list
                 or cell["epsilon"] not in args.epsilon_list or cell["seed"] >= args.seeds
                 or unit not in state["baselines"] or other["baselines"].get(unit) != state["baselines"][unit]):
             continue
+        if cell.get("plan_sha256") != _cell_plan(args, cell).sha256:
+            replanned += 1  # today's plan of the cell differs (the planner changed since): trained again
+            continue
         taken[key] = {**cell, "carried_from": cell.get("carried_from", commit)}
+    if replanned:
+        print(f"{replanned} cell(s) of {other_path} plan differently today: trained here", file=sys.stderr)
     if taken:
         state["cells"].update(taken)
         carried = state.setdefault("carried", {"arms": [], "commits": [], "why": ""})

@@ -108,11 +108,12 @@ def scenario(*, epsilon: float, n: int, spec) -> str:
 def _shared_scenario(args) -> dict:
     """What every private plan's scenario shares, the planner's defaults resolved: epsilon, N
     and the features vary by cell and shape (the shapes' features are recorded apart)."""
+    from budgetplan.planning.planner import resolve_composition
     from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
 
     text = scenario(epsilon=max(args.epsilon_list), n=args.rows, spec=get_shape(args.shape_list[0]).features)
-    shared = parse_scenario(text).to_dict()
+    shared = resolve_composition(parse_scenario(text)).to_dict()  # as the plans have it
     for key in ("epsilon", "dataset_size", "features"):
         shared.pop(key)
     return shared

@@ -57,10 +57,13 @@ def plan():
 def test_the_release_takes_its_share_last_and_the_guarantee_stays_the_declared_total(plan):
     sgd, cal = plan.phases
     assert isinstance(sgd, DPSGDPhase) and isinstance(cal, CalibrationPhase) and plan.calibration is cal
-    assert cal.target_epsilon == pytest.approx(0.05 * 4.0) and cal.target_delta == pytest.approx(0.05 * 1e-6)
-    assert sgd.target_epsilon + cal.target_epsilon <= 4.0 and sgd.target_delta + cal.target_delta <= 1e-6
-    assert plan.total.epsilon == math.fsum([sgd.guarantee.epsilon, cal.guarantee.epsilon]) <= 4.0
-    assert plan.guarantee.epsilon <= 4.0 and plan.total_pld.epsilon < plan.total.epsilon
+    # by default the two phases are planned to the run epsilon E' > 4 whose PLD composition is 4
+    e = plan.run_epsilon
+    assert plan.scenario.composition == "pld" and 4.0 < e < 4.4
+    assert cal.target_epsilon == pytest.approx(0.05 * e) and cal.target_delta == pytest.approx(0.05 * 1e-6)
+    assert sgd.target_epsilon + cal.target_epsilon <= e and sgd.target_delta + cal.target_delta <= 1e-6
+    assert plan.total.epsilon == math.fsum([sgd.guarantee.epsilon, cal.guarantee.epsilon]) <= e
+    assert plan.guarantee == plan.total_pld and 0.999 * 4.0 <= plan.guarantee.epsilon <= 4.0
     assert cal.params.coordinates == len(intercept.SHIFTS) + 1 == 14
     assert cal.params.sensitivity == cal.mechanism.sensitivity == math.sqrt(14)
     assert verify_plan(plan).ok
@@ -91,9 +94,10 @@ def test_pld_total_matches_dp_accounting_composing_dpsgd_and_the_release(plan):
 
 
 def test_a_unit_of_k_rows_gets_k_times_the_sensitivity():
-    one = build_plan(scenario(eps=2.0)).calibration
+    basic = '[accounting]\ncomposition = "basic"\n'  # the release's share of the same epsilon in each plan
+    one = build_plan(scenario(eps=2.0, extra=basic)).calibration
     for accounting in ("tight", "group"):
-        four = build_plan(scenario(eps=2.0, cap=4, unit_accounting=accounting)).calibration
+        four = build_plan(scenario(eps=2.0, cap=4, unit_accounting=accounting, extra=basic)).calibration
         assert four.params.unit_sensitivity == 4 * four.params.sensitivity == 4 * math.sqrt(14)
         assert four.guarantee.epsilon <= 2.0 * 0.05 * (1 + 1e-9)
         if accounting == "tight":  # the Gaussian at sensitivity 4 sqrt(14): four times the noise
@@ -107,7 +111,8 @@ def test_hybrid_plans_rr_dpsgd_and_the_release_to_the_budget():
     assert [type(x) for x in p.phases] == [RRPhase, DPSGDPhase, CalibrationPhase]
     assert p.calibration.params.target == "positives and rr labels"
     assert p.phases[0].target_epsilon == 3.0  # paper-v1: min(0.6 eps, 3) of what the release leaves
-    assert math.fsum(x.target_epsilon for x in p.phases) <= 8.0 and p.total.epsilon <= 8.0
+    assert math.fsum(x.target_epsilon for x in p.phases) <= p.run_epsilon and p.total.epsilon <= p.run_epsilon
+    assert p.guarantee == p.total_pld and p.guarantee.epsilon <= 8.0 < p.run_epsilon
     assert verify_plan(p).ok
 
 

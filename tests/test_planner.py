@@ -80,14 +80,21 @@ def test_paper_v1_split_and_trainer_parameters():
     p = hybrid(8.0)
     rr, sgd = p.phases
     assert (rr.name, sgd.name) == ("rr", "dpsgd")
-    assert rr.target_epsilon == 3.0 and sgd.target_epsilon == 5.0
+    # the default composition ("auto") plans the phases to the run epsilon E' > 8 whose PLD total is 8
+    assert p.scenario.composition == "pld" and 8.0 < p.run_epsilon < 8.5
+    assert rr.target_epsilon == 3.0 and sgd.target_epsilon == pytest.approx(p.run_epsilon - 3.0, rel=1e-12)
     assert rr.params.flip_probability == pytest.approx(1 / (1 + math.exp(3)))
     par = sgd.params
     assert par.sampling_rate == 500 / 100000 and par.steps == 400 and par.dataset_size == 100000
     assert par.noise_std == pytest.approx(par.noise_multiplier * 2.0)
     assert par.sensitivity == 4.0  # replace-one: 2C
-    assert sgd.guarantee.epsilon <= 5.0 and sgd.guarantee.delta == 1e-9
-    assert p.total.epsilon <= 8.0 and p.total_pld.epsilon < p.total.epsilon
+    assert sgd.guarantee.epsilon <= sgd.target_epsilon and sgd.guarantee.delta == 1e-9
+    assert p.total.epsilon <= p.run_epsilon and p.guarantee == p.total_pld and 7.99 < p.guarantee.epsilon <= 8.0
+    pinned = HYBRID.format(eps=8.0, split="paper-v1") + '[accounting]\ncomposition = "basic"\n'
+    basic = build_plan(parse_scenario(pinned))
+    assert [x.target_epsilon for x in basic.phases] == [3.0, 5.0] and basic.guarantee == basic.total
+    assert basic.total.epsilon <= 8.0 and basic.total_pld.epsilon < basic.total.epsilon
+    assert basic.dpsgd.params.noise_multiplier > sgd.params.noise_multiplier
     assert sgd.params.warm_start.startswith("rr") and sgd.params.nonsensitive_tower == "frozen"
 
 
@@ -97,7 +104,10 @@ def test_alpha_ends_are_the_two_baselines():
     assert [ph.name for ph in only_sgd.phases] == ["dpsgd"]
     assert [ph.name for ph in only_rr.phases] == ["rr"] and only_rr.total.delta == 0.0
     explicit = hybrid(4.0, "eps1=1.5")
-    assert [ph.target_epsilon for ph in explicit.phases] == [1.5, 2.5]
+    assert explicit.phases[0].target_epsilon == 1.5 and explicit.run_epsilon > 4.0
+    assert explicit.phases[1].target_epsilon == pytest.approx(explicit.run_epsilon - 1.5, rel=1e-12)
+    assert only_sgd.run_epsilon == only_rr.run_epsilon == 4.0  # one phase: nothing to compose
+    assert only_sgd.scenario.composition == only_rr.scenario.composition == "basic"
 
 
 def test_explicit_eps1_above_total_is_refused():

@@ -20,7 +20,7 @@ from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.mechanisms import PoissonDPSGD
 from budgetplan.plan import load_plan
 from budgetplan.planning.composition import unit_parts
-from budgetplan.planning.planner import build_plan, check_within_budget
+from budgetplan.planning.planner import build_plan, check_within_budget, resolve_composition
 from budgetplan.report.statement import render_statement
 from budgetplan.scenario.model import parse_scenario
 from budgetplan.scenario.split_rules import alpha_by_epsilon
@@ -48,9 +48,7 @@ dataset_size = {N}
 {sgd}
 {calibration if algorithm != "rr" else ""}
 {extra}
-[accounting]
-composition = "{composition}"
-"""
+""" + (f'[accounting]\ncomposition = "{composition}"\n' if composition is not None else "")
 
 
 def plan_of(**kw):
@@ -173,7 +171,7 @@ def test_the_audit_composes_the_phases_with_another_back_end():
 def test_the_statement_and_the_cli_say_which_total_is_the_budget(tmp_path):
     plan = plan_of()
     words = " ".join(render_statement(plan).split())
-    assert 'the one planned to ([accounting].composition = "pld")' in words
+    assert 'the one planned to ([accounting].composition = "pld", which the default "auto" chooses' in words
     assert f"larger basic budget of epsilon {plan.run_epsilon:.6g}" in words
     (tmp_path / "s.toml").write_text(text())
     got = CliRunner().invoke(cli_main, ["plan", str(tmp_path / "s.toml"), "-o", str(tmp_path / "p.json"), "--json"])
@@ -220,3 +218,61 @@ def test_the_audit_composes_the_steps_the_run_executed(monkeypatch):
     composed = float(note.split("composed ")[1].split(" ")[0])
     assert problems == [] and composed < 0.95 * plan.total_pld.epsilon
     assert reaccount._executed(plan.dpsgd.mechanism, half).steps == half.steps_executed
+
+
+# ------------------------------------------------------------- the default: "auto"
+
+
+@pytest.mark.parametrize(("kw", "resolved"), [
+    ({}, "pld"),
+    ({"split": '"paper-v1"'}, "pld"),
+    ({"split": '"units=0.75"'}, "pld"),
+    ({"algorithm": "dpsgd"}, "pld"),  # DP-SGD and its calibration release
+    ({"algorithm": "rr"}, "basic"),  # one phase: nothing to compose
+    ({"algorithm": "dpsgd", "calibration": "[calibration]\nshare = 0\n"}, "basic"),  # one phase
+    ({"sampling": "truncated-poisson"}, "basic"),  # composed by basic composition only
+    ({"extra": "[tuning]\nconfigurations = 4\nselection = \"naive\""}, "basic"),  # tuning composes whole runs
+])
+def test_a_scenario_without_the_key_is_planned_to_the_pld_total_where_its_phases_have_one(kw, resolved):
+    """Absent, [accounting].composition is "auto": the plan is the explicit "pld" plan where the phases
+    compose by PLD, else the "basic" one, never a refusal; the plan's scenario says which."""
+    s = parse_scenario(text(composition=None, **kw))
+    assert s.composition == "auto"
+    plan = build_plan(s)
+    assert plan.scenario.composition == resolved == resolve_composition(s).composition
+    explicit = plan_of(composition=resolved, **kw)
+    assert plan.phases == explicit.phases and plan.run_epsilon == explicit.run_epsilon
+    assert plan.guarantee == explicit.guarantee and plan.guarantee.epsilon <= plan.epsilon
+    assert plan.pld_budget == (resolved == "pld") and (plan.run_epsilon > plan.epsilon) == (resolved == "pld")
+    assert verify_plan(plan).ok, verify_plan(plan).problems
+
+
+@pytest.mark.parametrize("algorithm, privacy, data", [
+    ("hybrid", 'unit = "user"\ncap = 4\ncapping = "random"\nunit_accounting = "group"', f"dataset_size = {N}"),
+    ("dpsgd", 'unit = "impression"', f"dataset_size = {N}\nsize_release_epsilon = 0.1"),  # add-remove only
+])
+def test_group_privacy_and_a_dp_count_are_planned_by_basic_composition_by_default(algorithm, privacy, data):
+    body = (text(composition=None, algorithm=algorithm).replace('unit = "impression"', privacy)
+            .replace(f"dataset_size = {N}", data))
+    if algorithm == "dpsgd":
+        body = body.replace('adjacency = "replace-one"', 'adjacency = "add-remove"')
+    plan = build_plan(parse_scenario(body))
+    assert plan.scenario.composition == "basic" and plan.guarantee == plan.total and plan.run_epsilon <= 3.0
+    with pytest.raises((InvalidParameterError, UnsupportedError), match="composition"):
+        build_plan(parse_scenario(body + '[accounting]\ncomposition = "pld"\n'))
+
+
+def test_a_plan_file_without_the_key_was_planned_by_basic_composition(tmp_path):
+    plan = plan_of(composition="basic")
+    body = json.loads(plan.to_json())
+    assert "composition" not in body["scenario"]  # as every plan made before the PLD budget
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    again = load_plan(tmp_path / "plan.json")
+    assert again.scenario.composition == "basic" and again.guarantee == plan.total and verify_plan(again).ok
+
+
+def test_a_signed_off_scenario_without_the_key_matches_the_plan_it_resolves_to():
+    signed = parse_scenario(text(composition=None))
+    assert verify_plan(build_plan(signed), replan=False, signed=signed).ok
+    problems = verify_plan(plan_of(composition="basic"), replan=False, signed=signed).problems
+    assert any(p.startswith("scenario.composition") for p in problems), problems

@@ -106,9 +106,12 @@ def test_plan_records_the_alpha_and_the_statement_says_why(eps, alpha, phases):
     plan = build_plan(parse_scenario(HYBRID.format(eps=eps, split="alpha-by-eps")))
     assert plan.split.alpha == alpha and plan.split.rule == "alpha-by-eps"
     assert [p.name for p in plan.phases] == phases
-    assert plan.dpsgd.target_epsilon == pytest.approx((1 - alpha) * eps)
+    # the alpha is read at the budget's epsilon, and splits the run epsilon the phases are planned to
+    # (above eps where they compose by PLD: the default composition)
+    assert plan.run_epsilon >= eps and plan.guarantee.epsilon <= eps
+    assert plan.dpsgd.target_epsilon == pytest.approx((1 - alpha) * plan.run_epsilon)
     text = " ".join(render_statement(plan).split())
-    assert f"The split rule alpha-by-eps chose alpha = {alpha:g} at the run's epsilon {eps:g}" in text
+    assert f"The split rule alpha-by-eps chose alpha = {alpha:g} at the run's epsilon {plan.run_epsilon:g}" in text
     assert "1M-row utility frontier" in text
     assert verify_plan(plan).ok, verify_plan(plan).problems
     again = type(plan).from_json(plan.to_json())
@@ -144,8 +147,9 @@ def test_cli_split_accepts_the_rule(runner):
 def test_with_a_calibration_release_the_rule_splits_what_the_training_phases_get():
     text = HYBRID.format(eps=8.0, split="alpha-by-eps").replace("share = 0\n", "share = 0.05\n")
     plan = build_plan(parse_scenario(text))
-    assert plan.split.epsilon == pytest.approx(0.95 * 8.0) and plan.split.alpha == pytest.approx(0.5)
+    assert plan.split.epsilon == pytest.approx(0.95 * plan.run_epsilon) and plan.split.alpha == pytest.approx(0.5)
     rr, dpsgd, calibration = plan.phases
     assert rr.target_epsilon == plan.split.epsilon1 and dpsgd.target_epsilon == plan.split.epsilon2
-    assert rr.target_epsilon + dpsgd.target_epsilon + calibration.target_epsilon <= 8.0
+    assert rr.target_epsilon + dpsgd.target_epsilon + calibration.target_epsilon <= plan.run_epsilon
+    assert plan.run_epsilon > 8.0 and plan.guarantee.epsilon <= 8.0
     assert verify_plan(plan).ok, verify_plan(plan).problems

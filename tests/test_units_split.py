@@ -64,6 +64,9 @@ def forged(body: dict) -> Plan:
     return Plan.from_json(json.dumps(body, sort_keys=True, indent=2, ensure_ascii=True) + "\n")
 
 
+BASIC = '[accounting]\ncomposition = "basic"'  # the phases' epsilons add up to the budget: shares checked exactly
+
+
 def plan_of(**kw) -> Plan:
     return build_plan(parse_scenario(text(**kw)))
 
@@ -125,7 +128,7 @@ def test_n_over_c_is_the_dpsgd_part_rows_over_c():
 
 
 def test_each_phase_gets_the_whole_training_budget_and_the_run_stays_within_it():
-    plan = plan_of()
+    plan = plan_of(extra=BASIC)
     rr, sgd, cal = plan.phases
     train = 3.0 * (1 - 0.05)
     assert rr.target_epsilon == pytest.approx(train) and sgd.target_epsilon == pytest.approx(train)
@@ -142,18 +145,28 @@ def test_each_phase_gets_the_whole_training_budget_and_the_run_stays_within_it()
 
 def test_the_dpsgd_phase_is_the_plain_dpsgd_plan_of_its_part():
     # independent route: a DP-SGD-only scenario over the part's rows alone, same batch and budget
-    plan = plan_of()
-    alone = plan_of(split="", algorithm="dpsgd", n=50_000, delta=0.1 / N)
+    plan = plan_of(extra=BASIC)
+    alone = plan_of(split="", algorithm="dpsgd", n=50_000, delta=0.1 / N, extra=BASIC)
     a, b = plan.dpsgd.params, alone.dpsgd.params
     assert (a.sampling_rate, a.steps, a.batch_size) == (b.sampling_rate, b.steps, b.batch_size) == (0.02, 250, 1000)
     assert a.noise_multiplier == pytest.approx(b.noise_multiplier, rel=1e-12)
 
 
 def test_the_rr_phase_is_the_plain_rr_plan_at_the_training_budget():
-    plan = plan_of()
+    plan = plan_of(extra=BASIC)
     budget_split = plan_of(split='split = "alpha=1"', eps=3.0)  # RR alone at eps 3 calibrates for free
     assert plan.rr.params.flip_probability == pytest.approx(1 / (1 + math.exp(2.85)), rel=1e-12)
     assert budget_split.rr.params.flip_probability == pytest.approx(1 / (1 + math.exp(3.0)), rel=1e-12)
+
+
+def test_by_default_each_part_is_planned_to_the_run_epsilon_whose_worse_part_composes_to_the_budget():
+    plan, basic = plan_of(), plan_of(extra=BASIC)
+    assert plan.scenario.composition == "pld" and 3.0 < plan.run_epsilon < 3.2
+    assert plan.guarantee == plan.total_pld and 0.999 * 3.0 <= plan.guarantee.epsilon <= 3.0
+    assert plan.rr.target_epsilon == pytest.approx(0.95 * plan.run_epsilon)
+    assert plan.rr.params.flip_probability < basic.rr.params.flip_probability
+    assert plan.dpsgd.params.noise_multiplier < basic.dpsgd.params.noise_multiplier
+    assert verify_plan(plan).ok, verify_plan(plan).problems
 
 
 def test_the_pld_total_is_the_worse_part_composed():
@@ -170,7 +183,7 @@ def test_the_pld_total_is_the_worse_part_composed():
 
 
 def test_overlapping_or_unkeyed_parts_compose_in_sequence():
-    plan = plan_of()
+    plan = plan_of(extra=BASIC)
     rr, sgd, cal = plan.phases
     s, unit = plan.scenario, plan.unit
     assert len(unit_parts(plan.phases)) == 2 and part_spent(plan.phases) == pytest.approx(3.0)

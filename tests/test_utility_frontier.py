@@ -233,13 +233,15 @@ def test_the_composition_option_reaches_every_plan_and_reads_as_a_dpsgd_setting(
     uf = _frontier()
     from trainers.data.synth import get_shape
 
-    args = uf.parse_args([*ARGV, "--composition", "pld"])
+    args = uf.parse_args([*ARGV, "--composition", "basic"])
     text = uf.scenario(args, epsilon=3.0, split="alpha=0.5", n=100_000, spec=get_shape("legacy").features)
     from budgetplan.scenario.model import parse_scenario
 
-    assert parse_scenario(text).composition == "pld"
-    assert uf.settings(args)["values"]["scenario"]["composition"] == "pld"
-    assert "composition" not in uf.settings(uf.parse_args(ARGV))["values"]["scenario"]  # basic: as before
+    assert parse_scenario(text).composition == "basic"
+    assert "composition" not in uf.settings(args)["values"]["scenario"]  # basic: as plans without the key
+    # the template's default ("auto") is recorded as the planner resolves it for the Hybrid template
+    assert uf.settings(uf.parse_args(ARGV))["values"]["scenario"]["composition"] == "pld"
+    assert uf.settings(uf.parse_args([*ARGV, "--composition", "pld"]))["values"]["scenario"]["composition"] == "pld"
     assert uf._dpsgd_only("scenario.composition") and not uf._dpsgd_only("scenario.rr.epochs")
 
 
@@ -272,6 +274,14 @@ def test_cells_of_another_run_with_the_same_settings_are_taken(tiny, tmp_path):
     first = sorted(moved["baselines"])[0]
     moved["baselines"][first]["all"]["auc"] += 0.01
     assert uf.take_cells(moved, tmp_path / "other.json", args) == len(other["cells"]) // 2
+
+    replanned = uf._new_state(before["settings"])  # a cell whose plan is not today's: trained again
+    replanned["baselines"] = copy.deepcopy(before["baselines"])
+    stale = sorted(other["cells"])[0]
+    other["cells"][stale]["plan_sha256"] = "0" * 64
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert uf.take_cells(replanned, tmp_path / "other.json", args) == len(other["cells"]) - 1
+    assert stale not in replanned["cells"]
 
     other["settings"]["values"]["rows"] = 5000
     (tmp_path / "other.json").write_text(json.dumps(other))

@@ -72,7 +72,7 @@ from budgetplan.planning.composition import (
     pld_total,
     tuning_accounting,
 )
-from budgetplan.planning.planner import build_plan, check_within_budget
+from budgetplan.planning.planner import build_plan, check_within_budget, resolve_composition
 from budgetplan.planning.shares import split_record
 from budgetplan.scenario.model import Scenario
 from budgetplan.scenario.split_rules import units_share
@@ -158,6 +158,11 @@ def _check_signed(plan: Plan, signed: Scenario) -> list[str]:
                 out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
         return out
 
+    if signed.composition == "auto":  # the plan's scenario says what "auto" resolved to: resolve the signed one
+        try:
+            signed = resolve_composition(signed)
+        except BudgetplanError as exc:
+            return [f"the signed-off scenario cannot be planned: {exc}"]
     mine, theirs = flat(plan.scenario.to_dict()), flat(signed.to_dict())
     return [f"scenario.{key}: the plan has {mine.get(key)!r}, the signed-off scenario {theirs.get(key)!r}"
             for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]

@@ -107,7 +107,7 @@ class Plan:
     @property
     def guarantee(self) -> Guarantee:
         """The headline guarantee: with tuning included when tuning is declared; the PLD total when the
-        budget is one (``[accounting].composition = "pld"``); else the basic total."""
+        budget is one (``[accounting].composition = "pld"``, or "auto" resolved to it); else the basic total."""
         if self.tuning is not None:
             return self.tuning.guarantee
         if self.pld_budget and self.total_pld is not None:
@@ -116,7 +116,8 @@ class Plan:
 
     @property
     def pld_budget(self) -> bool:
-        """Whether the phases' PLD composition, not their basic sum, is what meets the budget."""
+        """Whether the phases' PLD composition, not their basic sum, is what meets the budget (a plan's
+        scenario has "auto" resolved: ``budgetplan.planning.planner.build_plan``)."""
         return self.scenario.composition == "pld"
 
     @property

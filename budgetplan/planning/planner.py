@@ -71,7 +71,8 @@ from budgetplan.scenario.model import register_algorithm as register_scenario_al
 from budgetplan.scenario.split_rules import units_share
 from budgetplan.units import PrivacyUnit
 
-__all__ = ["build_plan", "unit_of", "register_algorithm", "pending_guarantee", "with_guarantee", "TrainingPlanner"]
+__all__ = ["build_plan", "resolve_composition", "unit_of", "register_algorithm", "pending_guarantee", "with_guarantee",
+           "TrainingPlanner"]
 
 _DPSGDMechanism: TypeAlias = PoissonDPSGD | UnitPoissonDPSGD | TruncatedPoissonDPSGD | AllocationDPSGD | ShuffledDPSGD
 
@@ -87,8 +88,14 @@ def unit_of(s: Scenario) -> PrivacyUnit:
 
 
 def build_plan(scenario: Scenario) -> Plan:
-    """Plan ``scenario``; raises InfeasibleError naming the knob when nothing meets the budget."""
+    """Plan ``scenario``; raises InfeasibleError naming the knob when nothing meets the budget.
+
+    The plan's scenario is ``scenario`` with ``[accounting].composition = "auto"`` resolved
+    (as :func:`resolve_composition` does): a plan always says how its phases met the budget.
+    """
     s = scenario
+    if s.composition == "auto" and not _may_compose(s):
+        s = replace(s, composition="basic")
     delta = s.resolved_delta
     unit = unit_of(s)
     if s.size_release_epsilon is not None:
@@ -106,9 +113,11 @@ def build_plan(scenario: Scenario) -> Plan:
         phases = _repeat_and_select_run(s, unit, delta)
         run_eps = math.fsum(p.target_epsilon for p in phases)
         run_delta = math.fsum(p.target_delta for p in phases)
-    elif s.composition == "pld":
+    elif s.composition != "basic":  # "pld", or "auto" resolved by whether the phases compose by PLD
         run_delta = delta
-        run_eps, phases = _pld_budget_run(s, unit, delta)
+        run_eps, phases, composed = _pld_budget_run(s, unit, delta)
+        if s.composition == "auto":
+            s = replace(s, composition="pld" if composed else "basic")
     else:
         run_eps, run_delta = s.epsilon, delta
         phases = _plan_phases(s, unit, run_eps, run_delta, delta)
@@ -295,30 +304,63 @@ def _repeat_and_select_run(s: Scenario, unit: PrivacyUnit, delta: float) -> list
     return runs[best] if best in runs else _plan_phases(s, unit, 1.0 / best, delta, delta)
 
 
-def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float, list[Phase]]:
-    """``[accounting].composition = "pld"``: the run planned to the largest basic budget whose PLD total meets it.
+def resolve_composition(s: Scenario) -> Scenario:
+    """``s`` with ``[accounting].composition = "auto"`` made "pld" or "basic", as :func:`build_plan`
+    resolves it; any other as it is.
+
+    "pld" where the run's phases at the budget compose by PLD here: more than one phase, none
+    of them group privacy at K > 1, ``eps/K_i`` or truncated Poisson (``pld_total``), no
+    ``[tuning]`` (which composes whole runs itself) and no DP count of N (released before the
+    plan). Else "basic": one phase has nothing to compose, and the rest compose by basic
+    composition only. The phases at epsilon are planned to find out.
+    """
+    if s.composition != "auto":
+        return s
+    if not _may_compose(s):
+        return replace(s, composition="basic")
+    delta, unit = s.resolved_delta, unit_of(s)
+    return replace(s, composition="pld" if _pld_of(_plan_phases(s, unit, s.epsilon, delta, delta), s, unit)[0]
+                   is not None else "basic")
+
+
+def _may_compose(s: Scenario) -> bool:
+    """Whether a PLD budget can apply at all: not under [tuning] or a DP count of N (``_check_composition``)."""
+    return s.tuning is None and s.size_release_epsilon is None
+
+
+def _pld_of(phases: list[Phase], s: Scenario, unit: PrivacyUnit) -> tuple[Guarantee | None, str | None]:
+    """The phases' PLD total at their summed delta (as build_plan states it), or None and why; None for one phase."""
+    if len(phases) < 2:
+        return None, "one phase: nothing to compose"
+    return pld_total(phases, s, unit, basic_total(phases, s, unit).delta)
+
+
+def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float, list[Phase], bool]:
+    """``[accounting].composition = "pld"`` (or "auto"): the run planned to the largest basic budget
+    whose PLD total meets it; and whether it was (False: the basic plan at epsilon).
 
     The phases share the run's epsilon as under basic composition (split rule, calibration
     share), but of a larger run epsilon E' >= epsilon: the largest (to a relative 1e-4) whose
     phases, composed by PLD at the budget's delta, are within the budget's epsilon. Every
     phase gets its share of E', so each draws less noise than at a basic total of epsilon,
     and the headline guarantee is the PLD total. One phase has nothing to compose: E' =
-    epsilon. Phases without a PLD composition here are refused with the reason.
+    epsilon. Phases without a PLD composition here are refused with the reason under "pld",
+    and planned by basic composition under "auto".
     """
     phases = _plan_phases(s, unit, s.epsilon, delta, delta)
-    first, note = pld_total(phases, s, unit, basic_total(phases, s, unit).delta)
+    first, note = _pld_of(phases, s, unit)
     if first is None:
-        if len(phases) < 2:
-            return s.epsilon, phases
+        if len(phases) < 2 or s.composition == "auto":
+            return s.epsilon, phases, False
         raise UnsupportedError(f'[accounting].composition = "pld" needs phases that compose by PLD: {note}; '
                                'use composition = "basic"')
-    # 1/E' -> (its phases, their PLD total), composed at the phases' summed delta as build_plan states it
+    # 1/E' -> (its phases, their PLD total)
     runs: dict[float, tuple[list[Phase], float]] = {}
 
     def pld_at(inverse_budget: float) -> float:
         if inverse_budget not in runs:
             run = _plan_phases(s, unit, 1.0 / inverse_budget, delta, delta)
-            g, _ = pld_total(run, s, unit, basic_total(run, s, unit).delta)
+            g, _ = _pld_of(run, s, unit)
             assert g is not None  # the same phase kinds as at epsilon, which had one
             runs[inverse_budget] = run, g.epsilon
         return runs[inverse_budget][1]
@@ -334,7 +376,7 @@ def _pld_budget_run(s: Scenario, unit: PrivacyUnit, delta: float) -> tuple[float
     except InfeasibleError:
         raise InfeasibleError(f"no run budget down to epsilon {s.epsilon / 4:g} has a PLD total within epsilon "
                               f"{s.epsilon:g}", knob="epsilon") from None
-    return 1.0 / best, runs[best][0]
+    return 1.0 / best, runs[best][0], True
 
 
 def _round_down_share(total: float, k: int) -> float:

@@ -27,12 +27,13 @@ def split_record(s: Scenario, run_eps: float) -> SplitChoice | None:
 def split_of(s: Scenario, train_eps: float) -> SplitChoice:
     """The Hybrid split of the training phases' epsilon ``train_eps`` by the scenario's rule.
 
-    Under ``[accounting].composition = "pld"`` the run is planned to a basic epsilon above the
-    budget's, and a table-driven rule reads its alpha at the budget's own training epsilon, so
-    the alpha is the one the budget asks for (not a table step that the larger epsilon crosses).
+    Under ``[accounting].composition = "pld"`` (or "auto", which may resolve to it) the run is
+    planned to a basic epsilon above the budget's, and a table-driven rule reads its alpha at
+    the budget's own training epsilon, so the alpha is the one the budget asks for (not a table
+    step that the larger epsilon crosses). Under "basic" that is the run's own training epsilon.
     """
     assert s.split is not None  # a hybrid Scenario always has its split rule
-    at = training_epsilon(s, s.epsilon) if s.composition == "pld" else None
+    at = training_epsilon(s, s.epsilon) if s.composition != "basic" else None
     return choose_split(train_eps, s.split, table_epsilon=at)
 
 

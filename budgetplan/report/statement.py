@@ -298,14 +298,19 @@ def _pld_lines(plan: Plan, whose: str) -> list[str]:
     if plan.total_pld is not None and plan.pld_budget:
         return [_item(f"Composing {whose} privacy loss distributions under the shared adjacency gives "
                       f"{_pair(plan.total_pld)}: this is the run's guarantee, and the one planned to "
-                      f"([accounting].composition = \"pld\"). So the phases could be planned to the larger basic "
+                      f"([accounting].composition = \"pld\", which the default \"auto\" chooses wherever the "
+                      f"phases compose by PLD). So the phases could be planned to the larger basic "
                       f"budget of epsilon {_num(plan.run_epsilon)}, the largest whose composition stays within "
                       f"epsilon {_num(plan.epsilon)}, and each draws less noise than under a basic sum of "
                       f"{_num(plan.epsilon)}. The exact composition of the same mechanisms is the guarantee; the "
                       "basic sum only bounds it from above.")]
     if plan.total_pld is not None:
+        s = plan.scenario
+        why = ("[tuning] accounts whole runs by basic composition" if s.tuning is not None else
+               "the DP count of N is composed by basic composition" if s.size_release_epsilon is not None else
+               '[accounting].composition = "basic"')
         return [_item(f"Composing {whose} privacy loss distributions under the shared adjacency gives the tighter "
-                      f"{_pair(plan.total_pld)} for the same run; the basic figure is the one planned to.")]
+                      f"{_pair(plan.total_pld)} for the same run; the basic figure is the one planned to ({why}).")]
     return [_item(f"No PLD composition: {plan.total_pld_note}.")] if plan.total_pld_note else []
 
 

@@ -102,10 +102,12 @@ naming the key (``[dpsgd].epochs must be ...``) and is a usage error (exit 2).
     [accounting]                              # optional
     method = "pld"                            # pld | rdp | prv (DP-SGD and Gaussian phases)
     discretization = 1e-4
-    composition = "basic"                     # how the run's phases must meet [budget]: "basic"
-                                              # (their epsilons add up to it) or "pld" (their
-                                              # PLD composition meets it: each phase planned to
-                                              # a larger share, less noise for the same budget)
+    composition = "auto"                      # how the run's phases must meet [budget]: "pld"
+                                              # (their PLD composition meets it: each phase planned
+                                              # to a larger share, less noise for the same budget),
+                                              # "basic" (their epsilons add up to it), or "auto"
+                                              # (the default: "pld" where the phases compose by
+                                              # PLD here, else "basic")
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ RR_VALIDATION_ROWS = 200_000  # ... or at most about this many rows (a share of 
 MAX_VALIDATION = 0.5
 RR_MAX_EPOCHS = 5  # [rr].epochs when a scenario with a held-out part does not say
 METHODS = ("pld", "rdp", "prv")
-COMPOSITIONS = ("basic", "pld")
+COMPOSITIONS = ("auto", "basic", "pld")
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="DataclassInstance")
 _DELTA_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?\s*/\s*N\s*$")
@@ -608,7 +610,7 @@ class Scenario:
     features: FeatureSpec | None = None
     method: str = "pld"
     discretization: float = 1e-4
-    composition: str = "basic"
+    composition: str = "auto"
     size_release_epsilon: float | None = None
     calibration: CalibrationShape | None = None
     units: int | None = None
@@ -721,6 +723,7 @@ class Scenario:
                 data[key] = from_json_object(kind, data[key], f"scenario.{key}")
         if "warnings" in data:
             raise InvalidParameterError("scenario has an unknown field 'warnings'")
+        data.setdefault("composition", "basic")  # a plan's scenario without the key was planned by basic composition
         return from_json_object(cls, data, "scenario")
 
 
@@ -795,7 +798,7 @@ def parse_scenario(text: str, *, default_name: str = "scenario") -> Scenario:
     if "accounting" in raw:
         acc = top.table("accounting")
         values.update(method=acc.get("method", default="pld"), discretization=acc.get("discretization", default=1e-4),
-                      composition=acc.get("composition", default="basic"))
+                      composition=acc.get("composition", default="auto"))
         acc.finish()
     top.used.add("accounting")
     top.finish()

@@ -156,9 +156,13 @@ def render(state: dict, name: str) -> str:
     if state.get("carried"):
         carried = state["carried"]
         runs = "runs at commits" if " and " in carried["from_commit"] else "run at commit"
+        cells = state.get("cells", {})
+        taken = sum(1 for c in cells.values() if c.get("carried_from"))
+        trained = (f" {len(cells) - taken} of the {len(cells)} cells were trained in this run."
+                   if taken < len(cells) else "")
         lines += [f"The {', '.join(carried['arms'])} cells were carried from the {runs} "
                   f"{carried['from_commit']}, because {carried['why']}; their relative losses are against this "
-                  "run's baselines.", ""]
+                  f"run's baselines.{trained}", ""]
     for shape, summ in summary.items():
         by_eps, bl = summ["cells"], summ["baselines"]
         par = st["shapes"][shape]

@@ -425,7 +425,10 @@ print(scenario_toml(EPSILONS[0], 0.5))'''),
 
 `build_plan` splits each budget, calibrates the DP-SGD noise multiplier to (eps2, delta) and the RR
 flip probability to eps1, and accounts the whole; the plan file is canonical, hashed JSON. The CLI
-does the same from a TOML file (`budgetplan plan`), and gives the same hash.'''),
+does the same from a TOML file (`budgetplan plan`), and gives the same hash. Where RR and DP-SGD
+both run, the split is of a run epsilon ("planned to") above the budget: the largest whose PLD
+composition of the phases is the budget (`[accounting].composition = "auto"`, the default), so
+"guarantee" is that PLD total and each phase draws less noise than if eps1 + eps2 were the budget.'''),
     ("code", r'''from budgetplan.plan import write_atomic
 from budgetplan.planning.planner import build_plan
 from budgetplan.report.plots import arm_of
@@ -446,7 +449,8 @@ for eps in EPSILONS:
                           "flip prob": rr.params.flip_probability if rr else None,
                           "sigma": sgd.params.noise_multiplier if sgd else None,
                           "steps": sgd.params.steps if sgd else None,
-                          "total": f"({plan.total.epsilon:.4g}, {plan.total.delta:.3g})"})
+                          "planned to": f"{plan.run_epsilon:.4g}",
+                          "guarantee": f"({plan.guarantee.epsilon:.4g}, {plan.guarantee.delta:.3g})"})
 show_table(plan_rows, list(plan_rows[0]))'''),
     ("code", r'''one = WORK / "scenarios" / f"eps{EPSILONS[1]:g}-alpha0.5.toml"
 cli("plan", one, "-o", WORK / "cli-plan.json")

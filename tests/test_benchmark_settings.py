@@ -128,8 +128,8 @@ def test_a_changed_planner_default_makes_the_frontier_stale(monkeypatch):
 
     parse = budgetplan.scenario.model.parse_scenario
     monkeypatch.setattr(budgetplan.scenario.model, "parse_scenario",
-                        lambda text: dataclasses.replace(parse(text), method="rdp"))
-    assert differences(_quick_frontier()) == ["scenario.method"]
+                        lambda text: dataclasses.replace(parse(text), discretization=2e-4))
+    assert differences(_quick_frontier()) == ["scenario.discretization"]
 
 
 def test_a_changed_frontier_arm_setting_makes_it_stale(monkeypatch):

@@ -230,7 +230,7 @@ def test_the_audit_composes_the_steps_the_run_executed(monkeypatch):
     ({"algorithm": "dpsgd"}, "pld"),  # DP-SGD and its calibration release
     ({"algorithm": "rr"}, "basic"),  # one phase: nothing to compose
     ({"algorithm": "dpsgd", "calibration": "[calibration]\nshare = 0\n"}, "basic"),  # one phase
-    ({"sampling": "truncated-poisson"}, "basic"),  # composed by basic composition only
+    pytest.param({"sampling": "truncated-poisson"}, "basic", id="truncated-poisson"),  # basic composition only
     ({"extra": "[tuning]\nconfigurations = 4\nselection = \"naive\""}, "basic"),  # tuning composes whole runs
 ])
 def test_a_scenario_without_the_key_is_planned_to_the_pld_total_where_its_phases_have_one(kw, resolved):

@@ -319,8 +319,8 @@ def resolve_composition(s: Scenario) -> Scenario:
     if not _may_compose(s):
         return replace(s, composition="basic")
     delta, unit = s.resolved_delta, unit_of(s)
-    return replace(s, composition="pld" if _pld_of(_plan_phases(s, unit, s.epsilon, delta, delta), s, unit)[0]
-                   is not None else "basic")
+    total, _ = _pld_of(_plan_phases(s, unit, s.epsilon, delta, delta), s, unit)
+    return replace(s, composition="basic" if total is None else "pld")
 
 
 def _may_compose(s: Scenario) -> bool:

@@ -403,6 +403,11 @@ class _EmbeddingPieces:
         if pad is not None:
             # The padding row gets no gradient in torch's own embedding backward either.
             g = torch.where((self.ids == pad).unsqueeze(-1), 0, g)
+        if not g.is_contiguous():
+            # A lookup's gradient is often a slice of a wider one (the table's output concatenated
+            # with other features): one copy of the slice frees the wide buffer, and the norms and
+            # the segment sum then read contiguous rows (one index_add, not one per lookup column).
+            g = g.contiguous()
         self.g = g
         self.owned = owned(g)
 

@@ -26,7 +26,7 @@ def rule_arm(rule: str, epsilon: float, share: float | None) -> str | None:
     splits what the calibration release leaves. None where its alpha is not on the grid."""
     from budgetplan.scenario.split_rules import choose_split
 
-    if rule == "paper-v1" or rule.startswith("units="):
+    if rule in ("paper-v1", "fine-tune") or rule.startswith("units="):  # arms of their own
         return rule
     train = epsilon * (1 - (share or 0.0))
     if rule == "alpha-by-eps (before)":
@@ -158,7 +158,11 @@ def render(state: dict, name: str) -> str:
         runs = "runs at commits" if " and " in carried["from_commit"] else "run at commit"
         cells = state.get("cells", {})
         taken = sum(1 for c in cells.values() if c.get("carried_from"))
-        trained = (f" {len(cells) - taken} of the {len(cells)} cells were trained in this run."
+        # a run that extended an earlier one (a new arm or shape) keeps the earlier run's commit in "commits"
+        own = [c for c in state.get("commits", []) if c != "unknown"]
+        by = f"by this file's own runs (the earlier ones at commits {' and '.join(c[:12] for c in own)})" if own \
+            else "in this run"
+        trained = (f" {len(cells) - taken} of the {len(cells)} cells were trained {by}."
                    if taken < len(cells) else "")
         lines += [f"The {', '.join(carried['arms'])} cells were carried from the {runs} "
                   f"{carried['from_commit']}, because {carried['why']}; their relative losses are against this "
@@ -227,7 +231,7 @@ def _measured(summary: dict) -> set[str]:
     return {a for s in summary.values() for by_arm in s["cells"].values() for a in by_arm}
 
 
-RULES = ("alpha=0.25", "alpha=0.5", "alpha=0.75", "paper-v1", "alpha-by-eps (before)")
+RULES = ("alpha=0.25", "alpha=0.5", "alpha=0.75", "fine-tune", "paper-v1", "alpha-by-eps (before)")
 
 
 def _regret_section(summary: dict, state: dict) -> list[str]:

@@ -342,3 +342,30 @@ def test_a_run_of_one_arm_has_no_regret_table(tiny):
     text = frontier_report.render(one, "tiny")
     assert "regret of each rule" not in text and "against their targets" not in text
     assert "One arm of the alpha grid only" in text
+
+
+def test_a_fine_tune_arm_gets_its_regret_row_and_an_extended_run_names_its_runs(tiny):
+    """The fine-tuned tower is a rule of its own (its loss above the grid's best), and the cells of a
+    file extended by a later run (a new arm) are said to be the file's own runs', not the last run's."""
+    _frontier()
+    import frontier_report
+
+    _, _, state = tiny
+    extended = json.loads(json.dumps(state))
+    for key, c in list(extended["cells"].items()):
+        if c["arm"] == "alpha=0.5":  # the tower's cells: alpha 0.5's, 2 points worse
+            extended["cells"][key.replace("alpha=0.5", "fine-tune")] = {
+                **c, "arm": "fine-tune", "tower": "fine-tune", "relative_auc_loss": c["relative_auc_loss"] + 2.0}
+    summary = frontier_report.summarise(extended)
+    table = frontier_report.regret(summary, ["alpha=0.5", "fine-tune"], None)
+    assert table["fine-tune"]["legacy"][0.01] == pytest.approx(table["alpha=0.5"]["legacy"][0.01] + 2.0)
+    assert "| fine-tune | 0.01 |" in frontier_report.render(extended, "tiny")
+
+    taken = next(iter(extended["cells"]))
+    extended["cells"][taken]["carried_from"] = "a" * 40
+    extended["carried"] = {"arms": ["RR"], "from_commit": "a" * 12, "commits": ["a" * 40], "why": "nothing changed"}
+    total = len(extended["cells"])
+    assert f"{total - 1} of the {total} cells were trained in this run." in frontier_report.render(extended, "tiny")
+    extended["commits"] = ["b" * 40, "c" * 40]  # two earlier runs of this file, each extended by the next
+    assert (f"{total - 1} of the {total} cells were trained by this file's own runs (the earlier ones at commits "
+            f"{'b' * 12} and {'c' * 12})." in frontier_report.render(extended, "tiny"))

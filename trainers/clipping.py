@@ -322,19 +322,13 @@ def _index_add(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, accu
     """``weight.grad`` (+)= the table gradient that puts ``rows[j]`` on row ``ids[j]``: a segment sum, never a copy.
 
     Accumulating adds into the existing buffer (the noise, in DP-SGD), so no zeroed table is made.
-    ``ids`` [..., L] and ``rows`` [..., L, dim]; rows that cannot be flattened without a copy are
-    added one lookup column at a time.
+    ``ids`` [..., L] and ``rows`` [..., L, dim], contiguous (the pieces make them so): one ``index_add_``.
     """
     if accumulate and weight.grad is not None:
         out = weight.grad
     else:
         out = weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-    dim = rows.shape[-1]
-    if rows.dim() == 2 or rows.is_contiguous():
-        out.index_add_(0, ids.reshape(-1), rows.reshape(-1, dim))
-    else:
-        for col in range(ids.shape[1]):
-            out.index_add_(0, ids[:, col], rows[:, col])
+    out.index_add_(0, ids.reshape(-1), rows.reshape(-1, rows.shape[-1]))
 
 
 # Above this many lookups per unit, a unit's Embedding norm is a segment sum over (unit, id)

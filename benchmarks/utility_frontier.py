@@ -245,6 +245,8 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
                                      phase="RR")
         if diff and all(_dpsgd_only(d) for d in diff):
             return _carry_unaffected(state, today, diff, alpha=1, arm="RR", phase="DP-SGD")
+        if diff and all(d.startswith("baselines.settings.") for d in diff):
+            return _new_baselines(state, today, diff)
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
                              "--fresh to start over, or --name to keep both")
@@ -282,6 +284,26 @@ def _carry_unaffected(state: dict, today: dict, changed: list[str], *, alpha: fl
         "from_commit": " and ".join(c[:12] for c in commits), "commits": commits,
         "arms": [arm, "the non-private baselines"],
         "why": f"neither reads a setting that changed (the {phase} phase's {changed})"})
+    return fresh
+
+
+def _new_baselines(state: dict, today: dict, changed: list[str]) -> dict:
+    """A new state for a run whose settings differ from the earlier one's only in how the non-private
+    baselines are trained (``baselines.settings``): no cell reads those, so every cell is carried
+    (marked with the commit it was trained at), the baselines are trained again and every cell's
+    relative loss is scored against them (``rescore_carried``)."""
+    commit = state["settings"].get("commit") or "unknown"
+    cells = {key: {**cell, "carried_from": cell.get("carried_from", commit)} for key, cell in state["cells"].items()}
+    commits = sorted({c["carried_from"] for c in cells.values()} or {commit})
+    arms = sorted({c["arm"] for c in cells.values()}, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
+    changed = ", ".join(d[len("baselines.settings."):] for d in changed)
+    print(f"carrying {len(cells)} cell(s): only the non-private baselines' settings changed ({changed}); "
+          "training the baselines again", file=sys.stderr)
+    fresh = _new_state(today)
+    fresh.update(cells=cells, carried={
+        "from_commit": " and ".join(c[:12] for c in commits), "commits": commits, "arms": arms,
+        "why": f"no cell reads a setting that changed (the non-private baselines' {changed}; the baselines were "
+               "trained again in this run)"})
     return fresh
 
 

@@ -25,7 +25,7 @@ from budgetplan.errors import InvalidParameterError, PlanMismatchError, Unsuppor
 from budgetplan.plan import Plan
 from budgetplan.record.parts import ModelInfo, json_table
 from budgetplan.record.records import PhaseRun, PhaseStats, RunRecord
-from trainers.baseline import BaselineSettings, compare, train_baseline, validation_split
+from trainers.baseline import BaselineSettings, compare, convergence_note, train_baseline, validation_split
 from trainers.distributed import Collective
 from trainers.dpsgd import DPSGDSettings
 from trainers.executors import (
@@ -324,5 +324,6 @@ def run_baseline(plan: Plan, data_path: str | Path, *, eval_path: str | Path | N
             model=ModelInfo(kind=settings.model, config=json_table("model.config", model.config()), final=final),
             training={**settings.to_dict(), "fit": fit_settings.to_dict(), "baseline": baseline.to_dict()}, ledger=None,
             timings=timings, device=device_name(device),
-            notes=("non-private: no privacy guarantee applies to this run",))
+            notes=("non-private: no privacy guarantee applies to this run",
+                   *filter(None, [convergence_note(history, baseline)])))
         return write_run(record, model.state_dict(), out, prep.vocabulary, new_key=new_key if out else None)

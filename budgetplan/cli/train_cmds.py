@@ -114,7 +114,7 @@ def _settings(**kw: Any) -> TrainSettings:  # the options as given: TrainSetting
               "early stopping on a validation split of --data.")
 @click.option("--baseline-epochs", type=bounded_int("baseline_epochs", MAX_EPOCHS), default=20, show_default=True,
               help="--non-private: the most epochs.")
-@click.option("--patience", type=bounded_int("patience", MAX_EPOCHS), default=2, show_default=True,
+@click.option("--patience", type=bounded_int("patience", MAX_EPOCHS), default=5, show_default=True,
               help="--non-private: epochs without a lower validation log loss before stopping.")
 @click.option("--validation-fraction", type=OPEN_UNIT, default=0.1, show_default=True,
               help="--non-private: the share of units (or rows, without a unit id) of --data held out for "
@@ -191,6 +191,9 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
         record = run_baseline(plan, data_path, eval_path=eval_path, out_dir=out_dir, settings=settings,
                               baseline=baseline, seed=seed, truncated=truncated, progress=not as_json,
                               fingerprint_key=key, threads=threads)
+        for note in record.notes:
+            if note.startswith("not converged:"):
+                warn(note)
     else:
         base_auc = tolerance = None
         if baseline_run:

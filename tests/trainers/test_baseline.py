@@ -12,7 +12,8 @@ from budgetplan.errors import InvalidParameterError
 from budgetplan.planning.planner import build_plan
 from budgetplan.record.records import BaselineRun, BaselineStats, load_record
 from budgetplan.scenario.model import parse_scenario
-from trainers.baseline import BaselineSettings, compare, reference, train_baseline, validation_split
+from trainers import baseline as baseline_module
+from trainers.baseline import BaselineSettings, compare, convergence_note, reference, train_baseline, validation_split
 from trainers.data.synth import SYNTH_FEATURES, synthesize
 from trainers.demo import demo_scenario
 from trainers.fit import FitSettings, predict
@@ -133,6 +134,51 @@ def test_checks_within_epochs_and_a_run_to_max_epochs(data):
     assert len(checked) in (2 * batches // (batches // 2), 2 * batches // (batches // 2) + 1)
 
 
+def _scripted(monkeypatch, losses):
+    """Replace the validation scores by ``losses``, one per check, in order (the AUC is not read)."""
+    scores = iter(losses)
+    monkeypatch.setattr(baseline_module, "_scores", lambda *a: (next(scores), 0.5))
+
+
+# A loss that falls, sits on a plateau for 4 checks, then falls again: what a model that learns an
+# interaction of two high-cardinality columns late does (the module's BaselineSettings docstring).
+PLATEAU = [0.30, 0.28, 0.27, 0.275, 0.272, 0.271, 0.2705, 0.25, 0.24, 0.245, 0.246, 0.247, 0.248, 0.249, 0.25]
+
+
+def test_the_default_patience_waits_out_a_plateau_that_patience_2_stops_on(data, monkeypatch):
+    train, validation, model = _encoded(data)
+    fit = FitSettings(epochs=len(PLATEAU), batch_size=1024, weight_decay=0.0)
+    kept = {}
+    for patience in (2, BaselineSettings().patience):
+        _scripted(monkeypatch, PLATEAU)
+        settings = BaselineSettings(max_epochs=len(PLATEAU), patience=patience)
+        kept[patience] = train_baseline(model, train, validation, fit, settings, truncated=True,
+                                        generator=torch.Generator().manual_seed(0))
+    assert kept[2]["best"] == 2 and len(kept[2]["checked_at"]) == 5  # stopped on the plateau
+    default = kept[BaselineSettings().patience]
+    assert default["best"] == 8 and default["stopped"] == "patience"  # past it, to the lower loss
+    assert len(default["checked_at"]) == 9 + BaselineSettings().patience
+    assert convergence_note(default, BaselineSettings()) is None
+
+
+def test_a_baseline_that_runs_out_of_epochs_before_patience_is_noted(data, monkeypatch):
+    train, validation, model = _encoded(data)
+    settings = BaselineSettings(max_epochs=8, patience=5)
+    _scripted(monkeypatch, PLATEAU)
+    history = train_baseline(model, train, validation, FitSettings(epochs=8, batch_size=1024), settings,
+                             truncated=True, generator=torch.Generator().manual_seed(0))
+    assert history["stopped"] == "max_epochs" and history["best"] == 7
+    note = convergence_note(history, settings)
+    assert note.startswith("not converged:") and "all 8 epochs" in note and "check 8 of 8" in note
+    assert "--baseline-epochs" in note and "--patience 5" in note
+    # run out of patience exactly at the last epoch: it stopped on patience, nothing to note
+    _scripted(monkeypatch, PLATEAU)
+    settings = BaselineSettings(max_epochs=5, patience=2)
+    history = train_baseline(model, train, validation, FitSettings(epochs=5, batch_size=1024), settings,
+                             truncated=True, generator=torch.Generator().manual_seed(0))
+    assert history["stopped"] == "patience" and convergence_note(history, settings) is None
+
+
 # ------------------------------------------------------------------ the record and the flag
 
 
@@ -212,6 +258,21 @@ def test_cli_baseline_options_reach_the_record(data, tmp_path, runner):
     assert rec["model"]["final"] == "truncated" and rec["phases"][0]["model"] == "truncated"
     stats = rec["private_record"]["phases"][0]
     assert 1 <= len(stats["checked_at"]) <= 2 and stats["validation_units"] > 0
+    # two epochs cannot exhaust a patience of 1 unless the first was the best: the run says which
+    unconverged = stats["stopped"] == "max_epochs"
+    assert ("warning: not converged:" in out.stderr) == unconverged
+    assert any(n.startswith("not converged:") for n in rec["notes"]) == unconverged
+
+
+def test_cli_warns_when_the_baseline_runs_out_of_epochs(data, tmp_path, runner):
+    root, _, _ = data
+    out = _train(runner, root, tmp_path / "base", "--non-private", "--baseline-epochs", "1", "--hash-bins", "1024",
+                 "--json")
+    assert out.exit_code == 0, out.output
+    rec = json.loads(out.stdout)
+    assert rec["training"]["baseline"]["patience"] == BaselineSettings().patience  # the CLI's default is the library's
+    assert "warning: not converged: the baseline ran all 1 epochs" in out.stderr
+    assert [n for n in rec["notes"] if n.startswith("not converged:")]
 
 
 @pytest.mark.parametrize("args, names", [

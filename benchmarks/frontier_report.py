@@ -214,8 +214,11 @@ def render(state: dict, name: str) -> str:
     cells = list(state["cells"].values())
     if cells:
         median = statistics.median(c["seconds"] for c in cells)
-        lines += [f"{len(cells)} cells and {len(state['baselines'])} baseline pairs in "
-                  f"{state['seconds'] / 3600:.2f} h of training (median {median:.0f} s a cell).", ""]
+        carried = sum(1 for c in cells if c.get("carried_from"))
+        carried_text = f", {carried} of the cells carried from earlier runs" if carried else ""
+        lines += [f"{len(cells)} cells and {len(state['baselines'])} baseline pairs; what this run trained took "
+                  f"{state['seconds'] / 3600:.2f} h{carried_text} (median {median:.0f} s a cell, as each was "
+                  "trained).", ""]
     lines.append(h.settings_markdown(state["settings"]))
     return "\n".join(lines) + "\n"
 

@@ -211,6 +211,38 @@ def test_a_change_to_the_dpsgd_phases_settings_alone_carries_the_rr_cells(tiny):
     assert json.loads(path.read_text()) == before  # loading writes nothing
 
 
+def test_a_change_to_the_baselines_settings_alone_carries_every_cell_and_rescores_it(tiny, monkeypatch):
+    """No cell reads how the baselines are trained: every cell is carried, the baselines are trained
+    again, and each cell's relative loss is against the new ones. Any other change is refused."""
+    import copy
+
+    uf, out, _ = tiny
+    path = out / "tiny.json"
+    before = json.loads(path.read_text())
+    today = copy.deepcopy(before["settings"])
+    today["values"]["baselines"]["settings"]["patience"] += 1
+    carried = uf._load_state(path, today, fresh=False)
+    assert carried["settings"] == today and not carried["complete"] and carried["baselines"] == {}
+    commit = before["settings"].get("commit") or "unknown"
+    assert carried["cells"] == {k: {**c, "carried_from": commit} for k, c in before["cells"].items()}
+    assert carried["carried"]["arms"] == [a for a in ARMS if any(c["arm"] == a for c in before["cells"].values())]
+    assert "patience" in carried["carried"]["why"] and "trained again" in carried["carried"]["why"]
+    # rescored against whatever baselines the run trains: here one 0.01 AUC better than before
+    carried["baselines"] = {k: {**b, "all": {**b["all"], "auc": b["all"]["auc"] + 0.01}}
+                            for k, b in before["baselines"].items()}
+    uf.rescore_carried(carried)
+    from trainers.metrics import relative_auc_loss
+
+    for key, cell in carried["cells"].items():
+        base = carried["baselines"][f"{cell['shape']}|{cell['seed']}"]["all"]["auc"]
+        assert cell["relative_auc_loss"] == pytest.approx(relative_auc_loss(cell["auc"], base))
+        assert cell["relative_auc_loss"] > before["cells"][key]["relative_auc_loss"]
+    today["values"]["training"]["lr"] = 0.5  # read by the cells: no carrying
+    with pytest.raises(SystemExit, match="these differ: "):
+        uf._load_state(path, today, fresh=False)
+    assert json.loads(path.read_text()) == before  # loading writes nothing
+
+
 def test_an_rr_only_plan_is_the_same_whatever_the_dpsgd_table_says():
     """What carrying the RR cells rests on: the template's RR arm plans the same phases at 5 and 10
     DP-SGD epochs (only the scenario the plan embeds differs)."""

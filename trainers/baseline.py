@@ -84,7 +84,7 @@ class BaselineSettings:
     one seed at epoch 6 (best epoch 4, eval AUC 0.7851); patience 5 ran 19 epochs and kept
     the 14th (0.8134), where another seed's data had gone on to 0.8121 at patience 2. On the
     project's own frontier shapes (1M rows) patience 5 keeps the same state as 2 did (eval
-    AUC within 2e-5), at 3 more epochs of training.
+    AUC within 1e-4), at 3 more epochs of training.
     """
 
     max_epochs: int = 20

@@ -265,46 +265,50 @@ def _dpsgd_only(setting: str) -> bool:
             or setting in ("scenario.dpsgd_batch_size", "scenario.composition"))
 
 
+def _carried(state: dict, today: dict, keep, *, baselines: dict, arms: list[str], why: str,
+             earlier: tuple[str, ...] = ()) -> dict:
+    """A new state with today's settings that carries the earlier run's cells for which ``keep(cell)``
+    holds, each marked with the commit it was trained at (``carried_from``), and ``baselines``;
+    ``carried`` says which commits they came from (``earlier``: those of baselines carried too),
+    which ``arms`` and ``why``."""
+    commit = state["settings"].get("commit") or "unknown"
+    cells = {key: {**cell, "carried_from": cell.get("carried_from", commit)}
+             for key, cell in state["cells"].items() if keep(cell)}
+    commits = sorted({*earlier, *(c["carried_from"] for c in cells.values())} or {commit})
+    fresh = _new_state(today)
+    fresh.update(baselines=baselines, cells=cells, carried={
+        "from_commit": " and ".join(c[:12] for c in commits), "commits": commits, "arms": arms, "why": why})
+    return fresh
+
+
 def _carry_unaffected(state: dict, today: dict, changed: list[str], *, alpha: float, arm: str, phase: str) -> dict:
     """A new state for a run whose settings differ from the earlier one's only in ``phase``'s (the RR
     phase's ``harness.RR_TRAINING``, or the DP-SGD phase's, ``_dpsgd_only``): the cells of the arm
     without that phase (plain DP-SGD, alpha 0; or RR alone, alpha 1) and the non-private baselines
-    read none of those settings, so they are carried, each cell marked with the commit it was
-    trained at (``carried_from``); every other cell is trained again."""
-    commit = state["settings"].get("commit") or "unknown"
-    cells = {key: {**cell, "carried_from": cell.get("carried_from", commit)}
-             for key, cell in state["cells"].items() if cell.get("alpha") == alpha}
-    earlier = (state.get("carried") or {}).get("commits", [])
-    commits = sorted({*earlier, *(c["carried_from"] for c in cells.values())} or {commit})
+    read none of those settings, so they are carried; every other cell is trained again."""
     changed = ", ".join(changed)
-    print(f"carrying {len(cells)} {arm} cell(s) and {len(state['baselines'])} baseline pair(s): only the "
+    kept = sum(1 for cell in state["cells"].values() if cell.get("alpha") == alpha)
+    print(f"carrying {kept} {arm} cell(s) and {len(state['baselines'])} baseline pair(s): only the "
           f"{phase} phase's settings changed ({changed})", file=sys.stderr)
-    fresh = _new_state(today)
-    fresh.update(baselines=state["baselines"], cells=cells, carried={
-        "from_commit": " and ".join(c[:12] for c in commits), "commits": commits,
-        "arms": [arm, "the non-private baselines"],
-        "why": f"neither reads a setting that changed (the {phase} phase's {changed})"})
-    return fresh
+    return _carried(state, today, lambda cell: cell.get("alpha") == alpha, baselines=state["baselines"],
+                    arms=[arm, "the non-private baselines"],
+                    why=f"neither reads a setting that changed (the {phase} phase's {changed})",
+                    earlier=tuple((state.get("carried") or {}).get("commits", [])))
 
 
 def _new_baselines(state: dict, today: dict, changed: list[str]) -> dict:
     """A new state for a run whose settings differ from the earlier one's only in how the non-private
-    baselines are trained (``baselines.settings``): no cell reads those, so every cell is carried
-    (marked with the commit it was trained at), the baselines are trained again and every cell's
-    relative loss is scored against them (``rescore_carried``)."""
-    commit = state["settings"].get("commit") or "unknown"
-    cells = {key: {**cell, "carried_from": cell.get("carried_from", commit)} for key, cell in state["cells"].items()}
-    commits = sorted({c["carried_from"] for c in cells.values()} or {commit})
-    arms = sorted({c["arm"] for c in cells.values()}, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
+    baselines are trained (``baselines.settings``): no cell reads those, so every cell is carried,
+    the baselines are trained again and every cell's relative loss is scored against them
+    (``rescore_carried``)."""
+    present = {c["arm"] for c in state["cells"].values()}
+    arms = sorted(present, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
     changed = ", ".join(d[len("baselines.settings."):] for d in changed)
-    print(f"carrying {len(cells)} cell(s): only the non-private baselines' settings changed ({changed}); "
+    print(f"carrying {len(state['cells'])} cell(s): only the non-private baselines' settings changed ({changed}); "
           "training the baselines again", file=sys.stderr)
-    fresh = _new_state(today)
-    fresh.update(cells=cells, carried={
-        "from_commit": " and ".join(c[:12] for c in commits), "commits": commits, "arms": arms,
-        "why": f"no cell reads a setting that changed (the non-private baselines' {changed}; the baselines were "
-               "trained again in this run)"})
-    return fresh
+    return _carried(state, today, lambda cell: True, baselines={}, arms=arms,
+                    why=f"no cell reads a setting that changed (the non-private baselines' {changed}; the baselines "
+                        "were trained again in this run)")
 
 
 def _cell_plan(args, cell: dict):

@@ -50,9 +50,11 @@ from trainers.data.capping import unit_ids
 from trainers.fit import fit, predict
 from trainers.metrics import auc, auc_standard_error, log_loss, relative_auc_loss
 
-__all__ = ["BaselineSettings", "validation_split", "train_baseline", "convergence_note", "MODEL_SETTINGS", "reference",
-           "check_comparable", "compare", "TOLERANCE_Z"]
+__all__ = ["BaselineSettings", "validation_split", "train_baseline", "convergence_note", "NOT_CONVERGED",
+           "MODEL_SETTINGS", "reference", "check_comparable", "compare", "TOLERANCE_Z"]
 
+# How a baseline's note that it may not have converged begins (``convergence_note``): the CLI warns with it.
+NOT_CONVERGED = "not converged:"
 # The split's hash key: fixed, so that the same unit is on the same side in every baseline.
 SPLIT_KEY = b"budgetplan baseline validation"
 # How many eval-AUC standard errors a DP arm may exceed the baseline by before it is flagged.
@@ -203,7 +205,7 @@ def convergence_note(history: dict, settings: BaselineSettings) -> str | None:
     if history["stopped"] != "max_epochs" or history["best"] is None:
         return None
     checks = len(history["checked_at"])
-    return (f"not converged: the baseline ran all {settings.max_epochs} epochs (--baseline-epochs) and its lowest "
+    return (f"{NOT_CONVERGED} the baseline ran all {settings.max_epochs} epochs (--baseline-epochs) and its lowest "
             f"validation log loss was at check {history['best'] + 1} of {checks}, within --patience "
             f"{settings.patience} of the end; relative losses against it may flatter the private arms: raise "
             "--baseline-epochs")

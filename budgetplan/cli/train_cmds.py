@@ -184,7 +184,7 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
         key = read_key(key_path)
     tune_allocator()  # this process is ours: a training step's tensors reuse their memory (trainers.allocator)
     if non_private:
-        from trainers.baseline import BaselineSettings
+        from trainers.baseline import NOT_CONVERGED, BaselineSettings
 
         baseline = BaselineSettings(max_epochs=baseline_epochs, patience=patience,
                                     validation_fraction=validation_fraction, weight_decay=weight_decay)
@@ -192,7 +192,7 @@ def train(plan_file: str, data_path: str, eval_path: str | None, out_dir: str, d
                               baseline=baseline, seed=seed, truncated=truncated, progress=not as_json,
                               fingerprint_key=key, threads=threads)
         for note in record.notes:
-            if note.startswith("not converged:"):
+            if note.startswith(NOT_CONVERGED):
                 warn(note)
     else:
         base_auc = tolerance = None

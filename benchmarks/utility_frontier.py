@@ -247,6 +247,9 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
             return _carry_unaffected(state, today, diff, alpha=1, arm="RR", phase="DP-SGD")
         if diff and all(d.startswith("baselines.settings.") for d in diff):
             return _new_baselines(state, today, diff)
+        if diff == ["scenario.rr.epochs"]:
+            return _new_rr_cap(state, recorded["values"]["scenario"]["rr"]["epochs"],
+                               today["values"]["scenario"]["rr"]["epochs"], today)
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
                              "--fresh to start over, or --name to keep both")
@@ -309,6 +312,30 @@ def _new_baselines(state: dict, today: dict, changed: list[str]) -> dict:
     return _carried(state, today, lambda cell: True, baselines={}, arms=arms,
                     why=f"no cell reads a setting that changed (the non-private baselines' {changed}; the baselines "
                         "were trained again in this run)")
+
+
+def _new_rr_cap(state: dict, before: int, after: int, today: dict) -> dict:
+    """A new state for a run whose settings differ from the earlier one's only in the RR phase's cap
+    (``[rr].epochs``, ``before`` then ``after``): a cell without an RR phase, or whose RR phase stopped
+    itself at its held-out units before epoch min(before, after), trained exactly what it would train
+    under either cap (the loop, its checks and every draw up to the stop are the same; the cap only
+    ends a phase that has not stopped), so it is carried with the baselines; every other cell is
+    trained again."""
+    cap = min(before, after)
+
+    def unaffected(cell: dict) -> bool:
+        return cell.get("rr") is None or cell["rr"]["epochs_run"] < cap - 1e-9
+
+    kept = [c for c in state["cells"].values() if unaffected(c)]
+    arms = sorted({c["arm"] for c in kept}, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
+    print(f"carrying {len(kept)} of {len(state['cells'])} cell(s) and {len(state['baselines'])} baseline pair(s): "
+          f"only the RR phase's cap changed ({before} to {after} epochs), and those never reached epoch {cap}",
+          file=sys.stderr)
+    return _carried(state, today, unaffected, baselines=state["baselines"], arms=arms,
+                    why=f"each has no RR phase or one that stopped itself at its held-out units before epoch {cap}, "
+                        f"which the RR phase's new cap ([rr] epochs {after}, was {before}) leaves as it was; the "
+                        "cells whose RR phase ran to the old cap were trained again",
+                    earlier=tuple((state.get("carried") or {}).get("commits", [])))
 
 
 def _cell_plan(args, cell: dict):

@@ -243,6 +243,43 @@ def test_a_change_to_the_baselines_settings_alone_carries_every_cell_and_rescore
     assert json.loads(path.read_text()) == before  # loading writes nothing
 
 
+def test_a_change_of_the_rr_cap_alone_carries_the_cells_whose_rr_phase_stopped_before_it(tiny):
+    """A cell without an RR phase, or whose RR phase stopped itself before the smaller of the two caps,
+    trained what it would train under either (tests/trainers/test_rr_validation.py shows it): it is
+    carried with the baselines; a cell whose RR phase ran to the old cap is trained again. Any other
+    change beside it is refused."""
+    import copy
+
+    uf, out, _ = tiny
+    path = out / "tiny.json"
+    before = json.loads(path.read_text())
+    cap = before["settings"]["values"]["scenario"]["rr"]["epochs"]
+    edited = copy.deepcopy(before)
+    with_rr = sorted(k for k, c in edited["cells"].items() if c["rr"] is not None)
+    assert len(with_rr) >= 2
+    for i, key in enumerate(with_rr):  # half stopped themselves just before the cap, half ran to it
+        edited["cells"][key]["rr"]["epochs_run"] = cap - 0.25 if i % 2 else float(cap)
+    path.write_text(json.dumps(edited))
+    try:
+        for new_cap in (cap + 5, cap + 1, max(1, cap - 1)):
+            today = copy.deepcopy(before["settings"])
+            today["values"]["scenario"]["rr"]["epochs"] = new_cap
+            carried = uf._load_state(path, today, fresh=False)
+            low = min(cap, new_cap)
+            expect = {k for k, c in edited["cells"].items() if c["rr"] is None or c["rr"]["epochs_run"] < low}
+            assert set(carried["cells"]) == expect and carried["baselines"] == before["baselines"]
+            assert {k for k, c in edited["cells"].items() if c["rr"] is None} <= expect  # DP-SGD: always
+            assert (expect & set(with_rr)) == ({k for i, k in enumerate(with_rr) if i % 2} if low == cap else set())
+            commit = before["settings"].get("commit") or "unknown"
+            assert all(c == {**edited["cells"][k], "carried_from": commit} for k, c in carried["cells"].items())
+            assert f"before epoch {low}" in carried["carried"]["why"] and not carried["complete"]
+        today["values"]["scenario"]["rr"]["batch_size"] = 7  # read by every RR phase: no carrying
+        with pytest.raises(SystemExit, match="these differ: scenario.rr.batch_size, scenario.rr.epochs"):
+            uf._load_state(path, today, fresh=False)
+    finally:
+        path.write_text(json.dumps(before))
+
+
 def test_an_rr_only_plan_is_the_same_whatever_the_dpsgd_table_says():
     """What carrying the RR cells rests on: the template's RR arm plans the same phases at 5 and 10
     DP-SGD epochs (only the scenario the plan embeds differs)."""

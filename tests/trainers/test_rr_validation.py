@@ -278,3 +278,19 @@ def test_a_record_refuses_candidate_fields_that_do_not_fit(data):
     for change in ({"candidate_chosen": 2}, {"candidate_lr": (1e-3,)}, {"candidate_log_loss": None}):
         with pytest.raises(InvalidParameterError, match="candidate"):
             replace(rr, **change)
+
+
+def test_a_phase_that_stops_itself_trains_the_same_under_a_larger_cap(data):
+    """What the frontier's carrying of cells across a change of ``[rr] epochs`` rests on: the cap
+    only ends a phase that has not stopped, so a Hybrid run whose RR phase stopped at its held-out
+    units before the smaller cap trains the same, RR and DP-SGD phases, under a larger one."""
+    root, _ = data
+    opts = RunOptions(eval_path=root / "eval.parquet", settings=FAST, seed=5, threads=1)
+    short, long = (execute_plan(_plan(split="alpha=0.5", epochs=e), root / "train.parquet", opts) for e in (6, 12))
+    a, b = short.phases[0], long.phases[0]
+    assert a.stopped == b.stopped == "patience" and a.validation_checks[-1] < 6
+    assert a.validation_checks == b.validation_checks and a.validation_log_loss == b.validation_log_loss
+    assert a.epoch_loss == b.epoch_loss and a.validation_kept == b.validation_kept
+    assert short.phases[1].steps_executed == long.phases[1].steps_executed
+    assert short.metrics["eval"] == long.metrics["eval"]
+    assert short.plan_sha256 != long.plan_sha256  # two plans, one training

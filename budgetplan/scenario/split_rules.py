@@ -43,8 +43,8 @@ __all__ = ["SplitRule", "SplitChoice", "AlphaStep", "parse_rule", "split_budget"
 
 # The rule a Hybrid scenario gets when it names none: the least worst-case regret (relative AUC
 # loss above the best alpha of the grid) on the 1M-row frontier
-# (benchmarks/results/utility_frontier.md: 5.29 and 0.51 points at eps 3 and 8 over five shapes,
-# against 9.69 and 0.51 for alpha 0.5 and 10.77 and 2.02 for alpha 0.75).
+# (benchmarks/results/utility_frontier.md: 5.29 and 0.50 points at eps 3 and 8 over five shapes,
+# against 9.69 and 0.50 for alpha 0.5 and 10.77 and 2.02 for alpha 0.75).
 DEFAULT_RULE = "alpha-by-eps"
 PAPER_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_EPSILONS = (1.0, 3.0, 5.0, 10.0, 20.0, 30.0, 50.0)
@@ -76,8 +76,8 @@ ALPHA_BY_EPSILON: tuple[AlphaStep, ...] = (
     AlphaStep(0.0, 0.0, "alpha = 0 (plain DP-SGD) was best at eps = 3 on mixed, mixed-s and sensitive (relative "
               "AUC loss 10.93, 9.63 and 8.52); RR alone was best on balanced and mixed-ns, 1.52 and 5.29 points "
               "ahead of it"),
-    AlphaStep(5.0, 0.5, "alpha = 0.5 was best at eps = 8 on mixed, mixed-s and sensitive (relative AUC loss 3.35, "
-              "4.58 and 4.64), 0.51 points behind alpha 0.75 on balanced and 0.38 behind RR alone on mixed-ns"),
+    AlphaStep(5.0, 0.5, "alpha = 0.5 was best at eps = 8 on mixed, mixed-s and sensitive (relative AUC loss 3.34, "
+              "4.58 and 4.64), 0.50 points behind alpha 0.75 on balanced and 0.38 behind RR alone on mixed-ns"),
 )
 
 

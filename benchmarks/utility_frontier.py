@@ -248,8 +248,9 @@ def _load_state(path: Path, today: dict, fresh: bool) -> dict:
         if diff and all(d.startswith("baselines.settings.") for d in diff):
             return _new_baselines(state, today, diff)
         if diff == ["scenario.rr.epochs"]:
-            return _new_rr_cap(state, recorded["values"]["scenario"]["rr"]["epochs"],
-                               today["values"]["scenario"]["rr"]["epochs"], today)
+            caps = [run["values"]["scenario"]["rr"]["epochs"] for run in (recorded, today)]
+            if all(isinstance(c, int) for c in caps):  # a cap on both sides (None: the plan's own epochs)
+                return _new_rr_cap(state, *caps, today)
         if diff:
             raise SystemExit(f"{path} was made with other settings (these differ: {', '.join(diff[:5])}): pass "
                              "--fresh to start over, or --name to keep both")
@@ -296,7 +297,17 @@ def _carry_unaffected(state: dict, today: dict, changed: list[str], *, alpha: fl
     return _carried(state, today, lambda cell: cell.get("alpha") == alpha, baselines=state["baselines"],
                     arms=[arm, "the non-private baselines"],
                     why=f"neither reads a setting that changed (the {phase} phase's {changed})",
-                    earlier=tuple((state.get("carried") or {}).get("commits", [])))
+                    earlier=_carried_commits(state))
+
+
+def _carried_commits(state: dict) -> tuple[str, ...]:
+    """The commits the earlier run's own carried cells and baselines came from."""
+    return tuple((state.get("carried") or {}).get("commits", []))
+
+
+def _in_arm_order(arms) -> list[str]:
+    """``arms`` in the order of ARMS (others last)."""
+    return sorted(arms, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
 
 
 def _new_baselines(state: dict, today: dict, changed: list[str]) -> dict:
@@ -304,8 +315,7 @@ def _new_baselines(state: dict, today: dict, changed: list[str]) -> dict:
     baselines are trained (``baselines.settings``): no cell reads those, so every cell is carried,
     the baselines are trained again and every cell's relative loss is scored against them
     (``rescore_carried``)."""
-    present = {c["arm"] for c in state["cells"].values()}
-    arms = sorted(present, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
+    arms = _in_arm_order({c["arm"] for c in state["cells"].values()})
     changed = ", ".join(d[len("baselines.settings."):] for d in changed)
     print(f"carrying {len(state['cells'])} cell(s): only the non-private baselines' settings changed ({changed}); "
           "training the baselines again", file=sys.stderr)
@@ -327,7 +337,7 @@ def _new_rr_cap(state: dict, before: int, after: int, today: dict) -> dict:
         return cell.get("rr") is None or cell["rr"]["epochs_run"] < cap - 1e-9
 
     kept = [c for c in state["cells"].values() if unaffected(c)]
-    arms = sorted({c["arm"] for c in kept}, key=lambda a: list(ARMS).index(a) if a in ARMS else len(ARMS))
+    arms = _in_arm_order({c["arm"] for c in kept})
     print(f"carrying {len(kept)} of {len(state['cells'])} cell(s) and {len(state['baselines'])} baseline pair(s): "
           f"only the RR phase's cap changed ({before} to {after} epochs), and those never reached epoch {cap}",
           file=sys.stderr)
@@ -335,7 +345,7 @@ def _new_rr_cap(state: dict, before: int, after: int, today: dict) -> dict:
                     why=f"each has no RR phase or one that stopped itself at its held-out units before epoch {cap}, "
                         f"which the RR phase's new cap ([rr] epochs {after}, was {before}) leaves as it was; the "
                         "cells whose RR phase ran to the old cap were trained again",
-                    earlier=tuple((state.get("carried") or {}).get("commits", [])))
+                    earlier=_carried_commits(state))
 
 
 def _cell_plan(args, cell: dict):

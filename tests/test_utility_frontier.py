@@ -136,8 +136,11 @@ def test_a_run_with_other_settings_is_refused(tiny, monkeypatch):
     uf, out, _ = tiny
     monkeypatch.setattr(uf, "TRAINING", TRAINING)
     monkeypatch.setattr(uf, "BASELINE", BASELINE)
-    with pytest.raises(SystemExit, match=r"\(these differ: scenario.rr.epochs\)"):
-        uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4"])
+    # the RR cap alone would carry cells (below); beside another setting it is refused
+    before = (out / "tiny.json").read_text()
+    with pytest.raises(SystemExit, match=r"\(these differ: scenario.dpsgd.clipping_norm, scenario.rr.epochs\)"):
+        uf.main([*ARGV, "--out", str(out), "--rr-epochs", "4", "--clipping-norm", "3"])
+    assert (out / "tiny.json").read_text() == before
 
 
 def test_a_new_shape_extends_a_run_and_a_dropped_one_is_refused(tiny, monkeypatch):

@@ -57,7 +57,7 @@ from torch.func import functional_call, grad, vmap
 from budgetplan.errors import InvalidParameterError, UnsupportedError
 from budgetplan.util.validate import positive
 
-__all__ = ["clipped_gradient_sum", "refuse_batch_statistics"]
+__all__ = ["clipped_gradient_sum", "add_deferred", "refuse_batch_statistics"]
 
 # Every example is scaled to at most C (1 - CLIP_MARGIN_ULPS eps), eps the machine epsilon of the
 # dtype the norms are computed in (float32: 7.6e-6 relative; float64: 1.4e-14): the rounding of
@@ -288,7 +288,7 @@ class _LinearPieces:
             sq = sq + torch.linalg.vector_norm(g.sum(1), dim=1).square()
         return sq
 
-    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
+    def set_grads(self, c: torch.Tensor, accumulate: bool, deferred: list | None = None) -> None:
         a, g, layer = self.a, self.g, self.layer
         scale = c[:, None, None] if g.dim() == 3 else c[:, None]
         if layer.bias is not None:  # before G is scaled in place
@@ -318,17 +318,30 @@ def _deposit(p: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:
         p.grad = value.to(p.dtype)
 
 
-def _index_add(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, accumulate: bool) -> None:
+def _index_add(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, accumulate: bool,
+               deferred: list | None = None) -> None:
     """``weight.grad`` (+)= the table gradient that puts ``rows[j]`` on row ``ids[j]``: a segment sum, never a copy.
 
-    Accumulating adds into the existing buffer (the noise, in DP-SGD), so no zeroed table is made.
+    Accumulating adds into the existing buffer (an earlier chunk's sum), so no zeroed table is made.
     ``ids`` [..., L] and ``rows`` [..., L, dim], contiguous (the pieces make them so): one ``index_add_``.
+    With a ``deferred`` list (``clipped_gradient_sum`` allows one only when accumulating) the sum
+    is appended to it instead, for :func:`add_deferred` to make after the batch's last chunk.
     """
+    if deferred is not None:
+        deferred.append((weight, ids, rows))
+        return
     if accumulate and weight.grad is not None:
         out = weight.grad
     else:
         out = weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     out.index_add_(0, ids.reshape(-1), rows.reshape(-1, rows.shape[-1]))
+
+
+def add_deferred(deferred: list) -> None:
+    """Make the segment sums ``clipped_gradient_sum(deferred=...)`` put aside, in order, and empty the list."""
+    for weight, ids, rows in deferred:
+        _index_add(weight, ids, rows, accumulate=True)
+    deferred.clear()
 
 
 # Above this many lookups per unit, a unit's Embedding norm is a segment sum over (unit, id)
@@ -427,11 +440,11 @@ class _EmbeddingPieces:
             out[rows] = _masked_gram_norms(g[rows], ids[rows])
         return out
 
-    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
+    def set_grads(self, c: torch.Tensor, accumulate: bool, deferred: list | None = None) -> None:
         scale = c[:, None, None]
         rows = self.g.mul_(scale) if self.owned else self.g * scale
         self.g = None
-        _index_add(self.layer.weight, self.ids, rows, accumulate)
+        _index_add(self.layer.weight, self.ids, rows, accumulate, deferred)
 
 
 class _BagPieces:
@@ -480,9 +493,9 @@ class _BagPieces:
         return _segment_squared_norms(owner, self.ids, self.g, self.layer.module.num_embeddings,
                                       self.batch // unit_rows)
 
-    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
+    def set_grads(self, c: torch.Tensor, accumulate: bool, deferred: list | None = None) -> None:
         rows, self.g = self.g.mul_(c[self.bag, None]), None  # the rows were formed here: ours to scale
-        _index_add(self.layer.weight, self.ids, rows, accumulate)
+        _index_add(self.layer.weight, self.ids, rows, accumulate, deferred)
 
 
 class _NormPieces:
@@ -516,7 +529,7 @@ class _NormPieces:
     def squared_norms(self, unit_rows: int = 1) -> torch.Tensor:
         return sum(torch.linalg.vector_norm(_unit_sums(g, unit_rows), dim=1).square() for _, g in self._parts())
 
-    def set_grads(self, c: torch.Tensor, accumulate: bool) -> None:
+    def set_grads(self, c: torch.Tensor, accumulate: bool, deferred: list | None = None) -> None:
         for p, g in self._parts():
             _deposit(p, c @ g.flatten(1), accumulate)
 
@@ -538,7 +551,7 @@ def _pieces(layer: _Layer, grads: list[torch.Tensor], batch: int, owned):
 
 def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, mask: torch.Tensor,
                          clipping_norm: float, parameters=None, truncated: bool = False,
-                         unit_rows: int = 1, accumulate: bool = False) -> dict:
+                         unit_rows: int = 1, accumulate: bool = False, deferred: list | None = None) -> dict:
     """Set each trainable parameter's ``.grad`` to the clipped sum ``sum_i c_i g_i`` of one padded batch.
 
     ``g_i`` is example i's gradient of its own loss with respect to the trainable parameters
@@ -588,6 +601,15 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
             ``.grad`` (one of the parameter's shape and dtype, e.g. the noise already drawn
             there, or an earlier chunk's sum); a parameter without one gets it set. False:
             replace every ``.grad``.
+        deferred: with ``accumulate``, a list to which each embedding table's segment sum
+            is appended as ``(weight, ids, rows)`` instead of being added, for
+            :func:`add_deferred` after the batch's last chunk. The sums are the same
+            ``index_add_`` calls in the same order, so the gradients are bit for bit those
+            of adding them at once; what changes is when. A chunk's forward and backward
+            evict a table's gradient from the caches, so each chunk's scattered adds into it
+            would miss again; after the last chunk the adds run back to back on a table
+            already in the cache. The rows stay alive until then (P L dim numbers per
+            table and chunk, the size of the table's output gradient).
 
     Returns:
         ``{"norms": [P / K] per-unit gradient norms (0.0 for an all-padding unit), "clipped":
@@ -603,6 +625,8 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
             call with autograd disabled.
     """
     bound = _check_call(clipping_norm, mask)
+    if deferred is not None and not accumulate:
+        raise InvalidParameterError("deferred sums need accumulate=True (they are added into the buffers later)")
     batch = mask.shape[0]
     k = _unit_rows(unit_rows, batch)
     units = batch // k
@@ -663,7 +687,7 @@ def clipped_gradient_sum(model: nn.Module, loss_fn, inputs: tuple, targets, *, m
                 c = torch.where(real, mask.to(dtype) * factor, 0)
             else:  # the weights are already inside the unit's gradient
                 c = torch.where(real, factor.repeat_interleave(k), 0)
-            _set_grads(c, pieces, fallback, per_example, unreached, batch, accumulate)
+            _set_grads(c, pieces, fallback, per_example, unreached, batch, accumulate, deferred)
             return {"norms": norms, "clipped": (present & (norms > bound)).sum(), "loss_sum": objective.detach()}
     finally:
         # The activations must not outlive the call, not even through a traceback.
@@ -698,14 +722,14 @@ def _hooked_forward(model: nn.Module, layers: list[_Layer], xs: tuple, truncated
 
 
 def _set_grads(c: torch.Tensor, pieces: list, fallback: list, per_example: list, unreached: list,
-               batch: int, accumulate: bool) -> None:
+               batch: int, accumulate: bool, deferred: list | None = None) -> None:
     """Every trainable ``.grad`` (+)= its clipped sum with the rows' factors ``c`` (zero where never reached).
 
     Layer by layer: each piece's output gradients are released as soon as its sums are in.
     """
     while pieces:
         piece = pieces.pop()
-        piece.set_grads(c.to(piece.g.dtype), accumulate)
+        piece.set_grads(c.to(piece.g.dtype), accumulate, deferred)
         del piece
     for (_, p), g in zip(fallback, per_example):
         _deposit(p, c.to(g.dtype) @ g.reshape(batch, -1), accumulate)

@@ -214,15 +214,20 @@ def noisy_gradient(model, rows, batch, trainable: list, *, clipping_norm: float,
     # drawn before the backward would sit beside the activations and every layer's output gradients, at
     # the step's peak. The draws are those of one torch.randn per parameter, in parameter order, drawn a
     # block at a time into one scratch block (add_noise): no temporary the size of a parameter.
+    # With several chunks the embedding tables' segment sums wait for the last chunk (clipping.add_deferred):
+    # bit for bit the same sums, made while the table's gradient is in the cache.
     for p in trainable:
         p.grad = None
     clipped = torch.zeros((), dtype=torch.int64, device=trainable[0].device if trainable else None)
+    deferred = [] if len(batch.chunks) > 1 else None
     for idx, mask in batch.chunks:
         inputs, targets = rows(idx)
         out = clipping.clipped_gradient_sum(model, loss_fn, inputs, targets, mask=mask, clipping_norm=clipping_norm,
                                    parameters=trainable, truncated=truncated, unit_rows=unit_rows,
-                                   accumulate=True)
+                                   accumulate=True, deferred=deferred)
         clipped = clipped + out["clipped"]  # on the device: no host sync per chunk
+    if deferred:
+        clipping.add_deferred(deferred)
     acc = [torch.zeros_like(p, memory_format=torch.contiguous_format) if p.grad is None else p.grad.contiguous()
            for p in trainable]
     draws, sumsq = 0, None

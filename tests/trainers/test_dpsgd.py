@@ -79,6 +79,68 @@ def test_noise_is_added_to_the_clipped_sum_once():
         torch.testing.assert_close(a, p.grad / 4.0, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("kind", ["mlp", "fm"])
+def test_several_chunks_defer_the_table_sums_and_give_the_same_gradient_bit_for_bit(kind, monkeypatch):
+    """The tables' segment sums wait for the last chunk: the same index_add_ calls in the same order, so the
+    gradient equals, bit for bit, that of adding each chunk's sums at once (the step before the deferral)."""
+    from trainers import clipping
+
+    data, model = tiny_data(), tiny_model(kind)
+    trainable = list(model.parameters())
+    idx = torch.randperm(48, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(48)
+    mask[-5:] = 0  # padding rows in the last chunk
+    batch = Batch(chunks=[(idx[i:i + 16], mask[i:i + 16]) for i in (0, 16, 32)], size=43, drawn=43, truncated=False)
+    loss_fn = functools.partial(bce, reduction="none")
+    deferred_lists = []
+    real = clipping.clipped_gradient_sum
+
+    def watch(*args, **kwargs):
+        deferred_lists.append(kwargs["deferred"])
+        return real(*args, **kwargs)
+
+    def run(defer: bool):
+        monkeypatch.setattr(clipping, "clipped_gradient_sum", watch if defer else
+                            lambda *a, **k: real(*a, **{**k, "deferred": None}))
+        noisy_gradient(model, encoded_rows(data), batch, trainable, clipping_norm=0.3, noise_std=0.7,
+                       expected_batch=40.0, noise_generator=torch.Generator().manual_seed(5), loss_fn=loss_fn)
+        return [p.grad.clone() for p in trainable]
+
+    deferred, at_once = run(True), run(False)
+    # one list shared by the three chunks, emptied by add_deferred
+    assert len(deferred_lists) == 3 and deferred_lists[0] is deferred_lists[2] == []
+    tables = [p for name, p in model.named_parameters() if "embedding" in name]
+    assert tables and all(any(t is p for p in trainable) for t in tables)
+    for a, b in zip(deferred, at_once):
+        assert torch.equal(a, b)
+    assert all(bool((p.grad != 0).any()) for p in tables)
+
+
+def test_one_chunk_defers_nothing(monkeypatch):
+    from trainers import clipping
+
+    data, model = tiny_data(), tiny_model()
+    seen = []
+    real = clipping.clipped_gradient_sum
+    monkeypatch.setattr(clipping, "clipped_gradient_sum", lambda *a, **k: seen.append(k["deferred"]) or real(*a, **k))
+    batch = Batch(chunks=[(torch.arange(16), torch.ones(16))], size=16, drawn=16, truncated=False)
+    noisy_gradient(model, encoded_rows(data), batch, list(model.parameters()), clipping_norm=0.5, noise_std=0.7,
+                   expected_batch=4.0, noise_generator=torch.Generator(),
+                   loss_fn=functools.partial(bce, reduction="none"))
+    assert seen == [None]
+
+
+def test_deferred_sums_need_accumulate():
+    from trainers.clipping import clipped_gradient_sum
+
+    data, model = tiny_data(), tiny_model()
+    idx = torch.arange(8)
+    with pytest.raises(InvalidParameterError, match="deferred sums need accumulate=True"):
+        clipped_gradient_sum(model, functools.partial(bce, reduction="none"),
+                             (data.ns_cat[idx], data.ns_num[idx], data.s_cat[idx], data.s_num[idx]), data.label[idx],
+                             mask=torch.ones(8), clipping_norm=0.5, deferred=[])
+
+
 def test_the_noise_is_the_same_draws_added_to_the_same_clipped_sum():
     """Noise drawn into the gradient buffers first: the values of randn per parameter, in order, plus the sum."""
     from trainers.clipping import clipped_gradient_sum
@@ -176,7 +238,9 @@ def test_the_noise_is_drawn_after_the_backward_not_beside_it(monkeypatch):
     batch = Batch(chunks=[(idx[:8], torch.ones(8)), (idx[8:], torch.ones(8))], size=16, drawn=16, truncated=False)
     noisy_gradient(model, encoded_rows(data), batch, trainable, clipping_norm=0.5, noise_std=0.7, expected_batch=4.0,
                    noise_generator=torch.Generator().manual_seed(5), loss_fn=functools.partial(bce, reduction="none"))
-    assert held == [0, len(trainable)]  # the second chunk adds into the first one's sums
+    # the second chunk adds into the first one's sums; the tables' sums wait for the last chunk
+    tables = sum(isinstance(m, torch.nn.Embedding) for m in model.modules())
+    assert tables == 2 and held == [0, len(trainable) - tables]
     assert all(p.grad is not None and bool((p.grad != 1).all()) for p in trainable)
 
 

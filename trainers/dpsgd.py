@@ -72,8 +72,9 @@ class DPSGDSettings:
     padded_size: int | None = None  # chunk size for static shapes; default E + 6 sqrt(E) in equal chunks <= max_chunk
     # A batch is clipped in chunks of at most this many rows whose clipped sums add before the
     # one noise draw: the book-keeping state (activations and output gradients) then covers a
-    # chunk, not the batch. Measured on CPU at the pCTR shape (batch 16,384): 4 chunks took
-    # 0.93x the time and 0.74x the memory of the non-private step; one chunk 1.07x and 1.63x.
+    # chunk, not the batch. Measured on CPU (batch 16,384, one thread; dpsgd_step results): 4
+    # chunks took 0.87x the time and 0.60x the memory of the non-private step at the pCTR shape,
+    # 1.08x and 0.38x at attribution; one chunk 0.99x and 1.14x, 1.07x and 0.99x.
     # On a GPU small chunks waste it: see for_device.
     max_chunk: int | None = 4096
 

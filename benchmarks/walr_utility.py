@@ -11,8 +11,9 @@ other benchmarks (``harness.holdout_data``),
   uses the one-hot encoding with the row bound derived from ``[features]``), planned and
   trained through the product's own entry point ``trainers.run.execute_plan``;
 - the non-private arm: the same logistic regression on exactly the same rows and encoding,
-  fitted on the exact sum (``release`` with ``noise_std`` 0) with the penalty WALR's own rule
-  (``penalties``) gives at no noise: a uniform L2 of ``L2_BASE`` (10), the intercept free. The
+  fitted on the exact sum (``release`` with ``noise_std`` 0) by WALR's own fit at no noise
+  (``fit_empirical_bayes``: the L2 penalty's precision estimated per column, from ``L2_BASE``,
+  the intercept free), so that the prior improves the reference as much as the private arm. The
   private arm weights its columns (``column_weights``); with its penalty on ``a_j theta_j`` the
   fit at no noise is the same model whatever the weights, so this is the same encoding's model.
 
@@ -124,7 +125,16 @@ def settings(args) -> dict:
     from budgetplan.scenario.model import parse_scenario
     from trainers.data.synth import get_shape
     from trainers.run import TrainSettings
-    from trainers.walr_onehot import FIT_ITERATIONS, L2_BASE, WEIGHT_FLOOR
+    from trainers.settings import WALRSettings
+    from trainers.walr_onehot import (
+        EB_MIN_COORDINATES,
+        EB_ROUNDS,
+        EB_TOLERANCE,
+        FIT_ITERATIONS,
+        L2_BASE,
+        PRECISION_RANGE,
+        WEIGHT_FLOOR,
+    )
 
     return h.settings_record("walr_utility.py", args.argv, {
         "rows": args.rows, "users": args.users, "seeds": args.seeds,
@@ -138,12 +148,14 @@ def settings(args) -> dict:
         # hashing, resolved per plan; the data format; the device); its model and optimiser settings it does not
         "training": {k: v for k, v in TrainSettings().to_dict().items() if k in TRAINING},
         "walr_fit": {"fit": "L-BFGS", "iterations": FIT_ITERATIONS, "l2_base": L2_BASE,
-                     "penalty": "lam_j = l2_base a_j^2 (1 + s^2 / (c_j p (1 - p))), intercept free",
+                     "penalty": "lam_j = b_k a_j^2 (1 + s^2 / (c_j p (1 - p))), intercept free",
+                     "prior": WALRSettings().prior, "eb_rounds": EB_ROUNDS, "eb_tolerance": EB_TOLERANCE,
+                     "eb_min_coordinates": EB_MIN_COORDINATES, "precision_range": list(PRECISION_RANGE),
                      "column_weights": "sum_k a_k^2 = R^2 maximising sum_k sum_(j in k) c_j r_j, "
                                        "r_j = a_k^2 c_j v / (a_k^2 c_j v + s^2), v = 1/4",
                      "weight_floor": WEIGHT_FLOOR},
         "non_private": {"fit": "L-BFGS", "iterations": FIT_ITERATIONS, "l2": L2_BASE,
-                        "penalty": "uniform l2 (WALR's rule at s = 0), intercept free",
+                        "penalty": "WALR's fit at s = 0 (fit_empirical_bayes), intercept free",
                         "release": "the exact sum (noise_std 0)"}})
 
 
@@ -156,7 +168,7 @@ def _non_private(plan, train, evaluation, seed: int) -> dict:
     from trainers.randomness import Randomness
     from trainers.run import TrainSettings
     from trainers.threads import torch_threads
-    from trainers.walr_onehot import L2_BASE, encode_rows, fit, numeric_range, penalties, predict, release
+    from trainers.walr_onehot import L2_BASE, encode_rows, fit_empirical_bayes, numeric_range, predict, release
 
     t0 = time.perf_counter()
     par = plan.walr.params
@@ -173,12 +185,12 @@ def _non_private(plan, train, evaluation, seed: int) -> dict:
         w = torch.ones(len(rows), dtype=torch.float64, device=rows.scale.device)
         exact, _ = release(rows, prep.data.label.double(), w, noise_std=0.0, sensitivity=par.sensitivity,
                            randomness=rnd)
-        lam = penalties(rows, w, exact, noise_std=0.0, base=L2_BASE)
-        theta = fit(rows, exact, w, n_rows=len(rows), l2=lam)
+        theta, precisions = fit_empirical_bayes(rows, exact, w, n_rows=len(rows), noise_std=0.0, base=L2_BASE)
         ev_rows, _ = encode_rows(eval_prep.data, lo, hi, row_norm_bound=par.row_norm_bound)
         metrics = evaluate_model(eval_prep.data.label.cpu().numpy(), predict(theta, ev_rows).cpu().numpy())
     return {"auc": metrics["auc"], "log_loss": metrics["log_loss"], "calibration_ratio": metrics["calibration_ratio"],
-            "k": rows.k, "numeric_range": [lo, hi], "encoding": prep.encoding, "seconds": time.perf_counter() - t0}
+            "k": rows.k, "numeric_range": [lo, hi], "encoding": prep.encoding, "prior_precisions": precisions,
+            "seconds": time.perf_counter() - t0}
 
 
 def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
@@ -225,6 +237,7 @@ def _unit(args, shape: str, seed: int) -> tuple[dict, list[dict]]:
                           "k": config["features"],
                           "auc": m["auc"], "log_loss": m["log_loss"], "calibration_ratio": m["calibration_ratio"],
                           "relative_auc_loss": loss, "non_private_auc": lr["auc"], "seconds": seconds,
+                          "prior_precisions": config.get("prior_precisions"),
                           "plan_sha256": plan.sha256})
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -262,8 +275,9 @@ def render(result: dict) -> str:
              f"evaluation), {st['seeds']} seed(s); mean +- std over the seeds. WALR: the shipped `{st['example']}` "
              "example at each epsilon with its one-hot encoding (categoricals one-hot, numerics scaled into [0, 1], "
              "row bound derived from [features]), trained by `execute_plan`. Non-private: the same logistic "
-             f"regression on the same rows and encoding, fitted on the exact sum with a uniform L2 of "
-             f"{st['non_private']['l2']:g}. Relative AUC loss (%) against the non-private model "
+             "regression on the same rows and encoding, fitted on the exact sum by WALR's own fit at no noise "
+             f"(each column's L2 precision estimated from the data, starting at {st['non_private']['l2']:g}). "
+             "Relative AUC loss (%) against the non-private model "
              "(arXiv:2401.15246); calibration ratio mean(p) / mean(y).", "",
              "| shape | epsilon | noise std | WALR AUC | relative AUC loss (%) | calibration ratio | non-private AUC |",
              "|---|---|---|---|---|---|---|"]

@@ -129,10 +129,16 @@ class WALRSettings:
     # from the features' counts) or "uniform" (every column's coordinate 1, as before they were
     # fitted). The numeric encoding has none.
     column_weights: str = "fitted"
+    # The one-hot fit's prior: "empirical-bayes" (each column's precision estimated from the release,
+    # ``trainers.walr_onehot.fit_empirical_bayes``) or "fixed" (one precision, L2_BASE, for every
+    # column, as before it was estimated).
+    prior: str = "empirical-bayes"
 
     def __post_init__(self):
         if self.column_weights not in ("fitted", "uniform"):
             raise InvalidParameterError(f"column_weights must be fitted or uniform, got {self.column_weights!r}")
+        if self.prior not in ("empirical-bayes", "fixed"):
+            raise InvalidParameterError(f"prior must be empirical-bayes or fixed, got {self.prior!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -31,10 +31,24 @@ handful of rows has a coordinate of S that is mostly noise, and without it theta
 without bound. Its weight is per coordinate (``penalties``): ``lam_j = L2_BASE a_j^2 (1 + s^2 /
 (c_j p (1 - p)))`` with ``c_j`` the (public, weighted) count of rows behind coordinate j and ``p`` the
 base rate read from the release. ``c_j p (1 - p)`` is what the data tell about theta_j and
-``s^2`` what the noise adds to its statistic; with a Gaussian prior of precision
-``L2_BASE`` the posterior mean solves this objective to first order. ``L2_BASE = 10`` was
-the best penalty of the non-private fit (1 to 1,000 tried); a uniform penalty proportional
-to s was worse at every epsilon measured (CHANGELOG).
+``s^2`` what the noise adds to its statistic; with a Gaussian prior of precision ``b`` on
+``a_j theta_j`` the posterior mean solves this objective to first order. A uniform penalty
+proportional to s was worse at every epsilon measured (CHANGELOG).
+
+The prior's precision is estimated per column from the release (``fit_empirical_bayes``,
+empirical Bayes): the columns of an ads table differ in how much their values matter (a
+creative's effect spreads wider than a device's), and one precision for all of them shrinks
+some too far and others too little. Starting from ``L2_BASE`` (10, the best single penalty of
+the non-private fit, 1 to 1,000 tried), each round fits theta, then sets column k's precision to
+MacKay's fixed point ``b_k = gamma_k / sum_(j in k) (a_j theta_j)^2``, where ``gamma_k = sum_(j in
+k) (1 - b_k a_j^2 / H_j)`` counts the values the data determine and ``H_j = i_j^2 / (i_j + s^2) +
+b_k a_j^2`` is theta_j's posterior precision (``i_j = c_j p (1 - p)``), until no precision moves
+by more than ``EB_TOLERANCE`` or after ``EB_ROUNDS`` fits. A column of fewer than
+``EB_MIN_COORDINATES`` values (a device, an ad format, the numerics, pooled) has too few values
+to estimate a spread from and keeps ``L2_BASE``. Everything it reads is the release and the
+public features: post-processing, free in privacy. The non-private reference of the WALR
+benchmark is fitted the same way (at s = 0), so that the prior improves both and flatters
+neither.
 """
 
 from __future__ import annotations
@@ -51,10 +65,18 @@ from trainers.walr import WALRResult, draw_once
 
 __all__ = ["ColumnWeights", "column_weights", "coordinate_weights", "WEIGHT_FLOOR", "OneHotRows", "numeric_range",
            "encode_rows", "release", "fit", "predict", "run_walr_onehot", "curvature", "penalties", "L2_BASE",
-           "FIT_ITERATIONS"]
+           "FIT_ITERATIONS", "EB_ROUNDS", "EB_TOLERANCE", "EB_MIN_COORDINATES", "PRECISION_RANGE", "PRIORS",
+           "column_groups", "fit_empirical_bayes"]
 
 L2_BASE = 10.0
 FIT_ITERATIONS = 200
+# the prior's precisions (module docstring): at most this many fits; stop when no column's precision moves by more
+# than this share; columns with fewer coordinates keep L2_BASE; every precision kept within this range
+EB_ROUNDS = 5
+EB_TOLERANCE = 0.05
+EB_MIN_COORDINATES = 20
+PRECISION_RANGE = (0.1, 1000.0)
+PRIORS = ("empirical-bayes", "fixed")
 WEIGHT_FLOOR = 0.05
 _BLOCK = 1 << 16
 
@@ -316,9 +338,12 @@ def _base_rate(rows: OneHotRows, released: torch.Tensor, c: torch.Tensor) -> flo
     return min(max(p, 1e-4), 0.5)
 
 
-def penalties(rows: OneHotRows, w: torch.Tensor, noisy: torch.Tensor, *, noise_std: float, base: float,
-              collective=None) -> torch.Tensor:
+def penalties(rows: OneHotRows, w: torch.Tensor, noisy: torch.Tensor, *, noise_std: float,
+              base: float | torch.Tensor, collective=None) -> torch.Tensor:
     """Per-coordinate L2 weights lam_j = base a_j^2 (1 + s^2 / (c_j p (1 - p))), the intercept unpenalised.
+
+    ``base``: the prior's precision, one for every coordinate or a [k] tensor of them (one per
+    coordinate, as ``fit_empirical_bayes`` sets them column by column).
 
     ``c_j`` is the coordinate's curvature weight (``curvature``) and ``p`` the base rate read from
     the release's intercept coordinate: ``c_j p (1 - p)`` is the information the data hold about
@@ -332,16 +357,70 @@ def penalties(rows: OneHotRows, w: torch.Tensor, noisy: torch.Tensor, *, noise_s
     c = curvature(rows, w, collective)
     p = _base_rate(rows, noisy, c)
     info = c * p * (1 - p)
+    if isinstance(base, torch.Tensor):
+        base = base.to(info.device, torch.float64)
     lam = base * coordinate_weights(rows, collective) ** 2 * (1.0 + noise_std ** 2 / info.clamp_min(1e-12))
     lam[0] = 0.0
     return lam
 
 
+def column_groups(rows: OneHotRows, collective=None) -> tuple[torch.Tensor, list[int]]:
+    """([k] the group of each coordinate, each group's size): categorical column j is group j, the
+    numerics together the last group, the intercept -1. A coordinate two hashed columns share is
+    the later column's (as in ``coordinate_weights``). Features only: public."""
+    c = rows.cat.shape[1]
+    group = torch.full((rows.k,), -1, dtype=torch.long, device=rows.scale.device)
+    for j, used in enumerate(_used(rows, collective)):
+        group[used] = j
+    group[rows.num_offset:] = c
+    return group, [int((group == g).sum()) for g in range(c + 1)]
+
+
+def fit_empirical_bayes(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, noise_std: float,
+                        base: float = L2_BASE, rounds: int = EB_ROUNDS, iterations: int = FIT_ITERATIONS,
+                        collective=None) -> tuple[torch.Tensor, list[float]]:
+    """(theta, each group's prior precision): the fit at precisions estimated from the release (module docstring).
+
+    The precisions returned are those theta was fitted with; groups of fewer than
+    ``EB_MIN_COORDINATES`` coordinates keep ``base``. Reads the release and public features only.
+    """
+    group, sizes = column_groups(rows, collective)
+    a = coordinate_weights(rows, collective)
+    c = curvature(rows, w, collective)
+    p = _base_rate(rows, torch.as_tensor(noisy, dtype=torch.float64), c)
+    info = (c * p * (1 - p)).clamp_min(1e-12)
+    s2 = float(noise_std) ** 2
+    member = [(group == g) for g in range(len(sizes))]
+    estimated = [g for g, size in enumerate(sizes) if size >= EB_MIN_COORDINATES]
+    b = torch.full((len(sizes),), float(base), dtype=torch.float64, device=info.device)
+    lo, hi = PRECISION_RANGE
+
+    def per_coordinate(b: torch.Tensor) -> torch.Tensor:
+        return b[group.clamp_min(0)]
+
+    theta = fit(rows, noisy, w, n_rows=n_rows, iterations=iterations, collective=collective,
+                l2=penalties(rows, w, noisy, noise_std=noise_std, base=per_coordinate(b), collective=collective))
+    for _ in range(rounds - 1):
+        prior = per_coordinate(b) * a ** 2
+        gamma = 1.0 - prior / (info ** 2 / (info + s2) + prior)
+        beta2 = (a * theta) ** 2
+        new = b.clone()
+        for g in estimated:
+            new[g] = min(max(float(gamma[member[g]].sum() / beta2[member[g]].sum().clamp_min(1e-300)), lo), hi)
+        if float(((new / b) - 1).abs().max()) <= EB_TOLERANCE:
+            break
+        b = new
+        theta = fit(rows, noisy, w, n_rows=n_rows, iterations=iterations, collective=collective, start=theta,
+                    l2=penalties(rows, w, noisy, noise_std=noise_std, base=per_coordinate(b), collective=collective))
+    return theta, b.tolist()
+
+
 def fit(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, l2,
-        iterations: int = FIT_ITERATIONS, collective=None) -> torch.Tensor:
+        iterations: int = FIT_ITERATIONS, collective=None, start: torch.Tensor | None = None) -> torch.Tensor:
     """theta minimising the module docstring's objective on the released vector (reads no label).
 
     ``l2``: one L2 weight for every coordinate but the intercept, or a vector of them (``penalties``).
+    ``start``: theta to start from (0 by default).
     L-BFGS runs on theta_j / d_j with d_j = 1 / sqrt(lam_j + c_j p (1 - p)), the objective's
     diagonal at its optimum, so that coordinates of a handful of rows and of millions are
     equally well conditioned.
@@ -357,7 +436,9 @@ def fit(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, 
     c = curvature(rows, w, collective)
     p = _base_rate(rows, target, c)
     d = 1.0 / torch.sqrt(lam + c * p * (1 - p) + 1e-12)
-    phi = torch.zeros(rows.k, dtype=torch.float64, device=target.device, requires_grad=True)
+    phi = torch.zeros(rows.k, dtype=torch.float64, device=target.device) if start is None else \
+        start.to(target.device, torch.float64) / d
+    phi.requires_grad_(True)
     opt = torch.optim.LBFGS([phi], lr=1.0, max_iter=iterations, history_size=20, tolerance_grad=1e-10,
                             tolerance_change=1e-14, line_search_fn="strong_wolfe")
 
@@ -400,14 +481,21 @@ class OneHotWALR:
     rows_scaled: int
     l2: float
     weights: ColumnWeights
+    prior: str = "fixed"
+    precisions: tuple[float, ...] = ()  # each group's prior precision (``column_groups``) theta was fitted with
 
 
 def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, collective=None,
-                    l2_base: float | None = None, iterations: int = FIT_ITERATIONS, fitted_weights: bool = True):
+                    l2_base: float | None = None, iterations: int = FIT_ITERATIONS, fitted_weights: bool = True,
+                    prior: str = "empirical-bayes"):
     """Execute a one-hot WALR phase as planned: encode, release once, fit; returns (OneHotWALR, WALRResult).
 
     ``fitted_weights``: the columns weighted by ``column_weights``; False: every weight 1.
+    ``prior``: ``"empirical-bayes"`` (each column's prior precision estimated from the release,
+    ``fit_empirical_bayes``) or ``"fixed"`` (``l2_base`` for every column).
     """
+    if prior not in PRIORS:
+        raise InvalidParameterError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
 
     if getattr(params, "encoding", None) != "one-hot":
         raise PlanMismatchError("run_walr_onehot runs a WALR phase planned with encoding = \"one-hot\"")
@@ -437,8 +525,13 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
     t0 = time.perf_counter()
     noisy = torch.as_tensor(np.asarray(noisy))
     base = L2_BASE if l2_base is None else l2_base
-    lam = penalties(rows, w, noisy, noise_std=params.noise_std, base=base, collective=collective)
-    theta = fit(rows, noisy, w, n_rows=n, l2=lam, iterations=iterations, collective=collective)
+    if prior == "empirical-bayes":
+        theta, precisions = fit_empirical_bayes(rows, noisy, w, n_rows=n, noise_std=params.noise_std, base=base,
+                                                iterations=iterations, collective=collective)
+    else:
+        lam = penalties(rows, w, noisy, noise_std=params.noise_std, base=base, collective=collective)
+        theta = fit(rows, noisy, w, n_rows=n, l2=lam, iterations=iterations, collective=collective)
+        precisions = [base] * (rows.cat.shape[1] + 1)
     if collective is not None:
         scaled, weights_clipped = collective.total(scaled), collective.total(weights_clipped)
     result = WALRResult(rows=n, rows_clipped=scaled, weights_clipped=weights_clipped, noise_std=rel["noise_std"],
@@ -447,4 +540,5 @@ def run_walr_onehot(data, y, weights, params, randomness, *, persist=None, colle
                         release_seconds=rel["seconds"], fit_steps=iterations, fit_seconds=time.perf_counter() - t0)
     if not math.isfinite(float(theta.abs().max())):
         raise InvalidParameterError("the fit diverged")  # pragma: no cover - L-BFGS on a strictly convex objective
-    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base, weights=rows.weights), result
+    return OneHotWALR(theta=theta, lo=lo, hi=hi, k=rows.k, rows_scaled=scaled, l2=base, weights=rows.weights,
+                      prior=prior, precisions=tuple(precisions)), result

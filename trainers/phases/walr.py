@@ -105,7 +105,8 @@ def _one_hot(par, c: PhaseContext, weights):
 
     ws = c.walr_settings or WALRSettings()
     model, res = walr_onehot.run_walr_onehot(c.data, c.data.label.double(), weights, par, c.randomness, persist=persist,
-                                             collective=c.collective, fitted_weights=ws.column_weights == "fitted")
+                                             collective=c.collective, fitted_weights=ws.column_weights == "fitted",
+                                             prior=ws.prior)
 
     def scores(ev):
         rows, _ = walr_onehot.encode_rows(ev.data, model.lo, model.hi, row_norm_bound=par.row_norm_bound,
@@ -117,6 +118,7 @@ def _one_hot(par, c: PhaseContext, weights):
              "column_weights": torch.tensor([model.weights.intercept, *model.weights.categorical,
                                              *model.weights.numeric], dtype=torch.float64)}
     config = {"features": model.k, "encoding": "one-hot", "numeric_range": [model.lo, model.hi], "l2": model.l2,
+              "prior": model.prior, "prior_precisions": list(model.precisions),
               "column_weights": model.weights.to_dict()}
     return res, FittedWALR(state, config, {"encoding": "one-hot", "fit": "L-BFGS", "l2": model.l2,
-                                           "column_weights": ws.column_weights}, scores)
+                                           "prior": ws.prior, "column_weights": ws.column_weights}, scores)

@@ -267,3 +267,82 @@ def test_uniform_column_weights_are_the_plain_encoding_and_bad_values_are_refuse
     assert runs["fitted"] != runs["uniform"]
     with pytest.raises(InvalidParameterError, match="column_weights must be fitted or uniform, got 'none'"):
         WALRSettings(column_weights="none")
+
+
+def _two_spreads(n, seed):
+    """Column A's 200 values with effects of std 1, column B's 200 with std 0.2, a 4-value sensitive
+    column without effect, one numeric each; labels from the logistic model (intercept -1)."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 200, (n,), generator=g)
+    b = torch.randint(200, 400, (n,), generator=g)
+    s = torch.randint(0, 4, (n,), generator=g)
+    fx = torch.Generator().manual_seed(99)  # the same truth for every seed
+    effects = torch.cat([torch.randn(200, generator=fx, dtype=torch.float64),
+                         0.2 * torch.randn(200, generator=fx, dtype=torch.float64)])
+    p = torch.sigmoid(-1.0 + effects[a] + effects[b])
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < p).float()
+    return EncodedData(ns_cat=torch.stack([a, b], 1), ns_num=torch.rand(n, 1, generator=g),
+                       s_cat=s[:, None], s_num=torch.rand(n, 1, generator=g), label=y, unit=None, ns_vocab=400,
+                       s_vocab=4)
+
+
+def _encoded(data, lo, hi):
+    rows, _ = encode_rows(data, lo, hi, row_norm_bound=math.sqrt(6))
+    return rows
+
+
+def test_the_prior_precisions_are_estimated_per_column_and_small_columns_keep_the_base():
+    """At no noise the estimated precisions are near 1 / the effects' variance (1 and 25), and a
+    column of 4 values and the numerics keep the base; theta is the fit at the precisions returned."""
+    from trainers.walr_onehot import EB_MIN_COORDINATES, fit_empirical_bayes, penalties
+
+    n = 60_000
+    data = _two_spreads(n, 0)
+    lo, hi = numeric_range(data)
+    rows = _encoded(data, lo, hi)
+    w = torch.ones(n, dtype=torch.float64)
+    exact, _ = release(rows, data.label.double(), w, noise_std=0.0, sensitivity=math.sqrt(6), randomness=Randomness(0))
+    theta, b = fit_empirical_bayes(rows, exact, w, n_rows=n, noise_std=0.0, base=10.0)
+    assert len(b) == 4 and 4 < EB_MIN_COORDINATES  # A, B, the sensitive column, the numerics
+    assert 0.5 < b[0] < 2.0 and 12.5 < b[1] < 50.0, b
+    assert b[2] == b[3] == 10.0
+    group = torch.tensor([-1] + [0] * 200 + [1] * 200 + [2] * 4 + [3] * 2)
+    lam = penalties(rows, w, exact, noise_std=0.0, base=torch.tensor(b, dtype=torch.float64)[group.clamp_min(0)])
+    again = fit(rows, exact, w, n_rows=n, l2=lam, iterations=500)
+    np.testing.assert_allclose(theta.numpy(), again.numpy(), atol=2e-3)
+
+
+@pytest.mark.parametrize("noise_std", [0.0, 20.0])
+def test_the_estimated_prior_predicts_new_rows_better_than_one_fixed_precision(noise_std):
+    """On columns whose effects spread unlike the fixed prior's guess, the estimated precisions give a
+    better held-out log loss, with and without the release's noise (the same release for both fits)."""
+    from trainers.metrics import log_loss
+    from trainers.walr_onehot import fit_empirical_bayes, penalties
+
+    n = 60_000
+    data, new = _two_spreads(n, 1), _two_spreads(20_000, 2)
+    lo, hi = numeric_range(data)
+    rows, new_rows = _encoded(data, lo, hi), _encoded(new, lo, hi)
+    w = torch.ones(n, dtype=torch.float64)
+    noisy, _ = release(rows, data.label.double(), w, noise_std=noise_std, sensitivity=math.sqrt(6),
+                       randomness=Randomness(3))
+    estimated, _ = fit_empirical_bayes(rows, noisy, w, n_rows=n, noise_std=noise_std, base=10.0)
+    fixed = fit(rows, noisy, w, n_rows=n, l2=penalties(rows, w, noisy, noise_std=noise_std, base=10.0))
+    y = new.label.numpy()
+    better = log_loss(y, predict(estimated, new_rows).numpy())
+    worse = log_loss(y, predict(fixed, new_rows).numpy())
+    assert better < worse - 0.001, (better, worse)
+
+
+def test_the_fixed_prior_is_the_old_fit_and_a_bad_prior_is_refused(tmp_path):
+    from trainers.settings import WALRSettings
+
+    with pytest.raises(InvalidParameterError, match="prior must be empirical-bayes or fixed, got 'flat'"):
+        WALRSettings(prior="flat")
+    table = synthesize(N, 1500, 5)
+    pq.write_table(table, tmp_path / "train.parquet")
+    plan = build_plan(parse_scenario(_onehot_text(eps=8.0)))
+    rec = execute_plan(plan, tmp_path / "train.parquet", RunOptions(seed=3, threads=1,
+                                                                    walr_settings=WALRSettings(prior="fixed")))
+    config = rec.model.config
+    assert config["prior"] == "fixed" and set(config["prior_precisions"]) == {10.0}

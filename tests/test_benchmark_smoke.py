@@ -144,6 +144,13 @@ def _user_level(r: dict) -> None:
     assert r["summary"]["differences"]["2"]["beyond_seed_noise"] is False  # one seed: never a result
 
 
+def _rr_information(r: dict) -> None:
+    (c,) = r["cells"]
+    assert c["shape"] == "mixed-ns" and c["epsilon"] == 8.0 and 0.98 < c["fisher_share"] < 1.0
+    assert 0.9 * c["fisher_share"] * c["training_rows"] < c["rows"] <= c["training_rows"]
+    assert _finite(c["share_above_ceiling"], c["rr_above_ceiling"]) and 0.5 < c["share_auc"] < 1
+
+
 # script: (its markdown's table header, the check of its JSON); both files are named after the script
 SCRIPTS = {
     "batch_selection": ("| epochs | target eps | Poisson (PLD) |", _batch_selection),
@@ -156,6 +163,7 @@ SCRIPTS = {
     "planner": ("| command | tree | wall s | CPU s | wall ratio | CPU ratio | target wall s |", _planner),
     "paper_sizes": ("| processes | wall s | read s | encode s | DP-SGD s |", _paper_sizes),
     "reproduction": ("| comparison | model tensors | record fields | files | differences |", _reproduction),
+    "rr_information": ("| shape | epsilon | F | base rate | clean share - ceiling | RR - ceiling |", _rr_information),
     "split_grid": ("| epsilon | alpha=0 | alpha=0.5 | alpha=1 |", _split_grid),
     "split_selection": ("| shape | epsilon | plan | epsilon per configuration |", _split_selection),
     "user_level": ("| K | sampling | noise multiplier | accounting | AUC |", _user_level),

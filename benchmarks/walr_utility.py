@@ -128,6 +128,8 @@ def settings(args) -> dict:
     from trainers.settings import WALRSettings
     from trainers.walr_onehot import (
         EB_MIN_COORDINATES,
+        EB_PSEUDO,
+        EB_ROUND_ITERATIONS,
         EB_ROUNDS,
         EB_TOLERANCE,
         FIT_ITERATIONS,
@@ -151,6 +153,7 @@ def settings(args) -> dict:
                      "penalty": "lam_j = b_k a_j^2 (1 + s^2 / (c_j p (1 - p))), intercept free",
                      "prior": WALRSettings().prior, "eb_rounds": EB_ROUNDS, "eb_tolerance": EB_TOLERANCE,
                      "eb_min_coordinates": EB_MIN_COORDINATES, "precision_range": list(PRECISION_RANGE),
+                     "eb_pseudo_values": EB_PSEUDO, "eb_round_iterations": EB_ROUND_ITERATIONS,
                      "column_weights": "sum_k a_k^2 = R^2 maximising sum_k sum_(j in k) c_j r_j, "
                                        "r_j = a_k^2 c_j v / (a_k^2 c_j v + s^2), v = 1/4",
                      "weight_floor": WEIGHT_FLOOR},

@@ -28,10 +28,11 @@ column). The model is then fitted on S and the public features alone (post-proce
 
 (the intercept not penalised) by L-BFGS in float64. The penalty matters: a value seen in a
 handful of rows has a coordinate of S that is mostly noise, and without it theta there grows
-without bound. Its weight is per coordinate (``penalties``): ``lam_j = L2_BASE a_j^2 (1 + s^2 /
-(c_j p (1 - p)))`` with ``c_j`` the (public, weighted) count of rows behind coordinate j and ``p`` the
-base rate read from the release. ``c_j p (1 - p)`` is what the data tell about theta_j and
-``s^2`` what the noise adds to its statistic; with a Gaussian prior of precision ``b`` on
+without bound. Its weight is per coordinate (``penalties``): ``lam_j = b_k a_j^2 (1 + s^2 /
+(c_j p (1 - p)))`` for coordinate j of column k, with ``c_j`` the (public, weighted) count of
+rows behind coordinate j and ``p`` the base rate read from the release. ``c_j p (1 - p)`` is
+what the data tell about theta_j and ``s^2`` what the noise adds to its statistic; with a
+Gaussian prior of precision ``b_k`` on
 ``a_j theta_j`` the posterior mean solves this objective to first order. A uniform penalty
 proportional to s was worse at every epsilon measured (CHANGELOG).
 
@@ -43,8 +44,13 @@ the non-private fit, 1 to 1,000 tried), each round fits theta, then sets column 
 MacKay's fixed point ``b_k = gamma_k / sum_(j in k) (a_j theta_j)^2``, where ``gamma_k = sum_(j in
 k) (1 - b_k a_j^2 / H_j)`` counts the values the data determine and ``H_j = i_j^2 / (i_j + s^2) +
 b_k a_j^2`` is theta_j's posterior precision (``i_j = c_j p (1 - p)``), until no precision moves
-by more than ``EB_TOLERANCE`` or after ``EB_ROUNDS`` fits. A column of fewer than
-``EB_MIN_COORDINATES`` values (a device, an ad format, the numerics, pooled) has too few values
+by more than ``EB_TOLERANCE`` or after ``EB_ROUNDS`` fits. ``L2_BASE`` is also a prior on the
+precisions, worth ``EB_PSEUDO`` (20) values: ``b_k = (gamma_k + 20) / (sum (a_j theta_j)^2 + 20 /
+L2_BASE)``, so a column whose values the data barely determine (a few hundred positives) stays
+near ``L2_BASE`` instead of following its noise, and one of thousands of determined values is
+set by them. The rounds' fits stop after ``EB_ROUND_ITERATIONS`` L-BFGS iterations, each from
+the last one's theta, and the last fit, at the precisions returned, runs in full. A column of
+fewer than ``EB_MIN_COORDINATES`` values (a device, an ad format, the numerics, pooled) has too few values
 to estimate a spread from and keeps ``L2_BASE``. Everything it reads is the release and the
 public features: post-processing, free in privacy. The non-private reference of the WALR
 benchmark is fitted the same way (at s = 0), so that the prior improves both and flatters
@@ -66,7 +72,7 @@ from trainers.walr import WALRResult, draw_once
 __all__ = ["ColumnWeights", "column_weights", "coordinate_weights", "WEIGHT_FLOOR", "OneHotRows", "numeric_range",
            "encode_rows", "release", "fit", "predict", "run_walr_onehot", "curvature", "penalties", "L2_BASE",
            "FIT_ITERATIONS", "EB_ROUNDS", "EB_TOLERANCE", "EB_MIN_COORDINATES", "PRECISION_RANGE", "PRIORS",
-           "column_groups", "fit_empirical_bayes"]
+           "EB_PSEUDO", "EB_ROUND_ITERATIONS", "column_groups", "fit_empirical_bayes"]
 
 L2_BASE = 10.0
 FIT_ITERATIONS = 200
@@ -76,6 +82,8 @@ EB_ROUNDS = 5
 EB_TOLERANCE = 0.05
 EB_MIN_COORDINATES = 20
 PRECISION_RANGE = (0.1, 1000.0)
+EB_PSEUDO = 20.0
+EB_ROUND_ITERATIONS = 40
 PRIORS = ("empirical-bayes", "fixed")
 WEIGHT_FLOOR = 0.05
 _BLOCK = 1 << 16
@@ -378,6 +386,7 @@ def column_groups(rows: OneHotRows, collective=None) -> tuple[torch.Tensor, list
 
 def fit_empirical_bayes(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, *, n_rows: int, noise_std: float,
                         base: float = L2_BASE, rounds: int = EB_ROUNDS, iterations: int = FIT_ITERATIONS,
+                        pseudo: float = EB_PSEUDO, round_iterations: int = EB_ROUND_ITERATIONS,
                         collective=None) -> tuple[torch.Tensor, list[float]]:
     """(theta, each group's prior precision): the fit at precisions estimated from the release (module docstring).
 
@@ -398,20 +407,25 @@ def fit_empirical_bayes(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, 
     def per_coordinate(b: torch.Tensor) -> torch.Tensor:
         return b[group.clamp_min(0)]
 
-    theta = fit(rows, noisy, w, n_rows=n_rows, iterations=iterations, collective=collective,
-                l2=penalties(rows, w, noisy, noise_std=noise_std, base=per_coordinate(b), collective=collective))
+    def fitted(b: torch.Tensor, start: torch.Tensor | None, steps: int) -> torch.Tensor:
+        return fit(rows, noisy, w, n_rows=n_rows, iterations=steps, collective=collective, start=start,
+                   l2=penalties(rows, w, noisy, noise_std=noise_std, base=per_coordinate(b), collective=collective))
+
+    theta = fitted(b, None, min(round_iterations, iterations))
     for _ in range(rounds - 1):
         prior = per_coordinate(b) * a ** 2
         gamma = 1.0 - prior / (info ** 2 / (info + s2) + prior)
         beta2 = (a * theta) ** 2
         new = b.clone()
         for g in estimated:
-            new[g] = min(max(float(gamma[member[g]].sum() / beta2[member[g]].sum().clamp_min(1e-300)), lo), hi)
+            new[g] = min(max(float((gamma[member[g]].sum() + pseudo) / (beta2[member[g]].sum() + pseudo / base)),
+                             lo), hi)
         if float(((new / b) - 1).abs().max()) <= EB_TOLERANCE:
             break
         b = new
-        theta = fit(rows, noisy, w, n_rows=n_rows, iterations=iterations, collective=collective, start=theta,
-                    l2=penalties(rows, w, noisy, noise_std=noise_std, base=per_coordinate(b), collective=collective))
+        theta = fitted(b, theta, min(round_iterations, iterations))
+    if round_iterations < iterations:  # the full fit at the precisions returned, from the last round's theta
+        theta = fitted(b, theta, iterations)
     return theta, b.tolist()
 
 

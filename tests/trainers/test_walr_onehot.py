@@ -346,3 +346,24 @@ def test_the_fixed_prior_is_the_old_fit_and_a_bad_prior_is_refused(tmp_path):
                                                                     walr_settings=WALRSettings(prior="fixed")))
     config = rec.model.config
     assert config["prior"] == "fixed" and set(config["prior_precisions"]) == {10.0}
+
+
+def test_with_few_rows_the_precisions_are_drawn_towards_the_base():
+    """The base is worth EB_PSEUDO values: on 3,000 rows each estimate lies between the data's own
+    fixed point (no pseudo values) and the base, and on 60,000 rows the pull is smaller."""
+    from trainers.walr_onehot import EB_PSEUDO, fit_empirical_bayes
+
+    assert EB_PSEUDO > 0
+    pulls = []
+    for n in (3000, 60_000):
+        data = _two_spreads(n, 0)
+        lo, hi = numeric_range(data)
+        rows = _encoded(data, lo, hi)
+        w = torch.ones(n, dtype=torch.float64)
+        exact, _ = release(rows, data.label.double(), w, noise_std=0.0, sensitivity=math.sqrt(6),
+                           randomness=Randomness(0))
+        drawn = fit_empirical_bayes(rows, exact, w, n_rows=n, noise_std=0.0, base=10.0)[1][:2]
+        own = fit_empirical_bayes(rows, exact, w, n_rows=n, noise_std=0.0, base=10.0, pseudo=0.0)[1][:2]
+        assert own[0] < drawn[0] < 10.0 < drawn[1] < own[1], (n, drawn, own)
+        pulls.append(math.log(drawn[0] / own[0]) + math.log(own[1] / drawn[1]))
+    assert pulls[0] > 2 * pulls[1] > 0

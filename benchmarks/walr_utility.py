@@ -28,7 +28,7 @@ Reported per (shape, epsilon): WALR's AUC, its relative AUC loss (%) against the
 model (``trainers.metrics.relative_auc_loss``) and its calibration ratio mean(p) / mean(y), each
 mean +- std over the seeds, and the non-private model's AUC.
 
-Not a test: ``python benchmarks/walr_utility.py`` (2 shapes x 3 seeds x 3 epsilons at 1,000,000
+Not a test: ``python benchmarks/walr_utility.py`` (the frontier's 5 shapes x 3 seeds x 3 epsilons at 1,000,000
 rows); ``--quick`` for a smoke run (20,000 rows, one seed, epsilon 3, the mixed shape).
 Writes ``<out>/<name>.json`` and ``.md`` (``--out`` defaults to benchmarks/results).
 """
@@ -46,7 +46,7 @@ from pathlib import Path
 import harness as h
 
 EXAMPLE = "walr"  # the shipped scenario every private plan is made from
-SHAPES = ("balanced", "mixed")
+SHAPES = ("balanced", "mixed", "mixed-ns", "mixed-s", "sensitive")  # the utility frontier's
 EPSILONS = (1.0, 3.0, 8.0)
 HOLDOUT = h.HOLDOUT
 QUICK = {"rows": 20_000, "seeds": 1, "epsilons": "3", "shapes": "mixed"}

@@ -32,9 +32,9 @@ without bound. Its weight is per coordinate (``penalties``): ``lam_j = b_k a_j^2
 (c_j p (1 - p)))`` for coordinate j of column k, with ``c_j`` the (public, weighted) count of
 rows behind coordinate j and ``p`` the base rate read from the release. ``c_j p (1 - p)`` is
 what the data tell about theta_j and ``s^2`` what the noise adds to its statistic; with a
-Gaussian prior of precision ``b_k`` on
-``a_j theta_j`` the posterior mean solves this objective to first order. A uniform penalty
-proportional to s was worse at every epsilon measured (CHANGELOG).
+Gaussian prior of precision ``b_k`` on ``a_j theta_j`` the posterior mean solves this objective
+to first order. A uniform penalty proportional to s was worse at every epsilon measured
+(CHANGELOG).
 
 The prior's precision is estimated per column from the release (``fit_empirical_bayes``,
 empirical Bayes): the columns of an ads table differ in how much their values matter (a
@@ -50,8 +50,8 @@ L2_BASE)``, so a column whose values the data barely determine (a few hundred po
 near ``L2_BASE`` instead of following its noise, and one of thousands of determined values is
 set by them. The rounds' fits stop after ``EB_ROUND_ITERATIONS`` L-BFGS iterations, each from
 the last one's theta, and the last fit, at the precisions returned, runs in full. A column of
-fewer than ``EB_MIN_COORDINATES`` values (a device, an ad format, the numerics, pooled) has too few values
-to estimate a spread from and keeps ``L2_BASE``. Everything it reads is the release and the
+fewer than ``EB_MIN_COORDINATES`` values (a device, an ad format, the numerics, pooled) has too
+few values to estimate a spread from and keeps ``L2_BASE``. Everything it reads is the release and the
 public features: post-processing, free in privacy. The non-private reference of the WALR
 benchmark is fitted the same way (at s = 0), so that the prior improves both and flatters
 neither.

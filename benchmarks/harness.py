@@ -194,6 +194,26 @@ def eval_metrics(record) -> dict:
     return {k: ev.get(k) for k in ("auc", "log_loss", "calibration_ratio", "relative_auc_loss", "beats_baseline")}
 
 
+def mean_std(values, digits: int) -> str:
+    """``mean +- std`` of the values that are not None, to ``digits`` places (one value: the mean
+    alone; none: ``-``)."""
+    import statistics
+
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    text = f"{statistics.fmean(values):.{digits}f}"
+    return text + (f" +- {statistics.stdev(values):.{digits}f}" if len(values) > 1 else "")
+
+
+def by_shape_and_epsilon(cells: list[dict]) -> dict:
+    """The cells grouped by (shape, epsilon), in the order first seen."""
+    groups: dict = {}
+    for c in cells:
+        groups.setdefault((c["shape"], c["epsilon"]), []).append(c)
+    return groups
+
+
 def apply_quick(args, argv: list[str], quick: dict) -> None:
     """With ``--quick``: ``quick``'s value for every option (``--<key>``) the command line did not give."""
     if args.quick:

@@ -41,7 +41,6 @@ import argparse
 import json
 import math
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -181,11 +180,6 @@ def _unit(args, shape: str, seed_index: int) -> list[dict]:
     return out
 
 
-def _mean_std(values: list[float], digits: int) -> str:
-    text = f"{statistics.fmean(values):.{digits}f}"
-    return text + (f" +- {statistics.stdev(values):.{digits}f}" if len(values) > 1 else "")
-
-
 def render(result: dict) -> str:
     st = result["settings"]["values"]
     f = st["frontier"]
@@ -199,14 +193,11 @@ def render(result: dict) -> str:
              "frontier's criterion being within 3 points at epsilon 3 and 1 from 8.")
     lines = ["# RR's labels in clean labels: the RR ceiling trained on the share they are worth", "", intro, "",
              "| shape | epsilon | F | base rate | clean share - ceiling | RR - ceiling |", "|---|---|---|---|---|---|"]
-    groups: dict = {}
-    for c in result["cells"]:
-        groups.setdefault((c["shape"], c["epsilon"]), []).append(c)
-    for (shape, eps), cs in groups.items():
-        lines.append(f"| {shape} | {eps:g} | {_mean_std([c['fisher_share'] for c in cs], 3)} | "
-                     f"{_mean_std([c['base_rate'] for c in cs], 4)} | "
-                     f"{_mean_std([c['share_above_ceiling'] for c in cs], 2)} | "
-                     f"{_mean_std([c['rr_above_ceiling'] for c in cs], 2)} |")
+    for (shape, eps), cs in h.by_shape_and_epsilon(result["cells"]).items():
+        lines.append(f"| {shape} | {eps:g} | {h.mean_std([c['fisher_share'] for c in cs], 3)} | "
+                     f"{h.mean_std([c['base_rate'] for c in cs], 4)} | "
+                     f"{h.mean_std([c['share_above_ceiling'] for c in cs], 2)} | "
+                     f"{h.mean_std([c['rr_above_ceiling'] for c in cs], 2)} |")
     return "\n".join(lines + ["", h.settings_markdown(result["settings"])]) + "\n"
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -263,14 +262,6 @@ def run(args) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-def _mean_std(values, digits: int) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    text = f"{statistics.fmean(values):.{digits}f}"
-    return text + (f" +- {statistics.stdev(values):.{digits}f}" if len(values) > 1 else "")
-
-
 def render(result: dict) -> str:
     st = result["settings"]["values"]
     lines = ["# WALR on one-hot ads features against a non-private logistic regression", "",
@@ -284,14 +275,12 @@ def render(result: dict) -> str:
              "(arXiv:2401.15246); calibration ratio mean(p) / mean(y).", "",
              "| shape | epsilon | noise std | WALR AUC | relative AUC loss (%) | calibration ratio | non-private AUC |",
              "|---|---|---|---|---|---|---|"]
-    groups: dict = {}
-    for c in result["cells"]:
-        groups.setdefault((c["shape"], c["epsilon"]), []).append(c)
-    for (shape, eps), cs in sorted(groups.items()):
-        lines.append(f"| {shape} | {eps:g} | {_mean_std([c['noise_std'] for c in cs], 2)} | "
-                     f"{_mean_std([c['auc'] for c in cs], 4)} | {_mean_std([c['relative_auc_loss'] for c in cs], 2)} | "
-                     f"{_mean_std([c['calibration_ratio'] for c in cs], 3)} | "
-                     f"{_mean_std([c['non_private_auc'] for c in cs], 4)} |")
+    for (shape, eps), cs in sorted(h.by_shape_and_epsilon(result["cells"]).items()):
+        lines.append(f"| {shape} | {eps:g} | {h.mean_std([c['noise_std'] for c in cs], 2)} | "
+                     f"{h.mean_std([c['auc'] for c in cs], 4)} | "
+                     f"{h.mean_std([c['relative_auc_loss'] for c in cs], 2)} | "
+                     f"{h.mean_std([c['calibration_ratio'] for c in cs], 3)} | "
+                     f"{h.mean_std([c['non_private_auc'] for c in cs], 4)} |")
     return "\n".join(lines + ["", h.settings_markdown(result["settings"])]) + "\n"
 
 

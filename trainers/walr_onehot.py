@@ -408,8 +408,10 @@ def fit_empirical_bayes(rows: OneHotRows, noisy: torch.Tensor, w: torch.Tensor, 
         return b[group.clamp_min(0)]
 
     def fitted(b: torch.Tensor, start: torch.Tensor | None, steps: int) -> torch.Tensor:
-        return fit(rows, noisy, w, n_rows=n_rows, iterations=steps, collective=collective, start=start,
-                   l2=penalties(rows, w, noisy, noise_std=noise_std, base=per_coordinate(b), collective=collective))
+        # ``penalties``' weights from the counts above (no pass over the rows per round)
+        lam = per_coordinate(b) * a ** 2 * (1.0 + s2 / info)
+        lam[0] = 0.0
+        return fit(rows, noisy, w, n_rows=n_rows, iterations=steps, collective=collective, start=start, l2=lam)
 
     theta = fitted(b, None, min(round_iterations, iterations))
     for _ in range(rounds - 1):
